@@ -1,0 +1,148 @@
+"""SageGRPOConfig: TRL's GRPOConfig plus the SAGE guide fields, with the paper's values as defaults.
+
+It subclasses TRL's own ``GRPOConfig`` (imported from its defining module, so the class is the same
+whether or not Unsloth has rebound ``trl.GRPOConfig``), which keeps YAML configs parseable by
+``trl.TrlParser``. Every default that TRL 1.15 or Unsloth 2026.10.9 set differently from the paper is
+pinned here explicitly, so a run never depends on which stack happens to be imported.
+Validation happens in ``__post_init__``, i.e. before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+from trl.trainer.grpo_config import GRPOConfig
+
+GUIDES = ("none", "branch", "token", "random")
+KL_ESTIMATORS = ("k3", "k2", "forward")
+TOKEN_NORMS = ("minmax", "rank", "zscore")
+BACKENDS = ("unsloth", "trl")
+# TRL 1.15's loss types. SAGE only shifts the KL anchor, so any of them works with k3; the loss-level
+# k2 / forward terms re-aggregate the KL and know only the four token-level paper types.
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
+LOSS_LEVEL_KL_LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class SageGRPOConfig(GRPOConfig):
+    """GRPO arguments for SAGE (q * pi_ref anchor). See sage_unsloth/anchor.py for the guide formulas."""
+
+    # --- SAGE guide ---------------------------------------------------------------------------------
+    sage_guide: str = field(default="none", metadata=_help(f"Anchor guide q: one of {GUIDES}."))
+    sage_q_min: float = field(default=0.6, metadata=_help("Lower clip of q (> 0)."))
+    sage_q_max: float = field(default=1.4, metadata=_help("Upper clip of q (>= sage_q_min)."))
+    sage_gamma: float = field(default=0.3, metadata=_help("Branch guide: q = 1 + gamma * relu(H - tau)."))
+    sage_tau: float = field(default=1.2, metadata=_help("Branch guide: entropy threshold tau (nats)."))
+    sage_alpha_upper: float = field(default=0.3, metadata=_help("Token guide: alpha at the start of a cycle."))
+    sage_alpha_lower: float = field(default=0.1, metadata=_help("Token guide: alpha at the end of a cycle."))
+    sage_sigma_upper: float = field(default=0.25, metadata=_help("Token guide: noise sigma, start of cycle."))
+    sage_sigma_lower: float = field(default=0.1, metadata=_help("Token guide: noise sigma, end of cycle."))
+    sage_token_norm: str = field(default="minmax", metadata=_help(f"Token guide surprisal norm: {TOKEN_NORMS}."))
+    sage_eps_upper: float = field(default=0.1, metadata=_help("Random guide: token probability, cycle start."))
+    sage_eps_lower: float = field(default=0.0, metadata=_help("Random guide: token probability, cycle end."))
+    sage_random_sigma_upper: float = field(default=0.15, metadata=_help("Random guide: sigma, cycle start."))
+    sage_random_sigma_lower: float = field(default=0.05, metadata=_help("Random guide: sigma, cycle end."))
+    sage_schedule_cycles: int = field(default=8, metadata=_help("Cosine restarts over max_steps (token/random)."))
+    sage_schedule_decay: float = field(default=0.9, metadata=_help("Upper bounds shrink by this each cycle."))
+    sage_seed: int | None = field(
+        default=None, metadata=_help("Seed of the token/random guide noise generator; None uses `seed`.")
+    )
+    kl_estimator: str = field(
+        default="k3",
+        metadata=_help(
+            "KL estimator: 'k3' (paper/TRL, exp(d)-d-1 against the shaped anchor), 'k2' (0.5 d^2: exact "
+            "reverse-KL gradient to q*pi_ref; TRL backend only), 'forward' (KL(pi_ref||pi), the paper's "
+            "forward-KL baseline; needs sage_guide='none'; TRL backend only)."
+        ),
+    )
+    backend: str = field(default="unsloth", metadata=_help(f"Trainer stack: one of {BACKENDS}."))
+
+    # --- defaults pinned to the paper / official code (TRL and Unsloth differ among themselves) --------
+    loss_type: str = field(default="grpo", metadata=_help(f"GRPO loss aggregation: one of {LOSS_TYPES}."))
+    beta: float = field(default=0.05, metadata=_help("KL coefficient; SAGE guides need beta > 0."))
+    learning_rate: float = field(default=5e-6, metadata=_help("Learning rate (paper: 5e-6)."))
+    lr_scheduler_type: str = field(default="constant", metadata=_help("LR schedule (paper: constant)."))
+    gradient_accumulation_steps: int = field(default=1, metadata=_help("Paper: 1 (Unsloth defaults to 2)."))
+    per_device_train_batch_size: int = field(default=8, metadata=_help("Paper: 8."))
+    optim: str = field(
+        default="adamw_torch",
+        metadata=_help("Optimizer; the paper used adamw_8bit on GPU (needs bitsandbytes), set it per config."),
+    )
+    weight_decay: float = field(default=0.01, metadata=_help("Paper: 0.01."))
+    num_generations: int | None = field(default=8, metadata=_help("Rollouts per prompt (paper: 8)."))
+    temperature: float = field(default=1.0, metadata=_help("Sampling temperature (paper: 1.0)."))
+    top_p: float = field(default=1.0, metadata=_help("Paper: 1.0."))
+    min_p: float | None = field(default=0.01, metadata=_help("Paper: 0.01."))
+    epsilon: float = field(default=0.2, metadata=_help("PPO clip epsilon (paper: 0.2)."))
+    use_bias_correction_kl: bool = field(
+        default=False, metadata=_help("TRL 1.15 defaults True; the paper ran TRL 0.23, which had no such factor.")
+    )
+    seed: int = field(default=3407, metadata=_help("Paper: 3407."))
+
+    def __post_init__(self):
+        self._validate_sage()
+        if self.bf16 is None and not self.fp16 and not _cuda_available():
+            self.bf16 = False  # TRL turns None into True, which transformers rejects on a CPU-only machine
+        super().__post_init__()
+        self._warn_off_policy_q()
+
+    # One-line errors naming the field and the fix; nothing here touches a model.
+    def _validate_sage(self) -> None:
+        def fail(msg: str):
+            raise ValueError(msg)
+
+        if self.sage_guide not in GUIDES:
+            fail(f"sage_guide={self.sage_guide!r} is unknown: use one of {', '.join(GUIDES)}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            fail(f"kl_estimator={self.kl_estimator!r} is unknown: use one of {', '.join(KL_ESTIMATORS)}")
+        if self.sage_token_norm not in TOKEN_NORMS:
+            fail(f"sage_token_norm={self.sage_token_norm!r} is unknown: use one of {', '.join(TOKEN_NORMS)}")
+        if self.backend not in BACKENDS:
+            fail(f"backend={self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
+        if self.loss_type not in LOSS_TYPES:
+            fail(f"loss_type={self.loss_type!r} is unknown: use one of {', '.join(LOSS_TYPES)}")
+        if self.sage_guide != "none" and self.beta == 0.0:
+            fail(f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none")
+        if self.sage_q_min <= 0.0:
+            fail(f"sage_q_min={self.sage_q_min} must be > 0 (log q must stay finite): e.g. sage_q_min=0.6")
+        if self.sage_q_min > self.sage_q_max:
+            fail(f"sage_q_min={self.sage_q_min} > sage_q_max={self.sage_q_max}: make sage_q_min <= sage_q_max")
+        if self.kl_estimator == "forward" and self.sage_guide != "none":
+            fail("kl_estimator='forward' is the plain forward-KL baseline: set sage_guide=none or kl_estimator=k3")
+        if self.kl_estimator != "k3" and self.beta == 0.0:
+            fail(f"kl_estimator={self.kl_estimator!r} has no effect with beta=0: set beta > 0 or kl_estimator=k3")
+        if self.kl_estimator != "k3" and self.loss_type not in LOSS_LEVEL_KL_LOSS_TYPES:
+            fail(f"kl_estimator={self.kl_estimator!r} supports loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, "
+                 f"got loss_type={self.loss_type!r}: change one of them")
+        if self.kl_estimator != "k3" and self.backend == "unsloth" and _cuda_available():
+            # On CPU Unsloth leaves TRL's trainer in place, so the loss-level term works there.
+            fail(f"kl_estimator={self.kl_estimator!r} is not expressible as a shifted reference, which is all "
+                 "Unsloth's patched loss reads: set backend=trl or kl_estimator=k3")
+        if self.sage_schedule_cycles < 1:
+            fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
+
+    def _warn_off_policy_q(self) -> None:
+        if self.sage_guide == "none":
+            return
+        if self.num_iterations != 1 or self.steps_per_generation != self.gradient_accumulation_steps:
+            warnings.warn(
+                f"sage_guide={self.sage_guide!r} with num_iterations={self.num_iterations}, steps_per_generation="
+                f"{self.steps_per_generation}, gradient_accumulation_steps={self.gradient_accumulation_steps}: q is "
+                "computed from the rollout policy, not the in-loss policy as in the official code",
+                stacklevel=3,
+            )
+
+    @property
+    def guide_seed(self) -> int:
+        return self.seed if self.sage_seed is None else self.sage_seed
