@@ -1,0 +1,41 @@
+"""`sage-unsloth <stage> CONFIG [--key value ...]`: one entry point dispatching to each stage's main().
+
+Each stage is also runnable as `python -m sage_unsloth.<stage>`. Stages are imported lazily so that
+`sage-unsloth eval` never imports Unsloth (evaluation and training must not share a process).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+STAGES = {
+    "sft": ("sage_unsloth.sft", "stage 1: LoRA SFT into the paper's format"),
+    "rlvr": ("sage_unsloth.rlvr.run", "stage 2: GRPO-family RLVR with the SAGE shaped anchor"),
+    "eval": ("sage_unsloth.eval.run", "stage 3: pass@k evaluation"),
+    "report": ("sage_unsloth.report.__main__", "stage 4: report against the paper's tables"),
+    "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: sage-unsloth <stage> [args...]", "", "stages:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in STAGES.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    stage, rest = argv[0], argv[1:]
+    if stage not in STAGES:
+        print(f"sage-unsloth: unknown stage {stage!r}; choose one of {', '.join(STAGES)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(STAGES[stage][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
