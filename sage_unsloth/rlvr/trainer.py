@@ -1,0 +1,410 @@
+"""GRPO with the SAGE anchor q * pi_ref, on TRL's GRPOTrainer and on Unsloth's patched one.
+
+Hook: ``_generate_and_score_completions`` runs TRL's (or Unsloth's) rollout + scoring, then computes q
+without gradient from the rollout policy and replaces ``ref_per_token_logps`` by ``ref + log q``. Both
+TRL's ``_compute_loss`` and Unsloth's zoo loss read the reference only inside the k3 KL term, so the
+shifted reference *is* the SAGE objective on both stacks; nothing inside the (compiled) loss is touched.
+
+The GRPOTrainer base class is looked up when the trainer is built, not when this module is imported:
+after ``import unsloth`` on a GPU ``trl.GRPOTrainer`` is Unsloth's patched class, and a class frozen at
+import time would silently subclass the unpatched one (plain GRPO under Unsloth's loss would then never
+see q).
+
+Contact points (pinned to trl 1.15.0, unsloth / unsloth_zoo 2026.10.9, each tested in
+tests/test_rlvr_trainer.py): the batch keys ``prompt_ids/prompt_mask/completion_ids/completion_mask/
+ref_per_token_logps/old_per_token_logps``; ``_get_per_token_logps_and_entropies`` returning 3 values;
+TRL's loss aggregation per loss_type (re-used by the k2/forward terms); Unsloth's left-packed
+(B, C + max_left_pad) reference layout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sage_unsloth import anchor
+from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
+
+__all__ = [
+    "SageTrainerMixin",
+    "SageGRPOTrainer",
+    "make_sage_trainer_class",
+    "is_unsloth_patched",
+    "to_unsloth_layout",
+    "prompt_pad_counts",
+    "aggregate_like_trl",
+    "install_cpu_logprob_fallback",
+]
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def prompt_pad_counts(prompt_ids: torch.Tensor, pad_token_id: int) -> torch.Tensor:
+    """k_i: pad tokens in each prompt row (Unsloth's calculate_pad_tokens_in_prompt)."""
+    return (prompt_ids == pad_token_id).sum(dim=1)
+
+
+def to_unsloth_layout(values: torch.Tensor, prompt_ids: torch.Tensor, completion_ids: torch.Tensor,
+                      pad_token_id: int, fill: float = 0.0) -> torch.Tensor:
+    """Map per-completion-token values (B, C) into Unsloth's scoring layout (B, C + M).
+
+    Unsloth moves every pad token of prompt+completion to the right (a stable sort of the non-pad mask)
+    and scores the last C + M columns, M = max pad count of the prompts; row i's completion then starts
+    at column M - k_i. We apply the same permutation to the values, so each value stays with its token
+    whatever the padding (including a pad-valued EOS inside the completion).
+    """
+    if values.shape != completion_ids.shape:
+        raise ValueError(f"values {tuple(values.shape)} must match completion_ids {tuple(completion_ids.shape)}")
+    prompt_len, completion_len = prompt_ids.shape[1], completion_ids.shape[1]
+    max_left_pad = int(prompt_pad_counts(prompt_ids, pad_token_id).max().item()) if prompt_len else 0
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    order = torch.argsort((input_ids != pad_token_id).to(torch.int8), dim=1, descending=True, stable=True)
+    full = torch.cat([values.new_full((values.shape[0], prompt_len), fill), values], dim=1)
+    packed = torch.gather(full, 1, order.to(values.device))
+    return packed[:, -(completion_len + max_left_pad):]
+
+
+def aggregate_like_trl(per_token: torch.Tensor, mask: torch.Tensor, *, loss_type: str, max_completion_length: int,
+                       num_items_in_batch: torch.Tensor | None, num_processes: int, accumulation_steps: int,
+                       steps_per_generation: int, training: bool) -> torch.Tensor:
+    """TRL 1.15's _compute_loss aggregation of a per-token loss (B, T) for the token-level loss types."""
+    per_token = per_token * mask
+    accumulation = accumulation_steps if training else 1
+    if loss_type == "grpo":
+        return (per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+    if loss_type == "bnpo":
+        return per_token.sum() / mask.sum().clamp(min=1.0) / accumulation
+    if loss_type == "dr_grpo":
+        return per_token.sum() / (per_token.size(0) * max_completion_length) / accumulation
+    if loss_type == "dapo":
+        normalizer = num_items_in_batch.clamp(min=1.0) / num_processes
+        if training:
+            normalizer = normalizer * accumulation_steps / steps_per_generation
+        return per_token.sum() / normalizer
+    raise ValueError(f"loss-level KL terms support loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, got {loss_type!r}")
+
+
+class TorchChunkedLogProb:
+    """Plain-torch stand-in for TRL 1.15's Triton ``ChunkedLogProbFunction`` (same ``apply`` signature).
+
+    TRL 1.15's GRPOTrainer scores every sequence through a fused LM head whose kernel is Triton-only;
+    without Triton (CPU machines) ``trl.trainer.utils._ChunkedLogProbFunction`` is None and scoring
+    fails. This computes the same per-token fields with ordinary autograd, materialising the logits.
+    """
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
+              logit_scale=1.0, outputs=("entropy",)):
+        logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+        logits = logits * logit_scale
+        if final_logit_softcapping is not None:
+            logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
+        logits = logits / temperature
+        log_probs_all = torch.log_softmax(logits, dim=-1)
+        log_probs = log_probs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) if "entropy" in outputs else None
+        with torch.no_grad():
+            log_sum_sq = torch.logsumexp(2 * log_probs_all, -1) if "log_sum_sq_probs" in outputs else None
+            mean_logits = logits.mean(-1) if "mean_logits" in outputs else None
+            is_top1 = (log_probs >= log_probs_all.max(-1).values) if "is_top1" in outputs else None
+        return log_probs, entropy, log_sum_sq, mean_logits, is_top1
+
+
+def install_cpu_logprob_fallback() -> bool:
+    """Give TRL's fused LM head a torch kernel when Triton is missing; True if it was installed."""
+    import trl.trainer.utils as trl_utils
+
+    if getattr(trl_utils, "_ChunkedLogProbFunction", None) is None:
+        trl_utils._ChunkedLogProbFunction = TorchChunkedLogProb
+        return True
+    return False
+
+
+def is_unsloth_patched(cls: type) -> bool:
+    """True when ``cls`` derives from Unsloth's rewritten GRPOTrainer (unsloth_compiled_cache)."""
+    return any("unsloth" in (klass.__module__ or "").lower() for klass in cls.__mro__)
+
+
+@torch.no_grad()
+def policy_logps_and_entropies(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
+                               temperature: float, rows_per_chunk: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain no-grad forward: token logps and entropies (B, C) at temperature ``temperature``.
+
+    Used under Unsloth, whose scorer never returns entropies. If the (patched) model returns hidden
+    states instead of logits, the output head is applied here.
+    """
+    logps, entropies = [], []
+    head = model.get_output_embeddings()
+    for start in range(0, input_ids.size(0), rows_per_chunk):
+        ids = input_ids[start:start + rows_per_chunk]
+        out = model(input_ids=ids, attention_mask=attention_mask[start:start + rows_per_chunk],
+                    logits_to_keep=completion_len + 1, use_cache=False)
+        logits = out.logits[:, -(completion_len + 1):-1, :]
+        if head is not None and logits.shape[-1] == head.weight.shape[1] != head.weight.shape[0]:
+            logits = head(logits)  # Unsloth returned hidden states
+        log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+        tokens = ids[:, -completion_len:]
+        logps.append(log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+        entropies.append(-(log_probs.exp() * log_probs).sum(-1))
+    return torch.cat(logps), torch.cat(entropies)
+
+
+# --------------------------------------------------------------------------- trainer mixin
+
+
+class SageTrainerMixin:
+    """Put the SAGE guide into GRPO's KL anchor. Mix in front of a GRPOTrainer class (see the factory)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        cfg = self.args
+        self._sage_patched = is_unsloth_patched(type(self))
+        if self._sage_patched and cfg.kl_estimator != "k3":
+            raise ValueError(
+                f"kl_estimator={cfg.kl_estimator!r} is not a shifted reference and Unsloth's patched loss only "
+                "reads the reference: use backend=trl (TRL's loss) or kl_estimator=k3"
+            )
+        self._sage_schedule = None
+        if cfg.sage_guide in ("token", "random"):
+            max_steps = max(1, int(self.args.max_steps if self.args.max_steps > 0 else 1000))
+            upper, lower, s_up, s_low = (
+                (cfg.sage_alpha_upper, cfg.sage_alpha_lower, cfg.sage_sigma_upper, cfg.sage_sigma_lower)
+                if cfg.sage_guide == "token"
+                else (cfg.sage_eps_upper, cfg.sage_eps_lower, cfg.sage_random_sigma_upper,
+                      cfg.sage_random_sigma_lower)
+            )
+            self._sage_schedule = anchor.CosineSchedule(max_steps, upper, lower, s_up, s_low,
+                                                        cycles=cfg.sage_schedule_cycles,
+                                                        decay=cfg.sage_schedule_decay)
+        self._sage_generator = torch.Generator(device="cpu")
+        self._sage_last_step, self._sage_calls_in_step = -1, 0
+        self._sage_capture = None  # set while we want to see the next logps call's outputs
+        self.sage_forward_passes = 0  # extra no-grad policy forwards this trainer ran for q (for benchmarks)
+
+    # -- q ----------------------------------------------------------------------------------------------
+
+    def _sage_old_logps_forward_planned(self) -> bool:
+        """TRL 1.15's condition for scoring old_per_token_logps in _generate_and_score_completions."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every != 0 or bool(
+            self.use_vllm and getattr(self, "vllm_importance_sampling_correction", False)
+        )
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        capture = self._sage_capture
+        if capture is not None and not self._sage_patched:
+            # The first scoring call of the rollout is TRL's old-logp pass of the policy: ask it for the
+            # entropies too, so the branch guide needs no extra forward.
+            self._sage_capture = None
+            kwargs["compute_entropy"] = kwargs.get("compute_entropy", False) or capture["need_entropy"]
+            result = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+            capture["logps"], capture["entropies"] = result[0], result[1]
+            return result
+        return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+
+    def _sage_guide_step(self) -> int:
+        step = int(self.state.global_step)
+        if step != self._sage_last_step:
+            self._sage_last_step, self._sage_calls_in_step = step, 0
+        else:
+            self._sage_calls_in_step += 1
+        # Seeded from (seed, step, call, process): reproducible and identical after a resume.
+        seed = (self.args.guide_seed * 1_000_003 + step * 1009 + self._sage_calls_in_step * 7
+                + self.accelerator.process_index)
+        self._sage_generator.manual_seed(seed)
+        return step
+
+    def _sage_rollout_stats(self, output: dict, captured: dict | None, need_entropy: bool):
+        """(logps, entropies) of the rollout policy at the completion tokens, TRL layout (B, C)."""
+        if captured and captured.get("logps") is not None and (captured.get("entropies") is not None
+                                                              or not need_entropy):
+            return captured["logps"], captured.get("entropies")
+        prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        completion_len = completion_ids.size(1)
+        self.sage_forward_passes += 1
+        mode = "train" if self.model.training else "eval"
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        if self._sage_patched:
+            return policy_logps_and_entropies(self.model, input_ids, attention_mask, completion_len,
+                                              self.temperature, rows_per_chunk=1)
+        with torch.no_grad():
+            logps, entropies, _ = super()._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, completion_len, batch_size=batch_size,
+                compute_entropy=need_entropy,
+            )
+        return logps, entropies
+
+    def sage_compute_q(self, output: dict, captured: dict | None = None) -> torch.Tensor:
+        """q (B, C) in TRL's layout for this rollout batch; 1 on masked tokens."""
+        cfg = self.args
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        bounds = dict(q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+        if cfg.sage_guide == "none":
+            return torch.ones_like(mask, dtype=torch.float32)
+        step = self._sage_guide_step()
+        if cfg.sage_guide == "branch":
+            _, entropies = self._sage_rollout_stats(output, captured, need_entropy=True)
+            return anchor.branch_guide(entropies, mask, gamma=cfg.sage_gamma, tau=cfg.sage_tau, **bounds)
+        value, sigma = self._sage_schedule(step)
+        if cfg.sage_guide == "token":
+            logps, _ = self._sage_rollout_stats(output, captured, need_entropy=False)
+            return anchor.token_guide(logps, mask, alpha=value, sigma=sigma, norm=cfg.sage_token_norm,
+                                      generator=self._sage_generator, **bounds)
+        return anchor.random_guide(mask, eps=value, sigma=sigma, generator=self._sage_generator, **bounds)
+
+    def _sage_log_q_metrics(self, q: torch.Tensor, mask: torch.Tensor) -> None:
+        mode = "train" if self.model.training else "eval"
+        valid = mask.bool()
+        values = q[valid].float()
+        count = torch.tensor([values.numel()], device=q.device, dtype=torch.float32)
+        stats = torch.stack([values.sum(), (values > 1.0).float().sum()]) if values.numel() else q.new_zeros(2)
+        totals = self.accelerator.reduce(torch.cat([stats.float(), count]), reduction="sum")
+        lo = values.min() if values.numel() else q.new_tensor(1.0)
+        hi = values.max() if values.numel() else q.new_tensor(1.0)
+        n = totals[2].clamp(min=1.0)
+        self._metrics[mode]["sage/q_mean"].append((totals[0] / n).item())
+        self._metrics[mode]["sage/frac_boosted"].append((totals[1] / n).item())
+        self._metrics[mode]["sage/q_min"].append(self.accelerator.gather(lo.float().reshape(1)).min().item())
+        self._metrics[mode]["sage/q_max"].append(self.accelerator.gather(hi.float().reshape(1)).max().item())
+
+    def _shift_reference(self, output: dict, q: torch.Tensor) -> None:
+        """ref_per_token_logps <- ref + log q, in whichever layout the scorer produced."""
+        ref = output.get("ref_per_token_logps")
+        if ref is None:
+            return
+        log_q = anchor.log_q(q).to(ref.dtype)
+        completion_len = output["completion_ids"].size(1)
+        if ref.shape == log_q.shape and not ("max_left_pad" in output and self._sage_patched):
+            output["ref_per_token_logps"] = ref + log_q
+            return
+        pad_id = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") \
+            else self.processing_class.tokenizer.pad_token_id
+        mapped = to_unsloth_layout(log_q, output["prompt_ids"], output["completion_ids"], pad_id)
+        if mapped.shape != ref.shape:
+            raise RuntimeError(
+                f"SAGE cannot place log q: ref_per_token_logps has shape {tuple(ref.shape)}, expected (B, C)="
+                f"{tuple(log_q.shape)} (TRL) or (B, C + max_left_pad)={tuple(mapped.shape)} (Unsloth); "
+                f"completion length {completion_len}. Check the pinned trl/unsloth versions."
+            )
+        output["ref_per_token_logps"] = ref + mapped.to(ref.device)
+
+    def _generate_and_score_completions(self, inputs):
+        guide = self.args.sage_guide
+        captured = None
+        if guide in ("branch", "token") and not self._sage_patched and self._sage_old_logps_forward_planned():
+            captured = {"need_entropy": guide == "branch"}
+            self._sage_capture = captured
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._sage_capture = None
+        q = self.sage_compute_q(output, captured)
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        self._sage_log_q_metrics(q, mask)
+        if guide != "none" and self.beta != 0.0:
+            self._shift_reference(output, q)
+        return output
+
+    # -- loss-level KL estimators (TRL path only) -----------------------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        estimator = self.args.kl_estimator
+        if estimator == "k3" or self.beta == 0.0:
+            return super()._compute_loss(model, inputs)
+        captured = {}
+        original = super()._get_per_token_logps_and_entropies
+
+        def capture_logps(*a, **kw):
+            result = original(*a, **kw)
+            captured.setdefault("logps", result[0])
+            return result
+
+        self._get_per_token_logps_and_entropies = capture_logps  # instance attribute: this call only
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            del self._get_per_token_logps_and_entropies
+        return loss + self._sage_kl_correction(inputs, captured["logps"])
+
+    def _sage_kl_correction(self, inputs: dict, logps: torch.Tensor) -> torch.Tensor:
+        """beta * agg(kl_estimator - k3): swaps TRL's k3 term for k2 / forward, leaving the rest of its loss."""
+        ref = inputs["ref_per_token_logps"]  # already shifted by log q
+        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        if self.args.kl_estimator == "k2":
+            wanted = anchor.shaped_kl(logps, ref, 0.0, estimator="k2")
+        else:
+            wanted = anchor.forward_kl(logps, ref)
+        k3 = anchor.shaped_kl(logps, ref, 0.0, estimator="k3")
+        difference = wanted - k3
+        if self.args.use_bias_correction_kl:
+            old = inputs.get("old_per_token_logps")
+            old = logps.detach() if old is None else old
+            log_ratio = logps - old
+            if self.importance_sampling_level == "sequence":
+                log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+            difference = difference * torch.exp(log_ratio)
+        training = self.model.training
+        correction = self.beta * aggregate_like_trl(
+            difference, mask, loss_type=self.loss_type, max_completion_length=self.max_completion_length,
+            num_items_in_batch=inputs.get("num_items_in_batch"), num_processes=self.accelerator.num_processes,
+            accumulation_steps=self.current_gradient_accumulation_steps,
+            steps_per_generation=self.args.steps_per_generation, training=training,
+        )
+        mode = "train" if training else "eval"
+        kl_log = self._metrics[mode]["kl"]
+        if kl_log:  # TRL logged the k3 value; log the estimator actually in the loss instead
+            kl_log.pop()
+            totals = self.accelerator.reduce(torch.stack([(wanted.detach() * mask).sum(), mask.sum().float()]),
+                                             reduction="sum")
+            kl_log.append((totals[0] / totals[1].clamp(min=1.0)).item())
+        return correction
+
+
+# --------------------------------------------------------------------------- factory
+
+_CLASS_CACHE: dict[type, type] = {}
+
+
+def _current_grpo_trainer_base() -> type:
+    import trl  # looked up now: after `import unsloth` this is Unsloth's patched GRPOTrainer
+
+    return trl.GRPOTrainer
+
+
+def make_sage_trainer_class(base: type | None = None) -> type:
+    """SageTrainerMixin over ``base`` (default: whatever ``trl.GRPOTrainer`` is at this moment)."""
+    base = base or _current_grpo_trainer_base()
+    install_cpu_logprob_fallback()
+    if base not in _CLASS_CACHE:
+        _CLASS_CACHE[base] = type(f"Sage{base.__name__}", (SageTrainerMixin, base), {"__module__": __name__})
+    return _CLASS_CACHE[base]
+
+
+def _fill_unsloth_config_fields(args, base: type) -> None:
+    """Unsloth's patched trainer reads fields only its own GRPOConfig declares; give ours their defaults."""
+    import dataclasses
+
+    import trl
+
+    config_cls = trl.GRPOConfig
+    if not dataclasses.is_dataclass(config_cls):
+        return
+    for f in dataclasses.fields(config_cls):
+        if not hasattr(args, f.name):
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            setattr(args, f.name, default)
+
+
+def SageGRPOTrainer(*args, **kwargs):  # noqa: N802 - a factory that reads like the class it builds
+    """Build a SAGE GRPO trainer over the GRPOTrainer class current at call time (TRL's or Unsloth's)."""
+    cls = make_sage_trainer_class()
+    config = kwargs.get("args", args[2] if len(args) > 2 else None)
+    if config is not None and is_unsloth_patched(cls):
+        _fill_unsloth_config_fields(config, cls)
+    return cls(*args, **kwargs)
+
