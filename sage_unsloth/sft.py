@@ -1,0 +1,191 @@
+"""Stage 1: LoRA SFT of a base model in the paper's format (TRL SFTTrainer, Unsloth or transformers+peft).
+
+    python -m sage_unsloth.sft CONFIG.yaml [--key value ...]
+
+CONFIG is a YAML over :class:`sage_unsloth.sft_config.SageSFTConfig` (TRL's SFTConfig + kit fields) and
+``trl.ModelConfig``; CLI flags override it. Writes ``outputs/<model_short_name>/sft/`` (or ``output_dir``):
+the LoRA adapter, the tokenizer with the kit's chat template, checkpoints, ``manifest.json`` (written last:
+its presence marks a finished run) and, with ``save_merged: true``, ``merged/`` (16-bit, servable by vLLM).
+
+From Python (e.g. to build a stage-1 output in a test)::
+
+    from sage_unsloth.sft import parse_args, run_sft
+    sft_args, model_args = parse_args([config_path, "--model_name_or_path", model_dir, "--output_dir", out])
+    out_dir = run_sft(sft_args, model_args)
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def _requested_backend(argv: list[str]) -> str:
+    """The backend named by the CLI or the YAML, read before TRL is imported (Unsloth must come first)."""
+    import yaml
+
+    for i, arg in enumerate(argv):
+        if arg == "--backend" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--backend="):
+            return arg.split("=", 1)[1]
+    if argv and not argv[0].startswith("--") and Path(argv[0]).is_file():
+        config = yaml.safe_load(Path(argv[0]).read_text()) or {}
+        if isinstance(config, dict) and config.get("backend"):
+            return str(config["backend"])
+    return "unsloth"
+
+
+def parse_args(argv: list[str]):
+    """``[CONFIG.yaml, --key, value, ...]`` (or ``--config CONFIG``) -> (SageSFTConfig, ModelConfig)."""
+    from trl import ModelConfig, TrlParser
+
+    from .sft_config import SageSFTConfig
+
+    argv = list(argv)
+    if argv and not argv[0].startswith("-"):
+        config_path = argv.pop(0)
+        if not Path(config_path).is_file():
+            raise FileNotFoundError(f"config {config_path} not found: pass a YAML from configs/sft/")
+        argv = ["--config", config_path, *argv]
+    sft_args, model_args = TrlParser((SageSFTConfig, ModelConfig)).parse_args_and_config(argv)
+    return sft_args, model_args
+
+
+def _config_record(sft_args, model_args) -> dict[str, Any]:
+    return {"sft": sft_args.to_dict(), "model": asdict(model_args)}
+
+
+def run_sft(sft_args, model_args) -> Path:
+    """Train (or resume) and write the stage-1 output folder; returns its path."""
+    from .manifest import MANIFEST_NAME, write_manifest
+    from .models import load_for_training, load_tokenizer, model_short_name
+    from .sft_data import load_raw_dataset, prepare_sft_data
+
+    # Everything the user could get wrong is checked before data or models load.
+    sft_args.validate(model_args)
+    out = sft_args.resolve_output_dir(model_args)
+    if sft_args.resume and (out / MANIFEST_NAME).is_file():
+        logger.info("%s already holds a finished SFT run; nothing to resume", out)
+        return out
+    checkpoint = sft_args.resume_checkpoint()
+
+    if sft_args.backend == "unsloth":
+        from .backend import import_unsloth
+
+        import_unsloth()  # before the trainer is looked up: Unsloth rebinds trl.SFTTrainer
+    source = sft_args.dataset_path or f"{sft_args.dataset_name}[{sft_args.dataset_split}]"
+    raw = load_raw_dataset(dataset_name=sft_args.dataset_name, dataset_split=sft_args.dataset_split,
+                           dataset_path=sft_args.dataset_path, max_rows=sft_args.dataset_max_rows)
+    tokenizer = load_tokenizer(model_args, trust_remote_code=sft_args.trust_remote_code)
+    data = prepare_sft_data(raw, tokenizer, max_seq_length=sft_args.max_seq_length, source=source,
+                            max_length_fraction=sft_args.max_length_fraction,
+                            numeric_answers_only=sft_args.numeric_answers_only,
+                            strip_think=sft_args.strip_think_tags)
+    logger.info("SFT data %s: kept %d of %d rows, dropped %s", source, data.rows_kept, data.rows_in,
+                data.rows_dropped)
+
+    model, tokenizer = load_for_training(
+        model_args, backend=sft_args.backend, max_seq_length=sft_args.max_seq_length, seed=sft_args.seed,
+        gradient_checkpointing=sft_args.gradient_checkpointing, trust_remote_code=sft_args.trust_remote_code)
+    if sft_args.backend == "unsloth":
+        # Unsloth set up its own (offloaded) checkpointing in the loader; the Trainer must not redo it.
+        sft_args.gradient_checkpointing = False
+
+    trainer_cls = sft_trainer_class()
+    trainer = trainer_cls(model=model, args=sft_args, train_dataset=data.dataset, processing_class=tokenizer)
+    started = time.time()
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model(str(out))  # adapter + tokenizer (chat template included)
+    tokenizer.save_pretrained(str(out))
+
+    merged_dir = None
+    if sft_args.save_merged:
+        merged_dir = save_merged_16bit(model, tokenizer, out, backend=sft_args.backend, model_args=model_args,
+                                       trust_remote_code=sft_args.trust_remote_code)
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    write_manifest(
+        out, stage="sft", config=_config_record(sft_args, model_args), seed=sft_args.seed,
+        base_model=model_args.model_name_or_path, adapter=True, backend=sft_args.backend,
+        model_short_name=sft_args.model_short_name or model_short_name(model_args.model_name_or_path),
+        merged=str(merged_dir.relative_to(out)) if merged_dir else None,
+        resumed_from=Path(checkpoint).name if checkpoint else None,
+        data=data.summary(),
+        train={"global_step": trainer.state.global_step, "train_loss": result.training_loss,
+               "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+               "seconds": round(time.time() - started, 1)},
+    )
+    logger.info("SFT output written to %s", out)
+    return out
+
+
+def sft_trainer_class():
+    """``trl.SFTTrainer`` looked up now (after import_unsloth it is Unsloth's), made to work without Triton.
+
+    Contact point, pinned to trl 1.15: SFTTrainer.compute_loss always calls the model with ``fused_lm_head=True``,
+    whose kernel ``trl.trainer.utils._ChunkedLogProbFunction`` is Triton-only and is None where Triton is
+    missing (every CPU install), so training fails there. Unsloth's CPU fallback replaces that kernel with a
+    CPU dispatch; for the plain TRL backend on CPU we compute the standard causal-LM loss from the logits
+    instead (transformers' Trainer.compute_loss: same labels, same -100 masking; TRL's entropy/accuracy
+    metrics are skipped). On a GPU with Triton the TRL path is used unchanged.
+    """
+    import trl
+    from trl.trainer import utils as trl_utils
+
+    base = trl.SFTTrainer
+    if getattr(trl_utils, "_ChunkedLogProbFunction", None) is not None:
+        return base
+    from transformers import Trainer
+
+    class LogitsLossSFTTrainer(base):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            return Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+    return LogitsLossSFTTrainer
+
+
+def save_merged_16bit(model, tokenizer, out: Path, *, backend: str, model_args, trust_remote_code: bool) -> Path:
+    """Write base + adapter merged in 16-bit to ``out/merged`` (a plain transformers folder vLLM can serve)."""
+    merged = out / "merged"
+    if backend == "unsloth":
+        # Unsloth dequantizes a 4-bit base before merging; its CPU fallback implements the same method.
+        model.save_pretrained_merged(str(merged), tokenizer, save_method="merged_16bit")
+    else:
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        # Reload the base unquantized (the training copy may be 4-bit), then merge the saved adapter into it.
+        dtype = torch.bfloat16 if model_args.dtype in (None, "auto", "bfloat16") else getattr(torch, model_args.dtype)
+        base = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, dtype=dtype,
+                                                    revision=model_args.model_revision,
+                                                    trust_remote_code=trust_remote_code)
+        PeftModel.from_pretrained(base, str(out)).merge_and_unload().save_pretrained(str(merged))
+        tokenizer.save_pretrained(str(merged))
+    return merged
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if _requested_backend(argv) == "unsloth":
+        from .backend import import_unsloth
+
+        import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
+    sft_args, model_args = parse_args(argv)
+    run_sft(sft_args, model_args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""SageSFTConfig: TRL's SFTConfig plus the kit's stage-1 fields, with the official recipe as defaults.
+
+Parsed together with ``trl.ModelConfig`` by ``trl.TrlParser`` (YAML, then CLI overrides); see
+:func:`sage_unsloth.sft.parse_args`. Importing this module imports TRL, so a process that trains with
+Unsloth imports Unsloth first (``sage_unsloth.sft.main`` does that before importing this).
+
+Defaults are the official SFT recipe (2 epochs, lr 2e-4, batch 1, 5 warmup steps, linear schedule, weight
+decay 0.01, adamw_8bit, seed 3407); the YAML configs pin them again. Loss on assistant tokens only
+(TRL's ``assistant_only_loss`` with the ``{% generation %}`` markers of the kit's chat template).
+``max_length`` is derived from ``max_seq_length`` (one knob for the data filter, the loader and TRL).
+Without a GPU: 8-bit optimizers fall back to adamw_torch and bf16/fp16 to float32, each with a logged notice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import SFTConfig
+from transformers.trainer_utils import get_last_checkpoint
+
+from .backend import cuda_available
+from .manifest import MANIFEST_NAME
+from .models import BACKENDS, model_short_name
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SageSFTConfig(SFTConfig):
+    # --- kit fields -------------------------------------------------------------------------------------
+    backend: str = field(default="unsloth", metadata={"help": "unsloth (FastLanguageModel) or trl (transformers+peft)"})
+    dataset_name: str | None = field(default="unsloth/OpenMathReasoning-mini",
+                                     metadata={"help": "Hub dataset id (ignored when dataset_path is set)"})
+    dataset_split: str = field(default="cot", metadata={"help": "Split of dataset_name"})
+    dataset_path: str | None = field(default=None, metadata={"help": "Local JSONL/parquet; overrides dataset_name"})
+    dataset_max_rows: int | None = field(default=None, metadata={"help": "Use only the first N raw rows"})
+    numeric_answers_only: bool = field(default=True, metadata={"help": "Keep rows with numeric expected_answer"})
+    strip_think_tags: bool = field(default=True, metadata={"help": "Remove <think>/</think> from solutions"})
+    max_length_fraction: float = field(default=0.5, metadata={
+        "help": "Drop rows longer than this fraction of max_seq_length tokens (official: 0.5)"})
+    max_seq_length: int = field(default=2048, metadata={"help": "Model context for training; sets max_length"})
+    output_root: str = field(default="outputs", metadata={
+        "help": "Root of outputs/<model_short_name>/sft (used when output_dir is not given)"})
+    model_short_name: str | None = field(default=None, metadata={
+        "help": "Folder name for the model (default: derived from model_name_or_path)"})
+    save_merged: bool = field(default=False, metadata={"help": "Also write a merged 16-bit model to <out>/merged"})
+    resume: bool = field(default=False, metadata={"help": "Continue from the last checkpoint in the output folder"})
+
+    # --- official recipe as defaults (the YAML configs pin them again) ----------------------------------
+    learning_rate: float = field(default=2e-4, metadata={"help": "Official SFT: 2e-4"})
+    num_train_epochs: float = field(default=2.0, metadata={"help": "Official SFT: 2"})
+    per_device_train_batch_size: int = field(default=1, metadata={"help": "Official SFT: 1"})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Official SFT: 1"})
+    warmup_steps: float = field(default=5, metadata={"help": "Official SFT: 5"})
+    lr_scheduler_type: str = field(default="linear", metadata={"help": "Official SFT: linear"})
+    weight_decay: float = field(default=0.01, metadata={"help": "Official SFT: 0.01"})
+    optim: str = field(default="adamw_8bit", metadata={"help": "Official SFT: adamw_8bit (adamw_torch on CPU)"})
+    seed: int = field(default=3407, metadata={"help": "Official: 3407"})
+    logging_steps: float = field(default=1, metadata={"help": "Log every N steps"})
+    report_to: None | str | list[str] = field(default="none", metadata={"help": "none, wandb, ..."})
+    assistant_only_loss: bool = field(default=True, metadata={"help": "Loss on assistant tokens only"})
+
+    def __post_init__(self):
+        self.output_dir_given = self.output_dir is not None
+        if self.max_seq_length is None or self.max_seq_length <= 0:
+            raise ValueError(f"max_seq_length {self.max_seq_length}: must be a positive token count")
+        self.max_length = self.max_seq_length
+        if not cuda_available():
+            if "8bit" in str(getattr(self.optim, "value", self.optim)):
+                logger.warning("optim %s needs a GPU (bitsandbytes): using adamw_torch on CPU", self.optim)
+                self.optim = "adamw_torch"
+            if self.bf16 or self.fp16:
+                logger.warning("bf16/fp16 mixed precision needs a GPU here: training in float32 on CPU")
+            self.bf16, self.fp16 = False, False
+        super().__post_init__()
+
+    def validate(self, model_args) -> None:
+        """One-line errors naming the field and the fix, raised before any model or data loads."""
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
+        if not model_args.model_name_or_path:
+            raise ValueError("model_name_or_path is not set: set it in the YAML or pass --model_name_or_path")
+        if self.dataset_path:
+            if not Path(self.dataset_path).is_file():
+                raise FileNotFoundError(f"dataset_path {self.dataset_path} does not exist: fix it or unset it")
+        elif not self.dataset_name:
+            raise ValueError("no dataset: set dataset_name (hub id) or dataset_path (local JSONL/parquet)")
+        if not 0 < self.max_length_fraction <= 1:
+            raise ValueError(f"max_length_fraction {self.max_length_fraction}: must be in (0, 1] (official 0.5)")
+        if self.dataset_max_rows is not None and self.dataset_max_rows <= 0:
+            raise ValueError(f"dataset_max_rows {self.dataset_max_rows}: must be positive, or unset it")
+        if not self.assistant_only_loss:
+            logger.warning("assistant_only_loss is false: the loss also covers the system prompt and problem")
+        if self.packing or self.padding_free:
+            raise ValueError("packing/padding_free: not supported with assistant_only_loss here; set them false")
+        if model_args.load_in_8bit:
+            raise ValueError("load_in_8bit is not supported: use load_in_4bit (GPU) or 16-bit weights")
+
+    def resolve_output_dir(self, model_args) -> Path:
+        """outputs/<model_short_name>/sft unless output_dir was given; sets and returns it."""
+        if not self.output_dir_given:
+            short = self.model_short_name or model_short_name(model_args.model_name_or_path)
+            self.output_dir = str(Path(self.output_root) / short / "sft")
+        return Path(self.output_dir)
+
+    def resume_checkpoint(self) -> str | None:
+        """The checkpoint to resume from, or None to start fresh; a clear error instead of overwriting a run."""
+        out = Path(self.output_dir)
+        last = get_last_checkpoint(str(out)) if out.is_dir() else None
+        if self.resume:
+            if last is None:
+                logger.warning("resume: no checkpoint in %s, starting from scratch", out)
+            return last
+        if (out / MANIFEST_NAME).is_file():
+            raise FileExistsError(f"output_dir {out} already holds a finished SFT run: choose another output_dir "
+                                  "or remove it")
+        if last is not None:
+            raise FileExistsError(f"output_dir {out} has checkpoints ({Path(last).name}): pass --resume true to "
+                                  "continue, or choose another output_dir")
+        return None
