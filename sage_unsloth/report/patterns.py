@@ -1,0 +1,151 @@
+r"""Reasoning-pattern tagger: documented regex rules applied to completions, frequency per run.
+
+The paper (Table 2) reports how often completions show Constraint Setup, Structural Reasoning and Proof
+by Contradiction, without saying how it labelled them. These rules are ours, so the absolute rates are
+not comparable with the paper's; differences between runs tagged by the same rules are. A completion
+has a pattern when ANY of its rules matches (case-insensitive, on the completion text).
+
+| pattern | rule (regex, case-insensitive) | what it catches |
+|---|---|---|
+| constraint_setup | `\b(let|suppose|assume)\s+\$?\\?[a-z]\w*\$?\s*(be|denote|=|represents?|:)` | introducing a variable for an unknown |
+| | `\b(let's|let us|we)\s+(denote|define|set up|write down)\b` / `\bdenote\b.{0,40}\b(by|as)\b` | naming quantities |
+| | `\b(constraints?|conditions?)\s*(are|is|:)` / `\b(must|should) satisfy\b` / `\bsubject to\b` | stating constraints |
+| | `\bwe (are given|know) that\b` / `\bset up (an? |the )?(equations?|system|inequalit)` | restating givens as equations |
+| structural_reasoning | `\bstep\s*\d+\b` (twice or more) | explicit multi-step plan |
+| | `\b(break|split|decompose)\w*\b.{0,30}\b(down|into)\b` / `\bsub-?problems?\b` | decomposition |
+| | `\b(recurrence|recursive(ly)?|recursion|invariant|symmetr\w*|by induction|inductive step|pattern (is|emerges))\b` | structure of the object |
+| proof_by_contradiction | `\bcontradict\w*\b` / `\bfor the sake of contradiction\b` / `\b(suppose|assume)\s+(not|otherwise|the contrary|to the contrary)\b` | arguing from a false assumption |
+| | `\b(which|this) is (impossible|absurd)\b` | reaching the absurdity |
+| case_analysis | `\bcase\s*(\d+|[ivx]+\b|[a-d]\b|:)` / `\b(two|three|four|both|several|these|the following|all|possible) (sub)?cases\b` / `\bsub-?cases?\b` / `\bin (the|this|each) case\b` | splitting into cases |
+| verification | `\b(let's|let me|we can|to) (verify|double[- ]check|check)\b` / `\bverif(y|ying|ication)\b` / `\b(plug|substitut)\w*\b.{0,30}\bback\b` / `\bsanity check\b` | checking an answer |
+| enumeration | `\b(enumerat\w*|list(ing)? (all|out|them|the possible))\b` / `\blet'?s list\b` / `\bpossible (values|pairs|combinations|triples|outcomes)\b.{0,20}(are|:)` | listing possibilities |
+| self_correction | `\bwait\b[,.!]` / `\b(i|we) made (a|an) (mistake|error)\b` / `\b(let me|let's) (re-?(check|consider|think|evaluate|examine))\b` / `\bthat('s| is) (not right|incorrect|wrong)\b` | backtracking (the "aha" tokens) |
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pandas as pd
+
+_FLAGS = re.IGNORECASE | re.DOTALL
+
+PATTERN_RULES: dict[str, list[re.Pattern]] = {
+    "constraint_setup": [
+        re.compile(r"\b(let|suppose|assume)\s+\$?\\?[a-z]\w*\$?\s*(be|denote|=|represents?|:)", _FLAGS),
+        re.compile(r"\b(let's|let us|we)\s+(denote|define|set up|write down)\b", _FLAGS),
+        re.compile(r"\bdenote\b.{0,40}\b(by|as)\b", _FLAGS),
+        re.compile(r"\b(constraints?|conditions?)\s*(are|is|:)", _FLAGS),
+        re.compile(r"\b(must|should) satisfy\b", _FLAGS),
+        re.compile(r"\bsubject to\b", _FLAGS),
+        re.compile(r"\bwe (are given|know) that\b", _FLAGS),
+        re.compile(r"\bset up (an? |the )?(equations?|system|inequalit)", _FLAGS),
+    ],
+    "structural_reasoning": [
+        re.compile(r"\bstep\s*\d+\b(.*)\bstep\s*\d+\b", _FLAGS),
+        re.compile(r"\b(break|split|decompose)\w*\b.{0,30}\b(down|into)\b", _FLAGS),
+        re.compile(r"\bsub-?problems?\b", _FLAGS),
+        re.compile(r"\b(recurrence|recursive(ly)?|recursion|invariant|symmetr\w*|by induction|inductive step"
+                   r"|pattern (is|emerges))\b", _FLAGS),
+    ],
+    "proof_by_contradiction": [
+        re.compile(r"\bcontradict\w*\b", _FLAGS),
+        re.compile(r"\bfor the sake of contradiction\b", _FLAGS),
+        re.compile(r"\b(suppose|assume)\s+(not|otherwise|the contrary|to the contrary)\b", _FLAGS),
+        re.compile(r"\b(which|this) is (impossible|absurd)\b", _FLAGS),
+    ],
+    "case_analysis": [
+        re.compile(r"\bcase\s*(\d+|[ivx]+\b|[a-d]\b|:)", _FLAGS),
+        re.compile(r"\b(two|three|four|both|several|these|the following|all|possible) (sub)?cases\b", _FLAGS),
+        re.compile(r"\bsub-?cases?\b", _FLAGS),
+        re.compile(r"\bin (the|this|each) case\b", _FLAGS),
+    ],
+    "verification": [
+        re.compile(r"\b(let's|let me|we can|to) (verify|double[- ]check|check)\b", _FLAGS),
+        re.compile(r"\bverif(y|ying|ication)\b", _FLAGS),
+        re.compile(r"\b(plug|substitut)\w*\b.{0,30}\bback\b", _FLAGS),
+        re.compile(r"\bsanity check\b", _FLAGS),
+    ],
+    "enumeration": [
+        re.compile(r"\b(enumerat\w*|list(ing)? (all|out|them|the possible))\b", _FLAGS),
+        re.compile(r"\blet'?s list\b", _FLAGS),
+        re.compile(r"\bpossible (values|pairs|combinations|triples|outcomes)\b.{0,20}(are|:)", _FLAGS),
+    ],
+    "self_correction": [
+        re.compile(r"\bwait\b[,.!]", _FLAGS),
+        re.compile(r"\b(i|we) made (a|an) (mistake|error)\b", _FLAGS),
+        re.compile(r"\b(let me|let's) (re-?(check|consider|think|evaluate|examine))\b", _FLAGS),
+        re.compile(r"\bthat('s| is) (not right|incorrect|wrong)\b", _FLAGS),
+    ],
+}
+PATTERNS = tuple(PATTERN_RULES)
+# Paper Table 2 names -> ours.
+PAPER_PATTERN_NAMES = {"Constraint Setup": "constraint_setup", "Structural Reasoning": "structural_reasoning",
+                       "Proof by Contradiction": "proof_by_contradiction"}
+
+
+def tag(text: str) -> set[str]:
+    """The set of patterns whose rules match ``text``."""
+    return {name for name, rules in PATTERN_RULES.items() if any(rule.search(text) for rule in rules)}
+
+
+def iter_completions(paths: Iterable[str | Path]) -> Iterator[dict]:
+    """Records of completions/*.jsonl(.gz) files, one JSON object per line."""
+    for path in paths:
+        path = Path(path)
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def completion_files(template: str, *, model: str, run: str) -> list[Path]:
+    """Files matching the glob ``template`` with {model} and {run} filled in."""
+    return [Path(p) for p in sorted(glob.glob(template.format(model=model, run=run)))]
+
+
+def pattern_frequencies(records: Iterable[dict], *, samples_per_problem: int | None = None) -> dict[str, float]:
+    """Fraction of completions with each pattern (+ n_completions and the same among correct ones).
+
+    ``samples_per_problem`` keeps only completions with sample_idx below it (a cheap, deterministic
+    subsample of every problem's samples).
+    """
+    counts = dict.fromkeys(PATTERNS, 0)
+    correct_counts = dict.fromkeys(PATTERNS, 0)
+    total = total_correct = 0
+    for rec in records:
+        if samples_per_problem is not None and int(rec.get("sample_idx", 0)) >= samples_per_problem:
+            continue
+        if "completion" not in rec:
+            raise ValueError("completion record without a 'completion' field; expected "
+                             "{dataset, problem_id, sample_idx, completion, correct}")
+        found = tag(rec["completion"])
+        total += 1
+        correct = bool(rec.get("correct", False))
+        total_correct += correct
+        for name in found:
+            counts[name] += 1
+            correct_counts[name] += correct
+    out = {"n_completions": total, "n_correct": total_correct}
+    for name in PATTERNS:
+        out[name] = counts[name] / total if total else float("nan")
+        out[f"{name}|correct"] = correct_counts[name] / total_correct if total_correct else float("nan")
+    return out
+
+
+def pattern_table(runs, template: str, *, samples_per_problem: int | None = None) -> pd.DataFrame:
+    """One row per run that has completion files: model, run, n_completions, each pattern's frequency."""
+    rows = []
+    for run in runs:
+        files = completion_files(template, model=run.model, run=run.run)
+        if not files:
+            continue
+        freq = pattern_frequencies(iter_completions(files), samples_per_problem=samples_per_problem)
+        rows.append({"model": run.model, "run": run.run, **freq})
+    return pd.DataFrame(rows)

@@ -1,0 +1,249 @@
+"""Stage 4 orchestration: load eval results, compute tables/CIs/plots/patterns, write report.md atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from sage_unsloth.manifest import atomic_write_text, write_manifest
+from sage_unsloth.report import patterns as pat
+from sage_unsloth.report import plots, tables
+from sage_unsloth.report.loading import AVG, discover_runs
+from sage_unsloth.report.paper import load_mapping, load_published, map_run
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReportArguments:
+    results: str = field(default="results", metadata={"help": "folder with <model>/<run>/passk.csv"})
+    out: str | None = field(default=None, metadata={"help": "report path (default <results>/report.md); "
+                                                            "tables and PNGs go to the folder of the same stem"})
+    pairs: str | None = field(default=None, metadata={"help": "paired comparisons 'run_a:run_b,...' (A-B); default: "
+                                                              "the paper's method pairs, e.g. GRPO+Branch vs GRPO"})
+    mapping: str | None = field(default=None, metadata={"help": "YAML/JSON run -> paper {model, method} overrides"})
+    paper_dir: str | None = field(default=None, metadata={"help": "folder with published_*.csv (default: "
+                                                                  "<results>/paper, else the kit's results/paper)"})
+    resamples: int = field(default=2000, metadata={"help": "bootstrap resamples"})
+    seed: int = field(default=0, metadata={"help": "bootstrap seed"})
+    level: float = field(default=0.95, metadata={"help": "confidence level"})
+    completions: str = field(default="outputs/{model}/{run}/completions/*.jsonl.gz",
+                             metadata={"help": "glob of completion files for the pattern analysis; "
+                                               "{model} and {run} are filled in per run"})
+    pattern_samples_per_problem: int | None = field(
+        default=None, metadata={"help": "tag only completions with sample_idx below this (default: all)"})
+    wandb_project: str | None = field(default=None, metadata={"help": "log the report to this W&B project"})
+    wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity for --wandb_project"})
+    wandb_offline_runs: str | None = field(default=None, metadata={
+        "help": "glob of wandb/offline-run-* folders whose training curves to plot"})
+    wandb_runs: str | None = field(default=None, metadata={
+        "help": "comma-separated online runs entity/project/run_id whose training curves to plot"})
+    plot_width: int = field(default=plots.DEFAULT_SIZE[0], metadata={"help": "PNG width in pixels"})
+    plot_height: int = field(default=plots.DEFAULT_SIZE[1], metadata={"help": "PNG height in pixels"})
+
+    def validate(self) -> None:
+        if self.resamples < 100:
+            raise ValueError(f"resamples={self.resamples}: use at least 100 bootstrap resamples")
+        if not 0.5 < self.level < 1.0:
+            raise ValueError(f"level={self.level}: the confidence level must be in (0.5, 1)")
+        if self.plot_width < 100 or self.plot_height < 100:
+            raise ValueError("plot_width/plot_height: at least 100 pixels")
+
+
+@dataclass
+class ReportResult:
+    markdown: str
+    comparison: pd.DataFrame
+    curves: pd.DataFrame
+    pairs: pd.DataFrame
+    patterns: pd.DataFrame
+    images: dict[str, Path]
+    out: Path
+
+
+# ---------------------------------------------------------------- formatting
+def fmt(value, digits: int = 3) -> str:
+    return "missing" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def fmt_ci(low, high) -> str:
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "n/a"
+    return f"[{low:.3f}, {high:.3f}]"
+
+
+def fmt_signed(value) -> str:
+    return "" if value is None or math.isnan(value) else f"{value:+.3f}"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _paper_cell(row) -> str:
+    if pd.isna(row["paper"]):
+        return ""
+    return fmt(row["paper"]) + ("" if row["paper_primary"] else " †")
+
+
+def dataset_section(comparison: pd.DataFrame, dataset: str) -> str:
+    frame = comparison[comparison["dataset"] == dataset]
+    rows = []
+    for (model, run), group in frame.groupby(["model", "run"], sort=False):
+        one = group[group["metric"] == "pass@1"].iloc[0]
+        big = group[group["metric"] == "pass@k"].iloc[0]
+        k = "" if pd.isna(big["k"]) else int(big["k"])
+        rows.append([f"{model}/{run}", one["method"] or "", fmt(one["value"]), fmt_ci(one["ci_low"], one["ci_high"]),
+                     _paper_cell(one), fmt_signed(one["diff"]), k, fmt(big["value"]),
+                     fmt_ci(big["ci_low"], big["ci_high"]), _paper_cell(big), fmt_signed(big["diff"])])
+    header = ["run", "paper method", "pass@1", "95% CI", "paper", "Δ", "k", "pass@k", "95% CI", "paper", "Δ"]
+    return md_table(header, rows)
+
+
+def render_markdown(args: ReportArguments, runs, result: ReportResult, published_patterns: pd.DataFrame,
+                    training_png: Path | None, mapping) -> str:
+    out_dir = result.out.parent
+    rel = lambda p: Path(p).resolve().relative_to(out_dir.resolve()).as_posix()  # noqa: E731
+    parts = [
+        "# SAGE reproduction report",
+        f"Generated {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} from `{args.results}`. "
+        f"Point values: the eval stage's passk.csv (unbiased pass@k). CIs: {int(args.level * 100)}% percentile "
+        f"bootstrap over problems ({args.resamples} resamples, seed {args.seed}); avg_paper resamples within each "
+        "set. Paper values from results/paper/ († = not from a primary source). Δ = run − paper. "
+        "\"missing\" = the run did not report that dataset or k.",
+        "## Runs",
+    ]
+    run_rows = []
+    for run in runs:
+        row = map_run(run.model, run.run, mapping)
+        manifest = run.manifest or {}
+        checkpoint = manifest.get("checkpoint") or (manifest.get("config") or {}).get("checkpoint", "")
+        run_rows.append([run.name, row.model or "—", row.method or "— (no paper row)", str(checkpoint or ""),
+                         "; ".join(run.notes) or "ok"])
+    parts.append(md_table(["run", "paper model", "paper method", "checkpoint", "notes"], run_rows))
+    parts.append(
+        "Run → paper mapping (by folder name, override with --mapping): model folder containing qwen2.5-math-7b or "
+        "deepseek-r1-distill-qwen-7b; run folder (lower-cased, seed suffix dropped) base/sft → Base, grpo → GRPO, "
+        "grpo_branch → GRPO + Branch, bnpo[_branch], dapo[_branch] likewise. pass@k uses the paper's k for the "
+        "model (256 / 64), else the largest k the run reported.")
+    for dataset in tables.report_datasets(runs):
+        title = "Paper average (AIME pooled, AMC23, MATH-500)" if dataset == AVG else dataset
+        parts += [f"## {title}", dataset_section(result.comparison, dataset)]
+        if dataset in result.images:
+            parts.append(f"![pass@k on {dataset}]({rel(result.images[dataset])})")
+    parts.append("## Paired differences (A − B, same resampled problems for both runs)")
+    if result.pairs.empty:
+        parts.append("No run pairs (give --pairs run_a:run_b, or name runs so that the paper mapping pairs them).")
+    else:
+        rows = []
+        for _, r in result.pairs.iterrows():
+            excludes = "" if pd.isna(r["ci_low"]) else ("yes" if r["ci_low"] > 0 or r["ci_high"] < 0 else "no")
+            rows.append([r["model"], r["run_a"], r["run_b"], r["dataset"], r["metric"],
+                         "" if pd.isna(r["k"]) else int(r["k"]), fmt_signed(r["diff"]) or "missing",
+                         fmt_ci(r["ci_low"], r["ci_high"]), excludes, int(r["n_problems"])])
+        parts.append(md_table(["model", "A", "B", "dataset", "metric", "k", "A − B", "95% CI", "CI excludes 0",
+                               "problems"], rows))
+    parts.append("## Reasoning patterns (fraction of completions; rules in sage_unsloth/report/patterns.py)")
+    if result.patterns.empty:
+        parts.append(f"No completion files found (glob `{args.completions}`).")
+    else:
+        rows = []
+        for _, r in result.patterns.iterrows():
+            row = map_run(r["model"], r["run"], mapping)
+            cells = [f"{r['model']}/{r['run']}", int(r["n_completions"])]
+            for name in pat.PATTERNS:
+                paper = published_patterns[(published_patterns["pattern"] == name)
+                                           & (published_patterns["method"] == row.method)
+                                           & (published_patterns["model"] == row.model)]
+                paper_txt = f" (paper {paper['value'].iloc[0]:.3f})" if not paper.empty else ""
+                cells.append(fmt(r[name]) + paper_txt)
+            rows.append(cells)
+        parts.append(md_table(["run", "completions", *pat.PATTERNS], rows))
+        parts.append("The paper's labelling method is unknown, so its Table 2 values (in parentheses) are context, "
+                     "not a like-for-like target; compare runs with each other.")
+    if training_png is not None:
+        parts += ["## Training curves (W&B)", f"![training curves]({rel(training_png)})"]
+    return "\n\n".join(parts) + "\n"
+
+
+def print_console(comparison: pd.DataFrame) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="SAGE report: runs vs paper (Δ = run − paper)")
+    for col in ("run", "dataset", "metric", "k", "value", "95% CI", "paper", "Δ"):
+        table.add_column(col)
+    for _, r in comparison.iterrows():
+        table.add_row(f"{r['model']}/{r['run']}", r["dataset"], r["metric"], "" if pd.isna(r["k"]) else str(int(r["k"])),
+                      fmt(r["value"]), fmt_ci(r["ci_low"], r["ci_high"]), _paper_cell(r), fmt_signed(r["diff"]))
+    Console(width=140).print(table)
+
+
+# ---------------------------------------------------------------- pipeline
+def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult:
+    args.validate()
+    results = Path(args.results)
+    out = Path(args.out) if args.out else results / "report.md"
+    assets = out.with_suffix("")
+    mapping = load_mapping(args.mapping)
+    paper_dir = args.paper_dir or (results / "paper" if (results / "paper" / "published_passk.csv").is_file() else None)
+    published, published_patterns = load_published(paper_dir)
+    runs = discover_runs(results)
+    if not runs:
+        raise FileNotFoundError(f"no results/<model>/<run>/passk.csv under {results}: run the eval stage first")
+    settings = tables.BootstrapSettings(resamples=args.resamples, seed=args.seed, level=args.level)
+    curves = tables.curve_table(runs, settings)
+    comparison = tables.comparison_table(runs, curves, published, mapping)
+    pairs = tables.paired_table(tables.resolve_pairs(runs, args.pairs, mapping), runs, published, settings, mapping)
+    patterns = pat.pattern_table(runs, args.completions, samples_per_problem=args.pattern_samples_per_problem)
+    size = (args.plot_width, args.plot_height)
+    images = plots.passk_curves(curves, comparison, assets, size=size)
+    training_png = None
+    if args.wandb_offline_runs or args.wandb_runs:
+        from sage_unsloth.report import wandb_io
+
+        histories = wandb_io.load_histories(args.wandb_offline_runs, args.wandb_runs)
+        training_png = plots.training_curves(histories, list(wandb_io.TRAINING_KEYS), assets / "training_curves.png",
+                                             size=size)
+        if training_png is None:
+            log.warning("no training keys %s in the W&B histories given", wandb_io.TRAINING_KEYS)
+    result = ReportResult(markdown="", comparison=comparison, curves=curves, pairs=pairs, patterns=patterns,
+                          images=images, out=out)
+    result.markdown = render_markdown(args, runs, result, published_patterns, training_png, mapping)
+    for name, frame in (("comparison", comparison), ("passk_all_k", curves), ("pairs", pairs), ("patterns", patterns)):
+        atomic_write_text(assets / f"{name}.csv", frame.to_csv(index=False))
+    write_manifest(assets, stage="report", config=dataclasses.asdict(args), seed=args.seed,
+                   runs=[r.name for r in runs])
+    atomic_write_text(out, result.markdown)
+    if console:
+        print_console(comparison)
+    if args.wandb_project:
+        from sage_unsloth.report import wandb_io
+
+        all_images = dict(images)
+        if training_png is not None:
+            all_images["training_curves"] = training_png
+        wandb_io.log_report(args.wandb_project, entity=args.wandb_entity, markdown=result.markdown,
+                            tables={"comparison": comparison, "pairs": pairs, "patterns": patterns},
+                            images=all_images)
+    log.info("wrote %s (tables and plots in %s/)", out, assets)
+    return result
+
+
+def parse_args(argv: list[str]) -> ReportArguments:
+    from trl import TrlParser
+
+    argv = list(argv)
+    if argv and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml")):
+        argv = ["--config", argv[0], *argv[1:]]      # `python -m sage_unsloth.report CONFIG --key value`
+    argv = [("--" + a[2:].replace("-", "_")) if a.startswith("--") and "=" not in a else a for a in argv]
+    (args,) = TrlParser((ReportArguments,)).parse_args_and_config(argv)
+    return args
