@@ -1,0 +1,393 @@
+"""Stage 2, RLVR: ``python -m sage_unsloth.rlvr CONFIG [--key value ...] [--resume]``.
+
+Reads stage 1's output folder (``outputs/<model>/sft``: LoRA adapter + tokenizer + manifest), continues
+that adapter with GRPO-family RL under the SAGE anchor q * pi_ref, and writes
+``outputs/<model>/<variant>/`` (final adapter, tokenizer, manifest.json; checkpoints every save_steps).
+
+Every input is checked before a model loads: the config classes validate the SAGE/GRPO fields, then
+:func:`plan_run` checks the stage-1 folder, the anchor choice, the lengths against the model's context
+(read offline from its config.json) and the output folder (fresh run vs ``--resume``).
+
+The anchor pi_ref
+-----------------
+Under LoRA, TRL's reference is "the policy with its adapter disabled", i.e. the *pre-SFT base* when
+the SFT adapter is continued (the official code's behaviour). ``anchor: sft`` (default) anchors to the
+SFT model instead, because the KL is meant to keep RL close to the model RL started from. Of the two
+ways to get that, this kit keeps a frozen copy of the SFT adapter under the adapter name ``ref``
+(TRL 1.15 scores the reference with ``use_adapter(model, "ref")`` whenever that adapter exists):
+
+- it continues the SFT adapter itself, so the final adapter is one LoRA on the original base, which
+  evaluation loads like the SFT adapter, and nothing is re-quantised (merging a LoRA into 4-bit
+  weights and re-quantising would move the anchor away from the SFT model);
+- it costs one extra r=8 adapter in memory and no extra checkpoint on disk (only ``default`` is saved).
+
+``anchor: base`` removes that copy, so TRL falls back to the adapter-disabled base (official code).
+TRL adds the ``ref`` copy itself in ``GRPOTrainer.__init__``; Unsloth's patched trainer strips that
+code, so :func:`apply_anchor` (run after the trainer is built) makes the result the same on both.
+With Unsloth's vLLM (``use_vllm``) the LoRA sync sends every lora_A/lora_B tensor of the model to vLLM,
+so the ``ref`` copy is hidden from it during each sync (:func:`hide_adapter_from_vllm_sync`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ANCHORS = ("sft", "base")
+REF_ADAPTER = "ref"
+POLICY_ADAPTER = "default"
+
+
+@dataclass
+class RLVRStageArgs:
+    """Stage I/O of RLVR (the training hyper-parameters live in SageGRPOConfig)."""
+
+    sft_dir: str | None = field(default=None, metadata={
+        "help": "Stage-1 output folder (adapter + manifest.json). Default: <output_root>/<model>/sft."})
+    anchor: str = field(default="sft", metadata={
+        "help": "KL anchor pi_ref: 'sft' (the SFT model; default) or 'base' (pre-SFT base, official code)."})
+    variant: str | None = field(default=None, metadata={
+        "help": "Run name: output goes to <output_root>/<model>/<variant>/. Default: the config file's stem."})
+    output_root: str = field(default="outputs", metadata={"help": "Root of the stage output folders."})
+    dataset_name: str = field(default="open-r1/DAPO-Math-17k-Processed", metadata={"help": "Hub dataset."})
+    dataset_config: str | None = field(default="en", metadata={"help": "Hub dataset config."})
+    dataset_split: str = field(default="train", metadata={"help": "Hub dataset split."})
+    dataset_path: str | None = field(default=None, metadata={
+        "help": "Local .jsonl/.parquet file overriding dataset_name (flat or verl layout)."})
+    max_train_rows: int | None = field(default=None, metadata={"help": "Use only the first N rows."})
+    max_prompt_length: int | None = field(default=None, metadata={
+        "help": "Drop prompts longer than this (tokens). Default: context - max_completion_length."})
+    max_seq_length: int | None = field(default=None, metadata={
+        "help": "Model context in tokens. Default: max_position_embeddings of the model's config.json."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the last checkpoint in the output folder."})
+
+
+@dataclass
+class RLVRPlan:
+    """Everything resolved and checked before any model loads."""
+
+    base_model: str
+    sft_dir: Path
+    output_dir: Path
+    model_short: str
+    variant: str
+    context_length: int
+    max_prompt_length: int
+    resume_from: str | None
+    sft_manifest: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+def parse_args(argv: list[str] | None = None):
+    """``CONFIG [--key value ...]`` -> (SageGRPOConfig, RLVRStageArgs, ModelConfig, config path or None).
+
+    ``output_dir`` is always derived (``<output_root>/<model>/<variant>``); a value given for it is ignored.
+    """
+    from trl import ModelConfig, TrlParser
+
+    from sage_unsloth.rlvr.config import SageGRPOConfig
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    config_path = None
+    if argv and not argv[0].startswith("-"):
+        config_path = argv.pop(0)
+        if not Path(config_path).is_file():
+            raise FileNotFoundError(f"config file {config_path} not found: pass a YAML from configs/rlvr/")
+        argv = ["--config", config_path, *argv]
+    parser = TrlParser((SageGRPOConfig, RLVRStageArgs, ModelConfig))
+    grpo_args, stage_args, model_args = parser.parse_args_and_config(argv)
+    return grpo_args, stage_args, model_args, config_path
+
+
+def model_context_length(model_name_or_path: str, revision: str | None = None,
+                         trust_remote_code: bool = False) -> int:
+    """``max_position_embeddings`` from the model's config.json (no weights are read)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_name_or_path, revision=revision,
+                                            trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise FileNotFoundError(f"cannot read the config of {model_name_or_path!r} ({type(exc).__name__}): "
+                                "download the model or set max_seq_length") from None
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    length = getattr(text_config, "max_position_embeddings", None)
+    if not length:
+        raise ValueError(f"{model_name_or_path!r} has no max_position_embeddings: set max_seq_length")
+    return int(length)
+
+
+def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any], str]:
+    from sage_unsloth.manifest import read_manifest
+    from sage_unsloth.models import model_short_name
+
+    if stage.sft_dir:
+        sft_dir = Path(stage.sft_dir)
+    elif model_args.model_name_or_path:
+        sft_dir = Path(stage.output_root) / model_short_name(model_args.model_name_or_path) / "sft"
+    else:
+        raise ValueError("sft_dir is not set: pass --sft_dir outputs/<model>/sft (stage 1's output folder)")
+    if not sft_dir.is_dir():
+        raise FileNotFoundError(f"sft_dir={sft_dir} does not exist: run stage 1 (scripts/01_sft.sh) first or "
+                                "point sft_dir to its output folder")
+    manifest = read_manifest(sft_dir, expect_stage="sft")
+    if not (sft_dir / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"sft_dir={sft_dir} has no adapter_config.json: it is not a finished SFT run")
+    base = manifest.get("base_model") or ""
+    if not base:
+        raise ValueError(f"{sft_dir}/manifest.json has no base_model: re-run stage 1")
+    if model_args.model_name_or_path and not _same_model(model_args.model_name_or_path, base):
+        raise ValueError(f"model_name_or_path={model_args.model_name_or_path!r} but {sft_dir} was trained on "
+                         f"{base!r}: drop model_name_or_path or point sft_dir to that model's SFT run")
+    return sft_dir, manifest, base
+
+
+def _same_model(a: str, b: str) -> bool:
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.realpath(a) == os.path.realpath(b)
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRPlan:
+    """Resolve and check every input of the stage; one-line errors, nothing loads a model."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from sage_unsloth.backend import cuda_available
+    from sage_unsloth.manifest import MANIFEST_NAME
+    from sage_unsloth.models import model_short_name
+
+    if stage.anchor not in ANCHORS:
+        raise ValueError(f"anchor={stage.anchor!r} is unknown: use one of {', '.join(ANCHORS)}")
+    if grpo_args.use_vllm and not cuda_available():
+        raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
+    if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
+        logger.warning("vllm_mode=%s: a vLLM server must already be running", grpo_args.vllm_mode)
+    sft_dir, sft_manifest, base = _resolve_sft(stage, model_args)
+
+    context = stage.max_seq_length or model_context_length(base, model_args.model_revision,
+                                                           bool(grpo_args.trust_remote_code))
+    completion = grpo_args.max_completion_length
+    if completion is None or completion >= context:
+        raise ValueError(f"max_completion_length={completion} leaves no room for a prompt in the {context}-token "
+                         f"context of {base}: lower max_completion_length")
+    max_prompt = stage.max_prompt_length or context - completion
+    if max_prompt + completion > context:
+        raise ValueError(f"max_prompt_length={max_prompt} + max_completion_length={completion} exceeds the "
+                         f"{context}-token context of {base}: lower one of them")
+
+    variant = stage.variant or (Path(config_path).stem if config_path else None)
+    if not variant:
+        raise ValueError("variant is not set: pass --variant NAME (the output subfolder)")
+    short = model_short_name(base)
+    output_dir = Path(stage.output_root) / short / variant
+    last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+    if stage.resume and last is None:
+        raise FileNotFoundError(f"--resume: no checkpoint-* folder in {output_dir}: start without --resume")
+    if not stage.resume and (last is not None or (output_dir / MANIFEST_NAME).is_file()):
+        raise FileExistsError(f"{output_dir} already holds a run: pass --resume to continue it, or choose "
+                              "another --variant / --output_root")
+    return RLVRPlan(base_model=base, sft_dir=sft_dir, output_dir=output_dir, model_short=short, variant=variant,
+                    context_length=context, max_prompt_length=max_prompt,
+                    resume_from=last if stage.resume else None, sft_manifest=sft_manifest)
+
+
+# ----------------------------------------------------------------------------------------------- anchor
+def _adapter_params(model, adapter: str):
+    marker = f".{adapter}."
+    return {n: p for n, p in model.named_parameters() if marker in n}
+
+
+def apply_anchor(model, anchor: str, *, beta: float) -> None:
+    """Make TRL's reference pass score the chosen anchor (see the module docstring).
+
+    ``sft``: a frozen ``ref`` adapter equal to the SFT adapter (made here unless TRL already made it);
+    ``base``: no ``ref`` adapter, so the reference is the policy with adapters disabled.
+    """
+    if anchor not in ANCHORS:
+        raise ValueError(f"anchor={anchor!r} is unknown: use one of {', '.join(ANCHORS)}")
+    has_ref = REF_ADAPTER in model.peft_config
+    if beta == 0.0 or anchor == "base":
+        if has_ref:
+            model.delete_adapter(REF_ADAPTER)
+        model.set_adapter(POLICY_ADAPTER)
+        return
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    if not has_ref:
+        import torch
+
+        model.add_adapter(REF_ADAPTER, copy.deepcopy(model.peft_config[POLICY_ADAPTER]))
+        policy = _adapter_params(model, POLICY_ADAPTER)
+        with torch.no_grad():
+            for name, param in _adapter_params(model, REF_ADAPTER).items():
+                param.copy_(policy[name.replace(f".{REF_ADAPTER}.", f".{POLICY_ADAPTER}.")])
+    model.set_adapter(POLICY_ADAPTER)
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in trainable and f".{REF_ADAPTER}." not in name)
+
+
+@contextmanager
+def hidden_adapter(model, adapter: str = REF_ADAPTER):
+    """Temporarily remove ``adapter``'s LoRA modules from the model (and its state_dict)."""
+    from peft.tuners.lora import LoraLayer
+
+    removed = []
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            for attr in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
+                container = getattr(module, attr, None)
+                if container is not None and adapter in container:
+                    removed.append((container, container.pop(adapter)))
+    try:
+        yield
+    finally:
+        for container, value in removed:
+            container[adapter] = value
+
+
+def hide_adapter_from_vllm_sync(model) -> None:
+    """Wrap Unsloth's ``model.load_lora`` so the vLLM LoRA it builds holds the policy adapter only."""
+    load_lora = getattr(model, "load_lora", None)
+    if load_lora is None or getattr(load_lora, "_sage_hides_ref", False):
+        return
+
+    @functools.wraps(load_lora)
+    def load_policy_lora(*args, **kwargs):
+        with hidden_adapter(model):
+            return load_lora(*args, **kwargs)
+
+    load_policy_lora._sage_hides_ref = True
+    model.load_lora = load_policy_lora
+
+
+# ----------------------------------------------------------------------------------------------- stage
+def _build_dataset(stage: RLVRStageArgs, tokenizer, plan: RLVRPlan):
+    from sage_unsloth.rlvr.data import build_rlvr_dataset, load_source
+
+    source = load_source(stage.dataset_name, stage.dataset_config, stage.dataset_path, stage.dataset_split)
+    return build_rlvr_dataset(source, tokenizer, max_prompt_length=plan.max_prompt_length,
+                              max_rows=stage.max_train_rows)
+
+
+def resolved_config(grpo_args, stage: RLVRStageArgs, model_args) -> dict[str, Any]:
+    return {"training": grpo_args.to_dict(), "stage": asdict(stage), "model": asdict(model_args)}
+
+
+@dataclass
+class RLVRStage:
+    """A built stage: the trainer over the loaded model, ready for :meth:`train_and_save`."""
+
+    trainer: Any
+    model: Any
+    tokenizer: Any
+    plan: RLVRPlan
+    dataset: Any
+
+    def train_and_save(self, grpo_args, stage: RLVRStageArgs, model_args) -> Path:
+        from sage_unsloth.manifest import write_manifest
+
+        self.trainer.train(resume_from_checkpoint=self.plan.resume_from)
+        out = self.plan.output_dir
+        # Only the policy adapter: the frozen "ref" copy is the SFT adapter, already in sft_dir.
+        self.model.save_pretrained(str(out), selected_adapters=[POLICY_ADAPTER])
+        self.tokenizer.save_pretrained(str(out))
+        lora = self.model.peft_config[POLICY_ADAPTER]
+        write_manifest(
+            out, stage="rlvr", config=resolved_config(grpo_args, stage, model_args), seed=grpo_args.seed,
+            base_model=self.plan.base_model, sft_dir=str(self.plan.sft_dir), anchor=stage.anchor,
+            variant=self.plan.variant, model_short_name=self.plan.model_short, backend=grpo_args.backend,
+            adapter=True, lora={"r": lora.r, "lora_alpha": lora.lora_alpha,
+                                "target_modules": sorted(lora.target_modules or [])},
+            resumed_from=Path(self.plan.resume_from).name if self.plan.resume_from else None,
+            global_step=self.trainer.state.global_step, context_length=self.plan.context_length,
+            max_prompt_length=self.plan.max_prompt_length, train_prompts=len(self.dataset),
+        )
+        logger.info("RLVR output written to %s", out)
+        return out
+
+
+def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRStage:
+    """Check everything, load data and model, build the SAGE trainer with the chosen anchor."""
+    from sage_unsloth.models import load_for_training, load_tokenizer
+
+    plan = plan_run(grpo_args, stage, model_args, config_path)
+    model_args.model_name_or_path = plan.base_model
+    grpo_args.output_dir = str(plan.output_dir)
+    if not grpo_args.run_name:
+        grpo_args.run_name = f"{plan.model_short}/{plan.variant}"
+
+    # Data before the model: a bad dataset fails in seconds, not after loading 15 GB of weights.
+    trust = bool(grpo_args.trust_remote_code)  # trl 1.15's ModelConfig has no such field
+    dataset = _build_dataset(stage, load_tokenizer(model_args, str(plan.sft_dir), trust_remote_code=trust), plan)
+    logger.info("RLVR: %d prompts (<= %d tokens), anchor=%s, output %s", len(dataset),
+                plan.max_prompt_length, stage.anchor, plan.output_dir)
+
+    unsloth_vllm = grpo_args.backend == "unsloth" and grpo_args.use_vllm
+    if unsloth_vllm and stage.anchor == "sft" and grpo_args.beta != 0.0:
+        # Folding LoRA into vLLM's weights assumes one adapter; the plain LoRA sync is hidden from "ref".
+        os.environ["UNSLOTH_VLLM_MERGED_ROLLOUT"] = "0"
+    model, tokenizer = load_for_training(
+        model_args, backend=grpo_args.backend,
+        max_seq_length=plan.max_prompt_length + grpo_args.max_completion_length, seed=grpo_args.seed,
+        adapter_path=str(plan.sft_dir), fast_inference=unsloth_vllm,
+        gpu_memory_utilization=grpo_args.vllm_gpu_memory_utilization,
+        gradient_checkpointing=bool(grpo_args.gradient_checkpointing), trust_remote_code=trust,
+    )
+    if grpo_args.backend == "unsloth":
+        grpo_args.gradient_checkpointing = False  # Unsloth's loader set up its own checkpointing
+
+    from sage_unsloth.rlvr import reward
+    from sage_unsloth.rlvr.trainer import SageGRPOTrainer
+
+    trainer = SageGRPOTrainer(model=model, reward_funcs=[reward.correctness_reward], args=grpo_args,
+                              train_dataset=dataset, processing_class=tokenizer)
+    apply_anchor(model, stage.anchor, beta=grpo_args.beta)
+    if unsloth_vllm:
+        hide_adapter_from_vllm_sync(model)
+    return RLVRStage(trainer=trainer, model=model, tokenizer=tokenizer, plan=plan, dataset=dataset)
+
+
+def run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRStage:
+    """Run stage 2 end to end; returns the built stage (tests inspect its trainer)."""
+    built = build_stage(grpo_args, stage, model_args, config_path)
+    built.train_and_save(grpo_args, stage, model_args)
+    return built
+
+
+def _import_unsloth_early(argv: list[str]) -> None:
+    """On a GPU, import Unsloth before TRL so its patches (GRPOTrainer, kernels) see a clean slate."""
+    from sage_unsloth.backend import cuda_available
+
+    backend = "unsloth"
+    if argv and not argv[0].startswith("-") and Path(argv[0]).is_file():
+        import yaml
+
+        backend = (yaml.safe_load(Path(argv[0]).read_text()) or {}).get("backend", backend)
+    if "--backend" in argv[:-1]:
+        backend = argv[argv.index("--backend") + 1]
+    if backend == "unsloth" and cuda_available():
+        from sage_unsloth.backend import import_unsloth
+
+        import_unsloth()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _import_unsloth_early(argv)
+    try:
+        grpo_args, stage, model_args, config_path = parse_args(argv)
+        plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run(grpo_args, stage, model_args, config_path)
+    return 0
