@@ -98,8 +98,12 @@ def read_offline_history(path: str | Path) -> pd.DataFrame:
             items = record.request.partial_history.item
         if items is None:
             continue
+        # media (tables, images) arrive flattened as nested keys [name, "_type"], [name, "size"], ...: skip them
+        media = {item.nested_key[0] for item in items if len(item.nested_key) > 1 and item.nested_key[-1] == "_type"}
         row = {}
         for item in items:
+            if item.nested_key and item.nested_key[0] in media:
+                continue
             value = _number(item.value_json)
             if value is not None:
                 row[_item_key(item)] = value
