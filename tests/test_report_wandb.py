@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pandas as pd
 import pytest
@@ -29,7 +30,16 @@ def offline_run(tmp_path_factory):
     subprocess.run([sys.executable, "-c", LOGGER, str(root)], check=True, env=env, timeout=120)
     folders = sorted((root / "wandb").glob("offline-run-*"))
     assert len(folders) == 1
+    _wait_until_flushed(folders[0])
     return folders[0]
+
+
+def _wait_until_flushed(folder, timeout=30.0):
+    """wandb-core writes the transaction log asynchronously; wait for the run's exit record."""
+    deadline = time.monotonic() + timeout
+    while not (list(folder.glob("run-*.wandb")) and wandb_io.run_finished(folder)):
+        assert time.monotonic() < deadline, f"{folder}: no exit record after {timeout}s"
+        time.sleep(0.1)
 
 
 def test_offline_reader_reads_back_logged_values(offline_run):
@@ -44,7 +54,7 @@ def test_offline_reader_reads_back_logged_values(offline_run):
 
 def test_training_curves_plot(offline_run, tmp_path):
     histories = wandb_io.load_histories(offline=str(offline_run.parent / "offline-run-*"))
-    (name, hist), = histories.items()
+    (_name, hist), = histories.items()
     assert list(hist.columns) == ["_step", *wandb_io.TRAINING_KEYS]
     png = plots.training_curves(histories, list(wandb_io.TRAINING_KEYS), tmp_path / "t.png", size=(800, 500))
     with Image.open(png) as img:
@@ -81,18 +91,15 @@ def test_log_report_to_an_offline_run(tmp_path, monkeypatch):
                                   markdown="# report <b>")
     folder = next((tmp_path / "wandb").glob("offline-run-*"))
     assert str(folder) in run_dir
+    _wait_until_flushed(folder)
     assert {"report/comparison", "plots/avg_paper", "report/markdown"} <= _logged_media(folder)
     assert set(wandb_io.read_offline_history(folder).columns) == {"_step", "_runtime", "_timestamp"}
 
 
 def _logged_media(folder):
     """Names of media history items (tables, images), which read_offline_history skips."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
     keys = set()
-    for payload in wandb_io._records(next(folder.glob("run-*.wandb")).read_bytes()):
-        record = pb.Record()
-        record.ParseFromString(payload)
+    for record in wandb_io._parsed_records(next(folder.glob("run-*.wandb"))):
         if record.WhichOneof("record_type") == "history":
             keys |= {i.nested_key[0] for i in record.history.item if list(i.nested_key[1:]) == ["_type"]}
     return keys

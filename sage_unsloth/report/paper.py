@@ -64,7 +64,7 @@ def load_mapping(path: str | Path | None) -> dict[str, dict]:
     data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
     runs = (data or {}).get("runs")
     if not isinstance(runs, dict):
-        raise ValueError(f"--mapping {path}: expected a top-level 'runs:' mapping of run -> method or {{model, method}}")
+        raise TypeError(f"--mapping {path}: expected a top-level 'runs:' mapping of run -> method or {{model, method}}")
     return {key: (value if isinstance(value, dict) else {"method": value}) for key, value in runs.items()}
 
 

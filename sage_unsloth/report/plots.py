@@ -11,9 +11,9 @@ import matplotlib
 import matplotlib.ticker
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
 DEFAULT_SIZE = (960, 600)
 DPI = 100

@@ -111,14 +111,14 @@ def dataset_section(comparison: pd.DataFrame, dataset: str) -> str:
 def render_markdown(args: ReportArguments, runs, result: ReportResult, published_patterns: pd.DataFrame,
                     training_png: Path | None, mapping) -> str:
     out_dir = result.out.parent
-    rel = lambda p: Path(p).resolve().relative_to(out_dir.resolve()).as_posix()  # noqa: E731
+    rel = lambda p: Path(p).resolve().relative_to(out_dir.resolve()).as_posix()
     parts = [
         "# SAGE reproduction report",
-        f"Generated {_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds')} from `{args.results}`. "
-        f"Point values: the eval stage's passk.csv (unbiased pass@k). CIs: {int(args.level * 100)}% percentile "
-        f"bootstrap over problems ({args.resamples} resamples, seed {args.seed}); avg_paper resamples within each "
-        "set. Paper values from results/paper/ († = not from a primary source). Δ = run − paper. "
-        "\"missing\" = the run did not report that dataset or k.",
+        (f"Generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')} from `{args.results}`. "
+         f"Point values: the eval stage's passk.csv (unbiased pass@k). CIs: {int(args.level * 100)}% percentile "
+         f"bootstrap over problems ({args.resamples} resamples, seed {args.seed}); avg_paper resamples within "
+         "each set. Paper values from results/paper/ († = not from a primary source). Δ = run − paper. "
+         "\"missing\" = the run did not report that dataset or k."),
         "## Runs",
     ]
     run_rows = []

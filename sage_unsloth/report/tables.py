@@ -103,8 +103,8 @@ def curve_table(runs: list[RunResults], settings: BootstrapSettings) -> pd.DataF
                     if abs(ci[0][i] - value) > CONSISTENCY_TOL:
                         log.warning("%s %s pass@%d: passk.csv says %.6f but per_problem.csv gives %.6f",
                                     run.name, dataset, k, value, ci[0][i])
-                rows.append(dict(model=run.model, run=run.run, dataset=dataset, k=k, value=value,
-                                 ci_low=low, ci_high=high))
+                rows.append({"model": run.model, "run": run.run, "dataset": dataset, "k": k, "value": value,
+                             "ci_low": low, "ci_high": high})
     return pd.DataFrame(rows, columns=["model", "run", "dataset", "k", "value", "ci_low", "ci_high"])
 
 
@@ -130,15 +130,15 @@ def comparison_table(runs: list[RunResults], curves: pd.DataFrame, published: pd
                              & (curves["dataset"] == dataset) & (curves["k"] == k)] if k else curves.iloc[0:0]
                 paper = paper_value(published, row, dataset, k) if k else None
                 value = float(hit["value"].iloc[0]) if not hit.empty else np.nan
-                rows.append(dict(
-                    model=run.model, run=run.run, paper_model=row.model, method=row.method, dataset=dataset,
-                    metric=metric, k=k, value=value,
-                    ci_low=float(hit["ci_low"].iloc[0]) if not hit.empty else np.nan,
-                    ci_high=float(hit["ci_high"].iloc[0]) if not hit.empty else np.nan,
-                    paper=paper[0] if paper else np.nan,
-                    paper_primary=paper[1] if paper else None,
-                    diff=value - paper[0] if paper and not hit.empty else np.nan,
-                    status="ok" if not hit.empty else "missing"))
+                rows.append({
+                    "model": run.model, "run": run.run, "paper_model": row.model, "method": row.method,
+                    "dataset": dataset, "metric": metric, "k": k, "value": value,
+                    "ci_low": float(hit["ci_low"].iloc[0]) if not hit.empty else np.nan,
+                    "ci_high": float(hit["ci_high"].iloc[0]) if not hit.empty else np.nan,
+                    "paper": paper[0] if paper else np.nan,
+                    "paper_primary": paper[1] if paper else None,
+                    "diff": value - paper[0] if paper and not hit.empty else np.nan,
+                    "status": "ok" if not hit.empty else "missing"})
     return pd.DataFrame(rows)
 
 
@@ -190,7 +190,7 @@ def paired_table(pairs, runs: list[RunResults], published: pd.DataFrame, setting
         big_k = headline_k(a, map_run(a.model, a.run, mapping))
         for dataset in datasets:
             for metric, k in (("pass@1", 1), ("pass@k", big_k)):
-                base = dict(model=a.model, run_a=a.run, run_b=b.run, dataset=dataset, metric=metric, k=k)
+                base = {"model": a.model, "run_a": a.run, "run_b": b.run, "dataset": dataset, "metric": metric, "k": k}
                 reported = k is not None and all(point_value(r, dataset, k) is not None for r in (a, b))
                 sets_a, sets_b = (_set_values(r, dataset, [k]) if reported else None for r in (a, b))
                 if sets_a is None or sets_b is None:

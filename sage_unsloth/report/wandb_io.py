@@ -9,6 +9,8 @@ Training histories come from either
     ``wandb.proto.wandb_internal_pb2.Record`` protobuf, decoded with wandb's own generated classes.
     History rows are ``Record.history`` items (key or nested_key, value_json). Pinned by
     tests/test_report_wandb.py, which writes an offline run with the installed wandb and reads it back.
+    wandb-core flushes the log asynchronously, shortly after ``finish()``; ``run_finished`` tells whether
+    the exit record is there.
 
 TRL's GRPOTrainer logs through transformers' WandbCallback, which prefixes training metrics with
 "train/": reward -> train/reward, kl -> train/kl, entropy -> train/entropy, and a metric the SAGE
@@ -20,11 +22,14 @@ from __future__ import annotations
 import glob
 import html
 import json
+import logging
 import math
 import struct
 from pathlib import Path
 
 import pandas as pd
+
+log = logging.getLogger(__name__)
 
 TRAINING_KEYS = ("train/reward", "train/kl", "train/entropy", "train/sage/q_mean")
 _HEADER = b":W&B"
@@ -73,23 +78,38 @@ def _item_key(item) -> str:
     return item.key if item.key else ".".join(item.nested_key)
 
 
-def read_offline_history(path: str | Path) -> pd.DataFrame:
-    """Numeric history of an offline run (a run-*.wandb file or the offline-run-* folder holding one)."""
-    from wandb.proto import wandb_internal_pb2 as pb   # lazy: only the protobuf classes, no wandb.init
-
+def _run_file(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         files = sorted(path.glob("run-*.wandb"))
         if not files:
             raise FileNotFoundError(f"{path}: no run-*.wandb file; pass a wandb/offline-run-* folder")
         path = files[0]
+    return path
+
+
+def _parsed_records(path: Path):
+    from wandb.proto import wandb_internal_pb2 as pb  # lazy: only the protobuf classes, no wandb.init
+
     data = path.read_bytes()
     if not data.startswith(_HEADER):
         raise ValueError(f"{path} is not a W&B transaction log (bad header)")
-    rows = []
     for payload in _records(data):
         record = pb.Record()
         record.ParseFromString(payload)
+        yield record
+
+
+def run_finished(path: str | Path) -> bool:
+    """Whether the run's log holds its exit record (wandb-core flushes the log shortly after finish())."""
+    path = _run_file(path)
+    return path.is_file() and any(r.WhichOneof("record_type") == "exit" for r in _parsed_records(path))
+
+
+def read_offline_history(path: str | Path) -> pd.DataFrame:
+    """Numeric history of an offline run (a run-*.wandb file or the offline-run-* folder holding one)."""
+    rows = []
+    for record in _parsed_records(_run_file(path)):
         kind = record.WhichOneof("record_type")
         items = None
         if kind == "history":
@@ -154,6 +174,9 @@ def load_histories(offline: str | None = None, online: str | None = None) -> dic
     """{run name: normalised history} from an offline-run glob and/or comma-separated API run paths."""
     histories = {}
     for folder in sorted(glob.glob(offline)) if offline else []:
+        if not run_finished(folder):
+            log.warning("%s has no exit record (still running, crashed, or not yet flushed): history may be partial",
+                        folder)
         histories[Path(folder).name.removeprefix("offline-run-")] = normalise_history(read_offline_history(folder))
     for run_path in (p.strip() for p in (online or "").split(",") if p.strip()):
         histories[run_path] = normalise_history(read_api_history(run_path))
