@@ -19,7 +19,8 @@ Stable API (other stages import these; change only additively):
   with "trl" the Trainer enables it from ``TrainingArguments.gradient_checkpointing``.
   ``trust_remote_code``: trl 1.15's ModelConfig has no such field (SFTConfig/GRPOConfig do), so pass the
   training config's value; a ``model_args.trust_remote_code`` attribute, when present, is honoured too.
-- ``load_tokenizer(model_args, adapter_path=None, trust_remote_code=False)``: the tokenizer alone (cheap; for data preparation).
+- ``load_tokenizer(model_args, adapter_path=None, trust_remote_code=False)``: the tokenizer alone, prepared
+  (cheap; for data preparation before the model loads).
 - ``prepare_tokenizer(tokenizer)``: installs CHAT_TEMPLATE, pad token, left padding (in place, returned).
 - ``model_short_name(name_or_path)``: "Qwen/Qwen2.5-Math-7B" -> "qwen2.5-math-7b" (output folder names).
 - ``adapter_base_model(adapter_path)``: the base model an adapter folder was trained on (adapter_config.json).
@@ -94,9 +95,10 @@ def _torch_dtype(name: str | None):
 
     if name in (None, "auto"):
         return name
-    dtype = getattr(torch, str(name).replace("torch.", ""), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype {name!r} is not a torch dtype: use auto, bfloat16, float16 or float32")
+    short = str(name).replace("torch.", "")
+    if short not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype {name!r} is not supported: use auto, bfloat16, float16 or float32")
+    dtype = getattr(torch, short)
     return dtype
 
 
@@ -172,14 +174,14 @@ def _load_unsloth(model_args, max_seq_length, seed, adapter_path, use_4bit, fast
 
     dtype = _torch_dtype(model_args.dtype)
     checkpointing: Any = "unsloth" if gradient_checkpointing else False
-    kwargs: dict[str, Any] = dict(
-        max_seq_length=max_seq_length,
-        dtype=None if dtype == "auto" else dtype,
-        load_in_4bit=use_4bit,
-        trust_remote_code=_trust(model_args, trust_remote_code),
-        random_state=seed,
-        use_gradient_checkpointing=checkpointing,
-    )
+    kwargs: dict[str, Any] = {
+        "max_seq_length": max_seq_length,
+        "dtype": None if dtype == "auto" else dtype,
+        "load_in_4bit": use_4bit,
+        "trust_remote_code": _trust(model_args, trust_remote_code),
+        "random_state": seed,
+        "use_gradient_checkpointing": checkpointing,
+    }
     if model_args.attn_implementation:
         kwargs["attn_implementation"] = model_args.attn_implementation
     if fast_inference:
@@ -212,11 +214,11 @@ def _load_trl(model_args, seed, adapter_path, use_4bit, trust_remote_code):
     from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, set_seed
 
-    kwargs: dict[str, Any] = dict(
-        revision=model_args.model_revision,
-        trust_remote_code=_trust(model_args, trust_remote_code),
-        dtype=_torch_dtype(model_args.dtype) or torch.float32,
-    )
+    kwargs: dict[str, Any] = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": _trust(model_args, trust_remote_code),
+        "dtype": _torch_dtype(model_args.dtype) or torch.float32,
+    }
     if model_args.attn_implementation:
         kwargs["attn_implementation"] = model_args.attn_implementation
     if use_4bit:

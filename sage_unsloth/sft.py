@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,9 @@ def _requested_backend(argv: list[str]) -> str:
             return argv[i + 1]
         if arg.startswith("--backend="):
             return arg.split("=", 1)[1]
-    if argv and not argv[0].startswith("--") and Path(argv[0]).is_file():
-        config = yaml.safe_load(Path(argv[0]).read_text()) or {}
+    config_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else (argv[0] if argv else "")
+    if config_path and not config_path.startswith("--") and Path(config_path).is_file():
+        config = yaml.safe_load(Path(config_path).read_text()) or {}
         if isinstance(config, dict) and config.get("backend"):
             return str(config["backend"])
     return "unsloth"
@@ -62,24 +63,31 @@ def _config_record(sft_args, model_args) -> dict[str, Any]:
     return {"sft": sft_args.to_dict(), "model": asdict(model_args)}
 
 
-def run_sft(sft_args, model_args) -> Path:
-    """Train (or resume) and write the stage-1 output folder; returns its path."""
-    from .manifest import MANIFEST_NAME, write_manifest
-    from .models import load_for_training, load_tokenizer, model_short_name
+@dataclass
+class SFTPlan:
+    """What a run will do, settled before any model loads: output folder, checkpoint, prepared data."""
+
+    out: Path
+    checkpoint: str | None
+    data: Any  # sage_unsloth.sft_data.SFTData, or None when the run is already finished
+    config_record: dict[str, Any]
+    finished: bool = False
+
+
+def prepare_sft(sft_args, model_args) -> SFTPlan:
+    """Validate the config, settle the output folder and prepare the data; raises ValueError,
+    FileNotFoundError or FileExistsError with a one-line message before any model loads."""
+    from .manifest import MANIFEST_NAME
+    from .models import load_tokenizer
     from .sft_data import load_raw_dataset, prepare_sft_data
 
-    # Everything the user could get wrong is checked before data or models load.
     sft_args.validate(model_args)
     out = sft_args.resolve_output_dir(model_args)
+    config_record = _config_record(sft_args, model_args)  # as resolved, before the loader adjusts anything
     if sft_args.resume and (out / MANIFEST_NAME).is_file():
         logger.info("%s already holds a finished SFT run; nothing to resume", out)
-        return out
+        return SFTPlan(out=out, checkpoint=None, data=None, config_record=config_record, finished=True)
     checkpoint = sft_args.resume_checkpoint()
-
-    if sft_args.backend == "unsloth":
-        from .backend import import_unsloth
-
-        import_unsloth()  # before the trainer is looked up: Unsloth rebinds trl.SFTTrainer
     source = sft_args.dataset_path or f"{sft_args.dataset_name}[{sft_args.dataset_split}]"
     raw = load_raw_dataset(dataset_name=sft_args.dataset_name, dataset_split=sft_args.dataset_split,
                            dataset_path=sft_args.dataset_path, max_rows=sft_args.dataset_max_rows)
@@ -90,7 +98,22 @@ def run_sft(sft_args, model_args) -> Path:
                             strip_think=sft_args.strip_think_tags)
     logger.info("SFT data %s: kept %d of %d rows, dropped %s", source, data.rows_kept, data.rows_in,
                 data.rows_dropped)
+    return SFTPlan(out=out, checkpoint=checkpoint, data=data, config_record=config_record)
 
+
+def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
+    """Train (or resume) and write the stage-1 output folder; returns its path."""
+    from .manifest import write_manifest
+    from .models import load_for_training, model_short_name
+
+    plan = plan or prepare_sft(sft_args, model_args)
+    if plan.finished:
+        return plan.out
+    out, checkpoint, data = plan.out, plan.checkpoint, plan.data
+    if sft_args.backend == "unsloth":
+        from .backend import import_unsloth
+
+        import_unsloth()  # before the trainer is looked up: Unsloth rebinds trl.SFTTrainer
     model, tokenizer = load_for_training(
         model_args, backend=sft_args.backend, max_seq_length=sft_args.max_seq_length, seed=sft_args.seed,
         gradient_checkpointing=sft_args.gradient_checkpointing, trust_remote_code=sft_args.trust_remote_code)
@@ -111,7 +134,7 @@ def run_sft(sft_args, model_args) -> Path:
                                        trust_remote_code=sft_args.trust_remote_code)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     write_manifest(
-        out, stage="sft", config=_config_record(sft_args, model_args), seed=sft_args.seed,
+        out, stage="sft", config=plan.config_record, seed=sft_args.seed,
         base_model=model_args.model_name_or_path, adapter=True, backend=sft_args.backend,
         model_short_name=sft_args.model_short_name or model_short_name(model_args.model_name_or_path),
         merged=str(merged_dir.relative_to(out)) if merged_dir else None,
@@ -176,14 +199,26 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
-        return 0 if argv else 2
+        if not argv:
+            return 2
+        from trl import ModelConfig, TrlParser
+
+        from .sft_config import SageSFTConfig
+
+        TrlParser((SageSFTConfig, ModelConfig)).print_help()
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if _requested_backend(argv) == "unsloth":
         from .backend import import_unsloth
 
         import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
-    sft_args, model_args = parse_args(argv)
-    run_sft(sft_args, model_args)
+    try:
+        sft_args, model_args = parse_args(argv)
+        plan = prepare_sft(sft_args, model_args)  # every input error surfaces here, before a model loads
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run_sft(sft_args, model_args, plan)
     return 0
 
 

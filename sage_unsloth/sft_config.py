@@ -17,8 +17,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl import SFTConfig
 from transformers.trainer_utils import get_last_checkpoint
+from trl import SFTConfig
 
 from .backend import cuda_available
 from .manifest import MANIFEST_NAME
@@ -74,6 +74,7 @@ class SageSFTConfig(SFTConfig):
             if self.bf16 or self.fp16:
                 logger.warning("bf16/fp16 mixed precision needs a GPU here: training in float32 on CPU")
             self.bf16, self.fp16 = False, False
+            self.dataloader_pin_memory = False
         super().__post_init__()
 
     def validate(self, model_args) -> None:
