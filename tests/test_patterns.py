@@ -5,8 +5,16 @@ import json
 
 import pytest
 
+from sage_unsloth.report import patterns as patterns_module
 from sage_unsloth.report.loading import RunResults
-from sage_unsloth.report.patterns import PATTERNS, pattern_frequencies, pattern_table, tag
+from sage_unsloth.report.patterns import (
+    PATTERN_RULES,
+    PATTERNS,
+    pattern_frequencies,
+    pattern_table,
+    tag,
+    tag_by_rule,
+)
 
 EXAMPLES = {
     "constraint_setup": (
@@ -81,10 +89,15 @@ def test_tagger_on_hand_written_examples(pattern):
         assert pattern in tag(text), f"{pattern} should match: {text!r}"
     for text in negatives:
         assert pattern not in tag(text), f"{pattern} should not match: {text!r}"
+    for text in positives + negatives:                   # the fast form agrees with the documented rules
+        assert tag(text) == tag_by_rule(text), text
 
 
-def test_every_pattern_has_examples():
+def test_every_pattern_has_examples_and_every_rule_is_documented():
     assert set(EXAMPLES) == set(PATTERNS)
+    for rules in PATTERN_RULES.values():
+        for rule in rules:
+            assert "`" + rule.pattern.replace("|", "\\|") + "`" in patterns_module.__doc__, rule.pattern
 
 
 def test_frequencies_per_run_from_completion_files(tmp_path):

@@ -54,7 +54,8 @@ def test_offline_reader_reads_back_logged_values(offline_run):
 
 def test_training_curves_plot(offline_run, tmp_path):
     histories = wandb_io.load_histories(offline=str(offline_run.parent / "offline-run-*"))
-    (_name, hist), = histories.items()
+    (name, hist), = histories.items()
+    assert name.startswith("fake-grpo (")
     assert list(hist.columns) == ["_step", *wandb_io.TRAINING_KEYS]
     png = plots.training_curves(histories, list(wandb_io.TRAINING_KEYS), tmp_path / "t.png", size=(800, 500))
     with Image.open(png) as img:

@@ -3,23 +3,43 @@ r"""Reasoning-pattern tagger: documented regex rules applied to completions, fre
 The paper (Table 2) reports how often completions show Constraint Setup, Structural Reasoning and Proof
 by Contradiction, without saying how it labelled them. These rules are ours, so the absolute rates are
 not comparable with the paper's; differences between runs tagged by the same rules are. A completion
-has a pattern when ANY of its rules matches (case-insensitive, on the completion text).
+has a pattern when ANY of its rules matches (case-insensitive, on the completion text). For speed the
+rules of a pattern are joined into one alternation and run on the lower-cased text (about 3 ms for a
+16k-character completion on one CPU core; use --pattern_samples_per_problem to subsample).
 
-| pattern | rule (regex, case-insensitive) | what it catches |
+| pattern | catches | rules: regex (Python `re`, IGNORECASE and DOTALL; `\|` is alternation) |
 |---|---|---|
-| constraint_setup | `\b(let|suppose|assume)\s+\$?\\?[a-z]\w*\$?\s*(be|denote|=|represents?|:)` | introducing a variable for an unknown |
-| | `\b(let's|let us|we)\s+(denote|define|set up|write down)\b` / `\bdenote\b.{0,40}\b(by|as)\b` | naming quantities |
-| | `\b(constraints?|conditions?)\s*(are|is|:)` / `\b(must|should) satisfy\b` / `\bsubject to\b` | stating constraints |
-| | `\bwe (are given|know) that\b` / `\bset up (an? |the )?(equations?|system|inequalit)` | restating givens as equations |
-| structural_reasoning | `\bstep\s*\d+\b` (twice or more) | explicit multi-step plan |
-| | `\b(break|split|decompose)\w*\b.{0,30}\b(down|into)\b` / `\bsub-?problems?\b` | decomposition |
-| | `\b(recurrence|recursive(ly)?|recursion|invariant|symmetr\w*|by induction|inductive step|pattern (is|emerges))\b` | structure of the object |
-| proof_by_contradiction | `\bcontradict\w*\b` / `\bfor the sake of contradiction\b` / `\b(suppose|assume)\s+(not|otherwise|the contrary|to the contrary)\b` | arguing from a false assumption |
-| | `\b(which|this) is (impossible|absurd)\b` | reaching the absurdity |
-| case_analysis | `\bcase\s*(\d+|[ivx]+\b|[a-d]\b|:)` / `\b(two|three|four|both|several|these|the following|all|possible) (sub)?cases\b` / `\bsub-?cases?\b` / `\bin (the|this|each) case\b` | splitting into cases |
-| verification | `\b(let's|let me|we can|to) (verify|double[- ]check|check)\b` / `\bverif(y|ying|ication)\b` / `\b(plug|substitut)\w*\b.{0,30}\bback\b` / `\bsanity check\b` | checking an answer |
-| enumeration | `\b(enumerat\w*|list(ing)? (all|out|them|the possible))\b` / `\blet'?s list\b` / `\bpossible (values|pairs|combinations|triples|outcomes)\b.{0,20}(are|:)` | listing possibilities |
-| self_correction | `\bwait\b[,.!]` / `\b(i|we) made (a|an) (mistake|error)\b` / `\b(let me|let's) (re-?(check|consider|think|evaluate|examine))\b` / `\bthat('s| is) (not right|incorrect|wrong)\b` | backtracking (the "aha" tokens) |
+| constraint_setup | naming unknowns, stating givens/constraints as equations | `\b(let\|suppose\|assume)\s+\$?\\?[a-z]\w*\$?\s*(be\|denote\|=\|represents?\|:)` |
+|  |  | `\b(let's\|let us\|we)\s+(denote\|define\|set up\|write down)\b` |
+|  |  | `\bdenote\b.{0,40}\b(by\|as)\b` |
+|  |  | `\b(constraints?\|conditions?)\s*(are\|is\|:)` |
+|  |  | `\b(must\|should) satisfy\b` |
+|  |  | `\bsubject to\b` |
+|  |  | `\bwe (are given\|know) that\b` |
+|  |  | `\bset up (an? \|the )?(equations?\|system\|inequalit)` |
+| structural_reasoning | multi-step plan, decomposition, structure (recurrence, symmetry, induction, invariant) | `\bstep\s*\d+\b(.*?)\bstep\s*\d+\b` |
+|  |  | `\b(break\|split\|decompose)\w*\b.{0,30}\b(down\|into)\b` |
+|  |  | `\bsub-?problems?\b` |
+|  |  | `\b(recurrence\|recursive(ly)?\|recursion\|invariant\|symmetr\w*\|by induction\|inductive step\|pattern (is\|emerges))\b` |
+| proof_by_contradiction | arguing from a false assumption to an absurdity | `\bcontradict\w*\b` |
+|  |  | `\bfor the sake of contradiction\b` |
+|  |  | `\b(suppose\|assume)\s+(not\|otherwise\|the contrary\|to the contrary)\b` |
+|  |  | `\b(which\|this) is (impossible\|absurd)\b` |
+| case_analysis | splitting into cases | `\bcase\s*(\d+\|[ivx]+\b\|[a-d]\b\|:)` |
+|  |  | `\b(two\|three\|four\|both\|several\|these\|the following\|all\|possible) (sub)?cases\b` |
+|  |  | `\bsub-?cases?\b` |
+|  |  | `\bin (the\|this\|each) case\b` |
+| verification | checking an answer (substituting back, verifying) | `\b(let's\|let me\|we can\|to) (verify\|double[- ]check\|check)\b` |
+|  |  | `\bverif(y\|ying\|ication)\b` |
+|  |  | `\b(plug\|substitut)\w*\b.{0,30}\bback\b` |
+|  |  | `\bsanity check\b` |
+| enumeration | listing possibilities | `\b(enumerat\w*\|list(ing)? (all\|out\|them\|the possible))\b` |
+|  |  | `\blet'?s list\b` |
+|  |  | `\bpossible (values\|pairs\|combinations\|triples\|outcomes)\b.{0,20}(are\|:)` |
+| self_correction | backtracking / noticing an error ("wait,") | `\bwait\b[,.!]` |
+|  |  | `\b(i\|we) made (a\|an) (mistake\|error)\b` |
+|  |  | `\b(let me\|let's) (re-?(check\|consider\|think\|evaluate\|examine))\b` |
+|  |  | `\bthat('s\| is) (not right\|incorrect\|wrong)\b` |
 """
 
 from __future__ import annotations
@@ -47,7 +67,7 @@ PATTERN_RULES: dict[str, list[re.Pattern]] = {
         re.compile(r"\bset up (an? |the )?(equations?|system|inequalit)", _FLAGS),
     ],
     "structural_reasoning": [
-        re.compile(r"\bstep\s*\d+\b(.*)\bstep\s*\d+\b", _FLAGS),
+        re.compile(r"\bstep\s*\d+\b(.*?)\bstep\s*\d+\b", _FLAGS),
         re.compile(r"\b(break|split|decompose)\w*\b.{0,30}\b(down|into)\b", _FLAGS),
         re.compile(r"\bsub-?problems?\b", _FLAGS),
         re.compile(r"\b(recurrence|recursive(ly)?|recursion|invariant|symmetr\w*|by induction|inductive step"
@@ -89,8 +109,19 @@ PAPER_PATTERN_NAMES = {"Constraint Setup": "constraint_setup", "Structural Reaso
                        "Proof by Contradiction": "proof_by_contradiction"}
 
 
+# Same rules, one alternation per pattern, matched against lower-cased text (IGNORECASE is ~3x slower).
+_COMBINED = {name: re.compile("|".join(f"(?:{rule.pattern})" for rule in rules), re.DOTALL)
+             for name, rules in PATTERN_RULES.items()}
+
+
 def tag(text: str) -> set[str]:
     """The set of patterns whose rules match ``text``."""
+    lowered = text.lower()
+    return {name for name, rule in _COMBINED.items() if rule.search(lowered)}
+
+
+def tag_by_rule(text: str) -> set[str]:
+    """Reference (slow) form: each documented rule on its own, case-insensitive."""
     return {name for name, rules in PATTERN_RULES.items() if any(rule.search(text) for rule in rules)}
 
 

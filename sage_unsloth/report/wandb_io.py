@@ -106,6 +106,16 @@ def run_finished(path: str | Path) -> bool:
     return path.is_file() and any(r.WhichOneof("record_type") == "exit" for r in _parsed_records(path))
 
 
+def offline_run_name(path: str | Path) -> str:
+    """"<display name> (<run id>)" of an offline run, from its run record; the file stem if it has none."""
+    path = _run_file(path)
+    for record in _parsed_records(path):
+        if record.WhichOneof("record_type") == "run":
+            run = record.run
+            return f"{run.display_name} ({run.run_id})" if run.display_name else run.run_id
+    return path.stem
+
+
 def read_offline_history(path: str | Path) -> pd.DataFrame:
     """Numeric history of an offline run (a run-*.wandb file or the offline-run-* folder holding one)."""
     rows = []
@@ -177,7 +187,7 @@ def load_histories(offline: str | None = None, online: str | None = None) -> dic
         if not run_finished(folder):
             log.warning("%s has no exit record (still running, crashed, or not yet flushed): history may be partial",
                         folder)
-        histories[Path(folder).name.removeprefix("offline-run-")] = normalise_history(read_offline_history(folder))
+        histories[offline_run_name(folder)] = normalise_history(read_offline_history(folder))
     for run_path in (p.strip() for p in (online or "").split(",") if p.strip()):
         histories[run_path] = normalise_history(read_api_history(run_path))
     return histories
