@@ -177,3 +177,26 @@ def test_published_csvs_have_a_source_for_every_row():
     assert not passk[passk["dataset"] != "avg_paper"]["primary"].any()     # the partial quotes
     pbc = patterns[patterns["pattern"] == "proof_by_contradiction"].set_index("method")["value"]
     assert (pbc["GRPO"], pbc["GRPO + Branch"]) == (0.008, 0.033)
+
+
+def test_run_to_paper_mapping_rule_and_override_file(tmp_path):
+    from sage_unsloth.report.paper import load_mapping, map_run
+
+    assert map_run("qwen2.5-math-7b", "GRPO-Branch_seed3").method == "GRPO + Branch"
+    assert map_run("Qwen2.5-Math-7B", "sft").method == "Base"
+    assert map_run("deepseek-r1-distill-qwen-7b", "grpo").k == 64
+    assert map_run("qwen2.5-math-7b", "grpo_token").method is None          # no paper row
+    assert map_run("llama", "grpo").model is None
+    mapping_file = tmp_path / "map.yaml"
+    mapping_file.write_text("runs:\n  qwen2.5-math-7b/try3: {method: BNPO + Branch}\n  odd: DAPO\n")
+    mapping = load_mapping(mapping_file)
+    assert map_run("qwen2.5-math-7b", "try3", mapping) == map_run("qwen2.5-math-7b", "bnpo_branch")
+    assert map_run("other", "odd", mapping).method == "DAPO"
+    with pytest.raises(TypeError, match="runs:"):
+        mapping_file.write_text("- a\n")
+        load_mapping(mapping_file)
+
+
+def test_runs_table_shows_sampling_and_reported_ks(report):
+    line = next(li for li in report.markdown.splitlines() if li.startswith("| tiny/grpo |"))
+    assert "n=4, temperature=0.6, top_p=0.95" in line and "| 1–4 |" in line

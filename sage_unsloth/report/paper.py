@@ -62,7 +62,7 @@ def load_mapping(path: str | Path | None) -> dict[str, dict]:
     if not path.is_file():
         raise FileNotFoundError(f"--mapping {path}: file not found")
     data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    runs = (data or {}).get("runs")
+    runs = data.get("runs") if isinstance(data, dict) else None
     if not isinstance(runs, dict):
         raise TypeError(f"--mapping {path}: expected a top-level 'runs:' mapping of run -> method or {{model, method}}")
     return {key: (value if isinstance(value, dict) else {"method": value}) for key, value in runs.items()}

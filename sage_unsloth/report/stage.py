@@ -108,6 +108,25 @@ def dataset_section(comparison: pd.DataFrame, dataset: str) -> str:
     return md_table(header, rows)
 
 
+_SAMPLING_KEYS = ("n", "n_samples", "temperature", "top_p", "min_p", "max_new_tokens", "max_tokens", "seed")
+
+
+def sampling_summary(manifest: dict | None) -> str:
+    """"key=value" for the sampling parameters found anywhere in an eval manifest (first occurrence wins)."""
+    found: dict = {}
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in _SAMPLING_KEYS and key not in found and isinstance(value, (int, float, str)):
+                    found[key] = value
+                else:
+                    walk(value)
+
+    walk(manifest or {})
+    return ", ".join(f"{k}={found[k]}" for k in _SAMPLING_KEYS if k in found)
+
+
 def render_markdown(args: ReportArguments, runs, result: ReportResult, published_patterns: pd.DataFrame,
                     training_png: Path | None, mapping) -> str:
     out_dir = result.out.parent
@@ -126,9 +145,12 @@ def render_markdown(args: ReportArguments, runs, result: ReportResult, published
         row = map_run(run.model, run.run, mapping)
         manifest = run.manifest or {}
         checkpoint = manifest.get("checkpoint") or (manifest.get("config") or {}).get("checkpoint", "")
+        ks = run.reported_ks()
         run_rows.append([run.name, row.model or "—", row.method or "— (no paper row)", str(checkpoint or ""),
+                         sampling_summary(manifest), f"{ks[0]}–{ks[-1]}" if ks else "none",
                          "; ".join(run.notes) or "ok"])
-    parts.append(md_table(["run", "paper model", "paper method", "checkpoint", "notes"], run_rows))
+    parts.append(md_table(["run", "paper model", "paper method", "checkpoint", "sampling", "k reported", "notes"],
+                          run_rows))
     parts.append(
         "Run → paper mapping (by folder name, override with --mapping): model folder containing qwen2.5-math-7b or "
         "deepseek-r1-distill-qwen-7b; run folder (lower-cased, seed suffix dropped) base/sft → Base, grpo → GRPO, "
