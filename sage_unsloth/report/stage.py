@@ -266,6 +266,5 @@ def parse_args(argv: list[str]) -> ReportArguments:
     argv = list(argv)
     if argv and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml")):
         argv = ["--config", argv[0], *argv[1:]]      # `python -m sage_unsloth.report CONFIG --key value`
-    argv = [("--" + a[2:].replace("-", "_")) if a.startswith("--") and "=" not in a else a for a in argv]
     (args,) = TrlParser((ReportArguments,)).parse_args_and_config(argv)
     return args
