@@ -175,7 +175,9 @@ def sft_trainer_class():
 
 
 def save_merged_16bit(model, tokenizer, out: Path, *, backend: str, model_args, trust_remote_code: bool) -> Path:
-    """Write base + adapter merged in 16-bit to ``out/merged`` (a plain transformers folder vLLM can serve)."""
+    """Write base + adapter merged to ``out/merged`` (a plain transformers folder vLLM can serve).
+
+    16-bit: bfloat16 unless the model's dtype is float16 or float32 (the tiny CPU model stays float32)."""
     merged = out / "merged"
     if backend == "unsloth":
         # Unsloth dequantizes a 4-bit base before merging; its CPU fallback implements the same method.

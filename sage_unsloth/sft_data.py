@@ -175,14 +175,23 @@ def rendered_lengths(tokenizer, conversations: list[list[dict[str, str]]], batch
     return lengths
 
 
-def math500_as_sft_rows(path: str | Path, *, limit: int | None = None) -> list[dict[str, str]]:
-    """MATH-500 rows in SFT shape (solution -> generated_solution, answer -> expected_answer), for tests/demos."""
+def math500_as_sft_rows(path: str | Path, *, limit: int | None = None, numeric_only: bool = False,
+                        max_solution_chars: int | None = None) -> list[dict[str, str]]:
+    """MATH-500 rows in SFT shape (solution -> generated_solution, answer -> expected_answer), for tests/demos.
+
+    ``numeric_only`` / ``max_solution_chars`` pre-select rows that survive the SFT filters on the tiny model
+    (its byte-level tokenizer is verbose, so short solutions keep rows under the length limit).
+    """
     rows = []
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             if limit is not None and len(rows) >= limit:
                 break
             row = json.loads(line)
+            if numeric_only and not is_numeric_answer(row["answer"]):
+                continue
+            if max_solution_chars is not None and len(row["solution"]) >= max_solution_chars:
+                continue
             rows.append({"problem": row["problem"], "generated_solution": row["solution"],
                          "expected_answer": str(row["answer"])})
     return rows
