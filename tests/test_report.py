@@ -29,14 +29,23 @@ PAPER_DIR = Path(__file__).resolve().parents[1] / "results" / "paper"
 def report(tmp_path_factory):
     results = tmp_path_factory.mktemp("report") / "results"
     shutil.copytree(FIXTURE, results)
-    args = ReportArguments(results=str(results), paper_dir=str(PAPER_DIR), resamples=400,
-                           plot_width=640, plot_height=400, completions=str(results / "none" / "*.jsonl.gz"))
+    args = ReportArguments(
+        results=str(results),
+        paper_dir=str(PAPER_DIR),
+        resamples=400,
+        plot_width=640,
+        plot_height=400,
+        completions=str(results / "none" / "*.jsonl.gz"),
+    )
     return build_report(args, console=False)
 
 
 def _cell(frame, run, dataset, metric, column="value"):
-    row = frame[(frame["model"] + "/" + frame["run"] == run) & (frame["dataset"] == dataset)
-                & (frame["metric"] == metric)]
+    row = frame[
+        (frame["model"] + "/" + frame["run"] == run)
+        & (frame["dataset"] == dataset)
+        & (frame["metric"] == metric)
+    ]
     assert len(row) == 1, (run, dataset, metric)
     return row[column].iloc[0]
 
@@ -65,8 +74,10 @@ def test_fixture_table_numbers_are_exact(report):
     # paper average = mean of (aime pooled, amc23, math500): (7/16 + 1/2 + 7/16) / 3
     assert _cell(cmp_, "tiny/grpo", "avg_paper", "pass@1") == pytest.approx(1.375 / 3, abs=1e-9)
     assert _cell(cmp_, "tiny/grpo", "avg_paper", "pass@k") == pytest.approx(2.5 / 3, abs=1e-9)
-    assert _cell(cmp_, "tiny/grpo", "avg_paper", "pass@k", "k") == 4            # unmapped model: largest reported k
-    assert _cell(cmp_, "tiny/grpo_branch", "avg_paper", "pass@1") == pytest.approx((10 / 16 + 5 / 8 + 9 / 16) / 3)
+    assert _cell(cmp_, "tiny/grpo", "avg_paper", "pass@k", "k") == 4  # unmapped model: largest reported k
+    assert _cell(cmp_, "tiny/grpo_branch", "avg_paper", "pass@1") == pytest.approx(
+        (10 / 16 + 5 / 8 + 9 / 16) / 3
+    )
     # pass@2 curve point of the pooled AIME set: (5/6 + 0 + 1 + 1/2) / 4
     curves = report.curves
     aime2 = curves[(curves["run"] == "grpo") & (curves["dataset"] == "aime") & (curves["k"] == 2)]["value"]
@@ -74,22 +85,29 @@ def test_fixture_table_numbers_are_exact(report):
     # beside the paper: Qwen2.5-Math-7B GRPO + Branch avg pass@1 = 0.284
     assert _cell(cmp_, "qwen2.5-math-7b/grpo_branch", "avg_paper", "pass@1", "paper") == 0.284
     assert _cell(cmp_, "qwen2.5-math-7b/grpo_branch", "avg_paper", "pass@1", "diff") == pytest.approx(
-        1.375 / 3 - 0.284, abs=1e-9)
+        1.375 / 3 - 0.284, abs=1e-9
+    )
     md = report.markdown
     assert "| qwen2.5-math-7b/grpo_branch | GRPO + Branch | 0.458 |" in md and "| 0.284 | +0.174 |" in md
 
 
 def test_confidence_intervals_bracket_the_point(report):
     frame = report.comparison[report.comparison["status"] == "ok"]
-    assert (frame["ci_low"] <= frame["value"] + 1e-12).all() and (frame["value"] <= frame["ci_high"] + 1e-12).all()
+    assert (frame["ci_low"] <= frame["value"] + 1e-12).all() and (
+        frame["value"] <= frame["ci_high"] + 1e-12
+    ).all()
     # a set where every problem has the same value has a zero-width interval
     assert _cell(report.comparison, "tiny/grpo", "amc23", "pass@k", "ci_low") == 1.0
 
 
 def test_paired_difference_of_the_fixture_runs(report):
     pairs = report.pairs
-    row = pairs[(pairs["run_a"] == "grpo_branch") & (pairs["run_b"] == "grpo") & (pairs["dataset"] == "avg_paper")
-                & (pairs["metric"] == "pass@1")].iloc[0]
+    row = pairs[
+        (pairs["run_a"] == "grpo_branch")
+        & (pairs["run_b"] == "grpo")
+        & (pairs["dataset"] == "avg_paper")
+        & (pairs["metric"] == "pass@1")
+    ].iloc[0]
     assert row["diff"] == pytest.approx((10 / 16 + 5 / 8 + 9 / 16) / 3 - 1.375 / 3)
     assert row["ci_low"] <= row["diff"] <= row["ci_high"]
     # aime24: grpo_branch beats grpo by exactly 1/4 on both problems, so every resample gives 0.25
@@ -100,15 +118,19 @@ def test_paired_difference_of_the_fixture_runs(report):
 def test_missing_dataset_and_k_are_reported_as_missing_not_zero(report):
     cmp_ = report.comparison
     # tiny/grpo_branch has no minerva; the Qwen run has no k = 256 (the paper's k for that model)
-    for run, dataset, metric in (("tiny/grpo_branch", "minerva", "pass@1"),
-                                 ("qwen2.5-math-7b/grpo_branch", "avg_paper", "pass@k")):
+    for run, dataset, metric in (
+        ("tiny/grpo_branch", "minerva", "pass@1"),
+        ("qwen2.5-math-7b/grpo_branch", "avg_paper", "pass@k"),
+    ):
         assert _cell(cmp_, run, dataset, metric, "status") == "missing"
         assert math.isnan(_cell(cmp_, run, dataset, metric))
     assert _cell(cmp_, "qwen2.5-math-7b/grpo_branch", "avg_paper", "pass@k", "paper") == 0.729
     md = report.markdown
     assert "| qwen2.5-math-7b/grpo_branch | GRPO + Branch | 0.458 | [" in md
     assert "| 256 | missing | n/a | 0.729 |  |" in md
-    minerva = [line for line in md.splitlines() if line.startswith("| tiny/grpo_branch |") and "missing" in line]
+    minerva = [
+        line for line in md.splitlines() if line.startswith("| tiny/grpo_branch |") and "missing" in line
+    ]
     assert minerva and all("0.000" not in line for line in minerva)
     pairs = report.pairs
     assert (pairs[pairs["dataset"] == "minerva"]["status"] == "missing").all()
@@ -120,8 +142,12 @@ def test_a_k_dropped_from_passk_csv_is_missing_even_with_per_problem_data(tmp_pa
     passk = results / "tiny" / "grpo" / "passk.csv"
     frame = pd.read_csv(passk)
     frame[~((frame["dataset"] == "amc23") & (frame["k"] == 4))].to_csv(passk, index=False)
-    result = build_report(ReportArguments(results=str(results), paper_dir=str(PAPER_DIR), resamples=100,
-                                          completions=str(tmp_path / "x")), console=False)
+    result = build_report(
+        ReportArguments(
+            results=str(results), paper_dir=str(PAPER_DIR), resamples=100, completions=str(tmp_path / "x")
+        ),
+        console=False,
+    )
     assert _cell(result.comparison, "tiny/grpo", "amc23", "pass@k", "status") == "missing"
     assert _cell(result.comparison, "tiny/grpo", "amc23", "pass@1") == pytest.approx(0.5)
     pair = result.pairs[(result.pairs["dataset"] == "amc23") & (result.pairs["metric"] == "pass@k")]
@@ -140,14 +166,29 @@ def test_cli_writes_report_and_tables(tmp_path, capsys):
     results = tmp_path / "results"
     shutil.copytree(FIXTURE, results)
     out = tmp_path / "out" / "my_report.md"
-    assert main(["--results", str(results), "--out", str(out), "--paper-dir", str(PAPER_DIR), "--resamples", "200",
-                 "--pairs", "grpo_branch:grpo"]) == 0
+    assert (
+        main(
+            [
+                "--results",
+                str(results),
+                "--out",
+                str(out),
+                "--paper-dir",
+                str(PAPER_DIR),
+                "--resamples",
+                "200",
+                "--pairs",
+                "grpo_branch:grpo",
+            ]
+        )
+        == 0
+    )
     assert out.is_file() and (out.parent / "my_report" / "comparison.csv").is_file()
     assert (out.parent / "my_report" / "manifest.json").is_file()
-    assert not list(out.parent.glob(".*.tmp"))                    # atomic writes left no temp files
-    assert "SAGE report" in capsys.readouterr().out               # the rich console table
+    assert not list(out.parent.glob(".*.tmp"))  # atomic writes left no temp files
+    assert "SAGE report" in capsys.readouterr().out  # the rich console table
     pairs = pd.read_csv(out.parent / "my_report" / "pairs.csv")
-    assert set(pairs["model"]) == {"tiny"}                        # pairs stay within one model
+    assert set(pairs["model"]) == {"tiny"}  # pairs stay within one model
 
 
 def test_bad_input_fails_with_a_clear_message(tmp_path):
@@ -155,10 +196,14 @@ def test_bad_input_fails_with_a_clear_message(tmp_path):
     run.mkdir(parents=True)
     (run / "passk.csv").write_text("dataset,kk,pass_at_k\naime24,1,0.5\n")
     with pytest.raises(ValueError, match=r"passk.csv: missing column\(s\) \['k'\]"):
-        build_report(ReportArguments(results=str(tmp_path / "results"), paper_dir=str(PAPER_DIR)), console=False)
+        build_report(
+            ReportArguments(results=str(tmp_path / "results"), paper_dir=str(PAPER_DIR)), console=False
+        )
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="run the eval stage first"):
-        build_report(ReportArguments(results=str(tmp_path / "empty"), paper_dir=str(PAPER_DIR)), console=False)
+        build_report(
+            ReportArguments(results=str(tmp_path / "empty"), paper_dir=str(PAPER_DIR)), console=False
+        )
     with pytest.raises(ValueError, match="run_a:run_b"):
         parse_pairs("a-b")
     with pytest.raises(ValueError, match="resamples=10"):
@@ -174,7 +219,7 @@ def test_published_csvs_have_a_source_for_every_row():
     assert avg[("Qwen2.5-Math-7B", "GRPO + Branch", 256)] == 0.729
     assert avg[("DeepSeek-R1-Distill-Qwen-7B", "Base", 64)] == 0.778
     assert len(avg) == 20 and passk[passk["dataset"] == "avg_paper"]["primary"].all()
-    assert not passk[passk["dataset"] != "avg_paper"]["primary"].any()     # the partial quotes
+    assert not passk[passk["dataset"] != "avg_paper"]["primary"].any()  # the partial quotes
     pbc = patterns[patterns["pattern"] == "proof_by_contradiction"].set_index("method")["value"]
     assert (pbc["GRPO"], pbc["GRPO + Branch"]) == (0.008, 0.033)
 
@@ -185,7 +230,7 @@ def test_run_to_paper_mapping_rule_and_override_file(tmp_path):
     assert map_run("qwen2.5-math-7b", "GRPO-Branch_seed3").method == "GRPO + Branch"
     assert map_run("Qwen2.5-Math-7B", "sft").method == "Base"
     assert map_run("deepseek-r1-distill-qwen-7b", "grpo").k == 64
-    assert map_run("qwen2.5-math-7b", "grpo_token").method is None          # no paper row
+    assert map_run("qwen2.5-math-7b", "grpo_token").method is None  # no paper row
     assert map_run("llama", "grpo").model is None
     mapping_file = tmp_path / "map.yaml"
     mapping_file.write_text("runs:\n  qwen2.5-math-7b/try3: {method: BNPO + Branch}\n  odd: DAPO\n")

@@ -34,8 +34,10 @@ def test_paired_ci_excludes_zero_for_a_better_run_and_includes_it_for_identical_
     p = rng.beta(0.8, 1.5, size=n_problems)
     worse = rng.binomial(n_samples, p)
     better = rng.binomial(n_samples, np.clip(p + 0.05, 0, 1))
-    vals = {name: pass_at_k_matrix(np.full(n_problems, n_samples), c, [1])[:, 0]
-            for name, c in (("worse", worse), ("better", better))}
+    vals = {
+        name: pass_at_k_matrix(np.full(n_problems, n_samples), c, [1])[:, 0]
+        for name, c in (("worse", worse), ("better", better))
+    }
     diff = bs.paired_difference_samples({"set": vals["better"]}, {"set": vals["worse"]}, resamples=2000)
     low, high = bs.percentile_ci(diff)
     assert low > 0 and high > low

@@ -49,12 +49,12 @@ def test_offline_reader_reads_back_logged_values(offline_run):
     assert train["train/reward"].tolist() == pytest.approx([0.1 * s for s in range(6)])
     assert train["train/sage/q_mean"].tolist() == pytest.approx([1.0 + 0.02 * s for s in range(6)])
     assert history.loc[history["_step"] == 6, "eval/pass_at_1"].item() == 0.5
-    assert history["train/loss"].isna().all()                    # NaN stays NaN, never 0
+    assert history["train/loss"].isna().all()  # NaN stays NaN, never 0
 
 
 def test_training_curves_plot(offline_run, tmp_path):
     histories = wandb_io.load_histories(offline=str(offline_run.parent / "offline-run-*"))
-    (name, hist), = histories.items()
+    ((name, hist),) = histories.items()
     assert name.startswith("fake-grpo (")
     assert list(hist.columns) == ["_step", *wandb_io.TRAINING_KEYS]
     png = plots.training_curves(histories, list(wandb_io.TRAINING_KEYS), tmp_path / "t.png", size=(800, 500))
@@ -64,8 +64,10 @@ def test_training_curves_plot(offline_run, tmp_path):
 
 def test_key_resolution_accepts_unprefixed_and_suffixed_names():
     assert wandb_io.resolve_key(["_step", "reward"], "train/reward") == "reward"
-    assert wandb_io.resolve_key(["train/rewards/accuracy", "train/sage/q_mean"], "train/sage/q_mean") \
+    assert (
+        wandb_io.resolve_key(["train/rewards/accuracy", "train/sage/q_mean"], "train/sage/q_mean")
         == "train/sage/q_mean"
+    )
     assert wandb_io.resolve_key(["foo/kl"], "train/kl") == "foo/kl"
     assert wandb_io.resolve_key(["x"], "train/entropy") is None
 
@@ -88,8 +90,9 @@ def test_log_report_to_an_offline_run(tmp_path, monkeypatch):
     png = tmp_path / "p.png"
     Image.new("RGB", (32, 32)).save(png)
     frame = pd.DataFrame({"run": ["a"], "value": [0.5], "ci_low": [float("nan")]})
-    run_dir = wandb_io.log_report("sage-test", tables={"comparison": frame}, images={"avg_paper": png},
-                                  markdown="# report <b>")
+    run_dir = wandb_io.log_report(
+        "sage-test", tables={"comparison": frame}, images={"avg_paper": png}, markdown="# report <b>"
+    )
     folder = next((tmp_path / "wandb").glob("offline-run-*"))
     assert str(folder) in run_dir
     _wait_until_flushed(folder)

@@ -22,8 +22,9 @@ import numpy as np
 DEFAULT_RESAMPLES = 2000
 
 
-def resample_counts(n_problems: int, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                    stream: str = "") -> np.ndarray:
+def resample_counts(
+    n_problems: int, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0, stream: str = ""
+) -> np.ndarray:
     """(resamples, n_problems) multiplicities of a with-replacement resample; deterministic per stream."""
     rng = np.random.default_rng([seed, zlib.crc32(stream.encode()), n_problems])
     idx = rng.integers(0, n_problems, size=(resamples, n_problems))
@@ -42,16 +43,23 @@ def percentile_ci(samples: np.ndarray, level: float = 0.95) -> tuple[np.ndarray,
     return np.quantile(samples, alpha, axis=0), np.quantile(samples, 1.0 - alpha, axis=0)
 
 
-def bootstrap_mean_ci(values: np.ndarray, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
-                      stream: str = "", level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+def bootstrap_mean_ci(
+    values: np.ndarray,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    stream: str = "",
+    level: float = 0.95,
+) -> tuple[np.ndarray, np.ndarray]:
     """Percentile CI of the mean of per-problem ``values`` ((N,) or (N, K)) over problems."""
     values = np.asarray(values, dtype=np.float64)
     counts = resample_counts(values.shape[0], resamples=resamples, seed=seed, stream=stream)
     return percentile_ci(resampled_means(values, counts), level)
 
 
-def stratified_average_samples(sets: Sequence[tuple[str, np.ndarray]], *, resamples: int = DEFAULT_RESAMPLES,
-                               seed: int = 0) -> np.ndarray:
+def stratified_average_samples(
+    sets: Sequence[tuple[str, np.ndarray]], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> np.ndarray:
     """Resampled values of mean_s(mean_i values_s[i]), each set resampled within itself."""
     per_set = []
     for name, values in sets:
@@ -60,14 +68,23 @@ def stratified_average_samples(sets: Sequence[tuple[str, np.ndarray]], *, resamp
     return np.mean(per_set, axis=0)
 
 
-def paired_difference_samples(sets_a: Mapping[str, np.ndarray], sets_b: Mapping[str, np.ndarray], *,
-                              resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> np.ndarray:
+def paired_difference_samples(
+    sets_a: Mapping[str, np.ndarray],
+    sets_b: Mapping[str, np.ndarray],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> np.ndarray:
     """Resampled values of score(a) - score(b), the score being the average over the given sets.
 
     ``sets_a[name]`` and ``sets_b[name]`` must be aligned on the same problems (same order).
     """
     if set(sets_a) != set(sets_b):
-        raise ValueError(f"paired bootstrap needs the same sets for both runs: {sorted(sets_a)} vs {sorted(sets_b)}")
-    diffs = {name: np.asarray(sets_a[name], dtype=np.float64) - np.asarray(sets_b[name], dtype=np.float64)
-             for name in sets_a}
+        raise ValueError(
+            f"paired bootstrap needs the same sets for both runs: {sorted(sets_a)} vs {sorted(sets_b)}"
+        )
+    diffs = {
+        name: np.asarray(sets_a[name], dtype=np.float64) - np.asarray(sets_b[name], dtype=np.float64)
+        for name in sets_a
+    }
     return stratified_average_samples(sorted(diffs.items()), resamples=resamples, seed=seed)

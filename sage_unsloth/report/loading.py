@@ -33,8 +33,8 @@ class RunResults:
     model: str
     run: str
     path: Path
-    passk: pd.DataFrame                     # dataset, k, pass_at_k (+ whatever else the eval wrote)
-    per_problem: pd.DataFrame | None        # dataset, problem_id, n, c
+    passk: pd.DataFrame  # dataset, k, pass_at_k (+ whatever else the eval wrote)
+    per_problem: pd.DataFrame | None  # dataset, problem_id, n, c
     manifest: dict | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -70,15 +70,19 @@ class RunResults:
 def _require_columns(frame: pd.DataFrame, columns, path: Path) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; expected at least {list(columns)} "
-                         "(re-run the eval stage, or fix the CSV header)")
+        raise ValueError(
+            f"{path}: missing column(s) {missing}; expected at least {list(columns)} "
+            "(re-run the eval stage, or fix the CSV header)"
+        )
 
 
 def load_run(run_dir: str | Path) -> RunResults:
     run_dir = Path(run_dir)
     passk_path = run_dir / "passk.csv"
     if not passk_path.is_file():
-        raise FileNotFoundError(f"{passk_path} not found: run the eval stage (scripts/03_eval.sh) for this run first")
+        raise FileNotFoundError(
+            f"{passk_path} not found: run the eval stage (scripts/03_eval.sh) for this run first"
+        )
     passk = pd.read_csv(passk_path)
     _require_columns(passk, PASSK_COLUMNS, passk_path)
     passk["dataset"] = passk["dataset"].astype(str)
@@ -100,16 +104,25 @@ def load_run(run_dir: str | Path) -> RunResults:
             notes.append(f"manifest unreadable: {err}")
     else:
         notes.append("manifest.json missing")
-    return RunResults(model=run_dir.parent.name, run=run_dir.name, path=run_dir, passk=passk,
-                      per_problem=per_problem, manifest=manifest, notes=notes)
+    return RunResults(
+        model=run_dir.parent.name,
+        run=run_dir.name,
+        path=run_dir,
+        passk=passk,
+        per_problem=per_problem,
+        manifest=manifest,
+        notes=notes,
+    )
 
 
 def discover_runs(results_dir: str | Path) -> list[RunResults]:
     """Every results/<model>/<run>/ holding a passk.csv, sorted by model then run."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
-        raise FileNotFoundError(f"results folder {results_dir} not found: pass --results DIR "
-                                "(the eval stage writes results/<model>/<run>/passk.csv)")
+        raise FileNotFoundError(
+            f"results folder {results_dir} not found: pass --results DIR "
+            "(the eval stage writes results/<model>/<run>/passk.csv)"
+        )
     runs = [load_run(p.parent) for p in sorted(results_dir.glob("*/*/passk.csv"))]
     for run in runs:
         for note in run.notes:

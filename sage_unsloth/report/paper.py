@@ -24,14 +24,26 @@ QWEN, DEEPSEEK = "Qwen2.5-Math-7B", "DeepSeek-R1-Distill-Qwen-7B"
 MODEL_PATTERNS = (("qwen2.5-math-7b", QWEN), ("deepseek-r1-distill-qwen-7b", DEEPSEEK))
 PAPER_K = {QWEN: 256, DEEPSEEK: 64}
 RUN_METHODS = {
-    "base": "Base", "base_model": "Base", "sft": "Base",
-    "grpo": "GRPO", "grpo_branch": "GRPO + Branch", "sage_branch": "GRPO + Branch", "grpo_sage_branch": "GRPO + Branch",
-    "bnpo": "BNPO", "bnpo_branch": "BNPO + Branch",
-    "dapo": "DAPO", "dapo_branch": "DAPO + Branch",
+    "base": "Base",
+    "base_model": "Base",
+    "sft": "Base",
+    "grpo": "GRPO",
+    "grpo_branch": "GRPO + Branch",
+    "sage_branch": "GRPO + Branch",
+    "grpo_sage_branch": "GRPO + Branch",
+    "bnpo": "BNPO",
+    "bnpo_branch": "BNPO + Branch",
+    "dapo": "DAPO",
+    "dapo_branch": "DAPO + Branch",
 }
 # Default paired comparisons, as (method A, method B): A - B is reported.
-DEFAULT_METHOD_PAIRS = (("GRPO + Branch", "GRPO"), ("BNPO + Branch", "BNPO"), ("DAPO + Branch", "DAPO"),
-                        ("GRPO", "Base"), ("GRPO + Branch", "Base"))
+DEFAULT_METHOD_PAIRS = (
+    ("GRPO + Branch", "GRPO"),
+    ("BNPO + Branch", "BNPO"),
+    ("DAPO + Branch", "DAPO"),
+    ("GRPO", "Base"),
+    ("GRPO + Branch", "Base"),
+)
 REPO_PAPER_DIR = Path(__file__).resolve().parents[2] / "results" / "paper"
 
 
@@ -64,7 +76,9 @@ def load_mapping(path: str | Path | None) -> dict[str, dict]:
     data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
     runs = data.get("runs") if isinstance(data, dict) else None
     if not isinstance(runs, dict):
-        raise TypeError(f"--mapping {path}: expected a top-level 'runs:' mapping of run -> method or {{model, method}}")
+        raise TypeError(
+            f"--mapping {path}: expected a top-level 'runs:' mapping of run -> method or {{model, method}}"
+        )
     return {key: (value if isinstance(value, dict) else {"method": value}) for key, value in runs.items()}
 
 
@@ -80,12 +94,20 @@ def map_run(model_dir: str, run: str, mapping: dict[str, dict] | None = None) ->
 def load_published(paper_dir: str | Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(pass@k table, reasoning-pattern table) from results/paper/."""
     paper_dir = Path(paper_dir) if paper_dir else REPO_PAPER_DIR
-    passk_path, patterns_path = paper_dir / "published_passk.csv", paper_dir / "published_reasoning_patterns.csv"
+    passk_path, patterns_path = (
+        paper_dir / "published_passk.csv",
+        paper_dir / "published_reasoning_patterns.csv",
+    )
     if not passk_path.is_file():
-        raise FileNotFoundError(f"{passk_path} not found: pass --paper-dir pointing at the kit's results/paper")
+        raise FileNotFoundError(
+            f"{passk_path} not found: pass --paper-dir pointing at the kit's results/paper"
+        )
     passk = pd.read_csv(passk_path)
-    patterns = pd.read_csv(patterns_path) if patterns_path.is_file() else pd.DataFrame(
-        columns=["model", "method", "pattern", "value", "source", "primary"])
+    patterns = (
+        pd.read_csv(patterns_path)
+        if patterns_path.is_file()
+        else pd.DataFrame(columns=["model", "method", "pattern", "value", "source", "primary"])
+    )
     return passk, patterns
 
 
@@ -93,8 +115,12 @@ def paper_value(published: pd.DataFrame, row: PaperRow, dataset: str, k: int) ->
     """(value, primary) of the paper's pass@k for the row, or None when the paper has no such number."""
     if row.model is None or row.method is None:
         return None
-    hit = published[(published["model"] == row.model) & (published["method"] == row.method)
-                    & (published["dataset"] == dataset) & (published["k"] == k)]
+    hit = published[
+        (published["model"] == row.model)
+        & (published["method"] == row.method)
+        & (published["dataset"] == dataset)
+        & (published["k"] == k)
+    ]
     if hit.empty:
         return None
     return float(hit["value"].iloc[0]), bool(hit["primary"].iloc[0])

@@ -29,14 +29,16 @@ def pass_at_k_matrix(n, c, ks) -> np.ndarray:
         return out
     # j runs over n-c+1 .. n for each problem; pad to the longest run of terms with factor 1.
     max_c = int(c.max())
-    offsets = np.arange(max_c)                                  # 0..max_c-1
-    j = (n - c)[:, None] + 1 + offsets[None, :]                 # (P, max_c)
-    active = offsets[None, :] < c[:, None]                      # only c terms per problem
+    offsets = np.arange(max_c)  # 0..max_c-1
+    j = (n - c)[:, None] + 1 + offsets[None, :]  # (P, max_c)
+    active = offsets[None, :] < c[:, None]  # only c terms per problem
     for col, k in enumerate(ks):
         with np.errstate(divide="ignore", invalid="ignore"):
             factors = np.where(active, 1.0 - k / np.maximum(j, 1), 1.0)
         # a factor <= 0 means n - c < k: some correct sample is always drawn
-        fail_prob = np.where(np.any(active & (j <= k), axis=1), 0.0, np.prod(np.clip(factors, 0.0, 1.0), axis=1))
+        fail_prob = np.where(
+            np.any(active & (j <= k), axis=1), 0.0, np.prod(np.clip(factors, 0.0, 1.0), axis=1)
+        )
         out[:, col] = np.where(k <= n, 1.0 - fail_prob, np.nan)
     return out
 

@@ -70,8 +70,11 @@ PATTERN_RULES: dict[str, list[re.Pattern]] = {
         re.compile(r"\bstep\s*\d+\b(.*?)\bstep\s*\d+\b", _FLAGS),
         re.compile(r"\b(break|split|decompose)\w*\b.{0,30}\b(down|into)\b", _FLAGS),
         re.compile(r"\bsub-?problems?\b", _FLAGS),
-        re.compile(r"\b(recurrence|recursive(ly)?|recursion|invariant|symmetr\w*|by induction|inductive step"
-                   r"|pattern (is|emerges))\b", _FLAGS),
+        re.compile(
+            r"\b(recurrence|recursive(ly)?|recursion|invariant|symmetr\w*|by induction|inductive step"
+            r"|pattern (is|emerges))\b",
+            _FLAGS,
+        ),
     ],
     "proof_by_contradiction": [
         re.compile(r"\bcontradict\w*\b", _FLAGS),
@@ -105,13 +108,18 @@ PATTERN_RULES: dict[str, list[re.Pattern]] = {
 }
 PATTERNS = tuple(PATTERN_RULES)
 # Paper Table 2 names -> ours.
-PAPER_PATTERN_NAMES = {"Constraint Setup": "constraint_setup", "Structural Reasoning": "structural_reasoning",
-                       "Proof by Contradiction": "proof_by_contradiction"}
+PAPER_PATTERN_NAMES = {
+    "Constraint Setup": "constraint_setup",
+    "Structural Reasoning": "structural_reasoning",
+    "Proof by Contradiction": "proof_by_contradiction",
+}
 
 
 # Same rules, one alternation per pattern, matched against lower-cased text (IGNORECASE is ~3x slower).
-_COMBINED = {name: re.compile("|".join(f"(?:{rule.pattern})" for rule in rules), re.DOTALL)
-             for name, rules in PATTERN_RULES.items()}
+_COMBINED = {
+    name: re.compile("|".join(f"(?:{rule.pattern})" for rule in rules), re.DOTALL)
+    for name, rules in PATTERN_RULES.items()
+}
 
 
 def tag(text: str) -> set[str]:
@@ -126,22 +134,65 @@ def tag_by_rule(text: str) -> set[str]:
 
 
 def iter_completions(paths: Iterable[str | Path]) -> Iterator[dict]:
-    """Records of completions/*.jsonl(.gz) files, one JSON object per line."""
+    """One record per completion from *.jsonl(.gz) files.
+
+    Two layouts are accepted: one completion per line ({dataset, problem_id, sample_idx, completion,
+    correct}), or one problem per line with its samples in a list ({dataset, problem_id, completions:
+    [{text, correct, ...}]}, the eval stage's chunk files); the latter is flattened, sample_idx = position.
+    """
     for path in paths:
         path = Path(path)
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt", encoding="utf-8") as fh:
             for line in fh:
-                if line.strip():
-                    yield json.loads(line)
+                if not line.strip():
+                    continue
+                record = json.loads(line)
+                if isinstance(record.get("completions"), list):
+                    for idx, sample in enumerate(record["completions"]):
+                        yield {
+                            "dataset": record.get("dataset"),
+                            "problem_id": record.get("problem_id"),
+                            "sample_idx": idx,
+                            "completion": sample.get("text", sample.get("completion", "")),
+                            "correct": sample.get("correct", False),
+                        }
+                else:
+                    yield record
+
+
+# Where completions are looked for when no --completions glob is given: the eval manifest's
+# completions_dir, else these templates ({model}, {run} filled in; ** is recursive).
+DEFAULT_COMPLETION_GLOBS = (
+    "outputs/{model}/eval/{run}/**/*.jsonl.gz",
+    "outputs/{model}/{run}/completions/*.jsonl.gz",
+)
 
 
 def completion_files(template: str, *, model: str, run: str) -> list[Path]:
     """Files matching the glob ``template`` with {model} and {run} filled in."""
-    return [Path(p) for p in sorted(glob.glob(template.format(model=model, run=run)))]
+    return [Path(p) for p in sorted(glob.glob(template.format(model=model, run=run), recursive=True))]
 
 
-def pattern_frequencies(records: Iterable[dict], *, samples_per_problem: int | None = None) -> dict[str, float]:
+def run_completion_files(run, template: str | None = None) -> list[Path]:
+    """A run's completion files: the explicit glob, else the eval manifest's completions_dir, else the defaults."""
+    if template:
+        return completion_files(template, model=run.model, run=run.run)
+    completions_dir = (run.manifest or {}).get("completions_dir")
+    if completions_dir:
+        files = sorted(Path(completions_dir).glob("**/*.jsonl.gz"))
+        if files:
+            return files
+    for default in DEFAULT_COMPLETION_GLOBS:
+        files = completion_files(default, model=run.model, run=run.run)
+        if files:
+            return files
+    return []
+
+
+def pattern_frequencies(
+    records: Iterable[dict], *, samples_per_problem: int | None = None
+) -> dict[str, float]:
     """Fraction of completions with each pattern (+ n_completions and the same among correct ones).
 
     ``samples_per_problem`` keeps only completions with sample_idx below it (a cheap, deterministic
@@ -154,8 +205,10 @@ def pattern_frequencies(records: Iterable[dict], *, samples_per_problem: int | N
         if samples_per_problem is not None and int(rec.get("sample_idx", 0)) >= samples_per_problem:
             continue
         if "completion" not in rec:
-            raise ValueError("completion record without a 'completion' field; expected "
-                             "{dataset, problem_id, sample_idx, completion, correct}")
+            raise ValueError(
+                "completion record without a 'completion' field; expected "
+                "{dataset, problem_id, sample_idx, completion, correct}"
+            )
         found = tag(rec["completion"])
         total += 1
         correct = bool(rec.get("correct", False))
@@ -170,11 +223,13 @@ def pattern_frequencies(records: Iterable[dict], *, samples_per_problem: int | N
     return out
 
 
-def pattern_table(runs, template: str, *, samples_per_problem: int | None = None) -> pd.DataFrame:
+def pattern_table(
+    runs, template: str | None = None, *, samples_per_problem: int | None = None
+) -> pd.DataFrame:
     """One row per run that has completion files: model, run, n_completions, each pattern's frequency."""
     rows = []
     for run in runs:
-        files = completion_files(template, model=run.model, run=run.run)
+        files = run_completion_files(run, template)
         if not files:
             continue
         freq = pattern_frequencies(iter_completions(files), samples_per_problem=samples_per_problem)

@@ -34,8 +34,13 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def passk_curves(curves: pd.DataFrame, comparison: pd.DataFrame, out_dir: str | Path, *,
-                 size: tuple[int, int] = DEFAULT_SIZE) -> dict[str, Path]:
+def passk_curves(
+    curves: pd.DataFrame,
+    comparison: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    size: tuple[int, int] = DEFAULT_SIZE,
+) -> dict[str, Path]:
     """One PNG per dataset: pass@k vs k (log2 axis), a line (+ CI band) per run, paper points overlaid.
 
     Paper points are taken from ``comparison`` (rows with a paper value), drawn as crosses in the
@@ -53,12 +58,24 @@ def passk_curves(curves: pd.DataFrame, comparison: pd.DataFrame, out_dir: str | 
             band = line.dropna(subset=["ci_low", "ci_high"])
             if not band.empty:
                 ax.fill_between(band["k"], band["ci_low"], band["ci_high"], color=color, alpha=0.15, lw=0)
-            paper = comparison[(comparison["model"] == model) & (comparison["run"] == run)
-                               & (comparison["dataset"] == dataset) & comparison["paper"].notna()]
+            paper = comparison[
+                (comparison["model"] == model)
+                & (comparison["run"] == run)
+                & (comparison["dataset"] == dataset)
+                & comparison["paper"].notna()
+            ]
             if not paper.empty:
                 method = paper["method"].iloc[0]
-                ax.scatter(paper["k"], paper["paper"], marker="X", s=80, color=color, edgecolor="black",
-                           zorder=5, label=f"paper: {method}")
+                ax.scatter(
+                    paper["k"],
+                    paper["paper"],
+                    marker="X",
+                    s=80,
+                    color=color,
+                    edgecolor="black",
+                    zorder=5,
+                    label=f"paper: {method}",
+                )
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
         ax.set_xlabel("k (log2)")
@@ -71,8 +88,13 @@ def passk_curves(curves: pd.DataFrame, comparison: pd.DataFrame, out_dir: str | 
     return written
 
 
-def training_curves(histories: dict[str, pd.DataFrame], keys: list[str], out_path: str | Path, *,
-                    size: tuple[int, int] = DEFAULT_SIZE) -> Path | None:
+def training_curves(
+    histories: dict[str, pd.DataFrame],
+    keys: list[str],
+    out_path: str | Path,
+    *,
+    size: tuple[int, int] = DEFAULT_SIZE,
+) -> Path | None:
     """A grid of panels, one per metric key, one line per run; keys a run lacks are skipped."""
     present = [k for k in keys if any(k in h.columns for h in histories.values())]
     if not present:
@@ -84,14 +106,17 @@ def training_curves(histories: dict[str, pd.DataFrame], keys: list[str], out_pat
         for i, (name, hist) in enumerate(sorted(histories.items())):
             if key not in hist.columns:
                 continue
-            data = hist[["_step", key]].dropna() if "_step" in hist.columns else hist[[key]].dropna().reset_index()
+            data = (
+                hist[["_step", key]].dropna()
+                if "_step" in hist.columns
+                else hist[[key]].dropna().reset_index()
+            )
             ax.plot(data.iloc[:, 0], data[key], color=f"C{i % 10}", label=name, lw=1)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(present):]:
+    for ax in list(axes.flat)[len(present) :]:
         ax.set_visible(False)
     fig.tight_layout()
     return _save(fig, Path(out_path))
-

@@ -23,27 +23,52 @@ log = logging.getLogger(__name__)
 @dataclass
 class ReportArguments:
     results: str = field(default="results", metadata={"help": "folder with <model>/<run>/passk.csv"})
-    out: str | None = field(default=None, metadata={"help": "report path (default <results>/report.md); "
-                                                            "tables and PNGs go to the folder of the same stem"})
-    pairs: str | None = field(default=None, metadata={"help": "paired comparisons 'run_a:run_b,...' (A-B); default: "
-                                                              "the paper's method pairs, e.g. GRPO+Branch vs GRPO"})
-    mapping: str | None = field(default=None, metadata={"help": "YAML/JSON run -> paper {model, method} overrides"})
-    paper_dir: str | None = field(default=None, metadata={"help": "folder with published_*.csv (default: "
-                                                                  "<results>/paper, else the kit's results/paper)"})
+    out: str | None = field(
+        default=None,
+        metadata={
+            "help": "report path (default <results>/report.md); "
+            "tables and PNGs go to the folder of the same stem"
+        },
+    )
+    pairs: str | None = field(
+        default=None,
+        metadata={
+            "help": "paired comparisons 'run_a:run_b,...' (A-B); default: "
+            "the paper's method pairs, e.g. GRPO+Branch vs GRPO"
+        },
+    )
+    mapping: str | None = field(
+        default=None, metadata={"help": "YAML/JSON run -> paper {model, method} overrides"}
+    )
+    paper_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder with published_*.csv (default: <results>/paper, else the kit's results/paper)"
+        },
+    )
     resamples: int = field(default=2000, metadata={"help": "bootstrap resamples"})
     seed: int = field(default=0, metadata={"help": "bootstrap seed"})
     level: float = field(default=0.95, metadata={"help": "confidence level"})
-    completions: str = field(default="outputs/{model}/{run}/completions/*.jsonl.gz",
-                             metadata={"help": "glob of completion files for the pattern analysis; "
-                                               "{model} and {run} are filled in per run"})
+    completions: str | None = field(
+        default=None,
+        metadata={
+            "help": "glob of completion files for the pattern analysis ({model}, {run} filled in per run; "
+            "** recursive); default: the eval manifest's completions_dir, else "
+            "outputs/{model}/eval/{run}/**/*.jsonl.gz"
+        },
+    )
     pattern_samples_per_problem: int | None = field(
-        default=None, metadata={"help": "tag only completions with sample_idx below this (default: all)"})
+        default=None, metadata={"help": "tag only completions with sample_idx below this (default: all)"}
+    )
     wandb_project: str | None = field(default=None, metadata={"help": "log the report to this W&B project"})
     wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity for --wandb_project"})
-    wandb_offline_runs: str | None = field(default=None, metadata={
-        "help": "glob of wandb/offline-run-* folders whose training curves to plot"})
-    wandb_runs: str | None = field(default=None, metadata={
-        "help": "comma-separated online runs entity/project/run_id whose training curves to plot"})
+    wandb_offline_runs: str | None = field(
+        default=None, metadata={"help": "glob of wandb/offline-run-* folders whose training curves to plot"}
+    )
+    wandb_runs: str | None = field(
+        default=None,
+        metadata={"help": "comma-separated online runs entity/project/run_id whose training curves to plot"},
+    )
     plot_width: int = field(default=plots.DEFAULT_SIZE[0], metadata={"help": "PNG width in pixels"})
     plot_height: int = field(default=plots.DEFAULT_SIZE[1], metadata={"help": "PNG height in pixels"})
 
@@ -69,7 +94,11 @@ class ReportResult:
 
 # ---------------------------------------------------------------- formatting
 def fmt(value, digits: int = 3) -> str:
-    return "missing" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+    return (
+        "missing"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{value:.{digits}f}"
+    )
 
 
 def fmt_ci(low, high) -> str:
@@ -101,9 +130,21 @@ def dataset_section(comparison: pd.DataFrame, dataset: str) -> str:
         one = group[group["metric"] == "pass@1"].iloc[0]
         big = group[group["metric"] == "pass@k"].iloc[0]
         k = "" if pd.isna(big["k"]) else int(big["k"])
-        rows.append([f"{model}/{run}", one["method"] or "", fmt(one["value"]), fmt_ci(one["ci_low"], one["ci_high"]),
-                     _paper_cell(one), fmt_signed(one["diff"]), k, fmt(big["value"]),
-                     fmt_ci(big["ci_low"], big["ci_high"]), _paper_cell(big), fmt_signed(big["diff"])])
+        rows.append(
+            [
+                f"{model}/{run}",
+                one["method"] or "",
+                fmt(one["value"]),
+                fmt_ci(one["ci_low"], one["ci_high"]),
+                _paper_cell(one),
+                fmt_signed(one["diff"]),
+                k,
+                fmt(big["value"]),
+                fmt_ci(big["ci_low"], big["ci_high"]),
+                _paper_cell(big),
+                fmt_signed(big["diff"]),
+            ]
+        )
     header = ["run", "paper method", "pass@1", "95% CI", "paper", "Δ", "k", "pass@k", "95% CI", "paper", "Δ"]
     return md_table(header, rows)
 
@@ -112,7 +153,7 @@ _SAMPLING_KEYS = ("n", "n_samples", "temperature", "top_p", "min_p", "max_new_to
 
 
 def sampling_summary(manifest: dict | None) -> str:
-    """"key=value" for the sampling parameters found anywhere in an eval manifest (first occurrence wins)."""
+    """ "key=value" for the sampling parameters found anywhere in an eval manifest (first occurrence wins)."""
     found: dict = {}
 
     def walk(node):
@@ -127,17 +168,25 @@ def sampling_summary(manifest: dict | None) -> str:
     return ", ".join(f"{k}={found[k]}" for k in _SAMPLING_KEYS if k in found)
 
 
-def render_markdown(args: ReportArguments, runs, result: ReportResult, published_patterns: pd.DataFrame,
-                    training_png: Path | None, mapping) -> str:
+def render_markdown(
+    args: ReportArguments,
+    runs,
+    result: ReportResult,
+    published_patterns: pd.DataFrame,
+    training_png: Path | None,
+    mapping,
+) -> str:
     out_dir = result.out.parent
     rel = lambda p: Path(p).resolve().relative_to(out_dir.resolve()).as_posix()
     parts = [
         "# SAGE reproduction report",
-        (f"Generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')} from `{args.results}`. "
-         f"Point values: the eval stage's passk.csv (unbiased pass@k). CIs: {int(args.level * 100)}% percentile "
-         f"bootstrap over problems ({args.resamples} resamples, seed {args.seed}); avg_paper resamples within "
-         "each set. Paper values from results/paper/ († = not from a primary source). Δ = run − paper. "
-         "\"missing\" = the run did not report that dataset or k."),
+        (
+            f"Generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')} from `{args.results}`. "
+            "Point values: the eval stage's passk.csv (unbiased pass@k). "
+            f"CIs: {int(args.level * 100)}% percentile bootstrap over problems ({args.resamples} resamples, "
+            f"seed {args.seed}); avg_paper resamples within each set. Paper values from results/paper/ "
+            '(† = not from a primary source). Δ = run − paper. "missing" = the run did not report that dataset or k.'
+        ),
         "## Runs",
     ]
     run_rows = []
@@ -146,16 +195,28 @@ def render_markdown(args: ReportArguments, runs, result: ReportResult, published
         manifest = run.manifest or {}
         checkpoint = manifest.get("checkpoint") or (manifest.get("config") or {}).get("checkpoint", "")
         ks = run.reported_ks()
-        run_rows.append([run.name, row.model or "—", row.method or "— (no paper row)", str(checkpoint or ""),
-                         sampling_summary(manifest), f"{ks[0]}–{ks[-1]}" if ks else "none",
-                         "; ".join(run.notes) or "ok"])
-    parts.append(md_table(["run", "paper model", "paper method", "checkpoint", "sampling", "k reported", "notes"],
-                          run_rows))
+        run_rows.append(
+            [
+                run.name,
+                row.model or "—",
+                row.method or "— (no paper row)",
+                str(checkpoint or ""),
+                sampling_summary(manifest),
+                f"{ks[0]}–{ks[-1]}" if ks else "none",
+                "; ".join(run.notes) or "ok",
+            ]
+        )
     parts.append(
-        "Run → paper mapping (by folder name, override with --mapping): model folder containing qwen2.5-math-7b or "
-        "deepseek-r1-distill-qwen-7b; run folder (lower-cased, seed suffix dropped) base/sft → Base, grpo → GRPO, "
-        "grpo_branch → GRPO + Branch, bnpo[_branch], dapo[_branch] likewise. pass@k uses the paper's k for the "
-        "model (256 / 64), else the largest k the run reported.")
+        md_table(
+            ["run", "paper model", "paper method", "checkpoint", "sampling", "k reported", "notes"], run_rows
+        )
+    )
+    parts.append(
+        "Run → paper mapping (by folder name, override with --mapping): model folder containing "
+        "qwen2.5-math-7b or deepseek-r1-distill-qwen-7b; run folder (lower-cased, seed suffix dropped) "
+        "base/sft → Base, grpo → GRPO, grpo_branch → GRPO + Branch, bnpo[_branch], dapo[_branch] likewise. "
+        "pass@k uses the paper's k for the model (256 / 64), else the largest k the run reported."
+    )
     for dataset in tables.report_datasets(runs):
         title = "Paper average (AIME pooled, AMC23, MATH-500)" if dataset == AVG else dataset
         parts += [f"## {title}", dataset_section(result.comparison, dataset)]
@@ -163,34 +224,58 @@ def render_markdown(args: ReportArguments, runs, result: ReportResult, published
             parts.append(f"![pass@k on {dataset}]({rel(result.images[dataset])})")
     parts.append("## Paired differences (A − B, same resampled problems for both runs)")
     if result.pairs.empty:
-        parts.append("No run pairs (give --pairs run_a:run_b, or name runs so that the paper mapping pairs them).")
+        parts.append(
+            "No run pairs (give --pairs run_a:run_b, or name runs so that the paper mapping pairs them)."
+        )
     else:
         rows = []
         for _, r in result.pairs.iterrows():
-            excludes = "" if pd.isna(r["ci_low"]) else ("yes" if r["ci_low"] > 0 or r["ci_high"] < 0 else "no")
-            rows.append([r["model"], r["run_a"], r["run_b"], r["dataset"], r["metric"],
-                         "" if pd.isna(r["k"]) else int(r["k"]), fmt_signed(r["diff"]) or "missing",
-                         fmt_ci(r["ci_low"], r["ci_high"]), excludes, int(r["n_problems"])])
-        parts.append(md_table(["model", "A", "B", "dataset", "metric", "k", "A − B", "95% CI", "CI excludes 0",
-                               "problems"], rows))
+            excludes = (
+                "" if pd.isna(r["ci_low"]) else ("yes" if r["ci_low"] > 0 or r["ci_high"] < 0 else "no")
+            )
+            rows.append(
+                [
+                    r["model"],
+                    r["run_a"],
+                    r["run_b"],
+                    r["dataset"],
+                    r["metric"],
+                    "" if pd.isna(r["k"]) else int(r["k"]),
+                    fmt_signed(r["diff"]) or "missing",
+                    fmt_ci(r["ci_low"], r["ci_high"]),
+                    excludes,
+                    int(r["n_problems"]),
+                ]
+            )
+        parts.append(
+            md_table(
+                ["model", "A", "B", "dataset", "metric", "k", "A − B", "95% CI", "CI excludes 0", "problems"],
+                rows,
+            )
+        )
     parts.append("## Reasoning patterns (fraction of completions; rules in sage_unsloth/report/patterns.py)")
     if result.patterns.empty:
-        parts.append(f"No completion files found (glob `{args.completions}`).")
+        where = f"glob `{args.completions}`" if args.completions else "default locations"
+        parts.append(f"No completion files found ({where}).")
     else:
         rows = []
         for _, r in result.patterns.iterrows():
             row = map_run(r["model"], r["run"], mapping)
             cells = [f"{r['model']}/{r['run']}", int(r["n_completions"])]
             for name in pat.PATTERNS:
-                paper = published_patterns[(published_patterns["pattern"] == name)
-                                           & (published_patterns["method"] == row.method)
-                                           & (published_patterns["model"] == row.model)]
+                paper = published_patterns[
+                    (published_patterns["pattern"] == name)
+                    & (published_patterns["method"] == row.method)
+                    & (published_patterns["model"] == row.model)
+                ]
                 paper_txt = f" (paper {paper['value'].iloc[0]:.3f})" if not paper.empty else ""
                 cells.append(fmt(r[name]) + paper_txt)
             rows.append(cells)
         parts.append(md_table(["run", "completions", *pat.PATTERNS], rows))
-        parts.append("The paper's labelling method is unknown, so its Table 2 values (in parentheses) are context, "
-                     "not a like-for-like target; compare runs with each other.")
+        parts.append(
+            "The paper's labelling method is unknown, so its Table 2 values (in parentheses) are context, "
+            "not a like-for-like target; compare runs with each other."
+        )
     if training_png is not None:
         parts += ["## Training curves (W&B)", f"![training curves]({rel(training_png)})"]
     return "\n\n".join(parts) + "\n"
@@ -204,8 +289,16 @@ def print_console(comparison: pd.DataFrame) -> None:
     for col in ("run", "dataset", "metric", "k", "value", "95% CI", "paper", "Δ"):
         table.add_column(col)
     for _, r in comparison.iterrows():
-        table.add_row(f"{r['model']}/{r['run']}", r["dataset"], r["metric"], "" if pd.isna(r["k"]) else str(int(r["k"])),
-                      fmt(r["value"]), fmt_ci(r["ci_low"], r["ci_high"]), _paper_cell(r), fmt_signed(r["diff"]))
+        table.add_row(
+            f"{r['model']}/{r['run']}",
+            r["dataset"],
+            r["metric"],
+            "" if pd.isna(r["k"]) else str(int(r["k"])),
+            fmt(r["value"]),
+            fmt_ci(r["ci_low"], r["ci_high"]),
+            _paper_cell(r),
+            fmt_signed(r["diff"]),
+        )
     Console(width=140).print(table)
 
 
@@ -216,15 +309,21 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
     out = Path(args.out) if args.out else results / "report.md"
     assets = out.with_suffix("")
     mapping = load_mapping(args.mapping)
-    paper_dir = args.paper_dir or (results / "paper" if (results / "paper" / "published_passk.csv").is_file() else None)
+    paper_dir = args.paper_dir or (
+        results / "paper" if (results / "paper" / "published_passk.csv").is_file() else None
+    )
     published, published_patterns = load_published(paper_dir)
     runs = discover_runs(results)
     if not runs:
-        raise FileNotFoundError(f"no results/<model>/<run>/passk.csv under {results}: run the eval stage first")
+        raise FileNotFoundError(
+            f"no results/<model>/<run>/passk.csv under {results}: run the eval stage first"
+        )
     settings = tables.BootstrapSettings(resamples=args.resamples, seed=args.seed, level=args.level)
     curves = tables.curve_table(runs, settings)
     comparison = tables.comparison_table(runs, curves, published, mapping)
-    pairs = tables.paired_table(tables.resolve_pairs(runs, args.pairs, mapping), runs, published, settings, mapping)
+    pairs = tables.paired_table(
+        tables.resolve_pairs(runs, args.pairs, mapping), runs, published, settings, mapping
+    )
     patterns = pat.pattern_table(runs, args.completions, samples_per_problem=args.pattern_samples_per_problem)
     size = (args.plot_width, args.plot_height)
     images = plots.passk_curves(curves, comparison, assets, size=size)
@@ -233,17 +332,31 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
         from sage_unsloth.report import wandb_io
 
         histories = wandb_io.load_histories(args.wandb_offline_runs, args.wandb_runs)
-        training_png = plots.training_curves(histories, list(wandb_io.TRAINING_KEYS), assets / "training_curves.png",
-                                             size=size)
+        training_png = plots.training_curves(
+            histories, list(wandb_io.TRAINING_KEYS), assets / "training_curves.png", size=size
+        )
         if training_png is None:
             log.warning("no training keys %s in the W&B histories given", wandb_io.TRAINING_KEYS)
-    result = ReportResult(markdown="", comparison=comparison, curves=curves, pairs=pairs, patterns=patterns,
-                          images=images, out=out)
+    result = ReportResult(
+        markdown="",
+        comparison=comparison,
+        curves=curves,
+        pairs=pairs,
+        patterns=patterns,
+        images=images,
+        out=out,
+    )
     result.markdown = render_markdown(args, runs, result, published_patterns, training_png, mapping)
-    for name, frame in (("comparison", comparison), ("passk_all_k", curves), ("pairs", pairs), ("patterns", patterns)):
+    for name, frame in (
+        ("comparison", comparison),
+        ("passk_all_k", curves),
+        ("pairs", pairs),
+        ("patterns", patterns),
+    ):
         atomic_write_text(assets / f"{name}.csv", frame.to_csv(index=False))
-    write_manifest(assets, stage="report", config=dataclasses.asdict(args), seed=args.seed,
-                   runs=[r.name for r in runs])
+    write_manifest(
+        assets, stage="report", config=dataclasses.asdict(args), seed=args.seed, runs=[r.name for r in runs]
+    )
     atomic_write_text(out, result.markdown)
     if console:
         print_console(comparison)
@@ -253,9 +366,13 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
         all_images = dict(images)
         if training_png is not None:
             all_images["training_curves"] = training_png
-        wandb_io.log_report(args.wandb_project, entity=args.wandb_entity, markdown=result.markdown,
-                            tables={"comparison": comparison, "pairs": pairs, "patterns": patterns},
-                            images=all_images)
+        wandb_io.log_report(
+            args.wandb_project,
+            entity=args.wandb_entity,
+            markdown=result.markdown,
+            tables={"comparison": comparison, "pairs": pairs, "patterns": patterns},
+            images=all_images,
+        )
     log.info("wrote %s (tables and plots in %s/)", out, assets)
     return result
 
@@ -265,6 +382,6 @@ def parse_args(argv: list[str]) -> ReportArguments:
 
     argv = list(argv)
     if argv and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml")):
-        argv = ["--config", argv[0], *argv[1:]]      # `python -m sage_unsloth.report CONFIG --key value`
+        argv = ["--config", argv[0], *argv[1:]]  # `python -m sage_unsloth.report CONFIG --key value`
     (args,) = TrlParser((ReportArguments,)).parse_args_and_config(argv)
     return args

@@ -91,7 +91,7 @@ def curve_table(runs: list[RunResults], settings: BootstrapSettings) -> pd.DataF
     rows = []
     for run in runs:
         for dataset in report_datasets([run]):
-            ks = run.reported_ks(AIME_PARTS[0] if dataset == "aime" else dataset)
+            ks = run.reported_ks(dataset) or (run.reported_ks(AIME_PARTS[0]) if dataset == "aime" else [])
             values = [point_value(run, dataset, k) for k in ks]
             ci = bootstrap_ci(run, dataset, ks, settings) if ks else None
             for i, (k, value) in enumerate(zip(ks, values)):
@@ -101,10 +101,25 @@ def curve_table(runs: list[RunResults], settings: BootstrapSettings) -> pd.DataF
                 if ci is not None and np.isfinite(ci[1][i]):
                     low, high = float(ci[1][i]), float(ci[2][i])
                     if abs(ci[0][i] - value) > CONSISTENCY_TOL:
-                        log.warning("%s %s pass@%d: passk.csv says %.6f but per_problem.csv gives %.6f",
-                                    run.name, dataset, k, value, ci[0][i])
-                rows.append({"model": run.model, "run": run.run, "dataset": dataset, "k": k, "value": value,
-                             "ci_low": low, "ci_high": high})
+                        log.warning(
+                            "%s %s pass@%d: passk.csv says %.6f but per_problem.csv gives %.6f",
+                            run.name,
+                            dataset,
+                            k,
+                            value,
+                            ci[0][i],
+                        )
+                rows.append(
+                    {
+                        "model": run.model,
+                        "run": run.run,
+                        "dataset": dataset,
+                        "k": k,
+                        "value": value,
+                        "ci_low": low,
+                        "ci_high": high,
+                    }
+                )
     return pd.DataFrame(rows, columns=["model", "run", "dataset", "k", "value", "ci_low", "ci_high"])
 
 
@@ -116,8 +131,9 @@ def headline_k(run: RunResults, row: PaperRow) -> int | None:
     return max(ks) if ks else None
 
 
-def comparison_table(runs: list[RunResults], curves: pd.DataFrame, published: pd.DataFrame,
-                     mapping: dict | None = None) -> pd.DataFrame:
+def comparison_table(
+    runs: list[RunResults], curves: pd.DataFrame, published: pd.DataFrame, mapping: dict | None = None
+) -> pd.DataFrame:
     """Per run x dataset x {pass@1, pass@k}: value, CI, paper value, difference, status."""
     rows = []
     datasets = report_datasets(runs)
@@ -126,24 +142,41 @@ def comparison_table(runs: list[RunResults], curves: pd.DataFrame, published: pd
         big_k = headline_k(run, row)
         for dataset in datasets:
             for metric, k in (("pass@1", 1), ("pass@k", big_k)):
-                hit = curves[(curves["model"] == run.model) & (curves["run"] == run.run)
-                             & (curves["dataset"] == dataset) & (curves["k"] == k)] if k else curves.iloc[0:0]
+                hit = (
+                    curves[
+                        (curves["model"] == run.model)
+                        & (curves["run"] == run.run)
+                        & (curves["dataset"] == dataset)
+                        & (curves["k"] == k)
+                    ]
+                    if k
+                    else curves.iloc[0:0]
+                )
                 paper = paper_value(published, row, dataset, k) if k else None
                 value = float(hit["value"].iloc[0]) if not hit.empty else np.nan
-                rows.append({
-                    "model": run.model, "run": run.run, "paper_model": row.model, "method": row.method,
-                    "dataset": dataset, "metric": metric, "k": k, "value": value,
-                    "ci_low": float(hit["ci_low"].iloc[0]) if not hit.empty else np.nan,
-                    "ci_high": float(hit["ci_high"].iloc[0]) if not hit.empty else np.nan,
-                    "paper": paper[0] if paper else np.nan,
-                    "paper_primary": paper[1] if paper else None,
-                    "diff": value - paper[0] if paper and not hit.empty else np.nan,
-                    "status": "ok" if not hit.empty else "missing"})
+                rows.append(
+                    {
+                        "model": run.model,
+                        "run": run.run,
+                        "paper_model": row.model,
+                        "method": row.method,
+                        "dataset": dataset,
+                        "metric": metric,
+                        "k": k,
+                        "value": value,
+                        "ci_low": float(hit["ci_low"].iloc[0]) if not hit.empty else np.nan,
+                        "ci_high": float(hit["ci_high"].iloc[0]) if not hit.empty else np.nan,
+                        "paper": paper[0] if paper else np.nan,
+                        "paper_primary": paper[1] if paper else None,
+                        "diff": value - paper[0] if paper and not hit.empty else np.nan,
+                        "status": "ok" if not hit.empty else "missing",
+                    }
+                )
     return pd.DataFrame(rows)
 
 
 def parse_pairs(spec: str | None) -> list[tuple[str, str]]:
-    """"a:b,c:d" -> [(a, b), (c, d)]; each side a run folder name or "<model>/<run>"."""
+    """ "a:b,c:d" -> [(a, b), (c, d)]; each side a run folder name or "<model>/<run>"."""
     if not spec:
         return []
     pairs = []
@@ -168,7 +201,9 @@ def resolve_pairs(runs: list[RunResults], spec: str | None, mapping: dict | None
         for a_ref, b_ref in parse_pairs(spec):
             a_runs, b_runs = _select(runs, a_ref), _select(runs, b_ref)
             if not a_runs or not b_runs:
-                log.warning("--pairs %s:%s: no such run (have: %s)", a_ref, b_ref, ", ".join(r.name for r in runs))
+                log.warning(
+                    "--pairs %s:%s: no such run (have: %s)", a_ref, b_ref, ", ".join(r.name for r in runs)
+                )
             for a in a_runs:
                 resolved += [(a, b) for b in b_runs if b.model == a.model and b is not a]
         return resolved
@@ -181,8 +216,13 @@ def resolve_pairs(runs: list[RunResults], spec: str | None, mapping: dict | None
     return resolved
 
 
-def paired_table(pairs, runs: list[RunResults], published: pd.DataFrame, settings: BootstrapSettings,
-                 mapping: dict | None = None) -> pd.DataFrame:
+def paired_table(
+    pairs,
+    runs: list[RunResults],
+    published: pd.DataFrame,
+    settings: BootstrapSettings,
+    mapping: dict | None = None,
+) -> pd.DataFrame:
     """A - B with a paired bootstrap CI (same resampled problems for both), per dataset, pass@1 and pass@k."""
     rows = []
     datasets = report_datasets(runs)
@@ -190,12 +230,27 @@ def paired_table(pairs, runs: list[RunResults], published: pd.DataFrame, setting
         big_k = headline_k(a, map_run(a.model, a.run, mapping))
         for dataset in datasets:
             for metric, k in (("pass@1", 1), ("pass@k", big_k)):
-                base = {"model": a.model, "run_a": a.run, "run_b": b.run, "dataset": dataset, "metric": metric, "k": k}
+                base = {
+                    "model": a.model,
+                    "run_a": a.run,
+                    "run_b": b.run,
+                    "dataset": dataset,
+                    "metric": metric,
+                    "k": k,
+                }
                 reported = k is not None and all(point_value(r, dataset, k) is not None for r in (a, b))
                 sets_a, sets_b = (_set_values(r, dataset, [k]) if reported else None for r in (a, b))
                 if sets_a is None or sets_b is None:
-                    rows.append({**base, "diff": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n_problems": 0,
-                                 "status": "missing"})
+                    rows.append(
+                        {
+                            **base,
+                            "diff": np.nan,
+                            "ci_low": np.nan,
+                            "ci_high": np.nan,
+                            "n_problems": 0,
+                            "status": "missing",
+                        }
+                    )
                     continue
                 aligned_a, aligned_b, n_common, note = {}, {}, 0, "ok"
                 for name in sets_a:
@@ -209,14 +264,45 @@ def paired_table(pairs, runs: list[RunResults], published: pd.DataFrame, setting
                     aligned_a[name], aligned_b[name] = vals_a[pos_a, 0], vals_b[pos_b, 0]
                     n_common += len(common)
                 if any(len(v) == 0 or np.isnan(v).any() for v in (*aligned_a.values(), *aligned_b.values())):
-                    rows.append({**base, "diff": np.nan, "ci_low": np.nan, "ci_high": np.nan,
-                                 "n_problems": n_common, "status": "missing"})
+                    rows.append(
+                        {
+                            **base,
+                            "diff": np.nan,
+                            "ci_low": np.nan,
+                            "ci_high": np.nan,
+                            "n_problems": n_common,
+                            "status": "missing",
+                        }
+                    )
                     continue
-                samples = bs.paired_difference_samples(aligned_a, aligned_b, resamples=settings.resamples,
-                                                       seed=settings.seed)
+                samples = bs.paired_difference_samples(
+                    aligned_a, aligned_b, resamples=settings.resamples, seed=settings.seed
+                )
                 low, high = bs.percentile_ci(samples, settings.level)
                 diff = float(np.mean([aligned_a[n].mean() - aligned_b[n].mean() for n in aligned_a]))
-                rows.append({**base, "diff": diff, "ci_low": float(low), "ci_high": float(high),
-                             "n_problems": n_common, "status": note})
-    return pd.DataFrame(rows, columns=["model", "run_a", "run_b", "dataset", "metric", "k", "diff", "ci_low",
-                                       "ci_high", "n_problems", "status"])
+                rows.append(
+                    {
+                        **base,
+                        "diff": diff,
+                        "ci_low": float(low),
+                        "ci_high": float(high),
+                        "n_problems": n_common,
+                        "status": note,
+                    }
+                )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "model",
+            "run_a",
+            "run_b",
+            "dataset",
+            "metric",
+            "k",
+            "diff",
+            "ci_low",
+            "ci_high",
+            "n_problems",
+            "status",
+        ],
+    )

@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 
 TRAINING_KEYS = ("train/reward", "train/kl", "train/entropy", "train/sage/q_mean")
 _HEADER = b":W&B"
-_HEADER_LEN = 7            # ":W&B" + u16 magic + u8 version
+_HEADER_LEN = 7  # ":W&B" + u16 magic + u8 version
 _BLOCK = 32 * 1024
-_CHUNK_HEADER = 7          # crc32c u32 + length u16 + type u8
+_CHUNK_HEADER = 7  # crc32c u32 + length u16 + type u8
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
@@ -44,12 +44,12 @@ def _records(data: bytes) -> list[bytes]:
     out, pending, pos = [], None, _HEADER_LEN
     while pos + _CHUNK_HEADER <= len(data):
         left_in_block = _BLOCK - pos % _BLOCK
-        if left_in_block < _CHUNK_HEADER:          # block trailer padding
+        if left_in_block < _CHUNK_HEADER:  # block trailer padding
             pos += left_in_block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + _CHUNK_HEADER])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _CHUNK_HEADER])
         start, pos = pos + _CHUNK_HEADER, pos + _CHUNK_HEADER + length
-        if kind == 0 or pos > len(data):            # zero padding / incomplete write of a live run
+        if kind == 0 or pos > len(data):  # zero padding / incomplete write of a live run
             break
         chunk = data[start:pos]
         if kind == _FULL:
@@ -70,7 +70,7 @@ def _number(value_json: str):
     except json.JSONDecodeError:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None                                  # media, tables, histograms: not curves
+        return None  # media, tables, histograms: not curves
     return value
 
 
@@ -107,7 +107,7 @@ def run_finished(path: str | Path) -> bool:
 
 
 def offline_run_name(path: str | Path) -> str:
-    """"<display name> (<run id>)" of an offline run, from its run record; the file stem if it has none."""
+    """ "<display name> (<run id>)" of an offline run, from its run record; the file stem if it has none."""
     path = _run_file(path)
     for record in _parsed_records(path):
         if record.WhichOneof("record_type") == "run":
@@ -129,7 +129,11 @@ def read_offline_history(path: str | Path) -> pd.DataFrame:
         if items is None:
             continue
         # media (tables, images) arrive flattened as nested keys [name, "_type"], [name, "size"], ...: skip them
-        media = {item.nested_key[0] for item in items if len(item.nested_key) > 1 and item.nested_key[-1] == "_type"}
+        media = {
+            item.nested_key[0]
+            for item in items
+            if len(item.nested_key) > 1 and item.nested_key[-1] == "_type"
+        }
         row = {}
         for item in items:
             if item.nested_key and item.nested_key[0] in media:
@@ -153,8 +157,11 @@ def read_api_history(run_path: str, keys=TRAINING_KEYS) -> pd.DataFrame:
     rows = []
     for row in run.scan_history():
         picked = {k: v for k, v in row.items() if k == "_step" or k in keys or k.endswith(tuple(keys))}
-        picked = {k: v for k, v in picked.items() if isinstance(v, (int, float)) and not
-                  (isinstance(v, float) and math.isnan(v))}
+        picked = {
+            k: v
+            for k, v in picked.items()
+            if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v))
+        }
         if len(picked) > 1:
             rows.append(picked)
     return pd.DataFrame(rows)
@@ -172,7 +179,11 @@ def resolve_key(columns, key: str) -> str | None:
 
 def normalise_history(frame: pd.DataFrame, keys=TRAINING_KEYS) -> pd.DataFrame:
     """Keep _step and the training keys, renamed to their canonical names."""
-    out = pd.DataFrame({"_step": frame["_step"]}) if "_step" in frame.columns else pd.DataFrame(index=frame.index)
+    out = (
+        pd.DataFrame({"_step": frame["_step"]})
+        if "_step" in frame.columns
+        else pd.DataFrame(index=frame.index)
+    )
     for key in keys:
         column = resolve_key(frame.columns, key)
         if column is not None:
@@ -185,23 +196,35 @@ def load_histories(offline: str | None = None, online: str | None = None) -> dic
     histories = {}
     for folder in sorted(glob.glob(offline)) if offline else []:
         if not run_finished(folder):
-            log.warning("%s has no exit record (still running, crashed, or not yet flushed): history may be partial",
-                        folder)
+            log.warning(
+                "%s has no exit record (still running, crashed, or not yet flushed): history may be partial",
+                folder,
+            )
         histories[offline_run_name(folder)] = normalise_history(read_offline_history(folder))
     for run_path in (p.strip() for p in (online or "").split(",") if p.strip()):
         histories[run_path] = normalise_history(read_api_history(run_path))
     return histories
 
 
-def log_report(project: str, *, tables: dict[str, pd.DataFrame], images: dict[str, Path], markdown: str,
-               entity: str | None = None, name: str = "report") -> str:
+def log_report(
+    project: str,
+    *,
+    tables: dict[str, pd.DataFrame],
+    images: dict[str, Path],
+    markdown: str,
+    entity: str | None = None,
+    name: str = "report",
+) -> str:
     """Log the report's tables and plots to a new W&B run (job_type "report"); returns the run's dir."""
     import wandb
 
     run = wandb.init(project=project, entity=entity, name=name, job_type="report", reinit="finish_previous")
     try:
-        payload = {f"report/{key}": wandb.Table(dataframe=frame.astype(object).where(frame.notna(), None))
-                   for key, frame in tables.items() if not frame.empty}
+        payload = {
+            f"report/{key}": wandb.Table(dataframe=frame.astype(object).where(frame.notna(), None))
+            for key, frame in tables.items()
+            if not frame.empty
+        }
         payload.update({f"plots/{key}": wandb.Image(str(path)) for key, path in images.items()})
         payload["report/markdown"] = wandb.Html(f"<pre>{html.escape(markdown)}</pre>")
         run.log(payload)
