@@ -245,3 +245,43 @@ def test_run_to_paper_mapping_rule_and_override_file(tmp_path):
 def test_runs_table_shows_sampling_and_reported_ks(report):
     line = next(li for li in report.markdown.splitlines() if li.startswith("| tiny/grpo |"))
     assert "n=4, temperature=0.6, top_p=0.95" in line and "| 1–4 |" in line
+
+
+def test_contract_with_the_eval_stage_tables(tmp_path, caplog):
+    """passk.csv written by the eval stage's own passk_rows agrees with our per-problem bootstrap input."""
+    from sage_unsloth.eval.passk import pass_at_k as eval_pass_at_k
+    from sage_unsloth.eval.passk import passk_rows
+
+    rng = np.random.default_rng(5)
+    sizes = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 50}
+    per_problem = [
+        {
+            "dataset": ds,
+            "problem_id": str(i),
+            "n": 16,
+            "c": int(rng.integers(0, 17)),
+            "mean_completion_tokens": 1.0,
+        }
+        for ds, size in sizes.items()
+        for i in range(size)
+    ]
+    run = tmp_path / "results" / "qwen2.5-math-7b" / "grpo"
+    run.mkdir(parents=True)
+    pd.DataFrame(per_problem).to_csv(run / "per_problem.csv", index=False)
+    pd.DataFrame(passk_rows(per_problem, [1, 2, 4, 8, 16])).to_csv(run / "passk.csv", index=False)
+    for row in per_problem[:40]:
+        for k in (1, 4, 16):
+            assert pass_at_k(row["n"], row["c"], k) == pytest.approx(
+                eval_pass_at_k(row["n"], row["c"], k), abs=1e-12
+            )
+    with caplog.at_level("WARNING"):
+        result = build_report(
+            ReportArguments(results=str(tmp_path / "results"), paper_dir=str(PAPER_DIR), resamples=200),
+            console=False,
+        )
+    assert "per_problem.csv gives" not in caplog.text  # point values and per-problem data agree
+    curves = result.curves
+    assert set(curves["dataset"]) == {"avg_paper", "aime", "aime24", "aime25", "amc23", "math500"}
+    aime = curves[(curves["dataset"] == "aime") & (curves["k"] == 1)]["value"].item()
+    assert aime == pytest.approx(sum(r["c"] for r in per_problem[:60]) / (60 * 16))
+    assert _cell(result.comparison, "qwen2.5-math-7b/grpo", "avg_paper", "pass@1", "paper") == 0.266
