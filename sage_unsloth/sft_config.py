@@ -100,10 +100,12 @@ class SageSFTConfig(SFTConfig):
             raise ValueError("load_in_8bit is not supported: use load_in_4bit (GPU) or 16-bit weights")
 
     def resolve_output_dir(self, model_args) -> Path:
-        """outputs/<model_short_name>/sft unless output_dir was given; sets and returns it."""
+        """outputs/<model_short_name>/sft unless output_dir was given; sets and returns it (and a W&B run_name)."""
+        short = self.model_short_name or model_short_name(model_args.model_name_or_path)
         if not self.output_dir_given:
-            short = self.model_short_name or model_short_name(model_args.model_name_or_path)
             self.output_dir = str(Path(self.output_root) / short / "sft")
+        if not self.run_name or self.run_name == self.output_dir:
+            self.run_name = f"{short}/sft"
         return Path(self.output_dir)
 
     def resume_checkpoint(self) -> str | None:

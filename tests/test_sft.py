@@ -248,6 +248,7 @@ def test_official_preset_pins_the_recipe_and_falls_back_on_cpu():
     # adamw_8bit is the GPU choice; this machine has no GPU, so the config fell back.
     assert str(sft_args.optim.value if hasattr(sft_args.optim, "value") else sft_args.optim).startswith("adamw_torch")
     assert sft_args.resolve_output_dir(model_args) == Path("outputs/qwen2.5-math-7b/sft")
+    assert sft_args.run_name == "qwen2.5-math-7b/sft"
 
 
 # --- the Unsloth backend (own process: importing Unsloth patches TRL/transformers process-wide) -------------
