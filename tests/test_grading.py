@@ -79,7 +79,7 @@ def test_verify_answer_cases(answer, gold, expected):
 
 def _graded_with_reference(rows, gold_of):
     # "\boxed{...}" around the reference answer keeps the exact-string shortcut out: math-verify runs.
-    return [verify_answer("\\boxed{%s}" % extract_answer(r["solution"]), gold_of(r)) for r in rows]
+    return [verify_answer("\\boxed{{{}}}".format(extract_answer(r["solution"])), gold_of(r)) for r in rows]
 
 
 def test_math500_and_minerva_golds_match_their_solutions_and_shuffled_golds_do_not(shared_data):
@@ -101,7 +101,7 @@ def test_aime_and_amc_golds_grade(shared_data):
     assert sum(_graded_with_reference(with_box, lambda r: r["answer"])) >= len(with_box) - 1
     for name in ("aime25.jsonl", "amc23.jsonl"):
         rows = _rows(shared_data, name)
-        assert all(verify_answer("\\boxed{%s}" % normalise_gold(r["answer"]), r["answer"]) for r in rows)
+        assert all(verify_answer("\\boxed{{{}}}".format(normalise_gold(r["answer"])), r["answer"]) for r in rows)
 
 
 def _hostile_completions():

@@ -1,0 +1,1 @@
+"""Stage 3: pass@k evaluation (runs in its own process; never imports Unsloth)."""

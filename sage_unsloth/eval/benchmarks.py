@@ -1,0 +1,122 @@
+"""Benchmark loading: hub datasets by default, or local JSONL files laid out like ../shared/data.
+
+Every benchmark becomes a list of :class:`Problem` with a normalised gold (see ``sage_unsloth.grading``).
+Default hub ids (public mirrors; the local files under ``data_dir`` are the ones the tests pin):
+
+| name    | hub id (split)                              | local file       | gold                                  |
+|---------|---------------------------------------------|------------------|---------------------------------------|
+| aime24  | HuggingFaceH4/aime_2024 (train)             | aime24.jsonl     | answer (leading zeros dropped)        |
+| aime25  | math-ai/aime25 (test)                       | aime25.jsonl     | answer                                |
+| amc23   | math-ai/amc23 (test)                        | amc23.jsonl      | answer (floats such as 27.0 -> 27)    |
+| math500 | HuggingFaceH4/MATH-500 (test)               | math500.jsonl    | answer                                |
+| minerva | math-ai/minervamath (test)                  | minerva.jsonl    | answer, else last \\boxed{} of solution |
+| kk      | K-and-K/knights-and-knaves (test, 3-7 ppl)  | kk_test.jsonl    | solution booleans (True = knight)     |
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sage_unsloth.grading import minerva_gold, normalise_gold
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    hub_id: str
+    split: str
+    local_file: str
+    hub_config: str | None = None
+    hub_data_files: tuple[str, ...] = ()
+
+
+BENCHMARKS: dict[str, BenchmarkSpec] = {
+    "aime24": BenchmarkSpec("HuggingFaceH4/aime_2024", "train", "aime24.jsonl"),
+    "aime25": BenchmarkSpec("math-ai/aime25", "test", "aime25.jsonl"),
+    "amc23": BenchmarkSpec("math-ai/amc23", "test", "amc23.jsonl"),
+    "math500": BenchmarkSpec("HuggingFaceH4/MATH-500", "test", "math500.jsonl"),
+    "minerva": BenchmarkSpec("math-ai/minervamath", "test", "minerva.jsonl"),
+    "kk": BenchmarkSpec("K-and-K/knights-and-knaves", "test", "kk_test.jsonl", hub_config="test",
+                        hub_data_files=tuple(f"test/people{n}_num100.jsonl" for n in range(3, 8))),
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    dataset: str
+    problem_id: str
+    problem: str
+    gold: str = ""  # math benchmarks
+    kk_solution: tuple[bool, ...] = field(default=())  # Knights-and-Knaves
+    kk_names: tuple[str, ...] = field(default=())
+
+    @property
+    def is_kk(self) -> bool:
+        return bool(self.kk_names)
+
+
+def check_benchmark_names(names) -> list[str]:
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {unknown} in `benchmarks`: choose from {sorted(BENCHMARKS)}")
+    if not names:
+        raise ValueError(f"`benchmarks` is empty: choose from {sorted(BENCHMARKS)}")
+    return list(names)
+
+
+def _first(row: dict, *keys: str):
+    for key in keys:
+        value = row.get(key)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def _rows(name: str, data_dir: str | Path | None) -> list[dict]:
+    spec = BENCHMARKS[name]
+    if data_dir:
+        path = Path(data_dir) / spec.local_file
+        if not path.is_file():
+            raise FileNotFoundError(f"benchmark {name!r}: {path} not found (set `data_dir` to a folder holding "
+                                    f"{spec.local_file}, or leave it empty to load {spec.hub_id} from the hub)")
+        with path.open(encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    import datasets
+
+    if spec.hub_data_files:
+        ds = datasets.load_dataset(spec.hub_id, data_files=list(spec.hub_data_files), split="train")
+    else:
+        ds = datasets.load_dataset(spec.hub_id, spec.hub_config, split=spec.split)
+    return [dict(row) for row in ds]
+
+
+def _to_problem(name: str, index: int, row: dict) -> Problem:
+    if name == "kk":
+        names = tuple(row["names"])
+        solution = tuple(bool(x) for x in row["solution"])
+        # Logic-RL's index repeats across people counts; the count + index is unique.
+        pid = f"{len(names)}ppl-{row.get('index', index)}"
+        return Problem(name, pid, str(row["quiz"]), kk_solution=solution, kk_names=names)
+    problem = _first(row, "problem", "question", "Problem")
+    gold = _first(row, "answer", "Answer")
+    if gold is None and name == "minerva":
+        gold = minerva_gold(row["solution"])
+    if problem is None or gold is None:
+        raise ValueError(f"benchmark {name!r} row {index} has no problem/answer field (keys: {sorted(row)})")
+    pid = _first(row, "unique_id", "id", "idx")
+    return Problem(name, str(index if pid is None else pid), str(problem), gold=normalise_gold(gold))
+
+
+def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Problem]:
+    """The problems of one benchmark in file order (the first ``limit`` when given)."""
+    check_benchmark_names([name])
+    rows = _rows(name, data_dir)
+    if limit:
+        rows = rows[:limit]
+    problems = [_to_problem(name, i, row) for i, row in enumerate(rows)]
+    ids = [p.problem_id for p in problems]
+    if len(set(ids)) != len(ids):  # ids key the resume state: make them unique, deterministically
+        problems = [Problem(p.dataset, f"{i}:{p.problem_id}", p.problem, p.gold, p.kk_solution, p.kk_names)
+                    for i, p in enumerate(problems)]
+    return problems
