@@ -222,6 +222,10 @@ def render_markdown(
         parts += [f"## {title}", dataset_section(result.comparison, dataset)]
         if dataset in result.images:
             parts.append(f"![pass@k on {dataset}]({rel(result.images[dataset])})")
+    parts.append(
+        f"Every reported k with its CI: `{result.out.stem}/passk_all_k.csv`; "
+        f"these tables: `{result.out.stem}/comparison.csv`."
+    )
     parts.append("## Paired differences (A − B, same resampled problems for both runs)")
     if result.pairs.empty:
         parts.append(
