@@ -120,9 +120,12 @@ def install_cpu_logprob_fallback() -> bool:
     return False
 
 
+_UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache")
+
+
 def is_unsloth_patched(cls: type) -> bool:
     """True when ``cls`` derives from Unsloth's rewritten GRPOTrainer (unsloth_compiled_cache)."""
-    return any("unsloth" in (klass.__module__ or "").lower() for klass in cls.__mro__)
+    return any((klass.__module__ or "").split(".")[0] in _UNSLOTH_PACKAGES for klass in cls.__mro__)
 
 
 @torch.no_grad()
