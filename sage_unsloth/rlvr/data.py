@@ -68,7 +68,13 @@ def load_source(dataset_name: str = DEFAULT_DATASET, dataset_config: str | None 
         if kind is None:
             raise ValueError(f"dataset_path={dataset_path}: unsupported file type {path.suffix!r}; "
                              "use .jsonl or .parquet")
-        return datasets.load_dataset(kind, data_files=str(path), split="train")
+        if path.stat().st_size == 0:
+            raise ValueError(f"dataset_path={dataset_path} is empty: the RLVR dataset needs rows")
+        try:
+            return datasets.load_dataset(kind, data_files=str(path), split="train")
+        except Exception as exc:  # datasets' messages for malformed files can be empty
+            raise ValueError(f"dataset_path={dataset_path} could not be read as {kind} "
+                             f"({type(exc).__name__}: {str(exc)[:200]})") from exc
     return datasets.load_dataset(dataset_name, dataset_config, split=split)
 
 

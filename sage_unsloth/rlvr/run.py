@@ -290,9 +290,14 @@ class RLVRStage:
     tokenizer: Any
     plan: RLVRPlan
     dataset: Any
+    grpo_args: Any
+    stage_args: RLVRStageArgs
+    model_args: Any
 
-    def train_and_save(self, grpo_args, stage: RLVRStageArgs, model_args) -> Path:
+    def train_and_save(self) -> Path:
         from sage_unsloth.manifest import write_manifest
+
+        grpo_args, stage, model_args = self.grpo_args, self.stage_args, self.model_args
 
         self.trainer.train(resume_from_checkpoint=self.plan.resume_from)
         out = self.plan.output_dir
@@ -323,6 +328,7 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
     grpo_args.output_dir = str(plan.output_dir)
     if not grpo_args.run_name:
         grpo_args.run_name = f"{plan.model_short}/{plan.variant}"
+    os.environ.setdefault("WANDB_PROJECT", "sage-unsloth")  # read by transformers' W&B callback
 
     # Data before the model: a bad dataset fails in seconds, not after loading 15 GB of weights.
     trust = bool(grpo_args.trust_remote_code)  # trl 1.15's ModelConfig has no such field
@@ -352,13 +358,14 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
     apply_anchor(model, stage.anchor, beta=grpo_args.beta)
     if unsloth_vllm:
         hide_adapter_from_vllm_sync(model)
-    return RLVRStage(trainer=trainer, model=model, tokenizer=tokenizer, plan=plan, dataset=dataset)
+    return RLVRStage(trainer=trainer, model=model, tokenizer=tokenizer, plan=plan, dataset=dataset,
+                     grpo_args=grpo_args, stage_args=stage, model_args=model_args)
 
 
 def run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRStage:
     """Run stage 2 end to end; returns the built stage (tests inspect its trainer)."""
     built = build_stage(grpo_args, stage, model_args, config_path)
-    built.train_and_save(grpo_args, stage, model_args)
+    built.train_and_save()
     return built
 
 

@@ -1,0 +1,321 @@
+"""Stage 2 end to end on the tiny model (CPU): every variant trains, the anchor is the one asked for,
+W&B offline holds the sage/* metrics, resume continues step count and optimizer state, bad configs fail
+in one line before a model loads, and the manifest is complete and secret-free (checked on every variant)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sage_unsloth.manifest import write_manifest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_CONFIGS = REPO / "configs" / "rlvr" / "tiny-cpu"
+PAPER_CONFIGS = REPO / "configs" / "rlvr" / "qwen2.5-math-7b"
+VARIANTS = ["grpo", "grpo_nokl", "grpo_fkl", "grpo_random", "grpo_token", "grpo_branch",
+            "bnpo", "bnpo_branch", "dapo", "dapo_branch"]
+SECRET = "hf_SECRETSECRETSECRET1234"
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def sft_dir(tiny_model_dir, tmp_path_factory):
+    """A stage-1 folder: a non-zero LoRA on the tiny model (so SFT model != base), tokenizer, manifest."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("stage1") / "sft"
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM",
+                        init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    write_manifest(out, stage="sft", config={}, seed=0, base_model=str(tiny_model_dir), adapter=True)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def varied_reward(monkeypatch):
+    """The random tiny model never answers correctly, so the real reward is 0 everywhere and every
+    advantage vanishes; a deterministic reward that differs between completions gives GRPO a signal."""
+    from sage_unsloth.rlvr import reward
+
+    def text_reward(prompts, completions, answer=None, **kwargs):
+        texts = [reward.completion_text(c) for c in completions]
+        return [float(sum(map(ord, t)) % 3) / 2.0 for t in texts]
+
+    text_reward.__name__ = "correctness"
+    monkeypatch.setattr(reward, "correctness_reward", text_reward)
+
+
+def _argv(variant, sft_dir, out_root, shared_data, *extra):
+    return [str(TINY_CONFIGS / f"{variant}.yaml"), "--sft_dir", str(sft_dir), "--output_root", str(out_root),
+            "--dataset_path", str(shared_data / "dapo_math_sample.jsonl"), *extra]
+
+
+def _run(*argv):
+    from sage_unsloth.rlvr.run import parse_args, run
+
+    return run(*parse_args(list(argv)))
+
+
+def _adapter(folder):
+    return load_file(str(Path(folder) / "adapter_model.safetensors"))
+
+
+# ----------------------------------------------------------------------------------------------- variants
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp_path, shared_data, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
+    built = _run(*_argv(variant, sft_dir, tmp_path, shared_data, "--save_strategy", "no", "--hub_token", SECRET))
+    out = tmp_path / "model" / variant  # tiny model folder is named "model"
+    assert built.plan.output_dir == out and built.trainer.state.global_step == 2
+
+    before, after = _adapter(sft_dir), _adapter(out)
+    assert before.keys() == after.keys() and len(before) == 2 * 2 * len(LORA_TARGETS)
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(moved) == len(before), f"unchanged LoRA tensors: {sorted(set(before) - set(moved))[:3]}"
+    assert not (out / "ref").exists()  # only the policy adapter is saved
+
+    # The paper config of the same name describes the same method (tiny differs only in sizes/stack).
+    from sage_unsloth.rlvr.run import parse_args
+
+    paper, _, _, _ = parse_args([str(PAPER_CONFIGS / f"{variant}.yaml"), "--bf16", "false"])
+    tiny = built.trainer.args
+    for field in ("loss_type", "beta", "sage_guide", "kl_estimator", "epsilon", "epsilon_high", "sage_q_min",
+                  "sage_q_max", "sage_gamma", "sage_tau", "temperature", "min_p", "use_bias_correction_kl"):
+        assert getattr(paper, field) == getattr(tiny, field), field
+
+    # SFT anchor: a frozen copy of the SFT adapter is the reference while beta > 0; none is needed at beta 0.
+    model = built.model
+    if tiny.beta > 0:
+        refs = {n: p for n, p in model.named_parameters() if ".ref." in n}
+        assert refs and not any(p.requires_grad for p in refs.values())
+        for name, param in refs.items():
+            key = name.replace(".ref.", ".")
+            assert torch.equal(param.detach(), before[key]), name
+    else:
+        assert "ref" not in model.peft_config
+
+    # Manifest: complete, and no secret from the environment or the arguments in it.
+    text = (out / "manifest.json").read_text()
+    assert SECRET not in text
+    manifest = json.loads(text)
+    assert manifest["stage"] == "rlvr" and manifest["anchor"] == "sft" and manifest["variant"] == variant
+    assert manifest["sft_dir"] == str(sft_dir) and manifest["seed"] == 3407
+    assert manifest["base_model"] == built.plan.base_model and manifest["global_step"] == 2
+    assert manifest["versions"]["trl"] and manifest["versions"]["torch"] and "git_commit" in manifest
+    assert manifest["lora"]["r"] == 8
+    assert manifest["config"]["training"]["sage_guide"] == tiny.sage_guide
+    assert manifest["config"]["stage"]["sft_dir"] == str(sft_dir)
+
+
+def test_paper_configs_pin_the_official_recipe():
+    from sage_unsloth.rlvr.run import parse_args
+
+    for variant in VARIANTS:
+        args, stage, _, _ = parse_args([str(PAPER_CONFIGS / f"{variant}.yaml"), "--bf16", "false"])
+        assert (args.learning_rate, args.lr_scheduler_type, args.num_generations, args.generation_batch_size,
+                args.per_device_train_batch_size, args.max_steps, args.save_steps, args.seed) == \
+               (5e-6, "constant", 8, 16, 8, 1000, 100, 3407), variant
+        assert (args.temperature, args.min_p, args.epsilon, args.sage_q_min, args.sage_q_max) == \
+               (1.0, 0.01, 0.2, 0.6, 1.4)
+        assert stage.max_prompt_length + args.max_completion_length <= 4096  # Qwen2.5-Math's context
+        assert args.generation_kwargs["stop"] == ["</SOLUTION>"] and stage.variant == variant
+        assert args.use_vllm and args.vllm_mode == "colocate" and stage.anchor == "sft"
+        expected_beta = 0.0 if variant in ("grpo_nokl", "bnpo", "dapo") else 0.05
+        assert args.beta == expected_beta, variant
+        assert args.epsilon_high == (0.28 if variant.startswith("dapo") else None)  # None: symmetric clip
+
+
+# ----------------------------------------------------------------------------------------------- anchor
+def _completion_logps(model, batch):
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = batch["completion_ids"].shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1:-1].float()
+    return logits.log_softmax(-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("anchor", ["sft", "base"])
+def test_reference_logps_are_the_chosen_anchor(anchor, sft_dir, tiny_model_dir, tmp_path, shared_data):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from sage_unsloth.rlvr.run import build_stage, parse_args
+
+    built = build_stage(*parse_args(_argv("grpo", sft_dir, tmp_path, shared_data, "--anchor", anchor,
+                                          "--save_strategy", "no")))
+    trainer, batches = built.trainer, []
+    generate = trainer._generate_and_score_completions
+
+    def spy(*args, **kwargs):
+        batch = generate(*args, **kwargs)
+        batches.append({k: v.detach().clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
+        return batch
+
+    trainer._generate_and_score_completions = spy
+    trainer.train()
+    batch = batches[-1]  # scored after one optimizer step: the policy has left the SFT model
+
+    def fresh(with_sft):  # PeftModel.from_pretrained injects into its base: one model object each
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        return (PeftModel.from_pretrained(model, str(sft_dir)) if with_sft else model).eval()
+
+    expected = _completion_logps(fresh(anchor == "sft"), batch)
+    other = _completion_logps(fresh(anchor != "sft"), batch)
+    mask = batch["completion_mask"].bool()
+    ref = batch["ref_per_token_logps"]
+    assert torch.allclose(ref[mask], expected[mask], atol=1e-5)
+    assert (other[mask] - expected[mask]).abs().max() > 1e-3  # SFT and base really differ here
+    built.model.eval()
+    policy = _completion_logps(built.model, batch)
+    assert (policy[mask] - expected[mask]).abs().max() > 1e-5  # and the policy has moved away
+
+
+def test_ref_adapter_is_hidden_from_a_vllm_lora_sync(sft_dir, tiny_model_dir):
+    """Unsloth's vLLM sync builds its LoRA from every lora_A/B tensor of model.state_dict()."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from sage_unsloth.rlvr.run import apply_anchor, hide_adapter_from_vllm_sync
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(sft_dir),
+                                      is_trainable=True)
+    apply_anchor(model, "sft", beta=0.05)  # no trainer made it here (as under Unsloth's patched trainer)
+    seen = []
+    model.load_lora = lambda *a, **k: seen.append(sorted(k for k in model.state_dict() if ".lora_" in k))
+    hide_adapter_from_vllm_sync(model)
+    model.load_lora("name", load_tensors=True)
+    assert seen[0] and not any(".ref." in k for k in seen[0])
+    assert any(".ref." in k for k in model.state_dict())  # restored afterwards
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".default." in n for n in trainable)
+
+
+# ----------------------------------------------------------------------------------------------- W&B
+def _wandb_history(run_file: Path) -> dict[str, list[float]]:
+    """History rows of an offline ``run-*.wandb`` file (a LevelDB-style log of protobuf Records:
+    a 7-byte ':W&B' header, 32 KiB blocks, chunks with a 7-byte crc/length/type header)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pos, pending, history = run_file.read_bytes(), 32768, 7, b"", {}
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # block trailer
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (2, 3):  # FIRST / MIDDLE
+            pending += chunk
+            continue
+        if kind not in (1, 4):  # padding
+            continue
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(pending + chunk)
+        pending = b""
+        if record.WhichOneof("record_type") == "history":
+            for item in record.history.item:
+                key = item.key or "/".join(item.nested_key)
+                history.setdefault(key, []).append(json.loads(item.value_json))
+    return history
+
+
+def test_wandb_offline_run_holds_sage_metrics(sft_dir, tmp_path, shared_data, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "wb").mkdir()
+    _run(*_argv("grpo_branch", sft_dir, tmp_path / "out", shared_data, "--report_to", "wandb",
+                "--save_strategy", "no", "--max_steps", "1"))
+    import wandb
+
+    wandb.finish()
+    wandb.teardown()  # the wandb-core service writes the offline log; shutting it down flushes it
+    run_files = list((tmp_path / "wb").rglob("run-*.wandb"))
+    assert len(run_files) == 1, f"expected one offline run under {tmp_path / 'wb'}"
+    history = _wandb_history(run_files[0])
+    for key in ("sage/q_mean", "sage/q_min", "sage/q_max", "sage/frac_boosted", "kl", "entropy", "reward"):
+        assert f"train/{key}" in history, (key, sorted(history))
+    q_min, q_mean, q_max = (history[f"train/sage/{k}"][0] for k in ("q_min", "q_mean", "q_max"))
+    assert 1.0 <= q_min <= q_max <= 1.4 + 1e-6  # branch guide: q in [1, q_max]
+    assert q_min - 1e-5 <= q_mean <= q_max + 1e-5
+
+
+# ----------------------------------------------------------------------------------------------- resume
+def test_resume_continues_step_count_and_optimizer_state(sft_dir, tmp_path, shared_data):
+    argv = _argv("grpo", sft_dir, tmp_path, shared_data, "--save_steps", "2")
+    first = _run(*argv, "--max_steps", "2")
+    out = first.plan.output_dir
+    saved = torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=False)
+    assert {s["step"].item() for s in saved["state"].values()} == {2.0}
+
+    from sage_unsloth.rlvr.run import build_stage, parse_args
+
+    with pytest.raises(FileExistsError, match="--resume"):
+        build_stage(*parse_args(argv + ["--max_steps", "4"]))
+    built = build_stage(*parse_args(argv + ["--max_steps", "4", "--resume"]))
+    trainer, restored = built.trainer, {}
+    load = trainer._load_optimizer_and_scheduler
+
+    def spy(checkpoint):
+        load(checkpoint)
+        restored.update({i: s["exp_avg"].clone() for i, s in enumerate(trainer.optimizer.state.values())})
+
+    trainer._load_optimizer_and_scheduler = spy
+    built.train_and_save()
+    assert trainer.state.global_step == 4
+    assert [e["step"] for e in trainer.state.log_history if "loss" in e] == [1, 2, 3, 4]
+    assert len(restored) == len(saved["state"]) > 0
+    for i, state in saved["state"].items():
+        assert torch.equal(restored[i], state["exp_avg"]) and state["exp_avg"].abs().sum() > 0
+    resumed = torch.load(out / "checkpoint-4" / "optimizer.pt", weights_only=False)
+    assert {s["step"].item() for s in resumed["state"].values()} == {4.0}  # 2 restored + 2 new, not fresh
+    assert json.loads((out / "manifest.json").read_text())["resumed_from"] == "checkpoint-2"
+
+
+# ----------------------------------------------------------------------------------------------- bad configs
+BAD = {
+    "guide_without_kl": (["--sage_guide", "branch", "--beta", "0"], "beta > 0"),
+    "q_bounds": (["--sage_q_min", "1.3", "--sage_q_max", "1.1"], "sage_q_min"),
+    "unknown_guide": (["--sage_guide", "entropy"], "sage_guide"),
+    "unknown_loss": (["--loss_type", "ppo"], "loss_type"),
+    "unknown_anchor": (["--anchor", "init"], "anchor"),
+    "missing_stage1": (["--sft_dir", "/nonexistent/sft"], "sft_dir"),
+    "completion_beyond_context": (["--max_completion_length", "5000"], "context"),
+    "prompt_plus_completion_beyond_context": (["--max_prompt_length", "4090"], "context"),
+    "resume_without_checkpoint": (["--resume"], "--resume"),
+    "vllm_on_cpu": (["--use_vllm", "true"], "GPU"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_fails_in_one_line_before_any_model_loads(case, sft_dir, tmp_path, shared_data, monkeypatch,
+                                                              capsys):
+    from sage_unsloth import models
+    from sage_unsloth.rlvr.run import main
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was validated")
+
+    monkeypatch.setattr(models, "load_for_training", no_loading)
+    overrides, needle = BAD[case]
+    assert main(_argv("grpo", sft_dir, tmp_path, shared_data, *overrides)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and needle in err, err
+
+
+def test_stage1_folder_without_manifest_is_refused(tmp_path, shared_data, capsys):
+    from sage_unsloth.rlvr.run import main
+
+    (tmp_path / "sft").mkdir()
+    assert main(_argv("grpo", tmp_path / "sft", tmp_path, shared_data)) == 2
+    assert "manifest.json not found" in capsys.readouterr().err
