@@ -153,7 +153,17 @@ def _raise_timeout(signum, frame):
     raise GradingTimeout()
 
 
+@functools.lru_cache(maxsize=1)
+def _warm_up() -> bool:
+    """Import math-verify and build its parsers once per process, outside any deadline (seconds, cold)."""
+    from math_verify import parse, verify
+
+    return verify(parse("$\\frac{1}{2}$", parsing_timeout=None), parse("$0.5$", parsing_timeout=None),
+                  timeout_seconds=None)
+
+
 def _verify_main_thread(answer: str, gold: str, timeout_s: float) -> bool:
+    _warm_up()
     previous_handler = signal.signal(signal.SIGALRM, _raise_timeout)
     previous_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:

@@ -1,6 +1,6 @@
 """Run by tests/test_eval_backends.py in a fresh interpreter (the eval process never shares one with
 Unsloth): sample the tiny model with one backend, run uninterrupted, then killed-after-m-chunks + resumed,
-and print a JSON summary on the last line. Usage: eval_scenario.py BACKEND MODEL_DIR DATA_DIR WORK_DIR"""
+and write a JSON summary to WORK_DIR/result.json. Usage: eval_scenario.py BACKEND MODEL_DIR DATA_DIR WORK_DIR"""
 
 import json
 import os
@@ -61,4 +61,5 @@ def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:5])))
+    summary = main(*sys.argv[1:5])
+    (Path(sys.argv[4]) / "result.json").write_text(json.dumps(summary))

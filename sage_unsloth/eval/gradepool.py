@@ -8,7 +8,14 @@ import multiprocessing as mp
 import os
 from collections.abc import Sequence
 
-from sage_unsloth.grading import DEFAULT_TIMEOUT_S, extract_answer, grade_kk, normalise_gold, verify_answer
+from sage_unsloth.grading import (
+    DEFAULT_TIMEOUT_S,
+    _warm_up,
+    extract_answer,
+    grade_kk,
+    normalise_gold,
+    verify_answer,
+)
 
 INLINE_THRESHOLD = 48  # fewer unique pairs than this: not worth a round trip to the pool
 
@@ -30,7 +37,8 @@ class GradingPool:
     def _executor(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
             # forkserver: workers never inherit a vLLM engine's threads or sockets.
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"))
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"),
+                                                initializer=_warm_up)
         return self._pool
 
     def grade(self, items: Sequence[tuple[str, object]]) -> list[bool]:

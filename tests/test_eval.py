@@ -1,0 +1,190 @@
+"""Evaluation orchestration without a real model: a stub sampler with known correct counts drives the real
+pipeline (prompts, grading pool, chunk files, CSVs, manifest, resume), plus config/checkpoint errors."""
+
+import gzip
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sage_unsloth.eval import run as eval_run
+from sage_unsloth.eval.benchmarks import load_benchmark
+from sage_unsloth.eval.gradepool import INLINE_THRESHOLD, GradingPool
+from sage_unsloth.eval.run import FAIL_AFTER_ENV, EvalConfig, evaluate_checkpoint, prepare
+from sage_unsloth.eval.sampling import Sample, problem_seed, resolve_checkpoint
+from sage_unsloth.grading import extract_answer, verify_answer
+from sage_unsloth.manifest import write_manifest
+
+FORMATS = ("<SOLUTION>{}</SOLUTION>", "so \\boxed{{{}}}", "<SOLUTION> {} ")
+
+
+class StubSampler:
+    """Problem i (by seed) gets ``c_i = seed % (n + 1)`` correct samples in varied formats, the rest wrong."""
+
+    def __init__(self, cfg, problems):
+        self.n = cfg.n
+        self.by_seed = {problem_seed(cfg.seed, p.dataset, p.problem_id): p for p in problems}
+        self.calls = 0
+
+    def expected_c(self, problem, seed_base):
+        return problem_seed(seed_base, problem.dataset, problem.problem_id) % (self.n + 1)
+
+    def generate(self, prompts, seeds):
+        self.calls += 1
+        out = []
+        for seed in seeds:
+            problem = self.by_seed[seed]
+            c = seed % (self.n + 1)
+            if problem.is_kk:
+                right = "\n".join(f"{name} is a {'knight' if k else 'knave'}"
+                                  for name, k in zip(problem.kk_names, problem.kk_solution))
+                texts = [f"<SOLUTION>{right}</SOLUTION>"] * c + ["<SOLUTION>nobody</SOLUTION>"] * (self.n - c)
+            else:
+                texts = [FORMATS[j % 3].format(problem.gold) for j in range(c)]
+                texts += [f"<SOLUTION>{problem.gold} + 1</SOLUTION>" for _ in range(self.n - c)]
+            out.append([Sample(t, len(t) // 4) for t in texts])
+        return out
+
+
+def _config(tmp_path, tiny_model_dir, shared_data, **over):
+    cfg = EvalConfig(checkpoints=[str(tiny_model_dir)], benchmarks=["aime24", "aime25", "amc23", "math500", "kk"],
+                     data_dir=str(shared_data), limit=5, n=4, problems_per_batch=2, seed=11, grading_workers=2,
+                     results_dir=str(tmp_path / "results"), outputs_dir=str(tmp_path / "outputs"))
+    return replace(cfg, **over)
+
+
+def _run(cfg, fail_after=None):
+    ks, checkpoints, sets = prepare(cfg)
+    sampler = StubSampler(cfg, [p for ps in sets.values() for p in ps])
+    if fail_after:
+        os.environ[FAIL_AFTER_ENV] = str(fail_after)
+    try:
+        out = evaluate_checkpoint(cfg, checkpoints[0], sets, ks, sampler=sampler)
+    finally:
+        os.environ.pop(FAIL_AFTER_ENV, None)
+    return out, sampler, sets
+
+
+def test_pipeline_counts_correct_samples_and_writes_the_contract(tmp_path, tiny_model_dir, shared_data):
+    cfg = _config(tmp_path, tiny_model_dir, shared_data)
+    out, sampler, sets = _run(cfg)
+    assert out == tmp_path / "results" / Path(tiny_model_dir).name / "base"
+    lines = (out / "per_problem.csv").read_text().splitlines()
+    assert lines[0] == "dataset,problem_id,n,c,mean_completion_tokens"
+    counts = {tuple(line.split(",")[:2]): int(line.split(",")[3]) for line in lines[1:]}
+    expected = {(p.dataset, p.problem_id): sampler.expected_c(p, cfg.seed) for ps in sets.values() for p in ps}
+    assert counts == expected and len(counts) == 25
+    assert 0 < sum(counts.values()) < 25 * 4
+    passk = (out / "passk.csv").read_text().splitlines()
+    assert passk[0] == "dataset,k,pass_at_k,n_problems,n_samples"
+    datasets = {line.split(",")[0] for line in passk[1:]}
+    assert datasets == {"aime24", "aime25", "aime", "amc23", "math500", "kk", "avg_paper"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stage"] == "eval" and manifest["sampling"]["n"] == 4 and manifest["ks"] == [1, 2, 4]
+    assert not list(out.rglob("*.jsonl*"))  # completions never go into results/
+    chunk = tmp_path / "outputs" / Path(tiny_model_dir).name / "eval" / "base" / "math500" / "chunk_00000.jsonl.gz"
+    with gzip.open(chunk, "rt") as fh:
+        record = json.loads(fh.readline())
+    assert len(record["completions"]) == 4 and record["c"] == sum(c["correct"] for c in record["completions"])
+
+
+def test_killed_run_resumes_to_identical_csvs(tmp_path, tiny_model_dir, shared_data):
+    full, _, _ = _run(_config(tmp_path / "a", tiny_model_dir, shared_data))
+    cfg = _config(tmp_path / "b", tiny_model_dir, shared_data)
+    with pytest.raises(RuntimeError, match="injected"):
+        _run(cfg, fail_after=3)
+    assert not (Path(cfg.results_dir)).exists()
+    chunks = sorted(Path(cfg.outputs_dir).rglob("chunk_*.jsonl.gz"))
+    assert len(chunks) == 3
+    chunks[-1].write_bytes(chunks[-1].read_bytes()[:20])  # a torn file (e.g. disk full) is redone, not trusted
+    resumed, sampler, _ = _run(cfg)
+    assert sampler.calls == 15 - 2  # 3 chunks per set x 5 sets, minus the 2 intact ones
+    for name in ("per_problem.csv", "passk.csv"):
+        assert (resumed / name).read_text() == (full / name).read_text()
+    again, sampler, _ = _run(cfg)
+    assert sampler.calls == 0
+
+
+def test_changed_sampling_settings_do_not_mix_with_old_completions(tmp_path, tiny_model_dir, shared_data):
+    cfg = _config(tmp_path, tiny_model_dir, shared_data, benchmarks=["amc23"], limit=2)
+    _run(cfg)
+    with pytest.raises(ValueError, match="other settings"):
+        _run(replace(cfg, temperature=1.0))
+
+
+def _main_error(capsys, argv):
+    assert eval_run.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    return err
+
+
+def test_clear_one_line_errors_before_any_model_loads(tmp_path, capsys, tiny_model_dir, shared_data, monkeypatch):
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("sage_unsloth.eval.sampling.make_sampler", no_model)
+    common = ["--data_dir", str(shared_data), "--results_dir", str(tmp_path / "r"), "--outputs_dir", str(tmp_path / "o")]
+    err = _main_error(capsys, ["--checkpoints", str(tiny_model_dir), "--benchmarks", "aime24", "gsm8k", *common])
+    assert "unknown benchmark" in err and "gsm8k" in err
+    err = _main_error(capsys, ["--checkpoints", str(tiny_model_dir), "--n", "4", "--ks", "1", "8", *common])
+    assert "k=[8]" in err and "n=4" in err
+    err = _main_error(capsys, ["--checkpoints", str(tmp_path / "outputs" / "nope" / "sft"), *common])
+    assert "checkpoint" in err and "nope" in err
+    err = _main_error(capsys, ["--checkpoints", "no-such-org/no-such-model", *common])
+    assert "HF_HUB_OFFLINE" in err
+    err = _main_error(capsys, [str(tmp_path / "missing.yaml")])
+    assert "config file" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_stage_folders_resolve_to_base_plus_adapter(tmp_path, tiny_model_dir):
+    sft = tmp_path / "outputs" / "tiny" / "sft"
+    sft.mkdir(parents=True)
+    (sft / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    write_manifest(sft, stage="sft", config={}, base_model=str(tiny_model_dir), model_short_name="tiny")
+    ckpt = resolve_checkpoint(str(sft))
+    assert (ckpt.model, ckpt.run, ckpt.base_model, ckpt.adapter_dir) == ("tiny", "sft", str(tiny_model_dir), str(sft))
+    rlvr = tmp_path / "outputs" / "tiny" / "grpo_branch"
+    (rlvr / "policy").mkdir(parents=True)
+    (rlvr / "policy" / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    write_manifest(rlvr, stage="rlvr", config={}, base_model=str(tiny_model_dir), model_short_name="tiny",
+                   variant="grpo_branch")
+    ckpt = resolve_checkpoint(str(rlvr))
+    assert (ckpt.run, ckpt.adapter_dir, ckpt.tokenizer_dir) == ("grpo_branch", str(rlvr / "policy"), str(rlvr))
+    write_manifest(rlvr, stage="report", config={})
+    with pytest.raises(ValueError, match="'sft' or 'rlvr'"):
+        resolve_checkpoint(str(rlvr))
+
+
+def test_local_benchmarks_load_with_normalised_golds(shared_data):
+    sizes = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "kk": 500}
+    for name, size in sizes.items():
+        problems = load_benchmark(name, shared_data)
+        assert len(problems) == size and len({p.problem_id for p in problems}) == size
+    assert load_benchmark("amc23", shared_data, limit=1)[0].gold == "27"
+    assert load_benchmark("minerva", shared_data, limit=1)[0].gold == "1.6"
+    kk = load_benchmark("kk", shared_data, limit=1)[0]
+    assert kk.is_kk and kk.kk_names == ("Amelia", "Penelope", "Evelyn") and kk.kk_solution == (True, True, False)
+    with pytest.raises(FileNotFoundError, match="data_dir"):
+        load_benchmark("aime24", shared_data / "nowhere")
+
+
+def test_grading_pool_dedups_and_agrees_with_serial_grading(shared_data):
+    problems = load_benchmark("math500", shared_data, limit=40)
+    items = []
+    for p in problems:
+        items += [(f"<SOLUTION>{p.gold}</SOLUTION>", p.gold)] * 3  # exact repeats: graded once
+        items += [(f"\\boxed{{{p.gold}}}", p.gold), (f"<SOLUTION>{p.gold} + 1</SOLUTION>", p.gold),
+                  ("no answer", p.gold), (f"<SOLUTION>${p.gold}$</SOLUTION>", p.gold)]
+    with GradingPool(workers=2) as pool:
+        verdicts = pool.grade(items)
+        stats = dict(pool.stats)
+    assert stats["verified"] >= INLINE_THRESHOLD  # the process-pool path ran
+    # per problem: 4 distinct (answer, gold) keys (\boxed{g} and <SOLUTION>g extract alike); golds repeat too
+    assert stats["unique_pairs"] <= 40 * 4 and stats["completions"] == len(items) == 40 * 7
+    serial = [verify_answer(extract_answer(c), g) for c, g in items]
+    assert verdicts == serial
+    assert sum(verdicts) >= 40 * 5 - 2 and sum(verdicts) <= 40 * 5
