@@ -1,0 +1,187 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # SAGE on a free GPU: SFT → GRPO / GRPO + Branch → pass@k → report
+#
+# This notebook runs the sage-unsloth recipe end to end on one 16 GB GPU, at a small scale:
+#
+# 1. **SFT**: a rank-8 LoRA teaches the base model the paper's format
+#    (`<start_working_out>…<end_working_out><SOLUTION>…</SOLUTION>`), on `unsloth/OpenMathReasoning-mini`;
+# 2. **RLVR**: from that adapter, two runs on DAPO-Math: **GRPO** (KL to the SFT model) and **GRPO + Branch**
+#    (SAGE: the KL anchor is `q · π_ref`, `q` raised where the policy's token entropy is high);
+# 3. **pass@k** of the three checkpoints on a subset of MATH-500 and AMC23, sampled with vLLM;
+# 4. **report**: pass@k with bootstrap CIs, paired differences, pass@k curves.
+#
+# Every stage runs as `python -m sage_unsloth.<stage> CONFIG --key value` in its own process (the exact
+# command is printed above its output), so the notebook holds no recipe logic, and each stage gives the GPU
+# back before the next starts. The presets are in `configs/` with their memory estimates.
+#
+# With the default parameters this is a **smoke-scale run**: a few dozen RL steps move a LoRA very little,
+# so expect GRPO and GRPO + Branch to be within noise of each other. Raise `STEPS` for a real comparison.
+
+# %% [markdown] tags=["only-colab"]
+# **Colab, Qwen2.5-1.5B.** *Runtime → Change runtime type → T4 GPU.* The T4 has 15 GB usable and no bfloat16,
+# so everything runs in float16: SFT and RLVR train a 16-bit LoRA (`configs/sft/qwen2.5-1.5b.yaml` with
+# float16 overrides, `configs/rlvr/qwen2.5-1.5b/`), RLVR samples with Unsloth's vLLM engine taking half the
+# card, evaluation uses vLLM alone (`configs/eval/notebook-qwen2.5-1.5b.yaml`). A W&B key, if you use one,
+# goes in the Colab secrets (key icon) as `WANDB_API_KEY`.
+
+# %% [markdown] tags=["only-kaggle"]
+# **Kaggle, Qwen2.5-3B.** *Settings → Accelerator → GPU T4 x2* (the stages use one of them) or *P100*;
+# *Settings → Internet → on* (models and data come from the Hugging Face Hub). 3B in 16 bits plus vLLM does not
+# fit 16 GB, so SFT and RLVR train a QLoRA (4-bit base; `configs/sft/qwen2.5-3b.yaml` with overrides,
+# `configs/rlvr/qwen2.5-3b/`); evaluation serves the adapters on the float16 base with vLLM
+# (`configs/eval/notebook-qwen2.5-3b.yaml`). On a **P100** (sm_60) neither vLLM nor Unsloth's Triton kernels
+# run: the notebook falls back to transformers + peft and HF generation, which works but is several times
+# slower. A W&B key, if you use one, goes in *Add-ons → Secrets* as `WANDB_API_KEY`.
+
+# %% [markdown]
+# ## 1. Parameters
+#
+# What you set:
+#
+# - **`REPO_URL`** or **`REPO_DIR`**: where the kit comes from. The kit has no package on PyPI; give the git URL
+#   of a repository holding it (it is cloned into `./sage-unsloth`), or upload the repository folder and set
+#   `REPO_DIR` to it. Left empty, the folder above this notebook is used when it is a checkout.
+# - **`STEPS`**, **`SFT_STEPS`**, **`N_SAMPLES`**, **`PROBLEMS_PER_BENCHMARK`**: the budget (times below are
+#   rough estimates, not measurements).
+# - **`USE_WANDB`**: log training to Weights & Biases. The key is read from the platform's secrets (or asked
+#   for, hidden) and handed to the stages through the environment only: it is never printed or written to disk.
+#
+# Everything lands in `WORKDIR` (`outputs/` for adapters, `results/` for pass@k CSVs and the report). Running
+# the notebook again skips finished training stages and resumes evaluation.
+
+# %% tags=["parameters"]
+import os
+
+PLATFORM = "colab"  # written by notebooks/build.py: which configs/ presets to use (colab | kaggle)
+MODEL = "Qwen/Qwen2.5-1.5B"  # base model, a Hugging Face hub id
+SFT_STEPS = 100  # stage 1 optimizer steps, one example each (~5 min, estimate)
+STEPS = 30  # stage 2 optimizer steps per RLVR run, 2 prompts x 4 rollouts each (~10-20 min per run)
+N_SAMPLES = 8  # stage 3 samples per problem: pass@k for k = 1, 2, 4, 8
+PROBLEMS_PER_BENCHMARK = 30  # stage 3 problems taken from each of MATH-500 and AMC23
+WORKDIR = "sage_run"  # outputs/ and results/ go here
+REPO_URL = ""  # git URL of the sage-unsloth repository (cloned when REPO_DIR does not exist)
+REPO_DIR = ""  # an existing checkout; empty: the folder above this notebook, else ./sage-unsloth
+INSTALL = True  # pip install the kit with its GPU extra (pinned torch, Unsloth, vLLM, bitsandbytes)
+USE_WANDB = False  # log training curves to Weights & Biases
+TINY = os.environ.get("SAGE_NOTEBOOK_TINY") == "1"  # CI only: the tiny offline model on CPU
+
+if TINY:  # CI: the whole recipe on CPU in about a minute: tiny random model, 2 steps, 2 problems, no install
+    SFT_STEPS, STEPS, N_SAMPLES, PROBLEMS_PER_BENCHMARK = 2, 2, 2, 2
+    INSTALL, USE_WANDB = False, False
+    WORKDIR = os.environ.get("SAGE_NOTEBOOK_WORKDIR", WORKDIR)
+
+# %% [markdown]
+# ## 2. Install
+#
+# Finds (or clones) the repository and installs it with `pip install -e "<repo>[gpu]"`: the versions pinned in
+# its `pyproject.toml` (torch, transformers, TRL, Unsloth, vLLM), several GB of downloads, ~5-10 minutes.
+# A read-only folder (a Kaggle dataset under `/kaggle/input`) is copied to `./sage-unsloth` first.
+
+# %%
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+candidates = [Path(REPO_DIR)] if REPO_DIR else [Path.cwd().parent, Path("sage-unsloth")]
+REPO = next((p.resolve() for p in candidates if (p / "pyproject.toml").is_file()), None)
+if REPO is None and REPO_URL:
+    REPO = Path(REPO_DIR or "sage-unsloth").resolve()
+    subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(REPO)], check=True)
+if REPO is None:
+    raise FileNotFoundError("no sage-unsloth checkout found: set REPO_URL (a git URL) or REPO_DIR (an uploaded folder)")
+if INSTALL and not os.access(REPO, os.W_OK):
+    REPO = Path(shutil.copytree(REPO, "sage-unsloth", dirs_exist_ok=True)).resolve()
+if INSTALL:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{REPO}[gpu]"], check=True)
+sys.path.insert(0, str(REPO))  # this kernel started before the install; the stages' processes need no help
+
+from sage_unsloth import notebook as nb
+
+print("sage-unsloth from", REPO)
+
+# %% [markdown]
+# ## 3. Weights & Biases (optional)
+#
+# With `USE_WANDB = True` the key is looked up in the Colab / Kaggle secrets as `WANDB_API_KEY`, else asked for
+# with a hidden prompt. It is kept in this kernel's environment, which the stage processes inherit; nothing
+# prints it and `wandb login` (which would save it to `~/.netrc`) is not used. Runs go to project
+# `sage-unsloth` unless `WANDB_PROJECT` is set.
+
+# %%
+if USE_WANDB:
+    os.environ["WANDB_API_KEY"] = nb.wandb_api_key()
+    USE_WANDB = bool(os.environ["WANDB_API_KEY"])
+print("W&B logging:", "on" if USE_WANDB else "off")
+
+# %% [markdown]
+# ## 4. The plan
+#
+# The exact command of every stage. You can run the same commands in a terminal, or on a bigger GPU with
+# the paper's presets (`configs/*/qwen2.5-math-7b*`).
+
+# %%
+recipe = nb.make_recipe(PLATFORM, repo=REPO, workdir=WORKDIR, model=MODEL, steps=STEPS, sft_steps=SFT_STEPS,
+                        n_samples=N_SAMPLES, problems_per_benchmark=PROBLEMS_PER_BENCHMARK,
+                        report_to="wandb" if USE_WANDB else "none", tiny=TINY)
+print(recipe.describe())
+
+# %% [markdown]
+# ## 5. Stage 1: SFT
+#
+# LoRA r=8 on all attention and MLP projections, the official recipe's learning rate and schedule, cut to
+# `SFT_STEPS` steps. Output: `outputs/<model>/sft/` (adapter, tokenizer with the kit's chat template, manifest).
+
+# %%
+recipe.run("sft")
+
+# %% [markdown]
+# ## 6. Stage 2: RLVR, GRPO and GRPO + Branch
+#
+# Both runs continue the SFT adapter with the same data, seed and budget; they differ only in `sage_guide`
+# (`none` vs `branch`). Reward: 1 when the `<SOLUTION>` answer matches (math-verify), else 0.
+
+# %%
+for variant in recipe.variants:
+    recipe.run("rlvr", variant)
+
+# %% [markdown]
+# ## 7. Stage 3: pass@k on a subset
+#
+# `N_SAMPLES` completions per problem for `PROBLEMS_PER_BENCHMARK` problems of each benchmark, graded with
+# math-verify; unbiased pass@k. One process per checkpoint. Output: `results/<model>/<run>/passk.csv`.
+
+# %%
+for run, _ in recipe.eval_runs():
+    recipe.run("eval", run)
+
+# %% [markdown]
+# ## 8. Stage 4: report
+#
+# pass@1 and pass@k per run with 95% bootstrap CIs over problems, paired differences (GRPO + Branch − GRPO,
+# GRPO − SFT) on the same resampled problems, and pass@k curves. The full report is `results/report.md`.
+
+# %%
+recipe.run("report")
+nb.show_report(recipe)
+
+# %% [markdown]
+# ## Next
+#
+# - Keep the results: download `WORKDIR` (Colab: the file browser; Kaggle: it is under `/kaggle/working`,
+#   saved with the notebook's output).
+# - A real comparison needs far more RL steps and samples: the paper runs 1000 steps and pass@k up to k = 256
+#   on Qwen2.5-Math-7B (`configs/rlvr/qwen2.5-math-7b/`, `configs/eval/qwen2.5-math-7b.yaml`).

@@ -1,0 +1,383 @@
+"""What the Colab / Kaggle notebooks (notebooks/sage_recipe.py) call: platform presets, the stage command
+lines, running one stage in its own process with live output, and showing the report.
+
+Nothing here trains or evaluates. Every stage runs as ``python -m sage_unsloth.<stage> CONFIG --key value``
+in a child process, because Unsloth and vLLM must not share a process (on some CPUs they crash together)
+and a T4 cannot hold the training model and the evaluation engine at the same time; a finished child
+gives all its GPU memory back. On a GPU the notebook's own kernel never imports torch (on CPU, in CI, it
+builds the tiny offline model in-process).
+
+Public API::
+
+    PLATFORMS                          name -> Platform (colab, kaggle, tiny)
+    make_recipe(platform, repo=..., workdir=..., model=..., ...) -> Recipe
+    Recipe.command(stage, variant=None) -> argv;  Recipe.run(stage, variant=None);  Recipe.eval_runs()
+    run_stage(argv, cwd=..., env=..., done=...)  stream a child's output, raise StageFailed on failure
+    gpu_info() -> list[GPU];  wandb_api_key() -> str (never printed or written)
+    show_report(recipe)                the comparison table and the pass@k plots
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import shlex
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+STAGES = ("sft", "rlvr", "eval", "report")
+VARIANTS = ("grpo", "grpo_branch")
+TINY_MODEL_DIR = "tiny-qwen2"  # folder name = output folder name (outputs/tiny-qwen2/...)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """Which configs a notebook uses and the overrides its hardware needs.
+
+    Memory figures are in the config files (estimates, not measurements)."""
+
+    name: str
+    model: str  # default MODEL of the generated notebook ("" for tiny: built offline)
+    hardware: str
+    sft_config: str  # relative to the repository root
+    rlvr_configs: str  # folder holding grpo.yaml, grpo_branch.yaml
+    eval_config: str
+    # T4 and P100 have no bfloat16: the SFT presets (bf16) are switched to float16 weights, and with
+    # bf16/fp16 both false Unsloth picks fp16 mixed precision for a float16 model.
+    sft_overrides: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    needs_gpu: bool = True
+
+
+T4_SFT = ("--dtype", "float16", "--bf16", "false", "--fp16", "false")
+PLATFORMS: dict[str, Platform] = {
+    "colab": Platform(
+        name="colab", model="Qwen/Qwen2.5-1.5B", hardware="Colab T4 (16 GB)",
+        sft_config="configs/sft/qwen2.5-1.5b.yaml", rlvr_configs="configs/rlvr/qwen2.5-1.5b",
+        eval_config="configs/eval/notebook-qwen2.5-1.5b.yaml",
+        # 16-bit LoRA: 3.1 GB of float16 weights + activations at 4096 tokens, ~6-8 GB (estimate).
+        sft_overrides=T4_SFT),
+    "kaggle": Platform(
+        name="kaggle", model="Qwen/Qwen2.5-3B", hardware="Kaggle T4 x2 (one used) or P100 (16 GB)",
+        sft_config="configs/sft/qwen2.5-3b.yaml", rlvr_configs="configs/rlvr/qwen2.5-3b",
+        eval_config="configs/eval/notebook-qwen2.5-3b.yaml",
+        # QLoRA: ~2 GB of 4-bit weights + activations at 4096 tokens, ~6-8 GB (estimate); 16-bit would
+        # need ~12-14 GB, too close to 16 GB.
+        sft_overrides=(*T4_SFT, "--load_in_4bit", "true"),
+        # Unsloth trains on one GPU; with two visible, transformers' Trainer would wrap it in DataParallel.
+        env=(("CUDA_VISIBLE_DEVICES", "0"),)),
+    "tiny": Platform(
+        name="tiny", model="", hardware="CPU (CI): tiny random Qwen2, offline",
+        sft_config="configs/sft/tiny-cpu.yaml", rlvr_configs="configs/rlvr/tiny-cpu",
+        eval_config="configs/eval/notebook-tiny-cpu.yaml",
+        env=(("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("WANDB_MODE", "disabled"),
+             ("UNSLOTH_SKIP_TORCHVISION_CHECK", "1"), ("TOKENIZERS_PARALLELISM", "false")),
+        needs_gpu=False),
+}
+
+
+class StageFailed(RuntimeError):
+    """A stage's child process exited with a non-zero status (its last output lines are in the message)."""
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_mib: int
+    compute_capability: float
+
+
+def gpu_info() -> list[GPU]:
+    """The visible NVIDIA GPUs from ``nvidia-smi`` (no torch import in the notebook kernel); [] if none."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = []
+    for line in out.strip().splitlines():
+        name, memory, capability = (part.strip() for part in line.split(","))
+        gpus.append(GPU(name, int(float(memory)), float(capability)))
+    return gpus
+
+
+def hardware_overrides(gpus: list[GPU]) -> dict[str, list[str]]:
+    """Per-stage flags for GPUs older than sm_70 (Kaggle's P100): vLLM and Unsloth's Triton kernels need
+    sm_70+, so training falls back to transformers + peft (HF generation) and evaluation to the HF sampler."""
+    if gpus and gpus[0].compute_capability < 7.0:
+        return {"sft": ["--backend", "trl"], "rlvr": ["--backend", "trl", "--use_vllm", "false"],
+                "eval": ["--backend", "hf"]}
+    return {}
+
+
+# ----------------------------------------------------------------------------------------------- recipe
+def shared_data_dir(repo: str | Path) -> Path:
+    """The kit's offline benchmark files: $SAGE_SHARED_DATA, else <repo>/../shared/data."""
+    return Path(os.environ.get("SAGE_SHARED_DATA") or Path(repo).resolve().parent / "shared" / "data")
+
+
+@dataclass
+class Recipe:
+    """The four stage command lines of one notebook run, all outputs under ``workdir``."""
+
+    platform: Platform
+    repo: Path
+    workdir: Path
+    model: str
+    steps: int
+    sft_steps: int
+    n_samples: int
+    problems_per_benchmark: int
+    report_to: str = "none"
+    variants: tuple[str, ...] = VARIANTS
+    sft_data: Path | None = None  # local SFT rows (tiny); None = the config's hub dataset
+    rlvr_data: Path | None = None  # local RLVR prompts (tiny)
+    benchmark_data: Path | None = None  # local benchmark JSONL folder (tiny); None = hub
+    extra: dict[str, list[str]] = field(default_factory=dict)  # per-stage flags (hardware fall-backs)
+    gpus: list[GPU] = field(default_factory=list)
+
+    @property
+    def model_short(self) -> str:
+        from sage_unsloth.models import model_short_name
+
+        return model_short_name(self.model)
+
+    @property
+    def outputs(self) -> Path:
+        return self.workdir / "outputs"
+
+    @property
+    def results(self) -> Path:
+        return self.workdir / "results"
+
+    @property
+    def sft_dir(self) -> Path:
+        return self.outputs / self.model_short / "sft"
+
+    def rlvr_dir(self, variant: str) -> Path:
+        return self.outputs / self.model_short / variant
+
+    def eval_runs(self) -> list[tuple[str, Path]]:
+        """(run name, stage folder) of every checkpoint evaluated: the SFT model, then each RLVR variant."""
+        return [("sft", self.sft_dir), *((v, self.rlvr_dir(v)) for v in self.variants)]
+
+    @property
+    def report_md(self) -> Path:
+        return self.results / "report.md"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.platform.env))
+        if self.report_to == "wandb":
+            env.setdefault("WANDB_PROJECT", "sage-unsloth")
+        return env
+
+    def _config(self, relative: str) -> str:
+        return str(self.repo / relative)
+
+    def command(self, stage: str, variant: str | None = None) -> list[str]:
+        """``[python, -m, sage_unsloth.<stage>, CONFIG, --key, value, ...]`` for one stage; ``variant`` names
+        the RLVR variant (rlvr) or the evaluated run (eval: sft or a variant)."""
+        if stage not in STAGES:
+            raise ValueError(f"stage {stage!r} is unknown: choose one of {', '.join(STAGES)}")
+        head = [sys.executable, "-m", f"sage_unsloth.{stage}"]
+        if stage == "sft":
+            args = [self._config(self.platform.sft_config), *self.platform.sft_overrides,
+                    "--model_name_or_path", self.model, "--output_root", str(self.outputs),
+                    "--max_steps", str(self.sft_steps), "--report_to", self.report_to]
+            # Tokenise only what the run can use (the hub split has ~19k rows; about half pass the filters).
+            args += (["--dataset_path", str(self.sft_data)] if self.sft_data
+                     else ["--dataset_max_rows", str(max(200, 8 * self.sft_steps))])
+        elif stage == "rlvr":
+            if variant not in self.variants:
+                raise ValueError(f"variant {variant!r}: choose one of {', '.join(self.variants)}")
+            args = [self._config(f"{self.platform.rlvr_configs}/{variant}.yaml"), "--sft_dir", str(self.sft_dir),
+                    "--output_root", str(self.outputs), "--max_steps", str(self.steps),
+                    "--report_to", self.report_to,
+                    # Two prompts per optimizer step (generation_batch_size 8, 4 rollouts each).
+                    "--max_train_rows", str(max(64, 2 * self.steps))]
+            if self.rlvr_data:
+                args += ["--dataset_path", str(self.rlvr_data)]
+        elif stage == "eval":
+            runs = dict(self.eval_runs())
+            if variant not in runs:
+                raise ValueError(f"eval run {variant!r}: choose one of {', '.join(runs)}")
+            # One checkpoint per call: each gets its own process (a vLLM engine keeps its memory in-process).
+            args = [self._config(self.platform.eval_config), "--checkpoints", str(runs[variant]),
+                    "--n", str(self.n_samples), "--limit", str(self.problems_per_benchmark),
+                    "--results_dir", str(self.results), "--outputs_dir", str(self.outputs)]
+            if self.benchmark_data:
+                args += ["--data_dir", str(self.benchmark_data)]
+        else:
+            pairs = ",".join(f"{v}:grpo" for v in self.variants if v != "grpo") + ",grpo:sft"
+            args = [self._config("configs/report/default.yaml"), "--results", str(self.results),
+                    "--pairs", pairs.lstrip(",")]
+        return head + args + list(self.extra.get(stage, []))
+
+    def output_of(self, stage: str, variant: str | None = None) -> Path | None:
+        """The folder whose manifest.json marks the stage finished (None: the stage always reruns)."""
+        if stage == "sft":
+            return self.sft_dir
+        if stage == "rlvr":
+            return self.rlvr_dir(variant)
+        return None  # eval resumes chunk by chunk by itself; the report is cheap
+
+    def run(self, stage: str, variant: str | None = None) -> None:
+        run_stage(self.command(stage, variant), cwd=self.workdir, env=self.env(), done=self.output_of(stage, variant))
+
+    def describe(self) -> str:
+        gpus = ", ".join(f"{g.name} ({g.memory_mib} MiB, sm_{g.compute_capability:g})" for g in self.gpus)
+        lines = [f"platform {self.platform.name}: {self.platform.hardware}", f"GPU {gpus or 'none'}",
+                 f"model {self.model}", f"work folder {self.workdir}"]
+        for stage in STAGES:
+            variants = {"rlvr": self.variants, "eval": [name for name, _ in self.eval_runs()]}.get(stage, (None,))
+            for variant in variants:
+                lines.append("$ " + shlex.join(["python", *self.command(stage, variant)[1:]]))
+        return "\n".join(lines)
+
+
+def prepare_tiny(workdir: Path, data_dir: Path, *, sft_rows: int = 8) -> tuple[Path, Path]:
+    """CI only: the tiny offline model and a few MATH-500 rows in SFT shape (short numeric ones)."""
+    from sage_unsloth.sft_data import math500_as_sft_rows, write_jsonl
+    from sage_unsloth.testing import build_tiny_model
+
+    model_dir = workdir / TINY_MODEL_DIR
+    if not (model_dir / "config.json").is_file():
+        build_tiny_model(model_dir, seed=0)
+    rows = math500_as_sft_rows(data_dir / "math500.jsonl", limit=sft_rows, numeric_only=True,
+                               max_solution_chars=250)
+    return model_dir, write_jsonl(rows, workdir / "data" / "sft_rows.jsonl")
+
+
+def make_recipe(platform: str, *, repo: str | Path, workdir: str | Path, model: str = "", steps: int,
+                sft_steps: int, n_samples: int, problems_per_benchmark: int, report_to: str = "none",
+                tiny: bool = False) -> Recipe:
+    """Check the parameters and build the recipe. ``tiny`` swaps in the CPU presets, the tiny model
+    (built here) and the offline shared data; otherwise a GPU must be visible."""
+    if platform not in PLATFORMS or platform == "tiny":
+        raise ValueError(f"PLATFORM={platform!r}: use 'colab' or 'kaggle'")
+    for name, value in (("STEPS", steps), ("SFT_STEPS", sft_steps), ("N_SAMPLES", n_samples),
+                        ("PROBLEMS_PER_BENCHMARK", problems_per_benchmark)):
+        if int(value) < 1:
+            raise ValueError(f"{name}={value}: must be at least 1")
+    if report_to not in ("none", "wandb"):
+        raise ValueError(f"report_to={report_to!r}: use 'none' or 'wandb'")
+    repo = Path(repo).resolve()
+    if not (repo / "pyproject.toml").is_file() or not (repo / "configs").is_dir():
+        raise FileNotFoundError(f"REPO_DIR={repo} is not a sage-unsloth checkout: set REPO_DIR or REPO_URL")
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    common = {"repo": repo, "workdir": workdir, "steps": int(steps), "sft_steps": int(sft_steps),
+              "n_samples": int(n_samples), "problems_per_benchmark": int(problems_per_benchmark),
+              "report_to": report_to}
+    if tiny:
+        data = shared_data_dir(repo)
+        if not (data / "math500.jsonl").is_file():
+            raise FileNotFoundError(f"shared data not found at {data}: set SAGE_SHARED_DATA")
+        model_dir, sft_rows = prepare_tiny(workdir, data)
+        return Recipe(platform=PLATFORMS["tiny"], model=str(model_dir), sft_data=sft_rows,
+                      rlvr_data=data / "dapo_math_sample.jsonl", benchmark_data=data, **common)
+    gpus = gpu_info()
+    if not gpus:
+        raise RuntimeError("no NVIDIA GPU visible: on Colab choose Runtime > Change runtime type > T4 GPU; "
+                           "on Kaggle Settings > Accelerator > GPU")
+    if not model:
+        raise ValueError("MODEL is empty: set a hub id such as Qwen/Qwen2.5-1.5B")
+    return Recipe(platform=PLATFORMS[platform], model=model, extra=hardware_overrides(gpus), gpus=gpus, **common)
+
+
+# ----------------------------------------------------------------------------------------------- running
+def run_stage(command: list[str], *, cwd: str | Path, env: dict[str, str] | None = None,
+              done: Path | None = None, tail_lines: int = 40, out=None) -> None:
+    """Run one stage in a child process, copying its stdout+stderr to ``out`` (the cell) as it comes.
+
+    ``done``: a stage output folder; when its manifest.json exists the stage finished earlier and is
+    skipped (re-running a notebook continues where it stopped). Raises :class:`StageFailed` with the
+    last ``tail_lines`` lines when the child fails; an interrupted cell stops the child."""
+    out = out or sys.stdout
+    if done is not None and (Path(done) / MANIFEST).is_file():
+        print(f"[skip] {done} is finished ({MANIFEST} present)", file=out, flush=True)
+        return
+    print("$ " + shlex.join(["python", *command[1:]]), file=out, flush=True)
+    tail: deque[str] = deque(maxlen=tail_lines)
+    partial = ""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    proc = subprocess.Popen(command, cwd=str(cwd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        while chunk := os.read(proc.stdout.fileno(), 65536):
+            text = decoder.decode(chunk)
+            out.write(text)  # raw, so progress bars (\r) redraw in place
+            out.flush()
+            *lines, partial = (partial + text).replace("\r", "\n").split("\n")
+            tail.extend(line for line in lines if line.strip())
+        code = proc.wait()
+    except BaseException:  # KeyboardInterrupt from the notebook's stop button included
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+    if partial.strip():
+        tail.append(partial)
+    if code != 0:
+        stage = command[2] if len(command) > 2 else command[0]
+        raise StageFailed(f"{stage} exited with status {code}; last lines:\n" + "\n".join(tail))
+
+
+# ----------------------------------------------------------------------------------------------- W&B
+def wandb_api_key(name: str = "WANDB_API_KEY") -> str:
+    """The W&B key from Colab's or Kaggle's secrets, else a hidden prompt. Returned, never printed or
+    written; pass it to the stages through the environment (``wandb.login`` would store it in ~/.netrc)."""
+    key = os.environ.get(name, "")
+    if not key:
+        try:
+            from google.colab import userdata  # type: ignore[import-not-found]
+
+            key = userdata.get(name) or ""
+        except Exception:  # noqa: BLE001 - not on Colab, or the secret is missing / not granted
+            key = ""
+    if not key:
+        try:
+            from kaggle_secrets import UserSecretsClient  # type: ignore[import-not-found]
+
+            key = UserSecretsClient().get_secret(name) or ""
+        except Exception:  # noqa: BLE001 - not on Kaggle, or the secret is missing
+            key = ""
+    if not key:
+        import getpass
+
+        key = getpass.getpass(f"{name} (hidden; empty to skip W&B): ").strip()
+    return key
+
+
+# ----------------------------------------------------------------------------------------------- report
+def report_tables(recipe: Recipe):
+    """(pass@1 / pass@k per run and dataset with CIs, paired differences) from the report stage's CSVs."""
+    import pandas as pd
+
+    assets = recipe.report_md.with_suffix("")
+    comparison = pd.read_csv(assets / "comparison.csv")
+    table = comparison[["run", "dataset", "metric", "k", "value", "ci_low", "ci_high"]]
+    pairs = pd.read_csv(assets / "pairs.csv")[["run_a", "run_b", "dataset", "metric", "k", "diff", "ci_low",
+                                                "ci_high"]]
+    return table, pairs
+
+
+def show_report(recipe: Recipe) -> None:
+    """Display the pass@k table, the paired differences and the pass@k plots in the notebook."""
+    from IPython.display import Image, Markdown, display
+
+    table, pairs = report_tables(recipe)
+    display(Markdown(f"**pass@k** (`{recipe.report_md}` has CIs and everything else)"))
+    display(table.round(3))
+    if not pairs.empty:
+        display(Markdown("**Paired differences** (A − B, bootstrap CI over problems)"))
+        display(pairs.round(3))
+    for png in sorted(recipe.report_md.with_suffix("").glob("*.png")):
+        display(Markdown(f"`{png.name}`"))
+        display(Image(filename=str(png)))

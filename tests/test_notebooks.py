@@ -1,0 +1,210 @@
+"""The Colab / Kaggle notebooks: generated from one source without drift, their GPU presets parse through the
+stages' own parsers, the stage runner, and both notebooks executed on CPU (tiny offline model, 2 steps)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from sage_unsloth import notebook as nb
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+
+
+def _load_build():
+    spec = importlib.util.spec_from_file_location("notebooks_build", NOTEBOOKS / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _load_build()
+
+
+def _cells(name: str) -> list[dict]:
+    return json.loads((NOTEBOOKS / name).read_text())["cells"]
+
+
+def _source(cell: dict) -> str:
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
+# ----------------------------------------------------------------------------------------------- generation
+@pytest.mark.parametrize("platform", sorted(build.TARGETS))
+def test_committed_notebook_is_what_the_source_generates(platform):
+    committed = (NOTEBOOKS / build.TARGETS[platform]).read_text(encoding="utf-8")
+    assert committed == build.build(platform), "run: python notebooks/build.py"
+
+
+def test_notebooks_differ_only_in_platform_parameters_and_platform_cells():
+    colab, kaggle = _cells(build.TARGETS["colab"]), _cells(build.TARGETS["kaggle"])
+    params = {name: next(_source(c) for c in cells if "parameters" in c["metadata"].get("tags", []))
+              for name, cells in (("colab", colab), ("kaggle", kaggle))}
+    assert 'PLATFORM = "colab"' in params["colab"] and 'MODEL = "Qwen/Qwen2.5-1.5B"' in params["colab"]
+    assert 'PLATFORM = "kaggle"' in params["kaggle"] and 'MODEL = "Qwen/Qwen2.5-3B"' in params["kaggle"]
+    text = {name: "\n".join(_source(c) for c in cells) for name, cells in (("colab", colab), ("kaggle", kaggle))}
+    assert "Runtime → Change runtime type → T4" in text["colab"] and "Kaggle" not in text["colab"].split("## 1.")[0]
+    assert "GPU T4 x2" in text["kaggle"] and "Runtime → Change runtime type" not in text["kaggle"]
+    assert len(colab) == len(kaggle)
+    assert sum(_source(a) != _source(b) for a, b in zip(colab, kaggle)) == 2  # platform cell, parameters cell
+
+
+def test_set_parameter_needs_exactly_one_assignment():
+    assert build.set_parameter('A = "x"  # note\nB = 1', "A", "y") == 'A = "y"  # note\nB = 1'
+    with pytest.raises(ValueError, match="exactly once"):
+        build.set_parameter("B = 1", "A", "y")
+
+
+def test_notebook_kernel_holds_no_recipe_logic():
+    """Code cells call the package; none imports the training / inference stack into the kernel."""
+    code = [_source(c) for c in _cells(build.TARGETS["colab"]) if c["cell_type"] == "code"]
+    joined = "\n".join(code)
+    for module in ("torch", "transformers", "trl", "unsloth", "vllm", "peft"):
+        assert f"import {module}" not in joined and f"from {module}" not in joined
+    assert 'recipe.run("sft")' in joined and 'recipe.run("rlvr", variant)' in joined
+    assert 'recipe.run("eval", run)' in joined and 'recipe.run("report")' in joined
+    assert max(len(c.splitlines()) for c in code) <= 25
+
+
+# ----------------------------------------------------------------------------------------------- presets
+def _recipe(platform: str, tmp_path: Path, gpus=()) -> nb.Recipe:
+    return nb.Recipe(platform=nb.PLATFORMS[platform], repo=REPO, workdir=tmp_path, model=nb.PLATFORMS[platform].model,
+                     steps=40, sft_steps=100, n_samples=8, problems_per_benchmark=30,
+                     extra=nb.hardware_overrides(list(gpus)), gpus=list(gpus))
+
+
+T4 = nb.GPU("Tesla T4", 15360, 7.5)
+P100 = nb.GPU("Tesla P100-PCIE-16GB", 16384, 6.0)
+
+
+@pytest.mark.parametrize("platform, gpu", [("colab", T4), ("kaggle", T4), ("kaggle", P100)])
+def test_gpu_preset_commands_parse_with_each_stages_parser(platform, gpu, tmp_path):
+    from sage_unsloth.eval.run import parse_args as eval_parse
+    from sage_unsloth.eval.run import validate as eval_validate
+    from sage_unsloth.report.stage import parse_args as report_parse
+    from sage_unsloth.rlvr.run import parse_args as rlvr_parse
+    from sage_unsloth.sft import parse_args as sft_parse
+
+    recipe = _recipe(platform, tmp_path, [gpu])
+    old_gpu = gpu.compute_capability < 7.0
+    sft_args, model_args = sft_parse(recipe.command("sft")[3:])
+    assert model_args.model_name_or_path == nb.PLATFORMS[platform].model and model_args.dtype == "float16"
+    assert model_args.load_in_4bit is (platform == "kaggle") and sft_args.max_steps == 100
+    assert sft_args.dataset_max_rows == 800 and sft_args.backend == ("trl" if old_gpu else "unsloth")
+
+    for variant in recipe.variants:
+        grpo, stage, model, _ = rlvr_parse(recipe.command("rlvr", variant)[3:])
+        assert stage.variant == variant and Path(stage.sft_dir) == recipe.sft_dir
+        assert grpo.sage_guide == ("branch" if variant == "grpo_branch" else "none") and grpo.beta == 0.05
+        assert grpo.max_steps == 40 and model.dtype == "float16" and not grpo.bf16 and not grpo.fp16
+        assert grpo.use_vllm is not old_gpu and grpo.backend == ("trl" if old_gpu else "unsloth")
+        assert model.load_in_4bit is (platform == "kaggle")
+        # Unsloth's batch rule and TRL's generation batch rule hold without adjustment.
+        assert (grpo.per_device_train_batch_size * grpo.gradient_accumulation_steps) % grpo.num_generations == 0
+        assert grpo.generation_batch_size % grpo.num_generations == 0
+        assert grpo.steps_per_generation == grpo.gradient_accumulation_steps  # q from the in-loss policy
+        assert stage.max_prompt_length + grpo.max_completion_length <= 32768  # Qwen2.5 base context
+
+    for run, folder in recipe.eval_runs():
+        cfg = eval_parse(recipe.command("eval", run)[3:])
+        assert eval_validate(cfg) == [1, 2, 4, 8] and cfg.checkpoints == [str(folder)]
+        assert cfg.limit == 30 and cfg.dtype == "float16" and cfg.backend == ("hf" if old_gpu else "vllm")
+    report = report_parse(recipe.command("report")[3:])
+    assert report.pairs == "grpo_branch:grpo,grpo:sft" and Path(report.results) == recipe.results
+
+
+def test_make_recipe_checks_parameters_before_anything_runs(tmp_path):
+    common = {"repo": REPO, "workdir": tmp_path, "steps": 2, "sft_steps": 2, "n_samples": 2,
+              "problems_per_benchmark": 2}
+    with pytest.raises(ValueError, match="PLATFORM='paperspace'"):
+        nb.make_recipe("paperspace", **common)
+    with pytest.raises(ValueError, match="STEPS=0"):
+        nb.make_recipe("colab", **{**common, "steps": 0})
+    with pytest.raises(FileNotFoundError, match="REPO_DIR="):
+        nb.make_recipe("colab", **{**common, "repo": tmp_path})
+    if not nb.gpu_info():
+        with pytest.raises(RuntimeError, match="no NVIDIA GPU"):
+            nb.make_recipe("colab", **common)
+
+
+# ----------------------------------------------------------------------------------------------- runner
+def test_run_stage_streams_output_skips_finished_stages_and_reports_failures(tmp_path, capsys):
+    ok = [sys.executable, "-c", "import sys; print('step 1'); print('warn', file=sys.stderr)"]
+    nb.run_stage(ok, cwd=tmp_path)
+    out = capsys.readouterr().out
+    assert "step 1" in out and "warn" in out and out.startswith("$ python -c")
+
+    fail = [sys.executable, "-c", "import sys; [print(f'line {i}') for i in range(100)]; sys.exit(3)"]
+    with pytest.raises(nb.StageFailed, match="exited with status 3") as info:
+        nb.run_stage(fail, cwd=tmp_path, tail_lines=5)
+    assert str(info.value).splitlines()[1:] == [f"line {i}" for i in range(95, 100)]
+
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "manifest.json").write_text("{}")
+    nb.run_stage(fail, cwd=tmp_path, done=tmp_path / "done")  # finished earlier: not run, so no failure
+    assert "[skip]" in capsys.readouterr().out
+
+
+def test_wandb_key_comes_from_the_environment_and_is_not_printed(monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_API_KEY", "secret-123")
+    assert nb.wandb_api_key() == "secret-123"
+    assert "secret-123" not in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------- execution
+def test_both_notebooks_run_the_recipe_on_cpu_with_the_tiny_model(tmp_path, shared_data):
+    """Colab first (every stage runs), then Kaggle on the same work folder: its training stages are found
+    finished and skipped, evaluation resumes, the report is rebuilt. Any failing cell fails the test."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    workdir = tmp_path / "run"
+    env = {"SAGE_NOTEBOOK_TINY": "1", "SAGE_NOTEBOOK_WORKDIR": str(workdir), "SAGE_SHARED_DATA": str(shared_data),
+           "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "UNSLOTH_SKIP_TORCHVISION_CHECK": "1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    outputs = {}
+    try:
+        for platform in ("colab", "kaggle"):
+            notebook = nbformat.read(NOTEBOOKS / build.TARGETS[platform], as_version=4)
+            NotebookClient(notebook, timeout=600, kernel_name="python3",
+                           resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+            outputs[platform] = notebook
+            if platform == "colab":
+                manifests = {p: p.stat().st_mtime_ns for p in (workdir / "outputs").glob("*/*/manifest.json")}
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    runs = workdir / "outputs" / nb.TINY_MODEL_DIR
+    assert {p.parent.name for p in manifests} == {"sft", "grpo", "grpo_branch"}
+    assert json.loads((runs / "grpo_branch" / "manifest.json").read_text())["global_step"] == 2
+    for run in ("sft", "grpo", "grpo_branch"):
+        assert (workdir / "results" / nb.TINY_MODEL_DIR / run / "passk.csv").is_file()
+    assert (workdir / "results" / "report.md").is_file()
+    # The Kaggle run reused the finished training stages instead of training again.
+    assert {p: p.stat().st_mtime_ns for p in manifests} == manifests
+
+    def texts(notebook, mime):
+        return [str(o.get("text", "")) + str(o.get("data", {}).get(mime, "")) for c in notebook.cells
+                if c.cell_type == "code" for o in c.get("outputs", [])]
+
+    colab_text = "\n".join(texts(outputs["colab"], "text/plain"))
+    assert "python -m sage_unsloth.sft" in colab_text and "python -m sage_unsloth.rlvr" in colab_text
+    assert "[skip]" not in colab_text
+    assert "\n".join(texts(outputs["kaggle"], "text/plain")).count("[skip]") == 3  # sft, grpo, grpo_branch
+    for notebook in outputs.values():
+        report_cell = notebook.cells[-2]
+        mimes = [m for o in report_cell.outputs for m in o.get("data", {})]
+        assert "image/png" in mimes and "text/html" in mimes
+        html = "\n".join(texts(notebook, "text/html"))
+        assert "grpo_branch" in html and "pass@1" in html
