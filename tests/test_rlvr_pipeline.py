@@ -3,6 +3,7 @@ W&B offline holds the sage/* metrics, resume continues step count and optimizer 
 in one line before a model loads, and the manifest is complete and secret-free (checked on every variant)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,19 @@ def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp
     assert manifest["lora"]["r"] == 8
     assert manifest["config"]["training"]["sage_guide"] == tiny.sage_guide
     assert manifest["config"]["stage"]["sft_dir"] == str(sft_dir)
+
+
+def test_script_fails_in_one_line_on_a_missing_stage1_folder(tmp_path, shared_data):
+    """scripts/02_rlvr.sh -> python -m sage_unsloth.rlvr -> main(): exit code 2 and a one-line error."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "02_rlvr.sh"), *_argv("grpo", tmp_path / "nope", tmp_path, shared_data)],
+        check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: sft_dir={tmp_path / 'nope'} does not exist")
 
 
 def test_paper_configs_pin_the_official_recipe():

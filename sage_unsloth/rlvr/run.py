@@ -353,11 +353,12 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
     from sage_unsloth.rlvr import reward
     from sage_unsloth.rlvr.trainer import SageGRPOTrainer
 
+    if unsloth_vllm:
+        # Before the trainer: Unsloth's patched __init__ keeps a reference to model.load_lora.
+        hide_adapter_from_vllm_sync(model)
     trainer = SageGRPOTrainer(model=model, reward_funcs=[reward.correctness_reward], args=grpo_args,
                               train_dataset=dataset, processing_class=tokenizer)
     apply_anchor(model, stage.anchor, beta=grpo_args.beta)
-    if unsloth_vllm:
-        hide_adapter_from_vllm_sync(model)
     return RLVRStage(trainer=trainer, model=model, tokenizer=tokenizer, plan=plan, dataset=dataset,
                      grpo_args=grpo_args, stage_args=stage, model_args=model_args)
 
