@@ -210,6 +210,9 @@ def test_ref_adapter_is_hidden_from_a_vllm_lora_sync(sft_dir, tiny_model_dir):
     assert any(".ref." in k for k in model.state_dict())  # restored afterwards
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".default." in n for n in trainable)
+    sft = _adapter(sft_dir)
+    refs = {n.replace(".ref.", "."): p for n, p in model.named_parameters() if ".ref." in n}
+    assert refs.keys() == sft.keys() and all(torch.equal(p.detach(), sft[k]) for k, p in refs.items())
 
 
 # ----------------------------------------------------------------------------------------------- W&B
@@ -333,3 +336,18 @@ def test_stage1_folder_without_manifest_is_refused(tmp_path, shared_data, capsys
     (tmp_path / "sft").mkdir()
     assert main(_argv("grpo", tmp_path / "sft", tmp_path, shared_data)) == 2
     assert "manifest.json not found" in capsys.readouterr().err
+
+
+def test_bad_dataset_is_a_one_line_error_before_the_model_loads(sft_dir, tmp_path, shared_data, monkeypatch,
+                                                                capsys):
+    from sage_unsloth import models
+    from sage_unsloth.rlvr.run import main
+
+    monkeypatch.setattr(models, "load_for_training", lambda *a, **k: pytest.fail("model loaded"))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "What is 1+1?", "label": "2"}) + "\n")
+    argv = _argv("grpo", sft_dir, tmp_path, shared_data)
+    argv[argv.index("--dataset_path") + 1] = str(rows)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # datasets' progress bars come before it
+    assert err.startswith("error: dataset row has no gold answer")

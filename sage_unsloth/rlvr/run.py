@@ -43,6 +43,10 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 ANCHORS = ("sft", "base")
+
+
+class RLVRInputError(ValueError):
+    """A bad input found before any model loads (reported by main() as one line)."""
 REF_ADAPTER = "ref"
 POLICY_ADAPTER = "default"
 
@@ -332,7 +336,11 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
 
     # Data before the model: a bad dataset fails in seconds, not after loading 15 GB of weights.
     trust = bool(grpo_args.trust_remote_code)  # trl 1.15's ModelConfig has no such field
-    dataset = _build_dataset(stage, load_tokenizer(model_args, str(plan.sft_dir), trust_remote_code=trust), plan)
+    try:
+        tokenizer = load_tokenizer(model_args, str(plan.sft_dir), trust_remote_code=trust)
+        dataset = _build_dataset(stage, tokenizer, plan)
+    except (ValueError, FileNotFoundError) as exc:
+        raise RLVRInputError(str(exc)) from exc
     logger.info("RLVR: %d prompts (<= %d tokens), anchor=%s, output %s", len(dataset),
                 plan.max_prompt_length, stage.anchor, plan.output_dir)
 
@@ -394,8 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         grpo_args, stage, model_args, config_path = parse_args(argv)
         plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
+        built = build_stage(grpo_args, stage, model_args, config_path)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # Everything up to here is input checking (config, folders, data, loader and trainer arguments);
+        # the traceback stays available at DEBUG level.
+        logger.debug("RLVR input error", exc_info=True)
+        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 2
-    run(grpo_args, stage, model_args, config_path)
+    built.train_and_save()
     return 0
