@@ -67,7 +67,8 @@ def _rollout(trainer):
 
 @pytest.fixture(scope="module")
 def branch_trainer(tiny_model_dir, tmp_path_factory):
-    return _build(tiny_model_dir, _config(tmp_path_factory.mktemp("branch")))
+    """The rollout hook (the path Unsloth's patched loss needs): q shifts ref_per_token_logps in the batch."""
+    return _build(tiny_model_dir, _config(tmp_path_factory.mktemp("branch"), sage_q_source="rollout"))
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +178,7 @@ def test_old_logp_pass_reused_for_entropies(tiny_model_dir, tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = _config(tmp_path, per_device_train_batch_size=4, steps_per_generation=2)
+        args = _config(tmp_path, per_device_train_batch_size=4, steps_per_generation=2, sage_q_source="rollout")
     trainer = _build(tiny_model_dir, args)
     assert trainer._sage_old_logps_forward_planned()
     batch = _rollout(trainer)
@@ -199,7 +200,7 @@ def test_trl_kl_equals_k3_on_shifted_reference(tiny_model_dir, tmp_path, branch_
         trainer, batch = branch_trainer, branch_batch
     else:
         overrides = dict(sage_eps_upper=0.5, sage_eps_lower=0.5) if guide == "random" else {}
-        trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, **overrides))
+        trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source="rollout", **overrides))
         batch = _rollout(trainer)
     mask = batch["completion_mask"].bool()
     with torch.no_grad():
@@ -224,18 +225,29 @@ def test_trl_kl_equals_k3_on_shifted_reference(tiny_model_dir, tmp_path, branch_
 # --------------------------------------------------------------------- oracle
 
 
-@pytest.mark.parametrize("loss_type,estimator", [("grpo", "k3"), ("bnpo", "k3"), ("dapo", "k3"), ("dr_grpo", "k3"),
-                                                 ("grpo", "k2"), ("dapo", "k2"), ("grpo", "forward")])
-def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypatch, loss_type, estimator):
+@pytest.mark.parametrize("q_source,loss_type,estimator", [
+    ("rollout", "grpo", "k3"), ("rollout", "bnpo", "k3"), ("rollout", "dapo", "k3"), ("rollout", "dr_grpo", "k3"),
+    ("loss", "grpo", "k3"), ("loss", "bnpo", "k3"), ("loss", "dapo", "k3"), ("loss", "dr_grpo", "k3"),
+    ("rollout", "grpo", "k2"), ("loss", "dapo", "k2"), ("rollout", "grpo", "forward"),
+])
+def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypatch, q_source, loss_type, estimator):
+    """rollout: q from the hook's shifted batch reference; loss: TRL's loss gets the plain reference and q is
+    computed from its own forward's entropies (the official code's place for it)."""
     trainer, model = branch_trainer, branch_trainer.model
     monkeypatch.setattr(trainer, "loss_type", loss_type)
     monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
+    monkeypatch.setattr(trainer.args, "sage_q_source", q_source)
     with torch.no_grad():
         raw_ref, _ = _policy_forward(model, branch_batch, disable_adapter=True)
     batch = dict(branch_batch)
     guide = estimator != "forward"
+    plain_ref = torch.where(batch["completion_mask"].bool(), raw_ref, torch.zeros_like(raw_ref))
     if not guide:  # the forward-KL baseline runs without a guide: feed TRL the plain reference
-        batch["ref_per_token_logps"] = raw_ref
+        monkeypatch.setattr(trainer.args, "sage_guide", "none")
+        batch["ref_per_token_logps"] = plain_ref
+    elif q_source == "loss":
+        batch["ref_per_token_logps"] = plain_ref
+        kept = batch["ref_per_token_logps"]
     assert batch["num_items_in_batch"].item() == batch["completion_mask"].sum().item()
     params = _lora_params(model)
 
@@ -250,6 +262,9 @@ def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypat
     expected_grads = torch.autograd.grad(expected, params)
 
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    if guide and q_source == "loss":
+        assert batch["ref_per_token_logps"] is kept, "the in-loss shift must not touch the buffered batch"
+        assert trainer._metrics["train"]["sage/q_max"][-1] == pytest.approx(on.max().item())
     assert logged_kl == pytest.approx(expected_kl, rel=1e-5, abs=1e-7)
     worst = max((g - e).abs().max().item() for g, e in zip(grads, expected_grads))
     assert worst < 1e-6
@@ -418,6 +433,7 @@ def test_config_pins_paper_defaults(tmp_path):
     (dict(loss_type="ppo"), "loss_type"),
     (dict(kl_estimator="k4"), "kl_estimator"),
     (dict(sage_token_norm="max"), "sage_token_norm"),
+    (dict(sage_q_source="generation"), "sage_q_source"),
     (dict(kl_estimator="forward", sage_guide="branch"), "sage_guide"),
     (dict(kl_estimator="k2", loss_type="cispo", backend="trl"), "loss_type"),
 ])
@@ -458,9 +474,10 @@ def test_cpu_logprob_fallback_matches_log_softmax():
 # --------------------------------------------------------------------- training smoke
 
 
-@pytest.mark.parametrize("guide", ["none", "branch", "token", "random"])
-def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide):
-    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, max_steps=2))
+@pytest.mark.parametrize("guide,q_source", [("none", "auto"), ("branch", "auto"), ("branch", "rollout"),
+                                            ("token", "auto"), ("random", "auto")])
+def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_source):
+    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source=q_source, max_steps=2))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert before and all("lora_" in n for n in before)
     trainer.train()
@@ -471,3 +488,7 @@ def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide):
     assert len(logged) == 2 and all(math.isfinite(e["loss"]) for e in logged)
     if guide == "none":
         assert all(e["sage/q_mean"] == 1.0 for e in logged)
+    else:
+        assert any(e["sage/q_max"] > 1.0 for e in logged)
+    # the extra no-grad policy pass runs only where no forward of TRL's provides the statistics
+    assert trainer.sage_forward_passes == (2 if (guide, q_source) == ("branch", "rollout") else 0)

@@ -18,6 +18,7 @@ GUIDES = ("none", "branch", "token", "random")
 KL_ESTIMATORS = ("k3", "k2", "forward")
 TOKEN_NORMS = ("minmax", "rank", "zscore")
 BACKENDS = ("unsloth", "trl")
+Q_SOURCES = ("auto", "loss", "rollout")
 # TRL 1.15's loss types. SAGE only shifts the KL anchor, so any of them works with k3; the loss-level
 # k2 / forward terms re-aggregate the KL and know only the four token-level paper types.
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
@@ -57,6 +58,15 @@ class SageGRPOConfig(GRPOConfig):
     sage_schedule_decay: float = field(default=0.9, metadata=_help("Upper bounds shrink by this each cycle."))
     sage_seed: int | None = field(
         default=None, metadata=_help("Seed of the token/random guide noise generator; None uses `seed`.")
+    )
+    sage_q_source: str = field(
+        default="auto",
+        metadata=_help(
+            "Where branch/token q is computed: 'loss' (in TRL's loss, from the entropies/logps its forward already "
+            "returns: no extra pass, the official code's semantics; TRL trainer only), 'rollout' (after "
+            "generation, one extra no-grad pass; the only way into Unsloth's patched loss), 'auto' (loss on "
+            "TRL's trainer, rollout on Unsloth's). The random guide is always drawn at rollout."
+        ),
     )
     kl_estimator: str = field(
         default="k3",
@@ -108,6 +118,8 @@ class SageGRPOConfig(GRPOConfig):
             fail(f"kl_estimator={self.kl_estimator!r} is unknown: use one of {', '.join(KL_ESTIMATORS)}")
         if self.sage_token_norm not in TOKEN_NORMS:
             fail(f"sage_token_norm={self.sage_token_norm!r} is unknown: use one of {', '.join(TOKEN_NORMS)}")
+        if self.sage_q_source not in Q_SOURCES:
+            fail(f"sage_q_source={self.sage_q_source!r} is unknown: use one of {', '.join(Q_SOURCES)}")
         if self.backend not in BACKENDS:
             fail(f"backend={self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
         if self.loss_type not in LOSS_TYPES:
@@ -133,13 +145,14 @@ class SageGRPOConfig(GRPOConfig):
             fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
 
     def _warn_off_policy_q(self) -> None:
-        if self.sage_guide == "none":
+        if self.sage_guide == "none" or (self.sage_q_source == "loss" and self.sage_guide != "random"):
             return
         if self.num_iterations != 1 or self.steps_per_generation != self.gradient_accumulation_steps:
             warnings.warn(
                 f"sage_guide={self.sage_guide!r} with num_iterations={self.num_iterations}, steps_per_generation="
                 f"{self.steps_per_generation}, gradient_accumulation_steps={self.gradient_accumulation_steps}: q is "
-                "computed from the rollout policy, not the in-loss policy as in the official code",
+                "computed from the rollout policy (sage_q_source rollout, or auto under Unsloth), not the in-loss "
+                "policy as in the official code",
                 stacklevel=3,
             )
 

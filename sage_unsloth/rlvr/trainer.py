@@ -167,6 +167,7 @@ class SageTrainerMixin:
                 f"kl_estimator={cfg.kl_estimator!r} is not a shifted reference and Unsloth's patched loss only "
                 "reads the reference: use backend=trl (TRL's loss) or kl_estimator=k3"
             )
+        self.sage_q_in_loss  # noqa: B018 - raises now for sage_q_source='loss' on Unsloth's loss
         self._sage_schedule = None
         if cfg.sage_guide in ("token", "random"):
             max_steps = max(1, int(self.args.max_steps if self.args.max_steps > 0 else 1000))
@@ -185,6 +186,16 @@ class SageTrainerMixin:
         self.sage_forward_passes = 0  # extra no-grad policy forwards this trainer ran for q (for benchmarks)
 
     # -- q ----------------------------------------------------------------------------------------------
+
+    @property
+    def sage_q_in_loss(self) -> bool:
+        """Branch/token q computed inside TRL's loss from its own forward (no extra pass)?"""
+        source = self.args.sage_q_source
+        if source == "loss" and self._sage_patched:
+            raise ValueError("sage_q_source='loss' needs TRL's loss; Unsloth's patched loss never calls it: "
+                             "use sage_q_source=rollout or auto")
+        in_loss = source == "loss" or (source == "auto" and not self._sage_patched)
+        return in_loss and self.args.sage_guide in ("branch", "token")
 
     def _sage_old_logps_forward_planned(self) -> bool:
         """TRL 1.15's condition for scoring old_per_token_logps in _generate_and_score_completions."""
@@ -240,7 +251,8 @@ class SageTrainerMixin:
         return logps, entropies
 
     def sage_compute_q(self, output: dict, captured: dict | None = None) -> torch.Tensor:
-        """q (B, C) in TRL's layout for this rollout batch; 1 on masked tokens."""
+        """q (B, C) in TRL's layout for this batch; 1 on masked tokens. ``captured`` may hold the policy's
+        logps / entropies already computed by a forward TRL ran anyway."""
         cfg = self.args
         mask = output["completion_mask"]
         if "tool_mask" in output:
@@ -297,6 +309,8 @@ class SageTrainerMixin:
 
     def _generate_and_score_completions(self, inputs):
         guide = self.args.sage_guide
+        if self.sage_q_in_loss:  # q is computed in _compute_loss from the loss forward's own outputs
+            return super()._generate_and_score_completions(inputs)
         captured = None
         if guide in ("branch", "token") and not self._sage_patched and self._sage_old_logps_forward_planned():
             captured = {"need_entropy": guide == "branch"}
@@ -316,14 +330,19 @@ class SageTrainerMixin:
 
     def _compute_loss(self, model, inputs):
         estimator = self.args.kl_estimator
-        if estimator == "k3" or self.beta == 0.0:
+        q_in_loss = self.sage_q_in_loss
+        if not q_in_loss and (estimator == "k3" or self.beta == 0.0):
             return super()._compute_loss(model, inputs)
+        inputs = dict(inputs)  # the batch is reused across num_iterations: shift a copy, never the buffer
         captured = {}
         original = super()._get_per_token_logps_and_entropies
 
         def capture_logps(*a, **kw):
             result = original(*a, **kw)
-            captured.setdefault("logps", result[0])
+            if "logps" not in captured:  # the loss's own forward: TRL reads the reference only after it
+                captured["logps"] = result[0]
+                if q_in_loss:
+                    self._sage_shift_in_loss(inputs, result[0], result[1])
             return result
 
         self._get_per_token_logps_and_entropies = capture_logps  # instance attribute: this call only
@@ -331,7 +350,18 @@ class SageTrainerMixin:
             loss = super()._compute_loss(model, inputs)
         finally:
             del self._get_per_token_logps_and_entropies
+        if estimator == "k3" or self.beta == 0.0:
+            return loss
         return loss + self._sage_kl_correction(inputs, captured["logps"])
+
+    def _sage_shift_in_loss(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor | None) -> None:
+        """The official code's order: q from the current policy's entropies / logps, no gradient."""
+        stats = {"logps": logps.detach(), "entropies": None if entropies is None else entropies.detach()}
+        q = self.sage_compute_q(inputs, stats)
+        mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+        self._sage_log_q_metrics(q, mask)
+        if self.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
+            inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"] + anchor.log_q(q).to(logps.dtype)
 
     def _sage_kl_correction(self, inputs: dict, logps: torch.Tensor) -> torch.Tensor:
         """beta * agg(kl_estimator - k3): swaps TRL's k3 term for k2 / forward, leaving the rest of its loss."""
