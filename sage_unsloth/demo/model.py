@@ -1,0 +1,30 @@
+"""The demo's model: the kit's tiny random Qwen2, a little wider, with a tokenizer fitted to the task.
+
+Numbers are tokenized digit by digit (the saved tokenizer loads as Qwen2's, whose pre-tokenizer splits
+every digit, like the real Qwen2.5 models), so an addition step is short carry arithmetic over digit
+tokens. The extra BPE corpus only makes the task's prompt words and the evaluator's user template cheap.
+Everything is built offline in seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..prompts import EVAL_USER_TEMPLATE
+from ..testing import build_tiny_model
+
+# Model shape used by the demo (overrides of sage_unsloth.testing.tiny_model_config).
+# The kit's tiny shape (hidden 128, 2 layers, ~0.4M parameters): measured to learn the task in a few hundred
+# CPU steps; wider/deeper models cost 3-5x more per step on 2 cores.
+DEMO_MODEL_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+
+
+def demo_corpus() -> list[str]:
+    return [EVAL_USER_TEMPLATE.format(problem="What is 1+2+3+4?")] * 8
+
+
+def build_demo_model(out_dir: str | Path, *, seed: int = 0, **shape_overrides) -> Path:
+    """Write the demo's random model + tokenizer to ``out_dir`` (see DEMO_MODEL_SHAPE)."""
+    shape = {**DEMO_MODEL_SHAPE, **shape_overrides}
+    return build_tiny_model(out_dir, seed=seed, extra_corpus=demo_corpus(), **shape)
