@@ -88,7 +88,9 @@ if TINY:  # CI: the whole recipe on CPU in about a minute: tiny random model, 2 
 #
 # Finds (or clones) the repository and installs it with `pip install -e "<repo>[gpu]"`: the versions pinned in
 # its `pyproject.toml` (torch, transformers, TRL, Unsloth, vLLM), several GB of downloads, ~5-10 minutes.
-# A read-only folder (a Kaggle dataset under `/kaggle/input`) is copied to `./sage-unsloth` first.
+# A read-only folder (a Kaggle dataset under `/kaggle/input`) is copied to `./sage-unsloth` first. The stages run
+# in fresh processes, so the new packages are used without restarting; if the platform still asks for a
+# restart, restart and run all cells again with `INSTALL = False`.
 
 # %%
 import shutil

@@ -109,9 +109,12 @@ def gpu_info() -> list[GPU]:
 
 def hardware_overrides(gpus: list[GPU]) -> dict[str, list[str]]:
     """Per-stage flags for GPUs older than sm_70 (Kaggle's P100): vLLM and Unsloth's Triton kernels need
-    sm_70+, so training falls back to transformers + peft (HF generation) and evaluation to the HF sampler."""
+    sm_70+, so training falls back to transformers + peft (HF generation) and evaluation to the HF sampler.
+    Without Unsloth nothing turns fp16 mixed precision on by itself (the LoRA weights stay float32, so the
+    gradient scaler applies), hence ``--fp16 true``."""
     if gpus and gpus[0].compute_capability < 7.0:
-        return {"sft": ["--backend", "trl"], "rlvr": ["--backend", "trl", "--use_vllm", "false"],
+        return {"sft": ["--backend", "trl", "--fp16", "true"],
+                "rlvr": ["--backend", "trl", "--use_vllm", "false", "--fp16", "true"],
                 "eval": ["--backend", "hf"]}
     return {}
 
@@ -357,12 +360,19 @@ def wandb_api_key(name: str = "WANDB_API_KEY") -> str:
 
 # ----------------------------------------------------------------------------------------------- report
 def report_tables(recipe: Recipe):
-    """(pass@1 / pass@k per run and dataset with CIs, paired differences) from the report stage's CSVs."""
+    """From the report stage's CSVs: (one row per run, a "value [CI]" column per dataset and k; the paired
+    differences). Formatting only: every number comes from the report stage."""
     import pandas as pd
 
     assets = recipe.report_md.with_suffix("")
     comparison = pd.read_csv(assets / "comparison.csv")
-    table = comparison[["run", "dataset", "metric", "k", "value", "ci_low", "ci_high"]]
+    k = comparison["k"].map(lambda v: "?" if pd.isna(v) else str(int(v)))
+    cell = [("missing" if pd.isna(v) else f"{v:.3f}" + ("" if pd.isna(lo) else f" [{lo:.3f}, {hi:.3f}]"))
+            for v, lo, hi in zip(comparison["value"], comparison["ci_low"], comparison["ci_high"])]
+    frame = comparison.assign(column=comparison["dataset"] + " pass@" + k, cell=cell)
+    table = frame.pivot_table(index="run", columns="column", values="cell", aggfunc="first", sort=False)
+    order = [name for name, _ in recipe.eval_runs() if name in table.index]
+    table = table.reindex(order + [name for name in table.index if name not in order])
     pairs = pd.read_csv(assets / "pairs.csv")[["run_a", "run_b", "dataset", "metric", "k", "diff", "ci_low",
                                                 "ci_high"]]
     return table, pairs
@@ -373,8 +383,8 @@ def show_report(recipe: Recipe) -> None:
     from IPython.display import Image, Markdown, display
 
     table, pairs = report_tables(recipe)
-    display(Markdown(f"**pass@k** (`{recipe.report_md}` has CIs and everything else)"))
-    display(table.round(3))
+    display(Markdown(f"**pass@k** with 95% bootstrap CIs over problems (full report: `{recipe.report_md}`)"))
+    display(table)
     if not pairs.empty:
         display(Markdown("**Paired differences** (A − B, bootstrap CI over problems)"))
         display(pairs.round(3))

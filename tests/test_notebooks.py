@@ -102,7 +102,7 @@ def test_gpu_preset_commands_parse_with_each_stages_parser(platform, gpu, tmp_pa
         grpo, stage, model, _ = rlvr_parse(recipe.command("rlvr", variant)[3:])
         assert stage.variant == variant and Path(stage.sft_dir) == recipe.sft_dir
         assert grpo.sage_guide == ("branch" if variant == "grpo_branch" else "none") and grpo.beta == 0.05
-        assert grpo.max_steps == 40 and model.dtype == "float16" and not grpo.bf16 and not grpo.fp16
+        assert grpo.max_steps == 40 and model.dtype == "float16" and not grpo.bf16 and grpo.fp16 is old_gpu
         assert grpo.use_vllm is not old_gpu and grpo.backend == ("trl" if old_gpu else "unsloth")
         assert model.load_in_4bit is (platform == "kaggle")
         # Unsloth's batch rule and TRL's generation batch rule hold without adjustment.
@@ -157,6 +157,21 @@ def test_wandb_key_comes_from_the_environment_and_is_not_printed(monkeypatch, ca
     assert "secret-123" not in capsys.readouterr().out
 
 
+def test_report_table_has_one_row_per_run_in_recipe_order(tmp_path):
+    assets = tmp_path / "results" / "report"
+    assets.mkdir(parents=True)
+    (assets / "comparison.csv").write_text(
+        "model,run,dataset,metric,k,value,ci_low,ci_high\n"
+        "m,grpo_branch,math500,pass@1,1,0.25,0.1,0.4\n"
+        "m,sft,math500,pass@1,1,0.125,0.0,0.3\n"
+        "m,sft,math500,pass@k,8,,,\n")
+    (assets / "pairs.csv").write_text("model,run_a,run_b,dataset,metric,k,diff,ci_low,ci_high,n_problems,status\n")
+    table, pairs = nb.report_tables(_recipe("colab", tmp_path))
+    assert list(table.index) == ["sft", "grpo_branch"] and pairs.empty
+    assert table.loc["grpo_branch", "math500 pass@1"] == "0.250 [0.100, 0.400]"
+    assert table.loc["sft", "math500 pass@8"] == "missing"
+
+
 # ----------------------------------------------------------------------------------------------- execution
 def test_both_notebooks_run_the_recipe_on_cpu_with_the_tiny_model(tmp_path, shared_data):
     """Colab first (every stage runs), then Kaggle on the same work folder: its training stages are found
@@ -203,7 +218,7 @@ def test_both_notebooks_run_the_recipe_on_cpu_with_the_tiny_model(tmp_path, shar
     assert "[skip]" not in colab_text
     assert "\n".join(texts(outputs["kaggle"], "text/plain")).count("[skip]") == 3  # sft, grpo, grpo_branch
     for notebook in outputs.values():
-        report_cell = notebook.cells[-2]
+        report_cell = next(c for c in notebook.cells if "nb.show_report(recipe)" in c.source)
         mimes = [m for o in report_cell.outputs for m in o.get("data", {})]
         assert "image/png" in mimes and "text/html" in mimes
         html = "\n".join(texts(notebook, "text/html"))
