@@ -294,6 +294,9 @@ def test_resume_continues_step_count_and_optimizer_state(sft_dir, tmp_path, shar
     assert len(restored) == len(saved["state"]) > 0
     for i, state in saved["state"].items():
         assert torch.equal(restored[i], state["exp_avg"]) and state["exp_avg"].abs().sum() > 0
+    sft = _adapter(sft_dir)  # the anchor is still the SFT adapter, not the checkpoint's policy
+    refs = {n.replace(".ref.", "."): p for n, p in built.model.named_parameters() if ".ref." in n}
+    assert refs.keys() == sft.keys() and all(torch.equal(p.detach(), sft[k]) for k, p in refs.items())
     resumed = torch.load(out / "checkpoint-4" / "optimizer.pt", weights_only=False)
     assert {s["step"].item() for s in resumed["state"].values()} == {4.0}  # 2 restored + 2 new, not fresh
     assert json.loads((out / "manifest.json").read_text())["resumed_from"] == "checkpoint-2"
