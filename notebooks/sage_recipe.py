@@ -125,8 +125,10 @@ print("sage-unsloth from", REPO)
 
 # %%
 if USE_WANDB:
-    os.environ["WANDB_API_KEY"] = nb.wandb_api_key()
-    USE_WANDB = bool(os.environ["WANDB_API_KEY"])
+    key = nb.wandb_api_key()
+    if key:
+        os.environ["WANDB_API_KEY"] = key
+    USE_WANDB, key = bool(key), None
 print("W&B logging:", "on" if USE_WANDB else "off")
 
 # %% [markdown]
