@@ -477,7 +477,8 @@ def test_cpu_logprob_fallback_matches_log_softmax():
 @pytest.mark.parametrize("guide,q_source", [("none", "auto"), ("branch", "auto"), ("branch", "rollout"),
                                             ("token", "auto"), ("random", "auto")])
 def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_source):
-    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source=q_source, max_steps=2))
+    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source=q_source, max_steps=2,
+                                             per_device_train_batch_size=4, max_completion_length=8))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert before and all("lora_" in n for n in before)
     trainer.train()
@@ -492,3 +493,84 @@ def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_sourc
         assert any(e["sage/q_max"] > 1.0 for e in logged)
     # the extra no-grad policy pass runs only where no forward of TRL's provides the statistics
     assert trainer.sage_forward_passes == (2 if (guide, q_source) == ("branch", "rollout") else 0)
+
+
+# --------------------------------------------------------------------- canary: Unsloth's patched trainer
+
+CANARY = r'''
+import os, sys, warnings
+warnings.simplefilter("ignore")
+from sage_unsloth.backend import import_unsloth
+import_unsloth()
+import unsloth.models.rl as unsloth_rl
+unsloth_rl._patch_trl_rl_trainers("grpo_trainer")  # private: rewrites TRL's GRPOTrainer as on a GPU
+import math, torch
+from datasets import Dataset
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from sage_unsloth.rlvr.config import SageGRPOConfig
+from sage_unsloth.rlvr.trainer import SageGRPOTrainer, to_unsloth_layout
+
+model_dir = sys.argv[1]
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+model.for_training = model.for_inference = lambda *a, **k: None  # FastLanguageModel's mode switches
+model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+prompts = ["What is 2+3?", "Compute the sum of the first ten odd positive integers, then double it."]
+dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts] * 4)
+# tau = 0: every completion token gets q = q_max = 1.4, so the KL is known in closed form.
+args = SageGRPOConfig(output_dir="out", backend="trl", sage_guide="branch", sage_tau=0.0, max_steps=1,
+                      per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
+                      report_to="none", logging_steps=1, save_strategy="no", use_cpu=True)
+trainer = SageGRPOTrainer(model=model, reward_funcs=lambda completions, **k: [float(len(c)) for c in completions],
+                          args=args, train_dataset=dataset, processing_class=tokenizer)
+assert type(trainer).__mro__[2].__name__ == "UnslothGRPOTrainer", type(trainer).__mro__
+seen, before_shift = {}, {}
+patched_compute_loss = trainer.compute_loss
+def spy(model, inputs, *a, **k):
+    seen.update({key: value.clone() if torch.is_tensor(value) else value for key, value in inputs.items()})
+    return patched_compute_loss(model, inputs, *a, **k)
+trainer.compute_loss = spy
+shift = trainer._shift_reference
+def spy_shift(output, q):
+    before_shift.update(ref=output["ref_per_token_logps"].clone(), ids=output["completion_ids"].clone())
+    shift(output, q)
+    before_shift["shifted"] = output["ref_per_token_logps"].clone()
+trainer._shift_reference = spy_shift
+trainer.train()
+
+b = seen
+c = b["completion_ids"].size(1)
+m = int(b["max_left_pad"][0])
+assert m > 0 and b["ref_per_token_logps"].shape == (8, c + m), (b["ref_per_token_logps"].shape, c, m)
+# The patched loss reads exactly the reference the mixin shifted (rows are shuffled into the buffer).
+order = [next(j for j in range(8) if torch.equal(before_shift["ids"][j], row)) for row in b["completion_ids"]]
+torch.testing.assert_close(b["ref_per_token_logps"], before_shift["shifted"][order], atol=0, rtol=0)
+pad = tokenizer.pad_token_id
+log_q = to_unsloth_layout(torch.full((8, c), math.log(1.4)) * b["completion_mask"], b["prompt_ids"],
+                          b["completion_ids"], pad)
+torch.testing.assert_close(b["ref_per_token_logps"] - before_shift["ref"][order], log_q, atol=1e-6, rtol=0)
+# ... and log q sits where Unsloth's own scorer put the completion tokens' logps (non-zero columns).
+placed = before_shift["ref"][order] != 0
+assert torch.equal(placed, log_q != 0), (placed.int(), log_q)
+kl = [e["kl"] for e in trainer.state.log_history if "kl" in e][0]
+k3 = 1.4 - math.log(1.4) - 1
+print("CANARY-OK", kl, k3)
+'''
+
+
+def test_canary_unsloth_patched_trainer_reads_the_shifted_reference(tiny_model_dir, tmp_path):
+    """Unsloth's rewritten GRPOTrainer forced on CPU (private API): the mixin over it puts log q, in its
+    left-packed (B, C + max_left_pad) layout, on exactly the columns where Unsloth's own scorer placed the
+    completion tokens, and that shifted tensor is what its compute_loss (the zoo loss) receives."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_DISABLE="1", HF_HUB_OFFLINE="1")
+    script = tmp_path / "canary.py"
+    script.write_text(CANARY)
+    # cwd = tmp_path: Unsloth writes its unsloth_compiled_cache/ there, not into the repository.
+    result = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "CANARY-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-5000:]

@@ -125,7 +125,10 @@ _UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache")
 
 def is_unsloth_patched(cls: type) -> bool:
     """True when ``cls`` derives from Unsloth's rewritten GRPOTrainer (unsloth_compiled_cache)."""
-    return any((klass.__module__ or "").split(".")[0] in _UNSLOTH_PACKAGES for klass in cls.__mro__)
+    # Its module is "unsloth_compiled_cache.UnslothGRPOTrainer" or, with the cache on sys.path,
+    # "UnslothGRPOTrainer"; the class is named UnslothGRPOTrainer over _UnslothGRPOTrainer.
+    return any((klass.__module__ or "").split(".")[0] in _UNSLOTH_PACKAGES or klass.__name__.startswith("Unsloth")
+               for klass in cls.__mro__ if klass is not SageTrainerMixin)
 
 
 @torch.no_grad()
@@ -423,7 +426,16 @@ def _fill_unsloth_config_fields(args, base: type) -> None:
 
     import trl
 
-    config_cls = trl.GRPOConfig
+    import sys
+
+    # The patched trainer's own module defines UnslothGRPOConfig (trl.GRPOConfig is rebound only by the full
+    # `import unsloth` patching on a GPU).
+    config_cls = None
+    for klass in base.__mro__:
+        config_cls = getattr(sys.modules.get(klass.__module__), "UnslothGRPOConfig", None)
+        if config_cls is not None:
+            break
+    config_cls = config_cls or trl.GRPOConfig
     if not dataclasses.is_dataclass(config_cls):
         return
     for f in dataclasses.fields(config_cls):
