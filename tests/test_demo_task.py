@@ -1,6 +1,7 @@
 """The demo task: answers, strategy labelling by rule, seeded data files, disjoint splits."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,7 @@ def test_both_strategies_write_the_expected_working_and_the_right_sum():
             assert int(working.rsplit("=", 1)[1]) == sum(numbers)
             # every line is right: a step ``x+y=z``, or a regrouping/partial sum of the whole list
             for line in working.replace("(", "").replace(")", "").splitlines():
-                terms = lambda side: sum(int(x) for x in side.split("+"))  # noqa: E731
+                terms = lambda side: sum(int(x) for x in side.split("+"))
                 if "=" in line.lstrip("="):
                     lhs, rhs = line.split("=")
                     assert terms(lhs) == int(rhs)
@@ -84,7 +85,7 @@ def test_generators_are_deterministic_and_seed_dependent(tmp_path):
 
 def test_files_have_the_stage_layouts_and_correct_golds(tmp_path):
     paths = write_demo_data(tmp_path, SMALL)
-    read = lambda key: [json.loads(line) for line in paths[key].read_text().splitlines()]  # noqa: E731
+    read = lambda key: [json.loads(line) for line in paths[key].read_text().splitlines()]
     sft, rl, ev = read("sft"), read("rl"), read("eval")
     assert paths["eval"].name == "demo.jsonl"
     assert len(sft) == 500 and len(rl) == 100 and len(ev) == 50
@@ -133,3 +134,21 @@ def test_bad_task_settings_fail_clearly():
         T.split_problems(T.SumTask(n_terms=3, low=1, high=2), seed=0, n_eval=4, n_rl=4)
     with pytest.raises(ValueError, match="rare_fraction"):
         sft_rows(DemoDataSpec(rare_fraction=1.5))
+
+
+def test_strategy_rows_count_shares_accuracy_and_coverage():
+    from sage_unsloth.demo.strategies import markdown_section, strategy_rows
+
+    a_ok = {"text": T.solution((1, 2, 3, 4), "A")[len("<start_working_out>"):], "correct": True}
+    a_bad = {"text": "1+2=3\n3+3=7\n7+4=11<end_working_out><SOLUTION>11", "correct": False}
+    b_ok = {"text": T.solution((1, 2, 3, 4), "B"), "correct": True}
+    junk = {"text": "1+1", "correct": False}
+    records = [{"problem_id": "p0", "completions": [a_ok, a_bad, b_ok, junk]},
+               {"problem_id": "p1", "completions": [a_bad, a_bad, junk, junk]}]
+    rows = {r["strategy"]: r for r in strategy_rows("grpo", records)}
+    assert [rows[s]["completions"] for s in ("A", "B", "other")] == [4, 1, 3]
+    assert rows["A"]["fraction"] == 0.5 and rows["B"]["fraction"] == 0.125
+    assert rows["A"]["accuracy"] == 0.25 and rows["B"]["accuracy"] == 1.0 and rows["other"]["accuracy"] == 0.0
+    assert rows["A"]["problems_solved_fraction"] == 0.5 and rows["other"]["problems_solved_fraction"] == 0.0
+    section = markdown_section(list(rows.values()), None, Path("."))
+    assert "| grpo | 0.500 | 0.125 | 0.375 | 0.250 | 1.000 | 0.500 | 0.500 |" in section

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..manifest import atomic_write_text
-from .task import SumTask, gold_answer, problem_text, split_problems, WORKING
+from .task import WORKING, SumTask, gold_answer, problem_text, split_problems
 
 SFT_FILE = "sft.jsonl"
 RL_FILE = "rl.jsonl"

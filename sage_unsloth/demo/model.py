@@ -16,8 +16,8 @@ from ..testing import build_tiny_model
 # Model shape used by the demo (overrides of sage_unsloth.testing.tiny_model_config).
 # The kit's tiny shape (hidden 128, 2 layers, ~0.4M parameters): measured to learn the task in a few hundred
 # CPU steps; wider/deeper models cost 3-5x more per step on 2 cores.
-DEMO_MODEL_SHAPE = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+DEMO_MODEL_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}
 
 
 def demo_corpus() -> list[str]:

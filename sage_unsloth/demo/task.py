@@ -117,8 +117,7 @@ def extract_working(completion: str) -> str | None:
     (it ends the prompt); a leading one is accepted and stripped.
     """
     text = completion.lstrip()
-    if text.startswith(REASONING_START):
-        text = text[len(REASONING_START):]
+    text = text.removeprefix(REASONING_START)
     if REASONING_START in text or REASONING_END not in text:
         return None
     return text.split(REASONING_END, 1)[0].strip()
