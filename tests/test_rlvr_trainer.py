@@ -14,7 +14,7 @@ TEMPERATURE = 0.8
 LOGIT_SCALE = 8.0
 # With the output head scaled by LOGIT_SCALE the tiny model's token entropies spread over ~0.05-4 nats, so the
 # paper's branch guide (gamma 0.3, tau 1.2) leaves some tokens at q = 1, raises others and clips a few at 1.4.
-BRANCH = dict(sage_gamma=0.3, sage_tau=1.2)
+BRANCH = {"sage_gamma": 0.3, "sage_tau": 1.2}
 PROMPTS = ["What is 2+3?", "Compute the sum of the first ten odd positive integers, then double it."]
 
 
@@ -116,9 +116,7 @@ def oracle_loss(model, batch, raw_ref, *, loss_type, beta, estimator="k3", guide
     per_token = -torch.min(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv) + beta * kl
     if loss_type == "grpo":
         loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
-    elif loss_type == "bnpo":
-        loss = (per_token * mask).sum() / mask.sum()
-    elif loss_type == "dapo":  # tokens of the whole generation batch (GA = steps_per_generation = 1)
+    elif loss_type == "bnpo" or loss_type == "dapo":
         loss = (per_token * mask).sum() / mask.sum()
     elif loss_type == "dr_grpo":
         loss = (per_token * mask).sum() / (mask.size(0) * max_completion_length)
@@ -199,7 +197,7 @@ def test_trl_kl_equals_k3_on_shifted_reference(tiny_model_dir, tmp_path, branch_
     if guide == "branch":
         trainer, batch = branch_trainer, branch_batch
     else:
-        overrides = dict(sage_eps_upper=0.5, sage_eps_lower=0.5) if guide == "random" else {}
+        overrides = {"sage_eps_upper": 0.5, "sage_eps_lower": 0.5} if guide == "random" else {}
         trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source="rollout", **overrides))
         batch = _rollout(trainer)
     mask = batch["completion_mask"].bool()
@@ -295,7 +293,129 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
                            num_processes=1, accumulation_steps=1, steps_per_generation=1, training=True)
 
 
+# --------------------------------------------------------------------- factory + config
+
+
+def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
+    import trl
+
+    from sage_unsloth.rlvr.trainer import SageTrainerMixin, is_unsloth_patched, make_sage_trainer_class
+
+    class UnslothGRPOTrainer(trl.GRPOTrainer):  # stands in for the class `import unsloth` installs on a GPU
+        pass
+
+    UnslothGRPOTrainer.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
+    monkeypatch.setattr(trl, "GRPOTrainer", UnslothGRPOTrainer)
+    cls = make_sage_trainer_class()
+    assert cls.__mro__[1:3] == (SageTrainerMixin, UnslothGRPOTrainer)
+    assert is_unsloth_patched(cls) and not is_unsloth_patched(make_sage_trainer_class(trl.trainer.GRPOTrainer))
+
+
+def test_config_pins_paper_defaults(tmp_path):
+    from sage_unsloth.rlvr.config import SageGRPOConfig
+
+    args = SageGRPOConfig(output_dir=str(tmp_path), report_to="none")
+    assert (args.loss_type, args.beta, args.learning_rate, args.gradient_accumulation_steps) == ("grpo", 0.05, 5e-6, 1)
+    assert (args.num_generations, args.temperature, args.min_p, args.top_p, args.epsilon) == (8, 1.0, 0.01, 1.0, 0.2)
+    assert (args.weight_decay, args.seed, args.use_bias_correction_kl) == (0.01, 3407, False)
+    assert args.lr_scheduler_type == "constant" and "adamw_torch" in str(args.optim).lower()
+    assert (args.sage_guide, args.sage_q_min, args.sage_q_max, args.kl_estimator) == ("none", 0.6, 1.4, "k3")
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"sage_guide": "branch", "beta": 0.0}, "beta"),
+    ({"sage_q_min": 1.5}, "sage_q_min"),
+    ({"sage_q_min": 0.0}, "sage_q_min"),
+    ({"sage_guide": "entropy"}, "sage_guide"),
+    ({"loss_type": "ppo"}, "loss_type"),
+    ({"kl_estimator": "k4"}, "kl_estimator"),
+    ({"sage_token_norm": "max"}, "sage_token_norm"),
+    ({"sage_q_source": "generation"}, "sage_q_source"),
+    ({"kl_estimator": "forward", "sage_guide": "branch"}, "sage_guide"),
+    ({"kl_estimator": "k2", "loss_type": "cispo", "backend": "trl"}, "loss_type"),
+])
+def test_config_rejects_bad_values_in_one_line(tmp_path, overrides, field):
+    from sage_unsloth.rlvr.config import SageGRPOConfig
+
+    with pytest.raises(ValueError) as error:
+        SageGRPOConfig(output_dir=str(tmp_path), report_to="none", **overrides)
+    message = str(error.value)
+    assert field in message and "\n" not in message
+
+
+def test_config_warns_when_q_comes_from_the_rollout_policy(tmp_path):
+    import warnings
+
+    from sage_unsloth.rlvr.config import SageGRPOConfig
+
+    common = {"output_dir": str(tmp_path), "report_to": "none", "sage_guide": "branch"}
+    with pytest.warns(UserWarning, match="rollout policy"):
+        SageGRPOConfig(**common, sage_q_source="rollout", num_iterations=2)
+    with pytest.warns(UserWarning, match="rollout policy"):
+        SageGRPOConfig(**common, sage_q_source="rollout", per_device_train_batch_size=8, generation_batch_size=16)
+    with warnings.catch_warnings():  # q in TRL's loss (auto on TRL's trainer) is the official order: no warning
+        warnings.simplefilter("error")
+        config = SageGRPOConfig(**common, backend="trl", num_iterations=2)
+    assert config.expected_q_source == "loss"
+
+
+def test_plain_entropy_pass_matches_a_direct_forward(branch_trainer, branch_batch):
+    """The extra no-grad pass used under Unsloth (whose scorer returns no entropies)."""
+    from sage_unsloth.rlvr.trainer import policy_logps_and_entropies
+
+    b = branch_batch
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    attention = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+    logps, entropies = policy_logps_and_entropies(branch_trainer.model, ids, attention, ids.size(1) - b["prompt_ids"].size(1),
+                                                  TEMPERATURE, rows_per_chunk=3)
+    with torch.no_grad():
+        want_logps, log_probs = _policy_forward(branch_trainer.model, b)
+    mask = b["completion_mask"].bool()
+    torch.testing.assert_close(logps[mask], want_logps[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropies[mask], -(log_probs.exp() * log_probs).sum(-1)[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_logprob_fallback_matches_log_softmax():
+    import trl.trainer.utils as trl_utils
+
+    from sage_unsloth.rlvr.trainer import TorchChunkedLogProb
+
+    assert hasattr(trl_utils, "_ChunkedLogProbFunction")  # the module global TRL's fused head calls
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(5, 8, generator=gen), torch.randn(11, 8, generator=gen)
+    targets = torch.randint(0, 11, (5,), generator=gen)
+    logp, entropy, *_ = TorchChunkedLogProb.apply(hidden, weight, None, targets, 0.7, 4, None, 1.0, ("entropy",))
+    log_probs = torch.log_softmax(hidden @ weight.T / 0.7, -1)
+    torch.testing.assert_close(logp, log_probs[torch.arange(5), targets])
+    torch.testing.assert_close(entropy, -(log_probs.exp() * log_probs).sum(-1))
+
+
+# --------------------------------------------------------------------- training smoke
+
+
+@pytest.mark.parametrize("guide,q_source", [("none", "auto"), ("branch", "auto"), ("branch", "rollout"),
+                                            ("token", "auto"), ("random", "auto")])
+def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_source):
+    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source=q_source, max_steps=2,
+                                             per_device_train_batch_size=4, max_completion_length=8))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert before and all("lora_" in n for n in before)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
+    assert len(changed) == len(before)
+    logged = [entry for entry in trainer.state.log_history if "sage/q_mean" in entry]
+    assert len(logged) == 2 and all(math.isfinite(e["loss"]) for e in logged)
+    if guide == "none":
+        assert all(e["sage/q_mean"] == 1.0 for e in logged)
+    else:
+        assert any(e["sage/q_max"] > 1.0 for e in logged)
+    # the extra no-grad policy pass runs only where no forward of TRL's provides the statistics
+    assert trainer.sage_forward_passes == (2 if (guide, q_source) == ("branch", "rollout") else 0)
+
+
 # --------------------------------------------------------------------- Unsloth: layout + zoo loss parity
+# (last in the file: importing unsloth patches transformers in this process)
 
 
 def test_unsloth_layout_mapping_on_hand_built_batch():
@@ -396,105 +516,6 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
         assert max((a - b).abs().max().item() for a, b in zip(zoo_grads, trl_grads)) < 1e-6, layout
 
 
-# --------------------------------------------------------------------- factory + config
-
-
-def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
-    import trl
-
-    from sage_unsloth.rlvr.trainer import SageTrainerMixin, is_unsloth_patched, make_sage_trainer_class
-
-    class UnslothGRPOTrainer(trl.GRPOTrainer):  # stands in for the class `import unsloth` installs on a GPU
-        pass
-
-    UnslothGRPOTrainer.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
-    monkeypatch.setattr(trl, "GRPOTrainer", UnslothGRPOTrainer)
-    cls = make_sage_trainer_class()
-    assert cls.__mro__[1:3] == (SageTrainerMixin, UnslothGRPOTrainer)
-    assert is_unsloth_patched(cls) and not is_unsloth_patched(make_sage_trainer_class(trl.trainer.GRPOTrainer))
-
-
-def test_config_pins_paper_defaults(tmp_path):
-    from sage_unsloth.rlvr.config import SageGRPOConfig
-
-    args = SageGRPOConfig(output_dir=str(tmp_path), report_to="none")
-    assert (args.loss_type, args.beta, args.learning_rate, args.gradient_accumulation_steps) == ("grpo", 0.05, 5e-6, 1)
-    assert (args.num_generations, args.temperature, args.min_p, args.top_p, args.epsilon) == (8, 1.0, 0.01, 1.0, 0.2)
-    assert (args.weight_decay, args.seed, args.use_bias_correction_kl) == (0.01, 3407, False)
-    assert args.lr_scheduler_type == "constant" and "adamw_torch" in str(args.optim).lower()
-    assert (args.sage_guide, args.sage_q_min, args.sage_q_max, args.kl_estimator) == ("none", 0.6, 1.4, "k3")
-
-
-@pytest.mark.parametrize("overrides,field", [
-    (dict(sage_guide="branch", beta=0.0), "beta"),
-    (dict(sage_q_min=1.5), "sage_q_min"),
-    (dict(sage_q_min=0.0), "sage_q_min"),
-    (dict(sage_guide="entropy"), "sage_guide"),
-    (dict(loss_type="ppo"), "loss_type"),
-    (dict(kl_estimator="k4"), "kl_estimator"),
-    (dict(sage_token_norm="max"), "sage_token_norm"),
-    (dict(sage_q_source="generation"), "sage_q_source"),
-    (dict(kl_estimator="forward", sage_guide="branch"), "sage_guide"),
-    (dict(kl_estimator="k2", loss_type="cispo", backend="trl"), "loss_type"),
-])
-def test_config_rejects_bad_values_in_one_line(tmp_path, overrides, field):
-    from sage_unsloth.rlvr.config import SageGRPOConfig
-
-    with pytest.raises(ValueError) as error:
-        SageGRPOConfig(output_dir=str(tmp_path), report_to="none", **overrides)
-    message = str(error.value)
-    assert field in message and "\n" not in message
-
-
-def test_config_warns_when_q_comes_from_the_rollout_policy(tmp_path):
-    from sage_unsloth.rlvr.config import SageGRPOConfig
-
-    with pytest.warns(UserWarning, match="rollout policy"):
-        SageGRPOConfig(output_dir=str(tmp_path), report_to="none", sage_guide="branch", num_iterations=2)
-    with pytest.warns(UserWarning, match="rollout policy"):
-        SageGRPOConfig(output_dir=str(tmp_path), report_to="none", sage_guide="branch", per_device_train_batch_size=8,
-                       generation_batch_size=16)
-
-
-def test_cpu_logprob_fallback_matches_log_softmax():
-    import trl.trainer.utils as trl_utils
-
-    from sage_unsloth.rlvr.trainer import TorchChunkedLogProb
-
-    assert hasattr(trl_utils, "_ChunkedLogProbFunction")  # the module global TRL's fused head calls
-    gen = torch.Generator().manual_seed(0)
-    hidden, weight = torch.randn(5, 8, generator=gen), torch.randn(11, 8, generator=gen)
-    targets = torch.randint(0, 11, (5,), generator=gen)
-    logp, entropy, *_ = TorchChunkedLogProb.apply(hidden, weight, None, targets, 0.7, 4, None, 1.0, ("entropy",))
-    log_probs = torch.log_softmax(hidden @ weight.T / 0.7, -1)
-    torch.testing.assert_close(logp, log_probs[torch.arange(5), targets])
-    torch.testing.assert_close(entropy, -(log_probs.exp() * log_probs).sum(-1))
-
-
-# --------------------------------------------------------------------- training smoke
-
-
-@pytest.mark.parametrize("guide,q_source", [("none", "auto"), ("branch", "auto"), ("branch", "rollout"),
-                                            ("token", "auto"), ("random", "auto")])
-def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_source):
-    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source=q_source, max_steps=2,
-                                             per_device_train_batch_size=4, max_completion_length=8))
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    assert before and all("lora_" in n for n in before)
-    trainer.train()
-    assert trainer.state.global_step == 2
-    changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
-    assert len(changed) == len(before)
-    logged = [entry for entry in trainer.state.log_history if "sage/q_mean" in entry]
-    assert len(logged) == 2 and all(math.isfinite(e["loss"]) for e in logged)
-    if guide == "none":
-        assert all(e["sage/q_mean"] == 1.0 for e in logged)
-    else:
-        assert any(e["sage/q_max"] > 1.0 for e in logged)
-    # the extra no-grad policy pass runs only where no forward of TRL's provides the statistics
-    assert trainer.sage_forward_passes == (2 if (guide, q_source) == ("branch", "rollout") else 0)
-
-
 # --------------------------------------------------------------------- canary: Unsloth's patched trainer
 
 CANARY = r'''
@@ -571,6 +592,6 @@ def test_canary_unsloth_patched_trainer_reads_the_shifted_reference(tiny_model_d
     script = tmp_path / "canary.py"
     script.write_text(CANARY)
     # cwd = tmp_path: Unsloth writes its unsloth_compiled_cache/ there, not into the repository.
-    result = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], cwd=tmp_path, env=env,
+    result = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], cwd=tmp_path, env=env, check=False,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "CANARY-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-5000:]

@@ -144,8 +144,17 @@ class SageGRPOConfig(GRPOConfig):
         if self.sage_schedule_cycles < 1:
             fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
 
+    @property
+    def expected_q_source(self) -> str:
+        """Where branch/token q will be computed: TRL's trainer supports 'loss'; Unsloth's patched one (GPU only)
+        needs 'rollout'. The trainer re-checks this against the class it actually subclasses."""
+        if self.sage_q_source != "auto":
+            return self.sage_q_source
+        return "rollout" if self.backend == "unsloth" and _cuda_available() else "loss"
+
     def _warn_off_policy_q(self) -> None:
-        if self.sage_guide == "none" or (self.sage_q_source == "loss" and self.sage_guide != "random"):
+        # The random guide ignores the policy; branch/token q in the loss is the official code's own order.
+        if self.sage_guide not in ("branch", "token") or self.expected_q_source == "loss":
             return
         if self.num_iterations != 1 or self.steps_per_generation != self.gradient_accumulation_steps:
             warnings.warn(

@@ -19,20 +19,22 @@ TRL's loss aggregation per loss_type (re-used by the k2/forward terms); Unsloth'
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from sage_unsloth import anchor
 from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
 
 __all__ = [
-    "SageTrainerMixin",
     "SageGRPOTrainer",
-    "make_sage_trainer_class",
-    "is_unsloth_patched",
-    "to_unsloth_layout",
-    "prompt_pad_counts",
+    "SageTrainerMixin",
     "aggregate_like_trl",
     "install_cpu_logprob_fallback",
+    "is_unsloth_patched",
+    "make_sage_trainer_class",
+    "prompt_pad_counts",
+    "to_unsloth_layout",
 ]
 
 
@@ -145,13 +147,19 @@ def policy_logps_and_entropies(model, input_ids: torch.Tensor, attention_mask: t
         ids = input_ids[start:start + rows_per_chunk]
         out = model(input_ids=ids, attention_mask=attention_mask[start:start + rows_per_chunk],
                     logits_to_keep=completion_len + 1, use_cache=False)
-        logits = out.logits[:, -(completion_len + 1):-1, :]
-        if head is not None and logits.shape[-1] == head.weight.shape[1] != head.weight.shape[0]:
-            logits = head(logits)  # Unsloth returned hidden states
-        log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+        outputs = out.logits[:, -(completion_len + 1):-1, :]
         tokens = ids[:, -completion_len:]
-        logps.append(log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
-        entropies.append(-(log_probs.exp() * log_probs).sum(-1))
+        row_logps, row_entropies = [], []
+        # Position chunks keep the fp32 log-softmax at (rows, 1024, vocab) however long the completions are.
+        for pos in range(0, completion_len, 1024):
+            logits = outputs[:, pos:pos + 1024]
+            if head is not None and logits.shape[-1] == head.weight.shape[1] != head.weight.shape[0]:
+                logits = head(logits)  # Unsloth returned hidden states
+            log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+            row_logps.append(log_probs.gather(-1, tokens[:, pos:pos + 1024].unsqueeze(-1)).squeeze(-1))
+            row_entropies.append(-(log_probs.exp() * log_probs).sum(-1))
+        logps.append(torch.cat(row_logps, 1))
+        entropies.append(torch.cat(row_entropies, 1))
     return torch.cat(logps), torch.cat(entropies)
 
 
@@ -164,13 +172,19 @@ class SageTrainerMixin:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         cfg = self.args
+        if not hasattr(cfg, "sage_guide"):
+            raise TypeError(f"SAGE trainers need a SageGRPOConfig (sage_unsloth.rlvr.config), got {type(cfg).__name__}")
         self._sage_patched = is_unsloth_patched(type(self))
         if self._sage_patched and cfg.kl_estimator != "k3":
             raise ValueError(
                 f"kl_estimator={cfg.kl_estimator!r} is not a shifted reference and Unsloth's patched loss only "
                 "reads the reference: use backend=trl (TRL's loss) or kl_estimator=k3"
             )
-        self.sage_q_in_loss  # noqa: B018 - raises now for sage_q_source='loss' on Unsloth's loss
+        if not self.sage_q_in_loss and cfg.sage_guide in ("branch", "token") and (
+                self.num_iterations != 1 or cfg.steps_per_generation != cfg.gradient_accumulation_steps):
+            warnings.warn(f"SAGE {cfg.sage_guide} q is computed from the rollout policy, not the in-loss policy as "
+                          "in the official code (num_iterations != 1 or steps_per_generation != "
+                          "gradient_accumulation_steps)", stacklevel=2)
         self._sage_schedule = None
         if cfg.sage_guide in ("token", "random"):
             max_steps = max(1, int(self.args.max_steps if self.args.max_steps > 0 else 1000))
@@ -260,7 +274,7 @@ class SageTrainerMixin:
         mask = output["completion_mask"]
         if "tool_mask" in output:
             mask = mask * output["tool_mask"]
-        bounds = dict(q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+        bounds = {"q_min": cfg.sage_q_min, "q_max": cfg.sage_q_max}
         if cfg.sage_guide == "none":
             return torch.ones_like(mask, dtype=torch.float32)
         step = self._sage_guide_step()
@@ -423,10 +437,9 @@ def make_sage_trainer_class(base: type | None = None) -> type:
 def _fill_unsloth_config_fields(args, base: type) -> None:
     """Unsloth's patched trainer reads fields only its own GRPOConfig declares; give ours their defaults."""
     import dataclasses
+    import sys
 
     import trl
-
-    import sys
 
     # The patched trainer's own module defines UnslothGRPOConfig (trl.GRPOConfig is rebound only by the full
     # `import unsloth` patching on a GPU).
@@ -445,7 +458,7 @@ def _fill_unsloth_config_fields(args, base: type) -> None:
             setattr(args, f.name, default)
 
 
-def SageGRPOTrainer(*args, **kwargs):  # noqa: N802 - a factory that reads like the class it builds
+def SageGRPOTrainer(*args, **kwargs):
     """Build a SAGE GRPO trainer over the GRPOTrainer class current at call time (TRL's or Unsloth's)."""
     cls = make_sage_trainer_class()
     config = kwargs.get("args", args[2] if len(args) > 2 else None)
