@@ -226,7 +226,8 @@ def test_trl_kl_equals_k3_on_shifted_reference(tiny_model_dir, tmp_path, branch_
 @pytest.mark.parametrize("q_source,loss_type,estimator", [
     ("rollout", "grpo", "k3"), ("rollout", "bnpo", "k3"), ("rollout", "dapo", "k3"), ("rollout", "dr_grpo", "k3"),
     ("loss", "grpo", "k3"), ("loss", "bnpo", "k3"), ("loss", "dapo", "k3"), ("loss", "dr_grpo", "k3"),
-    ("rollout", "grpo", "k2"), ("loss", "dapo", "k2"), ("rollout", "grpo", "forward"),
+    ("rollout", "grpo", "k2"), ("rollout", "bnpo", "k2"), ("loss", "dapo", "k2"), ("loss", "dr_grpo", "k2"),
+    ("rollout", "grpo", "forward"), ("rollout", "dapo", "forward"),
 ])
 def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypatch, q_source, loss_type, estimator):
     """rollout: q from the hook's shifted batch reference; loss: TRL's loss gets the plain reference and q is
