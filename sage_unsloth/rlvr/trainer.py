@@ -1,9 +1,22 @@
 """GRPO with the SAGE anchor q * pi_ref, on TRL's GRPOTrainer and on Unsloth's patched one.
 
-Hook: ``_generate_and_score_completions`` runs TRL's (or Unsloth's) rollout + scoring, then computes q
-without gradient from the rollout policy and replaces ``ref_per_token_logps`` by ``ref + log q``. Both
-TRL's ``_compute_loss`` and Unsloth's zoo loss read the reference only inside the k3 KL term, so the
-shifted reference *is* the SAGE objective on both stacks; nothing inside the (compiled) loss is touched.
+Both TRL's ``_compute_loss`` and Unsloth's zoo loss read ``ref_per_token_logps`` only inside the k3 KL
+term, so replacing it by ``ref + log q`` (q without gradient) *is* the SAGE objective. Where q is computed
+(``sage_q_source``):
+
+- ``loss`` (default on TRL's trainer): inside ``_compute_loss``, from the entropies / logps that TRL's own
+  loss forward returns, before TRL reads the reference. No extra forward pass, and the official code's
+  semantics (current policy) for any num_iterations / steps_per_generation.
+- ``rollout`` (needed under Unsloth, whose patched ``compute_loss`` never calls ``_compute_loss`` and whose
+  scorer returns no entropies): after ``_generate_and_score_completions``, from one extra no-grad policy
+  pass (or from TRL's old-logp pass when it runs anyway), with log q mapped into Unsloth's left-packed
+  (B, C + max_left_pad) layout. Equal to ``loss`` when num_iterations == 1 and steps_per_generation ==
+  gradient_accumulation_steps.
+- The random guide never needs the policy and is always drawn at rollout.
+
+The k2 and forward-KL estimators are not a shifted reference: they are a loss-level term on TRL's path
+(TRL's loss + beta * aggregate(estimator - k3), aggregated exactly as TRL aggregates its loss) and an error
+on Unsloth's.
 
 The GRPOTrainer base class is looked up when the trainer is built, not when this module is imported:
 after ``import unsloth`` on a GPU ``trl.GRPOTrainer`` is Unsloth's patched class, and a class frozen at
