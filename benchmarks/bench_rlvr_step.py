@@ -81,13 +81,24 @@ def build(model_dir: Path, out_dir: Path, guide: str, q_source: str, args):
     forwards: list[tuple[int, int]] = []
 
     class StepClock(TrainerCallback):
+        """Time and forwards of one train() call (one generation cycle), per optimizer step."""
+
+        start = None
+
         def on_step_begin(self, *_, **__):
-            self.start, self.cpu = time.perf_counter(), time.process_time()
-            self.counts = (counter.generation, counter.scoring)
+            if self.start is None:
+                self.start, self.cpu = time.perf_counter(), time.process_time()
+                self.counts, self.steps = (counter.generation, counter.scoring), 0
 
         def on_step_end(self, *_, **__):
-            times.append((time.perf_counter() - self.start, time.process_time() - self.cpu))
-            forwards.append((counter.generation - self.counts[0], counter.scoring - self.counts[1]))
+            self.steps += 1
+            self.end, self.cpu_end = time.perf_counter(), time.process_time()
+
+        def on_train_end(self, *_, **__):
+            n = self.steps
+            times.append(((self.end - self.start) / n, (self.cpu_end - self.cpu) / n))
+            forwards.append(((counter.generation - self.counts[0]) / n, (counter.scoring - self.counts[1]) / n))
+            self.start = None
 
     trainer.add_callback(StepClock())
     for quiet in (PrinterCallback, ProgressCallback):  # one summary line per train() call is noise here
@@ -103,10 +114,13 @@ def run_round(trainer, steps: int) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=7, help="measured steps per variant (after 1 warm-up)")
+    parser.add_argument("--steps", type=int, default=7,
+                        help="measured generation cycles per variant (after 1 warm-up); a cycle is 1 step at GA = "
+                             "steps_per_generation = 1")
     parser.add_argument("--completion-length", type=int, default=32)
     parser.add_argument("--generation-batch-size", type=int, default=None,
                         help="16 reproduces the official config (steps_per_generation 2 > GA 1)")
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
 
     import torch
@@ -115,14 +129,17 @@ def main(argv=None) -> int:
     from sage_unsloth.testing import build_tiny_model
 
     hf_logging.set_verbosity_error()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    # One intra-op thread: the tiny model gains nothing from more, and OpenMP spin-waits on a busy machine
+    # would inflate both the wall and the CPU time of every variant.
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", seed=0)
         variants = {label: build(model_dir, Path(tmp), guide, source, args) for label, guide, source in VARIANTS}
-        # One step of each variant in turn, so that load changes on a shared machine hit all variants alike.
+        # One generation cycle (steps_per_generation optimizer steps) of each variant in turn, so that load
+        # changes on a shared machine hit all variants alike.
         for step in range(args.steps + 1):
             for trainer, times, forwards in variants.values():
-                run_round(trainer, 1)
+                run_round(trainer, trainer.args.steps_per_generation)
                 if step == 0:  # warm-up
                     times.clear()
                     forwards.clear()
@@ -130,12 +147,12 @@ def main(argv=None) -> int:
     rows = {}
     for label, (trainer, times, forwards) in variants.items():
         gen = statistics.median(f[0] for f in forwards)
-        score = statistics.median(f[1] for f in forwards)
+        score = statistics.median(f[1] for f in forwards)  # per optimizer step, averaged over a cycle
         wall, cpu = statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
         rows[label] = (wall, cpu)
         print(f"{label:>14}: median step {wall * 1000:8.1f} ms wall, {cpu * 1000:8.1f} ms CPU over {len(times)} steps; "
               f"forwards/step: "
-              f"{gen:.0f} generation + {score:.0f} scoring (SAGE extra no-grad passes so far: "
+              f"{gen:.1f} generation + {score:.1f} scoring (SAGE extra no-grad passes so far: "
               f"{trainer.sage_forward_passes})")
     # CPU time of this process is the steadier measure on a shared machine; wall time is printed beside it.
     for label in ("branch", "branch-rollout"):
