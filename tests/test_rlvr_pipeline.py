@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from safetensors.torch import load_file
 
 from sage_unsloth.manifest import write_manifest
+from sage_unsloth.report.wandb_io import read_offline_history
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIGS = REPO / "configs" / "rlvr" / "tiny-cpu"
@@ -216,53 +218,24 @@ def test_ref_adapter_is_hidden_from_a_vllm_lora_sync(sft_dir, tiny_model_dir):
 
 
 # ----------------------------------------------------------------------------------------------- W&B
-def _wandb_history(run_file: Path) -> dict[str, list[float]]:
-    """History rows of an offline ``run-*.wandb`` file (a LevelDB-style log of protobuf Records:
-    a 7-byte ':W&B' header, 32 KiB blocks, chunks with a 7-byte crc/length/type header)."""
-    import struct
-
-    from wandb.proto import wandb_internal_pb2
-
-    data, block, pos, pending, history = run_file.read_bytes(), 32768, 7, b"", {}
-    assert data[:4] == b":W&B"
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # block trailer
-            pos += block - pos % block
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-        if kind in (2, 3):  # FIRST / MIDDLE
-            pending += chunk
-            continue
-        if kind not in (1, 4):  # padding
-            continue
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(pending + chunk)
-        pending = b""
-        if record.WhichOneof("record_type") == "history":
-            for item in record.history.item:
-                key = item.key or "/".join(item.nested_key)
-                history.setdefault(key, []).append(json.loads(item.value_json))
-    return history
-
-
 def test_wandb_offline_run_holds_sage_metrics(sft_dir, tmp_path, shared_data, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
     monkeypatch.setenv("WANDB_SILENT", "true")
     (tmp_path / "wb").mkdir()
-    _run(*_argv("grpo_branch", sft_dir, tmp_path / "out", shared_data, "--report_to", "wandb",
-                "--save_strategy", "no", "--max_steps", "1"))
     import wandb
 
+    wandb.teardown()  # wandb keeps process-wide settings (incl. WANDB_DIR) from any earlier run in this process
+    _run(*_argv("grpo_branch", sft_dir, tmp_path / "out", shared_data, "--report_to", "wandb",
+                "--save_strategy", "no", "--max_steps", "1"))
     wandb.finish()
     wandb.teardown()  # the wandb-core service writes the offline log; shutting it down flushes it
     run_files = list((tmp_path / "wb").rglob("run-*.wandb"))
     assert len(run_files) == 1, f"expected one offline run under {tmp_path / 'wb'}"
-    history = _wandb_history(run_files[0])
+    history = read_offline_history(run_files[0])  # the report stage's reader of offline runs
     for key in ("sage/q_mean", "sage/q_min", "sage/q_max", "sage/frac_boosted", "kl", "entropy", "reward"):
-        assert f"train/{key}" in history, (key, sorted(history))
-    q_min, q_mean, q_max = (history[f"train/sage/{k}"][0] for k in ("q_min", "q_mean", "q_max"))
+        assert f"train/{key}" in history.columns, (key, sorted(history.columns))
+    q_min, q_mean, q_max = (history[f"train/sage/{k}"].dropna().iloc[0] for k in ("q_min", "q_mean", "q_max"))
     assert 1.0 <= q_min <= q_max <= 1.4 + 1e-6  # branch guide: q in [1, q_max]
     assert q_min - 1e-5 <= q_mean <= q_max + 1e-5
 
