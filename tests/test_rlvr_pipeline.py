@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from safetensors.torch import load_file
 
 from sage_unsloth.manifest import write_manifest
