@@ -41,13 +41,13 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "branch_guide",
-    "token_guide",
-    "random_guide",
     "CosineSchedule",
-    "shaped_kl",
+    "branch_guide",
     "forward_kl",
     "log_q",
+    "random_guide",
+    "shaped_kl",
+    "token_guide",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")

@@ -61,7 +61,7 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -82,7 +82,7 @@ def write_manifest(out_dir: str | Path, *, stage: str, config: dict[str, Any], s
     """Write ``out_dir/manifest.json`` for ``stage`` with the resolved config and provenance."""
     manifest = {
         "stage": stage,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "config": scrub_secrets(config),
         "seed": seed,
         "versions": package_versions(),

