@@ -45,9 +45,9 @@ PAIRS = "grpo:sft,grpo_nokl:sft,grpo_branch:sft,grpo_branch:grpo,grpo_nokl:grpo"
 
 @dataclass(frozen=True)
 class DemoBudget:
-    pretrain_steps: int = 600
+    pretrain_steps: int = 1200
     sft_steps: int = 400
-    rl_steps: int = 60
+    rl_steps: int = 200
     eval_problems: int = 100
     eval_n: int = 16          # samples per problem = largest k
     data: DemoDataSpec = field(default_factory=DemoDataSpec)
