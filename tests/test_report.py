@@ -285,3 +285,21 @@ def test_contract_with_the_eval_stage_tables(tmp_path, caplog):
     aime = curves[(curves["dataset"] == "aime") & (curves["k"] == 1)]["value"].item()
     assert aime == pytest.approx(sum(r["c"] for r in per_problem[:60]) / (60 * 16))
     assert _cell(result.comparison, "qwen2.5-math-7b/grpo", "avg_paper", "pass@1", "paper") == 0.266
+
+
+def test_dataset_section_shows_dash_for_runs_without_a_paper_method():
+    import pandas as pd
+
+    from sage_unsloth.report.stage import dataset_section
+
+    rows = [
+        {"dataset": "demo", "model": "m", "run": run, "metric": metric, "method": method, "value": 0.5,
+         "ci_low": 0.4, "ci_high": 0.6, "paper": float("nan"), "paper_primary": False, "diff": float("nan"),
+         "k": 1 if metric == "pass@1" else 16}
+        for run, method in (("grpo_nokl", float("nan")), ("grpo", "GRPO"))
+        for metric in ("pass@1", "pass@k")
+    ]
+    table = dataset_section(pd.DataFrame(rows), "demo")
+    nokl_line = next(line for line in table.splitlines() if "grpo_nokl" in line)
+    assert "nan" not in nokl_line and "| — |" in nokl_line
+    assert "| GRPO |" in next(line for line in table.splitlines() if "m/grpo |" in line)

@@ -133,7 +133,7 @@ def dataset_section(comparison: pd.DataFrame, dataset: str) -> str:
         rows.append(
             [
                 f"{model}/{run}",
-                one["method"] or "",
+                "—" if pd.isna(one["method"]) or not one["method"] else one["method"],
                 fmt(one["value"]),
                 fmt_ci(one["ci_low"], one["ci_high"]),
                 _paper_cell(one),
