@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +20,14 @@ def test_quick_demo_runs_every_stage_and_reports_strategies(tmp_path):
         assert [int(row["k"]) for row in passk] == [1, 2, 4]
         manifest = json.loads((results / MODEL_NAME / run / "manifest.json").read_text())
         assert manifest["stage"] == "eval"
+    # 01 -> 02: every RL run starts from the SFT stage's folder and the same base model
+    sft_manifest = json.loads((work / MODEL_NAME / "sft" / "manifest.json").read_text())
+    assert sft_manifest["stage"] == "sft"
     for variant in ("grpo", "grpo_nokl", "grpo_branch"):
         rl_manifest = json.loads((work / MODEL_NAME / variant / "manifest.json").read_text())
-        assert rl_manifest["stage"] == "rlvr"
+        assert rl_manifest["stage"] == "rlvr" and rl_manifest["anchor"] == "sft"
+        assert Path(rl_manifest["sft_dir"]).resolve() == (work / MODEL_NAME / "sft").resolve()
+        assert rl_manifest["base_model"] == sft_manifest["base_model"] and rl_manifest["global_step"] == 2
 
     strategies = list(csv.DictReader((results / "strategies.csv").open()))
     assert [(r["run"], r["strategy"]) for r in strategies] == [(run, s) for run in EVAL_RUNS for s in ("A", "B", "other")]

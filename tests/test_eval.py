@@ -172,6 +172,23 @@ def test_local_benchmarks_load_with_normalised_golds(shared_data):
         load_benchmark("aime24", shared_data / "nowhere")
 
 
+def test_user_benchmark_files_register_by_name(tmp_path, tiny_model_dir, shared_data, monkeypatch):
+    from sage_unsloth.eval import benchmarks
+
+    monkeypatch.setattr(benchmarks, "BENCHMARKS", dict(benchmarks.BENCHMARKS))  # keep the registry clean
+    monkeypatch.setattr(eval_run, "BENCHMARKS", benchmarks.BENCHMARKS)
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("\n".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1), "id": i}) for i in range(3)))
+    cfg = _config(tmp_path, tiny_model_dir, shared_data, benchmarks=["mine", "amc23"],
+                  local_benchmarks=[f"mine={mine}"])
+    _, _, sets = prepare(cfg)  # data_dir (the shared files) still serves amc23; mine comes from its own path
+    assert [p.gold for p in sets["mine"]] == ["1", "2", "3"] and len(sets["amc23"]) == 5
+    for entry, message in ((f"amc23={mine}", "built-in"), ("mine", "name=path"),
+                           (f"other={tmp_path / 'nope.jsonl'}", "not found")):
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            prepare(replace(cfg, local_benchmarks=[entry], benchmarks=["amc23"]))
+
+
 def test_grading_pool_dedups_and_agrees_with_serial_grading(shared_data):
     problems = load_benchmark("math500", shared_data, limit=40)
     items = []

@@ -7,7 +7,7 @@ Steps (each stage is the kit's own entry point, run as a subprocess with the con
 1. SFT (``sage_unsloth.sft``, LoRA) on 90% running-total / 10% pairing solutions;
 2. RLVR (``sage_unsloth.rlvr``): grpo, grpo_nokl and grpo_branch from the same SFT adapter, same seed and
    budget, run side by side;
-3. eval (``sage_unsloth.demo.eval_stage`` = the eval stage plus the ``demo`` benchmark), pass@k for k up to
+3. eval (``sage_unsloth.eval`` with the demo file registered as the ``demo`` benchmark), pass@k for k up to
    ``eval_n``, for the SFT model ("base" of the comparison) and each RL run;
 4. report (``sage_unsloth.report``) into ``results/demo/report.md``, plus the strategy frequencies
    (``strategies.csv``, ``report/strategies.png`` and a section appended to report.md).
@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..manifest import MANIFEST_NAME, atomic_write_text
-from .data import DemoDataSpec, write_demo_data
-from .eval_stage import DEMO_BENCHMARK
+from .data import EVAL_FILE, DemoDataSpec, write_demo_data
 from .task import split_problems
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs" / "demo"
 MODEL_NAME = "demo-tiny"
+DEMO_BENCHMARK = "demo"
 RL_VARIANTS = ("grpo", "grpo_nokl", "grpo_branch")
 EVAL_RUNS = ("sft", *RL_VARIANTS)
 PAIRS = "grpo:sft,grpo_nokl:sft,grpo_branch:sft,grpo_branch:grpo,grpo_nokl:grpo"
@@ -86,9 +86,10 @@ def build_tasks(budget: DemoBudget, work: Path, results: Path) -> list[Task]:
                                     "--dataset_path", str(data / "rl.jsonl"), "--max_steps", str(budget.rl_steps)],
                           runs / variant / MANIFEST_NAME, after=("sft",)))
     for run in EVAL_RUNS:
-        tasks.append(Task(f"eval_{run}", [py, "-m", "sage_unsloth.demo.eval_stage", str(CONFIG_DIR / "eval.yaml"),
+        tasks.append(Task(f"eval_{run}", [py, "-m", "sage_unsloth.eval", str(CONFIG_DIR / "eval.yaml"),
                                           "--checkpoints", str(runs / run), "--data_dir", str(data),
                                           "--results_dir", str(results), "--outputs_dir", str(work),
+                                          "--local_benchmarks", f"{DEMO_BENCHMARK}={data / EVAL_FILE}",
                                           "--benchmarks", DEMO_BENCHMARK, "--n", str(budget.eval_n),
                                           "--limit", str(budget.eval_problems)],
                           results / MODEL_NAME / run / MANIFEST_NAME, after=(run,)))

@@ -56,6 +56,26 @@ class Problem:
         return bool(self.kk_names)
 
 
+def register_local_benchmarks(specs) -> list[str]:
+    """Register user benchmarks given as "name=path.jsonl" (MATH-500 layout: problem, answer, optional
+    unique_id/id). Returns the names. A name may not shadow a built-in benchmark."""
+    names = []
+    for spec in specs:
+        name, sep, path = str(spec).partition("=")
+        name, path = name.strip(), path.strip()
+        if not sep or not name or not path:
+            raise ValueError(f"local_benchmarks entry {spec!r}: write it as name=path/to/file.jsonl")
+        known = BENCHMARKS.get(name)
+        if known is not None and known.hub_id:
+            raise ValueError(f"local_benchmarks entry {spec!r}: {name!r} is a built-in benchmark; pick another name")
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"local_benchmarks entry {spec!r}: {path} not found")
+        # No hub id: always read from the (absolute) local path, whatever data_dir says.
+        BENCHMARKS[name] = BenchmarkSpec(hub_id="", split="", local_file=str(Path(path).resolve()))
+        names.append(name)
+    return names
+
+
 def check_benchmark_names(names) -> list[str]:
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
@@ -75,8 +95,8 @@ def _first(row: dict, *keys: str):
 
 def _rows(name: str, data_dir: str | Path | None) -> list[dict]:
     spec = BENCHMARKS[name]
-    if data_dir:
-        path = Path(data_dir) / spec.local_file
+    if data_dir or not spec.hub_id:
+        path = Path(data_dir or ".") / spec.local_file  # an absolute local_file ignores data_dir
         if not path.is_file():
             raise FileNotFoundError(f"benchmark {name!r}: {path} not found (set `data_dir` to a folder holding "
                                     f"{spec.local_file}, or leave it empty to load {spec.hub_id} from the hub)")

@@ -24,7 +24,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sage_unsloth.eval.benchmarks import BENCHMARKS, Problem, check_benchmark_names, load_benchmark
+from sage_unsloth.eval.benchmarks import (
+    BENCHMARKS,
+    Problem,
+    check_benchmark_names,
+    load_benchmark,
+    register_local_benchmarks,
+)
 from sage_unsloth.eval.passk import check_ks, default_ks, passk_rows
 from sage_unsloth.manifest import atomic_write_text, write_manifest
 from sage_unsloth.prompts import EVAL_USER_TEMPLATE, SOLUTION_END
@@ -55,6 +61,8 @@ class EvalConfig:
     backend: str = field(default="vllm", metadata={"help": "vllm | hf"})
     seed: int = 0
     data_dir: str | None = field(default=None, metadata={"help": "folder with local benchmark JSONL; empty = hub"})
+    local_benchmarks: list[str] = field(default_factory=list, metadata={
+        "help": "extra benchmarks as name=path.jsonl (MATH-500 layout: problem, answer); list them in benchmarks"})
     results_dir: str = "results"
     outputs_dir: str = "outputs"
     run_name: str | None = field(default=None, metadata={"help": "results/<model>/<run_name> (one checkpoint)"})
@@ -86,6 +94,7 @@ def validate(cfg: EvalConfig) -> list[int]:
     """Every config error as one clear line, before any model or dataset loads. Returns the k list."""
     if not cfg.checkpoints:
         raise ValueError("`checkpoints` is empty: list hub ids or stage output folders to evaluate")
+    register_local_benchmarks(cfg.local_benchmarks)
     check_benchmark_names(cfg.benchmarks)
     if cfg.n < 1:
         raise ValueError(f"n={cfg.n}: need at least one sample per problem")
