@@ -47,14 +47,10 @@ def parse_args(argv: list[str]):
     """``[CONFIG.yaml, --key, value, ...]`` (or ``--config CONFIG``) -> (SageSFTConfig, ModelConfig)."""
     from trl import ModelConfig, TrlParser
 
+    from .config_args import with_config_flag
     from .sft_config import SageSFTConfig
 
-    argv = list(argv)
-    if argv and not argv[0].startswith("-"):
-        config_path = argv.pop(0)
-        if not Path(config_path).is_file():
-            raise FileNotFoundError(f"config {config_path} not found: pass a YAML from configs/sft/")
-        argv = ["--config", config_path, *argv]
+    argv, _ = with_config_flag(argv, "configs/sft/")
     sft_args, model_args = TrlParser((SageSFTConfig, ModelConfig)).parse_args_and_config(argv)
     return sft_args, model_args
 

@@ -80,12 +80,9 @@ class EvalConfig:
 def parse_args(argv: list[str]) -> EvalConfig:
     from trl import TrlParser
 
-    argv = list(argv)
-    if argv and not argv[0].startswith("-"):
-        path = argv.pop(0)
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"config file {path} not found: pass a YAML from configs/eval/")
-        argv = ["--config", path, *argv]
+    from sage_unsloth.config_args import with_config_flag
+
+    argv, _ = with_config_flag(argv, "configs/eval/")
     (cfg,) = TrlParser((EvalConfig,)).parse_args_and_config(argv)
     return cfg
 

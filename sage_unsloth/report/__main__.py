@@ -16,7 +16,12 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    build_report(parse_args(argv))
+    try:
+        args = parse_args(argv)
+        build_report(args)
+    except (ValueError, FileNotFoundError) as exc:  # bad input: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

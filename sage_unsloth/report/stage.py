@@ -384,8 +384,8 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
 def parse_args(argv: list[str]) -> ReportArguments:
     from trl import TrlParser
 
-    argv = list(argv)
-    if argv and not argv[0].startswith("-") and argv[0].endswith((".yaml", ".yml")):
-        argv = ["--config", argv[0], *argv[1:]]  # `python -m sage_unsloth.report CONFIG --key value`
+    from sage_unsloth.config_args import with_config_flag
+
+    argv, _ = with_config_flag(argv, "configs/report/")
     (args,) = TrlParser((ReportArguments,)).parse_args_and_config(argv)
     return args

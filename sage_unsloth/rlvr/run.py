@@ -98,15 +98,10 @@ def parse_args(argv: list[str] | None = None):
     """
     from trl import ModelConfig, TrlParser
 
+    from sage_unsloth.config_args import with_config_flag
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    config_path = None
-    if argv and not argv[0].startswith("-"):
-        config_path = argv.pop(0)
-        if not Path(config_path).is_file():
-            raise FileNotFoundError(f"config file {config_path} not found: pass a YAML from configs/rlvr/")
-        argv = ["--config", config_path, *argv]
+    argv, config_path = with_config_flag(sys.argv[1:] if argv is None else argv, "configs/rlvr/")
     parser = TrlParser((SageGRPOConfig, RLVRStageArgs, ModelConfig))
     grpo_args, stage_args, model_args = parser.parse_args_and_config(argv)
     return grpo_args, stage_args, model_args, config_path
