@@ -15,6 +15,7 @@ signal cannot interrupt long-running C code such as a regex over megabytes.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import math
@@ -210,6 +211,8 @@ def _verify_in_helper_process(answer: str, gold: str, timeout_s: float) -> bool:
     with _helper_lock:
         if _helper_pool is None:
             _helper_pool = cf.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("forkserver"))
+            # Shut it down before interpreter teardown, when its manager thread would find modules gone.
+            atexit.register(_helper_pool.shutdown, wait=False, cancel_futures=True)
         pool = _helper_pool
     try:
         return pool.submit(verify_answer, answer, gold, timeout_s=timeout_s).result(timeout=timeout_s + 30)
