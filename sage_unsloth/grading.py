@@ -67,15 +67,21 @@ def extract_answer(completion: str | None) -> str | None:
     if not completion:
         return None
     text = completion[-MAX_COMPLETION_CHARS:]
-    start = text.rfind(SOLUTION_START)
-    if start >= 0:
-        body = text[start + len(SOLUTION_START):]
-        end = body.find(SOLUTION_END)
-        body = _tidy(body if end < 0 else body[:end])
-        if body:
-            return body
+    block = solution_block(text)
+    if block is not None and _tidy(block):
+        return _tidy(block)
     boxed = last_boxed(text)
     return _tidy(boxed) or None if boxed is not None else None
+
+
+def solution_block(text: str) -> str | None:
+    """The text after the last ``<SOLUTION>``, up to ``</SOLUTION>`` when present; None without one."""
+    start = text.rfind(SOLUTION_START)
+    if start < 0:
+        return None
+    body = text[start + len(SOLUTION_START):]
+    end = body.find(SOLUTION_END)
+    return body if end < 0 else body[:end]
 
 
 def _tidy(answer: str) -> str:
@@ -256,12 +262,8 @@ def grade_kk(completion: str | None, solution_booleans: Sequence[bool], names: S
         if not completion or len(solution_booleans) != len(names):
             return False
         text = completion[-MAX_COMPLETION_CHARS:]
-        start = text.rfind(SOLUTION_START)
-        if start >= 0:
-            body = text[start + len(SOLUTION_START):]
-            end = body.find(SOLUTION_END)
-            text = body if end < 0 else body[:end]
-        text = text[-8192:]
+        block = solution_block(text)
+        text = (text if block is None else block)[-8192:]
         for name, is_knight in zip(names, solution_booleans):
             pattern = re.compile(rf"\b{re.escape(name)}\b\W{{0,4}}\s*(?:is|was|:)?\s*(?:an?\s+)?(knight|knave)",
                                  re.IGNORECASE)
