@@ -206,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         TrlParser((SageSFTConfig, ModelConfig)).print_help()
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .config_args import with_config_flag
+
+    try:
+        with_config_flag(argv, "configs/sft/")  # a missing CONFIG is reported before Unsloth is imported
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if _requested_backend(argv) == "unsloth":
         from .backend import import_unsloth
 

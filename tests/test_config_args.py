@@ -1,5 +1,7 @@
 """Every stage's CLI: a leading YAML becomes TrlParser's --config; a missing one is one clear line."""
 
+import sys
+
 import pytest
 
 from sage_unsloth import cli
@@ -18,9 +20,12 @@ def test_leading_config_becomes_flag(tmp_path):
 
 @pytest.mark.parametrize("stage", ["sft", "rlvr", "eval", "report"])
 def test_each_stage_reports_a_missing_config_in_one_line(stage, tmp_path, capsys):
+    unsloth_already_imported = "unsloth" in sys.modules
     code = cli.main([stage, str(tmp_path / "missing.yaml")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "missing.yaml" in err[0] and f"configs/{stage}/" in err[0]
+    # Importing Unsloth patches TRL for the whole process: bad input must be refused before that.
+    assert unsloth_already_imported or "unsloth" not in sys.modules
 
 
 def test_unknown_stage(capsys):
