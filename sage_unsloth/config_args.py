@@ -21,3 +21,20 @@ def with_config_flag(argv: list[str], configs_dir: str) -> tuple[list[str], str 
     if not Path(config_path).is_file():
         raise FileNotFoundError(f"config file {config_path} not found: pass a YAML from {configs_dir}")
     return ["--config", config_path, *argv], config_path
+
+
+def requested_backend(argv: list[str], default: str = "unsloth") -> str:
+    """The ``backend`` named by ``--backend`` or the YAML, read without TRL: Unsloth must be imported first."""
+    import yaml
+
+    for i, arg in enumerate(argv):
+        if arg == "--backend" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--backend="):
+            return arg.split("=", 1)[1]
+    config_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else (argv[0] if argv else "")
+    if config_path and not config_path.startswith("--") and Path(config_path).is_file():
+        config = yaml.safe_load(Path(config_path).read_text()) or {}
+        if isinstance(config, dict) and config.get("backend"):
+            return str(config["backend"])
+    return default

@@ -28,7 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MANIFEST = "manifest.json"
+from sage_unsloth.manifest import MANIFEST_NAME
+
 STAGES = ("sft", "rlvr", "eval", "report")
 VARIANTS = ("grpo", "grpo_branch")
 TINY_MODEL_DIR = "tiny-qwen2"  # folder name = output folder name (outputs/tiny-qwen2/...)
@@ -303,8 +304,8 @@ def run_stage(command: list[str], *, cwd: str | Path, env: dict[str, str] | None
     skipped (re-running a notebook continues where it stopped). Raises :class:`StageFailed` with the
     last ``tail_lines`` lines when the child fails; an interrupted cell stops the child."""
     out = out or sys.stdout
-    if done is not None and (Path(done) / MANIFEST).is_file():
-        print(f"[skip] {done} is finished ({MANIFEST} present)", file=out, flush=True)
+    if done is not None and (Path(done) / MANIFEST_NAME).is_file():
+        print(f"[skip] {done} is finished ({MANIFEST_NAME} present)", file=out, flush=True)
         return
     print("$ " + shlex.join(["python", *command[1:]]), file=out, flush=True)
     tail: deque[str] = deque(maxlen=tail_lines)

@@ -26,23 +26,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def _requested_backend(argv: list[str]) -> str:
-    """The backend named by the CLI or the YAML, read before TRL is imported (Unsloth must come first)."""
-    import yaml
-
-    for i, arg in enumerate(argv):
-        if arg == "--backend" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--backend="):
-            return arg.split("=", 1)[1]
-    config_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else (argv[0] if argv else "")
-    if config_path and not config_path.startswith("--") and Path(config_path).is_file():
-        config = yaml.safe_load(Path(config_path).read_text()) or {}
-        if isinstance(config, dict) and config.get("backend"):
-            return str(config["backend"])
-    return "unsloth"
-
-
 def parse_args(argv: list[str]):
     """``[CONFIG.yaml, --key, value, ...]`` (or ``--config CONFIG``) -> (SageSFTConfig, ModelConfig)."""
     from trl import ModelConfig, TrlParser
@@ -206,14 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         TrlParser((SageSFTConfig, ModelConfig)).print_help()
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .config_args import with_config_flag
+    from .config_args import requested_backend, with_config_flag
 
     try:
         with_config_flag(argv, "configs/sft/")  # a missing CONFIG is reported before Unsloth is imported
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if _requested_backend(argv) == "unsloth":
+    if requested_backend(argv) == "unsloth":
         from .backend import import_unsloth
 
         import_unsloth()  # before TRL/transformers are imported, as Unsloth requires

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from sage_unsloth.report.__main__ import main
-from sage_unsloth.report.passk import pass_at_k, pass_at_k_matrix
+from sage_unsloth.report.passk import pass_at_k_matrix
 from sage_unsloth.report.stage import ReportArguments, build_report, parse_args
 from sage_unsloth.report.tables import parse_pairs
 
@@ -60,7 +60,7 @@ def test_pass_at_k_matches_the_binomial_formula():
         for j, k in enumerate(ks):
             want = math.nan if k > n[i] else 1 - math.comb(int(n[i] - c[i]), k) / math.comb(int(n[i]), k)
             assert (math.isnan(want) and math.isnan(got[i, j])) or got[i, j] == pytest.approx(want, abs=1e-12)
-    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_at_k_matrix([4], [1], [2])[0, 0] == pytest.approx(0.5)
 
 
 def test_fixture_table_numbers_are_exact(report):
@@ -271,7 +271,7 @@ def test_contract_with_the_eval_stage_tables(tmp_path, caplog):
     pd.DataFrame(passk_rows(per_problem, [1, 2, 4, 8, 16])).to_csv(run / "passk.csv", index=False)
     for row in per_problem[:40]:
         for k in (1, 4, 16):
-            assert pass_at_k(row["n"], row["c"], k) == pytest.approx(
+            assert pass_at_k_matrix([row["n"]], [row["c"]], [k])[0, 0] == pytest.approx(
                 eval_pass_at_k(row["n"], row["c"], k), abs=1e-12
             )
     with caplog.at_level("WARNING"):

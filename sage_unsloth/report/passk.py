@@ -4,8 +4,8 @@ pass@k for one problem with n samples of which c are correct is 1 - C(n-c, k) / 
 The ratio is evaluated as the product prod_{j=n-c+1}^{n} (1 - k/j), which never forms a large binomial.
 Undefined (NaN) where k > n, so that a k the evaluation did not sample stays "missing", never 0.
 
-If the eval stage's ``sage_unsloth.eval.passk`` exists it remains the reference for single values; this
-module only adds the (problems x k) matrix form that the bootstrap needs.
+The eval stage's ``sage_unsloth.eval.passk.pass_at_k`` is the scalar form; this module adds the
+(problems x k) matrix form that the bootstrap needs.
 """
 
 from __future__ import annotations
@@ -42,7 +42,3 @@ def pass_at_k_matrix(n, c, ks) -> np.ndarray:
         out[:, col] = np.where(k <= n, 1.0 - fail_prob, np.nan)
     return out
 
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Scalar convenience wrapper; NaN when k > n."""
-    return float(pass_at_k_matrix([n], [c], [k])[0, 0])

@@ -376,15 +376,9 @@ def run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = N
 def _import_unsloth_early(argv: list[str]) -> None:
     """On a GPU, import Unsloth before TRL so its patches (GRPOTrainer, kernels) see a clean slate."""
     from sage_unsloth.backend import cuda_available
+    from sage_unsloth.config_args import requested_backend
 
-    backend = "unsloth"
-    if argv and not argv[0].startswith("-") and Path(argv[0]).is_file():
-        import yaml
-
-        backend = (yaml.safe_load(Path(argv[0]).read_text()) or {}).get("backend", backend)
-    if "--backend" in argv[:-1]:
-        backend = argv[argv.index("--backend") + 1]
-    if backend == "unsloth" and cuda_available():
+    if requested_backend(argv) == "unsloth" and cuda_available():
         from sage_unsloth.backend import import_unsloth
 
         import_unsloth()
