@@ -18,7 +18,7 @@ from pathlib import Path
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    ap.add_argument("--data-dir", default=None, help="a local benchmark folder; default: the bundled files")
     ap.add_argument("--problems", type=int, default=60, help="MATH-500 problems")
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)

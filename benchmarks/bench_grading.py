@@ -1,13 +1,13 @@
 """Grading throughput: the eval grader (extract once, dedup (answer, gold), process pool) against a naive
 serial loop (math-verify parse+verify of every full completion, as the official evaluator does), on a
-realistic corpus: 600 problems (AIME24+25, AMC23, MATH-500) x 256 completions built from the shared data.
+realistic corpus: 600 problems (AIME24+25, AMC23, MATH-500) x 256 completions built from the bundled data.
 
 Each problem's 256 samples repeat a handful of distinct completions with Zipf-like frequencies, as real
 sampling does: correct answers in several formats (<SOLUTION>, \\boxed{}, $...$, with a trailing period),
 wrong answers (gold + 1, other problems' golds), and answers missing. The naive loop is timed on a random
 subsample and its per-item cost extrapolated to the full corpus (said so in the output).
 
-    python benchmarks/bench_grading.py [--data-dir ../shared/data] [--naive-sample 400] [--workers N]
+    python benchmarks/bench_grading.py [--data-dir FOLDER] [--naive-sample 400] [--workers N]
 """
 
 import argparse
@@ -24,7 +24,7 @@ THOUGHTS = ("Let me set up the problem. We have the given quantities and need th
             "Substituting and simplifying step by step, we compute the intermediate results carefully. ")
 
 
-def corpus(data_dir: Path, per_problem: int, seed: int = 0):
+def corpus(data_dir: Path | None, per_problem: int, seed: int = 0):
     rng = random.Random(seed)
     problems = [p for name in ("aime24", "aime25", "amc23", "math500") for p in load_benchmark(name, data_dir)]
     golds = [p.gold for p in problems]
@@ -57,13 +57,13 @@ def naive(items):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    ap.add_argument("--data-dir", default=None, help="a local benchmark folder; default: the bundled files")
     ap.add_argument("--per-problem", type=int, default=256)
     ap.add_argument("--naive-sample", type=int, default=400)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     args = ap.parse_args()
 
-    items = corpus(Path(args.data_dir), args.per_problem)
+    items = corpus(Path(args.data_dir) if args.data_dir else None, args.per_problem)
     print(f"corpus: {len(items)} completions ({len(items) // args.per_problem} problems x {args.per_problem})")
 
     sample = random.Random(1).sample(items, args.naive_sample)

@@ -139,7 +139,7 @@ def _explosive(text: str) -> bool:
 
 
 def _wrap(text: str) -> str:
-    # Bare LaTeX (\sqrt{51}, p - q) extracts to nothing unless delimited; see shared/data/README.md.
+    # Bare LaTeX (\sqrt{51}, p - q) extracts to nothing unless delimited (measured on the bundled golds).
     return text if ("$" in text or "\\boxed" in text or "\\(" in text or "\\[" in text) else f"${text}$"
 
 

@@ -121,11 +121,6 @@ def hardware_overrides(gpus: list[GPU]) -> dict[str, list[str]]:
 
 
 # ----------------------------------------------------------------------------------------------- recipe
-def shared_data_dir(repo: str | Path) -> Path:
-    """The kit's offline benchmark files: $SAGE_SHARED_DATA, else <repo>/../shared/data."""
-    return Path(os.environ.get("SAGE_SHARED_DATA") or Path(repo).resolve().parent / "shared" / "data")
-
-
 @dataclass
 class Recipe:
     """The four stage command lines of one notebook run, all outputs under ``workdir``."""
@@ -142,7 +137,6 @@ class Recipe:
     variants: tuple[str, ...] = VARIANTS
     sft_data: Path | None = None  # local SFT rows (tiny); None = the config's hub dataset
     rlvr_data: Path | None = None  # local RLVR prompts (tiny)
-    benchmark_data: Path | None = None  # local benchmark JSONL folder (tiny); None = hub
     extra: dict[str, list[str]] = field(default_factory=dict)  # per-stage flags (hardware fall-backs)
     gpus: list[GPU] = field(default_factory=list)
 
@@ -215,8 +209,6 @@ class Recipe:
             args = [self._config(self.platform.eval_config), "--checkpoints", str(runs[variant]),
                     "--n", str(self.n_samples), "--limit", str(self.problems_per_benchmark),
                     "--results_dir", str(self.results), "--outputs_dir", str(self.outputs)]
-            if self.benchmark_data:
-                args += ["--data_dir", str(self.benchmark_data)]
         else:
             pairs = ",".join(f"{v}:grpo" for v in self.variants if v != "grpo") + ",grpo:sft"
             args = [self._config("configs/report/default.yaml"), "--results", str(self.results),
@@ -245,7 +237,7 @@ class Recipe:
         return "\n".join(lines)
 
 
-def prepare_tiny(workdir: Path, data_dir: Path, *, sft_rows: int = 8) -> tuple[Path, Path]:
+def prepare_tiny(workdir: Path, math500: Path, *, sft_rows: int = 8) -> tuple[Path, Path]:
     """CI only: the tiny offline model and a few MATH-500 rows in SFT shape (short numeric ones)."""
     from sage_unsloth.sft_data import math500_as_sft_rows, write_jsonl
     from sage_unsloth.testing import build_tiny_model
@@ -253,7 +245,7 @@ def prepare_tiny(workdir: Path, data_dir: Path, *, sft_rows: int = 8) -> tuple[P
     model_dir = workdir / TINY_MODEL_DIR
     if not (model_dir / "config.json").is_file():
         build_tiny_model(model_dir, seed=0)
-    rows = math500_as_sft_rows(data_dir / "math500.jsonl", limit=sft_rows, numeric_only=True,
+    rows = math500_as_sft_rows(math500, limit=sft_rows, numeric_only=True,
                                max_solution_chars=250)
     return model_dir, write_jsonl(rows, workdir / "data" / "sft_rows.jsonl")
 
@@ -262,7 +254,7 @@ def make_recipe(platform: str, *, repo: str | Path, workdir: str | Path, model: 
                 sft_steps: int, n_samples: int, problems_per_benchmark: int, report_to: str = "none",
                 tiny: bool = False) -> Recipe:
     """Check the parameters and build the recipe. ``tiny`` swaps in the CPU presets, the tiny model
-    (built here) and the offline shared data; otherwise a GPU must be visible."""
+    (built here) and the bundled data files; otherwise a GPU must be visible."""
     if platform not in PLATFORMS or platform == "tiny":
         raise ValueError(f"PLATFORM={platform!r}: use 'colab' or 'kaggle'")
     for name, value in (("STEPS", steps), ("SFT_STEPS", sft_steps), ("N_SAMPLES", n_samples),
@@ -280,12 +272,11 @@ def make_recipe(platform: str, *, repo: str | Path, workdir: str | Path, model: 
               "n_samples": int(n_samples), "problems_per_benchmark": int(problems_per_benchmark),
               "report_to": report_to}
     if tiny:
-        data = shared_data_dir(repo)
-        if not (data / "math500.jsonl").is_file():
-            raise FileNotFoundError(f"shared data not found at {data}: set SAGE_SHARED_DATA")
-        model_dir, sft_rows = prepare_tiny(workdir, data)
+        from sage_unsloth.data import verified_path
+
+        model_dir, sft_rows = prepare_tiny(workdir, verified_path("math500.jsonl"))
         return Recipe(platform=PLATFORMS["tiny"], model=str(model_dir), sft_data=sft_rows,
-                      rlvr_data=data / "dapo_math_sample.jsonl", benchmark_data=data, **common)
+                      rlvr_data=verified_path("dapo_math_sample.jsonl"), **common)
     gpus = gpu_info()
     if not gpus:
         raise RuntimeError("no NVIDIA GPU visible: on Colab choose Runtime > Change runtime type > T4 GPU; "

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("SAGE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +23,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not (SHARED_DATA / "math500.jsonl").is_file():
-        pytest.fail(f"shared benchmark data not found at {SHARED_DATA}; set SAGE_SHARED_DATA")
-    return SHARED_DATA
+def benchmark_dir() -> Path:
+    """The benchmark files the kit carries (checked by sha256 and row count)."""
+    from sage_unsloth.data import BENCHMARK_DIR, verified_path
+
+    for name in ("math500.jsonl", "aime24.jsonl", "aime25.jsonl", "amc23.jsonl", "minerva.jsonl", "kk_test.jsonl"):
+        verified_path(name)
+    return BENCHMARK_DIR
+
+
+@pytest.fixture(scope="session")
+def dapo_sample() -> Path:
+    """300 rows of DAPO-Math-17k in verl layout, carried by the kit for the tiny RLVR runs."""
+    from sage_unsloth.data import verified_path
+
+    return verified_path("dapo_math_sample.jsonl")

@@ -48,9 +48,9 @@ class StubSampler:
         return out
 
 
-def _config(tmp_path, tiny_model_dir, shared_data, **over):
+def _config(tmp_path, tiny_model_dir, **over):
     cfg = EvalConfig(checkpoints=[str(tiny_model_dir)], benchmarks=["aime24", "aime25", "amc23", "math500", "kk"],
-                     data_dir=str(shared_data), limit=5, n=4, problems_per_batch=2, seed=11, grading_workers=2,
+                     limit=5, n=4, problems_per_batch=2, seed=11, grading_workers=2,
                      results_dir=str(tmp_path / "results"), outputs_dir=str(tmp_path / "outputs"))
     return replace(cfg, **over)
 
@@ -67,8 +67,8 @@ def _run(cfg, fail_after=None):
     return out, sampler, sets
 
 
-def test_pipeline_counts_correct_samples_and_writes_the_contract(tmp_path, tiny_model_dir, shared_data):
-    cfg = _config(tmp_path, tiny_model_dir, shared_data)
+def test_pipeline_counts_correct_samples_and_writes_the_contract(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir)
     out, sampler, sets = _run(cfg)
     assert out == tmp_path / "results" / Path(tiny_model_dir).name / "base"
     lines = (out / "per_problem.csv").read_text().splitlines()
@@ -90,9 +90,9 @@ def test_pipeline_counts_correct_samples_and_writes_the_contract(tmp_path, tiny_
     assert len(record["completions"]) == 4 and record["c"] == sum(c["correct"] for c in record["completions"])
 
 
-def test_killed_run_resumes_to_identical_csvs(tmp_path, tiny_model_dir, shared_data):
-    full, _, _ = _run(_config(tmp_path / "a", tiny_model_dir, shared_data))
-    cfg = _config(tmp_path / "b", tiny_model_dir, shared_data)
+def test_killed_run_resumes_to_identical_csvs(tmp_path, tiny_model_dir):
+    full, _, _ = _run(_config(tmp_path / "a", tiny_model_dir))
+    cfg = _config(tmp_path / "b", tiny_model_dir)
     with pytest.raises(RuntimeError, match="injected"):
         _run(cfg, fail_after=3)
     assert not (Path(cfg.results_dir)).exists()
@@ -107,8 +107,8 @@ def test_killed_run_resumes_to_identical_csvs(tmp_path, tiny_model_dir, shared_d
     assert sampler.calls == 0
 
 
-def test_changed_sampling_settings_do_not_mix_with_old_completions(tmp_path, tiny_model_dir, shared_data):
-    cfg = _config(tmp_path, tiny_model_dir, shared_data, benchmarks=["amc23"], limit=2)
+def test_changed_sampling_settings_do_not_mix_with_old_completions(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23"], limit=2)
     _run(cfg)
     with pytest.raises(ValueError, match="other settings"):
         _run(replace(cfg, temperature=1.0))
@@ -121,12 +121,12 @@ def _main_error(capsys, argv):
     return err
 
 
-def test_clear_one_line_errors_before_any_model_loads(tmp_path, capsys, tiny_model_dir, shared_data, monkeypatch):
+def test_clear_one_line_errors_before_any_model_loads(tmp_path, capsys, tiny_model_dir, monkeypatch):
     def no_model(*a, **k):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr("sage_unsloth.eval.sampling.make_sampler", no_model)
-    common = ["--data_dir", str(shared_data), "--results_dir", str(tmp_path / "r"), "--outputs_dir", str(tmp_path / "o")]
+    common = ["--results_dir", str(tmp_path / "r"), "--outputs_dir", str(tmp_path / "o")]
     err = _main_error(capsys, ["--checkpoints", str(tiny_model_dir), "--benchmarks", "aime24", "gsm8k", *common])
     assert "unknown benchmark" in err and "gsm8k" in err
     err = _main_error(capsys, ["--checkpoints", str(tiny_model_dir), "--n", "4", "--ks", "1", "8", *common])
@@ -135,6 +135,10 @@ def test_clear_one_line_errors_before_any_model_loads(tmp_path, capsys, tiny_mod
     assert "checkpoint" in err and "nope" in err
     err = _main_error(capsys, ["--checkpoints", "no-such-org/no-such-model", *common])
     assert "HF_HUB_OFFLINE" in err
+    err = _main_error(capsys, ["--checkpoints", str(tiny_model_dir), "--source", "web", *common])
+    assert "source='web'" in err
+    err = _main_error(capsys, ["--checkpoints", str(tiny_model_dir), "--source", "local", *common])
+    assert "data_dir" in err
     err = _main_error(capsys, [str(tmp_path / "missing.yaml")])
     assert "config file" in err
     assert not (tmp_path / "r").exists()
@@ -159,29 +163,46 @@ def test_stage_folders_resolve_to_base_plus_adapter(tmp_path, tiny_model_dir):
         resolve_checkpoint(str(rlvr))
 
 
-def test_local_benchmarks_load_with_normalised_golds(shared_data):
+def test_bundled_benchmarks_load_offline_with_normalised_golds(benchmark_dir):
     sizes = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "kk": 500}
     for name, size in sizes.items():
-        problems = load_benchmark(name, shared_data)
+        problems = load_benchmark(name)  # default source: the bundled files, no data_dir, no hub
         assert len(problems) == size and len({p.problem_id for p in problems}) == size
-    assert load_benchmark("amc23", shared_data, limit=1)[0].gold == "27"
-    assert load_benchmark("minerva", shared_data, limit=1)[0].gold == "1.6"
-    kk = load_benchmark("kk", shared_data, limit=1)[0]
+        assert problems == load_benchmark(name, benchmark_dir, source="local")
+    assert load_benchmark("amc23", limit=1)[0].gold == "27"
+    assert load_benchmark("minerva", limit=1)[0].gold == "1.6"
+    kk = load_benchmark("kk", limit=1)[0]
     assert kk.is_kk and kk.kk_names == ("Amelia", "Penelope", "Evelyn") and kk.kk_solution == (True, True, False)
     with pytest.raises(FileNotFoundError, match="data_dir"):
-        load_benchmark("aime24", shared_data / "nowhere")
+        load_benchmark("aime24", benchmark_dir / "nowhere")
+    with pytest.raises(ValueError, match="source=hub ignores data_dir"):
+        load_benchmark("aime24", benchmark_dir, source="hub")
 
 
-def test_user_benchmark_files_register_by_name(tmp_path, tiny_model_dir, shared_data, monkeypatch):
+def test_a_changed_bundled_file_fails_its_checksum(tmp_path, monkeypatch):
+    from sage_unsloth import data
+
+    copy = tmp_path / "amc23.jsonl"
+    copy.write_text(data.BUNDLED["amc23.jsonl"].path.read_text().replace("27.0", "28.0", 1))
+    monkeypatch.setitem(data.BUNDLED, "amc23.jsonl", replace(data.BUNDLED["amc23.jsonl"], path=copy))
+    monkeypatch.setattr(data, "_VERIFIED", set())
+    with pytest.raises(ValueError, match="sha256"):
+        load_benchmark("amc23")
+    copy.write_text("\n".join(copy.read_text().splitlines()[:-1]))
+    with pytest.raises(ValueError, match="39 rows"):
+        load_benchmark("amc23")
+
+
+def test_user_benchmark_files_register_by_name(tmp_path, tiny_model_dir, monkeypatch):
     from sage_unsloth.eval import benchmarks
 
     monkeypatch.setattr(benchmarks, "BENCHMARKS", dict(benchmarks.BENCHMARKS))  # keep the registry clean
     monkeypatch.setattr(eval_run, "BENCHMARKS", benchmarks.BENCHMARKS)
     mine = tmp_path / "mine.jsonl"
     mine.write_text("\n".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1), "id": i}) for i in range(3)))
-    cfg = _config(tmp_path, tiny_model_dir, shared_data, benchmarks=["mine", "amc23"],
+    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["mine", "amc23"],
                   local_benchmarks=[f"mine={mine}"])
-    _, _, sets = prepare(cfg)  # data_dir (the shared files) still serves amc23; mine comes from its own path
+    _, _, sets = prepare(cfg)  # the bundled files still serve amc23; mine comes from its own path
     assert [p.gold for p in sets["mine"]] == ["1", "2", "3"] and len(sets["amc23"]) == 5
     for entry, message in ((f"amc23={mine}", "built-in"), ("mine", "name=path"),
                            (f"other={tmp_path / 'nope.jsonl'}", "not found")):
@@ -189,8 +210,8 @@ def test_user_benchmark_files_register_by_name(tmp_path, tiny_model_dir, shared_
             prepare(replace(cfg, local_benchmarks=[entry], benchmarks=["amc23"]))
 
 
-def test_grading_pool_dedups_and_agrees_with_serial_grading(shared_data):
-    problems = load_benchmark("math500", shared_data, limit=40)
+def test_grading_pool_dedups_and_agrees_with_serial_grading():
+    problems = load_benchmark("math500", limit=40)
     items = []
     for p in problems:
         items += [(f"<SOLUTION>{p.gold}</SOLUTION>", p.gold)] * 3  # exact repeats: graded once

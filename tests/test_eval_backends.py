@@ -28,12 +28,12 @@ def vllm_python() -> str:
 
 
 @pytest.fixture(scope="module")
-def scenarios(tiny_model_dir, shared_data, tmp_path_factory):
+def scenarios(tiny_model_dir, benchmark_dir, tmp_path_factory):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
     procs = {}
     for backend, python in (("vllm", vllm_python()), ("hf", sys.executable)):
         work = tmp_path_factory.mktemp(f"eval_{backend}")
-        cmd = [python, str(SCENARIO), backend, str(tiny_model_dir), str(shared_data), str(work)]
+        cmd = [python, str(SCENARIO), backend, str(tiny_model_dir), str(benchmark_dir), str(work)]
         procs[backend] = (work, subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE,
                                                  stderr=subprocess.STDOUT, text=True))
     results = {}

@@ -18,8 +18,8 @@ from sage_unsloth.grading import (
 )
 
 
-def _rows(shared_data, name):
-    return [json.loads(line) for line in (shared_data / name).read_text().splitlines() if line.strip()]
+def _rows(benchmark_dir, name):
+    return [json.loads(line) for line in (benchmark_dir / name).read_text().splitlines() if line.strip()]
 
 
 # ------------------------------------------------------------------ extraction
@@ -50,8 +50,8 @@ def test_normalise_gold_amc_floats_and_aime_zeros():
     assert normalise_gold(0.5) == "0.5" and normalise_gold(" \\frac{1}{2} ") == "\\frac{1}{2}"
 
 
-def test_minerva_gold_is_last_boxed_of_solution(shared_data):
-    rows = _rows(shared_data, "minerva.jsonl")
+def test_minerva_gold_is_last_boxed_of_solution(benchmark_dir):
+    rows = _rows(benchmark_dir, "minerva.jsonl")
     assert minerva_gold(rows[0]["solution"]) == "1.6"
     with pytest.raises(ValueError):
         minerva_gold("no box")
@@ -84,11 +84,11 @@ def _graded_with_reference(rows, gold_of):
     return [verify_answer("\\boxed{{{}}}".format(extract_answer(r["solution"])), gold_of(r)) for r in rows]
 
 
-def test_math500_and_minerva_golds_match_their_solutions_and_shuffled_golds_do_not(shared_data):
+def test_math500_and_minerva_golds_match_their_solutions_and_shuffled_golds_do_not(benchmark_dir):
     from sage_unsloth.eval.gradepool import GradingPool
 
-    math500 = _rows(shared_data, "math500.jsonl")
-    minerva = _rows(shared_data, "minerva.jsonl")
+    math500 = _rows(benchmark_dir, "math500.jsonl")
+    minerva = _rows(benchmark_dir, "minerva.jsonl")
     rng = random.Random(0)
     shuffled = [r["answer"] for r in math500]
     rng.shuffle(shuffled)
@@ -106,13 +106,13 @@ def test_math500_and_minerva_golds_match_their_solutions_and_shuffled_golds_do_n
     assert sum(verdicts[772:]) < 25  # coincidences only (~2%)
 
 
-def test_aime_and_amc_golds_grade(shared_data):
-    aime24 = _rows(shared_data, "aime24.jsonl")
+def test_aime_and_amc_golds_grade(benchmark_dir):
+    aime24 = _rows(benchmark_dir, "aime24.jsonl")
     with_box = [r for r in aime24 if extract_answer(r["solution"])]
-    # The one known miss: a boxed "\textbf{(073)}" that parses to a symbol (see shared/data/README.md).
+    # The one known miss: a boxed "\textbf{(073)}" that parses to a symbol (see sage_unsloth/data/README.md).
     assert sum(_graded_with_reference(with_box, lambda r: r["answer"])) >= len(with_box) - 1
     for name in ("aime25.jsonl", "amc23.jsonl"):
-        rows = _rows(shared_data, name)
+        rows = _rows(benchmark_dir, name)
         assert all(verify_answer("\\boxed{{{}}}".format(normalise_gold(r["answer"])), r["answer"]) for r in rows)
 
 
@@ -185,8 +185,8 @@ def test_verify_answer_is_bounded_off_the_main_thread():
 
 
 # ------------------------------------------------------------------ knights and knaves
-def test_grade_kk_against_shared_solutions(shared_data):
-    rows = _rows(shared_data, "kk_test.jsonl")[::50]
+def test_grade_kk_against_bundled_solutions(benchmark_dir):
+    rows = _rows(benchmark_dir, "kk_test.jsonl")[::50]
     for row in rows:
         good = f"<SOLUTION>{row['solution_text_format']}</SOLUTION>"
         assert grade_kk(good, row["solution"], row["names"])

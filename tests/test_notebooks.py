@@ -173,14 +173,14 @@ def test_report_table_has_one_row_per_run_in_recipe_order(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- execution
-def test_both_notebooks_run_the_recipe_on_cpu_with_the_tiny_model(tmp_path, shared_data):
+def test_both_notebooks_run_the_recipe_on_cpu_with_the_tiny_model(tmp_path):
     """Colab first (every stage runs), then Kaggle on the same work folder: its training stages are found
     finished and skipped, evaluation resumes, the report is rebuilt. Any failing cell fails the test."""
     import nbformat
     from nbclient import NotebookClient
 
     workdir = tmp_path / "run"
-    env = {"SAGE_NOTEBOOK_TINY": "1", "SAGE_NOTEBOOK_WORKDIR": str(workdir), "SAGE_SHARED_DATA": str(shared_data),
+    env = {"SAGE_NOTEBOOK_TINY": "1", "SAGE_NOTEBOOK_WORKDIR": str(workdir),
            "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "UNSLOTH_SKIP_TORCHVISION_CHECK": "1"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment

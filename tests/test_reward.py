@@ -9,8 +9,8 @@ from sage_unsloth.prompts import format_completion
 from sage_unsloth.rlvr.reward import completion_text, correctness_reward, score_completion
 
 
-def _dapo_rows(shared_data, n=40):
-    lines = (shared_data / "dapo_math_sample.jsonl").read_text().splitlines()[:n]
+def _dapo_rows(dapo_sample, n=40):
+    lines = dapo_sample.read_text().splitlines()[:n]
     return [json.loads(line) for line in lines]
 
 
@@ -18,8 +18,8 @@ def _conversational(text):
     return [{"role": "assistant", "content": text}]
 
 
-def test_correct_and_incorrect_answers_on_dapo_golds(shared_data):
-    rows = _dapo_rows(shared_data)
+def test_correct_and_incorrect_answers_on_dapo_golds(dapo_sample):
+    rows = _dapo_rows(dapo_sample)
     golds = [r["reward_model"]["ground_truth"] for r in rows]
     right = [format_completion("working", g) for g in golds]
     wrong = [format_completion("working", str(int(g) + 1)) for g in golds]

@@ -20,8 +20,8 @@ def tiny_tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def test_verl_layout_of_the_shared_sample(shared_data):
-    source = load_source(dataset_path=str(shared_data / "dapo_math_sample.jsonl"))
+def test_verl_layout_of_the_bundled_sample(dapo_sample):
+    source = load_source(dataset_path=str(dapo_sample))
     data = build_rlvr_dataset(source)
     assert len(data) == 300 and data.column_names == ["prompt", "answer"]
     first = data[0]
@@ -79,6 +79,6 @@ def test_prompt_length_filter_keeps_only_prompts_that_fit(tmp_path, tiny_tokeniz
         build_rlvr_dataset(source, tiny_tokenizer, max_prompt_length=3)
 
 
-def test_max_rows_limits_before_mapping(shared_data):
-    data = build_rlvr_dataset(load_source(dataset_path=str(shared_data / "dapo_math_sample.jsonl")), max_rows=5)
+def test_max_rows_limits_before_mapping(dapo_sample):
+    data = build_rlvr_dataset(load_source(dataset_path=str(dapo_sample)), max_rows=5)
     assert len(data) == 5

@@ -53,9 +53,9 @@ def varied_reward(monkeypatch):
     monkeypatch.setattr(reward, "correctness_reward", text_reward)
 
 
-def _argv(variant, sft_dir, out_root, shared_data, *extra):
+def _argv(variant, sft_dir, out_root, dapo_sample, *extra):
     return [str(TINY_CONFIGS / f"{variant}.yaml"), "--sft_dir", str(sft_dir), "--output_root", str(out_root),
-            "--dataset_path", str(shared_data / "dapo_math_sample.jsonl"), *extra]
+            "--dataset_path", str(dapo_sample), *extra]
 
 
 def _run(*argv):
@@ -70,10 +70,10 @@ def _adapter(folder):
 
 # ----------------------------------------------------------------------------------------------- variants
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp_path, shared_data, monkeypatch):
+def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp_path, dapo_sample, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     monkeypatch.setenv("WANDB_API_KEY", SECRET)
-    built = _run(*_argv(variant, sft_dir, tmp_path, shared_data, "--save_strategy", "no", "--hub_token", SECRET))
+    built = _run(*_argv(variant, sft_dir, tmp_path, dapo_sample, "--save_strategy", "no", "--hub_token", SECRET))
     out = tmp_path / "model" / variant  # tiny model folder is named "model"
     assert built.plan.output_dir == out and built.trainer.state.global_step == 2
 
@@ -116,14 +116,14 @@ def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp
     assert manifest["config"]["stage"]["sft_dir"] == str(sft_dir)
 
 
-def test_script_fails_in_one_line_on_a_missing_stage1_folder(tmp_path, shared_data):
+def test_script_fails_in_one_line_on_a_missing_stage1_folder(tmp_path, dapo_sample):
     """scripts/02_rlvr.sh -> python -m sage_unsloth.rlvr -> main(): exit code 2 and a one-line error."""
     import subprocess
     import sys
 
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     result = subprocess.run(
-        ["bash", str(REPO / "scripts" / "02_rlvr.sh"), *_argv("grpo", tmp_path / "nope", tmp_path, shared_data)],
+        ["bash", str(REPO / "scripts" / "02_rlvr.sh"), *_argv("grpo", tmp_path / "nope", tmp_path, dapo_sample)],
         check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: sft_dir={tmp_path / 'nope'} does not exist")
@@ -158,13 +158,13 @@ def _completion_logps(model, batch):
 
 
 @pytest.mark.parametrize("anchor", ["sft", "base"])
-def test_reference_logps_are_the_chosen_anchor(anchor, sft_dir, tiny_model_dir, tmp_path, shared_data):
+def test_reference_logps_are_the_chosen_anchor(anchor, sft_dir, tiny_model_dir, tmp_path, dapo_sample):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from sage_unsloth.rlvr.run import build_stage, parse_args
 
-    built = build_stage(*parse_args(_argv("grpo", sft_dir, tmp_path, shared_data, "--anchor", anchor,
+    built = build_stage(*parse_args(_argv("grpo", sft_dir, tmp_path, dapo_sample, "--anchor", anchor,
                                           "--save_strategy", "no")))
     trainer, batches = built.trainer, []
     generate = trainer._generate_and_score_completions
@@ -217,7 +217,7 @@ def test_ref_adapter_is_hidden_from_a_vllm_lora_sync(sft_dir, tiny_model_dir):
 
 
 # ----------------------------------------------------------------------------------------------- W&B
-def test_wandb_offline_run_holds_sage_metrics(sft_dir, tmp_path, shared_data, monkeypatch):
+def test_wandb_offline_run_holds_sage_metrics(sft_dir, tmp_path, dapo_sample, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -225,7 +225,7 @@ def test_wandb_offline_run_holds_sage_metrics(sft_dir, tmp_path, shared_data, mo
     import wandb
 
     wandb.teardown()  # wandb keeps process-wide settings (incl. WANDB_DIR) from any earlier run in this process
-    _run(*_argv("grpo_branch", sft_dir, tmp_path / "out", shared_data, "--report_to", "wandb",
+    _run(*_argv("grpo_branch", sft_dir, tmp_path / "out", dapo_sample, "--report_to", "wandb",
                 "--save_strategy", "no", "--max_steps", "1"))
     wandb.finish()
     wandb.teardown()  # the wandb-core service writes the offline log; shutting it down flushes it
@@ -240,8 +240,8 @@ def test_wandb_offline_run_holds_sage_metrics(sft_dir, tmp_path, shared_data, mo
 
 
 # ----------------------------------------------------------------------------------------------- resume
-def test_resume_continues_step_count_and_optimizer_state(sft_dir, tmp_path, shared_data):
-    argv = _argv("grpo", sft_dir, tmp_path, shared_data, "--save_steps", "2")
+def test_resume_continues_step_count_and_optimizer_state(sft_dir, tmp_path, dapo_sample):
+    argv = _argv("grpo", sft_dir, tmp_path, dapo_sample, "--save_steps", "2")
     first = _run(*argv, "--max_steps", "2")
     out = first.plan.output_dir
     saved = torch.load(out / "checkpoint-2" / "optimizer.pt", weights_only=False)
@@ -290,7 +290,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_config_fails_in_one_line_before_any_model_loads(case, sft_dir, tmp_path, shared_data, monkeypatch,
+def test_bad_config_fails_in_one_line_before_any_model_loads(case, sft_dir, tmp_path, dapo_sample, monkeypatch,
                                                               capsys):
     from sage_unsloth import models
     from sage_unsloth.rlvr.run import main
@@ -300,20 +300,20 @@ def test_bad_config_fails_in_one_line_before_any_model_loads(case, sft_dir, tmp_
 
     monkeypatch.setattr(models, "load_for_training", no_loading)
     overrides, needle = BAD[case]
-    assert main(_argv("grpo", sft_dir, tmp_path, shared_data, *overrides)) == 2
+    assert main(_argv("grpo", sft_dir, tmp_path, dapo_sample, *overrides)) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and needle in err, err
 
 
-def test_stage1_folder_without_manifest_is_refused(tmp_path, shared_data, capsys):
+def test_stage1_folder_without_manifest_is_refused(tmp_path, dapo_sample, capsys):
     from sage_unsloth.rlvr.run import main
 
     (tmp_path / "sft").mkdir()
-    assert main(_argv("grpo", tmp_path / "sft", tmp_path, shared_data)) == 2
+    assert main(_argv("grpo", tmp_path / "sft", tmp_path, dapo_sample)) == 2
     assert "manifest.json not found" in capsys.readouterr().err
 
 
-def test_bad_dataset_is_a_one_line_error_before_the_model_loads(sft_dir, tmp_path, shared_data, monkeypatch,
+def test_bad_dataset_is_a_one_line_error_before_the_model_loads(sft_dir, tmp_path, dapo_sample, monkeypatch,
                                                                 capsys):
     from sage_unsloth import models
     from sage_unsloth.rlvr.run import main
@@ -321,7 +321,7 @@ def test_bad_dataset_is_a_one_line_error_before_the_model_loads(sft_dir, tmp_pat
     monkeypatch.setattr(models, "load_for_training", lambda *a, **k: pytest.fail("model loaded"))
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"prompt": "What is 1+1?", "label": "2"}) + "\n")
-    argv = _argv("grpo", sft_dir, tmp_path, shared_data)
+    argv = _argv("grpo", sft_dir, tmp_path, dapo_sample)
     argv[argv.index("--dataset_path") + 1] = str(rows)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # datasets' progress bars come before it

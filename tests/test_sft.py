@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = REPO / "configs" / "sft" / "tiny-cpu.yaml"
 
 
-def short_numeric_rows(shared_data: Path, n: int) -> list[dict]:
+def short_numeric_rows(benchmark_dir: Path, n: int) -> list[dict]:
     """MATH-500 rows in SFT shape with numeric answers and short solutions (the tiny tokenizer is verbose)."""
-    rows = math500_as_sft_rows(shared_data / "math500.jsonl", limit=n, numeric_only=True, max_solution_chars=250)
+    rows = math500_as_sft_rows(benchmark_dir / "math500.jsonl", limit=n, numeric_only=True, max_solution_chars=250)
     assert len(rows) == n
     return rows
 
@@ -39,9 +39,9 @@ def sft_argv(model_dir, data_path, out_dir, *extra) -> list[str]:
             "--output_dir", str(out_dir), "--disable_tqdm", "true", *map(str, extra)]
 
 
-def build_sft_output(tmp_path: Path, tiny_model_dir: Path, shared_data: Path, *extra, n_rows: int = 4) -> Path:
+def build_sft_output(tmp_path: Path, tiny_model_dir: Path, benchmark_dir: Path, *extra, n_rows: int = 4) -> Path:
     """A finished stage-1 output folder on the tiny model in a few seconds (for stage-2 integration tests)."""
-    data = write_jsonl(short_numeric_rows(shared_data, n_rows), tmp_path / "sft_rows.jsonl")
+    data = write_jsonl(short_numeric_rows(benchmark_dir, n_rows), tmp_path / "sft_rows.jsonl")
     sft_args, model_args = parse_args(sft_argv(tiny_model_dir, data, tmp_path / "sft", *extra))
     return run_sft(sft_args, model_args)
 
@@ -66,12 +66,12 @@ def test_think_tags_are_stripped_and_inner_text_kept():
         {"role": "assistant", "content": "<start_working_out>a<end_working_out><SOLUTION>3</SOLUTION>"}]
 
 
-def test_prepare_counts_drop_reasons_and_fingerprint(tiny_model_dir, shared_data, tmp_path):
+def test_prepare_counts_drop_reasons_and_fingerprint(tiny_model_dir, benchmark_dir, tmp_path):
     from trl import ModelConfig
 
     from sage_unsloth.models import load_tokenizer
 
-    rows = math500_as_sft_rows(shared_data / "math500.jsonl", limit=30)
+    rows = math500_as_sft_rows(benchmark_dir / "math500.jsonl", limit=30)
     rows[1]["problem"] = "  "
     think = next(i for i, r in enumerate(rows) if i > 1 and is_numeric_answer(r["expected_answer"])
                  and len(r["generated_solution"]) < 400)
@@ -144,11 +144,11 @@ def test_template_renders_exact_string_and_masks_non_assistant_tokens(tiny_model
 
 # --- training, outputs, reload ------------------------------------------------------------------------------
 
-def test_sft_trains_loss_falls_adapter_reloads_and_generates(tmp_path, tiny_model_dir, shared_data):
+def test_sft_trains_loss_falls_adapter_reloads_and_generates(tmp_path, tiny_model_dir, benchmark_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = build_sft_output(tmp_path, tiny_model_dir, shared_data, "--max_steps", 16, "--learning_rate", "8e-3",
+    out = build_sft_output(tmp_path, tiny_model_dir, benchmark_dir, "--max_steps", 16, "--learning_rate", "8e-3",
                            "--max_seq_length", 1024, "--save_merged", "true", "--hub_token", "hf_NOT_A_REAL_SECRET")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "sft" and manifest["adapter"] is True and manifest["backend"] == "trl"
@@ -178,15 +178,15 @@ def test_sft_trains_loss_falls_adapter_reloads_and_generates(tmp_path, tiny_mode
     assert gen.shape[1] > prompt["input_ids"].shape[1]
 
 
-def test_finished_output_is_kept_and_interrupted_run_resumes(tmp_path, tiny_model_dir, shared_data):
+def test_finished_output_is_kept_and_interrupted_run_resumes(tmp_path, tiny_model_dir, benchmark_dir):
     extra = ("--max_steps", 2, "--save_strategy", "steps", "--save_steps", 1)
-    out = build_sft_output(tmp_path, tiny_model_dir, shared_data, *extra, n_rows=2)
+    out = build_sft_output(tmp_path, tiny_model_dir, benchmark_dir, *extra, n_rows=2)
     with pytest.raises(FileExistsError, match="already holds a finished SFT run"):
-        build_sft_output(tmp_path, tiny_model_dir, shared_data, *extra, n_rows=2)
+        build_sft_output(tmp_path, tiny_model_dir, benchmark_dir, *extra, n_rows=2)
     (out / "manifest.json").unlink()  # as if the run died before finishing
     with pytest.raises(FileExistsError, match="--resume true"):
-        build_sft_output(tmp_path, tiny_model_dir, shared_data, *extra, n_rows=2)
-    build_sft_output(tmp_path, tiny_model_dir, shared_data, "--max_steps", 3, "--resume", "true", n_rows=2)
+        build_sft_output(tmp_path, tiny_model_dir, benchmark_dir, *extra, n_rows=2)
+    build_sft_output(tmp_path, tiny_model_dir, benchmark_dir, "--max_steps", 3, "--resume", "true", n_rows=2)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["resumed_from"] == "checkpoint-2" and manifest["train"]["global_step"] == 3
 
@@ -277,8 +277,8 @@ print(json.dumps({
 """
 
 
-def test_unsloth_backend_trains_on_cpu_and_adapter_continues(tmp_path, tiny_model_dir, shared_data):
-    data = write_jsonl(short_numeric_rows(shared_data, 2), tmp_path / "rows.jsonl")
+def test_unsloth_backend_trains_on_cpu_and_adapter_continues(tmp_path, tiny_model_dir, benchmark_dir):
+    data = write_jsonl(short_numeric_rows(benchmark_dir, 2), tmp_path / "rows.jsonl")
     out = tmp_path / "sft_unsloth"
     argv = sft_argv(tiny_model_dir, data, out, "--backend", "unsloth", "--max_steps", 2, "--learning_rate", "5e-3")
     env = {**os.environ, "UNSLOTH_SKIP_TORCHVISION_CHECK": "1", "HF_HUB_OFFLINE": "1"}

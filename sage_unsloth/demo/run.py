@@ -87,7 +87,7 @@ def build_tasks(budget: DemoBudget, work: Path, results: Path) -> list[Task]:
                           runs / variant / MANIFEST_NAME, after=("sft",)))
     for run in EVAL_RUNS:
         tasks.append(Task(f"eval_{run}", [py, "-m", "sage_unsloth.eval", str(CONFIG_DIR / "eval.yaml"),
-                                          "--checkpoints", str(runs / run), "--data_dir", str(data),
+                                          "--checkpoints", str(runs / run),
                                           "--results_dir", str(results), "--outputs_dir", str(work),
                                           "--local_benchmarks", f"{DEMO_BENCHMARK}={data / EVAL_FILE}",
                                           "--benchmarks", DEMO_BENCHMARK, "--n", str(budget.eval_n),

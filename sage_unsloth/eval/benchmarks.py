@@ -1,9 +1,15 @@
-"""Benchmark loading: hub datasets by default, or local JSONL files laid out like ../shared/data.
+"""Benchmark loading: the files bundled with the kit by default, a local folder, or the hub.
 
 Every benchmark becomes a list of :class:`Problem` with a normalised gold (see ``sage_unsloth.grading``).
-Default hub ids (public mirrors; the local files under ``data_dir`` are the ones the tests pin):
+Where the rows come from (``source``):
 
-| name    | hub id (split)                              | local file       | gold                                  |
+- ``bundled`` (default): ``sage_unsloth/data/benchmarks/``, checked by row count and sha256 (provenance in
+  ``sage_unsloth/data/README.md``). Works offline on a fresh clone.
+- ``local``: the same file names in a folder of your own (``data_dir``).
+- ``hub``: the public mirrors below (needs the hub). Their K&K set is the official test puzzles, a
+  different set from the bundled one (Logic-RL's split).
+
+| name    | hub id (split)                              | file             | gold                                  |
 |---------|---------------------------------------------|------------------|---------------------------------------|
 | aime24  | HuggingFaceH4/aime_2024 (train)             | aime24.jsonl     | answer (leading zeros dropped)        |
 | aime25  | math-ai/aime25 (test)                       | aime25.jsonl     | answer                                |
@@ -20,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sage_unsloth.grading import minerva_gold, normalise_gold
+
+SOURCES = ("bundled", "local", "hub")
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,7 @@ def register_local_benchmarks(specs) -> list[str]:
             raise ValueError(f"local_benchmarks entry {spec!r}: {name!r} is a built-in benchmark; pick another name")
         if not Path(path).is_file():
             raise FileNotFoundError(f"local_benchmarks entry {spec!r}: {path} not found")
-        # No hub id: always read from the (absolute) local path, whatever data_dir says.
+        # No hub id: always read from the (absolute) local path, whatever source / data_dir say.
         BENCHMARKS[name] = BenchmarkSpec(hub_id="", split="", local_file=str(Path(path).resolve()))
         names.append(name)
     return names
@@ -93,15 +101,38 @@ def _first(row: dict, *keys: str):
     return None
 
 
-def _rows(name: str, data_dir: str | Path | None) -> list[dict]:
+def check_source(source: str, data_dir: str | Path | None) -> str:
+    """The effective source: ``local`` when only ``data_dir`` is given; one-line errors otherwise."""
+    if source not in SOURCES:
+        raise ValueError(f"source={source!r} is unknown: use one of {', '.join(SOURCES)}")
+    if data_dir and source == "bundled":
+        return "local"  # a data_dir given on its own means "read my folder"
+    if data_dir and source == "hub":
+        raise ValueError("source=hub ignores data_dir: drop data_dir, or set source=local to read that folder")
+    if source == "local" and not data_dir:
+        raise ValueError("source=local needs data_dir: the folder holding the benchmark .jsonl files")
+    return source
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _rows(name: str, source: str, data_dir: str | Path | None) -> list[dict]:
+    from sage_unsloth.data import verified_path
+
     spec = BENCHMARKS[name]
-    if data_dir or not spec.hub_id:
-        path = Path(data_dir or ".") / spec.local_file  # an absolute local_file ignores data_dir
+    if not spec.hub_id:  # a user benchmark registered by path
+        return _read_jsonl(Path(spec.local_file))
+    if source == "bundled":
+        return _read_jsonl(verified_path(spec.local_file))
+    if source == "local":
+        path = Path(data_dir) / spec.local_file
         if not path.is_file():
             raise FileNotFoundError(f"benchmark {name!r}: {path} not found (set `data_dir` to a folder holding "
-                                    f"{spec.local_file}, or leave it empty to load {spec.hub_id} from the hub)")
-        with path.open(encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+                                    f"{spec.local_file}, or drop data_dir to use the bundled files)")
+        return _read_jsonl(path)
     import datasets
 
     if spec.hub_data_files:
@@ -128,10 +159,11 @@ def _to_problem(name: str, index: int, row: dict) -> Problem:
     return Problem(name, str(index if pid is None else pid), str(problem), gold=normalise_gold(gold))
 
 
-def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[Problem]:
-    """The problems of one benchmark in file order (the first ``limit`` when given)."""
+def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None, *,
+                   source: str = "bundled") -> list[Problem]:
+    """The problems of one benchmark in file order (the first ``limit`` when given), from ``source``."""
     check_benchmark_names([name])
-    rows = _rows(name, data_dir)
+    rows = _rows(name, check_source(source, data_dir), data_dir)
     if limit:
         rows = rows[:limit]
     problems = [_to_problem(name, i, row) for i, row in enumerate(rows)]

@@ -28,6 +28,7 @@ from sage_unsloth.eval.benchmarks import (
     BENCHMARKS,
     Problem,
     check_benchmark_names,
+    check_source,
     load_benchmark,
     register_local_benchmarks,
 )
@@ -60,7 +61,10 @@ class EvalConfig:
     user_template: str = field(default=EVAL_USER_TEMPLATE, metadata={"help": "user turn; {problem} is replaced"})
     backend: str = field(default="vllm", metadata={"help": "vllm | hf"})
     seed: int = 0
-    data_dir: str | None = field(default=None, metadata={"help": "folder with local benchmark JSONL; empty = hub"})
+    source: str = field(default="bundled", metadata={
+        "help": "benchmark rows: 'bundled' (the kit's checked files, offline), 'local' (data_dir), 'hub'"})
+    data_dir: str | None = field(default=None, metadata={
+        "help": "folder with benchmark JSONL files named like the bundled ones (implies source=local)"})
     local_benchmarks: list[str] = field(default_factory=list, metadata={
         "help": "extra benchmarks as name=path.jsonl (MATH-500 layout: problem, answer); list them in benchmarks"})
     results_dir: str = "results"
@@ -93,6 +97,7 @@ def validate(cfg: EvalConfig) -> list[int]:
         raise ValueError("`checkpoints` is empty: list hub ids or stage output folders to evaluate")
     register_local_benchmarks(cfg.local_benchmarks)
     check_benchmark_names(cfg.benchmarks)
+    check_source(cfg.source, cfg.data_dir)
     if cfg.n < 1:
         raise ValueError(f"n={cfg.n}: need at least one sample per problem")
     if cfg.backend not in ("vllm", "hf"):
@@ -273,7 +278,7 @@ def prepare(cfg: EvalConfig):
 
     ks = validate(cfg)
     checkpoints = [resolve_checkpoint(spec, cfg.run_name) for spec in cfg.checkpoints]
-    problem_sets = {name: load_benchmark(name, cfg.data_dir, cfg.limit) for name in cfg.benchmarks}
+    problem_sets = {name: load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source) for name in cfg.benchmarks}
     return ks, checkpoints, problem_sets
 
 

@@ -3,7 +3,7 @@
 Source: ``open-r1/DAPO-Math-17k-Processed`` (config ``en``; fields ``prompt`` = problem text and
 ``solution`` = gold answer) through ``datasets``, as in the official code. A local JSONL / parquet file
 overrides it; it may use that layout, the verl layout (``prompt[0].content`` and
-``reward_model.ground_truth``, e.g. shared/data/dapo_math_sample.jsonl), or a plain ``answer`` column.
+``reward_model.ground_truth``, e.g. sage_unsloth/data/rlvr/dapo_math_sample.jsonl), or a plain ``answer`` column.
 
 Prompts whose chat-rendered length leaves no room for ``max_completion_length`` inside the model's
 context are dropped, so a rollout is never truncated by the context rather than by its own budget.
