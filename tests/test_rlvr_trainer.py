@@ -108,10 +108,10 @@ def oracle_loss(model, batch, raw_ref, *, loss_type, beta, estimator="k3", guide
         kl = torch.exp(d) - d - 1
     elif estimator == "k2":
         kl = 0.5 * d**2
-    else:  # forward KL(pi_ref || pi): u log u - u + 1 with u = pi_ref / pi
-        u = torch.exp(raw_ref - logp)
-        kl = u * torch.log(u) - u + 1
     ratio = torch.exp(logp - logp.detach())
+    if estimator == "forward":  # KL(pi_ref || pi): u log u - u + 1 with u = pi_ref / pi, times the ratio pi / sg(pi)
+        u = torch.exp(raw_ref - logp)
+        kl = (u * torch.log(u) - u + 1) * ratio
     adv = batch["advantages"].unsqueeze(1)
     per_token = -torch.min(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv) + beta * kl
     if loss_type == "grpo":
@@ -271,7 +271,7 @@ def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypat
 
 
 def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch, monkeypatch):
-    """The loss-level correction is beta * agg(estimator - k3), built from sage_unsloth.anchor."""
+    """The loss-level correction is beta * agg(kl_loss_term - k3), built from sage_unsloth.anchor."""
     from sage_unsloth import anchor
     from sage_unsloth.rlvr.trainer import aggregate_like_trl
 
@@ -279,8 +279,8 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
     mask = branch_batch["completion_mask"].float()
     ref = branch_batch["ref_per_token_logps"]
     logp = (ref - 0.3 * torch.randn_like(ref)).requires_grad_(True)
-    for estimator, fn in (("k2", lambda: anchor.shaped_kl(logp, ref, estimator="k2")),
-                          ("forward", lambda: anchor.forward_kl(logp, ref))):
+    for estimator, fn in (("k2", lambda: anchor.kl_loss_term(logp, ref, estimator="k2")),
+                          ("forward", lambda: anchor.kl_loss_term(logp, ref, estimator="forward"))):
         monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
         got = trainer._sage_kl_correction(branch_batch, logp)
         want = trainer.beta * ((fn() - anchor.shaped_kl(logp, ref, estimator="k3")) * mask).sum(1).div(
