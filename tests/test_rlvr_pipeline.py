@@ -16,8 +16,8 @@ from sage_unsloth.report.wandb_io import read_offline_history
 REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIGS = REPO / "configs" / "rlvr" / "tiny-cpu"
 PAPER_CONFIGS = REPO / "configs" / "rlvr" / "qwen2.5-math-7b"
-VARIANTS = ["grpo", "grpo_nokl", "grpo_fkl", "grpo_random", "grpo_token", "grpo_branch",
-            "bnpo", "bnpo_branch", "dapo", "dapo_branch"]
+VARIANTS = ["grpo", "grpo_nokl", "grpo_fkl", "grpo_random", "grpo_token", "grpo_branch", "grpo_branch_reward",
+            "bnpo", "bnpo_branch", "dapo", "dapo_branch", "dapo_full", "dapo_full_branch"]
 SECRET = "hf_SECRETSECRETSECRET1234"
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -89,7 +89,8 @@ def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp
     paper, _, _, _ = parse_args([str(PAPER_CONFIGS / f"{variant}.yaml"), "--bf16", "false"])
     tiny = built.trainer.args
     for field in ("loss_type", "beta", "sage_guide", "kl_estimator", "epsilon", "epsilon_high", "sage_q_min",
-                  "sage_q_max", "sage_gamma", "sage_tau", "temperature", "min_p", "use_bias_correction_kl"):
+                  "sage_q_max", "sage_gamma", "sage_tau", "temperature", "min_p", "use_bias_correction_kl",
+                  "sage_kl_placement", "dapo_normalizer", "dynamic_sampling", "mask_truncated_completions"):
         assert getattr(paper, field) == getattr(tiny, field), field
 
     # SFT anchor: a frozen copy of the SFT adapter is the reference while beta > 0; none is needed at beta 0.

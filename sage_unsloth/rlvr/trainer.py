@@ -613,9 +613,10 @@ class SageTrainerMixin:
         if not (self.use_vllm and getattr(self, "vllm_importance_sampling_correction", False)) or old is None \
                 or sampling is None or old.shape != mask.shape or sampling.shape != mask.shape:
             return  # no correction, or Unsloth's packed layout (its zoo loss computes the ratios itself)
+        setting = lambda name: getattr(self, name, getattr(self.args, name, None))  # TRL copies them to self
         fraction = importance_sampling_clipped_fraction(
-            old, sampling, mask, mode=self.args.vllm_importance_sampling_mode,
-            clip_min=self.args.vllm_importance_sampling_clip_min, clip_max=self.args.vllm_importance_sampling_clip_max)
+            old, sampling, mask, mode=setting("vllm_importance_sampling_mode"),
+            clip_min=setting("vllm_importance_sampling_clip_min"), clip_max=setting("vllm_importance_sampling_clip_max"))
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["sampling/importance_sampling_ratio/clipped_frac"].append(fraction)
 
