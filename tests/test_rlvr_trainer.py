@@ -517,6 +517,33 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
         assert max((a - b).abs().max().item() for a, b in zip(zoo_grads, trl_grads)) < 1e-6, layout
 
 
+def test_zoo_dapo_normaliser_with_the_kits_num_items_rescale(branch_trainer, branch_batch):
+    """dapo_normalizer=generation multiplies num_items_in_batch by steps_per_generation / accumulation; unsloth_zoo
+    divides it back like TRL 1.15, which leaves TRL 0.23's (the official code's) normaliser under Unsloth too."""
+    from sage_unsloth.backend import import_unsloth
+
+    import_unsloth()
+    from unsloth_zoo.rl_replacements import grpo_compute_loss
+
+    trainer, batch = branch_trainer, branch_batch
+    new, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+        torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), batch["completion_ids"].size(1))
+    n = batch["num_items_in_batch"]
+
+    def zoo(num_items, steps_per_generation):
+        return grpo_compute_loss(
+            batch["ref_per_token_logps"], new.detach(), None, None, batch["completion_ids"],
+            batch["completion_mask"].float(), trainer.beta, batch["advantages"], loss_type="dapo",
+            epsilon_low=0.2, epsilon_high=0.2, max_completion_length=12, num_items_in_batch=num_items,
+            current_gradient_accumulation_steps=1, steps_per_generation=steps_per_generation, num_processes=1,
+            use_bias_correction_kl=False)[0].item()
+
+    official = zoo(n, None)  # no rescale at all: TRL 0.23's num_items_in_batch / num_processes
+    assert zoo(n * 2.0, 2) == pytest.approx(official, rel=1e-6)
+    assert zoo(n, 2) == pytest.approx(2 * official, rel=1e-6)
+
+
 # --------------------------------------------------------------------- canary: Unsloth's patched trainer
 
 CANARY = r'''
