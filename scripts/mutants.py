@@ -130,6 +130,14 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _first_failure(output: str) -> str:
+    """The first "FAILED <test id>" / "ERROR <test id>" line of pytest's short summary (what killed the mutant)."""
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" ", 1)[1].split(" - ")[0]
+    return ""
+
+
 def run_mutant(mutant: Mutant, timeout: int) -> tuple[str, float]:
     path = REPO / mutant.path
     original = path.read_text()
@@ -141,7 +149,7 @@ def run_mutant(mutant: Mutant, timeout: int) -> tuple[str, float]:
         result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                                  *mutant.tests], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                                 check=False)
-        outcome = "killed" if result.returncode != 0 else "SURVIVED"
+        outcome = f"killed by {_first_failure(result.stdout)}" if result.returncode != 0 else "SURVIVED"
         if result.returncode not in (0, 1):  # 2+ = pytest could not even run: an invalid mutant, not a kill
             outcome = f"ERROR (pytest exit {result.returncode})"
     except subprocess.TimeoutExpired:
@@ -173,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in chosen:
         outcome, seconds = run_mutant(m, args.timeout)
         results.append((m, outcome))
-        print(f"{outcome:28s} {seconds:6.0f}s  {m.name}", flush=True)
+        print(f"{seconds:5.0f}s  {m.name:40s} {outcome}", flush=True)
     assert before == {p: _digest(REPO / p) for p in before}, "a mutated file was not restored"
     valid = [(m, o) for m, o in results if o.startswith(("killed", "SURVIVED"))]
     killed = sum(o.startswith("killed") for _, o in valid)
