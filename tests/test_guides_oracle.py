@@ -71,23 +71,35 @@ def _oracle(logp, old, raw_ref, q, advantages, mask, *, loss_type, estimator="k3
     return per_token.sum() / normaliser  # dapo
 
 
+def _kit_and_oracle_forwards(trainer, batch):
+    """The trainer's loss and LoRA gradients on ``batch``, and the oracle's own forwards at the same weights:
+    (params, loss, grads, log pi_ref without gradient, log pi with gradient, the full log-softmax)."""
+    params = _lora_params(trainer.model)
+    loss = trainer.compute_loss(trainer.model, dict(batch))
+    grads = torch.autograd.grad(loss, params)
+    with torch.no_grad():
+        raw_ref, _ = _policy_forward(trainer.model, batch, disable_adapter=True)
+    logp, log_probs = _policy_forward(trainer.model, batch)
+    return params, loss, grads, raw_ref, logp, log_probs
+
+
+def _assert_same_loss_and_gradients(params, loss, grads, want):
+    want_grads = torch.autograd.grad(want, params)
+    assert loss.item() == pytest.approx(want.item(), abs=1e-6, rel=1e-5)
+    assert max((g - e).abs().max().item() for g, e in zip(grads, want_grads)) < 1e-6
+    assert max(g.abs().max().item() for g in grads) > 1e-4  # not a comparison between zeros
+
+
 # ----------------------------------------------------------------------------- token and random guides
 
 
 def test_token_guide_in_loss_matches_oracle_with_fixed_generator(tiny_model_dir, tmp_path):
     trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide="token", sage_q_source="loss", max_steps=16))
-    model = trainer.model
     batch = _rollout(trainer)
     step = 3  # mid-cycle of the second cosine cycle (cycle length 16 // 8 = 2)
     trainer.state.global_step, trainer._sage_last_step = step, -1  # the first q of this step: call 0
-    params = _lora_params(model)
-    loss = trainer.compute_loss(model, dict(batch))
-    grads = torch.autograd.grad(loss, params)
-
+    params, loss, grads, raw_ref, logp, _ = _kit_and_oracle_forwards(trainer, batch)
     mask = batch["completion_mask"]
-    with torch.no_grad():
-        raw_ref, _ = _policy_forward(model, batch, disable_adapter=True)
-    logp, _ = _policy_forward(model, batch)
     alpha, sigma = _schedule(step, 16, 0.3, 0.1, 0.25, 0.1)
     w = _minmax_surprisal(logp.detach(), mask)
     noise = torch.randn(w.shape, generator=torch.Generator().manual_seed(guide_noise_seed(SEED, step, 0, 0)))
@@ -96,10 +108,8 @@ def test_token_guide_in_loss_matches_oracle_with_fixed_generator(tiny_model_dir,
     assert ((on > 1.02) & (on < 1.38)).sum() > 5  # q spread over the range, not stuck at a clip
     no_noise = torch.where(mask.bool(), (1 + alpha * w).clamp(0.6, 1.4), torch.ones_like(w))
     assert (q - no_noise).abs().max() > 0.05  # the noise term is exercised
-    want = _oracle(logp, logp.detach(), raw_ref, q, batch["advantages"], mask, loss_type="grpo")
-    want_grads = torch.autograd.grad(want, params)
-    assert loss.item() == pytest.approx(want.item(), abs=1e-6)
-    assert max((g - e).abs().max().item() for g, e in zip(grads, want_grads)) < 1e-6
+    _assert_same_loss_and_gradients(params, loss, grads, _oracle(logp, logp.detach(), raw_ref, q,
+                                                                 batch["advantages"], mask, loss_type="grpo"))
     assert trainer._metrics["train"]["sage/q_max"][-1] == pytest.approx(on.max().item(), abs=1e-6)
 
 
@@ -140,6 +150,20 @@ def _policy_gradient_step(trainer, batch, size=0.03):
             p.sub_(size * p.abs().mean() * g / g.abs().max())
 
 
+def _generate_update_and_serve(trainer, update_from: int):
+    """TRL's own batching: generate at step 0 (``_prepare_inputs``), take a policy-gradient step on buffered
+    micro-batch ``update_from``, then return (the micro-batch served at step 0, the one served at step 1)."""
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    rows = [{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS for _ in range(4)]
+    torch.manual_seed(1)
+    trainer._step, trainer._buffered_inputs = 0, None
+    first = trainer._prepare_inputs(rows)
+    _policy_gradient_step(trainer, trainer._buffered_inputs[update_from])
+    trainer._step = 1
+    return first, trainer._prepare_inputs(rows)
+
+
 @pytest.fixture(scope="module")
 def two_step_generation(tiny_model_dir, tmp_path_factory):
     """steps_per_generation 2 (8 rollouts, micro-batches of 4), q in the loss, epsilon_high 0.28: generate at
@@ -149,16 +173,8 @@ def two_step_generation(tiny_model_dir, tmp_path_factory):
         args = _config(tmp_path_factory.mktemp("offpolicy"), per_device_train_batch_size=4, steps_per_generation=2,
                        sage_q_source="loss", epsilon_high=0.28)
     trainer = _build(tiny_model_dir, args)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    rows = [{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS for _ in range(4)]
-    torch.manual_seed(1)
-    trainer._step, trainer._buffered_inputs = 0, None
-    first = trainer._prepare_inputs(rows)
+    first, second = _generate_update_and_serve(trainer, update_from=1)
     generation_tokens = sum(b["completion_mask"].sum().item() for b in trainer._buffered_inputs)
-    _policy_gradient_step(trainer, trainer._buffered_inputs[1])
-    trainer._step = 1
-    second = trainer._prepare_inputs(rows)
     return trainer, first, second, generation_tokens
 
 
@@ -184,7 +200,6 @@ def test_second_micro_batch_is_off_policy_with_epsilon_high_active(two_step_gene
 def test_off_policy_micro_batch_matches_oracle(two_step_generation, monkeypatch, loss_type, estimator,
                                                dapo_normalizer):
     trainer, _, second, generation_tokens = two_step_generation
-    model = trainer.model
     monkeypatch.setattr(trainer, "loss_type", loss_type)
     monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
     if estimator == "forward":
@@ -193,23 +208,14 @@ def test_off_policy_micro_batch_matches_oracle(two_step_generation, monkeypatch,
     if dapo_normalizer:  # what the rollout hook does for this loss type (the rollout itself ran as grpo)
         monkeypatch.setattr(trainer.args, "dapo_normalizer", dapo_normalizer)
         trainer._sage_official_dapo_normaliser(inputs)
-    params = _lora_params(model)
-    loss = trainer.compute_loss(model, inputs)
-    grads = torch.autograd.grad(loss, params)
-
+    params, loss, grads, raw_ref, logp, log_probs = _kit_and_oracle_forwards(trainer, inputs)
     mask = second["completion_mask"]
-    with torch.no_grad():
-        raw_ref, _ = _policy_forward(model, second, disable_adapter=True)
-    logp, log_probs = _policy_forward(model, second)
     q = _branch_q(log_probs.detach(), mask) if estimator != "forward" else torch.ones_like(logp)
     # TRL 0.23 / the official code: all completion tokens of the generation batch; TRL >= 1.10: one window's.
     normaliser = generation_tokens if dapo_normalizer == "generation" else generation_tokens / 2
     want = _oracle(logp, second["old_per_token_logps"], raw_ref, q, second["advantages"], mask,
                    loss_type=loss_type, estimator=estimator, eps_high=0.28, normaliser=normaliser)
-    want_grads = torch.autograd.grad(want, params)
-    assert loss.item() == pytest.approx(want.item(), abs=1e-6, rel=1e-5)
-    assert max((g - e).abs().max().item() for g, e in zip(grads, want_grads)) < 1e-6
-    assert max(g.abs().max().item() for g in grads) > 1e-4
+    _assert_same_loss_and_gradients(params, loss, grads, want)
 
 
 def test_official_dapo_normaliser_halves_the_loss_at_two_steps_per_generation(two_step_generation, monkeypatch):
@@ -240,27 +246,11 @@ def test_num_iterations_two_reuses_the_batch_off_policy(tiny_model_dir, tmp_path
         warnings.simplefilter("ignore")
         args = _config(tmp_path, num_iterations=2, sage_q_source="loss", sage_guide="branch")
     trainer = _build(tiny_model_dir, args)
-    model = trainer.model
-    model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    rows = [{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS for _ in range(4)]
-    torch.manual_seed(1)
-    trainer._step, trainer._buffered_inputs = 0, None
-    first = trainer._prepare_inputs(rows)
-    _policy_gradient_step(trainer, first)
-    trainer._step = 1
-    again = trainer._prepare_inputs(rows)
+    first, again = _generate_update_and_serve(trainer, update_from=0)  # one micro-batch, used twice
     assert torch.equal(again["completion_ids"], first["completion_ids"]) and "old_per_token_logps" in again
-    params = _lora_params(model)
-    loss = trainer.compute_loss(model, dict(again))
-    grads = torch.autograd.grad(loss, params)
+    params, loss, grads, raw_ref, logp, log_probs = _kit_and_oracle_forwards(trainer, again)
     mask = again["completion_mask"]
-    with torch.no_grad():
-        raw_ref, _ = _policy_forward(model, again, disable_adapter=True)
-    logp, log_probs = _policy_forward(model, again)
-    want = _oracle(logp, again["old_per_token_logps"], raw_ref, _branch_q(log_probs.detach(), mask),
-                   again["advantages"], mask, loss_type="grpo")
-    want_grads = torch.autograd.grad(want, params)
     assert (torch.exp(logp.detach() - again["old_per_token_logps"])[mask.bool()] - 1).abs().max() > 0.2
-    assert loss.item() == pytest.approx(want.item(), abs=1e-6)
-    assert max((g - e).abs().max().item() for g, e in zip(grads, want_grads)) < 1e-6
+    _assert_same_loss_and_gradients(params, loss, grads, _oracle(
+        logp, again["old_per_token_logps"], raw_ref, _branch_q(log_probs.detach(), mask), again["advantages"], mask,
+        loss_type="grpo"))
