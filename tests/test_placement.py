@@ -186,6 +186,7 @@ print("CANARY-OK")
 '''
 
 
+@pytest.mark.slow
 def test_unsloth_patched_trainer_reward_placement(tiny_model_dir, tmp_path):
     """Unsloth's rewritten GRPOTrainer forced on CPU (private API): the placement runs there too, the loss it
     trains on gets advantages of r~ (checked against an independent recomputation) and no reference."""

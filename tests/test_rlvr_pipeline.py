@@ -143,9 +143,15 @@ def test_paper_configs_pin_the_official_recipe():
         assert stage.max_prompt_length + args.max_completion_length <= 4096  # Qwen2.5-Math's context
         assert args.generation_kwargs["stop"] == ["</SOLUTION>"] and stage.variant == variant
         assert args.use_vllm and args.vllm_mode == "colocate" and stage.anchor == "sft"
-        expected_beta = 0.0 if variant in ("grpo_nokl", "bnpo", "dapo") else 0.05
+        expected_beta = 0.0 if variant in ("grpo_nokl", "bnpo", "dapo", "dapo_full") else 0.05
         assert args.beta == expected_beta, variant
-        assert args.epsilon_high == (0.28 if variant.startswith("dapo") else None)  # None: symmetric clip
+        # the official code's dapo: epsilon_high = epsilon; the DAPO paper's: clip-higher 0.28; None: symmetric
+        dapo_paper = variant.startswith("dapo_full")
+        assert args.epsilon_high == (0.28 if dapo_paper else 0.2 if variant.startswith("dapo") else None), variant
+        assert (args.dynamic_sampling, args.dapo_normalizer) == (dapo_paper, "window" if dapo_paper else "generation")
+        assert args.sage_kl_placement == ("reward" if variant.endswith("_reward") else "loss"), variant
+        # the paper's TRL 0.23 importance-sampling correction under vLLM
+        assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("token_truncate", 2.0)
 
 
 # ----------------------------------------------------------------------------------------------- anchor
