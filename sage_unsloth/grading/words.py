@@ -36,7 +36,7 @@ def word_gold(gold: str) -> tuple[str, str] | None:
 
 def _words(text: str) -> list[str]:
     text = _WRAPPERS.sub(r" \1 ", text)
-    return re.findall(r"[a-z0-9\u00c0-\u024f']+", text.lower())
+    return re.findall(r"[a-z0-9\u00c0-\u024f'](?:[a-z0-9\u00c0-\u024f'-]*[a-z0-9\u00c0-\u024f'])?", text.lower())
 
 
 def _options(text: str) -> list[str]:
@@ -59,6 +59,10 @@ def words_match(kind: str, gold: str, answer: str) -> bool:
     if not words:
         return False
     n = len(target)
+    if words == target:
+        return True
+    if re.search(r"[\d+*/=^]|\\frac|(?<!\w)-(?!\w)", text):
+        return False  # "Evelyn + 1" is math around the name, not a sentence about it
     if words[:n] == target:
         return True
     # "... is Evelyn", "She is facing east": a short sentence ending with the gold, with no negation in it.
