@@ -70,3 +70,34 @@ def test_regrade_errors_are_one_line(tmp_path, capsys):
     assert cli.main(["regrade", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "manifest.json" in err
+
+
+def test_report_names_the_kk_set_and_shows_what_stayed_ungraded(tmp_path, tiny_model_dir, monkeypatch):
+    import time
+
+    from sage_unsloth.grading import verify
+    from sage_unsloth.report.stage import ReportArguments, build_report
+
+    compare = verify._symbolic_equal
+
+    def slow_compare(candidate, form):  # over any 1 us budget: some completions stay ungraded
+        end = time.thread_time() + 0.005
+        while time.thread_time() < end:
+            pass
+        return compare(candidate, form)
+
+    monkeypatch.setattr(verify, "_symbolic_equal", slow_compare)
+    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["math500", "kk"], limit=2, grading_timeout_s=1e-6,
+                  grading_retry_timeout_s=1e-6)
+    out, _, _ = _run(cfg)
+    unresolved = json.loads((out / "manifest.json").read_text())["grading"]["unresolved"]
+    assert unresolved > 0
+    result = build_report(ReportArguments(results=cfg.results_dir, out=str(tmp_path / "report.md"),
+                                          paper_dir=str(Path(__file__).parents[1] / "results" / "paper"),
+                                          resamples=100), console=False)
+    text = result.out.read_text()
+    assert "## Knights-and-Knaves, Logic-RL split (kk_logicrl; not comparable with kk_official)" in text
+    header = next(line for line in text.splitlines() if line.startswith("| run |"))
+    row = next(line for line in text.splitlines() if line.startswith(f"| {out.parent.name}/{out.name} |"))
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["ungraded"] == str(unresolved)

@@ -202,18 +202,19 @@ def test_reference_solutions_grade_against_their_golds_and_shuffled_golds_do_not
     minerva = _rows(benchmark_dir, "minerva.jsonl")
     shuffled = [r["answer"] for r in math500]
     random.Random(0).shuffle(shuffled)
+    shuffled = shuffled[:150]  # mismatched pairs cost a parse each: a sample shows they stay wrong
 
     def item(row, gold):  # graded through the eval's process pool, like a real run
         return f"<SOLUTION>\\boxed{{{last_boxed(row['solution'])}}}</SOLUTION>", gold
 
     items = ([item(r, r["answer"]) for r in math500] + [item(r, minerva_gold(r["solution"])) for r in minerva]
-             + [item(r, g) for r, g in zip(math500, shuffled)])
+             + [item(r, g) for r, g in zip(math500, shuffled)])  # zip stops at the 150
     with GradingPool(workers=2) as pool:
         verdicts = [g.correct for g in pool.grade(items)]
         assert pool.stats["timeouts"] == 0
     assert sum(verdicts[:500]) >= 499  # test/number_theory/...: the reference boxes "\text{(E)}"-like text
     assert sum(verdicts[500:772]) == 272
-    assert sum(verdicts[772:]) < 25  # coincidences only (~2%)
+    assert sum(verdicts[772:]) <= 6  # coincidences only (~2%: 3 when shuffled golds are equal)
 
 
 def test_aime_and_amc_golds_grade(benchmark_dir):
@@ -272,12 +273,13 @@ def test_hostile_completions_grade_within_the_budget_without_exception():
     assert verify_answer("0.5", "\\frac{1}{2}")  # the one-off cold import of math-verify is not per sample
     slowest, fives = 0.0, {"５", "٥", "𝟓", "5\u200b", "\ufeff5", "\u202e5\u202c"}  # other spellings of 5
     for completion in items:
-        start = time.perf_counter()
-        result = grading.grade(completion, "5", timeout_s=2.0)
-        slowest = max(slowest, time.perf_counter() - start)
+        start = time.thread_time()
+        result = grading.grade(completion, "5", timeout_s=1.0)
+        slowest = max(slowest, time.thread_time() - start)
         assert result.status in grading.STATUSES
         assert not result.correct or result.answer in fives, result
-    assert slowest < 2.0 * 3, f"slowest hostile item took {slowest:.2f}s"  # budget 2 s CPU + tick + slack
+    # The budget is CPU time of this thread (wall time on a loaded machine is longer): 1 s + one tick + slack.
+    assert slowest < 1.5, f"slowest hostile item took {slowest:.2f} CPU s"
 
 
 def test_verify_answer_is_bounded_off_the_main_thread():

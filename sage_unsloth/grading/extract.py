@@ -11,8 +11,8 @@ it is 4.", "$204$ minutes, including $t = 24$", "2000 calories"). The rules, in 
 1. the answer is cut into clauses at sentence ends, semicolons and commas followed by a word;
 2. a clause that negates ("not 5") or states a premise ("since t = 24", "including t = 24") is no answer;
 3. the last clause opened by a conclusion word ("so", "therefore", ...) wins, else the first clause left;
-4. in that clause: its inline math (``$...$``) if any, else what follows its last "is/are/equals", else its
-   formula-like runs of tokens; several values in one clause ("204 or 228") stay together, so a hedged
+4. in that clause: its inline math (``$...$``; only what follows its last "is/are/equals" when some does),
+   else what follows that "is", else its formula-like runs of tokens; several values in one clause ("204 or 228") stay together, so a hedged
    answer is graded as the list it is.
 """
 
@@ -175,10 +175,12 @@ def math_candidate(answer: str) -> str | None:
 
 
 def _clause_value(clause: str, segments: list[str]) -> str | None:
+    cues = list(_CUE.finditer(clause))
     held = [int(i) for i in re.findall(r"\x00(\d+)\x00", clause)]
+    if cues:  # "The value of $x$ is $5$": the math after the last "is"
+        held = [int(i) for i in re.findall(r"\x00(\d+)\x00", clause[cues[-1].end():])] or held
     if held:
         return ", ".join(segments[i].strip() for i in held)
-    cues = list(_CUE.finditer(clause))
     if cues:
         after = clause[cues[-1].end():]
         value = _formula_runs(after, first_only=True)

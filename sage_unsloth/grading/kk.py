@@ -5,8 +5,12 @@ The answer block (``<SOLUTION>``, else the completion's tail) is cleaned of mark
 
 - "<name> <link> <role>": ``Amelia is a knight``, ``Amelia: Knight``, ``so Evelyn must be a knave``,
   ``Evelyn is not a knight`` (a negated role is the other role: there are only two);
-- "<names> are <role>s": ``Amelia and Penelope are knights``;
-- "<role>s: <names>": ``Knights: Amelia, Penelope``, ``The knaves are Evelyn``.
+- "<names> are <role>s": ``Amelia and Penelope are knights``, ``Amelia, Penelope: knights``;
+- "<role>s: <names>": ``Knights: Amelia, Penelope``, ``The knaves are Evelyn``;
+- the rest: ``Only Evelyn is a knave``, ``Evelyn is the only knave``, ``the others are knights`` give the
+  inhabitants not named otherwise the other (resp. the stated) role.
+
+An answer that never says knight or knave may say truth-teller / truthful and liar instead.
 
 The link between a name and its role is short, stays within one sentence and names nobody else (so
 "Amelia said that Evelyn is a knave" says nothing about Amelia). Statements inside "if/assume/suppose"
@@ -27,9 +31,20 @@ _HYPOTHESIS = re.compile(r"\b(?:if|assume|assuming|suppose|supposing|whether|hyp
 _NEGATED = re.compile(r"\b(?:not|cannot|never|isn't|is\s+no)\b|n't\b", re.IGNORECASE)
 
 
+_SYNONYMS = ((re.compile(r"\btruth[- ]?tellers\b", re.IGNORECASE), "knights"),
+             (re.compile(r"\b(?:truth[- ]?teller|truthful|honest)\b", re.IGNORECASE), "knight"),
+             (re.compile(r"\bliars\b", re.IGNORECASE), "knaves"),
+             (re.compile(r"\b(?:liar|lying|dishonest)\b", re.IGNORECASE), "knave"))
+_OTHERS = re.compile(rf"\b(?:the\s+)?(?:others|rest|remaining\s+\w+|everyone\s+else|all\s+the\s+others)\s+"
+                     rf"(?:are|were|is|:)\s+(?:all\s+)?{_ROLE}\b", re.IGNORECASE)
+
+
 def _clean(text: str) -> str:
-    text = strip_markdown(text)
-    return re.sub(r"[|*_`#]", " ", text)
+    text = re.sub(r"[|*_`#]", " ", strip_markdown(text))
+    if not re.search(r"\bkn(?:igh|av)", text, re.IGNORECASE):
+        for pattern, role in _SYNONYMS:
+            text = pattern.sub(role, text)
+    return text
 
 
 def kk_assignments(text: str, names: Sequence[str]) -> dict[str, bool]:
@@ -40,6 +55,7 @@ def kk_assignments(text: str, names: Sequence[str]) -> dict[str, bool]:
         return {}
     other_name = re.compile(rf"\b(?:{name_alt})\b")
     found: list[tuple[int, str, bool]] = []
+    others: list[tuple[int, bool]] = []  # (position, role) for the inhabitants no statement names
 
     def hypothetical(start: int) -> bool:
         return _HYPOTHESIS.search(text[max(0, start - 80):start]) is not None
@@ -51,27 +67,28 @@ def kk_assignments(text: str, names: Sequence[str]) -> dict[str, bool]:
             continue
         if hypothetical(m.start()):
             continue
-        knight = m.group(3).lower().startswith("knight")
-        found.append((m.start(), _canonical(m.group(1), names), knight != bool(_NEGATED.search(link))))
-    # "<names> are <role>s"
-    group = rf"((?:\b(?:{name_alt})\b\s*(?:,|\band\b|&)?\s*)+)\s*(?:are|were)\s+(?:both\s+|all\s+)?{_ROLE}\b"
-    for m in re.finditer(group, text, re.IGNORECASE):
-        if hypothetical(m.start()):
-            continue
-        knight = m.group(2).lower().startswith("knight")
-        for n in re.finditer(rf"\b({name_alt})\b", m.group(1)):
-            found.append((m.start() + n.start(), _canonical(n.group(1), names), knight))
-    # "<role>s: <names>", "the knights are <names>"
-    listing = rf"\b{_ROLE}\s*(?::|=|-|\bare\b|\bis\b)\s*((?:\b(?:{name_alt})\b\s*(?:,|\band\b|&)?\s*)+)"
-    for m in re.finditer(listing, text, re.IGNORECASE):
-        if hypothetical(m.start()):
-            continue
-        knight = m.group(1).lower().startswith("knight")
-        for n in re.finditer(rf"\b({name_alt})\b", m.group(2)):
-            found.append((m.start(2) + n.start(), _canonical(n.group(1), names), knight))
+        knight = m.group(3).lower().startswith("knight") != bool(_NEGATED.search(link))
+        found.append((m.start(), _canonical(m.group(1), names), knight))
+        if re.search(r"\bonly\b", link + " " + text[max(0, m.start() - 12):m.start()], re.IGNORECASE):
+            others.append((m.start(), not knight))  # "Evelyn is the only knave": the rest are knights
+    name_list = rf"((?:\b(?:{name_alt})\b\s*(?:,|\band\b|&)?\s*)+)"
+    for pattern, role_group, list_group in (
+            (rf"{name_list}\s*(?:are|were|:|-|=)\s*(?:both\s+|all\s+)?{_ROLE}\b", 2, 1),  # "<names> are <role>s"
+            (rf"\b{_ROLE}\s*(?::|=|-|\bare\b|\bis\b)\s*{name_list}", 1, 2)):  # "<role>s: <names>"
+        for m in re.finditer(pattern, text, re.IGNORECASE):
+            if hypothetical(m.start()):
+                continue
+            knight = m.group(role_group).lower().startswith("knight")
+            for n in re.finditer(rf"\b({name_alt})\b", m.group(list_group)):
+                found.append((m.start(list_group) + n.start(), _canonical(n.group(1), names), knight))
+    others += [(m.start(), m.group(1).lower().startswith("knight")) for m in _OTHERS.finditer(text)
+               if not hypothetical(m.start())]
     result: dict[str, bool] = {}
     for _, name, knight in sorted(found, key=lambda f: f[0]):
         result[name] = knight
+    if others and result:
+        rest = max(others)[1]
+        result.update({n: rest for n in names if n not in result})
     return result
 
 

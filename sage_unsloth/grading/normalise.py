@@ -92,7 +92,7 @@ def _fix_fracs(text: str) -> str:
 
 def normalise_math(text: str) -> str:
     """The rules of the module docstring, applied to a gold or to an answer's math."""
-    text = _currency(text)
+    text = _currency(text).replace("\u2212", "-").replace("\u00b7", "\\cdot ")  # unicode minus, middle dot
     text = _FRAC_VARIANT.sub(r"\\frac", text)
     text = _THOUSANDS.sub(lambda m: re.sub(r"\D", "", m.group(0)), text)
     if not re.search(r"[(\[{]|\\begin", text):  # "(2,100)" is a pair, "2,100" outside brackets a number
@@ -128,8 +128,15 @@ _UNIT_TAIL = re.compile(r"(?:\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\o
 _NOT_UNITS = frozenset(["i", "e", "x", "y", "z", "n", "k", "t", "c"])  # letters that are math, never a unit, after a number
 
 
+_ASSIGNED = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[\w\\]+\}?)?\s*=\s*(?P<value>[^=]+)$")
+
+
 def strip_unit_tail(text: str) -> str:
-    """``text`` without a unit after its leading number ("15 cm^2" -> "15"); unchanged otherwise."""
+    """``text`` without a unit after its leading number ("15 cm^2" -> "15", "d = 5 km" -> "5"); unchanged
+    otherwise. Only for a number gold: there the name an answer assigns to is no part of the value."""
+    assigned = _ASSIGNED.match(text)
+    if assigned and leading_number(assigned.group("value")) is not None:
+        text = assigned.group("value")
     found = leading_number(text)
     if found is None:
         return text
