@@ -13,6 +13,7 @@ STAGES = {
     "sft": ("sage_unsloth.sft", "stage 1: LoRA SFT into the paper's format"),
     "rlvr": ("sage_unsloth.rlvr.run", "stage 2: GRPO-family RLVR with the SAGE shaped anchor"),
     "eval": ("sage_unsloth.eval.run", "stage 3: pass@k evaluation"),
+    "regrade": ("sage_unsloth.eval.regrade", "stage 3 again: re-grade saved completions (no model, no GPU)"),
     "report": ("sage_unsloth.report.__main__", "stage 4: report against the paper's tables"),
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
 }

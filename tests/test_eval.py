@@ -4,14 +4,17 @@ pipeline (prompts, grading pool, chunk files, CSVs, manifest, resume), plus conf
 import gzip
 import json
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from sage_unsloth import grading
 from sage_unsloth.eval import run as eval_run
 from sage_unsloth.eval.benchmarks import load_benchmark
 from sage_unsloth.eval.gradepool import INLINE_THRESHOLD, GradingPool
+from sage_unsloth.eval.records import read_chunk
 from sage_unsloth.eval.run import FAIL_AFTER_ENV, EvalConfig, evaluate_checkpoint, prepare
 from sage_unsloth.eval.sampling import Sample, problem_seed, resolve_checkpoint
 from sage_unsloth.grading import extract_answer, verify_answer
@@ -80,14 +83,24 @@ def test_pipeline_counts_correct_samples_and_writes_the_contract(tmp_path, tiny_
     passk = (out / "passk.csv").read_text().splitlines()
     assert passk[0] == "dataset,k,pass_at_k,n_problems,n_samples"
     datasets = {line.split(",")[0] for line in passk[1:]}
-    assert datasets == {"aime24", "aime25", "aime", "amc23", "math500", "kk", "avg_paper"}
+    # The bundled K&K set is named by its variant; the pooled AIME and the paper average are unaffected.
+    assert datasets == {"aime24", "aime25", "aime", "amc23", "math500", "kk_logicrl", "avg_paper"}
+    assert [line.split(",")[3] for line in passk[1:] if line.startswith("aime,")] == ["10"] * 3  # 5 + 5 problems
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "eval" and manifest["sampling"]["n"] == 4 and manifest["ks"] == [1, 2, 4]
+    assert manifest["datasets"] == ["aime24", "aime25", "amc23", "math500", "kk_logicrl"]
+    grading_stats = manifest["grading"]
+    assert grading_stats["unresolved"] == 0 and grading_stats["grader"] == grading.grader_fingerprint()
+    assert grading_stats["budget_s"] == grading.DEFAULT_TIMEOUT_S
     assert not list(out.rglob("*.jsonl*"))  # completions never go into results/
     chunk = tmp_path / "outputs" / Path(tiny_model_dir).name / "eval" / "base" / "math500" / "chunk_00000.jsonl.gz"
     with gzip.open(chunk, "rt") as fh:
         record = json.loads(fh.readline())
     assert len(record["completions"]) == 4 and record["c"] == sum(c["correct"] for c in record["completions"])
+    # Auditable: the gold, what the grader read and its status are kept with every completion.
+    assert record["gold"] == sets["math500"][0].gold and record["grader"] == grading.grader_fingerprint()
+    assert {(c["answer"], c["status"]) for c in record["completions"]} <= {
+        (sets["math500"][0].gold, "correct"), (f"{sets['math500'][0].gold} + 1", "wrong")}
 
 
 def test_killed_run_resumes_to_identical_csvs(tmp_path, tiny_model_dir):
@@ -169,6 +182,7 @@ def test_bundled_benchmarks_load_offline_with_normalised_golds(benchmark_dir):
         problems = load_benchmark(name)  # default source: the bundled files, no data_dir, no hub
         assert len(problems) == size and len({p.problem_id for p in problems}) == size
         assert problems == load_benchmark(name, benchmark_dir, source="local")
+    assert {p.dataset for p in load_benchmark("kk")} == {"kk_logicrl"}  # the bundled set is Logic-RL's split
     assert load_benchmark("amc23", limit=1)[0].gold == "27"
     assert load_benchmark("minerva", limit=1)[0].gold == "1.6"
     kk = load_benchmark("kk", limit=1)[0]
@@ -197,14 +211,13 @@ def test_user_benchmark_files_register_by_name(tmp_path, tiny_model_dir, monkeyp
     from sage_unsloth.eval import benchmarks
 
     monkeypatch.setattr(benchmarks, "BENCHMARKS", dict(benchmarks.BENCHMARKS))  # keep the registry clean
-    monkeypatch.setattr(eval_run, "BENCHMARKS", benchmarks.BENCHMARKS)
     mine = tmp_path / "mine.jsonl"
     mine.write_text("\n".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1), "id": i}) for i in range(3)))
     cfg = _config(tmp_path, tiny_model_dir, benchmarks=["mine", "amc23"],
                   local_benchmarks=[f"mine={mine}"])
     _, _, sets = prepare(cfg)  # the bundled files still serve amc23; mine comes from its own path
     assert [p.gold for p in sets["mine"]] == ["1", "2", "3"] and len(sets["amc23"]) == 5
-    for entry, message in ((f"amc23={mine}", "built-in"), ("mine", "name=path"),
+    for entry, message in ((f"amc23={mine}", "built-in"), (f"kk_official={mine}", "built-in"), ("mine", "name=path"),
                            (f"other={tmp_path / 'nope.jsonl'}", "not found")):
         with pytest.raises((ValueError, FileNotFoundError), match=message):
             prepare(replace(cfg, local_benchmarks=[entry], benchmarks=["amc23"]))
@@ -218,7 +231,7 @@ def test_grading_pool_dedups_and_agrees_with_serial_grading():
         items += [(f"\\boxed{{{p.gold}}}", p.gold), (f"<SOLUTION>{p.gold} + 1</SOLUTION>", p.gold),
                   ("no answer", p.gold), (f"<SOLUTION>${p.gold}$</SOLUTION>", p.gold)]
     with GradingPool(workers=2) as pool:
-        verdicts = pool.grade(items)
+        verdicts = [g.correct for g in pool.grade(items)]
         stats = dict(pool.stats)
     assert stats["verified"] >= INLINE_THRESHOLD  # the process-pool path ran
     # per problem: 4 distinct (answer, gold) keys (\boxed{g} and <SOLUTION>g extract alike); golds repeat too
@@ -226,3 +239,66 @@ def test_grading_pool_dedups_and_agrees_with_serial_grading():
     serial = [verify_answer(extract_answer(c), g) for c, g in items]
     assert verdicts == serial
     assert sum(verdicts) >= 40 * 5 - 2 and sum(verdicts) <= 40 * 5
+
+
+def test_knights_and_knaves_results_name_their_puzzle_set(tmp_path, tiny_model_dir, benchmark_dir):
+    from sage_unsloth.eval.benchmarks import kk_variant
+
+    assert load_benchmark("kk_logicrl", limit=2) == load_benchmark("kk", limit=2)
+    assert kk_variant("bundled", []) == "kk_logicrl" and kk_variant("hub", []) == "kk_official"
+    rows = [json.loads(line) for line in (benchmark_dir / "kk_test.jsonl").read_text().splitlines()[:3]]
+    assert kk_variant("local", rows) == "kk_logicrl"  # Logic-RL's rows say data_source: kk_logic
+    assert kk_variant("local", [{k: v for k, v in r.items() if k != "data_source"} for r in rows]) == "kk_local"
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "kk_test.jsonl").write_text("\n".join(json.dumps({k: v for k, v in r.items() if k != "data_source"})
+                                                   for r in rows))
+    assert {p.dataset for p in load_benchmark("kk", other)} == {"kk_local"}
+    with pytest.raises(ValueError, match="kk_official.*needs source=hub"):
+        load_benchmark("kk_official")
+    with pytest.raises(ValueError, match="kk_logicrl.*not on the hub"):
+        load_benchmark("kk_logicrl", source="hub")
+    with pytest.raises(ValueError, match="list each set once"):
+        prepare(_config(tmp_path, tiny_model_dir, benchmarks=["kk", "kk_logicrl"]))
+
+
+def test_timeouts_are_retried_at_the_end_and_unresolved_ones_counted(tmp_path, tiny_model_dir, monkeypatch):
+    from sage_unsloth.grading import verify
+
+    compare = verify._symbolic_equal
+
+    def slow_compare(candidate, form):  # every symbolic comparison costs 5 ms of CPU more than it does
+        end = time.thread_time() + 0.005
+        while time.thread_time() < end:
+            pass
+        return compare(candidate, form)
+
+    # Small chunks are graded in this process, so the slower comparison applies to the run and its retry.
+    monkeypatch.setattr(verify, "_symbolic_equal", slow_compare)
+    common = {"benchmarks": ["math500"], "limit": 4}
+    normal, _, _ = _run(_config(tmp_path / "normal", tiny_model_dir, **common))
+    rushed_cfg = _config(tmp_path / "rushed", tiny_model_dir, grading_timeout_s=1e-6, **common)
+    rushed, _, _ = _run(rushed_cfg)
+    stats = json.loads((rushed / "manifest.json").read_text())["grading"]
+    assert stats["timeouts"] > 0 and stats["retried"] > 0 and stats["unresolved"] == 0
+    for name in ("per_problem.csv", "passk.csv"):  # the end-of-run retry settles them to the normal verdicts
+        assert (rushed / name).read_text() == (normal / name).read_text()
+    hopeless, _, _ = _run(replace(rushed_cfg, results_dir=str(tmp_path / "h" / "r"),
+                                  outputs_dir=str(tmp_path / "h" / "o"), grading_retry_timeout_s=1e-6))
+    stats = json.loads((hopeless / "manifest.json").read_text())["grading"]
+    assert stats["unresolved"] >= stats["timeouts"] > 0  # counted in the manifest (the report shows it)
+    statuses = [c["status"] for path in Path(tmp_path / "h" / "o").rglob("chunk_*.jsonl.gz")
+                for record in read_chunk(path) for c in record["completions"]]
+    assert statuses.count("timeout") == stats["unresolved"]
+
+
+def test_resume_regrades_chunks_of_another_grader_without_resampling(tmp_path, tiny_model_dir, monkeypatch):
+    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23", "kk"], limit=4)
+    first, _, _ = _run(cfg)
+    before = (first / "per_problem.csv").read_text()
+    monkeypatch.setattr(grading, "grader_fingerprint", lambda: "a-newer-grader")
+    again, sampler, _ = _run(cfg)
+    assert sampler.calls == 0  # nothing resampled
+    manifest = json.loads((again / "manifest.json").read_text())
+    assert manifest["grading"]["regraded_chunks"] == 4 and manifest["grading"]["grader"] == "a-newer-grader"
+    assert (again / "per_problem.csv").read_text() == before

@@ -54,7 +54,7 @@ def test_sampling_end_to_end_and_kill_resume(scenarios, backend):
     assert all(line.split(",")[2] == "3" for line in per_problem[1:])
     assert all(0 < float(line.split(",")[4]) <= 16 for line in per_problem[1:])
     passk = result["a"]["passk.csv"]
-    assert "\naime24,3," in passk and "\nkk,1," in passk and "\naime," not in passk  # no pooled AIME w/o aime25
+    assert "\naime24,3," in passk and "\nkk_logicrl,1," in passk and "\naime," not in passk  # no pooled AIME w/o aime25
     assert result["killed"] and result["chunks_after_kill"] == 2
     assert result["calls_uninterrupted"] == [2, 1, 2, 1, 2, 1] and result["calls_resumed"] == [2, 1, 2, 1]
     assert result["b"] == result["a"]

@@ -16,7 +16,14 @@ Where the rows come from (``source``):
 | amc23   | math-ai/amc23 (test)                        | amc23.jsonl      | answer (floats such as 27.0 -> 27)    |
 | math500 | HuggingFaceH4/MATH-500 (test)               | math500.jsonl    | answer                                |
 | minerva | math-ai/minervamath (test)                  | minerva.jsonl    | answer, else last \\boxed{} of solution |
-| kk      | K-and-K/knights-and-knaves (test, 3-7 ppl)  | kk_test.jsonl    | solution booleans (True = knight)     |
+| kk      | see below                                   | kk_test.jsonl    | solution booleans (True = knight)     |
+
+Knights-and-Knaves comes in two puzzle sets that must never be compared as one, so the dataset key
+written to the results names the set: ``kk_logicrl`` (Logic-RL's held-out split, the bundled file) and
+``kk_official`` (``K-and-K/knights-and-knaves`` test, 3-7 people, from the hub). ``kk`` in a config means
+the set of the chosen source: ``kk_logicrl`` when bundled, ``kk_official`` from the hub. A local file
+(``source: local``) is ``kk_logicrl`` when it is Logic-RL's (its rows say ``data_source: kk_logic``), else
+``kk_local``: a set of your own.
 """
 
 from __future__ import annotations
@@ -39,15 +46,22 @@ class BenchmarkSpec:
     hub_data_files: tuple[str, ...] = ()
 
 
+KK_OFFICIAL_HUB = BenchmarkSpec("K-and-K/knights-and-knaves", "test", "kk_test.jsonl", hub_config="test",
+                                hub_data_files=tuple(f"test/people{n}_num100.jsonl" for n in range(3, 8)))
 BENCHMARKS: dict[str, BenchmarkSpec] = {
     "aime24": BenchmarkSpec("HuggingFaceH4/aime_2024", "train", "aime24.jsonl"),
     "aime25": BenchmarkSpec("math-ai/aime25", "test", "aime25.jsonl"),
     "amc23": BenchmarkSpec("math-ai/amc23", "test", "amc23.jsonl"),
     "math500": BenchmarkSpec("HuggingFaceH4/MATH-500", "test", "math500.jsonl"),
     "minerva": BenchmarkSpec("math-ai/minervamath", "test", "minerva.jsonl"),
-    "kk": BenchmarkSpec("K-and-K/knights-and-knaves", "test", "kk_test.jsonl", hub_config="test",
-                        hub_data_files=tuple(f"test/people{n}_num100.jsonl" for n in range(3, 8))),
+    "kk": KK_OFFICIAL_HUB,  # the variant follows the source (see the module docstring)
+    "kk_logicrl": BenchmarkSpec("", "", "kk_test.jsonl"),  # bundled or local only
+    "kk_official": KK_OFFICIAL_HUB,  # hub only
 }
+KK_BENCHMARKS = ("kk", "kk_logicrl", "kk_official")
+DEFAULT_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "kk")
+# The dataset keys K&K results are written under; none of them is ever pooled or averaged with another.
+KK_VARIANTS = ("kk_logicrl", "kk_official", "kk_local")
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,7 @@ def register_local_benchmarks(specs) -> list[str]:
         if not sep or not name or not path:
             raise ValueError(f"local_benchmarks entry {spec!r}: write it as name=path/to/file.jsonl")
         known = BENCHMARKS.get(name)
-        if known is not None and known.hub_id:
+        if known is not None and (known.hub_id or name in KK_BENCHMARKS or name in KK_VARIANTS):
             raise ValueError(f"local_benchmarks entry {spec!r}: {name!r} is a built-in benchmark; pick another name")
         if not Path(path).is_file():
             raise FileNotFoundError(f"local_benchmarks entry {spec!r}: {path} not found")
@@ -91,6 +105,16 @@ def check_benchmark_names(names) -> list[str]:
     if not names:
         raise ValueError(f"`benchmarks` is empty: choose from {sorted(BENCHMARKS)}")
     return list(names)
+
+
+def check_kk_source(name: str, source: str) -> None:
+    """One line when a K&K set is asked from a source that does not hold it."""
+    if name == "kk_logicrl" and source == "hub":
+        raise ValueError("benchmark kk_logicrl (Logic-RL's split) is bundled, not on the hub: use source=bundled "
+                         "(or local), or kk_official for the hub's official test puzzles")
+    if name == "kk_official" and source != "hub":
+        raise ValueError(f"benchmark kk_official (the hub's official K&K test puzzles) needs source=hub, not "
+                         f"{source}: use kk or kk_logicrl for the bundled Logic-RL split")
 
 
 def _first(row: dict, *keys: str):
@@ -123,7 +147,7 @@ def _rows(name: str, source: str, data_dir: str | Path | None) -> list[dict]:
     from sage_unsloth.data import verified_path
 
     spec = BENCHMARKS[name]
-    if not spec.hub_id:  # a user benchmark registered by path
+    if not spec.hub_id and name not in KK_BENCHMARKS:  # a user benchmark registered by path
         return _read_jsonl(Path(spec.local_file))
     if source == "bundled":
         return _read_jsonl(verified_path(spec.local_file))
@@ -142,13 +166,22 @@ def _rows(name: str, source: str, data_dir: str | Path | None) -> list[dict]:
     return [dict(row) for row in ds]
 
 
-def _to_problem(name: str, index: int, row: dict) -> Problem:
-    if name == "kk":
+def kk_variant(source: str, rows: list[dict]) -> str:
+    """The dataset key of a K&K set read from ``source`` (see the module docstring)."""
+    if source == "bundled":
+        return "kk_logicrl"
+    if source == "hub":
+        return "kk_official"
+    return "kk_logicrl" if rows and all(r.get("data_source") == "kk_logic" for r in rows) else "kk_local"
+
+
+def _to_problem(name: str, index: int, row: dict, dataset: str) -> Problem:
+    if name in KK_BENCHMARKS:
         names = tuple(row["names"])
         solution = tuple(bool(x) for x in row["solution"])
         # Logic-RL's index repeats across people counts; the count + index is unique.
         pid = f"{len(names)}ppl-{row.get('index', index)}"
-        return Problem(name, pid, str(row["quiz"]), kk_solution=solution, kk_names=names)
+        return Problem(dataset, pid, str(row["quiz"]), kk_solution=solution, kk_names=names)
     problem = _first(row, "problem", "question", "Problem")
     gold = _first(row, "answer", "Answer")
     if gold is None and name == "minerva":
@@ -156,17 +189,21 @@ def _to_problem(name: str, index: int, row: dict) -> Problem:
     if problem is None or gold is None:
         raise ValueError(f"benchmark {name!r} row {index} has no problem/answer field (keys: {sorted(row)})")
     pid = _first(row, "unique_id", "id", "idx")
-    return Problem(name, str(index if pid is None else pid), str(problem), gold=normalise_gold(gold))
+    return Problem(dataset, str(index if pid is None else pid), str(problem), gold=normalise_gold(gold))
 
 
 def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None, *,
                    source: str = "bundled") -> list[Problem]:
-    """The problems of one benchmark in file order (the first ``limit`` when given), from ``source``."""
+    """The problems of one benchmark in file order (the first ``limit`` when given), from ``source``.
+    ``Problem.dataset`` is the key results are written under: the benchmark name, or the K&K variant."""
     check_benchmark_names([name])
-    rows = _rows(name, check_source(source, data_dir), data_dir)
+    source = check_source(source, data_dir)
+    check_kk_source(name, source)
+    rows = _rows(name, source, data_dir)
+    dataset = kk_variant(source, rows) if name in KK_BENCHMARKS else name
     if limit:
         rows = rows[:limit]
-    problems = [_to_problem(name, i, row) for i, row in enumerate(rows)]
+    problems = [_to_problem(name, i, row, dataset) for i, row in enumerate(rows)]
     ids = [p.problem_id for p in problems]
     if len(set(ids)) != len(ids):  # ids key the resume state: make them unique, deterministically
         problems = [Problem(p.dataset, f"{i}:{p.problem_id}", p.problem, p.gold, p.kk_solution, p.kk_names)

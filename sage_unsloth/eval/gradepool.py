@@ -1,5 +1,12 @@
-"""Grading many completions: answers extracted once, identical (answer, gold) pairs verified once, the
-math-verify calls spread over worker processes (each worker's main thread owns the SIGALRM deadline)."""
+"""Grading many completions: answers extracted once, identical (answer, gold) pairs judged once, the
+math-verify work spread over worker processes (each worker's main thread owns the CPU deadline).
+
+A verdict depends on (gold, completion) alone: the same in-process, in a pool of any size, warm or cold,
+on an idle or a saturated machine (``tests/test_grading_determinism.py``). What could make it depend on
+more is handled at its cause: every worker warms up all parser paths before its first pair; the budget is
+CPU time of the grading thread, not wall time; a pair that runs out of budget is ``timeout``, never
+``wrong``, and ``retry_timeouts`` grades it again, one at a time, with ``RETRY_TIMEOUT_S``.
+"""
 
 from __future__ import annotations
 
@@ -8,60 +15,54 @@ import multiprocessing as mp
 import os
 from collections.abc import Sequence
 
-from sage_unsloth.grading import (
-    DEFAULT_TIMEOUT_S,
-    _warm_up,
-    extract_answer,
-    grade_kk,
-    normalise_gold,
-    verify_answer,
-)
+from sage_unsloth import grading
+from sage_unsloth.grading import Grade
 
 INLINE_THRESHOLD = 48  # fewer unique pairs than this: not worth a round trip to the pool
 
 
-def _verify_many(pairs: list[tuple[str, str]], timeout_s: float) -> list[bool]:
-    return [verify_answer(a, g, timeout_s=timeout_s) for a, g in pairs]
+def _judge_many(pairs: list[tuple[str, str]], timeout_s: float) -> list[str]:
+    return [grading.judge(a, g, timeout_s=timeout_s) for a, g in pairs]
 
 
 class GradingPool:
-    """A lazily started process pool; ``submit`` returns a future of per-completion booleans."""
+    """A lazily started process pool; ``submit`` returns a future of one ``Grade`` per completion."""
 
-    def __init__(self, workers: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, chunk: int = 64):
+    def __init__(self, workers: int | None = None, timeout_s: float = grading.DEFAULT_TIMEOUT_S, chunk: int = 64,
+                 inline_threshold: int = INLINE_THRESHOLD):
         self.workers = max(1, workers or (os.cpu_count() or 1))
         self.timeout_s = timeout_s
         self.chunk = chunk
+        self.inline_threshold = inline_threshold
         self._pool: cf.ProcessPoolExecutor | None = None
-        self.stats = {"completions": 0, "unique_pairs": 0, "verified": 0}
+        self.stats = {"completions": 0, "unique_pairs": 0, "verified": 0, "timeouts": 0}
 
     def _executor(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
             # forkserver: workers never inherit a vLLM engine's threads or sockets.
             self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"),
-                                                initializer=_warm_up)
+                                                initializer=grading.warm_up)
         return self._pool
 
-    def grade(self, items: Sequence[tuple[str, object]]) -> list[bool]:
+    def grade(self, items: Sequence[tuple[str, object]]) -> list[Grade]:
         return self.submit(items).result()
 
     def submit(self, items: Sequence[tuple[str, object]]) -> cf.Future:
-        """``items``: (completion, gold) with gold a math answer, or a (solution_booleans, names) K&K pair."""
-        keys: list[object] = []
+        """``items``: (completion, gold), gold a math answer or a (solution_booleans, names) K&K pair."""
+        slots: list[Grade | tuple[str, str]] = []
         pending: dict[tuple[str, str], None] = {}
-        known: dict[object, bool] = {}
+        known: dict[tuple[str, str], str] = {}
         for completion, gold in items:
-            if isinstance(gold, tuple):  # Knights-and-Knaves: a cheap regex check, done here
-                keys.append(grade_kk(completion, gold[0], gold[1]))
+            if grading.is_kk_gold(gold):  # Knights-and-Knaves: a bounded regex reading, done here
+                slots.append(grading.grade(completion, gold))
                 continue
-            answer, gold_text = extract_answer(completion), normalise_gold(gold)
+            answer, gold_text = grading.extract_answer(completion), grading.normalise_gold(gold)
             key = (answer, gold_text)
-            keys.append(key)
+            slots.append(key)
             if key in known or key in pending:
                 continue
             if answer is None or not answer.strip():
-                known[key] = False
-            elif answer == gold_text:
-                known[key] = True
+                known[key] = grading.NO_ANSWER
             else:
                 pending[key] = None
         self.stats["completions"] += len(items)
@@ -69,16 +70,17 @@ class GradingPool:
         self.stats["verified"] += len(pending)
         todo = list(pending)
 
-        def resolve(verdicts: list[bool]) -> list[bool]:
-            known.update(zip(todo, verdicts))
-            return [k if isinstance(k, bool) else known[k] for k in keys]
+        def resolve(statuses: list[str]) -> list[Grade]:
+            known.update(zip(todo, statuses))
+            self.stats["timeouts"] += sum(s == grading.TIMEOUT for s in statuses)
+            return [s if isinstance(s, Grade) else Grade(s[0], known[s]) for s in slots]
 
-        if len(todo) < INLINE_THRESHOLD:
+        if len(todo) < self.inline_threshold:
             done: cf.Future = cf.Future()
-            done.set_result(resolve(_verify_many(todo, self.timeout_s)))
+            done.set_result(resolve(_judge_many(todo, self.timeout_s)))
             return done
         chunks = [todo[i:i + self.chunk] for i in range(0, len(todo), self.chunk)]
-        parts = [self._executor().submit(_verify_many, c, self.timeout_s) for c in chunks]
+        parts = [self._executor().submit(_judge_many, c, self.timeout_s) for c in chunks]
         result: cf.Future = cf.Future()
 
         def gather(_):
@@ -102,3 +104,20 @@ class GradingPool:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def retry_timeouts(items: Sequence[tuple[str, object]], grades: Sequence[Grade],
+                   timeout_s: float = grading.RETRY_TIMEOUT_S) -> tuple[list[Grade], int]:
+    """Grades with every ``timeout`` graded again, one at a time in this process, under ``timeout_s``.
+    Returns (grades, how many were retried); what is still ``timeout`` is unresolved."""
+    out, cache, retried = list(grades), {}, 0
+    for i, g in enumerate(grades):
+        if g.status != grading.TIMEOUT:
+            continue
+        gold = items[i][1]
+        key = (g.answer, grading.normalise_gold(gold))
+        if key not in cache:
+            cache[key] = grading.judge(g.answer, gold, timeout_s=timeout_s)
+            retried += 1
+        out[i] = Grade(g.answer, cache[key])
+    return out, retried

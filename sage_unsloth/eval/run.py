@@ -12,9 +12,6 @@ and rerun produces the same CSVs as an uninterrupted one.
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
 import json
 import logging
 import os
@@ -24,30 +21,39 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sage_unsloth import grading
 from sage_unsloth.eval.benchmarks import (
-    BENCHMARKS,
+    DEFAULT_BENCHMARKS,
     Problem,
     check_benchmark_names,
     check_source,
     load_benchmark,
     register_local_benchmarks,
 )
-from sage_unsloth.eval.passk import check_ks, default_ks, passk_rows
+from sage_unsloth.eval.passk import check_ks, default_ks
+from sage_unsloth.eval.records import (
+    build_records,
+    chunk_path,
+    read_chunk,
+    status_counts,
+    stored_gold,
+    summary,
+    write_chunk,
+    write_tables,
+)
 from sage_unsloth.manifest import atomic_write_text, write_manifest
 from sage_unsloth.prompts import EVAL_USER_TEMPLATE, SOLUTION_END
 
 logger = logging.getLogger(__name__)
 FAIL_AFTER_ENV = "SAGE_EVAL_FAIL_AFTER_CHUNKS"  # test hook: die after writing this many chunks
-PER_PROBLEM_COLUMNS = ("dataset", "problem_id", "n", "c", "mean_completion_tokens")
-PASSK_COLUMNS = ("dataset", "k", "pass_at_k", "n_problems", "n_samples")
 
 
 @dataclass
 class EvalConfig:
     checkpoints: list[str] = field(default_factory=list, metadata={
         "help": "hub ids, model folders, or stage output folders (outputs/<model>/sft, outputs/<model>/<variant>)"})
-    benchmarks: list[str] = field(default_factory=lambda: list(BENCHMARKS), metadata={
-        "help": f"any of {sorted(BENCHMARKS)}"})
+    benchmarks: list[str] = field(default_factory=lambda: list(DEFAULT_BENCHMARKS), metadata={
+        "help": f"any of {list(DEFAULT_BENCHMARKS)} or kk_logicrl / kk_official (kk = the variant of the source)"})
     n: int = field(default=256, metadata={"help": "samples per problem"})
     ks: list[int] = field(default_factory=list, metadata={"help": "pass@k values; empty = 1, 2, 4, ..., n"})
     # The official evaluator used 0.3 / 0.95; pass@k at large k is usually measured hotter. 0.6 / 0.95 is
@@ -73,7 +79,10 @@ class EvalConfig:
     limit: int | None = field(default=None, metadata={"help": "max problems per benchmark (smoke runs)"})
     problems_per_batch: int = field(default=64, metadata={"help": "problems per engine call = resume unit"})
     grading_workers: int | None = None
-    grading_timeout_s: float = 1.0
+    grading_timeout_s: float = field(default=grading.DEFAULT_TIMEOUT_S, metadata={
+        "help": "CPU seconds per (answer, gold) pair; a pair over it is retried at the end of the run"})
+    grading_retry_timeout_s: float = field(default=grading.RETRY_TIMEOUT_S, metadata={
+        "help": "CPU seconds per pair in the end-of-run retry; pairs over it are counted as unresolved"})
     gpu_memory_utilization: float = 0.9
     dtype: str = "auto"
     enforce_eager: bool = False
@@ -108,6 +117,9 @@ def validate(cfg: EvalConfig) -> list[int]:
         raise ValueError("problems_per_batch must be >= 1")
     if "{problem}" not in cfg.user_template:
         raise ValueError("user_template must contain {problem}")
+    if not (0 < cfg.grading_timeout_s <= cfg.grading_retry_timeout_s):
+        raise ValueError(f"grading_timeout_s={cfg.grading_timeout_s}, grading_retry_timeout_s="
+                         f"{cfg.grading_retry_timeout_s}: need 0 < grading_timeout_s <= grading_retry_timeout_s")
     return check_ks(cfg.ks, cfg.n) if cfg.ks else default_ks(cfg.n)
 
 
@@ -117,36 +129,6 @@ def sampling_fingerprint(cfg: EvalConfig, checkpoint) -> dict:
             "backend": cfg.backend, "n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p,
             "min_p": cfg.min_p, "max_tokens": cfg.max_tokens, "stop": list(cfg.stop), "seed": cfg.seed,
             "user_template": cfg.user_template, "problems_per_batch": cfg.problems_per_batch}
-
-
-# ------------------------------------------------------------------------------------------------ chunks
-def _chunk_path(completions_dir: Path, dataset: str, index: int) -> Path:
-    return completions_dir / dataset / f"chunk_{index:05d}.jsonl.gz"
-
-
-def _write_chunk(path: Path, records: list[dict]) -> None:
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
-        for record in records:
-            gz.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(buffer.getvalue())
-    os.replace(tmp, path)
-
-
-def _read_chunk(path: Path, expected_ids: list[str]) -> list[dict] | None:
-    """The chunk's per-problem summaries, or None when absent, unreadable or for other problems."""
-    if not path.is_file():
-        return None
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            records = [json.loads(line) for line in fh]
-    except (OSError, EOFError, json.JSONDecodeError):
-        return None
-    if [r["problem_id"] for r in records] != expected_ids:
-        return None
-    return [{k: r[k] for k in PER_PROBLEM_COLUMNS} for r in records]
 
 
 # ------------------------------------------------------------------------------------------------ one checkpoint
@@ -164,25 +146,15 @@ def _grading_items(problems: list[Problem], samples) -> list[tuple[str, object]]
     return items
 
 
-def _records(problems: list[Problem], seeds: list[int], samples, verdicts: list[bool]) -> list[dict]:
-    records, i = [], 0
-    for problem, seed, group in zip(problems, seeds, samples):
-        correct = verdicts[i:i + len(group)]
-        i += len(group)
-        records.append({
-            "dataset": problem.dataset, "problem_id": problem.problem_id, "seed": seed,
-            "n": len(group), "c": int(sum(correct)),
-            "mean_completion_tokens": round(sum(s.tokens for s in group) / max(len(group), 1), 3),
-            "completions": [{"text": s.text, "tokens": s.tokens, "correct": bool(ok)}
-                            for s, ok in zip(group, correct)],
-        })
-    return records
-
-
 def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, list[Problem]], ks: list[int],
                         sampler=None) -> Path:
-    """Sample, grade and write one checkpoint's results; returns results/<model>/<run>."""
+    """Sample, grade and write one checkpoint's results; returns results/<model>/<run>.
+
+    Chunks already on disk are reused; those graded by another grader version are graded again from their
+    saved completions (no resampling). Completions whose grading ran out of budget are retried serially with
+    the larger budget once every chunk is written; what stays unresolved is counted in the manifest."""
     from sage_unsloth.eval.gradepool import GradingPool
+    from sage_unsloth.eval.regrade import regrade_records, settle_timeouts
     from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
 
     results = Path(cfg.results_dir) / checkpoint.model / checkpoint.run
@@ -193,27 +165,38 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
         raise ValueError(f"{completions} holds completions sampled with other settings (see {fp_path}); "
                          "set run_name to a new name or delete that folder")
     atomic_write_text(fp_path, json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
-
-    summaries: dict[tuple[str, int], list[dict]] = {}
-    pending: list[tuple[str, int, list[Problem]]] = []
-    for name, problems in problem_sets.items():
-        step = cfg.problems_per_batch
-        for index in range((len(problems) + step - 1) // step):
-            chunk = problems[index * step:(index + 1) * step]
-            done = _read_chunk(_chunk_path(completions, name, index), [p.problem_id for p in chunk])
-            if done is None:
-                pending.append((name, index, chunk))
-            else:
-                summaries[(name, index)] = done
-    n_done = sum(len(v) for v in summaries.values())
-    logger.info("%s/%s: %d problems already graded, %d chunks to sample", checkpoint.model, checkpoint.run,
-                n_done, len(pending))
+    grader = grading.grader_fingerprint()
 
     timings = {"generate_s": 0.0, "total_s": 0.0}
     started = time.perf_counter()
     fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
     pool = GradingPool(cfg.grading_workers, timeout_s=cfg.grading_timeout_s)
+    summaries: dict[tuple[str, int], list[dict]] = {}
+    with_timeouts: set[Path] = set()  # chunks to retry at the end
+    pending: list[tuple[str, int, list[Problem]]] = []
+    regraded = 0
     try:
+        for name, problems in problem_sets.items():
+            step = cfg.problems_per_batch
+            for index in range((len(problems) + step - 1) // step):
+                chunk = problems[index * step:(index + 1) * step]
+                path = chunk_path(completions, name, index)
+                records = read_chunk(path, [p.problem_id for p in chunk])
+                if records is None:
+                    pending.append((name, index, chunk))
+                    continue
+                if any(r.get("grader") != grader or "gold" not in r for r in records):
+                    records = [{**r, "gold": stored_gold(p)} for r, p in zip(records, chunk)]
+                    records, _ = regrade_records(records, pool, cfg.grading_retry_timeout_s)
+                    write_chunk(path, records)
+                    regraded += 1
+                if status_counts(records)[grading.TIMEOUT]:
+                    with_timeouts.add(path)
+                summaries[(name, index)] = [summary(r) for r in records]
+        n_done = sum(len(v) for v in summaries.values())
+        logger.info("%s/%s: %d problems already graded (%d chunks regraded), %d chunks to sample",
+                    checkpoint.model, checkpoint.run, n_done, regraded, len(pending))
+
         if pending:
             tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
             sampler = sampler or make_sampler(checkpoint, cfg)
@@ -225,9 +208,12 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
             def finish(job):
                 nonlocal written
                 (name, index, chunk, seeds, samples), future = job
-                records = _records(chunk, seeds, samples, future.result())
-                _write_chunk(_chunk_path(completions, name, index), records)
-                summaries[(name, index)] = [{k: r[k] for k in PER_PROBLEM_COLUMNS} for r in records]
+                records = build_records(chunk, seeds, samples, future.result(), grader)
+                path = chunk_path(completions, name, index)
+                write_chunk(path, records)
+                if status_counts(records)[grading.TIMEOUT]:
+                    with_timeouts.add(path)
+                summaries[(name, index)] = [summary(r) for r in records]
                 bar.update(len(chunk))
                 written += 1
                 if fail_after and written >= fail_after:
@@ -248,27 +234,30 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
             bar.close()
     finally:
         pool.close()
+
+    retried = unresolved = 0
+    for path in sorted(with_timeouts):  # the end-of-run retry: serial, larger budget
+        records, n = settle_timeouts(read_chunk(path), cfg.grading_retry_timeout_s)
+        retried += n
+        write_chunk(path, records)
+        name, index = path.parent.name, int(path.name.split("_")[1].split(".")[0])
+        summaries[(name, index)] = [summary(r) for r in records]
+        unresolved += status_counts(records)[grading.TIMEOUT]
     timings["total_s"] = time.perf_counter() - started
 
     per_problem = [row for name in problem_sets for index in sorted(i for (n, i) in summaries if n == name)
                    for row in summaries[(name, index)]]
-    _write_csv(results / "per_problem.csv", PER_PROBLEM_COLUMNS, per_problem)
-    _write_csv(results / "passk.csv", PASSK_COLUMNS, passk_rows(per_problem, ks))
+    write_tables(results, per_problem, ks)
+    grading_stats = {**pool.stats, "grader": grader, "budget_s": cfg.grading_timeout_s,
+                     "retry_budget_s": cfg.grading_retry_timeout_s, "retried": retried, "unresolved": unresolved,
+                     "regraded_chunks": regraded}
     write_manifest(results, stage="eval", config=asdict(cfg), seed=cfg.seed, checkpoint=checkpoint.spec,
                    base_model=checkpoint.base_model, adapter=checkpoint.adapter_dir, model_short_name=checkpoint.model,
                    run=checkpoint.run, sampling=fingerprint, ks=ks, completions_dir=str(completions),
                    problem_seed="sha256(f'{seed}\\x1f{dataset}\\x1f{problem_id}')[:4] little-endian & 0x7fffffff",
-                   problems={name: len(p) for name, p in problem_sets.items()},
-                   grading=pool.stats, timings={k: round(v, 3) for k, v in timings.items()})
+                   datasets=list(problem_sets), problems={name: len(p) for name, p in problem_sets.items()},
+                   grading=grading_stats, timings={k: round(v, 3) for k, v in timings.items()})
     return results
-
-
-def _write_csv(path: Path, columns, rows) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(path, buffer.getvalue())
 
 
 # ------------------------------------------------------------------------------------------------ entry point
@@ -278,7 +267,13 @@ def prepare(cfg: EvalConfig):
 
     ks = validate(cfg)
     checkpoints = [resolve_checkpoint(spec, cfg.run_name) for spec in cfg.checkpoints]
-    problem_sets = {name: load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source) for name in cfg.benchmarks}
+    problem_sets: dict[str, list[Problem]] = {}  # keyed by the dataset results are written under
+    for name in cfg.benchmarks:
+        problems = load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source)
+        dataset = problems[0].dataset if problems else name
+        if dataset in problem_sets:
+            raise ValueError(f"benchmarks {cfg.benchmarks}: {name!r} is {dataset!r} again; list each set once")
+        problem_sets[dataset] = problems
     return ks, checkpoints, problem_sets
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 from sage_unsloth.manifest import atomic_write_text, write_manifest
 from sage_unsloth.report import patterns as pat
 from sage_unsloth.report import plots, tables
-from sage_unsloth.report.loading import AVG, discover_runs
+from sage_unsloth.report.loading import discover_runs
 from sage_unsloth.report.paper import kl_placement, load_mapping, load_published, map_run
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,12 @@ def sampling_summary(manifest: dict | None) -> str:
     return ", ".join(f"{k}={found[k]}" for k in _SAMPLING_KEYS if k in found)
 
 
+def _ungraded(manifest: dict) -> str:
+    """Completions whose grading ran out of budget twice (counted as not correct), from the eval manifest."""
+    unresolved = (manifest.get("grading") or {}).get("unresolved")
+    return "?" if unresolved is None else str(unresolved)
+
+
 def render_markdown(
     args: ReportArguments,
     runs,
@@ -204,14 +210,22 @@ def render_markdown(
                 str(checkpoint or ""),
                 sampling_summary(manifest),
                 f"{ks[0]}–{ks[-1]}" if ks else "none",
+                _ungraded(manifest),
                 "; ".join(run.notes) or "ok",
             ]
         )
     parts.append(
         md_table(
-            ["run", "paper model", "paper method", "KL placement", "checkpoint", "sampling", "k reported", "notes"],
+            [
+                "run", "paper model", "paper method", "KL placement", "checkpoint", "sampling", "k reported",
+                "ungraded", "notes",
+            ],
             run_rows,
         )
+    )
+    parts.append(
+        "ungraded: completions whose grading ran out of its CPU budget in the run and again in the serial retry "
+        "(counted as not correct; `grading` in the run's eval manifest)."
     )
     parts.append(
         "Run → paper mapping (by folder name, override with --mapping): model folder containing "
@@ -222,7 +236,7 @@ def render_markdown(
         "(sage_kl_placement), read from the RLVR manifest of the evaluated checkpoint."
     )
     for dataset in tables.report_datasets(runs):
-        title = "Paper average (AIME pooled, AMC23, MATH-500)" if dataset == AVG else dataset
+        title = tables.DATASET_TITLES.get(dataset, dataset)
         parts += [f"## {title}", dataset_section(result.comparison, dataset)]
         if dataset in result.images:
             parts.append(f"![pass@k on {dataset}]({rel(result.images[dataset])})")

@@ -19,7 +19,16 @@ from sage_unsloth.report.paper import DEFAULT_METHOD_PAIRS, PaperRow, map_run, p
 
 log = logging.getLogger(__name__)
 
-DATASET_ORDER = (AVG, "aime", "aime24", "aime25", "amc23", "math500", "minerva", "kk")
+DATASET_ORDER = (AVG, "aime", "aime24", "aime25", "amc23", "math500", "minerva", "kk_logicrl", "kk_official",
+                 "kk_local", "kk")
+# Section titles that say which puzzle set a K&K result is on (the two sets are never comparable).
+DATASET_TITLES = {
+    AVG: "Paper average (AIME pooled, AMC23, MATH-500)",
+    "kk_logicrl": "Knights-and-Knaves, Logic-RL split (kk_logicrl; not comparable with kk_official)",
+    "kk_official": "Knights-and-Knaves, official test puzzles (kk_official; not comparable with kk_logicrl)",
+    "kk_local": "Knights-and-Knaves, a local puzzle file (kk_local)",
+    "kk": "Knights-and-Knaves, puzzle set not recorded (kk: results written before the variant was named)",
+}
 CONSISTENCY_TOL = 1e-6
 
 

@@ -1,8 +1,13 @@
 """The RLVR reward: 1.0 when the answer in the completion's solution block equals the gold, else 0.0.
 
 The answer is read from the last ``<SOLUTION>...</SOLUTION>`` block (fallback: the last ``\\boxed{}``)
-and compared with math-verify through :mod:`sage_unsloth.grading`, which wraps the gold before parsing.
-There is no format reward (as in the official code).
+and graded by :mod:`sage_unsloth.grading`, the same grader evaluation uses, so the reward and pass@k
+agree on every completion. There is no format reward (as in the official code).
+
+Deterministic: a reward depends on (gold, completion) alone. Grading runs under a CPU-time budget of the
+grading thread (not wall time, so load cannot change it); a completion that runs out of it is graded
+again at once with the larger retry budget, and only if that also runs out does it score 0 (counted in
+``UNRESOLVED``, never silently mistaken for a wrong answer).
 
 The function has TRL's reward signature ``(prompts, completions, **columns) -> list[float]`` and reads
 the dataset's gold column ``answer``. A reward function that raises kills a multi-hour run, and a
@@ -22,9 +27,10 @@ logger = logging.getLogger(__name__)
 
 # Gold answers of DAPO-Math are integers; MATH-style answers are short LaTeX. Anything longer is not a
 # final answer, and parsing it is where math-verify spends unbounded time.
-MAX_ANSWER_CHARS = 512
-# Per-completion grading budget (math-verify's own timeout; only enforced in the main thread).
-VERIFY_TIMEOUT_S = 2.0
+MAX_ANSWER_CHARS = grading.MAX_ANSWER_CHARS
+VERIFY_TIMEOUT_S = grading.DEFAULT_TIMEOUT_S  # CPU seconds of the grading thread per completion
+RETRY_TIMEOUT_S = grading.RETRY_TIMEOUT_S
+UNRESOLVED = {"count": 0}  # completions that ran out of both budgets (scored 0)
 
 
 def completion_text(completion: Any) -> str:
@@ -40,15 +46,23 @@ def completion_text(completion: Any) -> str:
     return ""
 
 
-def score_completion(completion: Any, gold: Any, *, timeout_s: float = VERIFY_TIMEOUT_S) -> float:
+def score_completion(completion: Any, gold: Any, *, timeout_s: float = VERIFY_TIMEOUT_S,
+                     retry_timeout_s: float = RETRY_TIMEOUT_S) -> float:
     """1.0 if the completion's final answer matches ``gold``, else 0.0; never raises."""
     try:
-        if gold is None:
+        if gold is None or isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
             return 0.0
         answer = grading.extract_answer(completion_text(completion))
         if not answer or len(answer) > MAX_ANSWER_CHARS:
             return 0.0
-        return 1.0 if grading.verify_answer(answer, str(gold), timeout_s=timeout_s) else 0.0
+        status = grading.judge(answer, gold, timeout_s=timeout_s)
+        if status == grading.TIMEOUT:
+            status = grading.judge(answer, gold, timeout_s=max(retry_timeout_s, timeout_s))
+            if status == grading.TIMEOUT:
+                UNRESOLVED["count"] += 1
+                logger.warning("reward: grading ran out of %.1f CPU s twice; scoring 0 (%d so far)",
+                               retry_timeout_s, UNRESOLVED["count"])
+        return 1.0 if status == grading.CORRECT else 0.0
     except (Exception, grading.GradingTimeout) as exc:  # noqa: BLE001 - a reward must never end the run
         logger.debug("reward: grading failed (%s: %s); scoring 0", type(exc).__name__, exc)
         return 0.0

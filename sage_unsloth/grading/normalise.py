@@ -1,0 +1,151 @@
+"""Gold values as strings, and the one LaTeX normalisation applied alike to golds and answers.
+
+``normalise_math`` rewrites notations that mean the same number or expression into one spelling before
+anything is parsed; each rule is a cause of a misgrade on the bundled golds:
+
+- e-notation (``4.5e33``, ``1e-5``) becomes ``\\times 10^{k}``: a parser reads ``4.5e33`` as 4.5·e·33;
+- currency (``\\$32,\\!348``, a lone ``$`` before a number), thousands separators (``10,\\!080``,
+  ``10\\,080``, ``10{,}080``, ``1,234`` outside brackets) and degree signs are dropped;
+- ``\\dfrac``/``\\tfrac``, brace-less fractions (``\\frac43``, ``\\frac{270}7``), ``10^33`` (an exponent of
+  several digits means all of them);
+- subscripts: ``E_1`` and ``E_{1}`` are one symbol; ``\\text{}`` inside one (``\\lambda_{\\text {red}}``) and
+  symbol commands (``L_{\\odot}``) become plain names; a subscripted ``E`` is a symbol, not Euler's e;
+- Python spellings in golds: ``-1./3``, ``np.arcsin(10/13)``;
+- a trailing unit written as text (``\\text{ cm}^2``, ``\\mbox{ inches}^2``, ``\\mathrm{eV}``).
+
+Units written as bare letters (``15 cm``, ``5.3\\times10^3 K``) are removed only when the gold is a number
+(``strip_unit_tail``): in ``\\frac{37}{4} m`` or ``\\frac{1}{m} t`` the letter is a variable.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from sage_unsloth.grading.extract import last_boxed
+from sage_unsloth.grading.numbers import leading_number
+
+
+def normalise_gold(gold) -> str:
+    """A gold answer as a clean string: JSON floats ``27.0`` -> ``27``, AIME ``073`` -> ``73``. Strings keep
+    their trailing zeros (Minerva's ``56.0`` states a precision)."""
+    if isinstance(gold, bool):
+        return str(gold)
+    if isinstance(gold, float):
+        return str(int(gold)) if math.isfinite(gold) and gold.is_integer() else repr(gold)
+    text = str(gold).strip()
+    if re.fullmatch(r"0\d+", text):
+        text = text.lstrip("0") or "0"
+    return text
+
+
+def minerva_gold(solution: str) -> str:
+    """Minerva has no answer field: the gold is the last ``\\boxed{}`` of the reference solution."""
+    boxed = last_boxed(solution)
+    if boxed is None:
+        raise ValueError("Minerva solution has no \\boxed{} answer")
+    return boxed.strip()
+
+
+# ----------------------------------------------------------------------------------------------- rules
+_THOUSANDS_EXPLICIT = r"(?:\{,\}|,\\!\s*|\\,|\\;|\\:|\\!|(?<!\\)\\ |~|\u2009|\u202f)"
+_THOUSANDS = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_THOUSANDS_EXPLICIT}\d{{3}})+(?!\d)")
+_THOUSANDS_COMMA = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
+_E_NOTATION = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
+_TIMES_TEN = re.compile(r"(\d)\s*(?:\\cdot|\\ast|\*|×|x|\\times)\s*10\s*\^")
+_TEN_POWER = re.compile(r"(?<![\d.])10\s*\^\s*(-?\d{2,})")
+_DEGREES = re.compile(r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)|\\circ|°|\\degree|\^\{\\text\{o\}\}")
+_FRAC_VARIANT = re.compile(r"\\[dtc]frac")
+_FRAC_SHORT = re.compile(r"\\frac\s*(\{[^{}]*\}|\d)\s*(\{[^{}]*\}|\d)")
+_SUBSCRIPT_TEXT = re.compile(r"_\s*\{\s*\\(?:text|mathrm|rm|mbox|textrm)\s*\{\s*([^{}]*?)\s*\}\s*\}|"
+                             r"_\s*\\(?:text|mathrm|rm|mbox)\s*\{\s*([^{}]*?)\s*\}")
+_PYTHON_PREFIX = re.compile(r"\b(?:np|numpy|math|sp|sympy)\.(?=[a-z]+\()")
+_PYTHON_FUNCTION = re.compile(r"(?<!\\)\b(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|exp|log|sqrt)\(")
+_TRAILING_DOT = re.compile(r"(\d)\.(?![\d.])")
+_TEXT_UNIT = re.compile(r"\s*\\(?:text|mbox|mathrm|textrm|rm)\s*\{\s*[^{}]*\}\s*(?:\^\s*\{?-?\d\}?)?\s*$")
+_APPROX = re.compile(r"\\approx|\\simeq|\\sim(?![a-z])|≈")
+_SPACING = re.compile(r"(?<!\\)\\[,;:! ]|~|\\q?quad\b")  # not the "\\" of a matrix row
+_EULER_SUBSCRIPTED = re.compile(r"(?<![A-Za-z\\])([Ee])(?=\s*_)")  # E_{1} is a symbol, not Euler's e
+_SUBSCRIPT_COMMAND = re.compile(r"_\s*\{?\s*\\(odot|oplus|star|ast|bullet|earth|sun)\s*\}?")
+_SUBSCRIPT_BARE = re.compile(r"_\s*([A-Za-z0-9]|\\[A-Za-z]+)(?![A-Za-z0-9{])")
+
+
+def _currency(text: str) -> str:
+    text = text.replace("\\$", "")
+    # A lone "$" (no closing one) before a number is a dollar sign; paired ones are math delimiters.
+    if text.count("$") == 1:
+        text = re.sub(r"\$(?=\s*[\d.])", "", text)
+    return text.replace("$", " ")
+
+
+def _fix_fracs(text: str) -> str:
+    def braced(part: str) -> str:
+        return part if part.startswith("{") else "{" + part + "}"
+
+    for _ in range(4):  # nested shorthand is rare; four passes settle any real answer
+        new = _FRAC_SHORT.sub(lambda m: f"\\frac{braced(m.group(1))}{braced(m.group(2))}", text)
+        if new == text:
+            break
+        text = new
+    return text
+
+
+def normalise_math(text: str) -> str:
+    """The rules of the module docstring, applied to a gold or to an answer's math."""
+    text = _currency(text).replace("\u2212", "-").replace("\u00b7", "\\cdot ")  # unicode minus, middle dot
+    text = _FRAC_VARIANT.sub(r"\\frac", text)
+    text = _THOUSANDS.sub(lambda m: re.sub(r"\D", "", m.group(0)), text)
+    if not re.search(r"[(\[{]|\\begin", text):  # "(2,100)" is a pair, "2,100" outside brackets a number
+        text = _THOUSANDS_COMMA.sub(lambda m: m.group(0).replace(",", ""), text)
+    text = _E_NOTATION.sub(r"\1\\times 10^{\2}", text)
+    text = _TIMES_TEN.sub(r"\1\\times 10^", text)
+    text = _TEN_POWER.sub(r"10^{\1}", text)
+    text = _DEGREES.sub("", text)
+    text = _SUBSCRIPT_TEXT.sub(lambda m: "_{" + (m.group(1) or m.group(2) or "").replace(" ", "") + "}", text)
+    text = _SUBSCRIPT_COMMAND.sub(r"_{\1}", text)  # L_{\odot}: the parser takes no symbol command there
+    text = _SUBSCRIPT_BARE.sub(r"_{\1}", text)  # E_1 and E_{1} are one symbol
+    text = _EULER_SUBSCRIPTED.sub(r"\\mathrm{\1}", text)
+    text = _PYTHON_PREFIX.sub("", text)
+    text = _PYTHON_FUNCTION.sub(r"\\\1(", text)
+    text = _TRAILING_DOT.sub(r"\1", text)
+    text = _fix_fracs(text)
+    approx = list(_APPROX.finditer(text))
+    if approx:  # "L \approx 4.5 \times 10^{33}": the value is what follows the last approximation sign
+        text = text[approx[-1].end():]
+    text = _SPACING.sub(" ", text)
+    while True:  # a unit in \text{} after the value ("5.4 \text{ cents}", "864 \mbox{ inches}^2")
+        stripped = _TEXT_UNIT.sub("", text)
+        if stripped == text or not stripped.strip():
+            break
+        text = stripped
+    return re.sub(r"\s+", " ", text).strip()
+
+
+# Bare-letter unit tails after a number: letters, /, ^k, \mathrm{...}, \mu, \Omega, \odot, \AA, \%-free.
+_UNIT_TAIL = re.compile(r"(?:\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\odot)"
+                        r"(?:[A-Za-z\u00b5\u03a9\u00c5/.\s{}()\-]|\\mathrm|\\text|\\mu|\\Omega|\\AA|\\odot|_|"
+                        r"\^\s*\{?\s*-?\d+\s*\}?|\\,|\\cdot)*")
+_NOT_UNITS = frozenset(["i", "e", "x", "y", "z", "n", "k", "t", "c"])  # letters that are math, never a unit, after a number
+
+
+_ASSIGNED = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[\w\\]+\}?)?\s*=\s*(?P<value>[^=]+)$")
+
+
+def strip_unit_tail(text: str) -> str:
+    """``text`` without a unit after its leading number ("15 cm^2" -> "15", "d = 5 km" -> "5"); unchanged
+    otherwise. Only for a number gold: there the name an answer assigns to is no part of the value."""
+    assigned = _ASSIGNED.match(text)
+    if assigned and leading_number(assigned.group("value")) is not None:
+        text = assigned.group("value")
+    found = leading_number(text)
+    if found is None:
+        return text
+    number, rest = found
+    if not rest.strip():
+        return text
+    if not _UNIT_TAIL.fullmatch(rest):
+        return text
+    letters = re.sub(r"\\[A-Za-z]+|[^A-Za-z]", "", rest)
+    if letters and letters in _NOT_UNITS:
+        return text
+    return number.strip()
