@@ -4,11 +4,11 @@ importing Unsloth patches TRL for the rest of the process:
 
     python -m sage_unsloth.doctor.selftest WORKDIR --backend unsloth|trl [--json OUT] [--quick]
 
-Checks (``--quick`` runs the first four):
+Checks (``--quick``: the first four, 1 step):
 
   patched     backend unsloth: the trainer subclasses Unsloth's generated UnslothGRPOTrainer (on a CPU
               machine Unsloth's patching is forced, as on a GPU); backend trl: TRL's own GRPOTrainer
-  trains      2 optimizer steps finish with finite losses; only the "default" adapter trains and it moved
+  trains      the optimizer steps finish with finite losses; only the "default" adapter trains and it moved
   q_in_loss   with sage_tau 0 every completion token gets q = q_max = 1.4, so on the first batch (policy ==
               reference, both the SFT adapter) KL(with q) - KL(without q) = 1.4 - ln 1.4 - 1 = 0.0635 and the
               loss difference is beta times that; no extra policy pass was run for q
@@ -286,7 +286,7 @@ def check_patched(t: SelfTest, trainer) -> None:
         t.add("patched", not patched, f"backend trl: trainer {' < '.join(mro)}")
 
 
-def check_trains(t: SelfTest, built, sft_tensors: dict, rec: Recorder) -> None:
+def check_trains(t: SelfTest, built, sft_tensors: dict, rec: Recorder, steps: int) -> None:
     import torch
 
     model, trainer = built.model, built.trainer
@@ -294,7 +294,7 @@ def check_trains(t: SelfTest, built, sft_tensors: dict, rec: Recorder) -> None:
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     moved = any(not torch.equal(p.detach().cpu().float(), sft_tensors[_sft_key(n)].float())
                 for n, p in model.named_parameters() if ".default." in n and _sft_key(n) in sft_tensors)
-    ok = (trainer.state.global_step == 2 and losses and all(math.isfinite(x) for x in losses)
+    ok = (trainer.state.global_step == steps and losses and all(math.isfinite(x) for x in losses)
           and trainable and all(".default." in n for n in trainable) and moved)
     t.add("trains", ok, f"{trainer.state.global_step} steps, losses {[round(x, 5) for x in losses]}, "
           f"{len(trainable)} trainable tensors all in 'default': {all('.default.' in n for n in trainable)}, "
@@ -463,14 +463,15 @@ def run(work: Path, backend: str, quick: bool = False) -> list[Check]:
         cpu_stand_in_loader()
     sft, data = make_sft_run(work)
     sft_tensors = load_file(str(sft / "adapter_model.safetensors"))
-    built = t.guarded("build", build, work, backend, sft, data, anchor="sft", steps=2, cpu=cpu)
+    steps = 1 if quick else 2
+    built = t.guarded("build", build, work, backend, sft, data, anchor="sft", steps=steps, cpu=cpu)
     if built is None:
         return t.checks
     t.guarded("patched", check_patched, t, built.trainer)
     rec = Recorder(built.trainer)
     if t.guarded("trains", built.trainer.train) is None and not rec.losses:
         return t.checks
-    t.guarded("trains", check_trains, t, built, sft_tensors, rec)
+    t.guarded("trains", check_trains, t, built, sft_tensors, rec, steps)
     t.guarded("q_in_loss", check_q_in_loss, t, built, rec, tol)
     t.guarded("q_source", check_q_source, t, built, rec, tol)
     if quick:
@@ -488,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workdir")
     parser.add_argument("--backend", choices=("unsloth", "trl"), default="unsloth")
     parser.add_argument("--json", help="write the checks here")
-    parser.add_argument("--quick", action="store_true", help="patched, trains, q_in_loss, q_source only")
+    parser.add_argument("--quick", action="store_true", help="1 step; patched, trains, q_in_loss, q_source only")
     args = parser.parse_args(argv)
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
