@@ -307,9 +307,13 @@ def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
 
     UnslothGRPOTrainer.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
     monkeypatch.setattr(trl, "GRPOTrainer", UnslothGRPOTrainer)
+    from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
+
     cls = make_sage_trainer_class()
-    assert cls.__mro__[1:3] == (SageTrainerMixin, UnslothGRPOTrainer)
-    assert is_unsloth_patched(cls) and not is_unsloth_patched(make_sage_trainer_class(trl.trainer.GRPOTrainer))
+    # Over Unsloth's class the branch-q hook sits between the mixin and the base; TRL's class has no hook.
+    assert cls.__mro__[1:4] == (SageTrainerMixin, InUnslothLossBranchQ, UnslothGRPOTrainer)
+    plain = make_sage_trainer_class(trl.trainer.GRPOTrainer)
+    assert is_unsloth_patched(cls) and not is_unsloth_patched(plain) and InUnslothLossBranchQ not in plain.__mro__
 
 
 def test_config_pins_paper_defaults(tmp_path):
