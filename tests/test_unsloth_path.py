@@ -72,3 +72,22 @@ def test_contact_point_in_unsloth_zoo(result):
     """unsloth_zoo 2026.10.9 reads args.top_entropy_quantile, hands the entropies to
     trainer.get_high_entropy_mask, then reads the reference: re-check on every Unsloth bump."""
     assert result["contact"] == {"order": True, "calls_trainer": True}
+
+
+def test_gpu_unsloth_config_expects_branch_q_in_the_loss_and_warns_for_the_token_guide(tmp_path, monkeypatch):
+    """The 7B presets' batch (generation 16, per device 8: steps_per_generation 2 > GA 1) under Unsloth on a GPU:
+    the branch guide no longer warns (q in the loss); the token guide, still at rollout, does."""
+    import warnings
+
+    from sage_unsloth.rlvr import config as rlvr_config
+
+    monkeypatch.setattr(rlvr_config, "_cuda_available", lambda: True)
+    common = {"output_dir": str(tmp_path), "report_to": "none", "backend": "unsloth", "bf16": False,
+              "use_cpu": True, "per_device_train_batch_size": 8, "generation_batch_size": 16}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        branch = rlvr_config.SageGRPOConfig(**common, sage_guide="branch")
+    assert branch.expected_q_source == "loss" and branch.steps_per_generation == 2
+    with pytest.warns(UserWarning, match="rollout policy"):
+        token = rlvr_config.SageGRPOConfig(**common, sage_guide="token")
+    assert token.expected_q_source == "rollout"
