@@ -31,20 +31,23 @@
 # so expect GRPO and GRPO + Branch to be within noise of each other. Raise `STEPS` for a real comparison.
 
 # %% [markdown] tags=["only-colab"]
-# **Colab, Qwen2.5-1.5B.** *Runtime → Change runtime type → T4 GPU.* The T4 has 15 GB usable and no bfloat16,
+# **Colab, Qwen2.5-1.5B.** *Runtime → Change runtime type → T4 GPU* (or better; runtime version *Latest*, whose
+# driver runs CUDA 13). The T4 has 15 GB usable and no bfloat16,
 # so everything runs in float16: SFT and RLVR train a 16-bit LoRA (`configs/sft/qwen2.5-1.5b.yaml` with
 # float16 overrides, `configs/rlvr/qwen2.5-1.5b/`), RLVR samples with Unsloth's vLLM engine taking half the
 # card, evaluation uses vLLM alone (`configs/eval/notebook-qwen2.5-1.5b.yaml`). A W&B key, if you use one,
 # goes in the Colab secrets (key icon) as `WANDB_API_KEY`.
 
 # %% [markdown] tags=["only-kaggle"]
-# **Kaggle, Qwen2.5-3B.** *Settings → Accelerator → GPU T4 x2* (the stages use one of them) or *P100*;
-# *Settings → Internet → on* (models and data come from the Hugging Face Hub). 3B in 16 bits plus vLLM does not
-# fit 16 GB, so SFT and RLVR train a QLoRA (4-bit base; `configs/sft/qwen2.5-3b.yaml` with overrides,
-# `configs/rlvr/qwen2.5-3b/`); evaluation serves the adapters on the float16 base with vLLM
-# (`configs/eval/notebook-qwen2.5-3b.yaml`). On a **P100** (sm_60) neither vLLM nor Unsloth's Triton kernels
-# run: the notebook falls back to transformers + peft and HF generation, which works but is several times
-# slower. A W&B key, if you use one, goes in *Add-ons → Secrets* as `WANDB_API_KEY`.
+# **Kaggle, Qwen2.5-3B.** *Settings → Accelerator → GPU T4 x2* (the stages use one of them), *Settings →
+# Environment → Always use latest environment* (its driver runs CUDA 13), *Settings → Internet → on* (models and
+# data come from the Hugging Face Hub). Not the **P100**: the pinned torch 2.13 and vLLM 0.31 are CUDA 13 builds
+# with kernels for compute capability 7.5 and newer only, and the P100 is 6.0 (the install cell stops there).
+# 3B in 16 bits plus vLLM does not fit 16 GB, so SFT and RLVR train a QLoRA (4-bit base;
+# `configs/sft/qwen2.5-3b.yaml` with overrides, `configs/rlvr/qwen2.5-3b/`); evaluation serves the adapters on
+# the float16 base with vLLM (`configs/eval/notebook-qwen2.5-3b.yaml`). The kit can also come from a Kaggle
+# dataset holding the repository folder (*Add data*), found under `/kaggle/input` without setting anything.
+# A W&B key, if you use one, goes in *Add-ons → Secrets* as `WANDB_API_KEY`.
 
 # %% [markdown]
 # ## 1. Parameters
@@ -72,8 +75,8 @@ STEPS = 30  # stage 2 optimizer steps per RLVR run, 2 prompts x 4 rollouts each 
 N_SAMPLES = 8  # stage 3 samples per problem: pass@k for k = 1, 2, 4, 8
 PROBLEMS_PER_BENCHMARK = 30  # stage 3 problems taken from each of MATH-500 and AMC23
 WORKDIR = "sage_run"  # outputs/ and results/ go here
-REPO_URL = ""  # git URL of the sage-unsloth repository (cloned when REPO_DIR does not exist)
-REPO_DIR = ""  # an existing checkout; empty: the folder above this notebook, else ./sage-unsloth
+REPO_URL = ""  # set it to the git URL of your copy of sage-unsloth (not on PyPI), unless a checkout is found
+REPO_DIR = ""  # a checkout; empty: the folder above this notebook, ./sage-unsloth, or a /kaggle/input dataset
 INSTALL = True  # pip install the kit with its GPU extra (pinned torch, Unsloth, vLLM, bitsandbytes)
 USE_WANDB = False  # log training curves to Weights & Biases
 TINY = os.environ.get("SAGE_NOTEBOOK_TINY") == "1"  # CI only: the tiny offline model on CPU
@@ -86,11 +89,15 @@ if TINY:  # CI: the whole recipe on CPU in about a minute: tiny random model, 2 
 # %% [markdown]
 # ## 2. Install
 #
-# Finds (or clones) the repository and installs it with `pip install -e "<repo>[gpu]"`: the versions pinned in
-# its `pyproject.toml` (torch, transformers, TRL, Unsloth, vLLM), several GB of downloads, ~5-10 minutes.
-# A read-only folder (a Kaggle dataset under `/kaggle/input`) is copied to `./sage-unsloth` first. The stages run
-# in fresh processes, so the new packages are used without restarting; if the platform still asks for a
-# restart, restart and run all cells again with `INSTALL = False`.
+# Finds the repository (`REPO_DIR`, the folder above this notebook, `./sage-unsloth`, a dataset under
+# `/kaggle/input`) or clones `REPO_URL`. Then, **before installing anything**, checks the GPU: compute capability
+# 7.5 or newer (T4, L4, A10, A100, H100...) and an NVIDIA driver of at least 580, which the CUDA 13 builds of the
+# pinned torch 2.13 and vLLM 0.31 need; a problem stops the cell with what to change. Then
+# `pip install -e "<repo>[gpu]"` installs the versions pinned in `pyproject.toml` (torch, the torchvision built for
+# it, transformers, TRL, Unsloth, vLLM, bitsandbytes), several GB, ~5-10 minutes, and checks that torch and
+# torchvision import as a pair (Colab's own torchvision would not). A read-only folder (a Kaggle dataset) is
+# copied to `./sage-unsloth` first. The stages run in fresh processes, so the new packages are used without a
+# restart; if the platform still asks for one, restart and run all cells again with `INSTALL = False`.
 
 # %%
 import shutil
@@ -98,21 +105,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-candidates = [Path(REPO_DIR)] if REPO_DIR else [Path.cwd().parent, Path("sage-unsloth")]
-REPO = next((p.resolve() for p in candidates if (p / "pyproject.toml").is_file()), None)
+kaggle = sorted(Path("/kaggle/input").glob("*")) + sorted(Path("/kaggle/input").glob("*/*"))  # a dataset upload
+candidates = [Path(REPO_DIR)] if REPO_DIR else [Path.cwd().parent, Path("sage-unsloth"), *kaggle]
+REPO = next((p.resolve() for p in candidates if (p / "pyproject.toml").is_file() and (p / "sage_unsloth").is_dir()),
+            None)
 if REPO is None and REPO_URL:
     REPO = Path(REPO_DIR or "sage-unsloth").resolve()
     subprocess.run(["git", "clone", "--depth", "1", REPO_URL, str(REPO)], check=True)
 if REPO is None:
-    raise FileNotFoundError("no sage-unsloth checkout found: set REPO_URL (a git URL) or REPO_DIR (an uploaded folder)")
+    raise FileNotFoundError("set REPO_URL (parameters cell) to the git URL of your copy of sage-unsloth, or upload "
+                            "the repository folder and set REPO_DIR to it")
+sys.path.insert(0, str(REPO))  # this kernel started before the install; the stages' processes need no help
+from sage_unsloth import notebook as nb
+
+if not TINY:
+    nb.preflight()  # compute capability >= 7.5 and driver >= 580, or stop here with what to change
 if INSTALL and not os.access(REPO, os.W_OK):
     REPO = Path(shutil.copytree(REPO, "sage-unsloth", dirs_exist_ok=True)).resolve()
 if INSTALL:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{REPO}[gpu]"], check=True)
-sys.path.insert(0, str(REPO))  # this kernel started before the install; the stages' processes need no help
-
-from sage_unsloth import notebook as nb
-
+    nb.install(REPO)
 print("sage-unsloth from", REPO)
 
 # %% [markdown]

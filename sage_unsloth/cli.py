@@ -16,6 +16,7 @@ STAGES = {
     "regrade": ("sage_unsloth.eval.regrade", "stage 3 again: re-grade saved completions (no model, no GPU)"),
     "report": ("sage_unsloth.report.__main__", "stage 4: report against the paper's tables"),
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
+    "doctor": ("sage_unsloth.doctor", "preflight: GPU, driver, pinned stack, memory, and a 2-step SAGE self-test"),
 }
 
 

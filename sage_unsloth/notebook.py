@@ -13,7 +13,9 @@ Public API::
     make_recipe(platform, repo=..., workdir=..., model=..., ...) -> Recipe
     Recipe.command(stage, variant=None) -> argv;  Recipe.run(stage, variant=None);  Recipe.eval_runs()
     run_stage(argv, cwd=..., env=..., done=...)  stream a child's output, raise StageFailed on failure
-    gpu_info() -> list[GPU];  wandb_api_key() -> str (never printed or written)
+    gpu_info() -> list[GPU];  platform_problems(gpus) -> [what to do];  preflight() (raises on a problem)
+    install(repo)                      pip install -e repo[gpu], then torch / torchvision checked as a pair
+    wandb_api_key() -> str (never printed or written)
     show_report(recipe)                the comparison table and the pass@k plots
 """
 
@@ -47,7 +49,7 @@ class Platform:
     sft_config: str  # relative to the repository root
     rlvr_configs: str  # folder holding grpo.yaml, grpo_branch.yaml
     eval_config: str
-    # T4 and P100 have no bfloat16: the SFT presets (bf16) are switched to float16 weights, and with
+    # The T4 has no bfloat16: the SFT presets (bf16) are switched to float16 weights, and with
     # bf16/fp16 both false Unsloth picks fp16 mixed precision for a float16 model.
     sft_overrides: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
@@ -63,7 +65,7 @@ PLATFORMS: dict[str, Platform] = {
         # 16-bit LoRA: 3.1 GB of float16 weights + activations at 4096 tokens, ~6-8 GB (estimate).
         sft_overrides=T4_SFT),
     "kaggle": Platform(
-        name="kaggle", model="Qwen/Qwen2.5-3B", hardware="Kaggle T4 x2 (one used) or P100 (16 GB)",
+        name="kaggle", model="Qwen/Qwen2.5-3B", hardware="Kaggle T4 x2 (one used, 16 GB)",
         sft_config="configs/sft/qwen2.5-3b.yaml", rlvr_configs="configs/rlvr/qwen2.5-3b",
         eval_config="configs/eval/notebook-qwen2.5-3b.yaml",
         # QLoRA: ~2 GB of 4-bit weights + activations at 4096 tokens, ~6-8 GB (estimate); 16-bit would
@@ -86,38 +88,78 @@ class StageFailed(RuntimeError):
 
 
 # ----------------------------------------------------------------------------------------------- GPU
+# The pinned torch 2.13.0 CUDA wheel is built for CUDA 13.0 with kernels for sm_75 and newer (vLLM 0.31's
+# likewise); a CUDA 13 runtime needs an NVIDIA driver >= 580. The install cell checks both before pip runs.
+MIN_COMPUTE_CAPABILITY = 7.5
+MIN_DRIVER = 580
+
+
 @dataclass(frozen=True)
 class GPU:
     name: str
     memory_mib: int
     compute_capability: float
+    driver: str = ""
 
 
 def gpu_info() -> list[GPU]:
     """The visible NVIDIA GPUs from ``nvidia-smi`` (no torch import in the notebook kernel); [] if none."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, check=True).stdout
+            ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap,driver_version",
+             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     gpus = []
     for line in out.strip().splitlines():
-        name, memory, capability = (part.strip() for part in line.split(","))
-        gpus.append(GPU(name, int(float(memory)), float(capability)))
+        name, memory, capability, driver = (part.strip() for part in line.split(","))
+        gpus.append(GPU(name, int(float(memory)), float(capability), driver))
     return gpus
 
 
-def hardware_overrides(gpus: list[GPU]) -> dict[str, list[str]]:
-    """Per-stage flags for GPUs older than sm_70 (Kaggle's P100): vLLM and Unsloth's Triton kernels need
-    sm_70+, so training falls back to transformers + peft (HF generation) and evaluation to the HF sampler.
-    Without Unsloth nothing turns fp16 mixed precision on by itself (the LoRA weights stay float32, so the
-    gradient scaler applies), hence ``--fp16 true``."""
-    if gpus and gpus[0].compute_capability < 7.0:
-        return {"sft": ["--backend", "trl", "--fp16", "true"],
-                "rlvr": ["--backend", "trl", "--use_vllm", "false", "--fp16", "true"],
-                "eval": ["--backend", "hf"]}
-    return {}
+def platform_problems(gpus: list[GPU]) -> list[str]:
+    """What stops the pinned stack on these GPUs, one line each with what to do (empty: good to go)."""
+    if not gpus:
+        return [("no NVIDIA GPU visible: on Colab choose Runtime > Change runtime type > T4 GPU; on Kaggle "
+                 "Settings > Accelerator > GPU T4 x2")]
+    problems = []
+    gpu = gpus[0]
+    if gpu.compute_capability < MIN_COMPUTE_CAPABILITY:
+        problems.append(f"{gpu.name} has compute capability {gpu.compute_capability:g}; torch 2.13's CUDA 13 wheels "
+                        f"(and vLLM 0.31's) need >= {MIN_COMPUTE_CAPABILITY:g}: on Kaggle choose Settings > "
+                        "Accelerator > GPU T4 x2 (not P100), on Colab a T4 or better")
+    major = int(gpu.driver.split(".")[0]) if gpu.driver.split(".")[0].isdigit() else None
+    if major is not None and major < MIN_DRIVER:
+        problems.append(f"NVIDIA driver {gpu.driver} is older than {MIN_DRIVER}, which the CUDA 13 build of torch "
+                        "2.13 needs: on Kaggle set Settings > Environment > Always use latest environment, on Colab "
+                        "Runtime > Change runtime type > Runtime version > Latest; else use a machine with a newer "
+                        "driver")
+    return problems
+
+
+def preflight() -> list[GPU]:
+    """Before installing anything: stop with what to do when the GPU or its driver cannot run the stack."""
+    gpus = gpu_info()
+    for gpu in gpus:
+        print(f"GPU {gpu.name}, {gpu.memory_mib} MiB, compute capability {gpu.compute_capability:g}, "
+              f"driver {gpu.driver or '?'}")
+    problems = platform_problems(gpus)
+    if problems:
+        raise RuntimeError("this machine cannot run the pinned stack:\n" + "\n".join(problems))
+    return gpus
+
+
+def install(repo: Path, extra: str = "gpu") -> None:
+    """``pip install -e repo[gpu]`` (torch, torchvision built for it, Unsloth, vLLM, bitsandbytes, all
+    pinned), then check in a fresh process that torch and torchvision import as a matching pair."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{repo}[{extra}]"], check=True)
+    probe = ("import torch, torchvision; torchvision.ops.nms; "
+             "print(torch.__version__, torchvision.__version__, torch.version.cuda)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError("torch / torchvision do not import as a pair after the install: restart the runtime and "
+                           "run this cell again; last line: " + (done.stderr.strip().splitlines() or ["?"])[-1])
+    print("installed torch {}, torchvision {} (CUDA {})".format(*done.stdout.split()))
 
 
 # ----------------------------------------------------------------------------------------------- recipe
@@ -137,7 +179,7 @@ class Recipe:
     variants: tuple[str, ...] = VARIANTS
     sft_data: Path | None = None  # local SFT rows (tiny); None = the config's hub dataset
     rlvr_data: Path | None = None  # local RLVR prompts (tiny)
-    extra: dict[str, list[str]] = field(default_factory=dict)  # per-stage flags (hardware fall-backs)
+    extra: dict[str, list[str]] = field(default_factory=dict)  # per-stage extra flags
     gpus: list[GPU] = field(default_factory=list)
 
     @property
@@ -278,12 +320,12 @@ def make_recipe(platform: str, *, repo: str | Path, workdir: str | Path, model: 
         return Recipe(platform=PLATFORMS["tiny"], model=str(model_dir), sft_data=sft_rows,
                       rlvr_data=verified_path("dapo_math_sample.jsonl"), **common)
     gpus = gpu_info()
-    if not gpus:
-        raise RuntimeError("no NVIDIA GPU visible: on Colab choose Runtime > Change runtime type > T4 GPU; "
-                           "on Kaggle Settings > Accelerator > GPU")
+    problems = platform_problems(gpus)
+    if problems:
+        raise RuntimeError(problems[0] if len(problems) == 1 else "; ".join(problems))
     if not model:
         raise ValueError("MODEL is empty: set a hub id such as Qwen/Qwen2.5-1.5B")
-    return Recipe(platform=PLATFORMS[platform], model=model, extra=hardware_overrides(gpus), gpus=gpus, **common)
+    return Recipe(platform=PLATFORMS[platform], model=model, gpus=gpus, **common)
 
 
 # ----------------------------------------------------------------------------------------------- running

@@ -75,16 +75,55 @@ def test_notebook_kernel_holds_no_recipe_logic():
 # ----------------------------------------------------------------------------------------------- presets
 def _recipe(platform: str, tmp_path: Path, gpus=()) -> nb.Recipe:
     return nb.Recipe(platform=nb.PLATFORMS[platform], repo=REPO, workdir=tmp_path, model=nb.PLATFORMS[platform].model,
-                     steps=40, sft_steps=100, n_samples=8, problems_per_benchmark=30,
-                     extra=nb.hardware_overrides(list(gpus)), gpus=list(gpus))
+                     steps=40, sft_steps=100, n_samples=8, problems_per_benchmark=30, gpus=list(gpus))
 
 
-T4 = nb.GPU("Tesla T4", 15360, 7.5)
-P100 = nb.GPU("Tesla P100-PCIE-16GB", 16384, 6.0)
+T4 = nb.GPU("Tesla T4", 15360, 7.5, "580.82.07")
+P100 = nb.GPU("Tesla P100-PCIE-16GB", 16384, 6.0, "580.82.07")
 
 
-@pytest.mark.parametrize("platform, gpu", [("colab", T4), ("kaggle", T4), ("kaggle", P100)])
-def test_gpu_preset_commands_parse_with_each_stages_parser(platform, gpu, tmp_path):
+@pytest.mark.parametrize("gpus, wanted", [
+    ([T4], []),
+    ([nb.GPU("NVIDIA H100 80GB HBM3", 81559, 9.0, "590.44.01")], []),
+    ([T4, T4], []),  # Kaggle's T4 x2: the stages use the first
+    ([P100], ["compute capability 6", "GPU T4 x2 (not P100)"]),
+    ([nb.GPU("Tesla V100-SXM2-16GB", 16384, 7.0, "580.82.07")], ["compute capability 7", ">= 7.5"]),
+    ([nb.GPU("Tesla T4", 15360, 7.5, "550.54.15")], ["driver 550.54.15 is older than 580", "latest environment"]),
+    ([], ["no NVIDIA GPU visible", "T4 GPU"]),
+])
+def test_platform_problems_say_what_to_change(gpus, wanted):
+    problems = nb.platform_problems(gpus)
+    assert len(problems) == (1 if wanted else 0), problems
+    for text in wanted:
+        assert text in problems[0]
+
+
+def test_preflight_stops_before_the_install(monkeypatch, capsys):
+    monkeypatch.setattr(nb, "gpu_info", lambda: [P100])
+    with pytest.raises(RuntimeError, match="compute capability 6"):
+        nb.preflight()
+    assert "Tesla P100-PCIE-16GB, 16384 MiB, compute capability 6, driver 580.82.07" in capsys.readouterr().out
+    monkeypatch.setattr(nb, "gpu_info", lambda: [T4])
+    assert nb.preflight() == [T4]
+
+
+def test_install_cell_checks_the_gpu_before_pip_and_installs_the_gpu_extra():
+    cell = next(_source(c) for c in _cells(build.TARGETS["kaggle"]) if "nb.install(REPO)" in _source(c))
+    assert cell.index("nb.preflight()") < cell.index("nb.install(REPO)")
+    message = cell.split("raise FileNotFoundError(")[1].split(")\n")[0]  # without a checkout: what to set
+    assert "set REPO_URL" in message and "REPO_DIR" in message
+    assert "/kaggle/input" in cell
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    # Colab ships its own torchvision: the [gpu] extra installs the one built for the pinned torch.
+    assert "torch==2.13.0" in project["dependencies"]
+    assert "torchvision==0.28.0" in project["optional-dependencies"]["gpu"]
+
+
+@pytest.mark.parametrize("platform", ["colab", "kaggle"])
+def test_gpu_preset_commands_parse_with_each_stages_parser(platform, tmp_path):
+    gpu = T4
     from sage_unsloth.eval.run import parse_args as eval_parse
     from sage_unsloth.eval.run import validate as eval_validate
     from sage_unsloth.report.stage import parse_args as report_parse
@@ -92,18 +131,17 @@ def test_gpu_preset_commands_parse_with_each_stages_parser(platform, gpu, tmp_pa
     from sage_unsloth.sft import parse_args as sft_parse
 
     recipe = _recipe(platform, tmp_path, [gpu])
-    old_gpu = gpu.compute_capability < 7.0
     sft_args, model_args = sft_parse(recipe.command("sft")[3:])
     assert model_args.model_name_or_path == nb.PLATFORMS[platform].model and model_args.dtype == "float16"
     assert model_args.load_in_4bit is (platform == "kaggle") and sft_args.max_steps == 100
-    assert sft_args.dataset_max_rows == 800 and sft_args.backend == ("trl" if old_gpu else "unsloth")
+    assert sft_args.dataset_max_rows == 800 and sft_args.backend == "unsloth"
 
     for variant in recipe.variants:
         grpo, stage, model, _ = rlvr_parse(recipe.command("rlvr", variant)[3:])
         assert stage.variant == variant and Path(stage.sft_dir) == recipe.sft_dir
         assert grpo.sage_guide == ("branch" if variant == "grpo_branch" else "none") and grpo.beta == 0.05
-        assert grpo.max_steps == 40 and model.dtype == "float16" and not grpo.bf16 and grpo.fp16 is old_gpu
-        assert grpo.use_vllm is not old_gpu and grpo.backend == ("trl" if old_gpu else "unsloth")
+        assert grpo.max_steps == 40 and model.dtype == "float16" and not grpo.bf16 and not grpo.fp16
+        assert grpo.use_vllm and grpo.backend == "unsloth"
         assert model.load_in_4bit is (platform == "kaggle")
         # Unsloth's batch rule and TRL's generation batch rule hold without adjustment.
         assert (grpo.per_device_train_batch_size * grpo.gradient_accumulation_steps) % grpo.num_generations == 0
@@ -114,7 +152,7 @@ def test_gpu_preset_commands_parse_with_each_stages_parser(platform, gpu, tmp_pa
     for run, folder in recipe.eval_runs():
         cfg = eval_parse(recipe.command("eval", run)[3:])
         assert eval_validate(cfg) == [1, 2, 4, 8] and cfg.checkpoints == [str(folder)]
-        assert cfg.limit == 30 and cfg.dtype == "float16" and cfg.backend == ("hf" if old_gpu else "vllm")
+        assert cfg.limit == 30 and cfg.dtype == "float16" and cfg.backend == "vllm"
     report = report_parse(recipe.command("report")[3:])
     assert report.pairs == "grpo_branch:grpo,grpo:sft" and Path(report.results) == recipe.results
 

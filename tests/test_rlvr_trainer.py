@@ -307,9 +307,13 @@ def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
 
     UnslothGRPOTrainer.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
     monkeypatch.setattr(trl, "GRPOTrainer", UnslothGRPOTrainer)
+    from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
+
     cls = make_sage_trainer_class()
-    assert cls.__mro__[1:3] == (SageTrainerMixin, UnslothGRPOTrainer)
-    assert is_unsloth_patched(cls) and not is_unsloth_patched(make_sage_trainer_class(trl.trainer.GRPOTrainer))
+    # Over Unsloth's class the branch-q hook sits between the mixin and the base; TRL's class has no hook.
+    assert cls.__mro__[1:4] == (SageTrainerMixin, InUnslothLossBranchQ, UnslothGRPOTrainer)
+    plain = make_sage_trainer_class(trl.trainer.GRPOTrainer)
+    assert is_unsloth_patched(cls) and not is_unsloth_patched(plain) and InUnslothLossBranchQ not in plain.__mro__
 
 
 def test_config_pins_paper_defaults(tmp_path):
@@ -564,16 +568,19 @@ model_dir = sys.argv[1]
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 model.for_training = model.for_inference = lambda *a, **k: None  # FastLanguageModel's mode switches
+model._unsloth_user_float32 = True  # else Unsloth's loss autocasts this float32 model to fp16
 model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
 prompts = ["What is 2+3?", "Compute the sum of the first ten odd positive integers, then double it."]
 dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts] * 4)
-# tau = 0: every completion token gets q = q_max = 1.4, so the KL is known in closed form.
+# tau = 0: every completion token gets q = q_max = 1.4, so the KL is known in closed form. q at rollout (the
+# path the token and random guides take under Unsloth), shifting the reference in Unsloth's layout.
 args = SageGRPOConfig(output_dir="out", backend="trl", sage_guide="branch", sage_tau=0.0, max_steps=1,
+                      sage_q_source="rollout",
                       per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
                       report_to="none", logging_steps=1, save_strategy="no", use_cpu=True)
 trainer = SageGRPOTrainer(model=model, reward_funcs=lambda completions, **k: [float(len(c)) for c in completions],
                           args=args, train_dataset=dataset, processing_class=tokenizer)
-assert type(trainer).__mro__[2].__name__ == "UnslothGRPOTrainer", type(trainer).__mro__
+assert "UnslothGRPOTrainer" in [k.__name__ for k in type(trainer).__mro__], type(trainer).__mro__
 seen, before_shift = {}, {}
 patched_compute_loss = trainer.compute_loss
 def spy(model, inputs, *a, **k):
@@ -604,6 +611,9 @@ placed = before_shift["ref"][order] != 0
 assert torch.equal(placed, log_q != 0), (placed.int(), log_q)
 kl = [e["kl"] for e in trainer.state.log_history if "kl" in e][0]
 k3 = 1.4 - math.log(1.4) - 1
+# The fresh LoRA (B = 0) makes policy == reference, so Unsloth's own scoring in its loss must give exactly k3
+# of log 1.4 per token; a mis-scored completion (its PrefixGrouper on a plain HF model: 0.4 nats) breaks this.
+assert abs(kl - k3) < 1e-4, (kl, k3)
 print("CANARY-OK", kl, k3)
 '''
 
@@ -611,12 +621,17 @@ print("CANARY-OK", kl, k3)
 def test_canary_unsloth_patched_trainer_reads_the_shifted_reference(tiny_model_dir, tmp_path):
     """Unsloth's rewritten GRPOTrainer forced on CPU (private API): the mixin over it puts log q, in its
     left-packed (B, C + max_left_pad) layout, on exactly the columns where Unsloth's own scorer placed the
-    completion tokens, and that shifted tensor is what its compute_loss (the zoo loss) receives."""
+    completion tokens, that shifted tensor is what its compute_loss (the zoo loss) receives, and the KL it logs
+    is k3 of log 1.4 to 1e-4 (with the PrefixGrouper on, 0.106 instead of 0.0635). The in-loss branch q is
+    tested in tests/test_unsloth_path.py."""
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ, UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_DISABLE="1", HF_HUB_OFFLINE="1")
+    # A plain transformers model ignores the prefix_seg_info of Unsloth's PrefixGrouper (on by default, off under
+    # vLLM), which then mis-scores every completion after the first of a group: off, as a GPU run under vLLM has it.
+    env = dict(os.environ, UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_DISABLE="1", HF_HUB_OFFLINE="1",
+               UNSLOTH_GRPO_PREFIX_GROUPER="0")
     script = tmp_path / "canary.py"
     script.write_text(CANARY)
     # cwd = tmp_path: Unsloth writes its unsloth_compiled_cache/ there, not into the repository.

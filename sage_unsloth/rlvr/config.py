@@ -64,10 +64,11 @@ class SageGRPOConfig(GRPOConfig):
     sage_q_source: str = field(
         default="auto",
         metadata=_help(
-            "Where branch/token q is computed: 'loss' (in TRL's loss, from the entropies/logps its forward already "
-            "returns: no extra pass, the official code's semantics; TRL trainer only), 'rollout' (after "
-            "generation, one extra no-grad pass; the only way into Unsloth's patched loss), 'auto' (loss on "
-            "TRL's trainer, rollout on Unsloth's). The random guide is always drawn at rollout."
+            "Where branch/token q is computed: 'loss' (inside the loss, from the entropies/logps its own forward "
+            "computes: no extra pass, the official code's semantics; on Unsloth's patched trainer the branch guide "
+            "only), 'rollout' (after generation, one extra no-grad pass unless TRL scores old logps anyway), "
+            "'auto' (loss, except the token guide under Unsloth: rollout). The random guide is always drawn at "
+            "rollout."
         ),
     )
     kl_estimator: str = field(
@@ -220,11 +221,13 @@ class SageGRPOConfig(GRPOConfig):
 
     @property
     def expected_q_source(self) -> str:
-        """Where branch/token q will be computed: TRL's trainer supports 'loss'; Unsloth's patched one (GPU only)
-        needs 'rollout'. The trainer re-checks this against the class it actually subclasses."""
+        """Where branch/token q will be computed: 'loss' on TRL's trainer; on Unsloth's patched one (GPU only)
+        'loss' for the branch guide (from the entropies its loss computes) and 'rollout' for the token guide.
+        The trainer re-checks this against the class it actually subclasses."""
         if self.sage_q_source != "auto":
             return self.sage_q_source
-        return "rollout" if self.backend == "unsloth" and _cuda_available() else "loss"
+        unsloth_patched = self.backend == "unsloth" and _cuda_available()
+        return "rollout" if unsloth_patched and self.sage_guide == "token" else "loss"
 
     def _warn_off_policy_q(self) -> None:
         # The random guide ignores the policy; branch/token q in the loss is the official code's own order.
@@ -235,8 +238,8 @@ class SageGRPOConfig(GRPOConfig):
             warnings.warn(
                 f"sage_guide={self.sage_guide!r} with num_iterations={self.num_iterations}, steps_per_generation="
                 f"{self.steps_per_generation}, gradient_accumulation_steps={self.gradient_accumulation_steps}: q is "
-                "computed from the rollout policy (sage_q_source rollout, or auto under Unsloth), not the in-loss "
-                "policy as in the official code",
+                "computed from the rollout policy (sage_q_source rollout, or the token guide under Unsloth), not the "
+                "in-loss policy as in the official code",
                 stacklevel=3,
             )
 

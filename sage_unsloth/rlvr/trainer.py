@@ -51,6 +51,7 @@ import torch
 
 from sage_unsloth import anchor
 from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
+from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
 __all__ = [
     "SageGRPOTrainer",
@@ -331,14 +332,16 @@ class SageTrainerMixin:
 
     @property
     def sage_q_in_loss(self) -> bool:
-        """Branch/token q computed inside TRL's loss from its own forward (no extra pass)?"""
-        source = self.args.sage_q_source
-        if source == "loss" and self._sage_patched:
-            raise ValueError("sage_q_source='loss' needs TRL's loss; Unsloth's patched loss never calls it: "
-                             "use sage_q_source=rollout or auto")
-        in_loss = source == "loss" or (source == "auto" and not self._sage_patched)
+        """Branch/token q computed inside the loss from its own forward (no extra pass)? On TRL's trainer both
+        guides; under Unsloth's patched one the branch guide only (sage_unsloth/rlvr/unsloth_hooks.py)."""
+        source, guide = self.args.sage_q_source, self.args.sage_guide
+        if source == "loss" and self._sage_patched and guide == "token":
+            raise ValueError("sage_q_source='loss' with sage_guide='token' needs TRL's loss (Unsloth's patched loss "
+                             "hands out entropies, not log-probs): use sage_q_source=rollout or auto, or backend=trl")
+        in_loss = source in ("loss", "auto") if guide == "branch" else (
+            source == "loss" or (source == "auto" and not self._sage_patched))
         # The reward placement needs q when the reward is computed, i.e. at rollout.
-        return in_loss and self.args.sage_guide in ("branch", "token") and self.sage_placement == "loss"
+        return in_loss and guide in ("branch", "token") and self.sage_placement == "loss"
 
     def _sage_old_logps_forward_planned(self) -> bool:
         """TRL 1.15's condition for scoring old_per_token_logps in _generate_and_score_completions."""
@@ -705,7 +708,9 @@ def make_sage_trainer_class(base: type | None = None) -> type:
     base = base or _current_grpo_trainer_base()
     install_cpu_logprob_fallback()
     if base not in _CLASS_CACHE:
-        _CLASS_CACHE[base] = type(f"Sage{base.__name__}", (SageTrainerMixin, base), {"__module__": __name__})
+        # Under Unsloth's patched loss, branch q comes from the entropies that loss computes (unsloth_hooks).
+        mixins = (SageTrainerMixin, InUnslothLossBranchQ) if is_unsloth_patched(base) else (SageTrainerMixin,)
+        _CLASS_CACHE[base] = type(f"Sage{base.__name__}", (*mixins, base), {"__module__": __name__})
     return _CLASS_CACHE[base]
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from sage_unsloth.doctor import main
+
+sys.exit(main())
