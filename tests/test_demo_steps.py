@@ -96,6 +96,13 @@ def test_progress_line_reads_the_last_tqdm_bar_and_metrics():
     assert S.progress_line("Loading weights: 100%|##| 26/26 [00:00<00:00, 9000.00it/s]") is None
 
 
+def test_file_progress_counts_the_files_written_so_far(tmp_path):
+    for i in range(3):
+        (tmp_path / f"chunk_{i}.jsonl.gz").write_text("")
+    assert S.file_progress(str(tmp_path / "chunk_*.jsonl.gz"), 10, elapsed=30.0) == "3/10 chunks, 0.10 chunks/s, ETA 01:10"
+    assert S.file_progress(str(tmp_path / "none_*"), 10, elapsed=5.0).endswith("ETA ?")
+
+
 def test_pretraining_does_not_depend_on_the_thread_count(tmp_path):
     import hashlib
 

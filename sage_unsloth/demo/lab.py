@@ -28,6 +28,7 @@ from .strategies import LABELS, RARE, markdown_table
 from .task import COMMON, GAP_ONES_SUMS, STRATEGIES, parse_problem, plan_needs_gap
 
 BENCHMARK = "demo"
+PAIR_PLANS = ("pairs", "outer")
 LAB_DIR = "lab"
 MARKER = "\n## The lab: "
 
@@ -104,14 +105,32 @@ def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
-def verdict(pairs: pd.DataFrame, kmax: int, seeds: int) -> str:
-    """One plain sentence per k on GRPO + Branch against GRPO, read off the paired CIs."""
+def plan_pair_table(lab: compare.LabRuns, shares: dict[str, np.ndarray], pairs, **stats) -> pd.DataFrame:
+    """A - B of the share of completions that follow a pair plan (pairs, outer: the plans the gap spares),
+    runs paired by seed: the guide's direct target is the plan prior at the branch point."""
+    columns = [[*LABELS, "rare"].index(name) for name in PAIR_PLANS]
+    rows = []
+    for a, b in pairs:
+        if a not in lab.methods or b not in lab.methods:
+            continue
+        diff = compare.paired_values(lab, a, b, lambda run: shares[run][:, columns].sum(axis=1))
+        mean, low, high = compare.ci(diff, stream=f"plans-{a}-{b}", **stats)
+        rows.append({"a": a, "b": b, "metric": "pair-plan share", "diff": mean, "ci_low": low, "ci_high": high,
+                     "excludes_0": bool(low > 0 or high < 0), "seeds": diff.shape[0], "problems": diff.shape[1]})
+    return pd.DataFrame(rows)
+
+
+def verdict(pairs: pd.DataFrame, plan_pairs: pd.DataFrame, kmax: int, seeds: int) -> str:
+    """One plain sentence on GRPO + Branch against GRPO, read off the paired CIs."""
     rows = pairs[(pairs["a"] == "grpo_branch") & (pairs["b"] == "grpo")]
     if rows.empty:
         return "GRPO + Branch against GRPO: not run."
+    plans = plan_pairs[(plan_pairs["a"] == "grpo_branch") & (plan_pairs["b"] == "grpo")]
+    rows = pd.concat([rows, plans.assign(k=0)], ignore_index=True)
     parts = []
     for _, r in rows.iterrows():
-        what = f"pass@{int(r['k'])}: {_fmt_ci(r['diff'], r['ci_low'], r['ci_high'], signed=True)}"
+        metric = "pair-plan share" if r["k"] == 0 else f"pass@{int(r['k'])}"
+        what = f"{metric}: {_fmt_ci(r['diff'], r['ci_low'], r['ci_high'], signed=True)}"
         if r["ci_low"] > 0:
             parts.append(f"{what}, higher with Branch")
         elif r["ci_high"] < 0:
@@ -141,7 +160,7 @@ def plot_methods(methods: pd.DataFrame, labels: dict[str, str], path: Path) -> P
     return plots._save(fig, path)
 
 
-def render(*, methods, pairs, support, plans, runs, gaps, strategy_rows, branch, reference, labels, kmax, seeds,
+def render(*, methods, pairs, plan_pairs, support, plans, runs, gaps, strategy_rows, branch, reference, labels, kmax, seeds,
            settings, resamples) -> tuple[str, str]:
     """(markdown section, console summary)."""
     m = methods.set_index(["method", "k"])
@@ -153,7 +172,7 @@ def render(*, methods, pairs, support, plans, runs, gaps, strategy_rows, branch,
         f"{settings['gamma']}, temperature {settings['temperature']}): q > 1 at "
         f"{sft_branch['branch_q_gt1_fraction']:.1%} of the branch-point tokens (RL prompts) and at "
         f"{sft_branch['other_q_gt1_fraction']:.1%} of the other completion tokens."),
-        verdict(pairs, kmax, seeds),
+        verdict(pairs, plan_pairs, kmax, seeds),
     ]
     lines = [(f"{MARKER.lstrip()}methods across {seeds} training seed{'s' if seeds > 1 else ''} and "
              f"{int(methods['problems'].iloc[0])} problems (sage_unsloth/demo/lab.py)"), "", *headline, "",
@@ -173,9 +192,10 @@ def render(*, methods, pairs, support, plans, runs, gaps, strategy_rows, branch,
                      f"{_fmt_ci(rare['share'], rare['ci_low'], rare['ci_high'])} | "
                      f"{method_runs[f'{COMMON}_accuracy'].mean():.3f} | {method_runs['rare_accuracy'].mean():.3f} |")
     lines += ["", "![pass@k per method](lab/passk_methods.png)", "", "### Paired differences (A - B, runs paired by seed)",
-              "", "| A | B | k | A - B | 95% CI | CI excludes 0 | seeds | problems |", "|---|---|---|---|---|---|---|---|"]
-    for _, r in pairs.iterrows():
-        lines.append(f"| {labels.get(r['a'], r['a'])} | {labels.get(r['b'], r['b'])} | {int(r['k'])} | "
+              "", "| A | B | metric | A - B | 95% CI | CI excludes 0 | seeds | problems |", "|---|---|---|---|---|---|---|---|"]
+    for _, r in pd.concat([pairs, plan_pairs], ignore_index=True).iterrows():
+        what = r["metric"] if isinstance(r.get("metric"), str) else f"pass@{int(r['k'])}"
+        lines.append(f"| {labels.get(r['a'], r['a'])} | {labels.get(r['b'], r['b'])} | {what} | "
                      f"{r['diff']:+.3f} | [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
                      f"{'yes' if r['excludes_0'] else 'no'} | {int(r['seeds'])} | {int(r['problems'])} |")
     if not support.empty:
@@ -282,6 +302,7 @@ def _main(args) -> int:
     support = compare.support_method_table(lab, kmax, **stats)
     plans = compare.strategy_method_table(shares, [*LABELS, "rare"], **stats)
     gaps = gap_table(lab, gap, correct_rare, kmax, **stats)
+    plan_pairs = plan_pair_table(lab, shares, pairs, **stats)
     run_frame = run_rows(lab, runs, kmax, strategies, branch)
     for frame, what in ((methods, "pass@k"), (run_frame, "per-run")):
         # accuracies are undefined where a plan never occurs, frac_boosted outside Branch runs: not checked
@@ -292,12 +313,12 @@ def _main(args) -> int:
     reference = reference_table(run_frame, Path(args.reference), kmax) if args.reference else None
     out = results / LAB_DIR
     out.mkdir(parents=True, exist_ok=True)
-    for name, frame in (("methods", methods), ("pairs", pair_frame), ("support", support), ("plans", plans),
+    for name, frame in (("methods", methods), ("pairs", pd.concat([pair_frame, plan_pairs], ignore_index=True)), ("support", support), ("plans", plans),
                         ("runs", run_frame), ("gap", gaps), ("reference", reference)):
         if frame is not None:
             atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
     plot_methods(methods, labels, out / "passk_methods.png")
-    markdown, console = render(methods=methods, pairs=pair_frame, support=support, plans=plans, runs=run_frame,
+    markdown, console = render(methods=methods, pairs=pair_frame, plan_pairs=plan_pairs, support=support, plans=plans, runs=run_frame,
                                gaps=gaps,
                                strategy_rows=strategies.to_dict("records"), branch=branch, reference=reference, labels=labels, kmax=kmax, seeds=seeds,
                                settings=branch_settings(Path(args.branch_config)), resamples=args.resamples)

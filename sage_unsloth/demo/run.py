@@ -28,6 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import yaml
+
 from ..manifest import atomic_write_json, atomic_write_text
 from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
 from .steps import REPO_ROOT, STAMP_DIR, Step, StepRecord, python, run_steps, usable_cores
@@ -129,6 +131,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                               outputs=(runs / run,), after=("sft",), configs=(CONFIG_DIR / method.config,),
                               code=("rlvr",), label=f"stage 2, {method.label}, {budget.rl_steps} steps"))
     evals = []
+    eval_chunk = int(yaml.safe_load((CONFIG_DIR / "eval.yaml").read_text())["problems_per_batch"])
     for run in run_names(budget):
         name = f"eval_{run}"
         evals.append(name)
@@ -139,7 +142,9 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                                  "--n", str(budget.eval_n), "--limit", str(budget.eval_problems)],
                           outputs=(results / MODEL_NAME / run, runs / "eval" / run), after=(run,),
                           configs=(CONFIG_DIR / "eval.yaml",), code=("eval",),
-                          label=f"stage 3, {budget.eval_problems} problems x {budget.eval_n} samples"))
+                          label=f"stage 3, {budget.eval_problems} problems x {budget.eval_n} samples",
+                          progress_files=(str(runs / "eval" / run / DEMO_BENCHMARK / "chunk_*.jsonl.gz"),
+                                          -(-budget.eval_problems // eval_chunk))))
     pairs = ",".join(f"{a}_seed{s}:{b if b == SFT_RUN else f'{b}_seed{s}'}"
                      for a, b in PAIRS for s in budget.seeds
                      if any(m.name == a for m in METHODS) and (b == SFT_RUN or any(m.name == b for m in METHODS)))

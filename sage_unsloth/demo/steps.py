@@ -50,6 +50,9 @@ class Step:
     configs: tuple[Path, ...] = ()       # files read by the step (their content enters the fingerprint)
     code: tuple[str, ...] = ()           # sage_unsloth subpackages / files the step runs, besides the top level
     label: str = ""                      # what the console shows while it runs
+    # for steps whose log shows no progress bar (the eval stage hides tqdm off a terminal): files that appear
+    # one per unit of work (a glob), and how many there will be
+    progress_files: tuple[str, int] | None = None
 
 
 @dataclass
@@ -155,6 +158,17 @@ def progress_line(log_text: str) -> str | None:
     return ", ".join(p for p in parts if p)
 
 
+def file_progress(pattern: str, total: int, elapsed: float) -> str:
+    """"4/10 chunks, 0.08 chunks/s, ETA 01:15" from the files written so far."""
+    from glob import glob
+
+    done = len(glob(pattern, recursive=True))
+    rate = done / max(elapsed, 1e-9)
+    eta = (total - done) / rate if rate > 0 else None
+    eta_text = "?" if eta is None else f"{int(eta) // 60:02d}:{int(eta) % 60:02d}"
+    return f"{done}/{total} chunks, {rate:.2f} chunks/s, ETA {eta_text}"
+
+
 def _tail(path: Path, size: int = 20000) -> str:
     try:
         with path.open("rb") as fh:
@@ -258,8 +272,10 @@ def run_steps(steps: list[Step], *, work: Path, jobs: int, threads: int | None =
             if running and time.perf_counter() - last_report >= progress_every:
                 last_report = time.perf_counter()
                 for name, item in running.items():
-                    line = progress_line(_tail(item.log)) or "running"
-                    echo(f"[demo]   {name}: {line} ({time.perf_counter() - item.started:.0f} s)")
+                    line = progress_line(_tail(item.log))
+                    if line is None and item.step.progress_files:
+                        line = file_progress(*item.step.progress_files, time.perf_counter() - item.started)
+                    echo(f"[demo]   {name}: {line or 'running'} ({time.perf_counter() - item.started:.0f} s)")
     finally:
         for item in running.values():  # a failure or Ctrl-C: stop the other steps (their whole process group)
             try:
