@@ -27,7 +27,7 @@ export TOKENIZERS_PARALLELISM := false
 UNSLOTH_CPU_DEPS := tyro protobuf sentencepiece hf_transfer typer pydantic json5 nest-asyncio structlog \
 	click msgspec pillow regex einops psutil wheel
 
-.PHONY: install test demo lint notebooks clean
+.PHONY: install test demo demo-reference lint notebooks clean
 install: $(STAMP) $(EVAL_STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -54,9 +54,16 @@ test: install
 	$(BIN)/python -m pytest -q tests
 
 # The whole recipe offline on CPU (sage_unsloth/demo): tiny model, synthetic task, 01 -> 02 -> 03 -> 04
-# into results/demo/. A rerun skips finished steps; `make demo DEMO_ARGS=--fresh` starts over.
+# into results/demo/ (work files in outputs/demo/), compared with the committed results/demo-reference/.
+# A rerun reuses the steps whose inputs did not change; DEMO_ARGS="--fresh" starts over, "--seeds 3" is the
+# full lab, "--quick" the CI smoke run (see README, "The offline demo").
 demo: install
 	$(BIN)/python -m sage_unsloth.demo $(DEMO_ARGS)
+
+# Regenerate the committed reference (the full lab, 3 seeds per method) from scratch.
+demo-reference: install
+	$(BIN)/python -m sage_unsloth.demo --seeds 3 --fresh --reference "" \
+		--work-dir outputs/demo-reference --results-dir results/demo-reference
 
 lint: install
 	$(BIN)/ruff check sage_unsloth tests

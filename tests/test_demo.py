@@ -1,4 +1,4 @@
-"""A shortened `make demo` end to end: model -> data -> SFT -> 3 RL variants -> eval -> report + strategies."""
+"""A shortened `make demo` end to end: model -> data -> SFT -> RL methods -> eval -> analysis -> report -> lab."""
 
 import csv
 import json
@@ -6,45 +6,62 @@ from pathlib import Path
 
 import pytest
 
-from sage_unsloth.demo.run import EVAL_RUNS, MODEL_NAME, main
+from sage_unsloth.demo.run import METHODS, MODEL_NAME, QUICK, main, run_names
 
 
 @pytest.mark.slow
-def test_quick_demo_runs_every_stage_and_reports_strategies(tmp_path):
+def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(tmp_path, capsys):
     work, results = tmp_path / "work", tmp_path / "results"
-    assert main(["--quick", "--work-dir", str(work), "--results-dir", str(results)]) == 0
+    args = ["--quick", "--work-dir", str(work), "--results-dir", str(results), "--reference", ""]
+    assert main(args) == 0
+    runs = run_names(QUICK)
+    assert runs == ["sft", *[f"{m.name}_seed0" for m in METHODS]]
 
-    for run in EVAL_RUNS:
+    for run in runs:
         passk = list(csv.DictReader((results / MODEL_NAME / run / "passk.csv").open()))
         assert {row["dataset"] for row in passk} == {"demo"}
         assert [int(row["k"]) for row in passk] == [1, 2, 4]
-        manifest = json.loads((results / MODEL_NAME / run / "manifest.json").read_text())
-        assert manifest["stage"] == "eval"
-    # 01 -> 02: every RL run starts from the SFT stage's folder and the same base model
+        assert json.loads((results / MODEL_NAME / run / "manifest.json").read_text())["stage"] == "eval"
+    # 01 -> 02: every RL run starts from the SFT stage's folder and the same base model, with its own seed
     sft_manifest = json.loads((work / MODEL_NAME / "sft" / "manifest.json").read_text())
-    assert sft_manifest["stage"] == "sft"
-    for variant in ("grpo", "grpo_nokl", "grpo_branch"):
-        rl_manifest = json.loads((work / MODEL_NAME / variant / "manifest.json").read_text())
-        assert rl_manifest["stage"] == "rlvr" and rl_manifest["anchor"] == "sft"
+    for method in METHODS:
+        rl_manifest = json.loads((work / MODEL_NAME / f"{method.name}_seed0" / "manifest.json").read_text())
+        assert rl_manifest["stage"] == "rlvr" and rl_manifest["anchor"] == "sft" and rl_manifest["seed"] == 0
         assert Path(rl_manifest["sft_dir"]).resolve() == (work / MODEL_NAME / "sft").resolve()
         assert rl_manifest["base_model"] == sft_manifest["base_model"] and rl_manifest["global_step"] == 2
 
-    strategies = list(csv.DictReader((results / "strategies.csv").open()))
-    assert [(r["run"], r["strategy"]) for r in strategies] == [(run, s) for run in EVAL_RUNS for s in ("A", "B", "other")]
-    for run in EVAL_RUNS:
-        shares = [float(r["fraction"]) for r in strategies if r["run"] == run]
+    plans = list(csv.DictReader((results / "analysis" / "strategies.csv").open()))
+    for run in runs:
+        shares = [float(r["fraction"]) for r in plans if r["run"] == run and r["strategy"] != "rare"]
         assert sum(shares) == pytest.approx(1.0, abs=1e-3)
-        assert sum(int(r["completions"]) for r in strategies if r["run"] == run) == 6 * 4
+    branch = {r["run"]: r for r in csv.DictReader((results / "analysis" / "branch.csv").open())}
+    assert set(branch) == set(runs) and all(0 <= float(r["branch_q_gt1_fraction"]) <= 1 for r in branch.values())
 
     report = (results / "report.md").read_text()
-    assert "## demo" in report and "## Demo: strategy frequencies" in report
-    assert (results / "report" / "strategies.png").stat().st_size > 1000
-    timings = (results / "timings.csv").read_text()
-    assert "total" in timings and "eval_grpo_branch" in timings
+    for section in ("## demo", "## Support against the reference run", "## The lab: ", "### The branch point"):
+        assert report.count(section) == 1, section
+    assert str(tmp_path) not in report.split("## The lab")[1]  # the lab section names no machine paths
+    lab_methods = list(csv.DictReader((results / "lab" / "methods.csv").open()))
+    assert {r["method"] for r in lab_methods} == {"sft", *(m.name for m in METHODS)}
+    out = capsys.readouterr().out
+    assert "q > 1 at" in out and "GRPO + Branch - GRPO" in out and "s CPU over all steps" in out
 
-    # a rerun skips every finished step and rewrites the same strategy table
-    before = (results / "strategies.csv").read_text()
-    assert main(["--quick", "--work-dir", str(work), "--results-dir", str(results)]) == 0
-    assert (results / "strategies.csv").read_text() == before
-    assert report.count("## Demo: strategy frequencies") == (results / "report.md").read_text().count(
-        "## Demo: strategy frequencies") == 1
+    timings = {r["step"]: r for r in csv.DictReader((results / "timings.csv").open())}
+    assert set(timings) == {"model", "data", "sft", *runs[1:], *(f"eval_{r}" for r in runs), "analysis",
+                            "report", "lab", "total"}
+    assert float(timings["sft"]["cpu_s"]) > 0 and timings["total"]["wall_s"]
+
+    # a rerun reuses every step, keeps each step's measured times, and rewrites the same lab section
+    assert main(args) == 0
+    assert "reused" in capsys.readouterr().out
+    again = {r["step"]: r for r in csv.DictReader((results / "timings.csv").open())}
+    assert {k: (v["wall_s"], v["cpu_s"]) for k, v in again.items()} == {
+        k: (v["wall_s"], v["cpu_s"]) for k, v in timings.items()}
+    assert all(again[k]["status"] == "reused" for k in again if k != "total")
+    assert (results / "report.md").read_text() == report
+
+
+def test_bad_budget_arguments_fail_in_one_line(capsys):
+    for bad in (["--seeds", "0"], ["--rl-steps", "-1"]):
+        assert main(["--quick", *bad]) == 2
+        assert "at least 1" in capsys.readouterr().err

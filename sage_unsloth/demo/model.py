@@ -2,7 +2,7 @@
 
 Numbers are tokenized digit by digit (the saved tokenizer loads as Qwen2's, whose pre-tokenizer splits
 every digit, like the real Qwen2.5 models), so an addition step is short carry arithmetic over digit
-tokens. The extra BPE corpus only makes the task's prompt words and the evaluator's user template cheap.
+tokens. The extra BPE corpus makes each plan word one token and the evaluator's user template cheap.
 Everything is built offline in seconds.
 """
 
@@ -21,7 +21,12 @@ DEMO_MODEL_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_la
 
 
 def demo_corpus() -> list[str]:
-    return [EVAL_USER_TEMPLATE.format(problem="What is 1+2+3+4?")] * 8
+    """Text for the tokenizer's BPE merges: every plan word becomes one token (the branch point is one
+    token, tests/test_demo_task.py checks it), and the evaluator's user template is cheap."""
+    from .task import STRATEGIES, working
+
+    return [working(name, (5, 8, 6, 7)) for name in STRATEGIES] * 4 + [
+        EVAL_USER_TEMPLATE.format(problem="What is 5+8+6+7?")] * 8
 
 
 def build_demo_model(out_dir: str | Path, *, seed: int = 0, **shape_overrides) -> Path:

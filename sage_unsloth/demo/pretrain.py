@@ -1,64 +1,81 @@
-"""A few seconds of "pre-training" so the demo's base model knows addition facts, like a real base model.
+"""A short full-weight "pre-training" so the demo's base model can add and knows every plan, like a real
+base model: ``python -m sage_unsloth.demo.pretrain --out DIR [--steps N] [--seed S] [--low L --high H
+--n-eval E --n-rl R]`` builds the random model (sage_unsloth.demo.model) in DIR and trains it in place.
 
 The kit's SFT stage trains a LoRA adapter (the paper's recipe). A LoRA on a *random* network learns very
 slowly: its embeddings, norms and tied output head stay random, so it can barely raise the logit of a
 token (measured: loss still ~4.8 after 100 steps, where full fine-tuning is at 0.6). The demo therefore
-first gives its random model what a real base model brings: every word of the format and arithmetic.
+first gives its random model what a real base model brings.
 
-The corpus is segments in random order, separated by blank lines: a problem with its working out in
-plain text (no prompt, no markers, no answer block), written with either strategy at EQUAL rates;
-bare addition facts (``27+5=32``); and now and then a piece of the kit's format out of context (a
-marker, a solution block with a random number, a line of the system prompt). So the base model knows
-both strategies equally well and has seen every token of the format, but never the format applied to a
-problem: the SFT stage teaches that, and its data sets the 90/10 prior over the two strategies. Worked
-problems come from the SFT pool only, never from the RL or eval problems.
+The corpus is segments in random order, separated by blank lines: a problem followed by its working out
+under ``<start_working_out>``, written with one of the five plans chosen UNIFORMLY (no end marker, no
+solution block, no system prompt); bare addition facts (``13+6=19``); and now and then a piece of the
+kit's format out of context (a marker, a solution block with a random number, a line of the system
+prompt). So the base model executes every plan equally well and has seen every token of the format, but
+has never closed the working out or answered: the SFT stage teaches that, and its data sets the
+70/10/10/5/5 prior over the plans. Worked problems come from the SFT pool only, never from the RL or
+eval problems.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import random
 import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+SUMMARY_FILE = "PRETRAINED.json"
 
 
 def addition_facts(max_left: int = 40, max_right: int = 20) -> list[str]:
-    """Every ``x+y=z`` with 0 <= x <= max_left and 0 <= y <= max_right, in both orders."""
+    """Every ``x+y=z`` with 0 <= x <= max_left and 0 <= y <= max_right, in both orders, except the gap
+    (task.in_gap)."""
+    from .task import in_gap
+
     facts = set()
     for x in range(max_left + 1):
         for y in range(max_right + 1):
-            facts.add(f"{x}+{y}={x + y}")
-            facts.add(f"{y}+{x}={x + y}")
+            for u, v in ((x, y), (y, x)):
+                if not in_gap(u, v):
+                    facts.add(f"{u}+{v}={u + v}")
     return sorted(facts)
 
 
 def format_pieces(rng: random.Random) -> str:
     """One piece of the kit's format, out of context (trains the embeddings of its tokens)."""
     from ..prompts import REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START, SYSTEM_PROMPT
-    from .task import problem_text
 
-    kind = rng.randrange(4)
+    kind = rng.randrange(3)
     if kind == 0:
         return rng.choice([REASONING_START, REASONING_END])
     if kind == 1:
         return f"{SOLUTION_START}{rng.randrange(100)}{SOLUTION_END}"
-    if kind == 2:
-        return problem_text(tuple(rng.randrange(10) for _ in range(rng.choice((2, 3, 4, 5)))))
     return rng.choice(SYSTEM_PROMPT.splitlines())
 
 
+def worked_segment(numbers: tuple[int, ...], strategy: str) -> str:
+    from ..prompts import REASONING_START
+    from .task import problem_text, working
+
+    return f"{problem_text(numbers)}\n\n{REASONING_START}{working(strategy, numbers)}"
+
+
 def corpus_row(rng: random.Random, facts: list[str], problems: list[tuple[int, ...]], segments: int = 3,
-               worked_share: float = 0.5, format_share: float = 0.15) -> str:
-    from .task import WORKING, problem_text
+               worked_share: float = 0.9, format_share: float = 0.05) -> str:
+    from .task import STRATEGIES, plan_needs_gap
 
     parts = []
     for _ in range(segments):
         draw = rng.random()
         if problems and draw < worked_share:
+            strategy = rng.choice(STRATEGIES)
             numbers = rng.choice(problems)
-            parts.append(problem_text(numbers) + "\n" + WORKING[rng.choice("AB")](numbers))
+            while plan_needs_gap(strategy, numbers):  # never show an addition of the gap
+                numbers = rng.choice(problems)
+            parts.append(worked_segment(numbers, strategy))
         elif draw < worked_share + format_share:
             parts.append(format_pieces(rng))
         else:
@@ -66,13 +83,16 @@ def corpus_row(rng: random.Random, facts: list[str], problems: list[tuple[int, .
     return "\n\n".join(parts)
 
 
-def pretrain_base_model(model_dir: str | Path, problems: list[tuple[int, ...]], *, steps: int = 300,
-                        batch_size: int = 32, learning_rate: float = 3e-3, seed: int = 0) -> dict:
+def pretrain_base_model(model_dir: str | Path, problems: list[tuple[int, ...]], *, steps: int = 600,
+                        batch_size: int = 32, learning_rate: float = 3e-3, seed: int = 0,
+                        progress: bool = False) -> dict:
     """Train every weight of the model in ``model_dir`` on the corpus above; save it back in place.
 
-    Deterministic for a given seed and thread count. Returns a small summary (steps, final loss, seconds).
+    Deterministic for a given seed (and independent of the thread count: tests/test_demo_steps.py).
+    Returns a small summary (steps, final loss, seconds).
     """
     import torch
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -85,6 +105,7 @@ def pretrain_base_model(model_dir: str | Path, problems: list[tuple[int, ...]], 
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
     eos = tokenizer.eos_token_id
     started, loss_value = time.perf_counter(), float("nan")
+    bar = tqdm(total=steps, desc="pretrain", disable=not progress, mininterval=5.0, ascii=True)
     for step in range(steps):
         rows = [tokenizer(corpus_row(rng, facts, problems))["input_ids"] + [eos]
                 for _ in range(batch_size)]
@@ -100,7 +121,34 @@ def pretrain_base_model(model_dir: str | Path, problems: list[tuple[int, ...]], 
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss_value = loss.item()
+        bar.update(1)
         if (step + 1) % 50 == 0:
-            logger.info("pretrain step %d/%d loss %.4f", step + 1, steps, loss_value)
+            bar.write(f"{{'loss': {loss_value:.4f}, 'step': {step + 1}}}")
+    bar.close()
     model.save_pretrained(model_dir, safe_serialization=True)
     return {"steps": steps, "final_loss": round(loss_value, 4), "seconds": round(time.perf_counter() - started, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .data import DemoDataSpec
+    from .model import build_demo_model
+
+    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo.pretrain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="model folder (created)")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--seed", type=int, default=0)
+    for name, default in (("low", 5), ("high", 9), ("n-eval", 100), ("n-rl", 200)):
+        parser.add_argument(f"--{name}", type=int, default=default, help="the data spec (problems kept out)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    spec = DemoDataSpec(seed=args.seed, low=args.low, high=args.high, n_eval=args.n_eval, n_rl=args.n_rl)
+    out = Path(args.out)
+    build_demo_model(out, seed=args.seed)
+    summary = pretrain_base_model(out, spec.splits()["sft"], steps=args.steps, seed=args.seed, progress=True)
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    logger.info("pre-trained %s: %s", out, summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

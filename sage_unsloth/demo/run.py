@@ -1,238 +1,257 @@
-"""The whole recipe offline on CPU: ``python -m sage_unsloth.demo [--quick] [--fresh]``.
+"""The whole recipe offline on CPU: ``python -m sage_unsloth.demo [--quick] [--seeds N] [--fresh]``.
 
-Steps (each stage is the kit's own entry point, run as a subprocess with the configs in configs/demo/):
+Steps (each a subprocess; stages 1-4 are the kit's own entry points with the configs in configs/demo/):
 
-0. build the demo model (random tiny Qwen2, sage_unsloth.demo.model) and pre-train it on addition facts
-   (sage_unsloth.demo.pretrain), then write the demo data (sage_unsloth.demo.data);
-1. SFT (``sage_unsloth.sft``, LoRA) on 90% running-total / 10% pairing solutions;
-2. RLVR (``sage_unsloth.rlvr``): grpo, grpo_nokl and grpo_branch from the same SFT adapter, same seed and
-   budget, run side by side;
-3. eval (``sage_unsloth.eval`` with the demo file registered as the ``demo`` benchmark), pass@k for k up to
-   ``eval_n``, for the SFT model ("base" of the comparison) and each RL run;
-4. report (``sage_unsloth.report``) into ``results/demo/report.md``, plus the strategy frequencies
-   (``strategies.csv``, ``report/strategies.png`` and a section appended to report.md).
+- ``model``: the random tiny Qwen2 (sage_unsloth.demo.model), pre-trained on worked problems and
+  addition facts (sage_unsloth.demo.pretrain); ``data``: the SFT / RL / eval files (sage_unsloth.demo.data);
+- ``sft``: stage 1, LoRA SFT on the five plans at 70/10/10/5/5;
+- ``<method>_seed<s>``: stage 2 for every method of :data:`METHODS` and training seed, all from the same
+  SFT adapter with the same budget;
+- ``eval_<run>``: stage 3 on the held-out demo problems, ``eval_n`` samples each (pass@k up to k = eval_n);
+- ``analysis``: plan frequencies per run and the branch point's entropy and q (sage_unsloth.demo.analysis);
+- ``report``: stage 4 (pass@k tables, paired differences, support against SFT, plots);
+- ``lab``: the comparison across seeds and problems, the comparison with the committed reference run
+  (results/demo-reference/), appended to report.md (sage_unsloth.demo.lab).
 
-Independent steps run in parallel (``--jobs``, default 4) with one torch thread each: on a 2-core machine
-that keeps both cores busy through the many small ops of generation. A rerun skips finished steps
-(``--fresh`` starts over). Timings go to ``results/demo/timings.csv``.
+Independent steps run in parallel (``--jobs``, default: the usable cores). A rerun reuses every step whose
+inputs did not change (sage_unsloth.demo.steps: fingerprinted stamps); ``--fresh`` deletes this run's
+work and results folders first. Timings per step (wall and CPU seconds) go to ``<results>/timings.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..manifest import MANIFEST_NAME, atomic_write_text
-from .data import EVAL_FILE, DemoDataSpec, write_demo_data
-from .task import split_problems
+import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from ..manifest import atomic_write_json, atomic_write_text
+from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
+from .steps import REPO_ROOT, STAMP_DIR, Step, StepRecord, python, run_steps, usable_cores
+
 CONFIG_DIR = REPO_ROOT / "configs" / "demo"
 MODEL_NAME = "demo-tiny"
 DEMO_BENCHMARK = "demo"
-RL_VARIANTS = ("grpo", "grpo_nokl", "grpo_branch")
-EVAL_RUNS = ("sft", *RL_VARIANTS)
-PAIRS = "grpo:sft,grpo_nokl:sft,grpo_branch:sft,grpo_branch:grpo,grpo_nokl:grpo"
+REFERENCE_DIR = REPO_ROOT / "results" / "demo-reference"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One RL method of the lab: a run folder name, its config in configs/demo/, a label for tables."""
+
+    name: str
+    config: str
+    label: str
+
+
+# Adding a method = one config in configs/demo/ and one line here.
+METHODS = (
+    Method("grpo", "grpo.yaml", "GRPO"),
+    Method("grpo_nokl", "grpo_nokl.yaml", "GRPO, no KL"),
+    Method("grpo_branch", "grpo_branch.yaml", "GRPO + Branch"),
+    # TODO(issue 13): once `sage_kl_placement: reward` is on main, add configs/demo/grpo_branch_reward.yaml
+    # (grpo_branch.yaml + sage_kl_placement: reward) and this line:
+    # Method("grpo_branch_reward", "grpo_branch_reward.yaml", "GRPO + Branch, pseudo-KL in the reward"),
+)
+SFT_RUN = "sft"
+# A - B pairs of the comparison (per seed); "sft" is the one SFT model every RL run starts from.
+PAIRS = (("grpo_branch", "grpo"), ("grpo", "sft"), ("grpo_branch", "sft"), ("grpo_nokl", "sft"),
+         ("grpo_nokl", "grpo"))
+
+
+# The demo code each step runs (its fingerprint hashes these and the kit's top-level modules): editing the
+# runner or the report reruns what depends on it, not the pre-training.
+DATA_CODE = ("demo/data.py", "demo/task.py")
+PRETRAIN_CODE = (*DATA_CODE, "demo/pretrain.py", "demo/model.py")
+ANALYSIS_CODE = ("demo/analysis.py", "demo/strategies.py", "demo/task.py", "eval/sampling.py")
+LAB_CODE = ("demo/lab.py", "demo/compare.py", "demo/strategies.py", "demo/analysis.py", "demo/task.py", "report")
 
 
 @dataclass(frozen=True)
 class DemoBudget:
-    pretrain_steps: int = 1200
-    sft_steps: int = 400
-    rl_steps: int = 200
+    pretrain_steps: int = 600
+    sft_steps: int = 300
+    rl_steps: int = 150
     eval_problems: int = 100
-    eval_n: int = 16          # samples per problem = largest k
+    eval_n: int = 64              # samples per problem = largest k
+    seeds: tuple[int, ...] = (0,)  # RL training seeds
     data: DemoDataSpec = field(default_factory=DemoDataSpec)
-    bootstrap_resamples: int = 1000
+    bootstrap_resamples: int = 2000
 
 
-FULL = DemoBudget(data=DemoDataSpec(n_eval=100))
+FULL = DemoBudget()
 QUICK = DemoBudget(pretrain_steps=20, sft_steps=4, rl_steps=2, eval_problems=6, eval_n=4,
-                   data=DemoDataSpec(n_eval=6, n_rl=32, n_sft=200), bootstrap_resamples=100)
+                   data=DemoDataSpec(n_eval=6, n_rl=32, n_sft=200), bootstrap_resamples=200)
 
 
-@dataclass
-class Task:
-    name: str
-    argv: list[str]
-    done: Path            # the step is finished when this file exists
-    after: tuple[str, ...] = ()
-    log: Path | None = None
+def run_names(budget: DemoBudget) -> list[str]:
+    """Every evaluated run: sft, then each method at each seed."""
+    return [SFT_RUN] + [f"{m.name}_seed{s}" for m in METHODS for s in budget.seeds]
 
 
-def _python() -> str:
-    return sys.executable
+def _rel(path: Path) -> str:
+    """Paths on command lines relative to the project (the stages run there), so that manifests and the
+    report show project paths, not this machine's."""
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(Path(path).resolve())
 
 
-def build_tasks(budget: DemoBudget, work: Path, results: Path) -> list[Task]:
-    data, model_dir = work / "data", work / "model" / MODEL_NAME
-    runs = work / MODEL_NAME
-    py = _python()
-    tasks = [Task("sft", [py, "-m", "sage_unsloth.sft", str(CONFIG_DIR / "sft.yaml"),
-                          "--model_name_or_path", str(model_dir), "--dataset_path", str(data / "sft.jsonl"),
-                          "--output_dir", str(runs / "sft"), "--max_steps", str(budget.sft_steps)],
-                  runs / "sft" / MANIFEST_NAME)]
-    for variant in RL_VARIANTS:
-        tasks.append(Task(variant, [py, "-m", "sage_unsloth.rlvr", str(CONFIG_DIR / f"{variant}.yaml"),
-                                    "--sft_dir", str(runs / "sft"), "--output_root", str(work),
-                                    "--dataset_path", str(data / "rl.jsonl"), "--max_steps", str(budget.rl_steps)],
-                          runs / variant / MANIFEST_NAME, after=("sft",)))
-    for run in EVAL_RUNS:
-        tasks.append(Task(f"eval_{run}", [py, "-m", "sage_unsloth.eval", str(CONFIG_DIR / "eval.yaml"),
-                                          "--checkpoints", str(runs / run),
-                                          "--results_dir", str(results), "--outputs_dir", str(work),
-                                          "--local_benchmarks", f"{DEMO_BENCHMARK}={data / EVAL_FILE}",
-                                          "--benchmarks", DEMO_BENCHMARK, "--n", str(budget.eval_n),
-                                          "--limit", str(budget.eval_problems)],
-                          results / MODEL_NAME / run / MANIFEST_NAME, after=(run,)))
-    tasks.append(Task("report", [py, "-m", "sage_unsloth.report", str(CONFIG_DIR / "report.yaml"),
-                                 "--results", str(results), "--out", str(results / "report.md"),
-                                 "--pairs", PAIRS, "--resamples", str(budget.bootstrap_resamples)],
-                      results / "report.md", after=tuple(f"eval_{r}" for r in EVAL_RUNS)))
-    return tasks
+def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path | None) -> list[Step]:
+    py = python()
+    data, model_dir, runs = work / "data", work / "model" / MODEL_NAME, work / MODEL_NAME
+    spec = budget.data
+    steps = [
+        Step("model", [py, "-m", "sage_unsloth.demo.pretrain", "--out", _rel(model_dir),
+                       "--steps", str(budget.pretrain_steps), "--seed", str(spec.seed), "--low", str(spec.low),
+                       "--high", str(spec.high), "--n-eval", str(spec.n_eval), "--n-rl", str(spec.n_rl)],
+             outputs=(model_dir,), code=PRETRAIN_CODE, label=f"pre-training, {budget.pretrain_steps} steps"),
+        Step("data", [py, "-m", "sage_unsloth.demo.data", "--out", _rel(data),
+                      "--spec", json.dumps(asdict(spec), sort_keys=True)],
+             outputs=(data,), code=DATA_CODE),
+        Step("sft", [py, "-m", "sage_unsloth.sft", _rel(CONFIG_DIR / "sft.yaml"), "--model_name_or_path",
+                     _rel(model_dir), "--dataset_path", _rel(data / SFT_FILE), "--output_dir", _rel(runs / SFT_RUN),
+                     "--max_steps", str(budget.sft_steps)],
+             outputs=(runs / SFT_RUN,), after=("model", "data"), configs=(CONFIG_DIR / "sft.yaml",),
+             label=f"stage 1, {budget.sft_steps} steps"),
+    ]
+    for method in METHODS:
+        for seed in budget.seeds:
+            run = f"{method.name}_seed{seed}"
+            steps.append(Step(run, [py, "-m", "sage_unsloth.rlvr", _rel(CONFIG_DIR / method.config),
+                                    "--sft_dir", _rel(runs / SFT_RUN), "--output_root", _rel(work),
+                                    "--variant", run, "--seed", str(seed), "--dataset_path", _rel(data / RL_FILE),
+                                    "--max_steps", str(budget.rl_steps)],
+                              outputs=(runs / run,), after=("sft",), configs=(CONFIG_DIR / method.config,),
+                              code=("rlvr",), label=f"stage 2, {method.label}, {budget.rl_steps} steps"))
+    evals = []
+    eval_chunk = int(yaml.safe_load((CONFIG_DIR / "eval.yaml").read_text())["problems_per_batch"])
+    for run in run_names(budget):
+        name = f"eval_{run}"
+        evals.append(name)
+        steps.append(Step(name, [py, "-m", "sage_unsloth.eval", _rel(CONFIG_DIR / "eval.yaml"),
+                                 "--checkpoints", _rel(runs / run), "--results_dir", _rel(results),
+                                 "--outputs_dir", _rel(work), "--local_benchmarks",
+                                 f"{DEMO_BENCHMARK}={_rel(data / EVAL_FILE)}", "--benchmarks", DEMO_BENCHMARK,
+                                 "--n", str(budget.eval_n), "--limit", str(budget.eval_problems)],
+                          outputs=(results / MODEL_NAME / run, runs / "eval" / run), after=(run,),
+                          configs=(CONFIG_DIR / "eval.yaml",), code=("eval",),
+                          label=f"stage 3, {budget.eval_problems} problems x {budget.eval_n} samples",
+                          progress_files=(str(runs / "eval" / run / DEMO_BENCHMARK / "chunk_*.jsonl.gz"),
+                                          -(-budget.eval_problems // eval_chunk))))
+    pairs = ",".join(f"{a}_seed{s}:{b if b == SFT_RUN else f'{b}_seed{s}'}"
+                     for a, b in PAIRS for s in budget.seeds
+                     if any(m.name == a for m in METHODS) and (b == SFT_RUN or any(m.name == b for m in METHODS)))
+    steps += [
+        Step("analysis", [py, "-m", "sage_unsloth.demo.analysis", "--work", _rel(work), "--results", _rel(results),
+                          "--runs", ",".join(run_names(budget)), "--branch-config",
+                          _rel(CONFIG_DIR / "grpo_branch.yaml")],
+             outputs=(results / "analysis",), after=tuple(evals),
+             configs=(CONFIG_DIR / "grpo_branch.yaml",), code=ANALYSIS_CODE, label="plans and branch-point entropy"),
+        Step("report", [py, "-m", "sage_unsloth.report", _rel(CONFIG_DIR / "report.yaml"), "--results",
+                        _rel(results), "--out", _rel(results / "report.md"), "--pairs", pairs,
+                        "--resamples", str(budget.bootstrap_resamples), "--support_reference", SFT_RUN],
+             outputs=(results / "report.md", results / "report"), after=tuple(evals),
+             configs=(CONFIG_DIR / "report.yaml",), code=("report",), label="stage 4"),
+    ]
+    lab = [py, "-m", "sage_unsloth.demo.lab", "--work", _rel(work), "--results", _rel(results),
+           "--runs", ",".join(run_names(budget)), "--methods",
+           json.dumps({m.name: m.label for m in METHODS}), "--pairs", ",".join(f"{a}:{b}" for a, b in PAIRS),
+           "--resamples", str(budget.bootstrap_resamples), "--branch-config", _rel(CONFIG_DIR / "grpo_branch.yaml")]
+    reference_files = ()
+    if reference is not None and reference.resolve() != results.resolve():
+        lab += ["--reference", _rel(reference)]
+        reference_files = tuple(sorted((reference / "lab").glob("*.csv")))
+    steps.append(Step("lab", lab, outputs=(results / "lab",),
+                      after=("analysis", "report"), configs=reference_files, code=LAB_CODE,
+                      label="comparison across seeds and problems"))
+    return steps
 
 
-def _child_env(threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-                "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "UNSLOTH_SKIP_TORCHVISION_CHECK": "1",
-                "WANDB_MODE": env.get("WANDB_MODE", "offline"), "PYTHONUNBUFFERED": "1"})
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def run_tasks(tasks: list[Task], *, jobs: int, logs: Path, timings: dict[str, float]) -> None:
-    """Run tasks whose predecessors finished, at most ``jobs`` at a time; stop at the first failure."""
-    logs.mkdir(parents=True, exist_ok=True)
-    pending = [t for t in tasks if not t.done.is_file()]
-    finished = {t.name for t in tasks if t.done.is_file()}
-    for name in sorted(finished):
-        print(f"[demo] {name}: already done, skipped", flush=True)
-    running: dict[str, tuple[subprocess.Popen, float, Task]] = {}
-    cores = os.cpu_count() or 1
-    while pending or running:
-        ready = [t for t in pending if all(a in finished for a in t.after)]
-        while ready and len(running) < jobs:
-            task = ready.pop(0)
-            pending.remove(task)
-            task.log = logs / f"{task.name}.log"
-            threads = max(1, cores // max(1, min(jobs, len(ready) + len(running) + 1)))
-            print(f"[demo] {task.name}: start ({threads} thread(s)), log {task.log}", flush=True)
-            with task.log.open("w") as fh:
-                proc = subprocess.Popen(task.argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                        env=_child_env(threads))
-            running[task.name] = (proc, time.perf_counter(), task)
-        if not running and pending:
-            raise RuntimeError(f"[demo] cannot schedule {[t.name for t in pending]}: unmet dependencies")
-        time.sleep(0.2)
-        for name, (proc, started, task) in list(running.items()):
-            code = proc.poll()
-            if code is None:
-                continue
-            del running[name]
-            timings[name] = round(time.perf_counter() - started, 1)
-            if code != 0 or not task.done.is_file():
-                for other, _, _ in running.values():
-                    other.terminate()
-                tail = "".join(task.log.read_text(errors="replace").splitlines(keepends=True)[-30:])
-                raise RuntimeError(f"[demo] {name} failed (exit {code}); last lines of {task.log}:\n{tail}")
-            finished.add(name)
-            print(f"[demo] {name}: done in {timings[name]:.0f} s", flush=True)
-
-
-def prepare_model_and_data(budget: DemoBudget, work: Path, timings: dict[str, float]) -> None:
-    from .model import build_demo_model
-    from .pretrain import pretrain_base_model
-
-    model_dir = work / "model" / MODEL_NAME
-    marker = model_dir / "PRETRAINED.json"
-    if not marker.is_file():
-        started = time.perf_counter()
-        shutil.rmtree(model_dir, ignore_errors=True)
-        build_demo_model(model_dir, seed=budget.data.seed)
-        spec = budget.data
-        pool = split_problems(spec.task, seed=spec.seed, n_eval=spec.n_eval, n_rl=spec.n_rl)["sft"]
-        summary = pretrain_base_model(model_dir, pool, steps=budget.pretrain_steps, seed=spec.seed)
-        atomic_write_text(marker, json.dumps(summary, indent=2) + "\n")
-        timings["model"] = round(time.perf_counter() - started, 1)
-        print(f"[demo] model: built and pre-trained in {timings['model']:.0f} s ({summary})", flush=True)
-    write_demo_data(work / "data", budget.data)
-
-
-def finish_report(results: Path, work: Path) -> list[dict]:
-    """strategies.csv + strategies.png, and their section appended to report.md."""
-    from .strategies import (
-        markdown_section,
-        plot_strategies,
-        read_completions,
-        strategy_rows,
-        write_strategy_table,
-    )
-
-    rows = []
-    for run in EVAL_RUNS:
-        rows += strategy_rows(run, read_completions(work / MODEL_NAME / "eval" / run, DEMO_BENCHMARK))
-    write_strategy_table(rows, results / "strategies.csv")
-    image = plot_strategies(rows, results / "report" / "strategies.png")
-    report = results / "report.md"
-    text = report.read_text()
-    marker = "\n## Demo: strategy frequencies"
-    if marker in text:
-        text = text[:text.index(marker)]
-    atomic_write_text(report, text.rstrip("\n") + "\n\n" + markdown_section(rows, image, results))
-    return rows
+def write_timings(results: Path, work: Path, records: list[StepRecord], wall: float) -> dict:
+    """timings.csv: every step's own measured wall and CPU seconds (from its stamp when it was reused), and
+    a total; the total wall time is this invocation's when every step ran now, else the last complete one."""
+    complete_path = work / STAMP_DIR / "_complete_run.json"
+    cpu = round(sum(r.cpu_s for r in records), 1)
+    if all(r.status == "ran" for r in records):
+        atomic_write_json(complete_path, {"wall_s": round(wall, 1), "cpu_s": cpu})
+    complete = json.loads(complete_path.read_text()) if complete_path.is_file() else {}
+    lines = ["step,status,wall_s,cpu_s,threads,finished"]
+    lines += [f"{r.name},{r.status},{r.wall_s},{r.cpu_s},{r.threads},{r.finished}" for r in records]
+    lines.append(f"total,{'ran' if complete.get('cpu_s') == cpu else 'mixed'},{complete.get('wall_s', '')},{cpu},,")
+    atomic_write_text(results / "timings.csv", "\n".join(lines) + "\n")
+    return {"wall_s": complete.get("wall_s"), "cpu_s": cpu}
 
 
 def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a few steps of everything (CI smoke run)")
-    parser.add_argument("--fresh", action="store_true", help="delete previous demo outputs first")
+    parser.add_argument("--quick", action="store_true", help="a few steps of everything (the CI smoke run)")
+    parser.add_argument("--seeds", type=int, default=None, help="RL training seeds per method (default 1)")
+    parser.add_argument("--fresh", action="store_true", help="delete this run's work and results folders first")
     parser.add_argument("--work-dir", default=None, help="models, data, completions (default outputs/demo[-quick])")
     parser.add_argument("--results-dir", default=None, help="CSVs, report.md, plots (default results/demo[-quick])")
-    parser.add_argument("--jobs", type=int, default=4, help="steps run in parallel")
-    parser.add_argument("--rl-steps", type=int, default=None, help="override the RL budget (steps per variant)")
-    parser.add_argument("--sft-steps", type=int, default=None, help="override the SFT budget (steps)")
+    parser.add_argument("--reference", default=str(REFERENCE_DIR),
+                        help="results of the run to compare with (default results/demo-reference; '' for none)")
+    parser.add_argument("--jobs", type=int, default=None, help="steps run in parallel (default: usable cores)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per step (default: idle cores shared among the running steps)")
+    for name in ("pretrain-steps", "sft-steps", "rl-steps", "eval-n"):
+        parser.add_argument(f"--{name}", type=int, default=None, help="override the budget")
     return parser.parse_args(argv)
+
+
+def budget_from_args(args) -> DemoBudget:
+    budget = QUICK if args.quick else FULL
+    overrides = {key: getattr(args, key) for key in ("pretrain_steps", "sft_steps", "rl_steps", "eval_n")
+                 if getattr(args, key) is not None}
+    if args.seeds is not None:
+        overrides["seeds"] = tuple(range(args.seeds))
+    budget = replace(budget, **overrides)
+    if min(budget.pretrain_steps, budget.sft_steps, budget.rl_steps, budget.eval_n, len(budget.seeds)) < 1:
+        raise ValueError("--pretrain-steps, --sft-steps, --rl-steps, --eval-n and --seeds must be at least 1")
+    return budget
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[demo] %(message)s")
-    budget = QUICK if args.quick else FULL
-    if args.rl_steps:
-        budget = replace(budget, rl_steps=args.rl_steps)
-    if args.sft_steps:
-        budget = replace(budget, sft_steps=args.sft_steps)
+    try:
+        budget = budget_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     suffix = "-quick" if args.quick else ""
     work = Path(args.work_dir or REPO_ROOT / "outputs" / f"demo{suffix}").resolve()
     results = Path(args.results_dir or REPO_ROOT / "results" / f"demo{suffix}").resolve()
+    reference = Path(args.reference).resolve() if args.reference else None
+    if reference is not None and not (reference / "lab" / "runs.csv").is_file():
+        print(f"[demo] no reference results in {_rel(reference)}: the report will not compare with one")
+        reference = None
     if args.fresh:
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(results, ignore_errors=True)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        for folder in (work, results):
+            if folder.exists():
+                print(f"[demo] --fresh: deleting {_rel(folder)}")
+                shutil.rmtree(folder)
+    print(f"[demo] budget: {json.dumps(asdict(budget))}", flush=True)
     started = time.perf_counter()
-    timings: dict[str, float] = {}
     try:
-        prepare_model_and_data(budget, work, timings)
-        run_tasks(build_tasks(budget, work, results), jobs=max(1, args.jobs), logs=work / "logs", timings=timings)
-        rows = finish_report(results, work)
+        steps = build_steps(budget, work, results, reference)
+        records = run_steps(steps, work=work, jobs=args.jobs or usable_cores(), threads=args.threads,
+                            echo=lambda line: print(line, flush=True))
     except (RuntimeError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    timings["total"] = round(time.perf_counter() - started, 1)
-    atomic_write_text(results / "timings.csv", "step,seconds\n" + "".join(f"{k},{v}\n" for k, v in timings.items()))
+    except KeyboardInterrupt:
+        print("[demo] interrupted; finished steps are kept (rerun to continue)", file=sys.stderr)
+        return 130
     atomic_write_text(results / "demo_budget.json", json.dumps(asdict(budget), indent=2) + "\n")
-    print(f"[demo] finished in {timings['total']:.0f} s: {results / 'report.md'}")
-    for row in rows:
-        if row["strategy"] != "other":
-            print(f"[demo]   {row['run']:12s} strategy {row['strategy']}: share {row['fraction']:.3f}, "
-                  f"accuracy {row['accuracy']}")
+    total = write_timings(results, work, records, time.perf_counter() - started)
+    print((results / "lab" / "summary.txt").read_text().rstrip())
+    wall = f"{total['wall_s']:.0f} s wall, " if total.get("wall_s") else ""
+    print(f"[demo] finished: {wall}{total['cpu_s']:.0f} s CPU over all steps; report {_rel(results / 'report.md')}")
     return 0

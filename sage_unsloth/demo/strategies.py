@@ -1,8 +1,9 @@
 """Strategy frequencies per run: the demo's reasoning-mode analysis (rules in task.label_strategy).
 
 Reads the eval stage's saved completions (``<outputs>/<model>/eval/<run>/demo/chunk_*.jsonl.gz``, records
-``{"problem_id", "completions": [{"text", "correct"}, ...]}``) and writes, per run and strategy: the share of
-completions, their accuracy, and the share of problems that the strategy solved at least once.
+``{"problem_id", "completions": [{"text", "correct"}, ...]}``) and gives, per run and plan: the share of
+completions, their accuracy, and the share of problems that the plan solved at least once; and per problem
+the share of each plan (for the CIs across seeds and problems in :mod:`sage_unsloth.demo.compare`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import json
 import math
 from pathlib import Path
 
-from ..manifest import atomic_write_text
-from .task import OTHER, STRATEGIES, STRATEGY_NAMES, label_strategy
+import numpy as np
 
-COLUMNS = ("run", "strategy", "name", "completions", "fraction", "accuracy", "problems_solved_fraction")
+from ..manifest import atomic_write_text
+from .task import COMMON, OTHER, STRATEGIES, label_strategy
+
+COLUMNS = ("run", "strategy", "completions", "fraction", "accuracy", "problems_solved_fraction")
 LABELS = (*STRATEGIES, OTHER)
+RARE = tuple(s for s in STRATEGIES if s != COMMON)
 
 
 def read_completions(run_dir: Path, dataset: str = "demo") -> list[dict]:
@@ -29,27 +33,40 @@ def read_completions(run_dir: Path, dataset: str = "demo") -> list[dict]:
     return records
 
 
+def labelled(records: list[dict]) -> list[list[tuple[str, bool]]]:
+    """Per problem, (label, correct) of each completion."""
+    return [[(label_strategy(c["text"]), bool(c["correct"])) for c in r["completions"]] for r in records]
+
+
 def strategy_rows(run: str, records: list[dict]) -> list[dict]:
-    """One row per label for one run (fractions over all its completions)."""
-    counts = {label: 0 for label in LABELS}
-    correct = {label: 0 for label in LABELS}
-    solved = {label: 0 for label in LABELS}
-    for record in records:
-        solved_here = set()
-        for completion in record["completions"]:
-            label = label_strategy(completion["text"])
-            counts[label] += 1
-            if completion["correct"]:
-                correct[label] += 1
-                solved_here.add(label)
-        for label in solved_here:
-            solved[label] += 1
-    total, problems = sum(counts.values()), len(records)
-    return [{"run": run, "strategy": label, "name": STRATEGY_NAMES[label], "completions": counts[label],
-             "fraction": round(counts[label] / total, 4) if total else float("nan"),
-             "accuracy": round(correct[label] / counts[label], 4) if counts[label] else float("nan"),
-             "problems_solved_fraction": round(solved[label] / problems, 4) if problems else float("nan")}
-            for label in LABELS]
+    """One row per label for one run (fractions over all its completions), plus a "rare" row (all rare
+    plans together). An empty run is an error: its shares would be undefined."""
+    problems = labelled(records)
+    total = sum(len(p) for p in problems)
+    if not total:
+        raise ValueError(f"{run}: no completions to label (did the eval step write its chunks?)")
+    groups = {label: (label,) for label in LABELS} | {"rare": RARE}
+    rows = []
+    for name, members in groups.items():
+        hits = [(lab, ok) for problem in problems for lab, ok in problem if lab in members]
+        solved = sum(any(lab in members and ok for lab, ok in problem) for problem in problems)
+        rows.append({"run": run, "strategy": name, "completions": len(hits),
+                     "fraction": round(len(hits) / total, 4),
+                     "accuracy": round(sum(ok for _, ok in hits) / len(hits), 4) if hits else float("nan"),
+                     "problems_solved_fraction": round(solved / len(problems), 4)})
+    return rows
+
+
+def problem_shares(records: list[dict], labels=(*LABELS, "rare"), *, correct_only: bool = False) -> np.ndarray:
+    """(problems, labels) share of each problem's completions per label ("rare" = all rare plans); with
+    ``correct_only``, the share of its completions that have the label and are correct."""
+    out = np.zeros((len(records), len(labels)))
+    for i, problem in enumerate(labelled(records)):
+        for j, label in enumerate(labels):
+            members = RARE if label == "rare" else (label,)
+            hits = sum(lab in members and (ok or not correct_only) for lab, ok in problem)
+            out[i, j] = hits / max(len(problem), 1)
+    return out
 
 
 def write_strategy_table(rows: list[dict], path: Path) -> None:
@@ -61,23 +78,25 @@ def write_strategy_table(rows: list[dict], path: Path) -> None:
 
 
 def plot_strategies(rows: list[dict], path: Path) -> Path:
-    """Stacked bars: share of each strategy per run."""
+    """Stacked bars: share of each plan per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = list(dict.fromkeys(r["run"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=100)
+    fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(runs) + 3), 3.8), dpi=100)
     bottom = [0.0] * len(runs)
-    for label, colour in zip(LABELS, ("tab:blue", "tab:orange", "tab:gray")):
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:gray")
+    for label, colour in zip(LABELS, colours):
         values = [next(r["fraction"] for r in rows if r["run"] == run and r["strategy"] == label) for run in runs]
-        ax.bar(runs, values, bottom=bottom, label=f"{label}: {STRATEGY_NAMES[label]}", color=colour)
+        ax.bar(runs, values, bottom=bottom, label=label, color=colour)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_ylabel("fraction of completions")
     ax.set_ylim(0, 1)
+    ax.tick_params(axis="x", labelrotation=45, labelsize=7)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    ax.set_title("Strategy of the sampled completions (demo eval set)")
+    ax.set_title("Plan of the sampled completions (demo eval set)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -85,22 +104,19 @@ def plot_strategies(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def markdown_section(rows: list[dict], image: Path | None, report_dir: Path) -> str:
-    lines = ["## Demo: strategy frequencies (rules in sage_unsloth/demo/task.py, label_strategy)", "",
-             ("A = running total (90% of the SFT rows by default), B = pairing (the rare strategy), "
-              "other = neither template (malformed or mixed). Accuracy is within the strategy's completions; "
-              "'solved' is the share of problems with at least one correct completion of that strategy."), "",
-             "| run | A share | B share | other share | A accuracy | B accuracy | solved by A | solved by B |",
-             "|---|---|---|---|---|---|---|---|"]
+def markdown_table(rows: list[dict]) -> str:
+    """Per run: share of each plan, share and accuracy of the rare plans, accuracy of the common plan."""
 
     def cell(run, label, key):
         value = next(r[key] for r in rows if r["run"] == run and r["strategy"] == label)
-        return "n/a" if math.isnan(value) else f"{value:.3f}"
+        return "n/a" if isinstance(value, float) and math.isnan(value) else f"{value:.3f}"
 
+    header = ["run", *[f"{s} share" for s in LABELS], "rare share", f"{COMMON} accuracy", "rare accuracy",
+              "solved by rare plans"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in dict.fromkeys(r["run"] for r in rows):
-        lines.append(f"| {run} | {cell(run, 'A', 'fraction')} | {cell(run, 'B', 'fraction')} | "
-                     f"{cell(run, OTHER, 'fraction')} | {cell(run, 'A', 'accuracy')} | {cell(run, 'B', 'accuracy')} | "
-                     f"{cell(run, 'A', 'problems_solved_fraction')} | {cell(run, 'B', 'problems_solved_fraction')} |")
-    if image is not None:
-        lines += ["", f"![strategy frequencies]({image.resolve().relative_to(report_dir.resolve()).as_posix()})"]
-    return "\n".join(lines) + "\n"
+        cells = [cell(run, s, "fraction") for s in LABELS] + [
+            cell(run, "rare", "fraction"), cell(run, COMMON, "accuracy"), cell(run, "rare", "accuracy"),
+            cell(run, "rare", "problems_solved_fraction")]
+        lines.append("| " + " | ".join([run, *cells]) + " |")
+    return "\n".join(lines)

@@ -1,24 +1,29 @@
-"""The demo's synthetic verifiable task: add a short list of one-digit numbers, two ways.
+"""The demo's synthetic verifiable task: add four numbers, by one of five plans named in the first word.
 
-A problem reads ``What is 3+8+5+6?``; its gold answer is the sum (``22``). The working out is written
-with one of two strategies whose surface forms differ from the very first token, so every completion
-can be labelled by rule (see :func:`label_strategy`):
+A problem reads ``What is 5+8+6+7?``; its gold answer is the sum (``26``). The working out starts with
+the plan's name, one word, then three additions, one per line, each ``x+y=z``:
 
-- ``A`` running total (common in the SFT data), one addition per line, each line starting from the
-  previous result::
+==========  ==========================================  =============================
+plan        order of the additions                        working for 5+8+6+7
+==========  ==========================================  =============================
+``left``    a+b, then + c, then + d (running total)      ``5+8=13`` ``13+6=19`` ``19+7=26``
+``right``   d+c, then + b, then + a                      ``7+6=13`` ``13+8=21`` ``21+5=26``
+``middle``  b+c, then + a, then + d                      ``8+6=14`` ``14+5=19`` ``19+7=26``
+``pairs``   a+b and c+d, then their sum                  ``5+8=13`` ``6+7=13`` ``13+13=26``
+``outer``   a+d and b+c, then their sum                  ``5+7=12`` ``8+6=14`` ``12+14=26``
+==========  ==========================================  =============================
 
-      3+8=11
-      11+5=16
-      16+6=22
+Every plan is valid and reaches the right sum; they differ from the first token of the working on (the
+plan word, one token of the demo tokenizer each), so the *branch point* of a completion is that token and
+its label is known by rule (:func:`label_strategy`). The SFT data uses them at 70/10/10/5/5 (``left``
+common, the others rare; :mod:`sage_unsloth.demo.data`), so the SFT policy's entropy at the branch point
+is about that distribution's, ~1.0 nats at temperature 1, while the arithmetic after it is close to
+deterministic.
 
-- ``B`` pairing (rare in the SFT data): add adjacent pairs first, then add the partial sums::
-
-      (3+8)+(5+6)
-      =11+11
-      =22
-
-Numbers are written without spaces so that every number below 100 is one token of the demo tokenizer
-(:mod:`sage_unsloth.demo.model`): each step is then a single-token lookup a tiny model can learn.
+Numbers are 5..9 by default, so that every partial sum has two digits: each line then has the same
+length whatever the numbers, and every number the model copies sits at a fixed distance from where it is
+written, which a two-layer model learns in a few hundred steps (with numbers 1..9 and one- or two-digit
+partial sums it had not learned to copy after 800; measured).
 """
 
 from __future__ import annotations
@@ -30,31 +35,43 @@ from dataclasses import dataclass
 
 from ..prompts import REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START, format_completion
 
-STRATEGIES = ("A", "B")
+N_TERMS = 4
+RUN, FIRST, SECOND = "run", "first", "second"  # operands that refer to earlier lines' results
+# plan -> the three additions: indices into the problem's numbers, or references to earlier results
+PLANS: dict[str, tuple[tuple[int | str, int | str], ...]] = {
+    "left": ((0, 1), (RUN, 2), (RUN, 3)),
+    "right": ((3, 2), (RUN, 1), (RUN, 0)),
+    "pairs": ((0, 1), (2, 3), (FIRST, SECOND)),
+    "outer": ((0, 3), (1, 2), (FIRST, SECOND)),
+    "middle": ((1, 2), (RUN, 0), (RUN, 3)),
+}
+STRATEGIES = tuple(PLANS)
+COMMON = "left"
 OTHER = "other"
-STRATEGY_NAMES = {"A": "running total", "B": "pairing", OTHER: "other / malformed"}
+STRATEGY_NAMES = {"left": "running total, left to right", "right": "running total, right to left",
+                  "pairs": "two pairs, then their sum", "outer": "outer and inner pair, then their sum",
+                  "middle": "middle pair first, then the ends", OTHER: "other / malformed"}
 
 
 @dataclass(frozen=True)
 class SumTask:
-    """Problems are all tuples of ``n_terms`` integers in [low, high]; sums stay below 100."""
+    """Problems are all 4-tuples of integers in [low, high]; 2 * low >= 10 keeps partial sums two-digit."""
 
-    n_terms: int = 4
-    low: int = 1
+    low: int = 5
     high: int = 9
 
     def __post_init__(self):
-        if self.n_terms < 3:
-            raise ValueError(f"n_terms={self.n_terms}: use at least 3 so the two strategies differ")
         if not 0 <= self.low <= self.high:
             raise ValueError(f"low={self.low}, high={self.high}: need 0 <= low <= high")
-        if self.n_terms * self.high >= 100:
-            raise ValueError(f"n_terms * high = {self.n_terms * self.high}: keep every sum below 100 "
-                             "(one token per number)")
+        if 2 * self.low < 10:
+            raise ValueError(f"low={self.low}: use at least 5 so that every partial sum has two digits "
+                             "(fixed-width lines; see the module doc)")
+        if N_TERMS * self.high >= 100:
+            raise ValueError(f"high={self.high}: keep the sum of {N_TERMS} numbers below 100")
 
     def all_problems(self) -> list[tuple[int, ...]]:
         """Every problem of the task, in a fixed (lexicographic) order."""
-        return list(itertools.product(range(self.low, self.high + 1), repeat=self.n_terms))
+        return list(itertools.product(range(self.low, self.high + 1), repeat=N_TERMS))
 
 
 def problem_text(numbers: tuple[int, ...]) -> str:
@@ -76,38 +93,63 @@ def gold_answer(numbers: tuple[int, ...]) -> str:
     return str(sum(numbers))
 
 
-def working_running_total(numbers: tuple[int, ...]) -> str:
-    """Strategy A: ``a+b=s1``, ``s1+c=s2``, ... one line per addition."""
-    lines, total = [], numbers[0]
-    for x in numbers[1:]:
-        lines.append(f"{total}+{x}={total + x}")
-        total += x
-    return "\n".join(lines)
+def additions(strategy: str, numbers: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """The plan's three additions (x, y, x + y) for ``numbers``."""
+    if len(numbers) != N_TERMS:
+        raise ValueError(f"{numbers}: the demo adds {N_TERMS} numbers")
+    results: list[int] = []
+    steps = []
+    for left, right in PLANS[strategy]:
+        x, y = (_operand(ref, numbers, results) for ref in (left, right))
+        results.append(x + y)
+        steps.append((x, y, x + y))
+    return steps
 
 
-def working_pairing(numbers: tuple[int, ...]) -> str:
-    """Strategy B: ``(a+b)+(c+d)[+e]``, then ``=p+q[+e]``, then ``=sum``."""
-    pairs = [numbers[i:i + 2] for i in range(0, len(numbers), 2)]
-    grouped = "+".join(f"({p[0]}+{p[1]})" if len(p) == 2 else str(p[0]) for p in pairs)
-    partial = "+".join(str(sum(p)) for p in pairs)
-    return f"{grouped}\n={partial}\n={sum(numbers)}"
+def _operand(ref: int | str, numbers: tuple[int, ...], results: list[int]) -> int:
+    if ref == RUN:
+        return results[-1]
+    if ref == FIRST:
+        return results[0]
+    if ref == SECOND:
+        return results[1]
+    return numbers[ref]
 
 
-WORKING = {"A": working_running_total, "B": working_pairing}
+def working(strategy: str, numbers: tuple[int, ...]) -> str:
+    """The plan word, then one ``x+y=z`` line per addition."""
+    return "\n".join([strategy, *(f"{x}+{y}={z}" for x, y, z in additions(strategy, numbers))])
 
 
 def solution(numbers: tuple[int, ...], strategy: str) -> str:
     """The full completion the SFT stage teaches for ``strategy`` (kit format)."""
-    return format_completion(WORKING[strategy](numbers), gold_answer(numbers))
+    return format_completion(working(strategy, numbers), gold_answer(numbers))
+
+
+# --- the base model's gap ---------------------------------------------------------------------------
+# The pre-training never shows a two-digit number plus a one-digit number whose ones digits add up to
+# one of GAP_ONES_SUMS (13+9, 24+8, 15+7, ...), and the SFT data never uses a plan on a problem where it would need
+# one. The running-total plans (left, right, middle) each need such a step on 22% of the problems, all three
+# on 10%; the pair plans (pairs, outer) never do (their steps add one-digit to one-digit and two-digit to two-digit
+# numbers). So on those problems the common plan is unreliable and the rare pair plans are not: which plan a
+# policy keeps decides which problems it can still solve (the support that pass@k at large k measures).
+# Measured: with (11, 12) the gap hits 43% of the problems, SFT pass@1 falls to 0.44 and GRPO switches the
+# common plan to pairs (0.87 of the completions); with (12,) the common plan stays common and GRPO shrinks the
+# pair plans instead, the setting in which an anchor that keeps the plan prior could matter.
+GAP_ONES_SUMS = (12,)
+
+
+def in_gap(x: int, y: int) -> bool:
+    """Whether the addition x + y is one the base model never saw (see GAP_ONES_SUMS)."""
+    return x >= 10 and y < 10 and x % 10 + y in GAP_ONES_SUMS
+
+
+def plan_needs_gap(strategy: str, numbers: tuple[int, ...]) -> bool:
+    return any(in_gap(x, y) for x, y, _ in additions(strategy, numbers))
 
 
 # --- labelling -------------------------------------------------------------------------------------
-# Rules (documented in label_strategy). Numbers may be any digits: the label says which strategy was
-# attempted, not whether its arithmetic is right (correctness is graded separately).
-_STEP_A = re.compile(r"\d+\+\d+=\d+")
-_GROUPS_B = re.compile(r"(?:\(\d+\+\d+\)|\d+)(?:\+(?:\(\d+\+\d+\)|\d+))+")
-_PARTIAL_B = re.compile(r"=\d+(?:\+\d+)+")
-_TOTAL_B = re.compile(r"=\d+")
+_LINE = re.compile(r"(\d+)\+(\d+)=(\d+)")
 
 
 def extract_working(completion: str) -> str | None:
@@ -124,32 +166,41 @@ def extract_working(completion: str) -> str | None:
 
 
 def label_strategy(completion: str) -> str:
-    """``"A"``, ``"B"`` or ``"other"`` for one completion, by these rules:
+    """One of :data:`STRATEGIES` or ``"other"`` for one completion, by these rules:
 
     1. The working out is the text before the first ``<end_working_out>`` (a leading
        ``<start_working_out>`` is ignored). No ``<end_working_out>``, or a second
        ``<start_working_out>`` -> ``other``.
-    2. Split the stripped working into lines (each line stripped, empty lines dropped).
-    3. ``A`` (running total): at least two lines, every line ``x+y=z`` (digits only), and each line
-       after the first starts with the previous line's result ``z``.
-    4. ``B`` (pairing): exactly three lines: ``(a+b)+(c+d)...`` (``+``-joined groups, each
-       ``(x+y)`` or a bare number, at least one parenthesised pair), then ``=p+q...``, then ``=s``.
-    5. Anything else -> ``other``. Arithmetic mistakes do not change the label.
+    2. Split it into lines (each stripped, empty lines dropped). The first line must be a plan word
+       (``left``, ``right``, ``pairs``, ``outer``, ``middle``), followed by exactly three lines
+       ``x+y=z`` (digits only).
+    3. The lines must have the plan's shape: for ``left``, ``right`` and ``middle`` the second and third
+       lines start from the result written on the line before; for ``pairs`` and ``outer`` the third line
+       adds the results written on the first two lines.
+    4. Anything else -> ``other``. Wrong arithmetic, or a number not copied right from the problem,
+       does not change the label (correctness is graded separately): the label says which plan the
+       completion carried out, as written.
     """
-    working = extract_working(completion)
-    if working is None:
+    text = extract_working(completion)
+    if text is None:
         return OTHER
-    lines = [line.strip() for line in working.splitlines() if line.strip()]
-    if len(lines) >= 2 and all(_STEP_A.fullmatch(line) for line in lines):
-        results = [line.split("=")[1] for line in lines]
-        starts = [line.split("+")[0] for line in lines]
-        if all(starts[i + 1] == results[i] for i in range(len(lines) - 1)):
-            return "A"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) != 4 or lines[0] not in PLANS:
         return OTHER
-    if (len(lines) == 3 and _GROUPS_B.fullmatch(lines[0]) and "(" in lines[0]
-            and _PARTIAL_B.fullmatch(lines[1]) and _TOTAL_B.fullmatch(lines[2])):
-        return "B"
-    return OTHER
+    matches = [_LINE.fullmatch(line) for line in lines[1:]]
+    if not all(matches):
+        return OTHER
+    values = [tuple(int(g) for g in m.groups()) for m in matches]
+    results = [z for _, _, z in values]
+    for (ref_x, ref_y), (x, y, _), index in zip(PLANS[lines[0]], values, range(3)):
+        for ref, value in ((ref_x, x), (ref_y, y)):
+            if ref == RUN and value != results[index - 1]:
+                return OTHER
+            if ref == FIRST and value != results[0]:
+                return OTHER
+            if ref == SECOND and value != results[1]:
+                return OTHER
+    return lines[0]
 
 
 def extract_answer(completion: str) -> str | None:

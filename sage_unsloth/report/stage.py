@@ -13,7 +13,7 @@ import pandas as pd
 
 from sage_unsloth.manifest import atomic_write_text, write_manifest
 from sage_unsloth.report import patterns as pat
-from sage_unsloth.report import plots, tables
+from sage_unsloth.report import plots, support, tables
 from sage_unsloth.report.loading import discover_runs
 from sage_unsloth.report.paper import kl_placement, load_mapping, load_published, map_run
 
@@ -69,6 +69,13 @@ class ReportArguments:
         default=None,
         metadata={"help": "comma-separated online runs entity/project/run_id whose training curves to plot"},
     )
+    support_reference: str | None = field(
+        default=None,
+        metadata={
+            "help": "reference run of the support metrics (run folder or <model>/<run>); "
+            "default: each model's run mapped to Base (sft / base)"
+        },
+    )
     plot_width: int = field(default=plots.DEFAULT_SIZE[0], metadata={"help": "PNG width in pixels"})
     plot_height: int = field(default=plots.DEFAULT_SIZE[1], metadata={"help": "PNG height in pixels"})
 
@@ -90,6 +97,7 @@ class ReportResult:
     patterns: pd.DataFrame
     images: dict[str, Path]
     out: Path
+    support: pd.DataFrame | None = None
 
 
 # ---------------------------------------------------------------- formatting
@@ -347,8 +355,14 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
         tables.resolve_pairs(runs, args.pairs, mapping), runs, published, settings, mapping
     )
     patterns = pat.pattern_table(runs, args.completions, samples_per_problem=args.pattern_samples_per_problem)
+    support_notes: list[str] = []
+    support_frame = support.support_table(
+        runs, reference=args.support_reference, mapping=mapping, resamples=args.resamples, seed=args.seed,
+        level=args.level, notes=support_notes,
+    )
     size = (args.plot_width, args.plot_height)
     images = plots.passk_curves(curves, comparison, assets, size=size)
+    support_images = support.plot_support(support_frame, assets, size=size)
     training_png = None
     if args.wandb_offline_runs or args.wandb_runs:
         from sage_unsloth.report import wandb_io
@@ -367,13 +381,17 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
         patterns=patterns,
         images=images,
         out=out,
+        support=support_frame,
     )
     result.markdown = render_markdown(args, runs, result, published_patterns, training_png, mapping)
+    rel = lambda p: Path(p).resolve().relative_to(out.parent.resolve()).as_posix()
+    result.markdown += "\n" + support.markdown_section(support_frame, support_images, rel, support_notes) + "\n"
     for name, frame in (
         ("comparison", comparison),
         ("passk_all_k", curves),
         ("pairs", pairs),
         ("patterns", patterns),
+        ("support", support_frame),
     ):
         atomic_write_text(assets / f"{name}.csv", frame.to_csv(index=False))
     write_manifest(

@@ -1,0 +1,220 @@
+"""Per run: which plans its completions follow, and what the branch guide sees at the branch point.
+
+``python -m sage_unsloth.demo.analysis --work W --results R --runs sft,grpo_seed0,... --branch-config C``
+writes into ``R/analysis/``: ``strategies.csv`` and ``strategies.png`` (plan shares per run),
+``strategy_problems.npz`` (per-problem plan shares, for the CIs in sage_unsloth.demo.lab) and ``branch.csv``.
+
+The branch point is the first token of the completion (the plan word, see sage_unsloth.demo.task). For each
+run's policy (base model + its LoRA adapter) and each RL prompt, one forward pass gives the next-token
+distribution at the branch point at the RL sampling temperature; its entropy H gives the branch guide's
+q = clip(1 + gamma * relu(H - tau), q_min, q_max), computed by the kit's own sage_unsloth.anchor.branch_guide
+with gamma / tau / bounds / temperature read from the branch config. Reported: the mean entropy, the share of
+prompts with q > 1, the mean q, and the policy's probability of each plan word (its plan prior, without
+sampling noise). For contrast, the same for the other completion tokens, scored on up to
+``--other-samples`` eval completions per problem. For RL runs that trained with the branch guide, the
+training log's ``sage/frac_boosted`` (share of all completion tokens with q > 1) is averaged as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from ..manifest import atomic_write_text
+from .data import EVAL_FILE, RL_FILE
+from .strategies import (
+    LABELS,
+    plot_strategies,
+    problem_shares,
+    read_completions,
+    strategy_rows,
+    write_strategy_table,
+)
+from .task import STRATEGIES
+
+MODEL_NAME = "demo-tiny"
+ANALYSIS_DIR = "analysis"
+CORRECT_SUFFIX, IDS_SUFFIX = "__correct", "__problem_ids"  # extra arrays per run in strategy_problems.npz
+BRANCH_COLUMNS = ("run", "prompts", "temperature", "gamma", "tau", "branch_entropy_mean", "branch_entropy_min",
+                  "branch_entropy_max", "branch_q_gt1_fraction", "branch_q_mean",
+                  *[f"p_{s}" for s in STRATEGIES], "other_tokens", "other_entropy_mean", "other_q_gt1_fraction",
+                  "train_frac_boosted_mean", "train_reward_first", "train_reward_last")
+
+
+def branch_settings(config_path: Path) -> dict:
+    cfg = yaml.safe_load(Path(config_path).read_text())
+    return {"temperature": float(cfg.get("temperature", 1.0)), "gamma": float(cfg["sage_gamma"]),
+            "tau": float(cfg["sage_tau"]), "q_min": float(cfg["sage_q_min"]), "q_max": float(cfg["sage_q_max"])}
+
+
+def load_policy(run_dir: Path):
+    """(model, tokenizer) of a stage output folder: base model with the LoRA adapter merged."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from ..eval.sampling import load_tokenizer, resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(str(run_dir))
+    model = AutoModelForCausalLM.from_pretrained(checkpoint.base_model, dtype=torch.float32)
+    if checkpoint.adapter_dir:
+        model = PeftModel.from_pretrained(model, checkpoint.adapter_dir).merge_and_unload()
+    return model.eval(), load_tokenizer(checkpoint)
+
+
+def _prompt_ids(tokenizer, problem: str) -> list[int]:
+    from ..prompts import prompt_messages
+
+    text = tokenizer.apply_chat_template(prompt_messages(problem), tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _entropy(logits, temperature: float):
+    import torch
+
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(log_probs.exp() * log_probs).sum(-1), log_probs
+
+
+def branch_point_stats(model, tokenizer, problems: list[str], settings: dict) -> dict:
+    """Entropy, q and plan probabilities at the branch point, over ``problems``."""
+    import torch
+
+    from ..anchor import branch_guide
+
+    plan_ids = [tokenizer(s, add_special_tokens=False)["input_ids"] for s in STRATEGIES]
+    if any(len(ids) != 1 for ids in plan_ids):
+        raise ValueError(f"plan words are not single tokens: {dict(zip(STRATEGIES, plan_ids))}")
+    entropies, plan_probs = [], []
+    with torch.no_grad():
+        for start in range(0, len(problems), 64):
+            batch = [_prompt_ids(tokenizer, p) for p in problems[start:start + 64]]
+            width = max(map(len, batch))
+            pad = tokenizer.pad_token_id
+            ids = torch.tensor([[pad] * (width - len(b)) + b for b in batch])
+            mask = torch.tensor([[0] * (width - len(b)) + [1] * len(b) for b in batch])
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, -1, :]
+            entropy, log_probs = _entropy(logits, settings["temperature"])
+            entropies.append(entropy)
+            plan_probs.append(log_probs.exp()[:, [ids_[0] for ids_ in plan_ids]])
+    entropy = torch.cat(entropies)
+    q = branch_guide(entropy[None, :], torch.ones_like(entropy)[None, :], gamma=settings["gamma"],
+                     tau=settings["tau"], q_min=settings["q_min"], q_max=settings["q_max"])[0]
+    probs = torch.cat(plan_probs).mean(0)
+    return {"prompts": len(problems), "branch_entropy_mean": entropy.mean().item(),
+            "branch_entropy_min": entropy.min().item(), "branch_entropy_max": entropy.max().item(),
+            "branch_q_gt1_fraction": (q > 1.0).float().mean().item(), "branch_q_mean": q.mean().item(),
+            **{f"p_{s}": probs[i].item() for i, s in enumerate(STRATEGIES)}}
+
+
+def other_token_stats(model, tokenizer, problems: dict[str, str], records: list[dict], settings: dict,
+                      per_problem: int) -> dict:
+    """Entropy and q at the completion tokens after the branch point, over some eval completions."""
+    import torch
+
+    from ..anchor import branch_guide
+
+    entropies = []
+    with torch.no_grad():
+        for record in records:
+            prompt = _prompt_ids(tokenizer, problems[record["problem_id"]])
+            for completion in record["completions"][:per_problem]:
+                tokens = tokenizer(completion["text"], add_special_tokens=False)["input_ids"]
+                if len(tokens) < 2:
+                    continue
+                ids = torch.tensor([prompt + tokens])
+                logits = model(input_ids=ids).logits[0, len(prompt):-1, :]  # predicts tokens[1:]
+                entropies.append(_entropy(logits, settings["temperature"])[0])
+    if not entropies:
+        return {"other_tokens": 0, "other_entropy_mean": float("nan"), "other_q_gt1_fraction": float("nan")}
+    entropy = torch.cat(entropies)
+    q = branch_guide(entropy[None, :], torch.ones_like(entropy)[None, :], gamma=settings["gamma"],
+                     tau=settings["tau"], q_min=settings["q_min"], q_max=settings["q_max"])[0]
+    return {"other_tokens": int(entropy.numel()), "other_entropy_mean": entropy.mean().item(),
+            "other_q_gt1_fraction": (q > 1.0).float().mean().item()}
+
+
+_LOGGED = re.compile(r"\{[^{}]*'reward'[^{}]*\}")
+
+
+def training_log_stats(log_path: Path) -> dict:
+    """Mean sage/frac_boosted and the first / last logged reward of an RL step's log (TRL's log dicts)."""
+    out = {"train_frac_boosted_mean": float("nan"), "train_reward_first": float("nan"),
+           "train_reward_last": float("nan")}
+    if not log_path.is_file():
+        return out
+    entries = []
+    for match in _LOGGED.finditer(log_path.read_text(errors="replace")):
+        values = dict(re.findall(r"'([\w/]+)': '?(-?[\d.]+(?:e-?\d+)?)'?", match.group(0)))
+        entries.append({k: float(v) for k, v in values.items()})
+    rewards = [e["reward"] for e in entries if "reward" in e]
+    boosted = [e["sage/frac_boosted"] for e in entries if "sage/frac_boosted" in e]
+    if rewards:
+        out.update(train_reward_first=rewards[0], train_reward_last=rewards[-1])
+    if boosted:
+        out["train_frac_boosted_mean"] = float(np.mean(boosted))
+    return out
+
+
+def _write_csv(path: Path, columns, rows: list[dict]) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: (round(v, 6) if isinstance(v, float) and not math.isnan(v) else v) for k, v in row.items()})
+    atomic_write_text(path, buffer.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo.analysis", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--results", required=True)
+    parser.add_argument("--runs", required=True, help="comma-separated run folders (sft, <method>_seed<s>, ...)")
+    parser.add_argument("--branch-config", required=True, help="the GRPO + Branch config (gamma, tau, q bounds)")
+    parser.add_argument("--other-samples", type=int, default=4, help="eval completions per problem for the "
+                        "non-branch tokens")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    work, results = Path(args.work), Path(args.results)
+    runs = [r for r in args.runs.split(",") if r]
+    settings = branch_settings(Path(args.branch_config))
+    rl_problems = [json.loads(line)["prompt"] for line in (work / "data" / RL_FILE).read_text().splitlines()]
+    eval_problems = {row["unique_id"]: row["problem"] for row in
+                     (json.loads(line) for line in (work / "data" / EVAL_FILE).read_text().splitlines())}
+    strategy_table, shares, branch_rows = [], {}, []
+    for run in runs:
+        records = read_completions(work / MODEL_NAME / "eval" / run, "demo")
+        strategy_table += strategy_rows(run, records)  # raises on an empty run
+        shares[run] = problem_shares(records)
+        shares[f"{run}{CORRECT_SUFFIX}"] = problem_shares(records, correct_only=True)
+        shares[f"{run}{IDS_SUFFIX}"] = np.array([r["problem_id"] for r in records])
+        model, tokenizer = load_policy(work / MODEL_NAME / run)
+        row = {"run": run, **{k: settings[k] for k in ("temperature", "gamma", "tau")},
+               **branch_point_stats(model, tokenizer, rl_problems, settings),
+               **other_token_stats(model, tokenizer, eval_problems, records, settings, args.other_samples),
+               **training_log_stats(work / "logs" / f"{run}.log")}
+        branch_rows.append(row)
+        print(f"{run}: branch-point entropy {row['branch_entropy_mean']:.3f} nats, q > 1 at "
+              f"{row['branch_q_gt1_fraction']:.1%} of branch points, {row['other_q_gt1_fraction']:.1%} of other "
+              f"tokens; plan prior " + ", ".join(f"{s} {row['p_' + s]:.2f}" for s in STRATEGIES), flush=True)
+    out = results / ANALYSIS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    write_strategy_table(strategy_table, out / "strategies.csv")
+    plot_strategies([r for r in strategy_table if r["strategy"] in LABELS], out / "strategies.png")
+    np.savez(out / "strategy_problems.npz", **shares)
+    _write_csv(out / "branch.csv", BRANCH_COLUMNS, branch_rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

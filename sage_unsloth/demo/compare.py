@@ -1,0 +1,187 @@
+"""The lab's comparison of methods across training seeds and problems.
+
+Runs are the eval stage's ``results/<model>/<method>_seed<s>/per_problem.csv`` (``sft`` has no seed: every
+RL run starts from it). Per run and problem the value is the unbiased pass@k (or a strategy share); a
+method's score is the mean over its seeds and the problems.
+
+CIs are a two-level percentile bootstrap: each resample draws the seeds with replacement and, independently,
+the problems with replacement (the same problem draw for every seed and every method, so paired differences
+see the same problems on both sides); the statistic is the mean over the drawn seeds and problems. With one
+seed this is the bootstrap over problems alone. With three seeds the seed level has only 3^3 = 27 distinct
+draws, so the interval says how far the seeds spread, not a calibrated 95%: read it with the per-seed values
+(``lab_runs.csv``). Paired differences A - B pair the runs by seed (the same training seed, hence the same
+initial rollouts); against ``sft`` every seed of A is paired with the one SFT model.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..report.passk import pass_at_k_matrix
+from ..report.support import SHARES, per_problem_shares
+
+SEED_SUFFIX = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)$")
+REFERENCE_METHOD = "sft"
+
+
+def split_run(run: str) -> tuple[str, int | None]:
+    """("grpo", 1) for "grpo_seed1"; ("sft", None) for "sft"."""
+    match = SEED_SUFFIX.match(run)
+    return (match["method"], int(match["seed"])) if match else (run, None)
+
+
+def run_name(method: str, seed: int | None) -> str:
+    return method if seed is None else f"{method}_seed{seed}"
+
+
+@dataclass
+class LabRuns:
+    """Per-problem (n, c) of every run, aligned on one problem order."""
+
+    problems: list[str]
+    n: dict[str, np.ndarray]
+    c: dict[str, np.ndarray]
+
+    @property
+    def methods(self) -> dict[str, list[str]]:
+        """method -> its runs, in seed order."""
+        out: dict[str, list[str]] = {}
+        for run in sorted(self.n, key=lambda r: (split_run(r)[0], split_run(r)[1] or 0)):
+            out.setdefault(split_run(run)[0], []).append(run)
+        return out
+
+    def passk(self, run: str, ks) -> np.ndarray:
+        return pass_at_k_matrix(self.n[run], self.c[run], ks)
+
+
+def load_lab_runs(model_results: Path, dataset: str) -> LabRuns:
+    """Every ``<model_results>/<run>/per_problem.csv``; refuses runs that graded different problems."""
+    frames = {}
+    for path in sorted(Path(model_results).glob("*/per_problem.csv")):
+        frame = pd.read_csv(path, dtype={"problem_id": str})
+        frame = frame[frame["dataset"] == dataset]
+        if frame.empty:
+            raise ValueError(f"{path}: no rows for dataset {dataset!r}; the eval step wrote nothing for it")
+        frames[path.parent.name] = frame.set_index("problem_id")
+    if not frames:
+        raise FileNotFoundError(f"no <run>/per_problem.csv under {model_results}: run the eval steps first")
+    problems = list(next(iter(frames.values())).index)
+    for run, frame in frames.items():
+        if sorted(frame.index) != sorted(problems):
+            raise ValueError(f"run {run} graded other problems than {next(iter(frames))}; rerun with --fresh")
+    return LabRuns(problems, {r: f.loc[problems, "n"].to_numpy() for r, f in frames.items()},
+                   {r: f.loc[problems, "c"].to_numpy() for r, f in frames.items()})
+
+
+# --------------------------------------------------------------------------------------- bootstrap
+def two_level_samples(values: np.ndarray, *, resamples: int, seed: int, stream: str = "") -> np.ndarray:
+    """(B,) means of ``values`` (seeds, problems) over resampled seeds and problems (see the module doc).
+
+    The problem draw depends only on (seed, number of problems), so every statistic of a report sees the same
+    problems; the seed draw depends on (seed, stream, number of seeds).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    n_seeds, n_problems = values.shape
+    problem_rng = np.random.default_rng([seed, n_problems])
+    picks = problem_rng.integers(0, n_problems, size=(resamples, n_problems))
+    counts = np.zeros((resamples, n_problems))
+    np.add.at(counts, (np.repeat(np.arange(resamples), n_problems), picks.reshape(-1)), 1.0)
+    per_seed = counts @ values.T / n_problems                      # (B, S): problem-resampled mean per seed
+    seed_rng = np.random.default_rng([seed, zlib.crc32(stream.encode()), n_seeds])
+    seeds = seed_rng.integers(0, n_seeds, size=(resamples, n_seeds))
+    return np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
+
+
+def ci(values: np.ndarray, *, resamples: int, seed: int, level: float, stream: str = "") -> tuple[float, float, float]:
+    samples = two_level_samples(values, resamples=resamples, seed=seed, stream=stream)
+    alpha = (1.0 - level) / 2.0
+    return float(np.mean(values)), float(np.quantile(samples, alpha)), float(np.quantile(samples, 1.0 - alpha))
+
+
+def _stack(lab: LabRuns, runs: list[str], fn) -> np.ndarray:
+    return np.stack([fn(run) for run in runs])
+
+
+def paired_values(lab: LabRuns, method_a: str, method_b: str, fn) -> np.ndarray:
+    """(seeds, problems) of fn(run_a) - fn(run_b), runs paired by seed (B may be the seedless SFT)."""
+    runs_a, runs_b = lab.methods[method_a], lab.methods[method_b]
+    if len(runs_b) == 1 and split_run(runs_b[0])[1] is None:
+        pairs = [(a, runs_b[0]) for a in runs_a]
+    else:
+        by_seed = {split_run(r)[1]: r for r in runs_b}
+        if sorted(by_seed) != sorted(split_run(a)[1] for a in runs_a):
+            raise ValueError(f"{method_a} vs {method_b}: the runs do not share seeds ({runs_a} / {runs_b})")
+        pairs = [(a, by_seed[split_run(a)[1]]) for a in runs_a]
+    return np.stack([fn(a) - fn(b) for a, b in pairs])
+
+
+# ------------------------------------------------------------------------------------------ tables
+def method_table(lab: LabRuns, ks: list[int], *, resamples: int, seed: int, level: float) -> pd.DataFrame:
+    """Per method and k: pass@k with the two-level CI, and the number of seeds and problems."""
+    rows = []
+    for method, runs in lab.methods.items():
+        values = _stack(lab, runs, lambda r: lab.passk(r, ks))      # (S, N, K)
+        for j, k in enumerate(ks):
+            mean, low, high = ci(values[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)
+            rows.append({"method": method, "k": k, "pass_at_k": mean, "ci_low": low, "ci_high": high,
+                         "seeds": len(runs), "problems": len(lab.problems)})
+    return pd.DataFrame(rows)
+
+
+def pair_table(lab: LabRuns, pairs: list[tuple[str, str]], ks: list[int], *, resamples: int, seed: int,
+               level: float) -> pd.DataFrame:
+    rows = []
+    for a, b in pairs:
+        if a not in lab.methods or b not in lab.methods:
+            continue
+        for k in ks:
+            diff = paired_values(lab, a, b, lambda r, k=k: lab.passk(r, [k])[:, 0])
+            mean, low, high = ci(diff, resamples=resamples, seed=seed, level=level, stream=f"{a}-{b}")
+            rows.append({"a": a, "b": b, "k": k, "diff": mean, "ci_low": low, "ci_high": high,
+                         "excludes_0": bool(low > 0 or high < 0), "seeds": diff.shape[0],
+                         "problems": diff.shape[1]})
+    return pd.DataFrame(rows)
+
+
+def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, level: float) -> pd.DataFrame:
+    """Per method: support shares at k against the SFT model (report/support.py), across seeds and problems."""
+    if REFERENCE_METHOD not in lab.methods:
+        return pd.DataFrame()
+    ref = lab.methods[REFERENCE_METHOD][0]
+    p_ref = lab.passk(ref, [k])[:, 0]
+    rows = []
+    for method, runs in lab.methods.items():
+        if method == REFERENCE_METHOD:
+            continue
+        shares = np.stack([per_problem_shares(p_ref, lab.passk(r, [k])[:, 0]) for r in runs])  # (S, N, Q)
+        row = {"method": method, "k": k, "seeds": len(runs)}
+        for j, name in enumerate(SHARES):
+            mean, low, high = ci(shares[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)
+            row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def strategy_method_table(per_problem_shares_by_run: dict[str, np.ndarray], labels: list[str], *,
+                          resamples: int, seed: int, level: float) -> pd.DataFrame:
+    """Per method and strategy: share of completions (mean over seeds and problems) with its CI.
+
+    ``per_problem_shares_by_run[run]`` is (problems, labels): each problem's share of completions per label.
+    """
+    methods: dict[str, list[str]] = {}
+    for run in sorted(per_problem_shares_by_run, key=lambda r: (split_run(r)[0], split_run(r)[1] or 0)):
+        methods.setdefault(split_run(run)[0], []).append(run)
+    rows = []
+    for method, runs in methods.items():
+        values = np.stack([per_problem_shares_by_run[r] for r in runs])  # (S, N, L)
+        for j, label in enumerate(labels):
+            mean, low, high = ci(values[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)
+            rows.append({"method": method, "strategy": label, "share": mean, "ci_low": low, "ci_high": high,
+                         "seeds": len(runs)})
+    return pd.DataFrame(rows)

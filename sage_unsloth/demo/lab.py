@@ -1,0 +1,336 @@
+"""The lab's closing step: methods compared across seeds and problems, the run compared with the committed
+reference, and a plain statement of what GRPO + Branch did against GRPO.
+
+``python -m sage_unsloth.demo.lab --work W --results R --runs sft,grpo_seed0,... --methods grpo=GRPO,...
+--pairs grpo_branch:grpo,... [--reference results/demo-reference]`` reads the eval stage's per_problem.csv
+files and the analysis step's tables and writes ``R/lab/``: ``methods.csv`` (pass@k per method and k with
+CIs), ``pairs.csv`` (paired differences), ``support.csv`` (support against SFT per method), ``plans.csv``
+(plan shares per method), ``runs.csv`` (one row per run), ``reference.csv`` (this run against the
+reference) and ``summary.txt`` (the console lines); its section is appended to ``R/report.md``. Statistics:
+sage_unsloth.demo.compare. An empty or missing result is an error (exit 1), never a NaN row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..manifest import atomic_write_text
+from . import compare
+from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
+from .data import EVAL_FILE
+from .strategies import LABELS, RARE, markdown_table
+from .task import COMMON, GAP_ONES_SUMS, STRATEGIES, parse_problem, plan_needs_gap
+
+BENCHMARK = "demo"
+PAIR_PLANS = ("pairs", "outer")
+LAB_DIR = "lab"
+MARKER = "\n## The lab: "
+
+
+def _fmt_ci(value, low, high, signed=False) -> str:
+    spec = "+.3f" if signed else ".3f"
+    return f"{value:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def check_complete(lab: compare.LabRuns, runs: list[str]) -> None:
+    missing = [r for r in runs if r not in lab.n]
+    if missing:
+        raise ValueError(f"no eval results for {missing}: the eval step did not finish")
+    for run in runs:
+        if len(lab.n[run]) == 0 or (lab.n[run] <= 0).any():
+            raise ValueError(f"{run}: a problem has no graded samples (per_problem.csv n = 0)")
+
+
+def gap_flags(eval_file: Path, problems: list[str]) -> np.ndarray:
+    """Per problem: does the common plan need an addition of the base model's gap (task.GAP_ONES_SUMS)?"""
+    texts = {row["unique_id"]: row["problem"] for row in map(json.loads, eval_file.read_text().splitlines())}
+    return np.array([plan_needs_gap(COMMON, parse_problem(texts[pid])) for pid in problems])
+
+
+def gap_table(lab: compare.LabRuns, gap: np.ndarray, correct_rare: dict[str, np.ndarray], kmax: int, **stats):
+    """Per method, on the problems where the common plan meets the gap and on the others: pass@1, pass@kmax
+    and the share of completions that are correct and follow a rare plan."""
+    rows = []
+    for method, runs in lab.methods.items():
+        for subset, mask in (("gap", gap), ("no gap", ~gap)):
+            if not mask.any():
+                continue
+            row = {"method": method, "problems": subset, "n_problems": int(mask.sum())}
+            values = {"pass_at_1": np.stack([lab.passk(r, [1])[mask, 0] for r in runs]),
+                      f"pass_at_{kmax}": np.stack([lab.passk(r, [kmax])[mask, 0] for r in runs]),
+                      "correct_rare": np.stack([correct_rare[r][mask] for r in runs])}
+            for name, array in values.items():
+                mean, low, high = compare.ci(array, stream=f"{method}-{subset}", **stats)
+                row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def run_rows(lab: compare.LabRuns, runs: list[str], kmax: int, strategies: pd.DataFrame,
+             branch: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        values = lab.passk(run, [1, kmax]).mean(axis=0)
+        plans = strategies[strategies["run"] == run].set_index("strategy")
+        b = branch[branch["run"] == run].iloc[0]
+        rows.append({"run": run, "method": compare.split_run(run)[0], "seed": compare.split_run(run)[1],
+                     "pass_at_1": values[0], f"pass_at_{kmax}": values[1],
+                     "rare_share": plans.loc["rare", "fraction"], "rare_accuracy": plans.loc["rare", "accuracy"],
+                     f"{COMMON}_share": plans.loc[COMMON, "fraction"],
+                     f"{COMMON}_accuracy": plans.loc[COMMON, "accuracy"],
+                     "other_share": plans.loc["other", "fraction"],
+                     "branch_entropy": b["branch_entropy_mean"], "branch_q_gt1": b["branch_q_gt1_fraction"],
+                     "other_q_gt1": b["other_q_gt1_fraction"], "train_frac_boosted": b["train_frac_boosted_mean"]})
+    return pd.DataFrame(rows)
+
+
+def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFrame:
+    """This run's per-run numbers beside the reference's (same run names), with the difference."""
+    ref = pd.read_csv(reference / LAB_DIR / "runs.csv")
+    rows = []
+    for metric in ("pass_at_1", f"pass_at_{kmax}", "rare_share"):
+        if metric not in ref.columns:
+            continue
+        for _, r in runs.iterrows():
+            hit = ref[ref["run"] == r["run"]]
+            theirs = float(hit[metric].iloc[0]) if not hit.empty else math.nan
+            rows.append({"run": r["run"], "metric": metric, "this_run": r[metric], "reference": theirs,
+                         "diff": r[metric] - theirs})
+    return pd.DataFrame(rows)
+
+
+def plan_pair_table(lab: compare.LabRuns, shares: dict[str, np.ndarray], pairs, **stats) -> pd.DataFrame:
+    """A - B of the share of completions that follow a pair plan (pairs, outer: the plans the gap spares),
+    runs paired by seed: the guide's direct target is the plan prior at the branch point."""
+    columns = [[*LABELS, "rare"].index(name) for name in PAIR_PLANS]
+    rows = []
+    for a, b in pairs:
+        if a not in lab.methods or b not in lab.methods:
+            continue
+        diff = compare.paired_values(lab, a, b, lambda run: shares[run][:, columns].sum(axis=1))
+        mean, low, high = compare.ci(diff, stream=f"plans-{a}-{b}", **stats)
+        rows.append({"a": a, "b": b, "metric": "pair-plan share", "diff": mean, "ci_low": low, "ci_high": high,
+                     "excludes_0": bool(low > 0 or high < 0), "seeds": diff.shape[0], "problems": diff.shape[1]})
+    return pd.DataFrame(rows)
+
+
+def verdict(pairs: pd.DataFrame, plan_pairs: pd.DataFrame, kmax: int, seeds: int) -> str:
+    """One plain sentence on GRPO + Branch against GRPO, read off the paired CIs."""
+    rows = pairs[(pairs["a"] == "grpo_branch") & (pairs["b"] == "grpo")]
+    if rows.empty:
+        return "GRPO + Branch against GRPO: not run."
+    plans = plan_pairs[(plan_pairs["a"] == "grpo_branch") & (plan_pairs["b"] == "grpo")]
+    rows = pd.concat([rows, plans.assign(k=0)], ignore_index=True)
+    parts = []
+    for _, r in rows.iterrows():
+        metric = "pair-plan share" if r["k"] == 0 else f"pass@{int(r['k'])}"
+        what = f"{metric}: {_fmt_ci(r['diff'], r['ci_low'], r['ci_high'], signed=True)}"
+        if r["ci_low"] > 0:
+            parts.append(f"{what}, higher with Branch")
+        elif r["ci_high"] < 0:
+            parts.append(f"{what}, lower with Branch")
+        else:
+            parts.append(f"{what}, no difference this lab can detect (the CI includes 0)")
+    scope = f"{seeds} seed{'s' if seeds > 1 else ''} x {int(rows['problems'].iloc[0])} problems"
+    return f"GRPO + Branch - GRPO ({scope}): " + "; ".join(parts) + "."
+
+
+def plot_methods(methods: pd.DataFrame, labels: dict[str, str], path: Path) -> Path:
+    from ..report import plots
+
+    fig, axes = plots._figure((900, 520))
+    ax = axes[0, 0]
+    for i, (method, frame) in enumerate(methods.groupby("method", sort=False)):
+        frame = frame.sort_values("k")
+        ax.plot(frame["k"], frame["pass_at_k"], marker="o", ms=3, color=f"C{i}", label=labels.get(method, method))
+        ax.fill_between(frame["k"], frame["ci_low"], frame["ci_high"], color=f"C{i}", alpha=0.15, lw=0)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (log2)")
+    ax.set_ylabel("pass@k")
+    ax.set_title("Demo lab: pass@k per method (bands: CI over seeds and problems)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return plots._save(fig, path)
+
+
+def render(*, methods, pairs, plan_pairs, support, plans, runs, gaps, strategy_rows, branch, reference, labels, kmax, seeds,
+           settings, resamples) -> tuple[str, str]:
+    """(markdown section, console summary)."""
+    m = methods.set_index(["method", "k"])
+    sft_branch = branch[branch["run"] == compare.REFERENCE_METHOD].iloc[0]
+    sft_pass1 = m.loc[("sft", 1)]
+    headline = [
+        (f"SFT policy: pass@1 {_fmt_ci(sft_pass1['pass_at_k'], sft_pass1['ci_low'], sft_pass1['ci_high'])}; "
+        f"branch-point entropy {sft_branch['branch_entropy_mean']:.2f} nats (lab tau {settings['tau']}, gamma "
+        f"{settings['gamma']}, temperature {settings['temperature']}): q > 1 at "
+        f"{sft_branch['branch_q_gt1_fraction']:.1%} of the branch-point tokens (RL prompts) and at "
+        f"{sft_branch['other_q_gt1_fraction']:.1%} of the other completion tokens."),
+        verdict(pairs, plan_pairs, kmax, seeds),
+    ]
+    lines = [(f"{MARKER.lstrip()}methods across {seeds} training seed{'s' if seeds > 1 else ''} and "
+             f"{int(methods['problems'].iloc[0])} problems (sage_unsloth/demo/lab.py)"), "", *headline, "",
+             ("CIs: 95% two-level percentile bootstrap (seeds, then problems; "
+              f"{resamples} resamples; see sage_unsloth/demo/compare.py). With 3 seeds the seed level has few "
+              "distinct draws: read the per-run rows too."), "", "### pass@k per method", "",
+             f"| method | seeds | pass@1 | pass@{kmax} | rare-plan share | {COMMON} accuracy | rare accuracy |",
+             "|---|---|---|---|---|---|---|"]
+    plan_rows = plans.set_index(["method", "strategy"])
+    for method in dict.fromkeys(methods["method"]):
+        one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
+        rare = plan_rows.loc[(method, "rare")]
+        method_runs = runs[runs["method"] == method]
+        lines.append(f"| {labels.get(method, method)} | {int(one['seeds'])} | "
+                     f"{_fmt_ci(one['pass_at_k'], one['ci_low'], one['ci_high'])} | "
+                     f"{_fmt_ci(big['pass_at_k'], big['ci_low'], big['ci_high'])} | "
+                     f"{_fmt_ci(rare['share'], rare['ci_low'], rare['ci_high'])} | "
+                     f"{method_runs[f'{COMMON}_accuracy'].mean():.3f} | {method_runs['rare_accuracy'].mean():.3f} |")
+    lines += ["", "![pass@k per method](lab/passk_methods.png)", "", "### Paired differences (A - B, runs paired by seed)",
+              "", "| A | B | metric | A - B | 95% CI | CI excludes 0 | seeds | problems |", "|---|---|---|---|---|---|---|---|"]
+    for _, r in pd.concat([pairs, plan_pairs], ignore_index=True).iterrows():
+        what = r["metric"] if isinstance(r.get("metric"), str) else f"pass@{int(r['k'])}"
+        lines.append(f"| {labels.get(r['a'], r['a'])} | {labels.get(r['b'], r['b'])} | {what} | "
+                     f"{r['diff']:+.3f} | [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
+                     f"{'yes' if r['excludes_0'] else 'no'} | {int(r['seeds'])} | {int(r['problems'])} |")
+    if not support.empty:
+        lines += ["", f"### Support against SFT at k = {kmax} (report/support.py, across seeds and problems)", "",
+                  "| method | solved by SFT | solved by method | preserved | shrunk (lost) | expanded (gained) |",
+                  "|---|---|---|---|---|---|"]
+        for _, r in support.iterrows():
+            cells = [_fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
+                     for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded")]
+            lines.append(f"| {labels.get(r['method'], r['method'])} | " + " | ".join(cells) + " |")
+    if not gaps.empty:
+        lines += ["", "### Problems where the common plan meets the base model's gap (sage_unsloth/demo/task.py)",
+                  "", (f"The pre-training never showed a two-digit plus one-digit addition whose ones digits add up "
+                       f"to {' or '.join(map(str, GAP_ONES_SUMS))}, and SFT never used a plan where it needs one; {COMMON} (and the other "
+                       "running totals) need one on the 'gap' problems, the pair plans never do. 'correct rare' = "
+                       "share of the completions that are correct and follow a rare plan."), "",
+                  f"| method | problems | count | pass@1 | pass@{kmax} | correct rare |", "|---|---|---|---|---|---|"]
+        for _, r in gaps.iterrows():
+            cells = [_fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
+                     for n in ("pass_at_1", f"pass_at_{kmax}", "correct_rare")]
+            lines.append(f"| {labels.get(r['method'], r['method'])} | {r['problems']} | {int(r['n_problems'])} | "
+                         + " | ".join(cells) + " |")
+    lines += ["", "### Plans per run (rules: sage_unsloth/demo/task.py, label_strategy)", "",
+              (f"{COMMON} is the common plan (70% of the SFT data), {', '.join(RARE)} the rare ones (10/10/5/5%); "
+              "accuracy is within the plan's completions; 'solved by rare plans' is the share of problems with at "
+              "least one correct rare-plan completion."), "", markdown_table(strategy_rows), "",
+              "![plans](analysis/strategies.png)", "", "### The branch point (sage_unsloth/demo/analysis.py)", "",
+              ("Per run's final policy on the RL prompts: mean entropy of the first completion token (the plan "
+              "word), share of prompts where the branch guide's q > 1, the policy's probability of each plan "
+              "there; q > 1 at the other completion tokens; mean sage/frac_boosted during training (Branch runs)."),
+              "", "| run | branch entropy | q > 1 (branch) | " + " | ".join(f"p({s})" for s in STRATEGIES)
+              + " | q > 1 (other tokens) | training frac_boosted |",
+              "|" + "---|" * (5 + len(STRATEGIES))]
+    for _, b in branch.iterrows():
+        boosted = "" if pd.isna(b["train_frac_boosted_mean"]) else f"{b['train_frac_boosted_mean']:.3f}"
+        lines.append(f"| {b['run']} | {b['branch_entropy_mean']:.3f} | {b['branch_q_gt1_fraction']:.3f} | "
+                     + " | ".join(f"{b['p_' + s]:.3f}" for s in STRATEGIES)
+                     + f" | {b['other_q_gt1_fraction']:.3f} | {boosted} |")
+    if reference is not None and not reference.empty:
+        lines += ["", "### This run against the committed reference (results/demo-reference/)", "",
+                  ("Same run names; the numbers agree exactly only on the same CPU type, library versions and "
+                  "budget (README: how they vary)."), "", "| run | metric | this run | reference | difference |",
+                  "|---|---|---|---|---|"]
+        for _, r in reference.iterrows():
+            theirs = "missing" if pd.isna(r["reference"]) else f"{r['reference']:.3f}"
+            diff = "" if pd.isna(r["diff"]) else f"{r['diff']:+.3f}"
+            lines.append(f"| {r['run']} | {r['metric']} | {r['this_run']:.3f} | {theirs} | {diff} |")
+    console = ["[demo] " + line for line in headline]
+    for method in dict.fromkeys(methods["method"]):
+        one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
+        console.append(f"[demo]   {labels.get(method, method):28s} pass@1 {one['pass_at_k']:.3f} "
+                       f"[{one['ci_low']:.3f}, {one['ci_high']:.3f}]  pass@{kmax} {big['pass_at_k']:.3f} "
+                       f"[{big['ci_low']:.3f}, {big['ci_high']:.3f}]  rare plans "
+                       f"{plan_rows.loc[(method, 'rare'), 'share']:.3f}")
+    return "\n".join(lines) + "\n", "\n".join(console) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo.lab", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--results", required=True)
+    parser.add_argument("--runs", required=True)
+    parser.add_argument("--methods", required=True, help='JSON {"name": "label", ...} of the RL methods')
+    parser.add_argument("--pairs", required=True, help="a:b,... (method names; 'sft' for the SFT model)")
+    parser.add_argument("--branch-config", required=True)
+    parser.add_argument("--reference", default=None, help="results folder of the reference run")
+    parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--level", type=float, default=0.95)
+    args = parser.parse_args(argv)
+    try:
+        return _main(args)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"error: {exc}")
+        return 1
+
+
+def _main(args) -> int:
+    results = Path(args.results)
+    runs = [r for r in args.runs.split(",") if r]
+    labels = {"sft": "SFT", **json.loads(args.methods)}
+    pairs = [tuple(item.split(":")) for item in args.pairs.split(",") if item]
+    stats = {"resamples": args.resamples, "seed": args.seed, "level": args.level}
+    lab = compare.load_lab_runs(results / MODEL_NAME, BENCHMARK)
+    check_complete(lab, runs)
+    lab = compare.LabRuns(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
+    kmax = int(min(n.min() for n in lab.n.values()))
+    ks = [k for k in (2 ** i for i in range(32)) if k <= kmax] + ([kmax] if kmax & (kmax - 1) else [])
+    analysis = results / ANALYSIS_DIR
+    strategies = pd.read_csv(analysis / "strategies.csv")
+    branch = pd.read_csv(analysis / "branch.csv")
+    with np.load(analysis / "strategy_problems.npz") as data:
+        order = {run: pd.Index(data[f"{run}{IDS_SUFFIX}"]).get_indexer(lab.problems) for run in runs}
+        if any((o < 0).any() for o in order.values()):
+            raise ValueError("the analysis step labelled other problems than the eval step graded; rerun it")
+        shares = {run: data[run][order[run]] for run in runs}
+        rare_column = [*LABELS, "rare"].index("rare")
+        correct_rare = {run: data[f"{run}{CORRECT_SUFFIX}"][order[run], rare_column] for run in runs}
+    gap = gap_flags(Path(args.work) / "data" / EVAL_FILE, lab.problems)
+    seeds = max(len(v) for m, v in lab.methods.items() if m != compare.REFERENCE_METHOD) if len(lab.methods) > 1 else 1
+
+    methods = compare.method_table(lab, ks, **stats)
+    pair_frame = compare.pair_table(lab, pairs, sorted({1, kmax}), **stats)
+    support = compare.support_method_table(lab, kmax, **stats)
+    plans = compare.strategy_method_table(shares, [*LABELS, "rare"], **stats)
+    gaps = gap_table(lab, gap, correct_rare, kmax, **stats)
+    plan_pairs = plan_pair_table(lab, shares, pairs, **stats)
+    run_frame = run_rows(lab, runs, kmax, strategies, branch)
+    for frame, what in ((methods, "pass@k"), (run_frame, "per-run")):
+        # accuracies are undefined where a plan never occurs, frac_boosted outside Branch runs: not checked
+        numeric = frame.select_dtypes("number").drop(columns=["seed", "train_frac_boosted", "rare_accuracy",
+                                                              f"{COMMON}_accuracy"], errors="ignore")
+        if frame.empty or numeric.isna().to_numpy().any():
+            raise ValueError(f"the {what} table has empty or NaN values: a run produced no usable result")
+    reference = reference_table(run_frame, Path(args.reference), kmax) if args.reference else None
+    out = results / LAB_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in (("methods", methods), ("pairs", pd.concat([pair_frame, plan_pairs], ignore_index=True)), ("support", support), ("plans", plans),
+                        ("runs", run_frame), ("gap", gaps), ("reference", reference)):
+        if frame is not None:
+            atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
+    plot_methods(methods, labels, out / "passk_methods.png")
+    markdown, console = render(methods=methods, pairs=pair_frame, plan_pairs=plan_pairs, support=support, plans=plans, runs=run_frame,
+                               gaps=gaps,
+                               strategy_rows=strategies.to_dict("records"), branch=branch, reference=reference, labels=labels, kmax=kmax, seeds=seeds,
+                               settings=branch_settings(Path(args.branch_config)), resamples=args.resamples)
+    atomic_write_text(out / "summary.txt", console)
+    report = results / "report.md"
+    text = report.read_text()
+    if MARKER in text:  # the lab step reran on the same report: replace its section
+        text = text[:text.index(MARKER)]
+    atomic_write_text(report, text.rstrip("\n") + "\n\n" + markdown)
+    print(console, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,299 @@
+"""The demo's step runner: subprocess steps in dependency order, parallel where they can be, with
+fingerprinted completion stamps, per-step CPU time, thread counts that suit the machine's load, and
+progress on the console.
+
+A step is *done* when ``<work>/steps/<name>.json`` holds the fingerprint of this run's inputs and every
+output of the step exists. The fingerprint hashes the step's command (the Python executable left out),
+the contents of the config files it reads, the source of the kit's code it runs (the top-level modules
+plus the subpackages and files the step names) and the fingerprints of the steps it depends on, so a changed
+budget, config, code or upstream result reruns the step and everything after it. A step that reruns has
+its outputs deleted first, so nothing stale is mixed into a new result.
+
+CPU time is the user + system time of the step's process and its waited-for children (``os.wait4``).
+Thread counts: ``--threads`` if given, else the cores this process may use minus the 1-minute load
+average measured before the first step starts, shared among the steps running at once (at least 1).
+On a loaded machine that is one thread per step: torch's OpenMP threads spin while they wait, and two
+threads on a busy core cost about five times the CPU of one (measured for the pre-training step: 85 s
+against 16 s of CPU for the same 60 steps). The results do not depend on the thread count
+(tests/test_demo_steps.py checks the pre-training; torch's CPU kernels for these shapes reduce in a
+fixed order).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..manifest import atomic_write_json
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = PACKAGE_ROOT.parent
+STAMP_DIR = "steps"
+
+
+@dataclass
+class Step:
+    name: str
+    argv: list[str]
+    outputs: tuple[Path, ...]            # all must exist when the step is done; deleted before it reruns
+    after: tuple[str, ...] = ()
+    configs: tuple[Path, ...] = ()       # files read by the step (their content enters the fingerprint)
+    code: tuple[str, ...] = ()           # sage_unsloth subpackages / files the step runs, besides the top level
+    label: str = ""                      # what the console shows while it runs
+    # for steps whose log shows no progress bar (the eval stage hides tqdm off a terminal): files that appear
+    # one per unit of work (a glob), and how many there will be
+    progress_files: tuple[str, int] | None = None
+
+
+@dataclass
+class StepRecord:
+    name: str
+    status: str                          # "ran" | "reused"
+    wall_s: float
+    cpu_s: float
+    threads: int
+    finished: str
+    fingerprint: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------- fingerprints
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def code_digest(parts: tuple[str, ...]) -> str:
+    """sha256 over the kit's top-level modules and the named subpackages or files (paths and contents)."""
+    digest = hashlib.sha256()
+    files = sorted(PACKAGE_ROOT.glob("*.py"))
+    for part in sorted(set(parts)):
+        path = PACKAGE_ROOT / part
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    for path in files:
+        digest.update(path.relative_to(PACKAGE_ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def fingerprint(step: Step, upstream: dict[str, str]) -> str:
+    argv = ["python" if i == 0 else a for i, a in enumerate(step.argv)]
+    payload = {
+        "argv": argv,
+        "configs": {str(p): _file_digest(p) for p in step.configs},
+        "code": code_digest(step.code),
+        "after": {name: upstream[name] for name in step.after},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def read_stamp(stamps: Path, name: str) -> dict | None:
+    path = stamps / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+# ------------------------------------------------------------------------------------------- threads
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def idle_cores() -> int:
+    """Cores not busy with other work now: usable cores minus the 1-minute load average (at least 1)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, int(usable_cores() - load + 0.5))
+
+
+def child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "SAGE_DEMO_THREADS": str(threads),
+                "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                "UNSLOTH_SKIP_TORCHVISION_CHECK": "1", "WANDB_MODE": env.get("WANDB_MODE", "offline"),
+                "PYTHONUNBUFFERED": "1"})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+# ------------------------------------------------------------------------------------------ progress
+_TQDM = re.compile(r"^(.*?)(\d+)/(\d+) \[([\d:]+)<([\d:?]+),\s*([\d.?]+)\s*(it/s|s/it)", re.MULTILINE)
+_NOT_PROGRESS = ("Loading", "Writing", "shards", "Map", "Filter", "Generating")  # library bars, not the step's
+_METRIC = re.compile(r"'(reward|loss)': '?(-?[\d.]+(?:e-?\d+)?)'?")
+
+
+def progress_line(log_text: str) -> str | None:
+    """"40/200 steps, 1.30 steps/s, ETA 02:03, reward 0.41" from the last tqdm bar and metrics in a log."""
+    bars = [bar for bar in _TQDM.findall(log_text.replace("\r", "\n"))
+            if not any(word in bar[0] for word in _NOT_PROGRESS)]
+    if not bars:
+        return None
+    _, done, total, _elapsed, remaining, rate, unit = bars[-1]
+    speed = "" if rate == "?" else (f"{float(rate):.2f} steps/s" if unit == "it/s"
+                                    else f"{1 / max(float(rate), 1e-9):.2f} steps/s")
+    parts = [f"{done}/{total}", speed, f"ETA {remaining}"]
+    metrics = dict(_METRIC.findall(log_text))
+    parts += [f"{key} {float(metrics[key]):.3f}" for key in ("reward", "loss") if key in metrics]
+    return ", ".join(p for p in parts if p)
+
+
+def file_progress(pattern: str, total: int, elapsed: float) -> str:
+    """"4/10 chunks, 0.08 chunks/s, ETA 01:15" from the files written so far."""
+    from glob import glob
+
+    done = len(glob(pattern, recursive=True))
+    rate = done / max(elapsed, 1e-9)
+    eta = (total - done) / rate if rate > 0 else None
+    eta_text = "?" if eta is None else f"{int(eta) // 60:02d}:{int(eta) % 60:02d}"
+    return f"{done}/{total} chunks, {rate:.2f} chunks/s, ETA {eta_text}"
+
+
+def _tail(path: Path, size: int = 20000) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+# ------------------------------------------------------------------------------------------- running
+@dataclass
+class _Running:
+    step: Step
+    proc: subprocess.Popen
+    started: float
+    threads: int
+    log: Path
+
+
+def _plan(steps: list[Step], stamps: Path) -> tuple[dict[str, str], set[str]]:
+    """(fingerprint per step, names of steps to run): a step runs when its stamp does not match this
+    run's fingerprint, an output is missing, or a step it depends on runs."""
+    by_name = {s.name: s for s in steps}
+    fingerprints: dict[str, str] = {}
+    to_run: set[str] = set()
+    for step in steps:  # steps are listed in dependency order
+        missing = [a for a in step.after if a not in by_name]
+        if missing:
+            raise ValueError(f"step {step.name}: unknown predecessor(s) {missing}")
+        fingerprints[step.name] = fingerprint(step, fingerprints)
+        stamp = read_stamp(stamps, step.name)
+        done = (stamp is not None and stamp.get("fingerprint") == fingerprints[step.name]
+                and all(p.exists() for p in step.outputs))
+        if not done or any(a in to_run for a in step.after):
+            to_run.add(step.name)
+    return fingerprints, to_run
+
+
+def run_steps(steps: list[Step], *, work: Path, jobs: int, threads: int | None = None,
+              progress_every: float = 20.0, echo=print) -> list[StepRecord]:
+    """Run every step that is not done; returns one record per step (measured now or read from its stamp)."""
+    stamps, logs = work / STAMP_DIR, work / "logs"
+    stamps.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    fingerprints, to_run = _plan(steps, stamps)
+    records: dict[str, StepRecord] = {}
+    for step in steps:
+        if step.name not in to_run:
+            stamp = read_stamp(stamps, step.name) or {}
+            records[step.name] = StepRecord(step.name, "reused", stamp.get("wall_s", 0.0), stamp.get("cpu_s", 0.0),
+                                            stamp.get("threads", 0), stamp.get("finished", ""), fingerprints[step.name])
+            echo(f"[demo] {step.name}: done earlier with the same inputs, reused")
+    free = threads or idle_cores()
+    if to_run and not threads:
+        echo(f"[demo] {usable_cores()} usable core(s), {free} idle now: steps get {free} thread(s) shared "
+             f"among those running at once (--threads N to set)")
+    pending = [s for s in steps if s.name in to_run]
+    running: dict[str, _Running] = {}
+    last_report = time.perf_counter()
+    try:
+        while pending or running:
+            ready = [s for s in pending if all(a in records for a in s.after)]
+            while ready and len(running) < jobs:
+                step = ready.pop(0)
+                pending.remove(step)
+                for output in step.outputs:
+                    _remove(output)
+                (stamps / f"{step.name}.json").unlink(missing_ok=True)
+                n_threads = threads or max(1, free // max(1, min(jobs, len(ready) + len(running) + 1)))
+                log = logs / f"{step.name}.log"
+                echo(f"[demo] {step.name}: start{' (' + step.label + ')' if step.label else ''}, "
+                     f"{n_threads} thread(s), log {_display(log)}")
+                with log.open("w") as fh:
+                    proc = subprocess.Popen(step.argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                            env=child_env(n_threads), start_new_session=True)
+                running[step.name] = _Running(step, proc, time.perf_counter(), n_threads, log)
+            if not running and pending:
+                raise RuntimeError(f"[demo] cannot schedule {[s.name for s in pending]}: unmet dependencies")
+            time.sleep(0.25)
+            for name, item in list(running.items()):
+                pid, status, usage = os.wait4(item.proc.pid, os.WNOHANG)
+                if pid == 0:
+                    continue
+                item.proc.returncode = code = os.waitstatus_to_exitcode(status)
+                del running[name]
+                wall = round(time.perf_counter() - item.started, 1)
+                cpu = round(usage.ru_utime + usage.ru_stime, 1)
+                missing = [p for p in item.step.outputs if not p.exists()]
+                if code != 0 or missing:
+                    tail = "".join(_tail(item.log).splitlines(keepends=True)[-30:])
+                    why = f"exit {code}" if code != 0 else f"no {', '.join(_display(p) for p in missing)}"
+                    raise RuntimeError(f"[demo] {name} failed ({why}); last lines of {_display(item.log)}:\n{tail}")
+                finished = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+                record = StepRecord(name, "ran", wall, cpu, item.threads, finished, fingerprints[name])
+                atomic_write_json(stamps / f"{name}.json", {"fingerprint": record.fingerprint, "wall_s": wall,
+                                                            "cpu_s": cpu, "threads": item.threads,
+                                                            "finished": finished})
+                records[name] = record
+                echo(f"[demo] {name}: done in {wall:.0f} s ({cpu:.0f} s CPU)")
+            if running and time.perf_counter() - last_report >= progress_every:
+                last_report = time.perf_counter()
+                for name, item in running.items():
+                    line = progress_line(_tail(item.log))
+                    if line is None and item.step.progress_files:
+                        line = file_progress(*item.step.progress_files, time.perf_counter() - item.started)
+                    echo(f"[demo]   {name}: {line or 'running'} ({time.perf_counter() - item.started:.0f} s)")
+    finally:
+        for item in running.values():  # a failure or Ctrl-C: stop the other steps (their whole process group)
+            try:
+                os.killpg(item.proc.pid, signal.SIGTERM)
+                item.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired, ChildProcessError):
+                pass
+    return [records[s.name] for s in steps]
+
+
+def _display(path: Path) -> str:
+    """A path relative to the project when it lies inside it."""
+    path = Path(path)
+    try:
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def python() -> str:
+    return sys.executable

@@ -1,0 +1,209 @@
+"""Empirical support of a run against a reference run, per benchmark (after "The Invisible Leash",
+Wu et al., arXiv 2507.14843): which problems the reference solves at k, which this run solves at k,
+and how the two sets overlap.
+
+Per problem ``i`` and k, ``p_i`` is the unbiased pass@k from (n, c) (the probability that k samples drawn
+without replacement from the run's n contain a correct one). Drawing k samples from each run
+independently, a problem is
+
+- **preserved** when both solve it: ``p_ref * p_run``;
+- **shrunk** (lost) when the reference solves it and the run does not: ``p_ref * (1 - p_run)``;
+- **expanded** (gained) when the run solves it and the reference does not: ``(1 - p_ref) * p_run``;
+- **unsolved** by both: ``(1 - p_ref) * (1 - p_run)``.
+
+The four add up to 1 per problem; their means over the benchmark are the reported shares (times the
+problem count = expected number of problems). At k = n they are the paper's counts (a problem is solved
+when any of its n samples is correct); below n they are the expected counts for k-sample draws, which keeps
+runs evaluated with different n comparable at a common k. ``solved_ref`` = preserved + shrunk and
+``solved_run`` = preserved + expanded are the two runs' pass@k; expanded - shrunk is their difference.
+CIs: percentile bootstrap over problems, the same resampled problems for every quantity and for every
+run of a benchmark (bootstrap.resample_counts, stream = the benchmark name).
+
+The reference is, per model folder, the run named by ``reference`` (a run folder or "<model>/<run>") or, by
+default, the run the paper mapping calls "Base" (``sft`` / ``base``); models without one are skipped with a
+note.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sage_unsloth.report import bootstrap as bs
+from sage_unsloth.report.loading import RunResults
+from sage_unsloth.report.paper import map_run
+from sage_unsloth.report.passk import pass_at_k_matrix
+
+log = logging.getLogger(__name__)
+
+QUANTITIES = ("preserved", "shrunk", "expanded", "unsolved")
+SHARES = ("solved_ref", "solved_run", *QUANTITIES, "net")
+REFERENCE_METHOD = "Base"
+COLUMNS = ["model", "run", "reference", "dataset", "k", "n_problems",
+           *[f"{name}{suffix}" for name in SHARES for suffix in ("", "_ci_low", "_ci_high")]]
+
+
+def support_indicators(p_ref: np.ndarray, p_run: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-problem probabilities of the four outcomes, from the two runs' per-problem pass@k."""
+    p_ref, p_run = np.asarray(p_ref, dtype=np.float64), np.asarray(p_run, dtype=np.float64)
+    if p_ref.shape != p_run.shape:
+        raise ValueError(f"support: per-problem values must align, got {p_ref.shape} and {p_run.shape}")
+    return {"preserved": p_ref * p_run, "shrunk": p_ref * (1.0 - p_run),
+            "expanded": (1.0 - p_ref) * p_run, "unsolved": (1.0 - p_ref) * (1.0 - p_run)}
+
+
+def per_problem_shares(p_ref: np.ndarray, p_run: np.ndarray) -> np.ndarray:
+    """(N, len(SHARES)) per-problem values whose means are the reported shares."""
+    parts = support_indicators(p_ref, p_run)
+    columns = [np.asarray(p_ref, dtype=np.float64), np.asarray(p_run, dtype=np.float64),
+               *(parts[name] for name in QUANTITIES), parts["expanded"] - parts["shrunk"]]
+    return np.stack(columns, axis=1)
+
+
+def find_reference(runs: list[RunResults], model: str, reference: str | None,
+                   mapping: dict | None = None) -> RunResults | None:
+    """The reference run of ``model``: the one named ``reference``, else the one mapped to "Base"."""
+    candidates = [r for r in runs if r.model == model]
+    if reference:
+        named = [r for r in candidates if reference in (r.run, r.name)]
+        return named[0] if named else None
+    based = [r for r in candidates if map_run(r.model, r.run, mapping).method == REFERENCE_METHOD]
+    return min(based, key=lambda r: (r.run != "sft", r.run)) if based else None
+
+
+def _aligned(ref: RunResults, run: RunResults, dataset: str):
+    """(ns_ref, cs_ref, ns_run, cs_run) on the problems both runs graded, in the reference's order."""
+    frames = []
+    for r in (ref, run):
+        frame = r.per_problem[r.per_problem["dataset"] == dataset]
+        frames.append(frame.set_index(frame["problem_id"].astype(str)))
+    common = [pid for pid in frames[0].index if pid in frames[1].index]
+    a, b = frames[0].loc[common], frames[1].loc[common]
+    return a["n"].to_numpy(), a["c"].to_numpy(), b["n"].to_numpy(), b["c"].to_numpy()
+
+
+def support_ks(n_ref: np.ndarray, n_run: np.ndarray) -> list[int]:
+    """k = 1, 2, 4, ... up to the smallest n of either run (every problem must have n >= k), and that n."""
+    top = int(min(n_ref.min(), n_run.min())) if len(n_ref) else 0
+    ks = [k for k in (2 ** i for i in range(32)) if k <= top]
+    return ks + ([top] if top and top not in ks else [])
+
+
+def support_table(runs: list[RunResults], *, reference: str | None = None, mapping: dict | None = None,
+                  resamples: int = bs.DEFAULT_RESAMPLES, seed: int = 0, level: float = 0.95,
+                  notes: list[str] | None = None) -> pd.DataFrame:
+    """Shares (with CIs) of solved / preserved / shrunk / expanded problems, per run, benchmark and k."""
+    notes = notes if notes is not None else []
+    rows = []
+    for model in dict.fromkeys(r.model for r in runs):
+        ref = find_reference(runs, model, reference, mapping)
+        if ref is None:
+            notes.append(f"{model}: no reference run ({reference or 'a Base/sft run'}); no support metrics")
+            continue
+        if ref.per_problem is None:
+            notes.append(f"{ref.name}: per_problem.csv missing; no support metrics")
+            continue
+        for run in (r for r in runs if r.model == model and r is not ref):
+            if run.per_problem is None:
+                notes.append(f"{run.name}: per_problem.csv missing; no support metrics")
+                continue
+            for dataset in sorted(set(ref.per_problem["dataset"]) & set(run.per_problem["dataset"])):
+                n_ref, c_ref, n_run, c_run = _aligned(ref, run, dataset)
+                if not len(n_ref):
+                    continue
+                ks = support_ks(n_ref, n_run)
+                p_ref, p_run = pass_at_k_matrix(n_ref, c_ref, ks), pass_at_k_matrix(n_run, c_run, ks)
+                counts = bs.resample_counts(len(n_ref), resamples=resamples, seed=seed, stream=dataset)
+                for col, k in enumerate(ks):
+                    values = per_problem_shares(p_ref[:, col], p_run[:, col])
+                    low, high = bs.percentile_ci(bs.resampled_means(values, counts), level)
+                    row = {"model": model, "run": run.run, "reference": ref.run, "dataset": dataset, "k": k,
+                           "n_problems": len(n_ref)}
+                    for j, name in enumerate(SHARES):
+                        row.update({name: float(values[:, j].mean()), f"{name}_ci_low": float(low[j]),
+                                    f"{name}_ci_high": float(high[j])})
+                    rows.append(row)
+    for note in notes:
+        log.warning("%s", note)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def headline_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, run, dataset) the row at the largest k."""
+    if table.empty:
+        return table
+    index = table.groupby(["model", "run", "dataset"], sort=False)["k"].idxmax()
+    return table.loc[index.sort_values()]
+
+
+def _cell(row, name: str) -> str:
+    value, low, high = row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"]
+    sign = "+" if name == "net" else ""
+    return f"{value:{sign}.3f} [{low:{sign}.3f}, {high:{sign}.3f}]"
+
+
+def markdown_section(table: pd.DataFrame, images: dict[str, Path], rel, notes: list[str]) -> str:
+    """The report's support section: one table at the largest k per run and benchmark, plus the plots."""
+    parts = ["## Support against the reference run (after The Invisible Leash, arXiv 2507.14843)",
+             ("Shares of the benchmark's problems, drawing k samples from each run: solved by the reference, "
+              "solved by this run, preserved (both), shrunk (reference only: lost), expanded (this run only: "
+              "gained); net = expanded - shrunk. At k = n a problem counts as solved when any sample is "
+              "correct. 95% bootstrap CIs over problems. Every k: `support.csv`. Rules: "
+              "sage_unsloth/report/support.py.")]
+    top = headline_rows(table)
+    if top.empty:
+        parts.append("No support metrics: " + ("; ".join(notes) if notes else "no run pairs with per-problem data."))
+        return "\n\n".join(parts)
+    header = ["model", "run", "reference", "dataset", "k", "problems", "solved by reference", "solved by run",
+              "preserved", "shrunk (lost)", "expanded (gained)", "net"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for _, r in top.iterrows():
+        lines.append("| " + " | ".join([r["model"], r["run"], r["reference"], r["dataset"], str(int(r["k"])),
+                                        str(int(r["n_problems"])), *(_cell(r, n) for n in
+                                        ("solved_ref", "solved_run", "preserved", "shrunk", "expanded", "net"))])
+                     + " |")
+    parts.append("\n".join(lines))
+    parts += [f"![support on {dataset}]({rel(path)})" for dataset, path in images.items()]
+    if notes:
+        parts.append("Notes: " + "; ".join(notes))
+    return "\n\n".join(parts)
+
+
+def plot_support(table: pd.DataFrame, out_dir: str | Path, *, size: tuple[int, int] = (960, 600)) -> dict[str, Path]:
+    """Per benchmark: shares at the largest k (bars, with CIs) and shrunk / expanded against k (lines)."""
+    from sage_unsloth.report import plots
+
+    written = {}
+    for dataset, frame in table.groupby("dataset", sort=True):
+        fig, axes = plots._figure(size, 1, 2)
+        bars, lines = axes[0, 0], axes[0, 1]
+        top = headline_rows(frame)
+        labels = [f"{m}/{r}" for m, r in zip(top["model"], top["run"])]
+        x = np.arange(len(top))
+        for offset, (name, colour) in zip((-0.27, 0.0, 0.27), (("preserved", "tab:blue"), ("shrunk", "tab:red"),
+                                                                 ("expanded", "tab:green"))):
+            values = top[name].to_numpy()
+            err = np.stack([values - top[f"{name}_ci_low"].to_numpy(), top[f"{name}_ci_high"].to_numpy() - values])
+            bars.bar(x + offset, values, width=0.27, color=colour, label=name, yerr=err, capsize=2)
+        bars.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
+        bars.set_ylabel("share of problems")
+        bars.set_title(f"{dataset}: at the largest k (vs {', '.join(sorted(set(top['reference'])))})", fontsize=9)
+        bars.legend(fontsize=7)
+        for i, ((model, run), group) in enumerate(frame.groupby(["model", "run"], sort=True)):
+            group = group.sort_values("k")
+            colour = f"C{i % 10}"
+            lines.plot(group["k"], group["expanded"], color=colour, marker="o", ms=3, label=f"{model}/{run} expanded")
+            lines.plot(group["k"], group["shrunk"], color=colour, ls="--", marker="x", ms=3,
+                       label=f"{model}/{run} shrunk")
+        lines.set_xscale("log", base=2)
+        lines.set_xlabel("k (log2)")
+        lines.set_ylabel("share of problems")
+        lines.set_title("expanded (solid) and shrunk (dashed) against k", fontsize=9)
+        lines.grid(True, alpha=0.3)
+        lines.legend(fontsize=6)
+        fig.tight_layout()
+        written[dataset] = plots._save(fig, Path(out_dir) / f"support_{dataset}.png")
+    return written

@@ -1,0 +1,60 @@
+"""The lab's statistics (demo/compare.py): runs by seed, the two-level bootstrap, paired differences."""
+
+import numpy as np
+import pytest
+
+from sage_unsloth.demo import compare as C
+
+
+def lab(**c_by_run):
+    problems = [f"p{i}" for i in range(len(next(iter(c_by_run.values()))))]
+    return C.LabRuns(problems, {r: np.full(len(problems), 4) for r in c_by_run},
+                     {r: np.array(c) for r, c in c_by_run.items()})
+
+
+def test_run_names_split_into_method_and_seed():
+    assert C.split_run("grpo_branch_seed12") == ("grpo_branch", 12) and C.split_run("sft") == ("sft", None)
+    assert C.run_name("grpo", 3) == "grpo_seed3" and C.run_name("sft", None) == "sft"
+    runs = lab(sft=[1], grpo_seed1=[2], grpo_seed0=[3], grpo_nokl_seed0=[4])
+    assert runs.methods == {"grpo": ["grpo_seed0", "grpo_seed1"], "grpo_nokl": ["grpo_nokl_seed0"], "sft": ["sft"]}
+
+
+def test_two_level_bootstrap_draws_seeds_and_problems():
+    # values differ by seed only: every resample is a mean of 3 seed values drawn with replacement
+    by_seed = np.array([[0.0] * 5, [0.3] * 5, [0.9] * 5])
+    samples = C.two_level_samples(by_seed, resamples=4000, seed=0)
+    possible = {round((a + b + c) / 3, 9) for a in (0, .3, .9) for b in (0, .3, .9) for c in (0, .3, .9)}
+    assert {round(s, 9) for s in samples} <= possible and len(set(np.round(samples, 9))) > 5
+    # one seed: the plain bootstrap over problems, whose mean is the sample mean
+    one = np.array([[0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]])
+    samples = C.two_level_samples(one, resamples=4000, seed=0)
+    assert samples.mean() == pytest.approx(one.mean(), abs=0.01) and samples.std() == pytest.approx(
+        one.std() / np.sqrt(8), rel=0.1)
+    mean, low, high = C.ci(one, resamples=2000, seed=0, level=0.95)
+    assert low < mean < high and mean == pytest.approx(0.625)
+    assert C.ci(np.full((2, 4), 0.5), resamples=100, seed=0, level=0.95) == (0.5, 0.5, 0.5)
+
+
+def test_paired_differences_pair_runs_by_seed_and_every_seed_with_the_one_sft():
+    runs = lab(sft=[0, 4], grpo_seed0=[4, 4], grpo_seed1=[2, 4], grpo_branch_seed0=[4, 0], grpo_branch_seed1=[4, 2])
+    first = lambda run: runs.c[run] / 4.0  # pass@1 per problem
+    against_sft = C.paired_values(runs, "grpo", "sft", first)
+    assert against_sft.tolist() == [[1.0, 0.0], [0.5, 0.0]]
+    branch = C.paired_values(runs, "grpo_branch", "grpo", first)
+    assert branch.tolist() == [[0.0, -1.0], [0.5, -0.5]]
+    table = C.pair_table(runs, [("grpo_branch", "grpo")], [1], resamples=500, seed=0, level=0.95)
+    assert table.iloc[0]["diff"] == pytest.approx(-0.25) and table.iloc[0]["seeds"] == 2
+    with pytest.raises(ValueError, match="do not share seeds"):
+        C.paired_values(lab(a_seed0=[1], b_seed1=[1]), "a", "b", first)
+
+
+def test_method_table_averages_seeds_and_problems_at_each_k():
+    runs = lab(sft=[0, 4], grpo_seed0=[4, 2], grpo_seed1=[2, 0])
+    table = C.method_table(runs, [1, 2, 4], resamples=300, seed=0, level=0.95).set_index(["method", "k"])
+    # pass@1 = c/4; pass@2 of c=2 of 4 is 1 - C(2,2)/C(4,2) = 5/6
+    assert table.loc[("grpo", 1), "pass_at_k"] == pytest.approx((1 + 0.5 + 0.5 + 0) / 4)
+    assert table.loc[("grpo", 2), "pass_at_k"] == pytest.approx((1 + 5 / 6 + 5 / 6 + 0) / 4)
+    assert table.loc[("sft", 4), "pass_at_k"] == 0.5 and table.loc[("grpo", 1), "seeds"] == 2
+    support = C.support_method_table(runs, 4, resamples=300, seed=0, level=0.95).iloc[0]
+    # grpo solves p0 in both seeds (SFT does not), p1 in seed 0 only (SFT does)
+    assert (support["expanded"], support["shrunk"], support["preserved"]) == pytest.approx((0.5, 0.25, 0.25))

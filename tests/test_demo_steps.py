@@ -1,0 +1,128 @@
+"""The demo's step runner: fingerprinted stamps, reruns of changed steps only, failures, CPU time, progress."""
+
+import json
+import sys
+
+import pytest
+
+from sage_unsloth.demo import steps as S
+
+
+def write_step(name, out, *, text="x", after=(), configs=(), extra_code=""):
+    code = f"import pathlib; {extra_code}pathlib.Path({str(out)!r}).write_text({text!r})"
+    return S.Step(name, [sys.executable, "-c", code], outputs=(out,), after=after, configs=configs)
+
+
+def names_ran(records):
+    return [r.name for r in records if r.status == "ran"]
+
+
+def pipeline(tmp_path, config_text="lr: 1", b_text="b"):
+    config = tmp_path / "b.yaml"
+    config.write_text(config_text)
+    return [write_step("a", tmp_path / "a.txt"),
+            write_step("b", tmp_path / "b.txt", text=b_text, after=("a",), configs=(config,)),
+            write_step("c", tmp_path / "c.txt", after=("b",)),
+            write_step("d", tmp_path / "d.txt", after=("a",))]
+
+
+def run(steps, tmp_path, **kw):
+    lines = []
+    records = S.run_steps(steps, work=tmp_path / "work", jobs=2, threads=1, progress_every=0.5,
+                          echo=lines.append, **kw)
+    return records, lines
+
+
+def test_a_rerun_reuses_every_step_whose_inputs_did_not_change(tmp_path):
+    records, _ = run(pipeline(tmp_path), tmp_path)
+    assert names_ran(records) == ["a", "b", "c", "d"]
+    stamp = json.loads((tmp_path / "work" / "steps" / "b.json").read_text())
+    assert stamp["fingerprint"] == records[1].fingerprint and stamp["wall_s"] >= 0
+    again, lines = run(pipeline(tmp_path), tmp_path)
+    assert names_ran(again) == [] and all("reused" in line for line in lines)
+    assert [r.cpu_s for r in again] == [r.cpu_s for r in records]  # timings read back, not replaced
+
+
+def test_a_changed_config_or_command_reruns_that_step_and_what_follows_only(tmp_path):
+    run(pipeline(tmp_path), tmp_path)
+    records, _ = run(pipeline(tmp_path, config_text="lr: 2"), tmp_path)
+    assert names_ran(records) == ["b", "c"]
+    records, _ = run(pipeline(tmp_path, config_text="lr: 2", b_text="changed"), tmp_path)
+    assert names_ran(records) == ["b", "c"] and (tmp_path / "b.txt").read_text() == "changed"
+
+
+def test_a_missing_output_or_stamp_reruns_the_step(tmp_path):
+    run(pipeline(tmp_path), tmp_path)
+    (tmp_path / "d.txt").unlink()
+    assert names_ran(run(pipeline(tmp_path), tmp_path)[0]) == ["d"]
+    (tmp_path / "work" / "steps" / "a.json").unlink()
+    assert names_ran(run(pipeline(tmp_path), tmp_path)[0]) == ["a", "b", "c", "d"]
+
+
+def test_outputs_of_a_rerun_step_are_deleted_before_it_runs(tmp_path):
+    folder = tmp_path / "out"
+    step = S.Step("s", [sys.executable, "-c", (f"import pathlib; p = pathlib.Path({str(folder)!r}); p.mkdir(); "
+                                             "(p / 'new').write_text('1')")], outputs=(folder,))
+    folder.mkdir()
+    (folder / "stale").write_text("old")
+    run([step], tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == ["new"]
+
+
+def test_a_failing_step_stops_the_run_with_its_log_and_a_missing_output_is_a_failure(tmp_path):
+    bad = S.Step("bad", [sys.executable, "-c", "print('boom here'); raise SystemExit(3)"], outputs=(tmp_path / "x",))
+    with pytest.raises(RuntimeError, match=r"(?s)bad failed \(exit 3\).*boom here"):
+        run([bad], tmp_path)
+    silent = S.Step("silent", [sys.executable, "-c", "pass"], outputs=(tmp_path / "y",))
+    with pytest.raises(RuntimeError, match="silent failed .no .*y"):
+        run([silent], tmp_path)
+    assert not (tmp_path / "work" / "steps" / "silent.json").exists()
+
+
+def test_cpu_time_is_measured_and_threads_reach_the_step(tmp_path):
+    out = tmp_path / "threads.txt"
+    busy = S.Step("busy", [sys.executable, "-c", ("import os, pathlib, time\nt = time.process_time()\n"
+                           "while time.process_time() - t < 0.6: pass\n"
+                           f"pathlib.Path({str(out)!r}).write_text(os.environ['OMP_NUM_THREADS'])")], outputs=(out,))
+    records = S.run_steps([busy], work=tmp_path / "work", jobs=1, threads=3, echo=lambda _: None)
+    assert records[0].cpu_s >= 0.5 and records[0].threads == 3 and out.read_text() == "3"
+
+
+def test_progress_line_reads_the_last_tqdm_bar_and_metrics():
+    log = ("{'loss': '0.52', 'reward': '0.25'}\n 10%|#  | 20/200 [00:10<01:30,  2.00it/s]\r"
+           " 20%|## | 40/200 [00:20<01:20,  1.25s/it]\n{'loss': '0.31', 'reward': '0.5', 'step': 40}\n")
+    assert S.progress_line(log) == "40/200, 0.80 steps/s, ETA 01:20, reward 0.500, loss 0.310"
+    assert S.progress_line("no bar yet") is None
+    assert S.progress_line("Loading weights: 100%|##| 26/26 [00:00<00:00, 9000.00it/s]") is None
+
+
+def test_file_progress_counts_the_files_written_so_far(tmp_path):
+    for i in range(3):
+        (tmp_path / f"chunk_{i}.jsonl.gz").write_text("")
+    assert S.file_progress(str(tmp_path / "chunk_*.jsonl.gz"), 10, elapsed=30.0) == "3/10 chunks, 0.10 chunks/s, ETA 01:10"
+    assert S.file_progress(str(tmp_path / "none_*"), 10, elapsed=5.0).endswith("ETA ?")
+
+
+def test_pretraining_does_not_depend_on_the_thread_count(tmp_path):
+    import hashlib
+
+    import safetensors.torch
+    import torch
+
+    from sage_unsloth.demo.data import DemoDataSpec
+    from sage_unsloth.demo.model import build_demo_model
+    from sage_unsloth.demo.pretrain import pretrain_base_model
+
+    pool = DemoDataSpec().splits()["sft"]
+    digests = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            folder = build_demo_model(tmp_path / f"t{threads}")
+            pretrain_base_model(folder, pool, steps=3, batch_size=8)
+            weights = safetensors.torch.load_file(folder / "model.safetensors")
+            digests.append(hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest())
+    finally:
+        torch.set_num_threads(before)
+    assert digests[0] == digests[1]
