@@ -38,6 +38,7 @@ import torch
 
 from sage_unsloth import anchor
 from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
+from sage_unsloth.rlvr.resume import ExactResumeMixin
 
 __all__ = [
     "SageGRPOTrainer",
@@ -439,11 +440,13 @@ def _current_grpo_trainer_base() -> type:
 
 
 def make_sage_trainer_class(base: type | None = None) -> type:
-    """SageTrainerMixin over ``base`` (default: whatever ``trl.GRPOTrainer`` is at this moment)."""
+    """SageTrainerMixin (and the exact-resume state, rlvr/resume.py) over ``base`` (default: whatever
+    ``trl.GRPOTrainer`` is at this moment)."""
     base = base or _current_grpo_trainer_base()
     install_cpu_logprob_fallback()
     if base not in _CLASS_CACHE:
-        _CLASS_CACHE[base] = type(f"Sage{base.__name__}", (SageTrainerMixin, base), {"__module__": __name__})
+        _CLASS_CACHE[base] = type(f"Sage{base.__name__}", (SageTrainerMixin, ExactResumeMixin, base),
+                                  {"__module__": __name__})
     return _CLASS_CACHE[base]
 
 
