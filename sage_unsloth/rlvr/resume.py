@@ -118,7 +118,9 @@ class ExactResumeMixin:
             logger.warning("%s has no %s: resuming without TRL's generation buffer, not bit-exact", checkpoint,
                            path.name)
             return
-        state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
+        device = self.accelerator.device
+        # torch.load knows "cuda:1" but not "cpu:0", the device name of a rank in multi-process CPU runs.
+        state = torch.load(path, map_location="cpu" if device.type == "cpu" else device, weights_only=True)
         self._step, self._buffered_inputs = state["step"], state["buffered_inputs"]
 
 

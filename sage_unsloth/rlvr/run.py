@@ -305,6 +305,10 @@ class RLVRStage:
             print(f"resuming from {Path(self.plan.resume_from).name} in {self.plan.output_dir}", flush=True)
         self.trainer.train(resume_from_checkpoint=self.plan.resume_from)
         out = self.plan.output_dir
+        accelerator = self.trainer.accelerator
+        accelerator.wait_for_everyone()
+        if not accelerator.is_main_process:  # under accelerate launch every rank holds the same policy
+            return out
         # Only the policy adapter: the frozen "ref" copy is the SFT adapter, already in sft_dir.
         self.model.save_pretrained(str(out), selected_adapters=[POLICY_ADAPTER])
         self.tokenizer.save_pretrained(str(out))
@@ -318,6 +322,7 @@ class RLVRStage:
             resumed_from=Path(self.plan.resume_from).name if self.plan.resume_from else None,
             global_step=self.trainer.state.global_step, context_length=self.plan.context_length,
             max_prompt_length=self.plan.max_prompt_length, train_prompts=len(self.dataset),
+            num_processes=accelerator.num_processes,
         )
         logger.info("RLVR output written to %s", out)
         return out

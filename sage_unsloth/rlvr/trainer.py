@@ -309,13 +309,16 @@ class SageTrainerMixin:
         count = torch.tensor([values.numel()], device=q.device, dtype=torch.float32)
         stats = torch.stack([values.sum(), (values > 1.0).float().sum()]) if values.numel() else q.new_zeros(2)
         totals = self.accelerator.reduce(torch.cat([stats.float(), count]), reduction="sum")
-        lo = values.min() if values.numel() else q.new_tensor(1.0)
-        hi = values.max() if values.numel() else q.new_tensor(1.0)
+        # A rank without completion tokens must not pull the global min / max to its placeholder.
+        lo = values.min() if values.numel() else q.new_tensor(float("inf"))
+        hi = values.max() if values.numel() else q.new_tensor(float("-inf"))
         n = totals[2].clamp(min=1.0)
+        q_min = self.accelerator.gather(lo.float().reshape(1)).min().item()
+        q_max = self.accelerator.gather(hi.float().reshape(1)).max().item()
         self._metrics[mode]["sage/q_mean"].append((totals[0] / n).item())
         self._metrics[mode]["sage/frac_boosted"].append((totals[1] / n).item())
-        self._metrics[mode]["sage/q_min"].append(self.accelerator.gather(lo.float().reshape(1)).min().item())
-        self._metrics[mode]["sage/q_max"].append(self.accelerator.gather(hi.float().reshape(1)).max().item())
+        self._metrics[mode]["sage/q_min"].append(q_min if totals[2] > 0 else 1.0)
+        self._metrics[mode]["sage/q_max"].append(q_max if totals[2] > 0 else 1.0)
 
     def _shift_reference(self, output: dict, q: torch.Tensor) -> None:
         """ref_per_token_logps <- ref + log q, in whichever layout the scorer produced."""
