@@ -165,6 +165,9 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
 
     if stage.anchor not in ANCHORS:
         raise ValueError(f"anchor={stage.anchor!r} is unknown: use one of {', '.join(ANCHORS)}")
+    if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
+        raise ValueError("vllm_mode=server needs backend=trl: Unsloth runs its own engine in each process "
+                         "(it rewrites vllm_mode to colocate)")
     if grpo_args.use_vllm and not cuda_available():
         raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
     if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
@@ -194,6 +197,9 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     if not stage.resume and (started or (output_dir / MANIFEST_NAME).is_file()):
         raise FileExistsError(f"{output_dir} already holds a run: pass --resume to continue it, or choose "
                               "another --variant / --output_root")
+    if grpo_args.backend == "unsloth" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logger.warning("backend=unsloth on %s processes: not tested by this kit; backend=trl is (README, "
+                       "'More than one GPU')", os.environ["WORLD_SIZE"])
     if (alignment := logging_alignment_warning(grpo_args)) is not None:
         logger.warning(alignment)
     return RLVRPlan(base_model=base, sft_dir=sft_dir, output_dir=output_dir, model_short=short, variant=variant,
