@@ -33,6 +33,7 @@ from sage_unsloth.eval.benchmarks import (
     register_local_benchmarks,
 )
 from sage_unsloth.eval.passk import check_ks, default_ks, passk_rows
+from sage_unsloth.eval.shard import chunk_keys, parse_shard, select_shard
 from sage_unsloth.manifest import atomic_write_text, write_manifest
 from sage_unsloth.prompts import EVAL_USER_TEMPLATE, SOLUTION_END
 
@@ -72,6 +73,8 @@ class EvalConfig:
     run_name: str | None = field(default=None, metadata={"help": "results/<model>/<run_name> (one checkpoint)"})
     limit: int | None = field(default=None, metadata={"help": "max problems per benchmark (smoke runs)"})
     problems_per_batch: int = field(default=64, metadata={"help": "problems per engine call = resume unit"})
+    shard: str | None = field(default=None, metadata={
+        "help": "i/N: sample only every N-th chunk (one process per GPU); CSVs come once all chunks exist"})
     grading_workers: int | None = None
     grading_timeout_s: float = 1.0
     gpu_memory_utilization: float = 0.9
@@ -108,6 +111,7 @@ def validate(cfg: EvalConfig) -> list[int]:
         raise ValueError("problems_per_batch must be >= 1")
     if "{problem}" not in cfg.user_template:
         raise ValueError("user_template must contain {problem}")
+    parse_shard(cfg.shard)
     return check_ks(cfg.ks, cfg.n) if cfg.ks else default_ks(cfg.n)
 
 
@@ -205,6 +209,8 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
                 pending.append((name, index, chunk))
             else:
                 summaries[(name, index)] = done
+    keys = chunk_keys(problem_sets, cfg.problems_per_batch)
+    pending = select_shard(pending, keys, cfg.shard)  # all of them unless --shard i/N
     n_done = sum(len(v) for v in summaries.values())
     logger.info("%s/%s: %d problems already graded, %d chunks to sample", checkpoint.model, checkpoint.run,
                 n_done, len(pending))
@@ -249,6 +255,10 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
     finally:
         pool.close()
     timings["total_s"] = time.perf_counter() - started
+    if len(summaries) < len(keys):  # a shard: the other shards' chunks are not all written yet
+        logger.info("shard %s done: %d of %d chunks on disk; the CSVs are written once all are (run without "
+                    "--shard to merge)", cfg.shard, len(summaries), len(keys))
+        return results
 
     per_problem = [row for name in problem_sets for index in sorted(i for (n, i) in summaries if n == name)
                    for row in summaries[(name, index)]]
