@@ -15,6 +15,7 @@ STAGES = {
     "eval": ("sage_unsloth.eval.run", "stage 3: pass@k evaluation"),
     "report": ("sage_unsloth.report.__main__", "stage 4: report against the paper's tables"),
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
+    "sweep": ("sage_unsloth.sweep", "RLVR configs x seeds, then eval and report, one job per free GPU"),
 }
 
 
