@@ -1,7 +1,7 @@
 """The sweep runner end to end on CPU (configs/sweep/tiny-cpu.yaml): 2 RLVR configs x 1 seed, their
 evaluations and the SFT baseline's, the report and the summary table; a rerun skips every finished job,
-a run killed before its final save resumes from its checkpoint, and changed arguments never reuse a
-finished folder."""
+a killed job is redone (an RLVR run with --resume) with what reads it, and changed arguments never reuse
+a finished folder."""
 
 import csv
 import json
@@ -70,16 +70,26 @@ def test_a_rerun_skips_every_finished_job(swept, monkeypatch, capsys):
     assert out.count("finished before, skipped") == 2 * 2 + 1 + 1  # runs + their evals, the SFT eval, report
 
 
-def test_a_run_killed_before_its_final_save_resumes(swept, capsys):
+def test_a_killed_run_resumes_and_what_reads_it_is_redone(swept, capsys):
     root, argv = swept
-    run_dir = next((root / "outputs" / "tiny-cpu").glob("*/grpo_s3407"))
-    (run_dir / "manifest.json").unlink()  # killed after checkpoint-2, before the final adapter and manifest
+    cfg = sweep.parse_args(argv)
+    jobs = {job.name: job for job in sweep.build_jobs(cfg, sweep.validate(cfg))}
+    run_dir = jobs["grpo_s3407"].manifest_dir
+    slot = sweep.make_slots(cfg)[0]
+    assert "--resume" not in sweep._argv(jobs["grpo_s3407"], slot, cfg)  # finished: nothing to resume
+    manifest = (run_dir / "manifest.json").read_bytes()
+    (run_dir / "manifest.json").unlink()  # killed after checkpoint-2, before its final save
+    assert sweep._argv(jobs["grpo_s3407"], slot, cfg)[-1] == "--resume"
+    (run_dir / "manifest.json").write_bytes(manifest)
+
+    (jobs["eval_grpo_s3407"].manifest_dir / "manifest.json").unlink()  # an evaluation killed before its CSVs
     assert sweep.main(argv) == 0
     out = capsys.readouterr().out
-    assert "grpo_branch_s3407: finished before, skipped" in out and "grpo_s3407: started" in out
-    assert "resuming from checkpoint-2" in (root / "outputs" / "tiny-cpu" / "logs" / "grpo_s3407.log").read_text()
-    assert "eval_grpo_s3407: started" in out and "report: started" in out  # what reads it is redone
-    assert "eval_grpo_branch_s3407: finished before, skipped" in out
+    assert "eval_grpo_s3407: started" in out and "report: started" in out  # it, and what reads it
+    for name in ("grpo_s3407", "grpo_branch_s3407", "eval_grpo_branch_s3407", "eval_sft"):
+        assert f"{name}: finished before, skipped" in out
+    log = (root / "outputs" / "tiny-cpu" / "logs" / "eval_grpo_s3407.log").read_text()
+    assert "2 problems already graded, 0 chunks to sample" in log  # resumed from its chunks, nothing sampled
 
 
 def test_changed_arguments_never_reuse_a_finished_folder(swept, capsys):
