@@ -1,26 +1,55 @@
-r"""The SAGE objective in pure torch: guide functions q and the KL estimators against q * pi_ref.
+r"""The SAGE objective in pure torch: guide functions q, the KL estimators against q * pi_ref, and what
+each estimator's gradient is.
 
-SAGE keeps GRPO's reverse-KL regulariser but moves its anchor from pi_ref to q(x, y) * pi_ref:
+SAGE keeps GRPO's KL regulariser but moves its anchor from pi_ref to q(x, y) * pi_ref. As an objective
+over whole completions y (the paper's equation),
 
-    J(theta) = E_{y ~ pi_theta}[ r(x, y) ] - beta * KL( pi_theta || q * pi_ref )                    (1)
+    J(theta) = E_{y ~ pi_theta}[ r(x, y) ] - beta * KL( pi_theta || q * pi_ref ),   q(x, y) = prod_t q_t    (1)
 
-whose maximiser over all policies is the tilted reference
+whose maximiser over all policies is the tilted anchor
 
-    pi*(y | x)  ∝  q(x, y) * pi_ref(y | x) * exp( r(x, y) / beta ).                                (2)
+    pi*(y | x)  ∝  prod_t q_t(y) * pi_ref(y | x) * exp( r(x, y) / beta ).                               (2)
 
-Per token t of a completion, with m_t the *shaped* reference log-probability
+The kit has two placements of the pseudo-KL (``sage_kl_placement``):
 
-    m_t = log pi_ref(y_t | ...) + log q_t,      q_t >= 0, no gradient through q,                   (3)
+- ``loss`` (the paper's and official code's): per completion token t a KL estimate against the shaped
+  reference log-probability
 
-the kit offers three per-token estimators of the KL term, with d_t = m_t - log pi_theta(y_t | ...):
+      m_t = log pi_ref(y_t | ...) + log q_t,      q_t >= 0, no gradient through q,                        (3)
 
-    k3 = exp(d_t) - d_t - 1        (the paper's and TRL's form; unbiased value, but its on-policy
-                                     gradient is the *forward*-KL gradient, see README)
-    k2 = 0.5 * d_t ** 2            (its on-policy gradient is exactly the reverse-KL gradient of (1))
-    k1 = -d_t                      (unbiased value, high-variance gradient)
+  is added to the per-token loss. That loss never sees the sequence-level q(y) = prod_t q_t: each
+  position is regularised on its own (see "gradient identities" below), so (2) is *not* its fixed point.
+- ``reward``: the sequence-level estimate sum_t [log pi - m_t] moves into the reward before the group
+  advantage, r~ = r - beta * sequence_pseudo_kl(...), without gradient. REINFORCE on r~ is the gradient
+  of (1), so (2) is its fixed point.
 
-and, for the paper's forward-KL baseline, an estimator of KL(pi_ref || pi_theta) from samples of
-pi_theta: with u_t = exp(log pi_ref - log pi_theta),  u_t * log(u_t) - u_t + 1.
+Per-token estimators, d_t = m_t - log pi_theta(y_t | ...), a = q * pi_ref at one position:
+
+    k1 = -d_t                      k2 = 0.5 * d_t ** 2            k3 = exp(d_t) - d_t - 1
+    forward = u log u - u + 1,  u = pi_ref / pi_theta      (an estimate of KL(pi_ref || pi_theta))
+
+Gradient identities. Used as a loss on samples of pi (no gradient through the sampling), at one
+position with pi = pi_theta(. | prefix), the expected gradient of each term is (exact; checked by
+exact expectation in tests/test_estimators.py):
+
+    k1                      0                                     (a value estimator only)
+    k2                      grad sum_v pi log(pi / a)             reverse KL to the anchor
+    k3                      -sum_v a grad log pi                  forward KL, grad sum_v a log(a / pi)
+    k3 * rho                grad sum_v pi log(pi / a)             (TRL's use_bias_correction_kl)
+    k1 * rho                grad sum_v pi log(pi / a)
+    forward                 sum_v pi_ref log(pi / pi_ref) grad log pi       (no KL's gradient)
+    forward * rho           grad KL(pi_ref || pi)
+
+with rho = pi / sg(pi) (= 1 in value). Off-policy, rho = pi / pi_old keeps the "* rho" rows exact per
+position; k2 needs the stop-gradient weight sg(pi / pi_old) instead (k2 * rho has the gradient of
+E_pi[d^2 / 2], no KL's). :func:`kl_loss_term` is the kit's term for each estimator.
+
+What the guide does. If q is the same for every candidate token at a position (the branch guide: q_t
+depends on the position's entropy; the random guide: noise independent of the token), the reverse-KL
+rows give grad KL(pi || pi_ref) whatever q is, and k3 gives q * grad KL(pi_ref || pi): the guide only
+scales the forward-KL pull at that position. For the random guide with bounds symmetric about 1,
+E[q] = 1, so it has no effect in expectation under k3 either. A q that varies with the token (the token
+guide) moves each position's target to pi ∝ q * pi_ref. :func:`guide_effect` states this per config.
 
 Guides compute q from signals available at generation time (paper Sec. "guides"):
 
@@ -44,13 +73,17 @@ __all__ = [
     "CosineSchedule",
     "branch_guide",
     "forward_kl",
+    "guide_effect",
+    "kl_loss_term",
     "log_q",
     "random_guide",
+    "sequence_pseudo_kl",
     "shaped_kl",
     "token_guide",
 ]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_TERM_ESTIMATORS = ("k3", "k2", "forward")
 TOKEN_NORMS = ("minmax", "rank", "zscore")
 
 
@@ -189,3 +222,60 @@ def forward_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token estimate of KL(pi_ref || pi_theta) from samples of pi_theta: u log u - u + 1, u = pi_ref/pi."""
     log_u = ref_logp - logp
     return torch.exp(log_u) * log_u - torch.exp(log_u) + 1.0
+
+
+def kl_loss_term(logp: torch.Tensor, ref_logp: torch.Tensor, log_q: torch.Tensor | float = 0.0, *,
+                 estimator: str, old_logp: torch.Tensor | None = None, ratio: bool = False) -> torch.Tensor:
+    """The kit's per-token KL loss term (loss placement) for ``estimator``, weighted so that its expected
+    gradient is a KL's gradient (module docstring):
+
+    - ``k3``: k3 against the shaped reference, times rho = pi / pi_old (with gradient) if ``ratio``
+      (TRL's use_bias_correction_kl): forward-KL gradient without, reverse-KL gradient with;
+    - ``k2``: k2 times sg(pi / pi_old): the reverse-KL gradient on- and off-policy (``ratio`` does not apply);
+    - ``forward``: (u log u - u + 1) times rho, always: the gradient of KL(pi_ref || pi) (``log_q`` must be 0).
+
+    ``old_logp`` is the sampling policy's log-prob (None: on-policy, sg(logp)).
+    """
+    old = logp.detach() if old_logp is None else old_logp
+    rho = torch.exp(logp - old)
+    if estimator == "k3":
+        value = shaped_kl(logp, ref_logp, log_q, estimator="k3")
+        return value * rho if ratio else value
+    if estimator == "k2":
+        return shaped_kl(logp, ref_logp, log_q, estimator="k2") * rho.detach()
+    if estimator == "forward":
+        if not (isinstance(log_q, float) and log_q == 0.0):
+            raise ValueError("the forward-KL term has no guide: pass log_q=0.0")
+        return forward_kl(logp, ref_logp) * rho
+    raise ValueError(f"estimator must be one of {LOSS_TERM_ESTIMATORS}, got {estimator!r}")
+
+
+def sequence_pseudo_kl(logp: torch.Tensor, ref_logp: torch.Tensor, log_q: torch.Tensor | float,
+                       mask: torch.Tensor) -> torch.Tensor:
+    """sum_t [log pi(y_t) - log pi_ref(y_t) - log q_t] over the masked tokens of each row (B,), no gradient.
+
+    Its expectation under pi is KL(pi || q * pi_ref) over whole completions; the reward placement uses
+    r~ = r - beta * this, before the group advantage.
+    """
+    per_token = (logp.detach() - ref_logp.detach() - log_q) * mask
+    return per_token.sum(-1)
+
+
+def guide_effect(guide: str, estimator: str, *, ratio: bool, placement: str, q_min: float,
+                 q_max: float) -> str | None:
+    """None if ``guide`` changes the expected gradient under this estimator / placement, else why it does not.
+
+    ``ratio``: the k3 term is weighted by pi / pi_old (use_bias_correction_kl). Reward placement sums log q_t
+    into the sequence's reward, so every guide acts there (the random guide as E[log q] < 0 per token).
+    """
+    if guide in ("none", "token") or placement == "reward":
+        return None
+    reverse = estimator == "k2" or (estimator == "k3" and ratio)
+    if reverse:
+        return (f"its q is the same for every candidate token at a position, and kl_estimator={estimator}"
+                f"{' with use_bias_correction_kl' if estimator == 'k3' else ''} has the reverse-KL gradient, "
+                "which a position-constant q does not change")
+    if guide == "random" and math.isclose(q_min + q_max, 2.0):
+        return ("its q is independent of the token with E[q] = 1 (bounds symmetric about 1), so under k3 the "
+                "expected KL pull E[q] * grad KL(pi_ref || pi) is unchanged")
+    return None

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from sage_unsloth.report.wandb_io import read_offline_history
 
 PAPER_CONFIGS = REPO / "configs" / "rlvr" / "qwen2.5-math-7b"
-VARIANTS = ["grpo", "grpo_nokl", "grpo_fkl", "grpo_random", "grpo_token", "grpo_branch",
-            "bnpo", "bnpo_branch", "dapo", "dapo_branch"]
+VARIANTS = ["grpo", "grpo_nokl", "grpo_fkl", "grpo_random", "grpo_token", "grpo_branch", "grpo_branch_reward",
+            "bnpo", "bnpo_branch", "dapo", "dapo_branch", "dapo_full", "dapo_full_branch"]
 SECRET = "hf_SECRETSECRETSECRET1234"
 pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: a reward that differs between completions
 
@@ -54,7 +54,8 @@ def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp
     paper, _, _, _ = parse_args([str(PAPER_CONFIGS / f"{variant}.yaml"), "--bf16", "false"])
     tiny = built.trainer.args
     for field in ("loss_type", "beta", "sage_guide", "kl_estimator", "epsilon", "epsilon_high", "sage_q_min",
-                  "sage_q_max", "sage_gamma", "sage_tau", "temperature", "min_p", "use_bias_correction_kl"):
+                  "sage_q_max", "sage_gamma", "sage_tau", "temperature", "min_p", "use_bias_correction_kl",
+                  "sage_kl_placement", "dapo_normalizer", "dynamic_sampling", "mask_truncated_completions"):
         assert getattr(paper, field) == getattr(tiny, field), field
 
     # SFT anchor: a frozen copy of the SFT adapter is the reference while beta > 0; none is needed at beta 0.
@@ -107,9 +108,15 @@ def test_paper_configs_pin_the_official_recipe():
         assert stage.max_prompt_length + args.max_completion_length <= 4096  # Qwen2.5-Math's context
         assert args.generation_kwargs["stop"] == ["</SOLUTION>"] and stage.variant == variant
         assert args.use_vllm and args.vllm_mode == "colocate" and stage.anchor == "sft"
-        expected_beta = 0.0 if variant in ("grpo_nokl", "bnpo", "dapo") else 0.05
+        expected_beta = 0.0 if variant in ("grpo_nokl", "bnpo", "dapo", "dapo_full") else 0.05
         assert args.beta == expected_beta, variant
-        assert args.epsilon_high == (0.28 if variant.startswith("dapo") else None)  # None: symmetric clip
+        # the official code's dapo: epsilon_high = epsilon; the DAPO paper's: clip-higher 0.28; None: symmetric
+        dapo_paper = variant.startswith("dapo_full")
+        assert args.epsilon_high == (0.28 if dapo_paper else 0.2 if variant.startswith("dapo") else None), variant
+        assert (args.dynamic_sampling, args.dapo_normalizer) == (dapo_paper, "window" if dapo_paper else "generation")
+        assert args.sage_kl_placement == ("reward" if variant.endswith("_reward") else "loss"), variant
+        # the paper's TRL 0.23 importance-sampling correction under vLLM
+        assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("token_truncate", 2.0)
 
 
 # ----------------------------------------------------------------------------------------------- anchor

@@ -108,10 +108,10 @@ def oracle_loss(model, batch, raw_ref, *, loss_type, beta, estimator="k3", guide
         kl = torch.exp(d) - d - 1
     elif estimator == "k2":
         kl = 0.5 * d**2
-    else:  # forward KL(pi_ref || pi): u log u - u + 1 with u = pi_ref / pi
-        u = torch.exp(raw_ref - logp)
-        kl = u * torch.log(u) - u + 1
     ratio = torch.exp(logp - logp.detach())
+    if estimator == "forward":  # KL(pi_ref || pi): u log u - u + 1 with u = pi_ref / pi, times the ratio pi / sg(pi)
+        u = torch.exp(raw_ref - logp)
+        kl = (u * torch.log(u) - u + 1) * ratio
     adv = batch["advantages"].unsqueeze(1)
     per_token = -torch.min(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv) + beta * kl
     if loss_type == "grpo":
@@ -271,7 +271,7 @@ def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypat
 
 
 def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch, monkeypatch):
-    """The loss-level correction is beta * agg(estimator - k3), built from sage_unsloth.anchor."""
+    """The loss-level correction is beta * agg(kl_loss_term - k3), built from sage_unsloth.anchor."""
     from sage_unsloth import anchor
     from sage_unsloth.rlvr.trainer import aggregate_like_trl
 
@@ -279,8 +279,8 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
     mask = branch_batch["completion_mask"].float()
     ref = branch_batch["ref_per_token_logps"]
     logp = (ref - 0.3 * torch.randn_like(ref)).requires_grad_(True)
-    for estimator, fn in (("k2", lambda: anchor.shaped_kl(logp, ref, estimator="k2")),
-                          ("forward", lambda: anchor.forward_kl(logp, ref))):
+    for estimator, fn in (("k2", lambda: anchor.kl_loss_term(logp, ref, estimator="k2")),
+                          ("forward", lambda: anchor.kl_loss_term(logp, ref, estimator="forward"))):
         monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
         got = trainer._sage_kl_correction(branch_batch, logp)
         want = trainer.beta * ((fn() - anchor.shaped_kl(logp, ref, estimator="k3")) * mask).sum(1).div(
@@ -515,6 +515,33 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
         zoo_grads = torch.autograd.grad(zoo_loss, params, retain_graph=True)
         assert zoo_loss.item() == pytest.approx(trl_loss.item(), abs=1e-6), layout
         assert max((a - b).abs().max().item() for a, b in zip(zoo_grads, trl_grads)) < 1e-6, layout
+
+
+def test_zoo_dapo_normaliser_with_the_kits_num_items_rescale(branch_trainer, branch_batch):
+    """dapo_normalizer=generation multiplies num_items_in_batch by steps_per_generation / accumulation; unsloth_zoo
+    divides it back like TRL 1.15, which leaves TRL 0.23's (the official code's) normaliser under Unsloth too."""
+    from sage_unsloth.backend import import_unsloth
+
+    import_unsloth()
+    from unsloth_zoo.rl_replacements import grpo_compute_loss
+
+    trainer, batch = branch_trainer, branch_batch
+    new, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+        torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), batch["completion_ids"].size(1))
+    n = batch["num_items_in_batch"]
+
+    def zoo(num_items, steps_per_generation):
+        return grpo_compute_loss(
+            batch["ref_per_token_logps"], new.detach(), None, None, batch["completion_ids"],
+            batch["completion_mask"].float(), trainer.beta, batch["advantages"], loss_type="dapo",
+            epsilon_low=0.2, epsilon_high=0.2, max_completion_length=12, num_items_in_batch=num_items,
+            current_gradient_accumulation_steps=1, steps_per_generation=steps_per_generation, num_processes=1,
+            use_bias_correction_kl=False)[0].item()
+
+    official = zoo(n, None)  # no rescale at all: TRL 0.23's num_items_in_batch / num_processes
+    assert zoo(n * 2.0, 2) == pytest.approx(official, rel=1e-6)
+    assert zoo(n, 2) == pytest.approx(2 * official, rel=1e-6)
 
 
 # --------------------------------------------------------------------- canary: Unsloth's patched trainer

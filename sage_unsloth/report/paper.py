@@ -82,6 +82,29 @@ def load_mapping(path: str | Path | None) -> dict[str, dict]:
     return {key: (value if isinstance(value, dict) else {"method": value}) for key, value in runs.items()}
 
 
+def kl_placement(run: str, eval_manifest: dict | None) -> str:
+    """Where the run's RL put the pseudo-KL: "loss" (per token, the paper's) or "reward", read from the RLVR
+    manifest of the checkpoint the eval stage scored; "—" for a run without RL (SFT / base). Without a readable
+    manifest, by name: a run name ending in "_reward" is the reward placement, anything else unknown ("?")."""
+    from sage_unsloth.manifest import MANIFEST_NAME
+
+    checkpoint = (eval_manifest or {}).get("checkpoint")
+    manifest_file = Path(str(checkpoint)) / MANIFEST_NAME if checkpoint else None
+    if manifest_file is not None and manifest_file.is_file():
+        try:
+            rlvr = json.loads(manifest_file.read_text())
+        except (OSError, ValueError):
+            rlvr = {}
+        if rlvr.get("stage") == "rlvr":  # runs from before the field existed all used the loss placement
+            return ((rlvr.get("config") or {}).get("training") or {}).get("sage_kl_placement", "loss")
+        if rlvr.get("stage") == "sft":
+            return "—"
+    name = normalise_run_name(run)
+    if name.endswith("_reward"):
+        return "reward"
+    return "—" if RUN_METHODS.get(name) == "Base" else "?"
+
+
 def map_run(model_dir: str, run: str, mapping: dict[str, dict] | None = None) -> PaperRow:
     """The paper (model, method) a run corresponds to, by the module's documented rule."""
     mapping = mapping or {}

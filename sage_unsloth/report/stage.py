@@ -15,7 +15,7 @@ from sage_unsloth.manifest import atomic_write_text, write_manifest
 from sage_unsloth.report import patterns as pat
 from sage_unsloth.report import plots, tables
 from sage_unsloth.report.loading import AVG, discover_runs
-from sage_unsloth.report.paper import load_mapping, load_published, map_run
+from sage_unsloth.report.paper import kl_placement, load_mapping, load_published, map_run
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,7 @@ def render_markdown(
                 run.name,
                 row.model or "—",
                 row.method or "— (no paper row)",
+                kl_placement(run.run, manifest),
                 str(checkpoint or ""),
                 sampling_summary(manifest),
                 f"{ks[0]}–{ks[-1]}" if ks else "none",
@@ -208,14 +209,17 @@ def render_markdown(
         )
     parts.append(
         md_table(
-            ["run", "paper model", "paper method", "checkpoint", "sampling", "k reported", "notes"], run_rows
+            ["run", "paper model", "paper method", "KL placement", "checkpoint", "sampling", "k reported", "notes"],
+            run_rows,
         )
     )
     parts.append(
         "Run → paper mapping (by folder name, override with --mapping): model folder containing "
         "qwen2.5-math-7b or deepseek-r1-distill-qwen-7b; run folder (lower-cased, seed suffix dropped) "
         "base/sft → Base, grpo → GRPO, grpo_branch → GRPO + Branch, bnpo[_branch], dapo[_branch] likewise. "
-        "pass@k uses the paper's k for the model (256 / 64), else the largest k the run reported."
+        "pass@k uses the paper's k for the model (256 / 64), else the largest k the run reported. KL placement: "
+        "loss = per-token KL in the loss (the paper's code), reward = the sequence-level pseudo-KL in the reward "
+        "(sage_kl_placement), read from the RLVR manifest of the evaluated checkpoint."
     )
     for dataset in tables.report_datasets(runs):
         title = "Paper average (AIME pooled, AMC23, MATH-500)" if dataset == AVG else dataset

@@ -19,6 +19,8 @@ KL_ESTIMATORS = ("k3", "k2", "forward")
 TOKEN_NORMS = ("minmax", "rank", "zscore")
 BACKENDS = ("unsloth", "trl")
 Q_SOURCES = ("auto", "loss", "rollout")
+PLACEMENTS = ("loss", "reward")
+DAPO_NORMALIZERS = ("generation", "window")
 # TRL 1.15's loss types. SAGE only shifts the KL anchor, so any of them works with k3; the loss-level
 # k2 / forward terms re-aggregate the KL and know only the four token-level paper types.
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
@@ -71,9 +73,46 @@ class SageGRPOConfig(GRPOConfig):
     kl_estimator: str = field(
         default="k3",
         metadata=_help(
-            "KL estimator: 'k3' (paper/TRL, exp(d)-d-1 against the shaped anchor), 'k2' (0.5 d^2: exact "
-            "reverse-KL gradient to q*pi_ref; TRL backend only), 'forward' (KL(pi_ref||pi), the paper's "
-            "forward-KL baseline; needs sage_guide='none'; TRL backend only)."
+            "Per-token KL term (sage_kl_placement=loss): 'k3' (paper/TRL, exp(d)-d-1 against the shaped anchor; "
+            "its gradient is the forward-KL gradient, the reverse-KL one with use_bias_correction_kl), 'k2' "
+            "(0.5 d^2 times the stop-gradient ratio pi/pi_old: the reverse-KL gradient to q*pi_ref; "
+            "use_bias_correction_kl does not apply; TRL backend only), 'forward' ((u log u - u + 1) times the "
+            "ratio pi/pi_old, u = pi_ref/pi: the gradient of KL(pi_ref||pi) whatever use_bias_correction_kl "
+            "says; the forward-KL baseline; needs sage_guide='none'; TRL backend only)."
+        ),
+    )
+    sage_kl_placement: str = field(
+        default="loss",
+        metadata=_help(
+            "Where the pseudo-KL to q*pi_ref goes: 'loss' (per token in the loss, the paper's and official code's) "
+            "or 'reward' (r - beta * sum_t [log pi - log pi_ref - log q_t] before the group advantage, no KL in "
+            "the loss; its fixed point is prod_t q_t * pi_ref * exp(r/beta), the paper's equation)."
+        ),
+    )
+    dapo_normalizer: str = field(
+        default="generation",
+        metadata=_help(
+            "loss_type=dapo only: 'generation' divides by every completion token of the generation batch (TRL "
+            "0.23, the official SAGE code); 'window' by the tokens of one accumulation window (TRL >= 1.10, the "
+            "DAPO paper's per-batch token mean). They differ by steps_per_generation / gradient_accumulation_steps."
+        ),
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata=_help(
+            "DAPO's dynamic sampling: drop groups whose first reward function gives every completion the same value "
+            "(all correct / all wrong) and refill with fresh prompts; TRL backend, one process."
+        ),
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=8, metadata=_help("Most rollouts per generation batch under dynamic_sampling (then fill with "
+                                  "degenerate groups, logged as dynamic_sampling/degenerate_frac).")
+    )
+    soft_overlong_punish_cache: int = field(
+        default=0,
+        metadata=_help(
+            "DAPO's soft overlong punishment (trl.rewards.get_soft_overlong_punishment) added as a reward with "
+            "L_max = max_completion_length and this L_cache (tokens); 0 = off."
         ),
     )
     backend: str = field(default="unsloth", metadata=_help(f"Trainer stack: one of {BACKENDS}."))
@@ -98,6 +137,17 @@ class SageGRPOConfig(GRPOConfig):
     use_bias_correction_kl: bool = field(
         default=False, metadata=_help("TRL 1.15 defaults True; the paper ran TRL 0.23, which had no such factor.")
     )
+    # vLLM importance sampling: the paper's TRL 0.23 truncated each token's ratio at 2.0; TRL 1.15 defaults to a
+    # sequence-level mask at 3.0 (and Unsloth's config to no correction). Read by TRL's and by Unsloth's loss.
+    vllm_importance_sampling_correction: bool = field(
+        default=True, metadata=_help("Correct for vLLM / trainer mismatch (paper's TRL 0.23: on).")
+    )
+    vllm_importance_sampling_mode: str = field(
+        default="token_truncate", metadata=_help("Paper's TRL 0.23: per-token ratio truncated at the cap.")
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=2.0, metadata=_help("Importance-ratio cap (paper's TRL 0.23: 2.0).")
+    )
     seed: int = field(default=3407, metadata=_help("Paper: 3407."))
 
     def __post_init__(self):
@@ -106,6 +156,7 @@ class SageGRPOConfig(GRPOConfig):
             self.bf16 = False  # TRL turns None into True, which transformers rejects on a CPU-only machine
         super().__post_init__()
         self._warn_off_policy_q()
+        self._warn_guide_without_effect()
 
     # One-line errors naming the field and the fix; nothing here touches a model.
     def _validate_sage(self) -> None:
@@ -143,6 +194,29 @@ class SageGRPOConfig(GRPOConfig):
                  "Unsloth's patched loss reads: set backend=trl or kl_estimator=k3")
         if self.sage_schedule_cycles < 1:
             fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
+        if self.sage_kl_placement not in PLACEMENTS:
+            fail(f"sage_kl_placement={self.sage_kl_placement!r} is unknown: use one of {', '.join(PLACEMENTS)}")
+        if self.sage_kl_placement == "reward":
+            if self.beta == 0.0:
+                fail("sage_kl_placement=reward puts beta * pseudo-KL in the reward: set beta > 0 (paper: 0.05)")
+            if self.kl_estimator != "k3":
+                fail(f"kl_estimator={self.kl_estimator!r} is a per-token loss term; sage_kl_placement=reward uses the "
+                     "sequence log-ratio instead: set kl_estimator=k3 or sage_kl_placement=loss")
+            if self.multi_objective_aggregation != "sum_then_normalize":
+                fail("sage_kl_placement=reward adds the pseudo-KL to the summed reward: set "
+                     "multi_objective_aggregation=sum_then_normalize")
+        if self.dapo_normalizer not in DAPO_NORMALIZERS:
+            fail(f"dapo_normalizer={self.dapo_normalizer!r} is unknown: use one of {', '.join(DAPO_NORMALIZERS)}")
+        if self.dynamic_sampling and self.backend == "unsloth" and _cuda_available():
+            fail("dynamic_sampling merges rollouts in TRL's layout, not Unsloth's: set backend=trl or "
+                 "dynamic_sampling=false")
+        if self.dynamic_sampling_max_rounds < 1:
+            fail(f"dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be >= 1")
+        if self.soft_overlong_punish_cache < 0 or (
+                self.soft_overlong_punish_cache and self.max_completion_length is not None
+                and self.soft_overlong_punish_cache >= self.max_completion_length):
+            fail(f"soft_overlong_punish_cache={self.soft_overlong_punish_cache} must be 0 (off) or in "
+                 f"[1, max_completion_length={self.max_completion_length})")
 
     @property
     def expected_q_source(self) -> str:
@@ -154,8 +228,9 @@ class SageGRPOConfig(GRPOConfig):
 
     def _warn_off_policy_q(self) -> None:
         # The random guide ignores the policy; branch/token q in the loss is the official code's own order.
-        if self.sage_guide not in ("branch", "token") or self.expected_q_source == "loss":
-            return
+        if self.sage_guide not in ("branch", "token") or self.sage_kl_placement == "reward" \
+                or self.expected_q_source == "loss":
+            return  # (the reward placement computes q with the reward, at rollout, by definition)
         if self.num_iterations != 1 or self.steps_per_generation != self.gradient_accumulation_steps:
             warnings.warn(
                 f"sage_guide={self.sage_guide!r} with num_iterations={self.num_iterations}, steps_per_generation="
@@ -164,6 +239,15 @@ class SageGRPOConfig(GRPOConfig):
                 "policy as in the official code",
                 stacklevel=3,
             )
+
+    def _warn_guide_without_effect(self) -> None:
+        from sage_unsloth.anchor import guide_effect
+
+        reason = guide_effect(self.sage_guide, self.kl_estimator, ratio=self.use_bias_correction_kl,
+                              placement=self.sage_kl_placement, q_min=self.sage_q_min, q_max=self.sage_q_max)
+        if reason is not None and self.beta != 0.0:
+            warnings.warn(f"sage_guide={self.sage_guide!r} has no effect on the expected gradient here: {reason} "
+                          "(README: what the guide does to the gradient)", stacklevel=3)
 
     @property
     def guide_seed(self) -> int:

@@ -15,8 +15,19 @@ term, so replacing it by ``ref + log q`` (q without gradient) *is* the SAGE obje
 - The random guide never needs the policy and is always drawn at rollout.
 
 The k2 and forward-KL estimators are not a shifted reference: they are a loss-level term on TRL's path
-(TRL's loss + beta * aggregate(estimator - k3), aggregated exactly as TRL aggregates its loss) and an error
-on Unsloth's.
+(TRL's loss + beta * aggregate(term - TRL's k3 term), aggregated exactly as TRL aggregates its loss, the term
+from ``anchor.kl_loss_term``: forward always carries the ratio pi / pi_old, k2 its stop-gradient, so each has
+its KL's gradient whatever ``use_bias_correction_kl`` says) and an error on Unsloth's.
+
+``sage_kl_placement: reward`` moves the sequence-level pseudo-KL into the reward instead: after TRL's rollout,
+r~ = r - beta * sum_t [log pi - log pi_ref - log q_t] (rollout policy, no gradient) and the group advantage is
+recomputed from r~ (TRL's formula, ``group_advantages``); TRL's own beta is set to 0 so its loss has no KL.
+
+Also here, for the DAPO recipes: dynamic sampling (groups whose first reward is all equal are dropped and
+refilled from the training set, TRL backend), TRL 0.23's "dapo" normaliser (``dapo_normalizer: generation``,
+by rescaling ``num_items_in_batch``, which TRL 1.15 and unsloth_zoo both divide by), DAPO's soft overlong
+punishment (TRL's own reward function, added by the factory), and the vLLM importance-sampling clipped
+fraction metric (TRL logs the ratio's min / mean / max itself).
 
 The GRPOTrainer base class is looked up when the trainer is built, not when this module is imported:
 after ``import unsloth`` on a GPU ``trl.GRPOTrainer`` is Unsloth's patched class, and a class frozen at
@@ -32,7 +43,9 @@ TRL's loss aggregation per loss_type (re-used by the k2/forward terms); Unsloth'
 
 from __future__ import annotations
 
+import math
 import warnings
+from contextlib import nullcontext
 
 import torch
 
@@ -44,6 +57,10 @@ __all__ = [
     "SageGRPOTrainer",
     "SageTrainerMixin",
     "aggregate_like_trl",
+    "concat_rollouts",
+    "group_advantages",
+    "guide_noise_seed",
+    "importance_sampling_clipped_fraction",
     "install_cpu_logprob_fallback",
     "is_unsloth_patched",
     "make_sage_trainer_class",
@@ -98,6 +115,87 @@ def aggregate_like_trl(per_token: torch.Tensor, mask: torch.Tensor, *, loss_type
             normalizer = normalizer * accumulation_steps / steps_per_generation
         return per_token.sum() / normalizer
     raise ValueError(f"loss-level KL terms support loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, got {loss_type!r}")
+
+
+def guide_noise_seed(seed: int, step: int, call: int, process: int) -> int:
+    """Seed of the token / random guide noise for one q computation: the call-th of optimizer step ``step`` on
+    process ``process``. A pure function of these, so a resumed run draws exactly the same noise."""
+    return seed * 1_000_003 + step * 1009 + call * 7 + process
+
+
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
+    """TRL 1.15's group advantage (multi_objective_aggregation "sum_then_normalize") of per-completion rewards
+    (N,) ordered group by group; NaN rewards (unscorable completions) get advantage 0."""
+    from trl.trainer.utils import nanstd
+
+    grouped = rewards.view(-1, num_generations)
+    mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations)
+    if scale_rewards in ("group", "none"):
+        std = nanstd(grouped, dim=1).repeat_interleave(num_generations) if num_generations > 1 \
+            else torch.zeros_like(rewards)
+    elif scale_rewards == "batch":
+        std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    else:
+        raise ValueError(f"scale_rewards={scale_rewards!r} is unknown: use group, batch or none")
+    advantages = rewards - mean
+    if scale_rewards != "none":
+        advantages = advantages / (std + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def importance_sampling_clipped_fraction(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor,
+                                         *, mode: str, clip_min: float | None, clip_max: float | None) -> float:
+    """Fraction of the vLLM importance ratios exp(old - sampling) that TRL's ``mode`` truncates or masks:
+    per completion token for token_* modes, per sequence for sequence_* modes (ratio of the summed log-ratios)."""
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        ratio, valid = torch.exp(diff.sum(-1)), mask.sum(-1) > 0
+    else:
+        ratio, valid = torch.exp(diff), mask.bool()
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    outside = ((ratio < low) | (ratio > high))[valid]
+    return outside.float().mean().item() if outside.numel() else 0.0
+
+
+# How each per-row tensor of a TRL rollout batch is padded when rollouts are concatenated (dynamic sampling).
+_LEFT_PADDED = {"prompt_ids": "pad", "prompt_mask": 0}
+_RIGHT_PADDED = {"completion_ids": "pad", "completion_mask": 0, "tool_mask": 1, "old_per_token_logps": 0.0,
+                 "ref_per_token_logps": 0.0, "sampling_per_token_logps": 0.0, "importance_sampling_ratio": 0.0}
+_PER_ROW_1D = ("advantages",)
+
+
+def concat_rollouts(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -> dict:
+    """Concatenate the rows ``index`` of several rollout batches (TRL's (B, P) / (B, C) layout) into one batch.
+
+    Prompts are re-padded on the left and completion-aligned tensors on the right to the widest part;
+    ``num_items_in_batch`` is recounted (one process). Keys this does not know (images, Unsloth's layout)
+    raise, rather than being merged wrongly.
+    """
+    keys = set(parts[0][0])
+    merged: dict = {}
+    for key in keys:
+        values = [batch[key][index.to(batch[key].device)] if torch.is_tensor(batch[key]) and batch[key].dim() > 0
+                  else batch[key] for batch, index in parts]
+        if key == "num_items_in_batch":
+            continue
+        if key in _PER_ROW_1D:
+            merged[key] = torch.cat(values)
+            continue
+        side = "left" if key in _LEFT_PADDED else "right" if key in _RIGHT_PADDED else None
+        if side is None:
+            raise ValueError(f"dynamic sampling cannot merge rollout field {key!r} (text batches in TRL's layout only)")
+        fill = {**_LEFT_PADDED, **_RIGHT_PADDED}[key]
+        fill = pad_token_id if fill == "pad" else fill
+        width = max(v.size(1) for v in values)
+        padded = []
+        for v in values:
+            extra = v.new_full((v.size(0), width - v.size(1)), fill)
+            padded.append(torch.cat([extra, v] if side == "left" else [v, extra], dim=1))
+        merged[key] = torch.cat(padded)
+    loss_mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
+    merged["num_items_in_batch"] = loss_mask.sum()
+    return merged
 
 
 class TorchChunkedLogProb:
@@ -194,7 +292,21 @@ class SageTrainerMixin:
                 f"kl_estimator={cfg.kl_estimator!r} is not a shifted reference and Unsloth's patched loss only "
                 "reads the reference: use backend=trl (TRL's loss) or kl_estimator=k3"
             )
-        if not self.sage_q_in_loss and cfg.sage_guide in ("branch", "token") and (
+        self.sage_placement = getattr(cfg, "sage_kl_placement", "loss")
+        # The KL coefficient SAGE uses: in the reward placement TRL's own beta becomes 0 (no KL in its loss,
+        # no reference pass of its own) and this one weighs the pseudo-KL in the reward.
+        self.sage_beta = self.beta
+        if self.sage_placement == "reward":
+            self.beta = 0.0
+        if getattr(cfg, "dynamic_sampling", False):
+            if self._sage_patched:
+                raise ValueError("dynamic_sampling merges rollouts in TRL's batch layout; Unsloth's patched trainer "
+                                 "packs them differently: use backend=trl or dynamic_sampling=false")
+            if self.accelerator.num_processes != 1:
+                raise ValueError("dynamic_sampling drops whole groups, which needs every group on one process: "
+                                 "run on one process or set dynamic_sampling=false")
+        self._sage_rewards_per_func = None  # the last rollout's rewards (TRL's _calculate_rewards), all processes
+        if not self.sage_q_in_loss and self.sage_placement == "loss" and cfg.sage_guide in ("branch", "token") and (
                 self.num_iterations != 1 or cfg.steps_per_generation != cfg.gradient_accumulation_steps):
             warnings.warn(f"SAGE {cfg.sage_guide} q is computed from the rollout policy, not the in-loss policy as "
                           "in the official code (num_iterations != 1 or steps_per_generation != "
@@ -226,7 +338,8 @@ class SageTrainerMixin:
             raise ValueError("sage_q_source='loss' needs TRL's loss; Unsloth's patched loss never calls it: "
                              "use sage_q_source=rollout or auto")
         in_loss = source == "loss" or (source == "auto" and not self._sage_patched)
-        return in_loss and self.args.sage_guide in ("branch", "token")
+        # The reward placement needs q when the reward is computed, i.e. at rollout.
+        return in_loss and self.args.sage_guide in ("branch", "token") and self.sage_placement == "loss"
 
     def _sage_old_logps_forward_planned(self) -> bool:
         """TRL 1.15's condition for scoring old_per_token_logps in _generate_and_score_completions."""
@@ -253,10 +366,8 @@ class SageTrainerMixin:
             self._sage_last_step, self._sage_calls_in_step = step, 0
         else:
             self._sage_calls_in_step += 1
-        # Seeded from (seed, step, call, process): reproducible and identical after a resume.
-        seed = (self.args.guide_seed * 1_000_003 + step * 1009 + self._sage_calls_in_step * 7
-                + self.accelerator.process_index)
-        self._sage_generator.manual_seed(seed)
+        self._sage_generator.manual_seed(guide_noise_seed(self.args.guide_seed, step, self._sage_calls_in_step,
+                                                          self.accelerator.process_index))
         return step
 
     def _sage_rollout_stats(self, output: dict, captured: dict | None, need_entropy: bool):
@@ -313,6 +424,11 @@ class SageTrainerMixin:
         lo = values.min() if values.numel() else q.new_tensor(float("inf"))
         hi = values.max() if values.numel() else q.new_tensor(float("-inf"))
         n = totals[2].clamp(min=1.0)
+        # Mean over completions of the sequence-level log q(y) = sum_t log q_t (what the reward placement adds).
+        seq_log_q = (anchor.log_q(q.float()) * mask).sum(-1)
+        seq_totals = self.accelerator.reduce(torch.stack([seq_log_q.sum(), q.new_tensor(float(q.size(0)))]).float(),
+                                             reduction="sum")
+        self._metrics[mode]["sage/seq_log_q"].append((seq_totals[0] / seq_totals[1].clamp(min=1.0)).item())
         q_min = self.accelerator.gather(lo.float().reshape(1)).min().item()
         q_max = self.accelerator.gather(hi.float().reshape(1)).max().item()
         self._metrics[mode]["sage/q_mean"].append((totals[0] / n).item())
@@ -341,24 +457,172 @@ class SageTrainerMixin:
             )
         output["ref_per_token_logps"] = ref + mapped.to(ref.device)
 
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._sage_rewards_per_func = rewards_per_func  # (N all processes, reward funcs): placement, dynamic sampling
+        return rewards_per_func
+
     def _generate_and_score_completions(self, inputs):
+        if getattr(self.args, "dynamic_sampling", False) and self.model.training:
+            output = self._sage_dynamic_sampling(inputs)
+        else:
+            output = self._sage_rollout(inputs)
+        self._sage_log_importance_sampling(output)
+        self._sage_official_dapo_normaliser(output)
+        return output
+
+    def _sage_rollout(self, inputs):
+        """One TRL rollout with the anchor's q in place (shifted reference, or the pseudo-KL in the reward)."""
         guide = self.args.sage_guide
         if self.sage_q_in_loss:  # q is computed in _compute_loss from the loss forward's own outputs
             return super()._generate_and_score_completions(inputs)
         captured = None
-        if guide in ("branch", "token") and not self._sage_patched and self._sage_old_logps_forward_planned():
+        need_stats = guide in ("branch", "token") or self.sage_placement == "reward"
+        if need_stats and not self._sage_patched and self._sage_old_logps_forward_planned():
             captured = {"need_entropy": guide == "branch"}
             self._sage_capture = captured
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
             self._sage_capture = None
+        if self.sage_placement == "reward":
+            self._sage_kl_in_reward(output, captured)
+            return output
         q = self.sage_compute_q(output, captured)
         mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
         self._sage_log_q_metrics(q, mask)
         if guide != "none" and self.beta != 0.0:
             self._shift_reference(output, q)
         return output
+
+    # -- the pseudo-KL in the reward (sage_kl_placement: reward) ----------------------------------------
+
+    @torch.no_grad()
+    def _sage_reference_logps(self, output: dict) -> torch.Tensor:
+        """log pi_ref at the completion tokens (B, C), scored as TRL scores its reference."""
+        from trl.trainer.utils import use_adapter
+
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        completion_len = output["completion_ids"].size(1)
+        if self.ref_model is not None:
+            model, context = self.ref_model, nullcontext()
+        else:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            context = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+            model = self.model
+        with context:
+            if self._sage_patched:
+                logps, _ = policy_logps_and_entropies(model, input_ids, attention_mask, completion_len,
+                                                      self.temperature, rows_per_chunk=1)
+                return logps
+            logps, _, _ = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, completion_len, batch_size=self.args.per_device_train_batch_size)
+        return logps
+
+    def _sage_kl_in_reward(self, output: dict, captured: dict | None) -> None:
+        """r~ = r - beta * sum_t [log pi - log pi_ref - log q_t] (rollout policy, no gradient), then TRL's group
+        advantage of r~ replaces the batch's advantages."""
+        if self._sage_rewards_per_func is None:
+            raise RuntimeError("sage_kl_placement=reward found no rewards from _calculate_rewards: check the pinned "
+                               "trl/unsloth versions")
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        logps, entropies = self._sage_rollout_stats(output, captured, need_entropy=self.args.sage_guide == "branch")
+        q = self.sage_compute_q(output, {"logps": logps, "entropies": entropies})
+        self._sage_log_q_metrics(q, mask)
+        ref = self._sage_reference_logps(output)
+        seq_kl = anchor.sequence_pseudo_kl(logps.float(), ref.float(), anchor.log_q(q).to(logps.device), mask)
+        all_seq_kl = self.accelerator.gather(seq_kl)
+        rewards_per_func = self._sage_rewards_per_func
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        shaped = rewards - self.sage_beta * all_seq_kl.to(rewards.device)
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        advantages = group_advantages(shaped, num_generations, self.scale_rewards)
+        rows = output["completion_ids"].size(0)
+        start = self.accelerator.process_index * rows
+        output["advantages"] = advantages[start:start + rows].to(output["advantages"].device)
+        self._metrics[mode]["sage/kl_in_reward"].append((self.sage_beta * all_seq_kl.float().mean()).item())
+
+    # -- DAPO pieces ------------------------------------------------------------------------------------
+
+    def _sage_group_is_degenerate(self, num_groups: int) -> torch.Tensor:
+        """(groups,) True where the first reward function gave every completion of the group the same value."""
+        first = self._sage_rewards_per_func[:, 0].view(num_groups, -1)
+        spread = torch.nan_to_num(first, nan=0.0)
+        return (spread.max(dim=1).values - spread.min(dim=1).values) == 0
+
+    def _sage_refill_rows(self, num_prompts: int, round_index: int) -> list[dict]:
+        """Fresh prompts for dynamic sampling: a seeded draw from the training set, a pure function of
+        (seed, step, round), each prompt repeated num_generations times as TRL's sampler does."""
+        generator = torch.Generator().manual_seed(self.args.seed * 7919 + int(self.state.global_step) * 31
+                                                  + round_index)
+        order = torch.randperm(len(self.train_dataset), generator=generator)[:num_prompts].tolist()
+        return [self.train_dataset[i] for i in order for _ in range(self.num_generations)]
+
+    def _sage_dynamic_sampling(self, inputs):
+        """DAPO's dynamic sampling: keep groups whose first reward varies, refill from fresh prompts until the
+        batch has as many groups as asked, at most ``dynamic_sampling_max_rounds`` rollouts; past that the
+        batch is completed with degenerate groups (advantage 0) and the shortfall is logged."""
+        group = self.num_generations
+        wanted = len(inputs) // group
+        kept, degenerate, rounds = [], [], 0
+        batch_rows = list(inputs)
+        while True:
+            output = self._sage_rollout(batch_rows)
+            rounds += 1
+            flat = self._sage_group_is_degenerate(len(batch_rows) // group)
+            for g, is_flat in enumerate(flat.tolist()):
+                (degenerate if is_flat else kept).append((output, g))
+            if rounds == 1:
+                first_round_kept = len(kept) / wanted
+            if len(kept) >= wanted or rounds >= self.args.dynamic_sampling_max_rounds:
+                break
+            batch_rows = self._sage_refill_rows(wanted, rounds)
+        chosen = kept[:wanted]
+        short = wanted - len(chosen)
+        chosen += degenerate[:short]
+        parts: dict[int, tuple[dict, list[int]]] = {}
+        for batch, g in chosen:
+            parts.setdefault(id(batch), (batch, []))[1].extend(range(g * group, (g + 1) * group))
+        pad_id = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") \
+            else self.processing_class.tokenizer.pad_token_id
+        merged = concat_rollouts([(b, torch.tensor(rows)) for b, rows in parts.values()], pad_id)
+        metrics = self._metrics["train"]
+        metrics["dynamic_sampling/rounds"].append(float(rounds))
+        metrics["dynamic_sampling/kept_frac_first_round"].append(first_round_kept)
+        metrics["dynamic_sampling/degenerate_frac"].append(short / wanted)
+        return merged
+
+    def _sage_official_dapo_normaliser(self, output: dict) -> None:
+        """dapo_normalizer=generation: TRL 0.23's (the official code's) "dapo" normaliser, all completion tokens
+        of the generation batch. TRL 1.15 and unsloth_zoo divide num_items_in_batch by steps_per_generation /
+        gradient_accumulation_steps in training; scaling it by the inverse here cancels that on both backends."""
+        if self.loss_type != "dapo" or getattr(self.args, "dapo_normalizer", "window") != "generation":
+            return
+        if not self.model.training:
+            return  # eval: neither TRL version rescales
+        accumulation = getattr(self, "current_gradient_accumulation_steps", None) or \
+            self.args.gradient_accumulation_steps
+        factor = self.args.steps_per_generation / accumulation
+        if factor != 1:
+            output["num_items_in_batch"] = output["num_items_in_batch"] * factor
+
+    def _sage_log_importance_sampling(self, output: dict) -> None:
+        """The fraction of vLLM importance ratios TRL truncates / masks (TRL logs their min / mean / max)."""
+        old, sampling = output.get("old_per_token_logps"), output.get("sampling_per_token_logps")
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        if not (self.use_vllm and getattr(self, "vllm_importance_sampling_correction", False)) or old is None \
+                or sampling is None or old.shape != mask.shape or sampling.shape != mask.shape:
+            return  # no correction, or Unsloth's packed layout (its zoo loss computes the ratios itself)
+        setting = lambda name: getattr(self, name, getattr(self.args, name, None))  # TRL copies them to self
+        fraction = importance_sampling_clipped_fraction(
+            old, sampling, mask, mode=setting("vllm_importance_sampling_mode"),
+            clip_min=setting("vllm_importance_sampling_clip_min"), clip_max=setting("vllm_importance_sampling_clip_max"))
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["sampling/importance_sampling_ratio/clipped_frac"].append(fraction)
 
     # -- loss-level KL estimators (TRL path only) -----------------------------------------------------
 
@@ -398,35 +662,33 @@ class SageTrainerMixin:
             inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"] + anchor.log_q(q).to(logps.dtype)
 
     def _sage_kl_correction(self, inputs: dict, logps: torch.Tensor) -> torch.Tensor:
-        """beta * agg(kl_estimator - k3): swaps TRL's k3 term for k2 / forward, leaving the rest of its loss."""
+        """beta * agg(term - TRL's k3 term): swaps TRL's k3 for the estimator's own term (anchor.kl_loss_term),
+        leaving the rest of TRL's loss as it is."""
         ref = inputs["ref_per_token_logps"]  # already shifted by log q
         mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
-        if self.args.kl_estimator == "k2":
-            wanted = anchor.shaped_kl(logps, ref, 0.0, estimator="k2")
-        else:
-            wanted = anchor.forward_kl(logps, ref)
-        k3 = anchor.shaped_kl(logps, ref, 0.0, estimator="k3")
-        difference = wanted - k3
+        old = inputs.get("old_per_token_logps")
+        wanted = anchor.kl_loss_term(logps, ref, estimator=self.args.kl_estimator, old_logp=old)
+        # What TRL put in its loss: k3, times its importance weight (token or sequence level) if asked.
+        trl_term = anchor.shaped_kl(logps, ref, 0.0, estimator="k3")
         if self.args.use_bias_correction_kl:
-            old = inputs.get("old_per_token_logps")
-            old = logps.detach() if old is None else old
-            log_ratio = logps - old
+            log_ratio = logps - (logps.detach() if old is None else old)
             if self.importance_sampling_level == "sequence":
                 log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-            difference = difference * torch.exp(log_ratio)
+            trl_term = trl_term * torch.exp(log_ratio)
         training = self.model.training
         correction = self.beta * aggregate_like_trl(
-            difference, mask, loss_type=self.loss_type, max_completion_length=self.max_completion_length,
+            wanted - trl_term, mask, loss_type=self.loss_type, max_completion_length=self.max_completion_length,
             num_items_in_batch=inputs.get("num_items_in_batch"), num_processes=self.accelerator.num_processes,
             accumulation_steps=self.current_gradient_accumulation_steps,
             steps_per_generation=self.args.steps_per_generation, training=training,
         )
         mode = "train" if training else "eval"
         kl_log = self._metrics[mode]["kl"]
-        if kl_log:  # TRL logged the k3 value; log the estimator actually in the loss instead
+        if kl_log:  # TRL logged the k3 value; log the estimator actually in the loss instead (its plain value)
             kl_log.pop()
-            totals = self.accelerator.reduce(torch.stack([(wanted.detach() * mask).sum(), mask.sum().float()]),
-                                             reduction="sum")
+            value = (anchor.shaped_kl(logps, ref, 0.0, estimator="k2") if self.args.kl_estimator == "k2"
+                     else anchor.forward_kl(logps, ref)).detach()
+            totals = self.accelerator.reduce(torch.stack([(value * mask).sum(), mask.sum().float()]), reduction="sum")
             kl_log.append((totals[0] / totals[1].clamp(min=1.0)).item())
         return correction
 
@@ -477,11 +739,30 @@ def _fill_unsloth_config_fields(args, base: type) -> None:
             setattr(args, f.name, default)
 
 
+def _with_soft_overlong_punishment(args: tuple, kwargs: dict, config) -> tuple[tuple, dict]:
+    """DAPO's soft overlong punishment as TRL's own reward function, after the task reward(s)."""
+    cache = getattr(config, "soft_overlong_punish_cache", 0) if config is not None else 0
+    if not cache:
+        return args, kwargs
+    from trl.rewards import get_soft_overlong_punishment
+
+    punishment = get_soft_overlong_punishment(max_completion_len=config.max_completion_length,
+                                              soft_punish_cache=cache)
+    if "reward_funcs" in kwargs:
+        funcs = kwargs["reward_funcs"]
+        kwargs = {**kwargs, "reward_funcs": [*(funcs if isinstance(funcs, list) else [funcs]), punishment]}
+    else:
+        funcs = args[1]
+        args = (args[0], [*(funcs if isinstance(funcs, list) else [funcs]), punishment], *args[2:])
+    return args, kwargs
+
+
 def SageGRPOTrainer(*args, **kwargs):
     """Build a SAGE GRPO trainer over the GRPOTrainer class current at call time (TRL's or Unsloth's)."""
     cls = make_sage_trainer_class()
     config = kwargs.get("args", args[2] if len(args) > 2 else None)
     if config is not None and is_unsloth_patched(cls):
         _fill_unsloth_config_fields(config, cls)
+    args, kwargs = _with_soft_overlong_punishment(args, kwargs, config)
     return cls(*args, **kwargs)
 
