@@ -17,6 +17,7 @@ STAGES = {
     "report": ("sage_unsloth.report.__main__", "stage 4: report against the paper's tables"),
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
     "doctor": ("sage_unsloth.doctor", "preflight: GPU, driver, pinned stack, memory, and a 2-step SAGE self-test"),
+    "sweep": ("sage_unsloth.sweep", "RLVR configs x seeds, then eval and report, one job per free GPU"),
 }
 
 

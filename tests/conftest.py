@@ -38,3 +38,21 @@ def dapo_sample() -> Path:
     from sage_unsloth.data import verified_path
 
     return verified_path("dapo_math_sample.jsonl")
+
+
+@pytest.fixture(scope="session")
+def sft_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """A stage-1 folder on the tiny model (non-zero LoRA, tokenizer, manifest) for the RLVR tests."""
+    from rlvr_scenario import build_sft_dir
+
+    return build_sft_dir(tiny_model_dir, tmp_path_factory.mktemp("stage1") / "sft")
+
+
+@pytest.fixture
+def varied_reward(monkeypatch):
+    """Swap the RLVR reward for one that differs between completions (see rlvr_scenario.text_reward)."""
+    from rlvr_scenario import text_reward
+
+    from sage_unsloth.rlvr import reward
+
+    monkeypatch.setattr(reward, "correctness_reward", text_reward)

@@ -8,54 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from rlvr_scenario import LORA_TARGETS, REPO, rlvr_argv
 from safetensors.torch import load_file
 
-from sage_unsloth.manifest import write_manifest
 from sage_unsloth.report.wandb_io import read_offline_history
 
-REPO = Path(__file__).resolve().parents[1]
-TINY_CONFIGS = REPO / "configs" / "rlvr" / "tiny-cpu"
 PAPER_CONFIGS = REPO / "configs" / "rlvr" / "qwen2.5-math-7b"
 VARIANTS = ["grpo", "grpo_nokl", "grpo_fkl", "grpo_random", "grpo_token", "grpo_branch", "grpo_branch_reward",
             "bnpo", "bnpo_branch", "dapo", "dapo_branch", "dapo_full", "dapo_full_branch"]
 SECRET = "hf_SECRETSECRETSECRET1234"
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: a reward that differs between completions
 
 
-@pytest.fixture(scope="module")
-def sft_dir(tiny_model_dir, tmp_path_factory):
-    """A stage-1 folder: a non-zero LoRA on the tiny model (so SFT model != base), tokenizer, manifest."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path_factory.mktemp("stage1") / "sft"
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM",
-                        init_lora_weights=False)
-    get_peft_model(base, config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
-    write_manifest(out, stage="sft", config={}, seed=0, base_model=str(tiny_model_dir), adapter=True)
-    return out
-
-
-@pytest.fixture(autouse=True)
-def varied_reward(monkeypatch):
-    """The random tiny model never answers correctly, so the real reward is 0 everywhere and every
-    advantage vanishes; a deterministic reward that differs between completions gives GRPO a signal."""
-    from sage_unsloth.rlvr import reward
-
-    def text_reward(prompts, completions, answer=None, **kwargs):
-        texts = [reward.completion_text(c) for c in completions]
-        return [float(sum(map(ord, t)) % 3) / 2.0 for t in texts]
-
-    text_reward.__name__ = "correctness"
-    monkeypatch.setattr(reward, "correctness_reward", text_reward)
-
-
-def _argv(variant, sft_dir, out_root, dapo_sample, *extra):
-    return [str(TINY_CONFIGS / f"{variant}.yaml"), "--sft_dir", str(sft_dir), "--output_root", str(out_root),
-            "--dataset_path", str(dapo_sample), *extra]
+_argv = rlvr_argv
 
 
 def _run(*argv):

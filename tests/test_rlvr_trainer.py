@@ -310,8 +310,9 @@ def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
     from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
     cls = make_sage_trainer_class()
-    # Over Unsloth's class the branch-q hook sits between the mixin and the base; TRL's class has no hook.
-    assert cls.__mro__[1:4] == (SageTrainerMixin, InUnslothLossBranchQ, UnslothGRPOTrainer)
+    # Over Unsloth's class the branch-q hook sits between the mixin and the base (before the resume mixin);
+    # TRL's class has no hook.
+    assert cls.__mro__[1:3] == (SageTrainerMixin, InUnslothLossBranchQ) and cls.__bases__[-1] is UnslothGRPOTrainer
     plain = make_sage_trainer_class(trl.trainer.GRPOTrainer)
     assert is_unsloth_patched(cls) and not is_unsloth_patched(plain) and InUnslothLossBranchQ not in plain.__mro__
 
@@ -580,7 +581,7 @@ args = SageGRPOConfig(output_dir="out", backend="trl", sage_guide="branch", sage
                       report_to="none", logging_steps=1, save_strategy="no", use_cpu=True)
 trainer = SageGRPOTrainer(model=model, reward_funcs=lambda completions, **k: [float(len(c)) for c in completions],
                           args=args, train_dataset=dataset, processing_class=tokenizer)
-assert "UnslothGRPOTrainer" in [k.__name__ for k in type(trainer).__mro__], type(trainer).__mro__
+assert type(trainer).__bases__[-1].__name__ == "UnslothGRPOTrainer", type(trainer).__mro__
 seen, before_shift = {}, {}
 patched_compute_loss = trainer.compute_loss
 def spy(model, inputs, *a, **k):

@@ -41,6 +41,7 @@ from sage_unsloth.eval.records import (
     write_chunk,
     write_tables,
 )
+from sage_unsloth.eval.shard import chunk_keys, parse_shard, select_shard
 from sage_unsloth.manifest import atomic_write_text, write_manifest
 from sage_unsloth.prompts import EVAL_USER_TEMPLATE, SOLUTION_END
 
@@ -78,6 +79,8 @@ class EvalConfig:
     run_name: str | None = field(default=None, metadata={"help": "results/<model>/<run_name> (one checkpoint)"})
     limit: int | None = field(default=None, metadata={"help": "max problems per benchmark (smoke runs)"})
     problems_per_batch: int = field(default=64, metadata={"help": "problems per engine call = resume unit"})
+    shard: str | None = field(default=None, metadata={
+        "help": "i/N: sample only every N-th chunk (one process per GPU); CSVs come once all chunks exist"})
     grading_workers: int | None = None
     grading_timeout_s: float = field(default=grading.DEFAULT_TIMEOUT_S, metadata={
         "help": "CPU seconds per (answer, gold) pair; a pair over it is retried at the end of the run"})
@@ -120,6 +123,7 @@ def validate(cfg: EvalConfig) -> list[int]:
     if not (0 < cfg.grading_timeout_s <= cfg.grading_retry_timeout_s):
         raise ValueError(f"grading_timeout_s={cfg.grading_timeout_s}, grading_retry_timeout_s="
                          f"{cfg.grading_retry_timeout_s}: need 0 < grading_timeout_s <= grading_retry_timeout_s")
+    parse_shard(cfg.shard)
     return check_ks(cfg.ks, cfg.n) if cfg.ks else default_ks(cfg.n)
 
 
@@ -193,6 +197,8 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
                 if status_counts(records)[grading.TIMEOUT]:
                     with_timeouts.add(path)
                 summaries[(name, index)] = [summary(r) for r in records]
+        keys = chunk_keys(problem_sets, cfg.problems_per_batch)
+        pending = select_shard(pending, keys, cfg.shard)  # all of them unless --shard i/N
         n_done = sum(len(v) for v in summaries.values())
         logger.info("%s/%s: %d problems already graded (%d chunks regraded), %d chunks to sample",
                     checkpoint.model, checkpoint.run, n_done, regraded, len(pending))
@@ -244,6 +250,10 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
         summaries[(name, index)] = [summary(r) for r in records]
         unresolved += status_counts(records)[grading.TIMEOUT]
     timings["total_s"] = time.perf_counter() - started
+    if len(summaries) < len(keys):  # a shard: the other shards' chunks are not all written yet
+        logger.info("shard %s done: %d of %d chunks on disk; the CSVs are written once all are (run without "
+                    "--shard to merge)", cfg.shard, len(summaries), len(keys))
+        return results
 
     per_problem = [row for name in problem_sets for index in sorted(i for (n, i) in summaries if n == name)
                    for row in summaries[(name, index)]]

@@ -158,14 +158,16 @@ def _same_model(a: str, b: str) -> bool:
 
 def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRPlan:
     """Resolve and check every input of the stage; one-line errors, nothing loads a model."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     from sage_unsloth.backend import cuda_available
     from sage_unsloth.manifest import MANIFEST_NAME
     from sage_unsloth.models import model_short_name
+    from sage_unsloth.rlvr.resume import last_complete_checkpoint, logging_alignment_warning
 
     if stage.anchor not in ANCHORS:
         raise ValueError(f"anchor={stage.anchor!r} is unknown: use one of {', '.join(ANCHORS)}")
+    if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
+        raise ValueError("vllm_mode=server needs backend=trl: Unsloth runs its own engine in each process "
+                         "(it rewrites vllm_mode to colocate)")
     if grpo_args.use_vllm and not cuda_available():
         raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
     if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
@@ -188,15 +190,21 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
         raise ValueError("variant is not set: pass --variant NAME (the output subfolder)")
     short = model_short_name(base)
     output_dir = Path(stage.output_root) / short / variant
-    last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+    last = last_complete_checkpoint(output_dir)
     if stage.resume and last is None:
-        raise FileNotFoundError(f"--resume: no checkpoint-* folder in {output_dir}: start without --resume")
-    if not stage.resume and (last is not None or (output_dir / MANIFEST_NAME).is_file()):
+        raise FileNotFoundError(f"--resume: no complete checkpoint-* folder in {output_dir}: start without --resume")
+    started = output_dir.is_dir() and any(output_dir.glob("checkpoint-*"))
+    if not stage.resume and (started or (output_dir / MANIFEST_NAME).is_file()):
         raise FileExistsError(f"{output_dir} already holds a run: pass --resume to continue it, or choose "
                               "another --variant / --output_root")
+    if grpo_args.backend == "unsloth" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logger.warning("backend=unsloth on %s processes: not tested by this kit; backend=trl is (README, "
+                       "'More than one GPU')", os.environ["WORLD_SIZE"])
+    if (alignment := logging_alignment_warning(grpo_args)) is not None:
+        logger.warning(alignment)
     return RLVRPlan(base_model=base, sft_dir=sft_dir, output_dir=output_dir, model_short=short, variant=variant,
                     context_length=context, max_prompt_length=max_prompt,
-                    resume_from=last if stage.resume else None, sft_manifest=sft_manifest)
+                    resume_from=str(last) if stage.resume else None, sft_manifest=sft_manifest)
 
 
 # ----------------------------------------------------------------------------------------------- anchor
@@ -298,8 +306,15 @@ class RLVRStage:
 
         grpo_args, stage, model_args = self.grpo_args, self.stage_args, self.model_args
 
+        if self.plan.resume_from and self.trainer.accelerator.is_main_process:
+            # Exact: weights, optimizer, RNG, sampler position and TRL's generation buffer (rlvr/resume.py).
+            print(f"resuming from {Path(self.plan.resume_from).name} in {self.plan.output_dir}", flush=True)
         self.trainer.train(resume_from_checkpoint=self.plan.resume_from)
         out = self.plan.output_dir
+        accelerator = self.trainer.accelerator
+        accelerator.wait_for_everyone()
+        if not accelerator.is_main_process:  # under accelerate launch every rank holds the same policy
+            return out
         # Only the policy adapter: the frozen "ref" copy is the SFT adapter, already in sft_dir.
         self.model.save_pretrained(str(out), selected_adapters=[POLICY_ADAPTER])
         self.tokenizer.save_pretrained(str(out))
@@ -313,6 +328,7 @@ class RLVRStage:
             resumed_from=Path(self.plan.resume_from).name if self.plan.resume_from else None,
             global_step=self.trainer.state.global_step, context_length=self.plan.context_length,
             max_prompt_length=self.plan.max_prompt_length, train_prompts=len(self.dataset),
+            num_processes=accelerator.num_processes,
         )
         logger.info("RLVR output written to %s", out)
         return out

