@@ -145,7 +145,7 @@ def measure(backend: str, args) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from sage_unsloth.testing import build_tiny_model
+    from sage_unsloth.tiny_model import build_tiny_model
 
     unsloth = backend == "unsloth"
     if unsloth:

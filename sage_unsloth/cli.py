@@ -18,12 +18,13 @@ STAGES = {
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
     "doctor": ("sage_unsloth.doctor", "preflight: GPU, driver, pinned stack, memory, and a 2-step SAGE self-test"),
     "sweep": ("sage_unsloth.sweep", "RLVR configs x seeds, then eval and report, one job per free GPU"),
+    "tiny-model": ("sage_unsloth.tiny_model", "a random tiny Qwen2 + tokenizer in DIR, offline, to try the stages"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: sage-unsloth <stage> [args...]", "", "stages:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in STAGES.items()]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in STAGES.items()]
     return "\n".join(lines)
 
 

@@ -101,7 +101,11 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
         sft_args.gradient_checkpointing = False
 
     trainer_cls = sft_trainer_class()
-    trainer = trainer_cls(model=model, args=sft_args, train_dataset=data.dataset, processing_class=tokenizer)
+    from .log_writer import LogHistoryWriter
+    from .training_log import LOG_HISTORY_FILE
+
+    trainer = trainer_cls(model=model, args=sft_args, train_dataset=data.dataset, processing_class=tokenizer,
+                          callbacks=[LogHistoryWriter(out)])
     started = time.time()
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(str(out))  # adapter + tokenizer (chat template included)
@@ -118,7 +122,7 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
         model_short_name=sft_args.model_short_name or model_short_name(model_args.model_name_or_path),
         merged=str(merged_dir.relative_to(out)) if merged_dir else None,
         resumed_from=Path(checkpoint).name if checkpoint else None,
-        data=data.summary(),
+        data=data.summary(), log_history=LOG_HISTORY_FILE,
         train={"global_step": trainer.state.global_step, "train_loss": result.training_loss,
                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                "seconds": round(time.time() - started, 1)},

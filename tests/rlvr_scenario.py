@@ -103,6 +103,13 @@ def logged_steps(folder: Path) -> list[dict]:
     return [{k: v for k, v in entry.items() if k not in TIMING_KEYS} for entry in history]
 
 
+def logged_lines(folder: Path) -> list[dict]:
+    """The stage folder's log_history.jsonl entries, without the wall-clock keys."""
+    from sage_unsloth.training_log import read_log_history
+
+    return [{k: v for k, v in entry.items() if k not in TIMING_KEYS} for entry in read_log_history(folder)]
+
+
 def max_abs_difference(a: dict, b: dict) -> float:
     """Largest |a - b| over same-named tensors (inf if the names differ)."""
     if a.keys() != b.keys():

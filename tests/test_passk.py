@@ -1,12 +1,16 @@
-"""Unbiased pass@k against exact rational arithmetic, the k list, and the per-set / paper-average rows."""
+"""Unbiased pass@k (sage_unsloth/results.py, shared by eval and report) against exact rational arithmetic
+and math.comb, the k list, and the per-set / paper-average rows."""
 
+import math
 import random
 from fractions import Fraction
 from math import comb
 
+import numpy as np
 import pytest
 
-from sage_unsloth.eval.passk import check_ks, default_ks, mean_pass_at_k, pass_at_k, passk_rows
+from sage_unsloth.eval.passk import check_ks, default_ks, mean_pass_at_k, passk_rows
+from sage_unsloth.results import pass_at_k, pass_at_k_matrix
 
 
 def _exact(n, c, k):
@@ -20,6 +24,19 @@ def test_pass_at_k_matches_exact_fractions():
     cases += [(256, 1, 1), (256, 1, 256), (256, 255, 1), (256, 0, 128), (256, 128, 128), (1024, 3, 512)]
     for n, c, k in cases:
         assert pass_at_k(n, c, k) == pytest.approx(float(_exact(n, c, k)), rel=1e-12, abs=1e-15), (n, c, k)
+
+
+def test_pass_at_k_matches_the_binomial_formula():
+    rng = np.random.default_rng(0)
+    n = rng.integers(1, 300, 200)
+    c = rng.integers(0, n + 1)
+    ks = [1, 2, 5, 64, 256]
+    got = pass_at_k_matrix(n, c, ks)
+    for i in range(len(n)):
+        for j, k in enumerate(ks):
+            want = math.nan if k > n[i] else 1 - math.comb(int(n[i] - c[i]), k) / math.comb(int(n[i]), k)
+            assert (math.isnan(want) and math.isnan(got[i, j])) or got[i, j] == pytest.approx(want, abs=1e-12)
+    assert pass_at_k_matrix([4], [1], [2])[0, 0] == pytest.approx(0.5)
 
 
 def test_pass_at_1_is_the_fraction_correct_and_pass_at_n_is_any_correct():

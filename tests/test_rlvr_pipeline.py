@@ -1,6 +1,7 @@
 """Stage 2 end to end on the tiny model (CPU): every variant trains, the anchor is the one asked for,
-W&B offline holds the sage/* metrics, resume continues step count and optimizer state, bad configs fail
-in one line before a model loads, and the manifest is complete and secret-free (checked on every variant)."""
+log_history.jsonl holds the sage/* metrics and feeds the report, resume continues step count and optimizer
+state, bad configs fail in one line before a model loads, and the manifest is complete and secret-free
+(checked on every variant)."""
 
 import json
 import os
@@ -10,8 +11,6 @@ import pytest
 import torch
 from rlvr_scenario import LORA_TARGETS, REPO, rlvr_argv
 from safetensors.torch import load_file
-
-from sage_unsloth.report.wandb_io import read_offline_history
 
 PAPER_CONFIGS = REPO / "configs" / "rlvr" / "qwen2.5-math-7b"
 VARIANTS = ["grpo", "grpo_nokl", "grpo_fkl", "grpo_random", "grpo_token", "grpo_branch", "grpo_branch_reward",
@@ -188,27 +187,49 @@ def test_ref_adapter_is_hidden_from_a_vllm_lora_sync(sft_dir, tiny_model_dir):
     assert refs.keys() == sft.keys() and all(torch.equal(p.detach(), sft[k]) for k, p in refs.items())
 
 
-# ----------------------------------------------------------------------------------------------- W&B
-def test_wandb_offline_run_holds_sage_metrics(sft_dir, tmp_path, dapo_sample, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    (tmp_path / "wb").mkdir()
-    import wandb
+# ----------------------------------------------------------------------------------------------- training log
+def test_log_history_holds_sage_metrics_and_feeds_the_report(sft_dir, tmp_path, dapo_sample):
+    """The run streams its log to <output>/log_history.jsonl, names it in its manifest, and the report, led
+    there by an eval manifest's checkpoint, plots and tabulates it."""
+    import shutil
 
-    wandb.teardown()  # wandb keeps process-wide settings (incl. WANDB_DIR) from any earlier run in this process
-    _run(*_argv("grpo_branch", sft_dir, tmp_path / "out", dapo_sample, "--report_to", "wandb",
-                "--save_strategy", "no", "--max_steps", "1"))
-    wandb.finish()
-    wandb.teardown()  # the wandb-core service writes the offline log; shutting it down flushes it
-    run_files = list((tmp_path / "wb").rglob("run-*.wandb"))
-    assert len(run_files) == 1, f"expected one offline run under {tmp_path / 'wb'}"
-    history = read_offline_history(run_files[0])  # the report stage's reader of offline runs
+    from PIL import Image
+
+    from sage_unsloth.manifest import write_manifest
+    from sage_unsloth.report.stage import ReportArguments, build_report
+    from sage_unsloth.training_log import read_log_history
+
+    built = _run(*_argv("grpo_branch", sft_dir, tmp_path / "out", dapo_sample, "--save_strategy", "no",
+                        "--max_steps", "2"))
+    out = built.plan.output_dir
+    assert json.loads((out / "manifest.json").read_text())["log_history"] == "log_history.jsonl"
+    lines = read_log_history(out)
+    assert lines == json.loads(json.dumps(built.trainer.state.log_history))  # every entry, once, in order
+    steps = [line for line in lines if "reward" in line]
+    assert [line["step"] for line in steps] == [1, 2]
     for key in ("sage/q_mean", "sage/q_min", "sage/q_max", "sage/frac_boosted", "kl", "entropy", "reward"):
-        assert f"train/{key}" in history.columns, (key, sorted(history.columns))
-    q_min, q_mean, q_max = (history[f"train/sage/{k}"].dropna().iloc[0] for k in ("q_min", "q_mean", "q_max"))
+        assert all(key in line for line in steps), (key, sorted(steps[0]))
+    q_min, q_mean, q_max = (steps[0][f"sage/{k}"] for k in ("q_min", "q_mean", "q_max"))
     assert 1.0 <= q_min <= q_max <= 1.4 + 1e-6  # branch guide: q in [1, q_max]
     assert q_min - 1e-5 <= q_mean <= q_max + 1e-5
+
+    results = tmp_path / "results"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "report" / "results" / "tiny", results / "tiny")
+    write_manifest(results / "tiny" / "grpo_branch", stage="eval", config={"n": 4}, checkpoint=str(out))
+    report = build_report(ReportArguments(results=str(results), resamples=100, plot_width=500, plot_height=400,
+                                          completions=str(tmp_path / "none" / "*.gz")), console=False)
+    table = report.training.set_index(["run", "metric"])
+    for key in ("reward", "kl", "sage/q_mean", "sage/frac_boosted"):
+        assert table.loc[("model/grpo_branch", key), ["first", "last"]].tolist() == [steps[0][key], steps[1][key]]
+    assert table.loc[("model/grpo_branch", "reward"), "points"] == 2
+    row = next(line for line in report.markdown.splitlines() if line.startswith("| model/grpo_branch | 2 |"))
+    assert f"{steps[0]['reward']:.3f} → {steps[1]['reward']:.3f}" in row
+    assert "![training curves](report/training_curves.png)" in report.markdown
+    rows_of_panels = -(-report.training["metric"].nunique() // 2)  # one panel per metric, two per row
+    assert rows_of_panels >= 4  # reward, reward_std, kl, entropy, 4+ sage/* keys, completion length
+    with Image.open(results / "report" / "training_curves.png") as png:
+        assert png.size == (500, 220 * rows_of_panels)  # taller than asked: each row of panels stays readable
+    assert (results / "report" / "training.csv").read_text().startswith("run,metric,points,first_step")
 
 
 # ----------------------------------------------------------------------------------------------- resume

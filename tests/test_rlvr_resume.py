@@ -18,6 +18,7 @@ import pytest
 import torch
 from rlvr_scenario import (
     adapter_tensors,
+    logged_lines,
     logged_steps,
     max_abs_difference,
     optimizer_tensors,
@@ -53,6 +54,13 @@ def _assert_same_run(expected_dir, resumed_dir, checkpoints):
         assert max_abs_difference(optimizer_tensors(expected), optimizer_tensors(resumed)) == 0.0, name
         assert logged_steps(expected) == logged_steps(resumed), name
     assert max_abs_difference(adapter_tensors(expected_dir), adapter_tensors(resumed_dir)) == 0.0  # final adapter
+    # The streamed log: every step once, in order, with the uninterrupted run's values (a killed run's lines
+    # after its checkpoint are dropped on resume and logged again). The last line is transformers' summary
+    # of the training session: its train_loss averages the steps this session ran, so only its place is equal.
+    *steps, summary = logged_lines(resumed_dir)
+    *expected_steps, expected_summary = logged_lines(expected_dir)
+    assert steps == expected_steps and [line["step"] for line in steps] == list(range(1, LAST + 1))
+    assert summary.keys() == expected_summary.keys() and summary["step"] == LAST and "train_loss" in summary
 
 
 def test_the_scenario_exercises_every_resume_path(uninterrupted):
@@ -86,6 +94,8 @@ def interrupted(sft_dir, dapo_sample, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reward, "correctness_reward", text_reward)
         built = train(rlvr_argv(VARIANT, sft_dir, root, dapo_sample, *SCENARIO), stop=(INSIDE, "save"))
+    # The killed run kept what it logged: steps 1..5, each once (step 5 is past checkpoint-4).
+    assert [line["step"] for line in logged_lines(built.plan.output_dir)] == list(range(1, INSIDE + 1))
     return root, built.plan.output_dir
 
 

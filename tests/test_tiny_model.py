@@ -28,7 +28,7 @@ def test_tiny_model_loads_and_generates(tiny_model_dir):
 
 
 def test_tiny_model_is_deterministic_per_seed(tmp_path):
-    from sage_unsloth.testing import build_tiny_model
+    from sage_unsloth.tiny_model import build_tiny_model
 
     a = build_tiny_model(tmp_path / "a", seed=3)
     b = build_tiny_model(tmp_path / "b", seed=3)
@@ -47,3 +47,24 @@ def test_tiny_model_takes_a_lora_adapter(tiny_model_dir):
     assert trainable and all("lora_" in n for n in trainable)
     logits = peft_model(input_ids=torch.tensor([[1, 2, 3]])).logits
     assert logits.shape[-1] == model.config.vocab_size
+
+
+def test_tiny_model_command_writes_a_loadable_model_and_refuses_a_used_folder(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sage_unsloth.cli import main
+    from sage_unsloth.tiny_model import build_tiny_model
+
+    out = tmp_path / "tiny"
+    assert main(["tiny-model", str(out), "--seed", "3"]) == 0
+    assert f"tiny model written to {out}" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert model.config.model_type == "qwen2" and tok.chat_template and tok.eos_token == "<|endoftext|>"
+    same = build_tiny_model(tmp_path / "direct", seed=3)  # the command is the library call, seed included
+    assert (out / "model.safetensors").read_bytes() == (same / "model.safetensors").read_bytes()
+
+    capsys.readouterr()  # transformers' loading progress goes to stderr
+    assert main(["tiny-model", str(out)]) == 2  # never overwrites
+    assert capsys.readouterr().err.strip() == f"error: {out} exists and is not an empty folder: choose a new DIR"
+    assert main(["--help"]) == 0 and "tiny-model" in capsys.readouterr().out

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..report.passk import pass_at_k_matrix
 from ..report.support import SHARES, per_problem_shares
+from ..results import pass_at_k_matrix
 
 SEED_SUFFIX = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)$")
 REFERENCE_METHOD = "sft"

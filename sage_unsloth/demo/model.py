@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..prompts import EVAL_USER_TEMPLATE
-from ..testing import build_tiny_model
+from ..tiny_model import build_tiny_model
 
-# Model shape used by the demo (overrides of sage_unsloth.testing.tiny_model_config).
+# Model shape used by the demo (overrides of sage_unsloth.tiny_model.tiny_model_config).
 # The kit's tiny shape (hidden 128, 2 layers, ~0.4M parameters): measured to learn the task in a few hundred
 # CPU steps; wider/deeper models cost 3-5x more per step on 2 cores.
 DEMO_MODEL_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,

@@ -110,7 +110,7 @@ def make_sft_run(work: Path) -> tuple[Path, Path]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sage_unsloth.manifest import write_manifest
-    from sage_unsloth.testing import build_tiny_model
+    from sage_unsloth.tiny_model import build_tiny_model
 
     tiny = build_tiny_model(work / "tiny-qwen2", seed=0)
     sft = work / "outputs" / "tiny-qwen2" / "sft"

@@ -1,32 +1,14 @@
-"""Unbiased pass@k (Chen et al. 2021) from per-problem (n, c) counts, and the tables evaluation writes.
+"""The pass@k tables evaluation writes (passk.csv), from per-problem (n, c) counts.
 
-pass@k = 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k/i): the product form never forms the
-huge binomials (C(256, 128) ~ 1e75), so it is exact enough in float64 for any n we sample.
+The formula, the pooled sets and the column names are the results contract in sage_unsloth/results.py,
+shared with the report; this module adds the eval stage's choice of k and the per-set aggregation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-# The paper averages AIME (2024 + 2025 pooled as one 60-problem set), AMC23 and MATH-500.
-AIME_PARTS = ("aime24", "aime25")
-POOLED_AIME = "aime"
-PAPER_AVERAGE_SETS = (POOLED_AIME, "amc23", "math500")
-PAPER_AVERAGE = "avg_paper"
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Probability that at least one of k samples drawn without replacement from n (c correct) is correct."""
-    if not (0 <= c <= n):
-        raise ValueError(f"pass@k needs 0 <= c <= n, got n={n}, c={c}")
-    if not (1 <= k <= n):
-        raise ValueError(f"pass@{k} needs 1 <= k <= n = {n} samples per problem: lower k or raise n")
-    if n - c < k:
-        return 1.0
-    miss = 1.0
-    for i in range(n - c + 1, n + 1):
-        miss *= 1.0 - k / i
-    return 1.0 - miss
+from sage_unsloth.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, POOLED_AIME, pass_at_k_matrix
 
 
 def default_ks(n: int) -> list[int]:
@@ -49,7 +31,11 @@ def check_ks(ks: Iterable[int], n: int) -> list[int]:
 
 
 def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int) -> float:
-    return sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
+    """Mean over problems of pass@k; every problem needs k <= n."""
+    n, c = zip(*counts)
+    if k > min(n):
+        raise ValueError(f"pass@{k} needs 1 <= k <= n = {min(n)} samples per problem: lower k or raise n")
+    return sum(float(v) for v in pass_at_k_matrix(n, c, [k])[:, 0]) / len(counts)
 
 
 def passk_rows(per_problem: Sequence[dict], ks: Sequence[int]) -> list[dict]:

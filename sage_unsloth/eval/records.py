@@ -25,9 +25,7 @@ from pathlib import Path
 from sage_unsloth import grading
 from sage_unsloth.eval.passk import passk_rows
 from sage_unsloth.manifest import atomic_write_text
-
-PER_PROBLEM_COLUMNS = ("dataset", "problem_id", "n", "c", "mean_completion_tokens")
-PASSK_COLUMNS = ("dataset", "k", "pass_at_k", "n_problems", "n_samples")
+from sage_unsloth.results import PASSK_COLUMNS, PASSK_FILE, PER_PROBLEM_COLUMNS, PER_PROBLEM_FILE
 
 
 def chunk_path(completions_dir: Path, dataset: str, index: int) -> Path:
@@ -139,5 +137,5 @@ def write_csv(path: Path, columns, rows) -> None:
 
 def write_tables(results: Path, per_problem: Sequence[dict], ks: Sequence[int]) -> None:
     """per_problem.csv and passk.csv of a run."""
-    write_csv(Path(results) / "per_problem.csv", PER_PROBLEM_COLUMNS, per_problem)
-    write_csv(Path(results) / "passk.csv", PASSK_COLUMNS, passk_rows(per_problem, ks))
+    write_csv(Path(results) / PER_PROBLEM_FILE, PER_PROBLEM_COLUMNS, per_problem)
+    write_csv(Path(results) / PASSK_FILE, PASSK_COLUMNS, passk_rows(per_problem, ks))

@@ -1,8 +1,9 @@
 """Stage 4 report: `python -m sage_unsloth.report [CONFIG.yaml] [--results results] [--out results/report.md]
-[--pairs "grpo_branch:grpo,..."] [--mapping map.yaml] [--wandb_project P] [--wandb_offline_runs 'wandb/offline-run-*']`.
+[--pairs "grpo_branch:grpo,..."] [--mapping map.yaml] [--training_runs 'outputs/*/*'] [--wandb_project P]`.
 
-Reads results/<model>/<run>/{passk.csv, per_problem.csv, manifest.json}, writes results/report.md and
-results/report/ (comparison/pairs/patterns CSVs, pass@k PNGs, manifest.json). See --help for all options.
+Reads results/<model>/<run>/{passk.csv, per_problem.csv, manifest.json} and the log_history.jsonl of each
+evaluated RLVR folder, writes results/report.md and results/report/ (comparison/pairs/patterns/support/
+training CSVs, pass@k and training-curve PNGs, manifest.json). See --help for all options.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Find and load the eval stage's outputs: results/<model>/<run>/{passk.csv, per_problem.csv, manifest.json}.
 
-Contract with the eval stage:
-  per_problem.csv: dataset, problem_id, n, c, mean_completion_tokens
-  passk.csv:       dataset, k, pass_at_k, n_problems, n_samples   (dataset "avg_paper" included)
+The contract with the eval stage (files, columns, pooled sets, pass@k) is sage_unsloth/results.py.
 """
 
 from __future__ import annotations
@@ -16,16 +14,19 @@ import numpy as np
 import pandas as pd
 
 from sage_unsloth.manifest import MANIFEST_NAME, read_manifest
-from sage_unsloth.report.passk import pass_at_k_matrix
+from sage_unsloth.results import (
+    AIME_PARTS,
+    PASSK_FILE,
+    PASSK_REQUIRED,
+    PER_PROBLEM_FILE,
+    PER_PROBLEM_REQUIRED,
+    POOLED_AIME,
+    pass_at_k_matrix,
+    stored_parts,
+)
 
 log = logging.getLogger(__name__)
 
-PER_PROBLEM_COLUMNS = ("dataset", "problem_id", "n", "c")
-PASSK_COLUMNS = ("dataset", "k", "pass_at_k")
-# The paper's average: AIME (aime24 + aime25 pooled as one set), AMC23, MATH-500; mean of the three.
-AIME_PARTS = ("aime24", "aime25")
-PAPER_AVERAGE_SETS = ("aime", "amc23", "math500")
-AVG = "avg_paper"
 
 
 @dataclass
@@ -57,9 +58,9 @@ class RunResults:
         """(problem_ids, (N, K) per-problem pass@k) for a set; "aime" pools aime24 + aime25."""
         if self.per_problem is None:
             return None
-        parts = AIME_PARTS if dataset == "aime" else (dataset,)
+        parts = stored_parts(dataset)
         frame = self.per_problem[self.per_problem["dataset"].isin(parts)]
-        if dataset == "aime" and set(frame["dataset"]) != set(AIME_PARTS):
+        if dataset == POOLED_AIME and set(frame["dataset"]) != set(AIME_PARTS):
             return None
         if frame.empty:
             return None
@@ -78,21 +79,21 @@ def _require_columns(frame: pd.DataFrame, columns, path: Path) -> None:
 
 def load_run(run_dir: str | Path) -> RunResults:
     run_dir = Path(run_dir)
-    passk_path = run_dir / "passk.csv"
+    passk_path = run_dir / PASSK_FILE
     if not passk_path.is_file():
         raise FileNotFoundError(
             f"{passk_path} not found: run the eval stage (scripts/03_eval.sh) for this run first"
         )
     passk = pd.read_csv(passk_path)
-    _require_columns(passk, PASSK_COLUMNS, passk_path)
+    _require_columns(passk, PASSK_REQUIRED, passk_path)
     passk["dataset"] = passk["dataset"].astype(str)
     passk["k"] = passk["k"].astype(int)
     notes = []
     per_problem = None
-    pp_path = run_dir / "per_problem.csv"
+    pp_path = run_dir / PER_PROBLEM_FILE
     if pp_path.is_file():
         per_problem = pd.read_csv(pp_path, dtype={"problem_id": str})
-        _require_columns(per_problem, PER_PROBLEM_COLUMNS, pp_path)
+        _require_columns(per_problem, PER_PROBLEM_REQUIRED, pp_path)
         per_problem["dataset"] = per_problem["dataset"].astype(str)
     else:
         notes.append("per_problem.csv missing: no confidence intervals")
@@ -123,7 +124,7 @@ def discover_runs(results_dir: str | Path) -> list[RunResults]:
             f"results folder {results_dir} not found: pass --results DIR "
             "(the eval stage writes results/<model>/<run>/passk.csv)"
         )
-    runs = [load_run(p.parent) for p in sorted(results_dir.glob("*/*/passk.csv"))]
+    runs = [load_run(p.parent) for p in sorted(results_dir.glob(f"*/*/{PASSK_FILE}"))]
     for run in runs:
         for note in run.notes:
             log.warning("%s: %s", run.name, note)

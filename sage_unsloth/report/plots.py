@@ -1,4 +1,4 @@
-"""pass@k curves (one PNG per dataset) and W&B training curves, at a fixed pixel size.
+"""pass@k curves (one PNG per dataset) and training curves (log_history.jsonl), at a fixed pixel size.
 
 Figures are saved without bbox_inches="tight" so the PNG is exactly width x height pixels.
 """
@@ -17,6 +17,7 @@ import pandas as pd
 
 DEFAULT_SIZE = (960, 600)
 DPI = 100
+TRAINING_ROW_HEIGHT = 220
 
 
 def _figure(size: tuple[int, int], nrows: int = 1, ncols: int = 1):
@@ -95,23 +96,22 @@ def training_curves(
     *,
     size: tuple[int, int] = DEFAULT_SIZE,
 ) -> Path | None:
-    """A grid of panels, one per metric key, one line per run; keys a run lacks are skipped."""
+    """A grid of panels, one per metric key, one line per run (x: the ``step`` column); keys a run lacks are
+    skipped. The PNG is ``size`` wide and ``size[1]`` high, or taller (TRAINING_ROW_HEIGHT px per row of
+    panels) when there are more than two rows."""
     present = [k for k in keys if any(k in h.columns for h in histories.values())]
     if not present:
         return None
     ncols = 2 if len(present) > 1 else 1
     nrows = int(np.ceil(len(present) / ncols))
-    fig, axes = _figure(size, nrows, ncols)
+    fig, axes = _figure((size[0], max(size[1], TRAINING_ROW_HEIGHT * nrows)), nrows, ncols)
     for ax, key in zip(axes.flat, present):
         for i, (name, hist) in enumerate(sorted(histories.items())):
             if key not in hist.columns:
                 continue
-            data = (
-                hist[["_step", key]].dropna()
-                if "_step" in hist.columns
-                else hist[[key]].dropna().reset_index()
-            )
-            ax.plot(data.iloc[:, 0], data[key], color=f"C{i % 10}", label=name, lw=1)
+            data = hist[["step", key]].dropna()
+            marker = "." if len(data) < 30 else None  # a short run's few points stay visible
+            ax.plot(data["step"], data[key], color=f"C{i % 10}", label=name, lw=1, marker=marker)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from sage_unsloth.manifest import atomic_write_text, write_manifest
 from sage_unsloth.report import patterns as pat
-from sage_unsloth.report import plots, support, tables
+from sage_unsloth.report import plots, support, tables, training
 from sage_unsloth.report.loading import discover_runs
 from sage_unsloth.report.paper import kl_placement, load_mapping, load_published, map_run
 
@@ -62,12 +62,12 @@ class ReportArguments:
     )
     wandb_project: str | None = field(default=None, metadata={"help": "log the report to this W&B project"})
     wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity for --wandb_project"})
-    wandb_offline_runs: str | None = field(
-        default=None, metadata={"help": "glob of wandb/offline-run-* folders whose training curves to plot"}
-    )
-    wandb_runs: str | None = field(
+    training_runs: str | None = field(
         default=None,
-        metadata={"help": "comma-separated online runs entity/project/run_id whose training curves to plot"},
+        metadata={
+            "help": "glob of RLVR output folders whose training curves to plot besides the evaluated ones "
+            "(each eval manifest's checkpoint), e.g. 'outputs/*/*'"
+        },
     )
     support_reference: str | None = field(
         default=None,
@@ -98,6 +98,7 @@ class ReportResult:
     images: dict[str, Path]
     out: Path
     support: pd.DataFrame | None = None
+    training: pd.DataFrame | None = None
 
 
 # ---------------------------------------------------------------- formatting
@@ -187,7 +188,6 @@ def render_markdown(
     runs,
     result: ReportResult,
     published_patterns: pd.DataFrame,
-    training_png: Path | None,
     mapping,
 ) -> str:
     out_dir = result.out.parent
@@ -306,8 +306,6 @@ def render_markdown(
             "The paper's labelling method is unknown, so its Table 2 values (in parentheses) are context, "
             "not a like-for-like target; compare runs with each other."
         )
-    if training_png is not None:
-        parts += ["## Training curves (W&B)", f"![training curves]({rel(training_png)})"]
     return "\n\n".join(parts) + "\n"
 
 
@@ -363,16 +361,12 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
     size = (args.plot_width, args.plot_height)
     images = plots.passk_curves(curves, comparison, assets, size=size)
     support_images = support.plot_support(support_frame, assets, size=size)
-    training_png = None
-    if args.wandb_offline_runs or args.wandb_runs:
-        from sage_unsloth.report import wandb_io
-
-        histories = wandb_io.load_histories(args.wandb_offline_runs, args.wandb_runs)
-        training_png = plots.training_curves(
-            histories, list(wandb_io.TRAINING_KEYS), assets / "training_curves.png", size=size
-        )
-        if training_png is None:
-            log.warning("no training keys %s in the W&B histories given", wandb_io.TRAINING_KEYS)
+    training_notes: list[str] = []
+    histories = training.load_histories(training.training_folders(runs, args.training_runs), training_notes)
+    training_frame = training.summary_table(histories)
+    training_png = plots.training_curves(
+        histories, training.metric_keys(histories), assets / "training_curves.png", size=size
+    )
     result = ReportResult(
         markdown="",
         comparison=comparison,
@@ -382,16 +376,21 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
         images=images,
         out=out,
         support=support_frame,
+        training=training_frame,
     )
-    result.markdown = render_markdown(args, runs, result, published_patterns, training_png, mapping)
+    result.markdown = render_markdown(args, runs, result, published_patterns, mapping)
     rel = lambda p: Path(p).resolve().relative_to(out.parent.resolve()).as_posix()
     result.markdown += "\n" + support.markdown_section(support_frame, support_images, rel, support_notes) + "\n"
+    result.markdown += "\n" + training.markdown_section(
+        training_frame, rel(training_png) if training_png else None, f"{assets.name}/training.csv", training_notes
+    ) + "\n"
     for name, frame in (
         ("comparison", comparison),
         ("passk_all_k", curves),
         ("pairs", pairs),
         ("patterns", patterns),
         ("support", support_frame),
+        ("training", training_frame),
     ):
         atomic_write_text(assets / f"{name}.csv", frame.to_csv(index=False))
     write_manifest(
@@ -401,16 +400,16 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
     if console:
         print_console(comparison)
     if args.wandb_project:
-        from sage_unsloth.report import wandb_io
+        from sage_unsloth.report import wandb_log
 
         all_images = dict(images)
         if training_png is not None:
             all_images["training_curves"] = training_png
-        wandb_io.log_report(
+        wandb_log.log_report(
             args.wandb_project,
             entity=args.wandb_entity,
             markdown=result.markdown,
-            tables={"comparison": comparison, "pairs": pairs, "patterns": patterns},
+            tables={"comparison": comparison, "pairs": pairs, "patterns": patterns, "training": training_frame},
             images=all_images,
         )
     log.info("wrote %s (tables and plots in %s/)", out, assets)

@@ -14,16 +14,17 @@ import numpy as np
 import pandas as pd
 
 from sage_unsloth.report import bootstrap as bs
-from sage_unsloth.report.loading import AIME_PARTS, AVG, PAPER_AVERAGE_SETS, RunResults
+from sage_unsloth.report.loading import RunResults
 from sage_unsloth.report.paper import DEFAULT_METHOD_PAIRS, PaperRow, map_run, paper_value
+from sage_unsloth.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, POOLED_AIME
 
 log = logging.getLogger(__name__)
 
-DATASET_ORDER = (AVG, "aime", "aime24", "aime25", "amc23", "math500", "minerva", "kk_logicrl", "kk_official",
+DATASET_ORDER = (PAPER_AVERAGE, POOLED_AIME, "aime24", "aime25", "amc23", "math500", "minerva", "kk_logicrl", "kk_official",
                  "kk_local", "kk")
 # Section titles that say which puzzle set a K&K result is on (the two sets are never comparable).
 DATASET_TITLES = {
-    AVG: "Paper average (AIME pooled, AMC23, MATH-500)",
+    PAPER_AVERAGE: "Paper average (AIME pooled, AMC23, MATH-500)",
     "kk_logicrl": "Knights-and-Knaves, Logic-RL split (kk_logicrl; not comparable with kk_official)",
     "kk_official": "Knights-and-Knaves, official test puzzles (kk_official; not comparable with kk_logicrl)",
     "kk_local": "Knights-and-Knaves, a local puzzle file (kk_local)",
@@ -44,7 +45,7 @@ def report_datasets(runs: list[RunResults]) -> list[str]:
     for run in runs:
         seen.update(run.passk["dataset"].unique())
         if set(AIME_PARTS) <= seen:
-            seen.add("aime")
+            seen.add(POOLED_AIME)
     ordered = [d for d in DATASET_ORDER if d in seen]
     return ordered + sorted(seen - set(ordered))
 
@@ -52,7 +53,7 @@ def report_datasets(runs: list[RunResults]) -> list[str]:
 def point_value(run: RunResults, dataset: str, k: int) -> float | None:
     """The run's reported pass@k; "aime" pools aime24 and aime25 weighted by problem count."""
     direct = run.reported(dataset, k)
-    if direct is not None or dataset != "aime":
+    if direct is not None or dataset != POOLED_AIME:
         return direct
     parts = []
     for part in AIME_PARTS:
@@ -73,7 +74,7 @@ def point_value(run: RunResults, dataset: str, k: int) -> float | None:
 
 def _set_values(run: RunResults, dataset: str, ks) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """{set: (problem ids, (N, K) values)} making up ``dataset``; None if any set lacks per-problem data."""
-    names = PAPER_AVERAGE_SETS if dataset == AVG else (dataset,)
+    names = PAPER_AVERAGE_SETS if dataset == PAPER_AVERAGE else (dataset,)
     out = {}
     for name in names:
         got = run.problem_values(name, ks)
@@ -100,7 +101,7 @@ def curve_table(runs: list[RunResults], settings: BootstrapSettings) -> pd.DataF
     rows = []
     for run in runs:
         for dataset in report_datasets([run]):
-            ks = run.reported_ks(dataset) or (run.reported_ks(AIME_PARTS[0]) if dataset == "aime" else [])
+            ks = run.reported_ks(dataset) or (run.reported_ks(AIME_PARTS[0]) if dataset == POOLED_AIME else [])
             values = [point_value(run, dataset, k) for k in ks]
             ci = bootstrap_ci(run, dataset, ks, settings) if ks else None
             for i, (k, value) in enumerate(zip(ks, values)):

