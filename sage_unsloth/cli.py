@@ -10,7 +10,7 @@ import importlib
 import sys
 
 STAGES = {
-    "sft": ("sage_unsloth.sft", "stage 1: LoRA SFT into the paper's format"),
+    "sft": ("sage_unsloth.sft.run", "stage 1: LoRA SFT into the paper's format"),
     "rlvr": ("sage_unsloth.rlvr.run", "stage 2: GRPO-family RLVR with the SAGE shaped anchor"),
     "eval": ("sage_unsloth.eval.run", "stage 3: pass@k evaluation"),
     "regrade": ("sage_unsloth.eval.regrade", "stage 3 again: re-grade saved completions (no model, no GPU)"),

@@ -281,7 +281,7 @@ class Recipe:
 
 def prepare_tiny(workdir: Path, math500: Path, *, sft_rows: int = 8) -> tuple[Path, Path]:
     """CI only: the tiny offline model and a few MATH-500 rows in SFT shape (short numeric ones)."""
-    from sage_unsloth.sft_data import math500_as_sft_rows, write_jsonl
+    from sage_unsloth.sft.data import math500_as_sft_rows, write_jsonl
     from sage_unsloth.testing import build_tiny_model
 
     model_dir = workdir / TINY_MODEL_DIR

@@ -128,7 +128,7 @@ def test_gpu_preset_commands_parse_with_each_stages_parser(platform, tmp_path):
     from sage_unsloth.eval.run import validate as eval_validate
     from sage_unsloth.report.stage import parse_args as report_parse
     from sage_unsloth.rlvr.run import parse_args as rlvr_parse
-    from sage_unsloth.sft import parse_args as sft_parse
+    from sage_unsloth.sft.run import parse_args as sft_parse
 
     recipe = _recipe(platform, tmp_path, [gpu])
     sft_args, model_args = sft_parse(recipe.command("sft")[3:])

@@ -130,14 +130,8 @@ def _lora_params(model):
     return params
 
 
-# --------------------------------------------------------------------- contact points (trl 1.15.0)
-
-
-def test_pinned_versions():
-    import importlib.metadata as md
-
-    assert md.version("trl") == "1.15.0"
-    assert md.version("unsloth_zoo") == "2026.10.9" and md.version("unsloth") == "2026.10.9"
+# --------------------------------------------------------------------- contact points (trl 1.15.0; the static
+# checks of each are in test_compat.py)
 
 
 def test_rollout_batch_keys_and_shapes(branch_trainer, branch_batch):
@@ -273,7 +267,7 @@ def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypat
 def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch, monkeypatch):
     """The loss-level correction is beta * agg(kl_loss_term - k3), built from sage_unsloth.anchor."""
     from sage_unsloth import anchor
-    from sage_unsloth.rlvr.trainer import aggregate_like_trl
+    from sage_unsloth.compat import aggregate_like_trl
 
     trainer = branch_trainer
     mask = branch_batch["completion_mask"].float()
@@ -300,7 +294,8 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
 def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
     import trl
 
-    from sage_unsloth.rlvr.trainer import SageTrainerMixin, is_unsloth_patched, make_sage_trainer_class
+    from sage_unsloth.compat import is_unsloth_patched
+    from sage_unsloth.rlvr.trainer import SageTrainerMixin, make_sage_trainer_class
 
     class UnslothGRPOTrainer(trl.GRPOTrainer):  # stands in for the class `import unsloth` installs on a GPU
         pass
@@ -367,7 +362,7 @@ def test_config_warns_when_q_comes_from_the_rollout_policy(tmp_path):
 
 def test_plain_entropy_pass_matches_a_direct_forward(branch_trainer, branch_batch):
     """The extra no-grad pass used under Unsloth (whose scorer returns no entropies)."""
-    from sage_unsloth.rlvr.trainer import policy_logps_and_entropies
+    from sage_unsloth.compat import policy_logps_and_entropies
 
     b = branch_batch
     ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
@@ -379,21 +374,6 @@ def test_plain_entropy_pass_matches_a_direct_forward(branch_trainer, branch_batc
     mask = b["completion_mask"].bool()
     torch.testing.assert_close(logps[mask], want_logps[mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropies[mask], -(log_probs.exp() * log_probs).sum(-1)[mask], atol=1e-5, rtol=1e-5)
-
-
-def test_cpu_logprob_fallback_matches_log_softmax():
-    import trl.trainer.utils as trl_utils
-
-    from sage_unsloth.rlvr.trainer import TorchChunkedLogProb
-
-    assert hasattr(trl_utils, "_ChunkedLogProbFunction")  # the module global TRL's fused head calls
-    gen = torch.Generator().manual_seed(0)
-    hidden, weight = torch.randn(5, 8, generator=gen), torch.randn(11, 8, generator=gen)
-    targets = torch.randint(0, 11, (5,), generator=gen)
-    logp, entropy, *_ = TorchChunkedLogProb.apply(hidden, weight, None, targets, 0.7, 4, None, 1.0, ("entropy",))
-    log_probs = torch.log_softmax(hidden @ weight.T / 0.7, -1)
-    torch.testing.assert_close(logp, log_probs[torch.arange(5), targets])
-    torch.testing.assert_close(entropy, -(log_probs.exp() * log_probs).sum(-1))
 
 
 # --------------------------------------------------------------------- training smoke
@@ -425,7 +405,7 @@ def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_sourc
 
 
 def test_unsloth_layout_mapping_on_hand_built_batch():
-    from sage_unsloth.rlvr.trainer import prompt_pad_counts, to_unsloth_layout
+    from sage_unsloth.compat import prompt_pad_counts, to_unsloth_layout
 
     pad = 0
     prompt_ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10], [0, 11, 12, 13]])
@@ -449,7 +429,7 @@ def test_unsloth_layout_matches_zoo_packing():
     import_unsloth()
     from unsloth_zoo.rl_replacements import calculate_pad_tokens_in_prompt, left_pack_padding
 
-    from sage_unsloth.rlvr.trainer import to_unsloth_layout
+    from sage_unsloth.compat import to_unsloth_layout
 
     gen = torch.Generator().manual_seed(0)
     pad = 0
@@ -485,7 +465,7 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
     from trl import GRPOTrainer
     from unsloth_zoo.rl_replacements import grpo_compute_loss
 
-    from sage_unsloth.rlvr.trainer import to_unsloth_layout
+    from sage_unsloth.compat import to_unsloth_layout
 
     trainer, model = branch_trainer, branch_trainer.model
     monkeypatch.setattr(trainer, "loss_type", loss_type)
@@ -563,7 +543,8 @@ from datasets import Dataset
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from sage_unsloth.rlvr.config import SageGRPOConfig
-from sage_unsloth.rlvr.trainer import SageGRPOTrainer, to_unsloth_layout
+from sage_unsloth.compat import to_unsloth_layout
+from sage_unsloth.rlvr.trainer import SageGRPOTrainer
 
 model_dir = sys.argv[1]
 tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -274,7 +274,7 @@ def k3_kl_metric(ref, log_q, logp, mask, *, per_sequence: bool) -> float:
 
 # ----------------------------------------------------------------------------------------------- checks
 def check_patched(t: SelfTest, trainer) -> None:
-    from sage_unsloth.rlvr.trainer import is_unsloth_patched
+    from sage_unsloth.compat import is_unsloth_patched
 
     mro = [f"{k.__module__}.{k.__name__}" for k in type(trainer).__mro__[:4]]
     patched = is_unsloth_patched(type(trainer)) and any(k.__name__ == "UnslothGRPOTrainer"

@@ -31,11 +31,9 @@ so the ``ref`` copy is hidden from it during each sync (:func:`hide_adapter_from
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import os
 import sys
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,38 +239,11 @@ def apply_anchor(model, anchor: str, *, beta: float) -> None:
         param.requires_grad_(name in trainable and f".{REF_ADAPTER}." not in name)
 
 
-@contextmanager
-def hidden_adapter(model, adapter: str = REF_ADAPTER):
-    """Temporarily remove ``adapter``'s LoRA modules from the model (and its state_dict)."""
-    from peft.tuners.lora import LoraLayer
-
-    removed = []
-    for module in model.modules():
-        if isinstance(module, LoraLayer):
-            for attr in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
-                container = getattr(module, attr, None)
-                if container is not None and adapter in container:
-                    removed.append((container, container.pop(adapter)))
-    try:
-        yield
-    finally:
-        for container, value in removed:
-            container[adapter] = value
-
-
 def hide_adapter_from_vllm_sync(model) -> None:
     """Wrap Unsloth's ``model.load_lora`` so the vLLM LoRA it builds holds the policy adapter only."""
-    load_lora = getattr(model, "load_lora", None)
-    if load_lora is None or getattr(load_lora, "_sage_hides_ref", False):
-        return
+    from sage_unsloth.compat import hide_adapter_from_unsloth_lora_sync
 
-    @functools.wraps(load_lora)
-    def load_policy_lora(*args, **kwargs):
-        with hidden_adapter(model):
-            return load_lora(*args, **kwargs)
-
-    load_policy_lora._sage_hides_ref = True
-    model.load_lora = load_policy_lora
+    hide_adapter_from_unsloth_lora_sync(model, REF_ADAPTER)
 
 
 # ----------------------------------------------------------------------------------------------- stage
@@ -358,7 +329,9 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
     unsloth_vllm = grpo_args.backend == "unsloth" and grpo_args.use_vllm
     if unsloth_vllm and stage.anchor == "sft" and grpo_args.beta != 0.0:
         # Folding LoRA into vLLM's weights assumes one adapter; the plain LoRA sync is hidden from "ref".
-        os.environ["UNSLOTH_VLLM_MERGED_ROLLOUT"] = "0"
+        from sage_unsloth.compat import UNSLOTH_MERGED_ROLLOUT_ENV
+
+        os.environ[UNSLOTH_MERGED_ROLLOUT_ENV] = "0"
     model, tokenizer = load_for_training(
         model_args, backend=grpo_args.backend,
         max_seq_length=plan.max_prompt_length + grpo_args.max_completion_length, seed=grpo_args.seed,

@@ -1,8 +1,8 @@
 """SageSFTConfig: TRL's SFTConfig plus the kit's stage-1 fields, with the official recipe as defaults.
 
 Parsed together with ``trl.ModelConfig`` by ``trl.TrlParser`` (YAML, then CLI overrides); see
-:func:`sage_unsloth.sft.parse_args`. Importing this module imports TRL, so a process that trains with
-Unsloth imports Unsloth first (``sage_unsloth.sft.main`` does that before importing this).
+:func:`sage_unsloth.sft.run.parse_args`. Importing this module imports TRL, so a process that trains with
+Unsloth imports Unsloth first (``sage_unsloth.sft.run.main`` does that before importing this).
 
 Defaults are the official SFT recipe (2 epochs, lr 2e-4, batch 1, 5 warmup steps, linear schedule, weight
 decay 0.01, adamw_8bit, seed 3407); the YAML configs pin them again. Loss on assistant tokens only
@@ -20,9 +20,9 @@ from pathlib import Path
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig
 
-from .backend import cuda_available
-from .manifest import MANIFEST_NAME
-from .models import BACKENDS, model_short_name
+from ..backend import cuda_available
+from ..manifest import MANIFEST_NAME
+from ..models import BACKENDS, model_short_name
 
 logger = logging.getLogger(__name__)
 
