@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sage_unsloth import layout
 from sage_unsloth.manifest import MANIFEST_NAME
 
 STAGES = ("sft", "rlvr", "eval", "report")
@@ -190,26 +191,26 @@ class Recipe:
 
     @property
     def outputs(self) -> Path:
-        return self.workdir / "outputs"
+        return self.workdir / layout.OUTPUTS
 
     @property
     def results(self) -> Path:
-        return self.workdir / "results"
+        return self.workdir / layout.RESULTS
 
     @property
     def sft_dir(self) -> Path:
-        return self.outputs / self.model_short / "sft"
+        return layout.sft_dir(self.outputs, self.model_short)
 
     def rlvr_dir(self, variant: str) -> Path:
-        return self.outputs / self.model_short / variant
+        return layout.rlvr_dir(self.outputs, self.model_short, variant)
 
     def eval_runs(self) -> list[tuple[str, Path]]:
         """(run name, stage folder) of every checkpoint evaluated: the SFT model, then each RLVR variant."""
-        return [("sft", self.sft_dir), *((v, self.rlvr_dir(v)) for v in self.variants)]
+        return [(layout.SFT_RUN, self.sft_dir), *((v, self.rlvr_dir(v)) for v in self.variants)]
 
     @property
     def report_md(self) -> Path:
-        return self.results / "report.md"
+        return layout.report_md(self.results)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.platform.env))

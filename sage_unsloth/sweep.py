@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sage_unsloth import layout
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
 
 logger = logging.getLogger(__name__)
@@ -168,27 +169,27 @@ def build_jobs(cfg: SweepConfig, model: str) -> list[Job]:
     eval_args = ["--results_dir", str(results), "--outputs_dir", str(sweep), *shlex.split(cfg.eval_args)]
     if cfg.eval_sft:
         jobs.append(Job("eval_sft", "eval", "sage_unsloth.eval",
-                        [cfg.eval_config, "--checkpoints", str(cfg.sft_dir), "--run_name", "sft", *eval_args],
-                        results / model / "sft", "eval", run="sft"))
+                        [cfg.eval_config, "--checkpoints", str(cfg.sft_dir), "--run_name", layout.SFT_RUN, *eval_args],
+                        layout.results_dir(results, model, layout.SFT_RUN), "eval", run=layout.SFT_RUN))
         evals.append("eval_sft")
     for config in cfg.configs:
         for seed in cfg.seeds:
             variant = f"{Path(config).stem}_s{seed}"
-            run_dir = sweep / model / variant
+            run_dir = layout.rlvr_dir(sweep, model, variant)
             jobs.append(Job(variant, "rlvr", "sage_unsloth.rlvr",
                             [config, "--sft_dir", str(cfg.sft_dir), "--output_root", str(sweep), "--variant",
                              variant, "--seed", str(seed), *shlex.split(cfg.rlvr_args)],
                             run_dir, "rlvr", config=config, seed=seed))
             jobs.append(Job(f"eval_{variant}", "eval", "sage_unsloth.eval",
                             [cfg.eval_config, "--checkpoints", str(run_dir), *eval_args],
-                            results / model / variant, "eval", after=(variant,), config=config, seed=seed,
+                            layout.results_dir(results, model, variant), "eval", after=(variant,), config=config, seed=seed,
                             run=variant))
             evals.append(f"eval_{variant}")
     if cfg.report_config:
         jobs.append(Job("report", "report", "sage_unsloth.report",
-                        [cfg.report_config, "--results", str(results), "--out", str(results / "report.md"),
+                        [cfg.report_config, "--results", str(results), "--out", str(layout.report_md(results)),
                          *shlex.split(cfg.report_args)],
-                        results / "report", "report", after=tuple(evals)))
+                        layout.report_dir(results), "report", after=tuple(evals)))
     return jobs
 
 

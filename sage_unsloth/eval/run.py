@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sage_unsloth import grading
+from sage_unsloth import grading, layout
 from sage_unsloth.eval.benchmarks import (
     DEFAULT_BENCHMARKS,
     Problem,
@@ -74,8 +74,8 @@ class EvalConfig:
         "help": "folder with benchmark JSONL files named like the bundled ones (implies source=local)"})
     local_benchmarks: list[str] = field(default_factory=list, metadata={
         "help": "extra benchmarks as name=path.jsonl (MATH-500 layout: problem, answer); list them in benchmarks"})
-    results_dir: str = "results"
-    outputs_dir: str = "outputs"
+    results_dir: str = layout.RESULTS
+    outputs_dir: str = layout.OUTPUTS
     run_name: str | None = field(default=None, metadata={"help": "results/<model>/<run_name> (one checkpoint)"})
     limit: int | None = field(default=None, metadata={"help": "max problems per benchmark (smoke runs)"})
     problems_per_batch: int = field(default=64, metadata={"help": "problems per engine call = resume unit"})
@@ -161,8 +161,8 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
     from sage_unsloth.eval.regrade import regrade_records, settle_timeouts
     from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
 
-    results = Path(cfg.results_dir) / checkpoint.model / checkpoint.run
-    completions = Path(cfg.outputs_dir) / checkpoint.model / "eval" / checkpoint.run
+    results = layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run)
+    completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
     fingerprint = sampling_fingerprint(cfg, checkpoint)
     fp_path = completions / "sampling.json"
     if fp_path.is_file() and json.loads(fp_path.read_text()) != fingerprint:

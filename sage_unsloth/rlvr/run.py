@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sage_unsloth import layout
+
 logger = logging.getLogger(__name__)
 
 ANCHORS = ("sft", "base")
@@ -59,7 +61,7 @@ class RLVRStageArgs:
         "help": "KL anchor pi_ref: 'sft' (the SFT model; default) or 'base' (pre-SFT base, official code)."})
     variant: str | None = field(default=None, metadata={
         "help": "Run name: output goes to <output_root>/<model>/<variant>/. Default: the config file's stem."})
-    output_root: str = field(default="outputs", metadata={"help": "Root of the stage output folders."})
+    output_root: str = field(default=layout.OUTPUTS, metadata={"help": "Root of the stage output folders."})
     dataset_name: str = field(default="open-r1/DAPO-Math-17k-Processed", metadata={"help": "Hub dataset."})
     dataset_config: str | None = field(default="en", metadata={"help": "Hub dataset config."})
     dataset_split: str = field(default="train", metadata={"help": "Hub dataset split."})
@@ -130,7 +132,7 @@ def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any]
     if stage.sft_dir:
         sft_dir = Path(stage.sft_dir)
     elif model_args.model_name_or_path:
-        sft_dir = Path(stage.output_root) / model_short_name(model_args.model_name_or_path) / "sft"
+        sft_dir = layout.sft_dir(stage.output_root, model_short_name(model_args.model_name_or_path))
     else:
         raise ValueError("sft_dir is not set: pass --sft_dir outputs/<model>/sft (stage 1's output folder)")
     if not sft_dir.is_dir():
@@ -187,7 +189,7 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     if not variant:
         raise ValueError("variant is not set: pass --variant NAME (the output subfolder)")
     short = model_short_name(base)
-    output_dir = Path(stage.output_root) / short / variant
+    output_dir = layout.rlvr_dir(stage.output_root, short, variant)
     last = last_complete_checkpoint(output_dir)
     if stage.resume and last is None:
         raise FileNotFoundError(f"--resume: no complete checkpoint-* folder in {output_dir}: start without --resume")
@@ -305,11 +307,13 @@ class RLVRStage:
         return out
 
 
-def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRStage:
-    """Check everything, load data and model, build the SAGE trainer with the chosen anchor."""
+def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None,
+                plan: RLVRPlan | None = None) -> RLVRStage:
+    """Check everything (``plan``: :func:`plan_run`'s result when the caller already has it), load data and
+    model, build the SAGE trainer with the chosen anchor."""
     from sage_unsloth.models import load_for_training, load_tokenizer
 
-    plan = plan_run(grpo_args, stage, model_args, config_path)
+    plan = plan or plan_run(grpo_args, stage, model_args, config_path)
     model_args.model_name_or_path = plan.base_model
     grpo_args.output_dir = str(plan.output_dir)
     if not grpo_args.run_name:
@@ -379,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     _import_unsloth_early(argv)
     try:
         grpo_args, stage, model_args, config_path = parse_args(argv)
-        plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
-        built = build_stage(grpo_args, stage, model_args, config_path)
+        plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
+        built = build_stage(grpo_args, stage, model_args, config_path, plan)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         # Everything up to here is input checking (config, folders, data, loader and trainer arguments);
         # the traceback stays available at DEBUG level.

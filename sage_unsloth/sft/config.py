@@ -20,6 +20,7 @@ from pathlib import Path
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig
 
+from .. import layout
 from ..backend import cuda_available
 from ..manifest import MANIFEST_NAME
 from ..models import BACKENDS, model_short_name
@@ -41,7 +42,7 @@ class SageSFTConfig(SFTConfig):
     max_length_fraction: float = field(default=0.5, metadata={
         "help": "Drop rows longer than this fraction of max_seq_length tokens (official: 0.5)"})
     max_seq_length: int = field(default=2048, metadata={"help": "Model context for training; sets max_length"})
-    output_root: str = field(default="outputs", metadata={
+    output_root: str = field(default=layout.OUTPUTS, metadata={
         "help": "Root of outputs/<model_short_name>/sft (used when output_dir is not given)"})
     model_short_name: str | None = field(default=None, metadata={
         "help": "Folder name for the model (default: derived from model_name_or_path)"})
@@ -103,9 +104,9 @@ class SageSFTConfig(SFTConfig):
         """outputs/<model_short_name>/sft unless output_dir was given; sets and returns it (and a W&B run_name)."""
         short = self.model_short_name or model_short_name(model_args.model_name_or_path)
         if not self.output_dir_given:
-            self.output_dir = str(Path(self.output_root) / short / "sft")
+            self.output_dir = str(layout.sft_dir(self.output_root, short))
         if not self.run_name or self.run_name == self.output_dir:
-            self.run_name = f"{short}/sft"
+            self.run_name = f"{short}/{layout.SFT_RUN}"
         return Path(self.output_dir)
 
     def resume_checkpoint(self) -> str | None:
