@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +36,7 @@ from pathlib import Path
 
 from sage_unsloth import layout
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
+from sage_unsloth.recipe import finished, start, write_record
 
 logger = logging.getLogger(__name__)
 
@@ -82,24 +81,6 @@ class Job:
     def command(self) -> list[str]:
         """What a finished job is recognised by: the stage and its arguments (not the interpreter)."""
         return [self.module, *self.args]
-
-
-# ----------------------------------------------------------------------------------------------- skipping
-def finished(manifest_dir: Path, stage: str, command: list[str], record: Path) -> bool:
-    """Skip the job? True when ``manifest_dir`` holds the ``stage`` manifest and ``record`` says this same
-    ``command`` wrote it. A folder with output of another (or an unknown) command raises ValueError: its
-    contents are never silently reused or overwritten. Reusable by any driver that runs stage commands."""
-    recorded = json.loads(record.read_text())["command"] if record.is_file() else None
-    manifest = manifest_dir / MANIFEST_NAME
-    has_output = manifest_dir.is_dir() and any(manifest_dir.iterdir())
-    if has_output and recorded != command:
-        how = "by another sweep or by hand" if recorded is None else f"with {shlex.join(recorded)}"
-        raise ValueError(f"{manifest_dir} was written {how}, not by {shlex.join(command)}: delete it or give "
-                         "the sweep another name")
-    if not manifest.is_file():
-        return False
-    read_manifest(manifest_dir, expect_stage=stage)
-    return True
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -249,12 +230,10 @@ def run_jobs(jobs: list[Job], slots: list[Slot], cfg: SweepConfig) -> dict[str, 
             elif free and all(status.get(a) in ("done", "skipped") for a in job.after):
                 pending.remove(job)
                 slot = free.pop(0)
-                atomic_write_text(records / f"{job.name}.json", json.dumps({"command": job.command}, indent=1) + "\n")
+                write_record(records / f"{job.name}.json", job.command)
                 log = logs / f"{job.name}.log"
                 env = {**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"}
-                with log.open("w") as fh:
-                    proc = subprocess.Popen(_argv(job, slot, cfg), stdout=fh, stderr=subprocess.STDOUT,
-                                            env=env)
+                proc = start(_argv(job, slot, cfg), log, env=env)
                 running[job.name] = (proc, slot, time.perf_counter(), log)
                 print(f"[sweep] {job.name}: started on {slot.name}, log {log}", flush=True)
         time.sleep(0.2)

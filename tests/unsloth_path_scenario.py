@@ -145,7 +145,7 @@ def in_loss_training(model_dir):
     trainer._generate_and_score_completions, trainer.compute_loss = spy_generate, spy_loss
     trainer.train()
     return {"calls": calls, "rollouts": len(rollouts), "extra_passes": trainer.sage_forward_passes,
-            "q_in_loss": trainer.sage_q_in_loss, "mro": [k.__name__ for k in type(trainer).__mro__[:4]]}
+            "q_in_loss": trainer.sage_q_in_loss, "mro": [k.__name__ for k in type(trainer).__mro__[:5]]}
 
 
 def loss_and_grads(trainer, batch, *, guide, quantile):

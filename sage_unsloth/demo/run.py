@@ -33,6 +33,7 @@ import yaml
 from .. import layout
 from ..layout import SFT_RUN
 from ..manifest import atomic_write_json, atomic_write_text
+from ..recipe import stage_command
 from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
 from .steps import REPO_ROOT, STAMP_DIR, Step, StepRecord, python, run_steps, usable_cores
 
@@ -117,19 +118,20 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         Step("data", [py, "-m", "sage_unsloth.demo.data", "--out", _rel(data),
                       "--spec", json.dumps(asdict(spec), sort_keys=True)],
              outputs=(data,), code=DATA_CODE),
-        Step("sft", [py, "-m", "sage_unsloth.sft", _rel(CONFIG_DIR / "sft.yaml"), "--model_name_or_path",
-                     _rel(model_dir), "--dataset_path", _rel(data / SFT_FILE), "--output_dir", _rel(sft_dir),
-                     "--max_steps", str(budget.sft_steps)],
+        Step("sft", stage_command("sft", _rel(CONFIG_DIR / "sft.yaml"), "--model_name_or_path", _rel(model_dir),
+                                  "--dataset_path", _rel(data / SFT_FILE), "--output_dir", _rel(sft_dir),
+                                  "--max_steps", str(budget.sft_steps), python=py),
              outputs=(sft_dir,), after=("model", "data"), configs=(CONFIG_DIR / "sft.yaml",),
              label=f"stage 1, {budget.sft_steps} steps"),
     ]
     for method in METHODS:
         for seed in budget.seeds:
             run = f"{method.name}_seed{seed}"
-            steps.append(Step(run, [py, "-m", "sage_unsloth.rlvr", _rel(CONFIG_DIR / method.config),
-                                    "--sft_dir", _rel(sft_dir), "--output_root", _rel(work),
-                                    "--variant", run, "--seed", str(seed), "--dataset_path", _rel(data / RL_FILE),
-                                    "--max_steps", str(budget.rl_steps)],
+            steps.append(Step(run, stage_command("rlvr", _rel(CONFIG_DIR / method.config),
+                                                 "--sft_dir", _rel(sft_dir), "--output_root", _rel(work),
+                                                 "--variant", run, "--seed", str(seed),
+                                                 "--dataset_path", _rel(data / RL_FILE),
+                                                 "--max_steps", str(budget.rl_steps), python=py),
                               outputs=(layout.rlvr_dir(work, MODEL_NAME, run),), after=("sft",), configs=(CONFIG_DIR / method.config,),
                               code=("rlvr",), label=f"stage 2, {method.label}, {budget.rl_steps} steps"))
     evals = []
@@ -139,11 +141,12 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         run_dir = layout.run_dir(work, MODEL_NAME, run)
         completions = layout.completions_dir(work, MODEL_NAME, run)
         evals.append(name)
-        steps.append(Step(name, [py, "-m", "sage_unsloth.eval", _rel(CONFIG_DIR / "eval.yaml"),
-                                 "--checkpoints", _rel(run_dir), "--results_dir", _rel(results),
-                                 "--outputs_dir", _rel(work), "--local_benchmarks",
-                                 f"{DEMO_BENCHMARK}={_rel(data / EVAL_FILE)}", "--benchmarks", DEMO_BENCHMARK,
-                                 "--n", str(budget.eval_n), "--limit", str(budget.eval_problems)],
+        steps.append(Step(name, stage_command("eval", _rel(CONFIG_DIR / "eval.yaml"),
+                                              "--checkpoints", _rel(run_dir), "--results_dir", _rel(results),
+                                              "--outputs_dir", _rel(work), "--local_benchmarks",
+                                              f"{DEMO_BENCHMARK}={_rel(data / EVAL_FILE)}",
+                                              "--benchmarks", DEMO_BENCHMARK, "--n", str(budget.eval_n),
+                                              "--limit", str(budget.eval_problems), python=py),
                           outputs=(layout.results_dir(results, MODEL_NAME, run), completions), after=(run,),
                           configs=(CONFIG_DIR / "eval.yaml",), code=("eval",),
                           label=f"stage 3, {budget.eval_problems} problems x {budget.eval_n} samples",
@@ -158,9 +161,10 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                           _rel(CONFIG_DIR / "grpo_branch.yaml")],
              outputs=(results / "analysis",), after=tuple(evals),
              configs=(CONFIG_DIR / "grpo_branch.yaml",), code=ANALYSIS_CODE, label="plans and branch-point entropy"),
-        Step("report", [py, "-m", "sage_unsloth.report", _rel(CONFIG_DIR / "report.yaml"), "--results",
-                        _rel(results), "--out", _rel(layout.report_md(results)), "--pairs", pairs,
-                        "--resamples", str(budget.bootstrap_resamples), "--support_reference", SFT_RUN],
+        Step("report", stage_command("report", _rel(CONFIG_DIR / "report.yaml"), "--results", _rel(results),
+                                     "--out", _rel(layout.report_md(results)), "--pairs", pairs,
+                                     "--resamples", str(budget.bootstrap_resamples), "--support_reference",
+                                     SFT_RUN, python=py),
              outputs=(layout.report_md(results), layout.report_dir(results)), after=tuple(evals),
              configs=(CONFIG_DIR / "report.yaml",), code=("report",), label="stage 4"),
     ]
