@@ -360,6 +360,46 @@ def test_config_warns_when_q_comes_from_the_rollout_policy(tmp_path):
     assert config.expected_q_source == "loss"
 
 
+@pytest.mark.parametrize("overrides, field", [
+    ({"kl_estimator": "k2", "sage_guide": "branch"}, "kl_estimator"),
+    ({"dynamic_sampling": True}, "dynamic_sampling"),
+    ({"sage_q_source": "loss", "sage_guide": "token"}, "sage_q_source"),
+])
+def test_unsloth_conflicts_are_refused_by_the_config_on_a_gpu_and_by_the_trainer_for_its_class(
+        tmp_path, monkeypatch, overrides, field):
+    """One definition (rlvr/config.py unsloth_conflict): the config refuses it when it expects Unsloth's patched
+    trainer (backend unsloth on a GPU); on CPU it is allowed (TRL's trainer stays) and the trainer refuses it
+    only over a patched class."""
+    from types import SimpleNamespace
+
+    from sage_unsloth.rlvr import config as rlvr_config
+
+    common = {"output_dir": str(tmp_path), "report_to": "none", "backend": "unsloth", "bf16": False,
+              "use_cpu": True, **overrides}
+    on_cpu = rlvr_config.SageGRPOConfig(**common)
+    assert rlvr_config.unsloth_conflict(on_cpu, unsloth_patched=False) is None
+    message = rlvr_config.unsloth_conflict(on_cpu, unsloth_patched=True)
+    assert message.startswith(field) and "\n" not in message
+    monkeypatch.setattr(rlvr_config, "_cuda_available", lambda: True)
+    with pytest.raises(ValueError) as error:
+        rlvr_config.SageGRPOConfig(**common)
+    assert str(error.value) == message
+    plain = SimpleNamespace(kl_estimator="k3", dynamic_sampling=False, sage_q_source="auto", sage_guide="token")
+    assert rlvr_config.unsloth_conflict(plain, unsloth_patched=True) is None
+
+
+def test_the_rollout_policy_warning_comes_once(tiny_model_dir, tmp_path):
+    """The config warns when it expects q at rollout; the trainer built from it does not warn again."""
+    import warnings
+
+    with pytest.warns(UserWarning, match="rollout policy"):
+        args = _config(tmp_path, sage_q_source="rollout", num_iterations=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _build(tiny_model_dir, args)
+    assert not [w for w in caught if "rollout policy" in str(w.message)]
+
+
 def test_plain_entropy_pass_matches_a_direct_forward(branch_trainer, branch_batch):
     """The extra no-grad pass used under Unsloth (whose scorer returns no entropies)."""
     from sage_unsloth.compat import policy_logps_and_entropies

@@ -56,6 +56,7 @@ from sage_unsloth.compat import (
     policy_logps_and_entropies,
     to_unsloth_layout,
 )
+from sage_unsloth.rlvr.config import unsloth_conflict
 from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
@@ -145,26 +146,23 @@ class SageTrainerMixin:
         if not hasattr(cfg, "sage_guide"):
             raise TypeError(f"SAGE trainers need a SageGRPOConfig (sage_unsloth.rlvr.config), got {type(cfg).__name__}")
         self._sage_patched = is_unsloth_patched(type(self))
-        if self._sage_patched and cfg.kl_estimator != "k3":
-            raise ValueError(
-                f"kl_estimator={cfg.kl_estimator!r} is not a shifted reference and Unsloth's patched loss only "
-                "reads the reference: use backend=trl (TRL's loss) or kl_estimator=k3"
-            )
+        # The config checked these for the class it expected (rlvr/config.py); this is the class we got.
+        if (conflict := unsloth_conflict(cfg, self._sage_patched)) is not None:
+            raise ValueError(conflict)
         self.sage_placement = getattr(cfg, "sage_kl_placement", "loss")
         # The KL coefficient SAGE uses: in the reward placement TRL's own beta becomes 0 (no KL in its loss,
         # no reference pass of its own) and this one weighs the pseudo-KL in the reward.
         self.sage_beta = self.beta
         if self.sage_placement == "reward":
             self.beta = 0.0
-        if getattr(cfg, "dynamic_sampling", False):
-            if self._sage_patched:
-                raise ValueError("dynamic_sampling merges rollouts in TRL's batch layout; Unsloth's patched trainer "
-                                 "packs them differently: use backend=trl or dynamic_sampling=false")
-            if self.accelerator.num_processes != 1:
-                raise ValueError("dynamic_sampling drops whole groups, which needs every group on one process: "
-                                 "run on one process or set dynamic_sampling=false")
+        if getattr(cfg, "dynamic_sampling", False) and self.accelerator.num_processes != 1:
+            raise ValueError("dynamic_sampling drops whole groups, which needs every group on one process: "
+                             "run on one process or set dynamic_sampling=false")
         self._sage_rewards_per_func = None  # the last rollout's rewards (TRL's _calculate_rewards), all processes
-        if not self.sage_q_in_loss and self.sage_placement == "loss" and cfg.sage_guide in ("branch", "token") and (
+        # The config warned already when it expected q at rollout; warn here only when the class we got moved q
+        # out of the loss against that expectation.
+        if not self.sage_q_in_loss and cfg.expected_q_source == "loss" and self.sage_placement == "loss" \
+                and cfg.sage_guide in ("branch", "token") and (
                 self.num_iterations != 1 or cfg.steps_per_generation != cfg.gradient_accumulation_steps):
             warnings.warn(f"SAGE {cfg.sage_guide} q is computed from the rollout policy, not the in-loss policy as "
                           "in the official code (num_iterations != 1 or steps_per_generation != "
@@ -193,9 +191,6 @@ class SageTrainerMixin:
         """Branch/token q computed inside the loss from its own forward (no extra pass)? On TRL's trainer both
         guides; under Unsloth's patched one the branch guide only (sage_unsloth/rlvr/unsloth_hooks.py)."""
         source, guide = self.args.sage_q_source, self.args.sage_guide
-        if source == "loss" and self._sage_patched and guide == "token":
-            raise ValueError("sage_q_source='loss' with sage_guide='token' needs TRL's loss (Unsloth's patched loss "
-                             "hands out entropies, not log-probs): use sage_q_source=rollout or auto, or backend=trl")
         in_loss = source in ("loss", "auto") if guide == "branch" else (
             source == "loss" or (source == "auto" and not self._sage_patched))
         # The reward placement needs q when the reward is computed, i.e. at rollout.
