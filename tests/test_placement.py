@@ -147,9 +147,7 @@ args = SageGRPOConfig(output_dir="out", backend="trl", sage_guide="branch", sage
                       learning_rate=1e-2)
 trainer = SageGRPOTrainer(model=model, reward_funcs=lambda completions, **k: [float(len(c) % 3) for c in completions],
                           args=args, train_dataset=dataset, processing_class=tokenizer)
-# The kit's mixins (SAGE, the in-loss branch hook, exact resume) over Unsloth's generated class.
-assert [k.__name__ for k in type(trainer).__mro__[1:5]] == [
-    "SageTrainerMixin", "InUnslothLossBranchQ", "ExactResumeMixin", "UnslothGRPOTrainer"], type(trainer).__mro__
+assert type(trainer).__bases__[-1].__name__ == "UnslothGRPOTrainer", type(trainer).__mro__
 assert trainer.beta == 0.0 and trainer.sage_beta == 0.05
 checked, seen = {}, {}
 kl_in_reward = trainer._sage_kl_in_reward

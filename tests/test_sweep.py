@@ -89,7 +89,7 @@ def test_a_killed_run_resumes_and_what_reads_it_is_redone(swept, capsys):
     for name in ("grpo_s3407", "grpo_branch_s3407", "eval_grpo_branch_s3407", "eval_sft"):
         assert f"{name}: finished before, skipped" in out
     log = (root / "outputs" / "tiny-cpu" / "logs" / "eval_grpo_s3407.log").read_text()
-    assert "2 problems already graded, 0 chunks to sample" in log  # resumed from its chunks, nothing sampled
+    assert "2 problems already graded (0 chunks regraded), 0 chunks to sample" in log  # resumed from its chunks, nothing sampled
 
 
 def test_changed_arguments_never_reuse_a_finished_folder(swept, capsys):

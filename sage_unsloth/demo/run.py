@@ -57,13 +57,11 @@ METHODS = (
     Method("grpo", "grpo.yaml", "GRPO"),
     Method("grpo_nokl", "grpo_nokl.yaml", "GRPO, no KL"),
     Method("grpo_branch", "grpo_branch.yaml", "GRPO + Branch"),
-    # TODO(issue 13): once `sage_kl_placement: reward` is on main, add configs/demo/grpo_branch_reward.yaml
-    # (grpo_branch.yaml + sage_kl_placement: reward) and this line:
-    # Method("grpo_branch_reward", "grpo_branch_reward.yaml", "GRPO + Branch, pseudo-KL in the reward"),
+    Method("grpo_branch_reward", "grpo_branch_reward.yaml", "GRPO + Branch, pseudo-KL in the reward"),
 )
 # A - B pairs of the comparison (per seed); "sft" is the one SFT model every RL run starts from.
 PAIRS = (("grpo_branch", "grpo"), ("grpo", "sft"), ("grpo_branch", "sft"), ("grpo_nokl", "sft"),
-         ("grpo_nokl", "grpo"))
+         ("grpo_nokl", "grpo"), ("grpo_branch_reward", "grpo_branch"), ("grpo_branch_reward", "grpo"))
 
 
 # The demo code each step runs (its fingerprint hashes these and the kit's top-level modules): editing the

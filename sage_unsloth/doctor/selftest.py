@@ -277,7 +277,7 @@ def k3_kl_metric(ref, log_q, logp, mask, *, per_sequence: bool) -> float:
 def check_patched(t: SelfTest, trainer) -> None:
     from sage_unsloth.compat import is_unsloth_patched
 
-    mro = [f"{k.__module__}.{k.__name__}" for k in type(trainer).__mro__[:4]]
+    mro = [f"{k.__module__}.{k.__name__}" for k in type(trainer).__mro__[:5]]
     patched = is_unsloth_patched(type(trainer)) and any(k.__name__ == "UnslothGRPOTrainer"
                                                         for k in type(trainer).__mro__)
     if t.backend == "unsloth":
