@@ -10,11 +10,11 @@ import importlib
 import sys
 
 STAGES = {
-    "sft": ("sage_unsloth.sft", "stage 1: LoRA SFT into the paper's format"),
+    "sft": ("sage_unsloth.sft.run", "stage 1: LoRA SFT into the paper's format"),
     "rlvr": ("sage_unsloth.rlvr.run", "stage 2: GRPO-family RLVR with the SAGE shaped anchor"),
     "eval": ("sage_unsloth.eval.run", "stage 3: pass@k evaluation"),
     "regrade": ("sage_unsloth.eval.regrade", "stage 3 again: re-grade saved completions (no model, no GPU)"),
-    "report": ("sage_unsloth.report.__main__", "stage 4: report against the paper's tables"),
+    "report": ("sage_unsloth.report.run", "stage 4: report against the paper's tables"),
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
     "doctor": ("sage_unsloth.doctor", "preflight: GPU, driver, pinned stack, memory, and a 2-step SAGE self-test"),
     "sweep": ("sage_unsloth.sweep", "RLVR configs x seeds, then eval and report, one job per free GPU"),

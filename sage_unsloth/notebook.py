@@ -12,7 +12,7 @@ Public API::
     PLATFORMS                          name -> Platform (colab, kaggle, tiny)
     make_recipe(platform, repo=..., workdir=..., model=..., ...) -> Recipe
     Recipe.command(stage, variant=None) -> argv;  Recipe.run(stage, variant=None);  Recipe.eval_runs()
-    run_stage(argv, cwd=..., env=..., done=...)  stream a child's output, raise StageFailed on failure
+    run_stage(argv, cwd=..., env=..., done=...)  (sage_unsloth/recipe.py) stream a child's output, raise StageFailed
     gpu_info() -> list[GPU];  platform_problems(gpus) -> [what to do];  preflight() (raises on a problem)
     install(repo)                      pip install -e repo[gpu], then torch / torchvision checked as a pair
     wandb_api_key() -> str (never printed or written)
@@ -21,16 +21,17 @@ Public API::
 
 from __future__ import annotations
 
-import codecs
 import os
 import shlex
 import subprocess
 import sys
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_unsloth.manifest import MANIFEST_NAME
+from sage_unsloth import layout
+from sage_unsloth.recipe import StageFailed, run_stage, stage_command
+
+__all__ = ["StageFailed", "run_stage"]  # re-exported: notebooks call nb.run_stage / catch nb.StageFailed
 
 STAGES = ("sft", "rlvr", "eval", "report")
 VARIANTS = ("grpo", "grpo_branch")
@@ -81,10 +82,6 @@ PLATFORMS: dict[str, Platform] = {
              ("UNSLOTH_SKIP_TORCHVISION_CHECK", "1"), ("TOKENIZERS_PARALLELISM", "false")),
         needs_gpu=False),
 }
-
-
-class StageFailed(RuntimeError):
-    """A stage's child process exited with a non-zero status (its last output lines are in the message)."""
 
 
 # ----------------------------------------------------------------------------------------------- GPU
@@ -190,26 +187,26 @@ class Recipe:
 
     @property
     def outputs(self) -> Path:
-        return self.workdir / "outputs"
+        return self.workdir / layout.OUTPUTS
 
     @property
     def results(self) -> Path:
-        return self.workdir / "results"
+        return self.workdir / layout.RESULTS
 
     @property
     def sft_dir(self) -> Path:
-        return self.outputs / self.model_short / "sft"
+        return layout.sft_dir(self.outputs, self.model_short)
 
     def rlvr_dir(self, variant: str) -> Path:
-        return self.outputs / self.model_short / variant
+        return layout.rlvr_dir(self.outputs, self.model_short, variant)
 
     def eval_runs(self) -> list[tuple[str, Path]]:
         """(run name, stage folder) of every checkpoint evaluated: the SFT model, then each RLVR variant."""
-        return [("sft", self.sft_dir), *((v, self.rlvr_dir(v)) for v in self.variants)]
+        return [(layout.SFT_RUN, self.sft_dir), *((v, self.rlvr_dir(v)) for v in self.variants)]
 
     @property
     def report_md(self) -> Path:
-        return self.results / "report.md"
+        return layout.report_md(self.results)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.platform.env))
@@ -225,9 +222,9 @@ class Recipe:
         the RLVR variant (rlvr) or the evaluated run (eval: sft or a variant)."""
         if stage not in STAGES:
             raise ValueError(f"stage {stage!r} is unknown: choose one of {', '.join(STAGES)}")
-        head = [sys.executable, "-m", f"sage_unsloth.{stage}"]
         if stage == "sft":
-            args = [self._config(self.platform.sft_config), *self.platform.sft_overrides,
+            config = self._config(self.platform.sft_config)
+            args = [*self.platform.sft_overrides,
                     "--model_name_or_path", self.model, "--output_root", str(self.outputs),
                     "--max_steps", str(self.sft_steps), "--report_to", self.report_to]
             # Tokenise only what the run can use (the hub split has ~19k rows; about half pass the filters).
@@ -236,7 +233,8 @@ class Recipe:
         elif stage == "rlvr":
             if variant not in self.variants:
                 raise ValueError(f"variant {variant!r}: choose one of {', '.join(self.variants)}")
-            args = [self._config(f"{self.platform.rlvr_configs}/{variant}.yaml"), "--sft_dir", str(self.sft_dir),
+            config = self._config(f"{self.platform.rlvr_configs}/{variant}.yaml")
+            args = ["--sft_dir", str(self.sft_dir),
                     "--output_root", str(self.outputs), "--max_steps", str(self.steps),
                     "--report_to", self.report_to,
                     # Two prompts per optimizer step (generation_batch_size 8, 4 rollouts each).
@@ -248,14 +246,15 @@ class Recipe:
             if variant not in runs:
                 raise ValueError(f"eval run {variant!r}: choose one of {', '.join(runs)}")
             # One checkpoint per call: each gets its own process (a vLLM engine keeps its memory in-process).
-            args = [self._config(self.platform.eval_config), "--checkpoints", str(runs[variant]),
+            config = self._config(self.platform.eval_config)
+            args = ["--checkpoints", str(runs[variant]),
                     "--n", str(self.n_samples), "--limit", str(self.problems_per_benchmark),
                     "--results_dir", str(self.results), "--outputs_dir", str(self.outputs)]
         else:
             pairs = ",".join(f"{v}:grpo" for v in self.variants if v != "grpo") + ",grpo:sft"
-            args = [self._config("configs/report/default.yaml"), "--results", str(self.results),
-                    "--pairs", pairs.lstrip(",")]
-        return head + args + list(self.extra.get(stage, []))
+            config = self._config("configs/report/default.yaml")
+            args = ["--results", str(self.results), "--pairs", pairs.lstrip(",")]
+        return stage_command(stage, config, *args, *self.extra.get(stage, []))
 
     def output_of(self, stage: str, variant: str | None = None) -> Path | None:
         """The folder whose manifest.json marks the stage finished (None: the stage always reruns)."""
@@ -266,7 +265,11 @@ class Recipe:
         return None  # eval resumes chunk by chunk by itself; the report is cheap
 
     def run(self, stage: str, variant: str | None = None) -> None:
-        run_stage(self.command(stage, variant), cwd=self.workdir, env=self.env(), done=self.output_of(stage, variant))
+        """Run one stage; skipped when its folder holds a finished run of this same command (recipe.finished)."""
+        done = self.output_of(stage, variant)
+        record = self.workdir / "stages" / f"{stage}{'_' + variant if variant else ''}.json" if done else None
+        run_stage(self.command(stage, variant), cwd=self.workdir, env=self.env(), done=done, stage=stage,
+                  record=record)
 
     def describe(self) -> str:
         gpus = ", ".join(f"{g.name} ({g.memory_mib} MiB, sm_{g.compute_capability:g})" for g in self.gpus)
@@ -281,7 +284,7 @@ class Recipe:
 
 def prepare_tiny(workdir: Path, math500: Path, *, sft_rows: int = 8) -> tuple[Path, Path]:
     """CI only: the tiny offline model and a few MATH-500 rows in SFT shape (short numeric ones)."""
-    from sage_unsloth.sft_data import math500_as_sft_rows, write_jsonl
+    from sage_unsloth.sft.data import math500_as_sft_rows, write_jsonl
     from sage_unsloth.tiny_model import build_tiny_model
 
     model_dir = workdir / TINY_MODEL_DIR
@@ -326,44 +329,6 @@ def make_recipe(platform: str, *, repo: str | Path, workdir: str | Path, model: 
     if not model:
         raise ValueError("MODEL is empty: set a hub id such as Qwen/Qwen2.5-1.5B")
     return Recipe(platform=PLATFORMS[platform], model=model, gpus=gpus, **common)
-
-
-# ----------------------------------------------------------------------------------------------- running
-def run_stage(command: list[str], *, cwd: str | Path, env: dict[str, str] | None = None,
-              done: Path | None = None, tail_lines: int = 40, out=None) -> None:
-    """Run one stage in a child process, copying its stdout+stderr to ``out`` (the cell) as it comes.
-
-    ``done``: a stage output folder; when its manifest.json exists the stage finished earlier and is
-    skipped (re-running a notebook continues where it stopped). Raises :class:`StageFailed` with the
-    last ``tail_lines`` lines when the child fails; an interrupted cell stops the child."""
-    out = out or sys.stdout
-    if done is not None and (Path(done) / MANIFEST_NAME).is_file():
-        print(f"[skip] {done} is finished ({MANIFEST_NAME} present)", file=out, flush=True)
-        return
-    print("$ " + shlex.join(["python", *command[1:]]), file=out, flush=True)
-    tail: deque[str] = deque(maxlen=tail_lines)
-    partial = ""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    proc = subprocess.Popen(command, cwd=str(cwd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        while chunk := os.read(proc.stdout.fileno(), 65536):
-            text = decoder.decode(chunk)
-            out.write(text)  # raw, so progress bars (\r) redraw in place
-            out.flush()
-            *lines, partial = (partial + text).replace("\r", "\n").split("\n")
-            tail.extend(line for line in lines if line.strip())
-        code = proc.wait()
-    except BaseException:  # KeyboardInterrupt from the notebook's stop button included
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        proc.stdout.close()
-    if partial.strip():
-        tail.append(partial)
-    if code != 0:
-        stage = command[2] if len(command) > 2 else command[0]
-        raise StageFailed(f"{stage} exited with status {code}; last lines:\n" + "\n".join(tail))
 
 
 # ----------------------------------------------------------------------------------------------- W&B

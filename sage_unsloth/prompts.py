@@ -51,7 +51,6 @@ def format_completion(thoughts: str, answer: str) -> str:
     return f"{REASONING_START}{thoughts.strip()}{REASONING_END}{SOLUTION_START}{answer.strip()}{SOLUTION_END}"
 
 
-def prompt_messages(problem: str, *, eval_style: bool = False) -> list[dict[str, str]]:
+def prompt_messages(problem: str) -> list[dict[str, str]]:
     """System + user messages for one problem (the conversational format TRL trainers take)."""
-    user = EVAL_USER_TEMPLATE.format(problem=problem) if eval_style else problem
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]

@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sage_unsloth import layout
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
+from sage_unsloth.recipe import finished, start, write_record
 
 logger = logging.getLogger(__name__)
 
@@ -81,24 +81,6 @@ class Job:
     def command(self) -> list[str]:
         """What a finished job is recognised by: the stage and its arguments (not the interpreter)."""
         return [self.module, *self.args]
-
-
-# ----------------------------------------------------------------------------------------------- skipping
-def finished(manifest_dir: Path, stage: str, command: list[str], record: Path) -> bool:
-    """Skip the job? True when ``manifest_dir`` holds the ``stage`` manifest and ``record`` says this same
-    ``command`` wrote it. A folder with output of another (or an unknown) command raises ValueError: its
-    contents are never silently reused or overwritten. Reusable by any driver that runs stage commands."""
-    recorded = json.loads(record.read_text())["command"] if record.is_file() else None
-    manifest = manifest_dir / MANIFEST_NAME
-    has_output = manifest_dir.is_dir() and any(manifest_dir.iterdir())
-    if has_output and recorded != command:
-        how = "by another sweep or by hand" if recorded is None else f"with {shlex.join(recorded)}"
-        raise ValueError(f"{manifest_dir} was written {how}, not by {shlex.join(command)}: delete it or give "
-                         "the sweep another name")
-    if not manifest.is_file():
-        return False
-    read_manifest(manifest_dir, expect_stage=stage)
-    return True
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -168,27 +150,27 @@ def build_jobs(cfg: SweepConfig, model: str) -> list[Job]:
     eval_args = ["--results_dir", str(results), "--outputs_dir", str(sweep), *shlex.split(cfg.eval_args)]
     if cfg.eval_sft:
         jobs.append(Job("eval_sft", "eval", "sage_unsloth.eval",
-                        [cfg.eval_config, "--checkpoints", str(cfg.sft_dir), "--run_name", "sft", *eval_args],
-                        results / model / "sft", "eval", run="sft"))
+                        [cfg.eval_config, "--checkpoints", str(cfg.sft_dir), "--run_name", layout.SFT_RUN, *eval_args],
+                        layout.results_dir(results, model, layout.SFT_RUN), "eval", run=layout.SFT_RUN))
         evals.append("eval_sft")
     for config in cfg.configs:
         for seed in cfg.seeds:
             variant = f"{Path(config).stem}_s{seed}"
-            run_dir = sweep / model / variant
+            run_dir = layout.rlvr_dir(sweep, model, variant)
             jobs.append(Job(variant, "rlvr", "sage_unsloth.rlvr",
                             [config, "--sft_dir", str(cfg.sft_dir), "--output_root", str(sweep), "--variant",
                              variant, "--seed", str(seed), *shlex.split(cfg.rlvr_args)],
                             run_dir, "rlvr", config=config, seed=seed))
             jobs.append(Job(f"eval_{variant}", "eval", "sage_unsloth.eval",
                             [cfg.eval_config, "--checkpoints", str(run_dir), *eval_args],
-                            results / model / variant, "eval", after=(variant,), config=config, seed=seed,
+                            layout.results_dir(results, model, variant), "eval", after=(variant,), config=config, seed=seed,
                             run=variant))
             evals.append(f"eval_{variant}")
     if cfg.report_config:
         jobs.append(Job("report", "report", "sage_unsloth.report",
-                        [cfg.report_config, "--results", str(results), "--out", str(results / "report.md"),
+                        [cfg.report_config, "--results", str(results), "--out", str(layout.report_md(results)),
                          *shlex.split(cfg.report_args)],
-                        results / "report", "report", after=tuple(evals)))
+                        layout.report_dir(results), "report", after=tuple(evals)))
     return jobs
 
 
@@ -248,12 +230,10 @@ def run_jobs(jobs: list[Job], slots: list[Slot], cfg: SweepConfig) -> dict[str, 
             elif free and all(status.get(a) in ("done", "skipped") for a in job.after):
                 pending.remove(job)
                 slot = free.pop(0)
-                atomic_write_text(records / f"{job.name}.json", json.dumps({"command": job.command}, indent=1) + "\n")
+                write_record(records / f"{job.name}.json", job.command)
                 log = logs / f"{job.name}.log"
                 env = {**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"}
-                with log.open("w") as fh:
-                    proc = subprocess.Popen(_argv(job, slot, cfg), stdout=fh, stderr=subprocess.STDOUT,
-                                            env=env)
+                proc = start(_argv(job, slot, cfg), log, env=env)
                 running[job.name] = (proc, slot, time.perf_counter(), log)
                 print(f"[sweep] {job.name}: started on {slot.name}, log {log}", flush=True)
         time.sleep(0.2)

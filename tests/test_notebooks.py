@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -128,7 +127,7 @@ def test_gpu_preset_commands_parse_with_each_stages_parser(platform, tmp_path):
     from sage_unsloth.eval.run import validate as eval_validate
     from sage_unsloth.report.stage import parse_args as report_parse
     from sage_unsloth.rlvr.run import parse_args as rlvr_parse
-    from sage_unsloth.sft import parse_args as sft_parse
+    from sage_unsloth.sft.run import parse_args as sft_parse
 
     recipe = _recipe(platform, tmp_path, [gpu])
     sft_args, model_args = sft_parse(recipe.command("sft")[3:])
@@ -169,24 +168,6 @@ def test_make_recipe_checks_parameters_before_anything_runs(tmp_path):
     if not nb.gpu_info():
         with pytest.raises(RuntimeError, match="no NVIDIA GPU"):
             nb.make_recipe("colab", **common)
-
-
-# ----------------------------------------------------------------------------------------------- runner
-def test_run_stage_streams_output_skips_finished_stages_and_reports_failures(tmp_path, capsys):
-    ok = [sys.executable, "-c", "import sys; print('step 1'); print('warn', file=sys.stderr)"]
-    nb.run_stage(ok, cwd=tmp_path)
-    out = capsys.readouterr().out
-    assert "step 1" in out and "warn" in out and out.startswith("$ python -c")
-
-    fail = [sys.executable, "-c", "import sys; [print(f'line {i}') for i in range(100)]; sys.exit(3)"]
-    with pytest.raises(nb.StageFailed, match="exited with status 3") as info:
-        nb.run_stage(fail, cwd=tmp_path, tail_lines=5)
-    assert str(info.value).splitlines()[1:] == [f"line {i}" for i in range(95, 100)]
-
-    (tmp_path / "done").mkdir()
-    (tmp_path / "done" / "manifest.json").write_text("{}")
-    nb.run_stage(fail, cwd=tmp_path, done=tmp_path / "done")  # finished earlier: not run, so no failure
-    assert "[skip]" in capsys.readouterr().out
 
 
 def test_wandb_key_comes_from_the_environment_and_is_not_printed(monkeypatch, capsys):

@@ -82,7 +82,7 @@ def test_reward_placement_loss_has_no_kl_term(reward_trainer, reward_batch):
 def test_group_advantage_contact_point(reward_trainer, reward_batch):
     """group_advantages (used for r~) is TRL's own advantage computation: on the task reward alone it gives
     exactly the advantages TRL produced for this rollout."""
-    from sage_unsloth.rlvr.trainer import group_advantages
+    from sage_unsloth.compat import group_advantages
 
     trainer = reward_trainer
     rewards = trainer._sage_rewards_per_func.sum(1)

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from sage_unsloth.report.__main__ import main
+from sage_unsloth.report.run import main
 from sage_unsloth.report.stage import ReportArguments, build_report, parse_args
 from sage_unsloth.report.tables import parse_pairs
 

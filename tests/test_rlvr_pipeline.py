@@ -319,3 +319,16 @@ def test_bad_dataset_is_a_one_line_error_before_the_model_loads(sft_dir, tmp_pat
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # datasets' progress bars come before it
     assert err.startswith("error: dataset row has no gold answer")
+
+
+def test_the_cli_plans_the_run_once(sft_dir, tmp_path, dapo_sample, monkeypatch, capsys):
+    """main() checks the inputs (plan_run) before the heavy imports and hands that plan to build_stage."""
+    from sage_unsloth import models
+    from sage_unsloth.rlvr import run
+
+    calls = []
+    real_plan = run.plan_run
+    monkeypatch.setattr(run, "plan_run", lambda *a, **k: calls.append(1) or real_plan(*a, **k))
+    monkeypatch.setattr(models, "load_for_training", lambda *a, **k: (_ for _ in ()).throw(ValueError("stop here")))
+    assert run.main(_argv("grpo", sft_dir, tmp_path, dapo_sample)) == 2
+    assert "stop here" in capsys.readouterr().err and calls == [1]

@@ -130,14 +130,8 @@ def _lora_params(model):
     return params
 
 
-# --------------------------------------------------------------------- contact points (trl 1.15.0)
-
-
-def test_pinned_versions():
-    import importlib.metadata as md
-
-    assert md.version("trl") == "1.15.0"
-    assert md.version("unsloth_zoo") == "2026.10.9" and md.version("unsloth") == "2026.10.9"
+# --------------------------------------------------------------------- contact points (trl 1.15.0; the static
+# checks of each are in test_compat.py)
 
 
 def test_rollout_batch_keys_and_shapes(branch_trainer, branch_batch):
@@ -273,7 +267,7 @@ def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypat
 def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch, monkeypatch):
     """The loss-level correction is beta * agg(kl_loss_term - k3), built from sage_unsloth.anchor."""
     from sage_unsloth import anchor
-    from sage_unsloth.rlvr.trainer import aggregate_like_trl
+    from sage_unsloth.compat import aggregate_like_trl
 
     trainer = branch_trainer
     mask = branch_batch["completion_mask"].float()
@@ -300,7 +294,8 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
 def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
     import trl
 
-    from sage_unsloth.rlvr.trainer import SageTrainerMixin, is_unsloth_patched, make_sage_trainer_class
+    from sage_unsloth.compat import is_unsloth_patched
+    from sage_unsloth.rlvr.trainer import SageTrainerMixin, make_sage_trainer_class
 
     class UnslothGRPOTrainer(trl.GRPOTrainer):  # stands in for the class `import unsloth` installs on a GPU
         pass
@@ -365,9 +360,49 @@ def test_config_warns_when_q_comes_from_the_rollout_policy(tmp_path):
     assert config.expected_q_source == "loss"
 
 
+@pytest.mark.parametrize("overrides, field", [
+    ({"kl_estimator": "k2", "sage_guide": "branch"}, "kl_estimator"),
+    ({"dynamic_sampling": True}, "dynamic_sampling"),
+    ({"sage_q_source": "loss", "sage_guide": "token"}, "sage_q_source"),
+])
+def test_unsloth_conflicts_are_refused_by_the_config_on_a_gpu_and_by_the_trainer_for_its_class(
+        tmp_path, monkeypatch, overrides, field):
+    """One definition (rlvr/config.py unsloth_conflict): the config refuses it when it expects Unsloth's patched
+    trainer (backend unsloth on a GPU); on CPU it is allowed (TRL's trainer stays) and the trainer refuses it
+    only over a patched class."""
+    from types import SimpleNamespace
+
+    from sage_unsloth.rlvr import config as rlvr_config
+
+    common = {"output_dir": str(tmp_path), "report_to": "none", "backend": "unsloth", "bf16": False,
+              "use_cpu": True, **overrides}
+    on_cpu = rlvr_config.SageGRPOConfig(**common)
+    assert rlvr_config.unsloth_conflict(on_cpu, unsloth_patched=False) is None
+    message = rlvr_config.unsloth_conflict(on_cpu, unsloth_patched=True)
+    assert message.startswith(field) and "\n" not in message
+    monkeypatch.setattr(rlvr_config, "_cuda_available", lambda: True)
+    with pytest.raises(ValueError) as error:
+        rlvr_config.SageGRPOConfig(**common)
+    assert str(error.value) == message
+    plain = SimpleNamespace(kl_estimator="k3", dynamic_sampling=False, sage_q_source="auto", sage_guide="token")
+    assert rlvr_config.unsloth_conflict(plain, unsloth_patched=True) is None
+
+
+def test_the_rollout_policy_warning_comes_once(tiny_model_dir, tmp_path):
+    """The config warns when it expects q at rollout; the trainer built from it does not warn again."""
+    import warnings
+
+    with pytest.warns(UserWarning, match="rollout policy"):
+        args = _config(tmp_path, sage_q_source="rollout", num_iterations=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _build(tiny_model_dir, args)
+    assert not [w for w in caught if "rollout policy" in str(w.message)]
+
+
 def test_plain_entropy_pass_matches_a_direct_forward(branch_trainer, branch_batch):
     """The extra no-grad pass used under Unsloth (whose scorer returns no entropies)."""
-    from sage_unsloth.rlvr.trainer import policy_logps_and_entropies
+    from sage_unsloth.compat import policy_logps_and_entropies
 
     b = branch_batch
     ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
@@ -379,21 +414,6 @@ def test_plain_entropy_pass_matches_a_direct_forward(branch_trainer, branch_batc
     mask = b["completion_mask"].bool()
     torch.testing.assert_close(logps[mask], want_logps[mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropies[mask], -(log_probs.exp() * log_probs).sum(-1)[mask], atol=1e-5, rtol=1e-5)
-
-
-def test_cpu_logprob_fallback_matches_log_softmax():
-    import trl.trainer.utils as trl_utils
-
-    from sage_unsloth.rlvr.trainer import TorchChunkedLogProb
-
-    assert hasattr(trl_utils, "_ChunkedLogProbFunction")  # the module global TRL's fused head calls
-    gen = torch.Generator().manual_seed(0)
-    hidden, weight = torch.randn(5, 8, generator=gen), torch.randn(11, 8, generator=gen)
-    targets = torch.randint(0, 11, (5,), generator=gen)
-    logp, entropy, *_ = TorchChunkedLogProb.apply(hidden, weight, None, targets, 0.7, 4, None, 1.0, ("entropy",))
-    log_probs = torch.log_softmax(hidden @ weight.T / 0.7, -1)
-    torch.testing.assert_close(logp, log_probs[torch.arange(5), targets])
-    torch.testing.assert_close(entropy, -(log_probs.exp() * log_probs).sum(-1))
 
 
 # --------------------------------------------------------------------- training smoke
@@ -425,7 +445,7 @@ def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_sourc
 
 
 def test_unsloth_layout_mapping_on_hand_built_batch():
-    from sage_unsloth.rlvr.trainer import prompt_pad_counts, to_unsloth_layout
+    from sage_unsloth.compat import prompt_pad_counts, to_unsloth_layout
 
     pad = 0
     prompt_ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10], [0, 11, 12, 13]])
@@ -449,7 +469,7 @@ def test_unsloth_layout_matches_zoo_packing():
     import_unsloth()
     from unsloth_zoo.rl_replacements import calculate_pad_tokens_in_prompt, left_pack_padding
 
-    from sage_unsloth.rlvr.trainer import to_unsloth_layout
+    from sage_unsloth.compat import to_unsloth_layout
 
     gen = torch.Generator().manual_seed(0)
     pad = 0
@@ -485,7 +505,7 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
     from trl import GRPOTrainer
     from unsloth_zoo.rl_replacements import grpo_compute_loss
 
-    from sage_unsloth.rlvr.trainer import to_unsloth_layout
+    from sage_unsloth.compat import to_unsloth_layout
 
     trainer, model = branch_trainer, branch_trainer.model
     monkeypatch.setattr(trainer, "loss_type", loss_type)
@@ -563,7 +583,8 @@ from datasets import Dataset
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from sage_unsloth.rlvr.config import SageGRPOConfig
-from sage_unsloth.rlvr.trainer import SageGRPOTrainer, to_unsloth_layout
+from sage_unsloth.compat import to_unsloth_layout
+from sage_unsloth.rlvr.trainer import SageGRPOTrainer
 
 model_dir = sys.argv[1]
 tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from sage_unsloth.prompts import CHAT_TEMPLATE, SYSTEM_PROMPT
-from sage_unsloth.sft import parse_args, run_sft, sft_trainer_class
-from sage_unsloth.sft_data import (
+from sage_unsloth.sft.data import (
     is_numeric_answer,
     load_raw_dataset,
     math500_as_sft_rows,
@@ -22,6 +21,7 @@ from sage_unsloth.sft_data import (
     strip_think_tags,
     write_jsonl,
 )
+from sage_unsloth.sft.run import parse_args, run_sft, sft_trainer_class
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CONFIG = REPO / "configs" / "sft" / "tiny-cpu.yaml"
@@ -104,7 +104,7 @@ def test_template_renders_exact_string_and_masks_non_assistant_tokens(tiny_model
     from trl import ModelConfig
 
     from sage_unsloth.models import load_for_training
-    from sage_unsloth.sft_config import SageSFTConfig
+    from sage_unsloth.sft.config import SageSFTConfig
 
     model, tok = load_for_training(ModelConfig(model_name_or_path=str(tiny_model_dir), lora_r=8, lora_alpha=16),
                                    backend="trl", max_seq_length=256, seed=0)
@@ -255,7 +255,7 @@ def test_official_preset_pins_the_recipe_and_falls_back_on_cpu():
 
 UNSLOTH_SCRIPT = r"""
 import json, sys, torch
-from sage_unsloth.sft import main
+from sage_unsloth.sft.run import main
 out = sys.argv[1]
 assert main(sys.argv[2:]) == 0
 from trl import ModelConfig

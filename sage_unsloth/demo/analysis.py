@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from .. import layout
 from ..manifest import atomic_write_text
 from .data import EVAL_FILE, RL_FILE
 from .strategies import (
@@ -193,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
                      (json.loads(line) for line in (work / "data" / EVAL_FILE).read_text().splitlines())}
     strategy_table, shares, branch_rows = [], {}, []
     for run in runs:
-        records = read_completions(work / MODEL_NAME / "eval" / run, "demo")
+        records = read_completions(layout.completions_dir(work, MODEL_NAME, run), "demo")
         strategy_table += strategy_rows(run, records)  # raises on an empty run
         shares[run] = problem_shares(records)
         shares[f"{run}{CORRECT_SUFFIX}"] = problem_shares(records, correct_only=True)
         shares[f"{run}{IDS_SUFFIX}"] = np.array([r["problem_id"] for r in records])
-        model, tokenizer = load_policy(work / MODEL_NAME / run)
+        model, tokenizer = load_policy(layout.run_dir(work, MODEL_NAME, run))
         row = {"run": run, **{k: settings[k] for k in ("temperature", "gamma", "tau")},
                **branch_point_stats(model, tokenizer, rl_problems, settings),
                **other_token_stats(model, tokenizer, eval_problems, records, settings, args.other_samples),

@@ -279,7 +279,7 @@ def _main(args) -> int:
     labels = {"sft": "SFT", **json.loads(args.methods)}
     pairs = [tuple(item.split(":")) for item in args.pairs.split(",") if item]
     stats = {"resamples": args.resamples, "seed": args.seed, "level": args.level}
-    lab = compare.load_lab_runs(results / MODEL_NAME, BENCHMARK)
+    lab = compare.load_lab_runs(results / MODEL_NAME, BENCHMARK)  # results/<model>/<run>/ (layout.results_dir)
     check_complete(lab, runs)
     lab = compare.LabRuns(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
     kmax = int(min(n.min() for n in lab.n.values()))

@@ -30,7 +30,10 @@ from pathlib import Path
 
 import yaml
 
+from .. import layout
+from ..layout import SFT_RUN
 from ..manifest import atomic_write_json, atomic_write_text
+from ..recipe import stage_command
 from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
 from .steps import REPO_ROOT, STAMP_DIR, Step, StepRecord, python, run_steps, usable_cores
 
@@ -56,7 +59,6 @@ METHODS = (
     Method("grpo_branch", "grpo_branch.yaml", "GRPO + Branch"),
     Method("grpo_branch_reward", "grpo_branch_reward.yaml", "GRPO + Branch, pseudo-KL in the reward"),
 )
-SFT_RUN = "sft"
 # A - B pairs of the comparison (per seed); "sft" is the one SFT model every RL run starts from.
 PAIRS = (("grpo_branch", "grpo"), ("grpo", "sft"), ("grpo_branch", "sft"), ("grpo_nokl", "sft"),
          ("grpo_nokl", "grpo"), ("grpo_branch_reward", "grpo_branch"), ("grpo_branch_reward", "grpo"))
@@ -103,7 +105,8 @@ def _rel(path: Path) -> str:
 
 def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path | None) -> list[Step]:
     py = python()
-    data, model_dir, runs = work / "data", work / "model" / MODEL_NAME, work / MODEL_NAME
+    data, model_dir = work / "data", work / "model" / MODEL_NAME
+    sft_dir = layout.sft_dir(work, MODEL_NAME)  # the demo's outputs root is its work folder
     spec = budget.data
     steps = [
         Step("model", [py, "-m", "sage_unsloth.demo.pretrain", "--out", _rel(model_dir),
@@ -113,35 +116,39 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         Step("data", [py, "-m", "sage_unsloth.demo.data", "--out", _rel(data),
                       "--spec", json.dumps(asdict(spec), sort_keys=True)],
              outputs=(data,), code=DATA_CODE),
-        Step("sft", [py, "-m", "sage_unsloth.sft", _rel(CONFIG_DIR / "sft.yaml"), "--model_name_or_path",
-                     _rel(model_dir), "--dataset_path", _rel(data / SFT_FILE), "--output_dir", _rel(runs / SFT_RUN),
-                     "--max_steps", str(budget.sft_steps)],
-             outputs=(runs / SFT_RUN,), after=("model", "data"), configs=(CONFIG_DIR / "sft.yaml",),
+        Step("sft", stage_command("sft", _rel(CONFIG_DIR / "sft.yaml"), "--model_name_or_path", _rel(model_dir),
+                                  "--dataset_path", _rel(data / SFT_FILE), "--output_dir", _rel(sft_dir),
+                                  "--max_steps", str(budget.sft_steps), python=py),
+             outputs=(sft_dir,), after=("model", "data"), configs=(CONFIG_DIR / "sft.yaml",),
              label=f"stage 1, {budget.sft_steps} steps"),
     ]
     for method in METHODS:
         for seed in budget.seeds:
             run = f"{method.name}_seed{seed}"
-            steps.append(Step(run, [py, "-m", "sage_unsloth.rlvr", _rel(CONFIG_DIR / method.config),
-                                    "--sft_dir", _rel(runs / SFT_RUN), "--output_root", _rel(work),
-                                    "--variant", run, "--seed", str(seed), "--dataset_path", _rel(data / RL_FILE),
-                                    "--max_steps", str(budget.rl_steps)],
-                              outputs=(runs / run,), after=("sft",), configs=(CONFIG_DIR / method.config,),
+            steps.append(Step(run, stage_command("rlvr", _rel(CONFIG_DIR / method.config),
+                                                 "--sft_dir", _rel(sft_dir), "--output_root", _rel(work),
+                                                 "--variant", run, "--seed", str(seed),
+                                                 "--dataset_path", _rel(data / RL_FILE),
+                                                 "--max_steps", str(budget.rl_steps), python=py),
+                              outputs=(layout.rlvr_dir(work, MODEL_NAME, run),), after=("sft",), configs=(CONFIG_DIR / method.config,),
                               code=("rlvr",), label=f"stage 2, {method.label}, {budget.rl_steps} steps"))
     evals = []
     eval_chunk = int(yaml.safe_load((CONFIG_DIR / "eval.yaml").read_text())["problems_per_batch"])
     for run in run_names(budget):
         name = f"eval_{run}"
+        run_dir = layout.run_dir(work, MODEL_NAME, run)
+        completions = layout.completions_dir(work, MODEL_NAME, run)
         evals.append(name)
-        steps.append(Step(name, [py, "-m", "sage_unsloth.eval", _rel(CONFIG_DIR / "eval.yaml"),
-                                 "--checkpoints", _rel(runs / run), "--results_dir", _rel(results),
-                                 "--outputs_dir", _rel(work), "--local_benchmarks",
-                                 f"{DEMO_BENCHMARK}={_rel(data / EVAL_FILE)}", "--benchmarks", DEMO_BENCHMARK,
-                                 "--n", str(budget.eval_n), "--limit", str(budget.eval_problems)],
-                          outputs=(results / MODEL_NAME / run, runs / "eval" / run), after=(run,),
+        steps.append(Step(name, stage_command("eval", _rel(CONFIG_DIR / "eval.yaml"),
+                                              "--checkpoints", _rel(run_dir), "--results_dir", _rel(results),
+                                              "--outputs_dir", _rel(work), "--local_benchmarks",
+                                              f"{DEMO_BENCHMARK}={_rel(data / EVAL_FILE)}",
+                                              "--benchmarks", DEMO_BENCHMARK, "--n", str(budget.eval_n),
+                                              "--limit", str(budget.eval_problems), python=py),
+                          outputs=(layout.results_dir(results, MODEL_NAME, run), completions), after=(run,),
                           configs=(CONFIG_DIR / "eval.yaml",), code=("eval",),
                           label=f"stage 3, {budget.eval_problems} problems x {budget.eval_n} samples",
-                          progress_files=(str(runs / "eval" / run / DEMO_BENCHMARK / "chunk_*.jsonl.gz"),
+                          progress_files=(str(completions / DEMO_BENCHMARK / "chunk_*.jsonl.gz"),
                                           -(-budget.eval_problems // eval_chunk))))
     pairs = ",".join(f"{a}_seed{s}:{b if b == SFT_RUN else f'{b}_seed{s}'}"
                      for a, b in PAIRS for s in budget.seeds
@@ -152,10 +159,11 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                           _rel(CONFIG_DIR / "grpo_branch.yaml")],
              outputs=(results / "analysis",), after=tuple(evals),
              configs=(CONFIG_DIR / "grpo_branch.yaml",), code=ANALYSIS_CODE, label="plans and branch-point entropy"),
-        Step("report", [py, "-m", "sage_unsloth.report", _rel(CONFIG_DIR / "report.yaml"), "--results",
-                        _rel(results), "--out", _rel(results / "report.md"), "--pairs", pairs,
-                        "--resamples", str(budget.bootstrap_resamples), "--support_reference", SFT_RUN],
-             outputs=(results / "report.md", results / "report"), after=tuple(evals),
+        Step("report", stage_command("report", _rel(CONFIG_DIR / "report.yaml"), "--results", _rel(results),
+                                     "--out", _rel(layout.report_md(results)), "--pairs", pairs,
+                                     "--resamples", str(budget.bootstrap_resamples), "--support_reference",
+                                     SFT_RUN, python=py),
+             outputs=(layout.report_md(results), layout.report_dir(results)), after=tuple(evals),
              configs=(CONFIG_DIR / "report.yaml",), code=("report",), label="stage 4"),
     ]
     lab = [py, "-m", "sage_unsloth.demo.lab", "--work", _rel(work), "--results", _rel(results),

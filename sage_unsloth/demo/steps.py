@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..manifest import atomic_write_json
+from ..recipe import start
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 REPO_ROOT = PACKAGE_ROOT.parent
@@ -242,9 +243,7 @@ def run_steps(steps: list[Step], *, work: Path, jobs: int, threads: int | None =
                 log = logs / f"{step.name}.log"
                 echo(f"[demo] {step.name}: start{' (' + step.label + ')' if step.label else ''}, "
                      f"{n_threads} thread(s), log {_display(log)}")
-                with log.open("w") as fh:
-                    proc = subprocess.Popen(step.argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                            env=child_env(n_threads), start_new_session=True)
+                proc = start(step.argv, log, cwd=REPO_ROOT, env=child_env(n_threads), new_session=True)
                 running[step.name] = _Running(step, proc, time.perf_counter(), n_threads, log)
             if not running and pending:
                 raise RuntimeError(f"[demo] cannot schedule {[s.name for s in pending]}: unmet dependencies")

@@ -37,6 +37,7 @@ import traceback
 import types
 from pathlib import Path
 
+from sage_unsloth import layout
 from sage_unsloth.doctor.report import Check
 
 DKL_Q_MAX = 1.4 - math.log(1.4) - 1.0  # k3 of log q at d = 0, q = 1.4
@@ -113,7 +114,7 @@ def make_sft_run(work: Path) -> tuple[Path, Path]:
     from sage_unsloth.tiny_model import build_tiny_model
 
     tiny = build_tiny_model(work / "tiny-qwen2", seed=0)
-    sft = work / "outputs" / "tiny-qwen2" / "sft"
+    sft = layout.sft_dir(work / layout.OUTPUTS, "tiny-qwen2")
     torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny),
                            LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, task_type="CAUSAL_LM",
@@ -274,7 +275,7 @@ def k3_kl_metric(ref, log_q, logp, mask, *, per_sequence: bool) -> float:
 
 # ----------------------------------------------------------------------------------------------- checks
 def check_patched(t: SelfTest, trainer) -> None:
-    from sage_unsloth.rlvr.trainer import is_unsloth_patched
+    from sage_unsloth.compat import is_unsloth_patched
 
     mro = [f"{k.__module__}.{k.__name__}" for k in type(trainer).__mro__[:5]]
     patched = is_unsloth_patched(type(trainer)) and any(k.__name__ == "UnslothGRPOTrainer"

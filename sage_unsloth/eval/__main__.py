@@ -1,3 +1,5 @@
+"""``python -m sage_unsloth.eval CONFIG [--key value ...]`` (see run.py)."""
+
 import sys
 
 from sage_unsloth.eval.run import main

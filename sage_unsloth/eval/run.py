@@ -18,19 +18,12 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from sage_unsloth import grading
-from sage_unsloth.eval.benchmarks import (
-    DEFAULT_BENCHMARKS,
-    Problem,
-    check_benchmark_names,
-    check_source,
-    load_benchmark,
-    register_local_benchmarks,
-)
-from sage_unsloth.eval.passk import check_ks, default_ks
+from sage_unsloth import grading, layout
+from sage_unsloth.eval.benchmarks import Problem, load_benchmark
+from sage_unsloth.eval.config import EvalConfig, parse_args, validate
 from sage_unsloth.eval.records import (
     build_records,
     chunk_path,
@@ -41,90 +34,11 @@ from sage_unsloth.eval.records import (
     write_chunk,
     write_tables,
 )
-from sage_unsloth.eval.shard import chunk_keys, parse_shard, select_shard
+from sage_unsloth.eval.shard import chunk_keys, select_shard
 from sage_unsloth.manifest import atomic_write_text, write_manifest
-from sage_unsloth.prompts import EVAL_USER_TEMPLATE, SOLUTION_END
 
 logger = logging.getLogger(__name__)
 FAIL_AFTER_ENV = "SAGE_EVAL_FAIL_AFTER_CHUNKS"  # test hook: die after writing this many chunks
-
-
-@dataclass
-class EvalConfig:
-    checkpoints: list[str] = field(default_factory=list, metadata={
-        "help": "hub ids, model folders, or stage output folders (outputs/<model>/sft, outputs/<model>/<variant>)"})
-    benchmarks: list[str] = field(default_factory=lambda: list(DEFAULT_BENCHMARKS), metadata={
-        "help": f"any of {list(DEFAULT_BENCHMARKS)} or kk_logicrl / kk_official (kk = the variant of the source)"})
-    n: int = field(default=256, metadata={"help": "samples per problem"})
-    ks: list[int] = field(default_factory=list, metadata={"help": "pass@k values; empty = 1, 2, 4, ..., n"})
-    # The official evaluator used 0.3 / 0.95; pass@k at large k is usually measured hotter. 0.6 / 0.95 is
-    # the common choice for pass@k curves (DeepSeek-R1, simpleRL); the paper's setting is unknown.
-    temperature: float = 0.6
-    top_p: float = 0.95
-    min_p: float = 0.0
-    max_tokens: int = field(default=3072, metadata={"help": "new tokens per sample (Qwen2.5-Math has 4096 context)"})
-    max_model_len: int = 4096
-    stop: list[str] = field(default_factory=lambda: [SOLUTION_END])
-    user_template: str = field(default=EVAL_USER_TEMPLATE, metadata={"help": "user turn; {problem} is replaced"})
-    backend: str = field(default="vllm", metadata={"help": "vllm | hf"})
-    seed: int = 0
-    source: str = field(default="bundled", metadata={
-        "help": "benchmark rows: 'bundled' (the kit's checked files, offline), 'local' (data_dir), 'hub'"})
-    data_dir: str | None = field(default=None, metadata={
-        "help": "folder with benchmark JSONL files named like the bundled ones (implies source=local)"})
-    local_benchmarks: list[str] = field(default_factory=list, metadata={
-        "help": "extra benchmarks as name=path.jsonl (MATH-500 layout: problem, answer); list them in benchmarks"})
-    results_dir: str = "results"
-    outputs_dir: str = "outputs"
-    run_name: str | None = field(default=None, metadata={"help": "results/<model>/<run_name> (one checkpoint)"})
-    limit: int | None = field(default=None, metadata={"help": "max problems per benchmark (smoke runs)"})
-    problems_per_batch: int = field(default=64, metadata={"help": "problems per engine call = resume unit"})
-    shard: str | None = field(default=None, metadata={
-        "help": "i/N: sample only every N-th chunk (one process per GPU); CSVs come once all chunks exist"})
-    grading_workers: int | None = None
-    grading_timeout_s: float = field(default=grading.DEFAULT_TIMEOUT_S, metadata={
-        "help": "CPU seconds per (answer, gold) pair; a pair over it is retried at the end of the run"})
-    grading_retry_timeout_s: float = field(default=grading.RETRY_TIMEOUT_S, metadata={
-        "help": "CPU seconds per pair in the end-of-run retry; pairs over it are counted as unresolved"})
-    gpu_memory_utilization: float = 0.9
-    dtype: str = "auto"
-    enforce_eager: bool = False
-    trust_remote_code: bool = False
-
-
-# ------------------------------------------------------------------------------------------------ config
-def parse_args(argv: list[str]) -> EvalConfig:
-    from trl import TrlParser
-
-    from sage_unsloth.config_args import with_config_flag
-
-    argv, _ = with_config_flag(argv, "configs/eval/")
-    (cfg,) = TrlParser((EvalConfig,)).parse_args_and_config(argv)
-    return cfg
-
-
-def validate(cfg: EvalConfig) -> list[int]:
-    """Every config error as one clear line, before any model or dataset loads. Returns the k list."""
-    if not cfg.checkpoints:
-        raise ValueError("`checkpoints` is empty: list hub ids or stage output folders to evaluate")
-    register_local_benchmarks(cfg.local_benchmarks)
-    check_benchmark_names(cfg.benchmarks)
-    check_source(cfg.source, cfg.data_dir)
-    if cfg.n < 1:
-        raise ValueError(f"n={cfg.n}: need at least one sample per problem")
-    if cfg.backend not in ("vllm", "hf"):
-        raise ValueError(f"backend={cfg.backend!r}: choose 'vllm' or 'hf'")
-    if cfg.run_name and len(cfg.checkpoints) > 1:
-        raise ValueError("run_name names one checkpoint's results; drop it or evaluate one checkpoint")
-    if cfg.problems_per_batch < 1:
-        raise ValueError("problems_per_batch must be >= 1")
-    if "{problem}" not in cfg.user_template:
-        raise ValueError("user_template must contain {problem}")
-    if not (0 < cfg.grading_timeout_s <= cfg.grading_retry_timeout_s):
-        raise ValueError(f"grading_timeout_s={cfg.grading_timeout_s}, grading_retry_timeout_s="
-                         f"{cfg.grading_retry_timeout_s}: need 0 < grading_timeout_s <= grading_retry_timeout_s")
-    parse_shard(cfg.shard)
-    return check_ks(cfg.ks, cfg.n) if cfg.ks else default_ks(cfg.n)
 
 
 def sampling_fingerprint(cfg: EvalConfig, checkpoint) -> dict:
@@ -161,8 +75,8 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
     from sage_unsloth.eval.regrade import regrade_records, settle_timeouts
     from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
 
-    results = Path(cfg.results_dir) / checkpoint.model / checkpoint.run
-    completions = Path(cfg.outputs_dir) / checkpoint.model / "eval" / checkpoint.run
+    results = layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run)
+    completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
     fingerprint = sampling_fingerprint(cfg, checkpoint)
     fp_path = completions / "sampling.json"
     if fp_path.is_file() and json.loads(fp_path.read_text()) != fingerprint:

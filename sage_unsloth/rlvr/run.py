@@ -31,14 +31,14 @@ so the ``ref`` copy is hidden from it during each sync (:func:`hide_adapter_from
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import os
 import sys
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sage_unsloth import layout
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class RLVRStageArgs:
         "help": "KL anchor pi_ref: 'sft' (the SFT model; default) or 'base' (pre-SFT base, official code)."})
     variant: str | None = field(default=None, metadata={
         "help": "Run name: output goes to <output_root>/<model>/<variant>/. Default: the config file's stem."})
-    output_root: str = field(default="outputs", metadata={"help": "Root of the stage output folders."})
+    output_root: str = field(default=layout.OUTPUTS, metadata={"help": "Root of the stage output folders."})
     dataset_name: str = field(default="open-r1/DAPO-Math-17k-Processed", metadata={"help": "Hub dataset."})
     dataset_config: str | None = field(default="en", metadata={"help": "Hub dataset config."})
     dataset_split: str = field(default="train", metadata={"help": "Hub dataset split."})
@@ -132,7 +132,7 @@ def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any]
     if stage.sft_dir:
         sft_dir = Path(stage.sft_dir)
     elif model_args.model_name_or_path:
-        sft_dir = Path(stage.output_root) / model_short_name(model_args.model_name_or_path) / "sft"
+        sft_dir = layout.sft_dir(stage.output_root, model_short_name(model_args.model_name_or_path))
     else:
         raise ValueError("sft_dir is not set: pass --sft_dir outputs/<model>/sft (stage 1's output folder)")
     if not sft_dir.is_dir():
@@ -189,7 +189,7 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     if not variant:
         raise ValueError("variant is not set: pass --variant NAME (the output subfolder)")
     short = model_short_name(base)
-    output_dir = Path(stage.output_root) / short / variant
+    output_dir = layout.rlvr_dir(stage.output_root, short, variant)
     last = last_complete_checkpoint(output_dir)
     if stage.resume and last is None:
         raise FileNotFoundError(f"--resume: no complete checkpoint-* folder in {output_dir}: start without --resume")
@@ -241,38 +241,11 @@ def apply_anchor(model, anchor: str, *, beta: float) -> None:
         param.requires_grad_(name in trainable and f".{REF_ADAPTER}." not in name)
 
 
-@contextmanager
-def hidden_adapter(model, adapter: str = REF_ADAPTER):
-    """Temporarily remove ``adapter``'s LoRA modules from the model (and its state_dict)."""
-    from peft.tuners.lora import LoraLayer
-
-    removed = []
-    for module in model.modules():
-        if isinstance(module, LoraLayer):
-            for attr in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"):
-                container = getattr(module, attr, None)
-                if container is not None and adapter in container:
-                    removed.append((container, container.pop(adapter)))
-    try:
-        yield
-    finally:
-        for container, value in removed:
-            container[adapter] = value
-
-
 def hide_adapter_from_vllm_sync(model) -> None:
     """Wrap Unsloth's ``model.load_lora`` so the vLLM LoRA it builds holds the policy adapter only."""
-    load_lora = getattr(model, "load_lora", None)
-    if load_lora is None or getattr(load_lora, "_sage_hides_ref", False):
-        return
+    from sage_unsloth.compat import hide_adapter_from_unsloth_lora_sync
 
-    @functools.wraps(load_lora)
-    def load_policy_lora(*args, **kwargs):
-        with hidden_adapter(model):
-            return load_lora(*args, **kwargs)
-
-    load_policy_lora._sage_hides_ref = True
-    model.load_lora = load_policy_lora
+    hide_adapter_from_unsloth_lora_sync(model, REF_ADAPTER)
 
 
 # ----------------------------------------------------------------------------------------------- stage
@@ -335,11 +308,13 @@ class RLVRStage:
         return out
 
 
-def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRStage:
-    """Check everything, load data and model, build the SAGE trainer with the chosen anchor."""
+def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None,
+                plan: RLVRPlan | None = None) -> RLVRStage:
+    """Check everything (``plan``: :func:`plan_run`'s result when the caller already has it), load data and
+    model, build the SAGE trainer with the chosen anchor."""
     from sage_unsloth.models import load_for_training, load_tokenizer
 
-    plan = plan_run(grpo_args, stage, model_args, config_path)
+    plan = plan or plan_run(grpo_args, stage, model_args, config_path)
     model_args.model_name_or_path = plan.base_model
     grpo_args.output_dir = str(plan.output_dir)
     if not grpo_args.run_name:
@@ -359,7 +334,9 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
     unsloth_vllm = grpo_args.backend == "unsloth" and grpo_args.use_vllm
     if unsloth_vllm and stage.anchor == "sft" and grpo_args.beta != 0.0:
         # Folding LoRA into vLLM's weights assumes one adapter; the plain LoRA sync is hidden from "ref".
-        os.environ["UNSLOTH_VLLM_MERGED_ROLLOUT"] = "0"
+        from sage_unsloth.compat import UNSLOTH_MERGED_ROLLOUT_ENV
+
+        os.environ[UNSLOTH_MERGED_ROLLOUT_ENV] = "0"
     model, tokenizer = load_for_training(
         model_args, backend=grpo_args.backend,
         max_seq_length=plan.max_prompt_length + grpo_args.max_completion_length, seed=grpo_args.seed,
@@ -410,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     _import_unsloth_early(argv)
     try:
         grpo_args, stage, model_args, config_path = parse_args(argv)
-        plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
-        built = build_stage(grpo_args, stage, model_args, config_path)
+        plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
+        built = build_stage(grpo_args, stage, model_args, config_path, plan)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         # Everything up to here is input checking (config, folders, data, loader and trainer arguments);
         # the traceback stays available at DEBUG level.

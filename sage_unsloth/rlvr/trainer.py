@@ -34,11 +34,9 @@ after ``import unsloth`` on a GPU ``trl.GRPOTrainer`` is Unsloth's patched class
 import time would silently subclass the unpatched one (plain GRPO under Unsloth's loss would then never
 see q).
 
-Contact points (pinned to trl 1.15.0, unsloth / unsloth_zoo 2026.10.9, each tested in
-tests/test_rlvr_trainer.py): the batch keys ``prompt_ids/prompt_mask/completion_ids/completion_mask/
-ref_per_token_logps/old_per_token_logps``; ``_get_per_token_logps_and_entropies`` returning 3 values;
-TRL's loss aggregation per loss_type (re-used by the k2/forward terms); Unsloth's left-packed
-(B, C + max_left_pad) reference layout.
+Every TRL / Unsloth internal this module touches (the GRPOTrainer methods it overrides, the attributes and
+batch keys it reads, Unsloth's class names and layout, the CPU kernel) is named, pinned and tested in
+sage_unsloth/compat.py; this module keeps the SAGE logic.
 """
 
 from __future__ import annotations
@@ -49,99 +47,36 @@ from contextlib import nullcontext
 
 import torch
 
-from sage_unsloth import anchor
-from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
+from sage_unsloth import anchor, compat
+from sage_unsloth.compat import (
+    aggregate_like_trl,
+    group_advantages,
+    install_cpu_logprob_fallback,
+    is_unsloth_patched,
+    policy_logps_and_entropies,
+    to_unsloth_layout,
+)
+from sage_unsloth.rlvr.config import unsloth_conflict
 from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
 __all__ = [
     "SageGRPOTrainer",
     "SageTrainerMixin",
-    "aggregate_like_trl",
     "concat_rollouts",
-    "group_advantages",
     "guide_noise_seed",
     "importance_sampling_clipped_fraction",
-    "install_cpu_logprob_fallback",
-    "is_unsloth_patched",
     "make_sage_trainer_class",
-    "prompt_pad_counts",
-    "to_unsloth_layout",
 ]
 
 
 # --------------------------------------------------------------------------- pure functions
 
 
-def prompt_pad_counts(prompt_ids: torch.Tensor, pad_token_id: int) -> torch.Tensor:
-    """k_i: pad tokens in each prompt row (Unsloth's calculate_pad_tokens_in_prompt)."""
-    return (prompt_ids == pad_token_id).sum(dim=1)
-
-
-def to_unsloth_layout(values: torch.Tensor, prompt_ids: torch.Tensor, completion_ids: torch.Tensor,
-                      pad_token_id: int, fill: float = 0.0) -> torch.Tensor:
-    """Map per-completion-token values (B, C) into Unsloth's scoring layout (B, C + M).
-
-    Unsloth moves every pad token of prompt+completion to the right (a stable sort of the non-pad mask)
-    and scores the last C + M columns, M = max pad count of the prompts; row i's completion then starts
-    at column M - k_i. We apply the same permutation to the values, so each value stays with its token
-    whatever the padding (including a pad-valued EOS inside the completion).
-    """
-    if values.shape != completion_ids.shape:
-        raise ValueError(f"values {tuple(values.shape)} must match completion_ids {tuple(completion_ids.shape)}")
-    prompt_len, completion_len = prompt_ids.shape[1], completion_ids.shape[1]
-    max_left_pad = int(prompt_pad_counts(prompt_ids, pad_token_id).max().item()) if prompt_len else 0
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    order = torch.argsort((input_ids != pad_token_id).to(torch.int8), dim=1, descending=True, stable=True)
-    full = torch.cat([values.new_full((values.shape[0], prompt_len), fill), values], dim=1)
-    packed = torch.gather(full, 1, order.to(values.device))
-    return packed[:, -(completion_len + max_left_pad):]
-
-
-def aggregate_like_trl(per_token: torch.Tensor, mask: torch.Tensor, *, loss_type: str, max_completion_length: int,
-                       num_items_in_batch: torch.Tensor | None, num_processes: int, accumulation_steps: int,
-                       steps_per_generation: int, training: bool) -> torch.Tensor:
-    """TRL 1.15's _compute_loss aggregation of a per-token loss (B, T) for the token-level loss types."""
-    per_token = per_token * mask
-    accumulation = accumulation_steps if training else 1
-    if loss_type == "grpo":
-        return (per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
-    if loss_type == "bnpo":
-        return per_token.sum() / mask.sum().clamp(min=1.0) / accumulation
-    if loss_type == "dr_grpo":
-        return per_token.sum() / (per_token.size(0) * max_completion_length) / accumulation
-    if loss_type == "dapo":
-        normalizer = num_items_in_batch.clamp(min=1.0) / num_processes
-        if training:
-            normalizer = normalizer * accumulation_steps / steps_per_generation
-        return per_token.sum() / normalizer
-    raise ValueError(f"loss-level KL terms support loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, got {loss_type!r}")
-
-
 def guide_noise_seed(seed: int, step: int, call: int, process: int) -> int:
     """Seed of the token / random guide noise for one q computation: the call-th of optimizer step ``step`` on
     process ``process``. A pure function of these, so a resumed run draws exactly the same noise."""
     return seed * 1_000_003 + step * 1009 + call * 7 + process
-
-
-def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str) -> torch.Tensor:
-    """TRL 1.15's group advantage (multi_objective_aggregation "sum_then_normalize") of per-completion rewards
-    (N,) ordered group by group; NaN rewards (unscorable completions) get advantage 0."""
-    from trl.trainer.utils import nanstd
-
-    grouped = rewards.view(-1, num_generations)
-    mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations)
-    if scale_rewards in ("group", "none"):
-        std = nanstd(grouped, dim=1).repeat_interleave(num_generations) if num_generations > 1 \
-            else torch.zeros_like(rewards)
-    elif scale_rewards == "batch":
-        std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-    else:
-        raise ValueError(f"scale_rewards={scale_rewards!r} is unknown: use group, batch or none")
-    advantages = rewards - mean
-    if scale_rewards != "none":
-        advantages = advantages / (std + 1e-4)
-    return torch.nan_to_num(advantages, nan=0.0)
 
 
 def importance_sampling_clipped_fraction(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor,
@@ -199,83 +134,6 @@ def concat_rollouts(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -
     return merged
 
 
-class TorchChunkedLogProb:
-    """Plain-torch stand-in for TRL 1.15's Triton ``ChunkedLogProbFunction`` (same ``apply`` signature).
-
-    TRL 1.15's GRPOTrainer scores every sequence through a fused LM head whose kernel is Triton-only;
-    without Triton (CPU machines) ``trl.trainer.utils._ChunkedLogProbFunction`` is None and scoring
-    fails. This computes the same per-token fields with ordinary autograd, materialising the logits.
-    """
-
-    @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
-              logit_scale=1.0, outputs=("entropy",)):
-        logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
-        logits = logits * logit_scale
-        if final_logit_softcapping is not None:
-            logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
-        logits = logits / temperature
-        log_probs_all = torch.log_softmax(logits, dim=-1)
-        log_probs = log_probs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) if "entropy" in outputs else None
-        with torch.no_grad():
-            log_sum_sq = torch.logsumexp(2 * log_probs_all, -1) if "log_sum_sq_probs" in outputs else None
-            mean_logits = logits.mean(-1) if "mean_logits" in outputs else None
-            is_top1 = (log_probs >= log_probs_all.max(-1).values) if "is_top1" in outputs else None
-        return log_probs, entropy, log_sum_sq, mean_logits, is_top1
-
-
-def install_cpu_logprob_fallback() -> bool:
-    """Give TRL's fused LM head a torch kernel when Triton is missing; True if it was installed."""
-    import trl.trainer.utils as trl_utils
-
-    if getattr(trl_utils, "_ChunkedLogProbFunction", None) is None:
-        trl_utils._ChunkedLogProbFunction = TorchChunkedLogProb
-        return True
-    return False
-
-
-_UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache")
-
-
-def is_unsloth_patched(cls: type) -> bool:
-    """True when ``cls`` derives from Unsloth's rewritten GRPOTrainer (unsloth_compiled_cache)."""
-    # Its module is "unsloth_compiled_cache.UnslothGRPOTrainer" or, with the cache on sys.path,
-    # "UnslothGRPOTrainer"; the class is named UnslothGRPOTrainer over _UnslothGRPOTrainer.
-    return any((klass.__module__ or "").split(".")[0] in _UNSLOTH_PACKAGES or klass.__name__.startswith("Unsloth")
-               for klass in cls.__mro__ if klass is not SageTrainerMixin)
-
-
-@torch.no_grad()
-def policy_logps_and_entropies(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
-                               temperature: float, rows_per_chunk: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain no-grad forward: token logps and entropies (B, C) at temperature ``temperature``.
-
-    Used under Unsloth, whose scorer never returns entropies. If the (patched) model returns hidden
-    states instead of logits, the output head is applied here.
-    """
-    logps, entropies = [], []
-    head = model.get_output_embeddings()
-    for start in range(0, input_ids.size(0), rows_per_chunk):
-        ids = input_ids[start:start + rows_per_chunk]
-        out = model(input_ids=ids, attention_mask=attention_mask[start:start + rows_per_chunk],
-                    logits_to_keep=completion_len + 1, use_cache=False)
-        outputs = out.logits[:, -(completion_len + 1):-1, :]
-        tokens = ids[:, -completion_len:]
-        row_logps, row_entropies = [], []
-        # Position chunks keep the fp32 log-softmax at (rows, 1024, vocab) however long the completions are.
-        for pos in range(0, completion_len, 1024):
-            logits = outputs[:, pos:pos + 1024]
-            if head is not None and logits.shape[-1] == head.weight.shape[1] != head.weight.shape[0]:
-                logits = head(logits)  # Unsloth returned hidden states
-            log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
-            row_logps.append(log_probs.gather(-1, tokens[:, pos:pos + 1024].unsqueeze(-1)).squeeze(-1))
-            row_entropies.append(-(log_probs.exp() * log_probs).sum(-1))
-        logps.append(torch.cat(row_logps, 1))
-        entropies.append(torch.cat(row_entropies, 1))
-    return torch.cat(logps), torch.cat(entropies)
-
-
 # --------------------------------------------------------------------------- trainer mixin
 
 
@@ -288,26 +146,23 @@ class SageTrainerMixin:
         if not hasattr(cfg, "sage_guide"):
             raise TypeError(f"SAGE trainers need a SageGRPOConfig (sage_unsloth.rlvr.config), got {type(cfg).__name__}")
         self._sage_patched = is_unsloth_patched(type(self))
-        if self._sage_patched and cfg.kl_estimator != "k3":
-            raise ValueError(
-                f"kl_estimator={cfg.kl_estimator!r} is not a shifted reference and Unsloth's patched loss only "
-                "reads the reference: use backend=trl (TRL's loss) or kl_estimator=k3"
-            )
+        # The config checked these for the class it expected (rlvr/config.py); this is the class we got.
+        if (conflict := unsloth_conflict(cfg, self._sage_patched)) is not None:
+            raise ValueError(conflict)
         self.sage_placement = getattr(cfg, "sage_kl_placement", "loss")
         # The KL coefficient SAGE uses: in the reward placement TRL's own beta becomes 0 (no KL in its loss,
         # no reference pass of its own) and this one weighs the pseudo-KL in the reward.
         self.sage_beta = self.beta
         if self.sage_placement == "reward":
             self.beta = 0.0
-        if getattr(cfg, "dynamic_sampling", False):
-            if self._sage_patched:
-                raise ValueError("dynamic_sampling merges rollouts in TRL's batch layout; Unsloth's patched trainer "
-                                 "packs them differently: use backend=trl or dynamic_sampling=false")
-            if self.accelerator.num_processes != 1:
-                raise ValueError("dynamic_sampling drops whole groups, which needs every group on one process: "
-                                 "run on one process or set dynamic_sampling=false")
+        if getattr(cfg, "dynamic_sampling", False) and self.accelerator.num_processes != 1:
+            raise ValueError("dynamic_sampling drops whole groups, which needs every group on one process: "
+                             "run on one process or set dynamic_sampling=false")
         self._sage_rewards_per_func = None  # the last rollout's rewards (TRL's _calculate_rewards), all processes
-        if not self.sage_q_in_loss and self.sage_placement == "loss" and cfg.sage_guide in ("branch", "token") and (
+        # The config warned already when it expected q at rollout; warn here only when the class we got moved q
+        # out of the loss against that expectation.
+        if not self.sage_q_in_loss and cfg.expected_q_source == "loss" and self.sage_placement == "loss" \
+                and cfg.sage_guide in ("branch", "token") and (
                 self.num_iterations != 1 or cfg.steps_per_generation != cfg.gradient_accumulation_steps):
             warnings.warn(f"SAGE {cfg.sage_guide} q is computed from the rollout policy, not the in-loss policy as "
                           "in the official code (num_iterations != 1 or steps_per_generation != "
@@ -336,20 +191,14 @@ class SageTrainerMixin:
         """Branch/token q computed inside the loss from its own forward (no extra pass)? On TRL's trainer both
         guides; under Unsloth's patched one the branch guide only (sage_unsloth/rlvr/unsloth_hooks.py)."""
         source, guide = self.args.sage_q_source, self.args.sage_guide
-        if source == "loss" and self._sage_patched and guide == "token":
-            raise ValueError("sage_q_source='loss' with sage_guide='token' needs TRL's loss (Unsloth's patched loss "
-                             "hands out entropies, not log-probs): use sage_q_source=rollout or auto, or backend=trl")
         in_loss = source in ("loss", "auto") if guide == "branch" else (
             source == "loss" or (source == "auto" and not self._sage_patched))
         # The reward placement needs q when the reward is computed, i.e. at rollout.
         return in_loss and guide in ("branch", "token") and self.sage_placement == "loss"
 
     def _sage_old_logps_forward_planned(self) -> bool:
-        """TRL 1.15's condition for scoring old_per_token_logps in _generate_and_score_completions."""
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        return self.args.gradient_accumulation_steps % generate_every != 0 or bool(
-            self.use_vllm and getattr(self, "vllm_importance_sampling_correction", False)
-        )
+        """Will TRL's rollout score old_per_token_logps (a policy pass whose entropies q can reuse)?"""
+        return compat.trl_scores_old_logps(self)
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         capture = self._sage_capture
@@ -431,13 +280,14 @@ class SageTrainerMixin:
         seq_log_q = (anchor.log_q(q.float()) * mask).sum(-1)
         seq_totals = self.accelerator.reduce(torch.stack([seq_log_q.sum(), q.new_tensor(float(q.size(0)))]).float(),
                                              reduction="sum")
-        self._metrics[mode]["sage/seq_log_q"].append((seq_totals[0] / seq_totals[1].clamp(min=1.0)).item())
+        log = compat.metrics(self, mode)
+        log["sage/seq_log_q"].append((seq_totals[0] / seq_totals[1].clamp(min=1.0)).item())
         q_min = self.accelerator.gather(lo.float().reshape(1)).min().item()
         q_max = self.accelerator.gather(hi.float().reshape(1)).max().item()
-        self._metrics[mode]["sage/q_mean"].append((totals[0] / n).item())
-        self._metrics[mode]["sage/frac_boosted"].append((totals[1] / n).item())
-        self._metrics[mode]["sage/q_min"].append(q_min if totals[2] > 0 else 1.0)
-        self._metrics[mode]["sage/q_max"].append(q_max if totals[2] > 0 else 1.0)
+        log["sage/q_mean"].append((totals[0] / n).item())
+        log["sage/frac_boosted"].append((totals[1] / n).item())
+        log["sage/q_min"].append(q_min if totals[2] > 0 else 1.0)
+        log["sage/q_max"].append(q_max if totals[2] > 0 else 1.0)
 
     def _shift_reference(self, output: dict, q: torch.Tensor) -> None:
         """ref_per_token_logps <- ref + log q, in whichever layout the scorer produced."""
@@ -449,8 +299,7 @@ class SageTrainerMixin:
         if ref.shape == log_q.shape and not ("max_left_pad" in output and self._sage_patched):
             output["ref_per_token_logps"] = ref + log_q
             return
-        pad_id = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") \
-            else self.processing_class.tokenizer.pad_token_id
+        pad_id = compat.pad_token_id(self.processing_class)
         mapped = to_unsloth_layout(log_q, output["prompt_ids"], output["completion_ids"], pad_id)
         if mapped.shape != ref.shape:
             raise RuntimeError(
@@ -503,8 +352,6 @@ class SageTrainerMixin:
     @torch.no_grad()
     def _sage_reference_logps(self, output: dict) -> torch.Tensor:
         """log pi_ref at the completion tokens (B, C), scored as TRL scores its reference."""
-        from trl.trainer.utils import use_adapter
-
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         completion_len = output["completion_ids"].size(1)
@@ -512,7 +359,7 @@ class SageTrainerMixin:
             model, context = self.ref_model, nullcontext()
         else:
             unwrapped = self.accelerator.unwrap_model(self.model)
-            context = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+            context = compat.use_adapter(unwrapped, "ref" if "ref" in unwrapped.peft_config else None)
             model = self.model
         with context:
             if self._sage_patched:
@@ -547,7 +394,7 @@ class SageTrainerMixin:
         rows = output["completion_ids"].size(0)
         start = self.accelerator.process_index * rows
         output["advantages"] = advantages[start:start + rows].to(output["advantages"].device)
-        self._metrics[mode]["sage/kl_in_reward"].append((self.sage_beta * all_seq_kl.float().mean()).item())
+        compat.metrics(self, mode)["sage/kl_in_reward"].append((self.sage_beta * all_seq_kl.float().mean()).item())
 
     # -- DAPO pieces ------------------------------------------------------------------------------------
 
@@ -590,10 +437,9 @@ class SageTrainerMixin:
         parts: dict[int, tuple[dict, list[int]]] = {}
         for batch, g in chosen:
             parts.setdefault(id(batch), (batch, []))[1].extend(range(g * group, (g + 1) * group))
-        pad_id = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") \
-            else self.processing_class.tokenizer.pad_token_id
+        pad_id = compat.pad_token_id(self.processing_class)
         merged = concat_rollouts([(b, torch.tensor(rows)) for b, rows in parts.values()], pad_id)
-        metrics = self._metrics["train"]
+        metrics = compat.metrics(self, "train")
         metrics["dynamic_sampling/rounds"].append(float(rounds))
         metrics["dynamic_sampling/kept_frac_first_round"].append(first_round_kept)
         metrics["dynamic_sampling/degenerate_frac"].append(short / wanted)
@@ -625,7 +471,7 @@ class SageTrainerMixin:
             old, sampling, mask, mode=setting("vllm_importance_sampling_mode"),
             clip_min=setting("vllm_importance_sampling_clip_min"), clip_max=setting("vllm_importance_sampling_clip_max"))
         mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["sampling/importance_sampling_ratio/clipped_frac"].append(fraction)
+        compat.metrics(self, mode)["sampling/importance_sampling_ratio/clipped_frac"].append(fraction)
 
     # -- loss-level KL estimators (TRL path only) -----------------------------------------------------
 
@@ -686,7 +532,7 @@ class SageTrainerMixin:
             steps_per_generation=self.args.steps_per_generation, training=training,
         )
         mode = "train" if training else "eval"
-        kl_log = self._metrics[mode]["kl"]
+        kl_log = compat.metrics(self, mode)["kl"]
         if kl_log:  # TRL logged the k3 value; log the estimator actually in the loss instead (its plain value)
             kl_log.pop()
             value = (anchor.shaped_kl(logps, ref, 0.0, estimator="k2") if self.args.kl_estimator == "k2"
@@ -701,16 +547,10 @@ class SageTrainerMixin:
 _CLASS_CACHE: dict[type, type] = {}
 
 
-def _current_grpo_trainer_base() -> type:
-    import trl  # looked up now: after `import unsloth` this is Unsloth's patched GRPOTrainer
-
-    return trl.GRPOTrainer
-
-
 def make_sage_trainer_class(base: type | None = None) -> type:
     """SageTrainerMixin (and the exact-resume state, rlvr/resume.py) over ``base`` (default: whatever
     ``trl.GRPOTrainer`` is at this moment)."""
-    base = base or _current_grpo_trainer_base()
+    base = base or compat.current_grpo_trainer_class()
     install_cpu_logprob_fallback()
     if base not in _CLASS_CACHE:
         # Under Unsloth's patched loss, branch q comes from the entropies that loss computes (unsloth_hooks);
@@ -719,30 +559,6 @@ def make_sage_trainer_class(base: type | None = None) -> type:
         _CLASS_CACHE[base] = type(f"Sage{base.__name__}", (SageTrainerMixin, *hooks, ExactResumeMixin, base),
                                   {"__module__": __name__})
     return _CLASS_CACHE[base]
-
-
-def _fill_unsloth_config_fields(args, base: type) -> None:
-    """Unsloth's patched trainer reads fields only its own GRPOConfig declares; give ours their defaults."""
-    import dataclasses
-    import sys
-
-    import trl
-
-    # The patched trainer's own module defines UnslothGRPOConfig (trl.GRPOConfig is rebound only by the full
-    # `import unsloth` patching on a GPU).
-    config_cls = None
-    for klass in base.__mro__:
-        config_cls = getattr(sys.modules.get(klass.__module__), "UnslothGRPOConfig", None)
-        if config_cls is not None:
-            break
-    config_cls = config_cls or trl.GRPOConfig
-    if not dataclasses.is_dataclass(config_cls):
-        return
-    for f in dataclasses.fields(config_cls):
-        if not hasattr(args, f.name):
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-            setattr(args, f.name, default)
 
 
 def _with_soft_overlong_punishment(args: tuple, kwargs: dict, config) -> tuple[tuple, dict]:
@@ -768,7 +584,7 @@ def SageGRPOTrainer(*args, **kwargs):
     cls = make_sage_trainer_class()
     config = kwargs.get("args", args[2] if len(args) > 2 else None)
     if config is not None and is_unsloth_patched(cls):
-        _fill_unsloth_config_fields(config, cls)
+        compat.fill_unsloth_config_fields(config, cls)
     args, kwargs = _with_soft_overlong_punishment(args, kwargs, config)
     return cls(*args, **kwargs)
 

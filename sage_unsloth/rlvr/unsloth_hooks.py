@@ -4,8 +4,8 @@ Unsloth's patched ``compute_loss`` never calls TRL's ``_compute_loss`` and its s
 so before this module the branch guide under Unsloth cost one extra no-grad policy forward at rollout, and
 q came from the rollout policy rather than the in-loss policy the official code uses.
 
-The one contact point (pinned to unsloth / unsloth_zoo 2026.10.9, tested in tests/test_unsloth_path.py and
-by ``sage-unsloth doctor``): unsloth_zoo's ``grpo_accumulated_loss`` (inlined into the generated
+The one contact point (row ``unsloth_entropy_tap`` of sage_unsloth/compat.py: pinned to unsloth / unsloth_zoo
+2026.10.9, tested in tests/test_compat.py, tests/test_unsloth_path.py and by ``sage-unsloth doctor``): unsloth_zoo's ``grpo_accumulated_loss`` (inlined into the generated
 UnslothGRPOTrainer) reads ``trainer.args.top_entropy_quantile``; below 1 it computes the full-vocabulary
 token entropies of its own policy forward, at the sampling temperature and without gradient, and hands
 them with its loss mask, both in its left-packed (B, C + max_left_pad) layout, to
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from sage_unsloth import anchor
+from sage_unsloth import anchor, compat
 
 # Any value below 1 switches Unsloth's in-loss entropies on; the hook ignores the threshold it implies.
 ENTROPY_TAP_QUANTILE = 0.5
@@ -61,15 +61,15 @@ class InUnslothLossBranchQ:
             return super().compute_loss(model, inputs, *args, **kwargs)
         inputs = dict(inputs)
         inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"].clone()
-        user_quantile = getattr(self.args, "top_entropy_quantile", 1.0)
+        user_quantile = getattr(self.args, compat.ENTROPY_QUANTILE_FIELD, 1.0)
         self._sage_tap = {"ref": inputs["ref_per_token_logps"], "user_quantile": user_quantile, "called": False}
         if user_quantile is None or user_quantile >= 1.0:
-            self.args.top_entropy_quantile = ENTROPY_TAP_QUANTILE
+            setattr(self.args, compat.ENTROPY_QUANTILE_FIELD, ENTROPY_TAP_QUANTILE)
         try:
             loss = super().compute_loss(model, inputs, *args, **kwargs)
             called = self._sage_tap["called"]
         finally:
-            self.args.top_entropy_quantile = user_quantile
+            setattr(self.args, compat.ENTROPY_QUANTILE_FIELD, user_quantile)
             self._sage_tap = None
         if not called:
             raise SageHookNotCalled(

@@ -1,8 +1,8 @@
 """SageSFTConfig: TRL's SFTConfig plus the kit's stage-1 fields, with the official recipe as defaults.
 
 Parsed together with ``trl.ModelConfig`` by ``trl.TrlParser`` (YAML, then CLI overrides); see
-:func:`sage_unsloth.sft.parse_args`. Importing this module imports TRL, so a process that trains with
-Unsloth imports Unsloth first (``sage_unsloth.sft.main`` does that before importing this).
+:func:`sage_unsloth.sft.run.parse_args`. Importing this module imports TRL, so a process that trains with
+Unsloth imports Unsloth first (``sage_unsloth.sft.run.main`` does that before importing this).
 
 Defaults are the official SFT recipe (2 epochs, lr 2e-4, batch 1, 5 warmup steps, linear schedule, weight
 decay 0.01, adamw_8bit, seed 3407); the YAML configs pin them again. Loss on assistant tokens only
@@ -20,9 +20,10 @@ from pathlib import Path
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig
 
-from .backend import cuda_available
-from .manifest import MANIFEST_NAME
-from .models import BACKENDS, model_short_name
+from .. import layout
+from ..backend import cuda_available
+from ..manifest import MANIFEST_NAME
+from ..models import BACKENDS, model_short_name
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class SageSFTConfig(SFTConfig):
     max_length_fraction: float = field(default=0.5, metadata={
         "help": "Drop rows longer than this fraction of max_seq_length tokens (official: 0.5)"})
     max_seq_length: int = field(default=2048, metadata={"help": "Model context for training; sets max_length"})
-    output_root: str = field(default="outputs", metadata={
+    output_root: str = field(default=layout.OUTPUTS, metadata={
         "help": "Root of outputs/<model_short_name>/sft (used when output_dir is not given)"})
     model_short_name: str | None = field(default=None, metadata={
         "help": "Folder name for the model (default: derived from model_name_or_path)"})
@@ -103,9 +104,9 @@ class SageSFTConfig(SFTConfig):
         """outputs/<model_short_name>/sft unless output_dir was given; sets and returns it (and a W&B run_name)."""
         short = self.model_short_name or model_short_name(model_args.model_name_or_path)
         if not self.output_dir_given:
-            self.output_dir = str(Path(self.output_root) / short / "sft")
+            self.output_dir = str(layout.sft_dir(self.output_root, short))
         if not self.run_name or self.run_name == self.output_dir:
-            self.run_name = f"{short}/sft"
+            self.run_name = f"{short}/{layout.SFT_RUN}"
         return Path(self.output_dir)
 
     def resume_checkpoint(self) -> str | None:

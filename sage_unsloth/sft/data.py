@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .prompts import SYSTEM_PROMPT, format_completion
+from ..prompts import SYSTEM_PROMPT, format_completion
 
 REQUIRED_FIELDS = ("problem", "generated_solution", "expected_answer")
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}

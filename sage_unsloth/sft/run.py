@@ -2,14 +2,14 @@
 
     python -m sage_unsloth.sft CONFIG.yaml [--key value ...]
 
-CONFIG is a YAML over :class:`sage_unsloth.sft_config.SageSFTConfig` (TRL's SFTConfig + kit fields) and
+CONFIG is a YAML over :class:`sage_unsloth.sft.config.SageSFTConfig` (TRL's SFTConfig + kit fields) and
 ``trl.ModelConfig``; CLI flags override it. Writes ``outputs/<model_short_name>/sft/`` (or ``output_dir``):
 the LoRA adapter, the tokenizer with the kit's chat template, checkpoints, ``manifest.json`` (written last:
 its presence marks a finished run) and, with ``save_merged: true``, ``merged/`` (16-bit, servable by vLLM).
 
 From Python (e.g. to build a stage-1 output in a test)::
 
-    from sage_unsloth.sft import parse_args, run_sft
+    from sage_unsloth.sft.run import parse_args, run_sft
     sft_args, model_args = parse_args([config_path, "--model_name_or_path", model_dir, "--output_dir", out])
     out_dir = run_sft(sft_args, model_args)
 """
@@ -30,8 +30,8 @@ def parse_args(argv: list[str]):
     """``[CONFIG.yaml, --key, value, ...]`` (or ``--config CONFIG``) -> (SageSFTConfig, ModelConfig)."""
     from trl import ModelConfig, TrlParser
 
-    from .config_args import with_config_flag
-    from .sft_config import SageSFTConfig
+    from ..config_args import with_config_flag
+    from .config import SageSFTConfig
 
     argv, _ = with_config_flag(argv, "configs/sft/")
     sft_args, model_args = TrlParser((SageSFTConfig, ModelConfig)).parse_args_and_config(argv)
@@ -48,7 +48,7 @@ class SFTPlan:
 
     out: Path
     checkpoint: str | None
-    data: Any  # sage_unsloth.sft_data.SFTData, or None when the run is already finished
+    data: Any  # sage_unsloth.sft.data.SFTData, or None when the run is already finished
     config_record: dict[str, Any]
     finished: bool = False
 
@@ -56,9 +56,9 @@ class SFTPlan:
 def prepare_sft(sft_args, model_args) -> SFTPlan:
     """Validate the config, settle the output folder and prepare the data; raises ValueError,
     FileNotFoundError or FileExistsError with a one-line message before any model loads."""
-    from .manifest import MANIFEST_NAME
-    from .models import load_tokenizer
-    from .sft_data import load_raw_dataset, prepare_sft_data
+    from ..manifest import MANIFEST_NAME
+    from ..models import load_tokenizer
+    from .data import load_raw_dataset, prepare_sft_data
 
     sft_args.validate(model_args)
     out = sft_args.resolve_output_dir(model_args)
@@ -82,15 +82,15 @@ def prepare_sft(sft_args, model_args) -> SFTPlan:
 
 def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
     """Train (or resume) and write the stage-1 output folder; returns its path."""
-    from .manifest import write_manifest
-    from .models import load_for_training, model_short_name
+    from ..manifest import write_manifest
+    from ..models import load_for_training, model_short_name
 
     plan = plan or prepare_sft(sft_args, model_args)
     if plan.finished:
         return plan.out
     out, checkpoint, data = plan.out, plan.checkpoint, plan.data
     if sft_args.backend == "unsloth":
-        from .backend import import_unsloth
+        from ..backend import import_unsloth
 
         import_unsloth()  # before the trainer is looked up: Unsloth rebinds trl.SFTTrainer
     model, tokenizer = load_for_training(
@@ -132,29 +132,13 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
 
 
 def sft_trainer_class():
-    """``trl.SFTTrainer`` looked up now (after import_unsloth it is Unsloth's), made to work without Triton.
+    """``trl.SFTTrainer`` looked up now (after import_unsloth it is Unsloth's), with TRL's fused LM head given
+    the kit's torch kernel where Triton is missing (sage_unsloth/compat.py, row ``triton_fallback``): the same
+    loss, the mean NLL of the labelled tokens, on CPU as on a GPU."""
+    from ..compat import current_sft_trainer_class, install_cpu_logprob_fallback
 
-    Contact point, pinned to trl 1.15: SFTTrainer.compute_loss always calls the model with ``fused_lm_head=True``,
-    whose kernel ``trl.trainer.utils._ChunkedLogProbFunction`` is Triton-only and is None where Triton is
-    missing (every CPU install), so training fails there. Unsloth's CPU fallback replaces that kernel with a
-    CPU dispatch; for the plain TRL backend on CPU we compute the standard causal-LM loss from the logits
-    instead (transformers' Trainer.compute_loss: same labels, same -100 masking; TRL's entropy/accuracy
-    metrics are skipped). On a GPU with Triton the TRL path is used unchanged.
-    """
-    import trl
-    from trl.trainer import utils as trl_utils
-
-    base = trl.SFTTrainer
-    if getattr(trl_utils, "_ChunkedLogProbFunction", None) is not None:
-        return base
-    from transformers import Trainer
-
-    class LogitsLossSFTTrainer(base):
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            return Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
-
-    return LogitsLossSFTTrainer
+    install_cpu_logprob_fallback()
+    return current_sft_trainer_class()
 
 
 def save_merged_16bit(model, tokenizer, out: Path, *, backend: str, model_args, trust_remote_code: bool) -> Path:
@@ -188,12 +172,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from trl import ModelConfig, TrlParser
 
-        from .sft_config import SageSFTConfig
+        from .config import SageSFTConfig
 
         TrlParser((SageSFTConfig, ModelConfig)).print_help()
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .config_args import requested_backend, with_config_flag
+    from ..config_args import requested_backend, with_config_flag
 
     try:
         with_config_flag(argv, "configs/sft/")  # a missing CONFIG is reported before Unsloth is imported
@@ -201,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if requested_backend(argv) == "unsloth":
-        from .backend import import_unsloth
+        from ..backend import import_unsloth
 
         import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
     try:

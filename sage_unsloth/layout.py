@@ -1,0 +1,58 @@
+"""The kit's folder names, in one place: every stage and driver builds its paths with these.
+
+::
+
+    <outputs>/<model>/sft/                  stage 1: adapter, tokenizer, manifest.json
+    <outputs>/<model>/<variant>/            stage 2: checkpoint-*/, the adapter, manifest.json
+    <outputs>/<model>/eval/<run>/           stage 3: sampled completions (<benchmark>/chunk_*.jsonl.gz)
+    <results>/<model>/<run>/                stage 3: passk.csv, per_problem.csv, manifest.json
+    <results>/report.md, <results>/report/  stage 4
+
+``<model>`` is :func:`sage_unsloth.models.model_short_name` of the base model, ``<run>`` the evaluated run
+("sft" for stage 1's model, the variant for an RLVR run). The roots default to ``outputs`` and ``results``
+(relative to the working directory); each stage takes its own root as a flag.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+OUTPUTS = "outputs"
+RESULTS = "results"
+SFT_RUN = "sft"  # stage 1's folder name, and the run name its evaluation is reported under
+EVAL = "eval"
+REPORT_MD = "report.md"
+REPORT_DIR = "report"
+
+
+def sft_dir(outputs: str | Path, model: str) -> Path:
+    """Stage 1's output folder."""
+    return Path(outputs) / model / SFT_RUN
+
+
+def rlvr_dir(outputs: str | Path, model: str, variant: str) -> Path:
+    """Stage 2's output folder for one variant (e.g. grpo_branch, grpo_s1)."""
+    return Path(outputs) / model / variant
+
+
+def run_dir(outputs: str | Path, model: str, run: str) -> Path:
+    """The stage folder of an evaluated run: stage 1's for "sft", stage 2's for a variant."""
+    return sft_dir(outputs, model) if run == SFT_RUN else rlvr_dir(outputs, model, run)
+
+
+def completions_dir(outputs: str | Path, model: str, run: str) -> Path:
+    """Stage 3's sampled completions of one run."""
+    return Path(outputs) / model / EVAL / run
+
+
+def results_dir(results: str | Path, model: str, run: str) -> Path:
+    """Stage 3's pass@k tables of one run."""
+    return Path(results) / model / run
+
+
+def report_md(results: str | Path) -> Path:
+    return Path(results) / REPORT_MD
+
+
+def report_dir(results: str | Path) -> Path:
+    return Path(results) / REPORT_DIR

@@ -1,0 +1,86 @@
+"""Stage 4's config: :class:`ReportArguments` (a YAML under configs/report/ plus CLI flags, parsed by TRL's
+parser), checked by ``validate()`` before any result is read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sage_unsloth.report import plots
+
+
+@dataclass
+class ReportArguments:
+    results: str = field(default="results", metadata={"help": "folder with <model>/<run>/passk.csv"})
+    out: str | None = field(
+        default=None,
+        metadata={
+            "help": "report path (default <results>/report.md); "
+            "tables and PNGs go to the folder of the same stem"
+        },
+    )
+    pairs: str | None = field(
+        default=None,
+        metadata={
+            "help": "paired comparisons 'run_a:run_b,...' (A-B); default: "
+            "the paper's method pairs, e.g. GRPO+Branch vs GRPO"
+        },
+    )
+    mapping: str | None = field(
+        default=None, metadata={"help": "YAML/JSON run -> paper {model, method} overrides"}
+    )
+    paper_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder with published_*.csv (default: <results>/paper, else the kit's results/paper)"
+        },
+    )
+    resamples: int = field(default=2000, metadata={"help": "bootstrap resamples"})
+    seed: int = field(default=0, metadata={"help": "bootstrap seed"})
+    level: float = field(default=0.95, metadata={"help": "confidence level"})
+    completions: str | None = field(
+        default=None,
+        metadata={
+            "help": "glob of completion files for the pattern analysis ({model}, {run} filled in per run; "
+            "** recursive); default: the eval manifest's completions_dir, else "
+            "outputs/{model}/eval/{run}/**/*.jsonl.gz"
+        },
+    )
+    pattern_samples_per_problem: int | None = field(
+        default=None, metadata={"help": "tag only completions with sample_idx below this (default: all)"}
+    )
+    wandb_project: str | None = field(default=None, metadata={"help": "log the report to this W&B project"})
+    wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity for --wandb_project"})
+    training_runs: str | None = field(
+        default=None,
+        metadata={
+            "help": "glob of RLVR output folders whose training curves to plot besides the evaluated ones "
+            "(each eval manifest's checkpoint), e.g. 'outputs/*/*'"
+        },
+    )
+    support_reference: str | None = field(
+        default=None,
+        metadata={
+            "help": "reference run of the support metrics (run folder or <model>/<run>); "
+            "default: each model's run mapped to Base (sft / base)"
+        },
+    )
+    plot_width: int = field(default=plots.DEFAULT_SIZE[0], metadata={"help": "PNG width in pixels"})
+    plot_height: int = field(default=plots.DEFAULT_SIZE[1], metadata={"help": "PNG height in pixels"})
+
+    def validate(self) -> None:
+        if self.resamples < 100:
+            raise ValueError(f"resamples={self.resamples}: use at least 100 bootstrap resamples")
+        if not 0.5 < self.level < 1.0:
+            raise ValueError(f"level={self.level}: the confidence level must be in (0.5, 1)")
+        if self.plot_width < 100 or self.plot_height < 100:
+            raise ValueError("plot_width/plot_height: at least 100 pixels")
+
+
+def parse_args(argv: list[str]) -> ReportArguments:
+    from trl import TrlParser
+
+    from sage_unsloth.config_args import with_config_flag
+
+    argv, _ = with_config_flag(argv, "configs/report/")
+    (args,) = TrlParser((ReportArguments,)).parse_args_and_config(argv)
+    return args
