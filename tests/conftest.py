@@ -56,3 +56,16 @@ def varied_reward(monkeypatch):
     from sage_unsloth.rlvr import reward
 
     monkeypatch.setattr(reward, "correctness_reward", text_reward)
+
+
+# Test tiers: `make test` runs everything; `pytest -m "not slow"` is the quick tier (pure functions, no model).
+# A test that needs the tiny model (directly or through the SFT fixture) loads and trains it: slow by rule,
+# so a new test cannot slip into the quick tier by forgetting its marker. Other expensive tests say so with
+# @pytest.mark.slow themselves.
+MODEL_FIXTURES = {"tiny_model_dir", "sft_dir"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -101,8 +101,8 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
         sft_args.gradient_checkpointing = False
 
     trainer_cls = sft_trainer_class()
-    from .log_writer import LogHistoryWriter
-    from .training_log import LOG_HISTORY_FILE
+    from ..log_writer import LogHistoryWriter
+    from ..training_log import LOG_HISTORY_FILE
 
     trainer = trainer_cls(model=model, args=sft_args, train_dataset=data.dataset, processing_class=tokenizer,
                           callbacks=[LogHistoryWriter(out)])
