@@ -27,7 +27,7 @@ export TOKENIZERS_PARALLELISM := false
 UNSLOTH_CPU_DEPS := tyro protobuf sentencepiece hf_transfer typer pydantic json5 nest-asyncio structlog \
 	click msgspec pillow regex einops psutil wheel
 
-.PHONY: install test demo demo-reference lint notebooks clean
+.PHONY: install test test-quick demo demo-reference lint notebooks clean
 install: $(STAMP) $(EVAL_STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -53,6 +53,11 @@ $(EVAL_STAMP): pyproject.toml Makefile
 test: install
 	$(BIN)/python -m pytest -q tests
 
+# The quick tier: pure functions, no model, no subprocess (tests/conftest.py marks every test that needs the
+# tiny model as slow; other expensive tests carry @pytest.mark.slow). `make test` stays the full suite.
+test-quick: install
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
 # The whole recipe offline on CPU (sage_unsloth/demo): tiny model, synthetic task, 01 -> 02 -> 03 -> 04
 # into results/demo/ (work files in outputs/demo/), compared with the committed results/demo-reference/.
 # A rerun reuses the steps whose inputs did not change; DEMO_ARGS="--fresh" starts over, "--seeds 3" is the
@@ -66,7 +71,8 @@ demo-reference: install
 		--work-dir outputs/demo-reference --results-dir results/demo-reference
 
 lint: install
-	$(BIN)/ruff check sage_unsloth tests
+	$(BIN)/ruff check sage_unsloth tests benchmarks
+	$(BIN)/ruff format --check sage_unsloth tests benchmarks
 	$(BIN)/python notebooks/build.py --check
 
 notebooks: install

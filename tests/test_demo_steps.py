@@ -103,6 +103,7 @@ def test_file_progress_counts_the_files_written_so_far(tmp_path):
     assert S.file_progress(str(tmp_path / "none_*"), 10, elapsed=5.0).endswith("ETA ?")
 
 
+@pytest.mark.slow
 def test_pretraining_does_not_depend_on_the_thread_count(tmp_path):
     import hashlib
 

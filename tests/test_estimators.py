@@ -342,6 +342,7 @@ def _inverse_reach(tree):
     return scale
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_tree_fixed_points_of_both_placements(seed):
     problem = _tree_rl_problem(seed)
@@ -381,6 +382,7 @@ def test_tree_fixed_points_of_both_placements(seed):
     assert total_variation(k2_point, tilted) > 1e-3
 
 
+@pytest.mark.slow
 def test_tree_reward_placement_target_holds_for_every_length_weighting():
     """Completions of different lengths (y1 = 0 ends the completion): the reward placement reaches the tilted
     target with a token-sum loss (dr_grpo / dapo / bnpo in expectation) and with GRPO's per-completion mean alike.

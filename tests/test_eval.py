@@ -223,6 +223,7 @@ def test_user_benchmark_files_register_by_name(tmp_path, tiny_model_dir, monkeyp
             prepare(replace(cfg, local_benchmarks=[entry], benchmarks=["amc23"]))
 
 
+@pytest.mark.slow
 def test_grading_pool_dedups_and_agrees_with_serial_grading():
     problems = load_benchmark("math500", limit=40)
     items = []

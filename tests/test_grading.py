@@ -181,6 +181,7 @@ def test_statuses_say_why():
     assert judge("x^2 + 2x + 1", "(x+1)^2") == grading.CORRECT
 
 
+@pytest.mark.slow
 def test_every_bundled_gold_parses_and_equals_itself_through_the_parser(benchmark_dir):
     from sage_unsloth.grading import verify as v
 
@@ -195,6 +196,7 @@ def test_every_bundled_gold_parses_and_equals_itself_through_the_parser(benchmar
             assert v._symbolic_equal(form.text, form), (name, raw)
 
 
+@pytest.mark.slow
 def test_reference_solutions_grade_against_their_golds_and_shuffled_golds_do_not(benchmark_dir):
     from sage_unsloth.eval.gradepool import GradingPool
 
@@ -267,6 +269,7 @@ def _hostile_completions():
     return items + huge
 
 
+@pytest.mark.slow
 def test_hostile_completions_grade_within_the_budget_without_exception():
     items = _hostile_completions()
     assert len(items) >= 50
@@ -282,6 +285,7 @@ def test_hostile_completions_grade_within_the_budget_without_exception():
     assert slowest < 1.5, f"slowest hostile item took {slowest:.2f} CPU s"
 
 
+@pytest.mark.slow
 def test_verify_answer_is_bounded_off_the_main_thread():
     # Off the main thread no signal can interrupt math-verify; grading must still be bounded and correct.
     results = {}

@@ -64,6 +64,7 @@ def test_cases_are_real_golds_of_all_six_benchmarks_and_not_trivially_passed(cas
         assert kind in categories, kind
 
 
+@pytest.mark.slow
 def test_grader_agrees_with_a_careful_human_per_benchmark(cases, problems, capsys):
     sure = [c for c in cases if c["sure"]]
     with GradingPool(workers=2) as pool:

@@ -37,6 +37,7 @@ def _spin(stop):
         pass
 
 
+@pytest.mark.slow
 def test_same_statuses_in_process_in_pools_of_one_and_two_and_under_saturation(items):
     in_process = [grading.grade(c, g).status for c, g in items]
     warm = [grading.grade(c, g).status for c, g in items]  # again: every parse now cached in this process

@@ -192,6 +192,7 @@ def test_report_table_has_one_row_per_run_in_recipe_order(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- execution
+@pytest.mark.slow
 def test_both_notebooks_run_the_recipe_on_cpu_with_the_tiny_model(tmp_path):
     """Colab first (every stage runs), then Kaggle on the same work folder: its training stages are found
     finished and skipped, evaluation resumes, the report is rebuilt. Any failing cell fails the test."""

@@ -7,11 +7,13 @@ writes: the media files the wandb SDK puts in the offline run folder when the ru
 import json
 
 import pandas as pd
+import pytest
 from PIL import Image
 
 from sage_unsloth.report import wandb_log
 
 
+@pytest.mark.slow
 def test_log_report_to_an_offline_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

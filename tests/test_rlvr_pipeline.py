@@ -81,6 +81,7 @@ def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp
     assert manifest["config"]["stage"]["sft_dir"] == str(sft_dir)
 
 
+@pytest.mark.slow
 def test_script_fails_in_one_line_on_a_missing_stage1_folder(tmp_path, dapo_sample):
     """scripts/02_rlvr.sh -> python -m sage_unsloth.rlvr -> main(): exit code 2 and a one-line error."""
     import subprocess

@@ -462,6 +462,7 @@ def test_unsloth_layout_mapping_on_hand_built_batch():
     torch.testing.assert_close(mapped, expected)
 
 
+@pytest.mark.slow
 def test_unsloth_layout_matches_zoo_packing():
     """Same permutation as unsloth_zoo's left_pack_padding + calculate_pad_tokens_in_prompt."""
     from sage_unsloth.backend import import_unsloth

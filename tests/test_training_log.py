@@ -99,6 +99,7 @@ class _Run:  # the part of RunResults the training section reads
         self.manifest = {"stage": "eval", "checkpoint": str(checkpoint)}
 
 
+@pytest.mark.slow
 def test_report_finds_rlvr_logs_through_eval_manifests_and_a_glob(tmp_path):
     summary_line = {"train_runtime": 3.0, "train_loss": 0.1, "step": 3, "epoch": 1.0}
     grpo = _rlvr_folder(tmp_path, "grpo", [_entry(1), _entry(2), _entry(3), summary_line])
@@ -146,6 +147,7 @@ def test_no_training_log_is_said_not_hidden(tmp_path):
     assert isinstance(training.summary_table({}), pd.DataFrame)
 
 
+@pytest.mark.slow
 def test_the_report_does_not_import_the_training_stack():
     """Reading logs must not pull in transformers/torch: that import alone tripled the report's CPU time."""
     import subprocess
