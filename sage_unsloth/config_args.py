@@ -106,20 +106,27 @@ def suggestion(name: str, known) -> str:
     return f": did you mean {close[0]!r}?" if close else ""
 
 
-def check_model_name_or_path(value: str | None, field: str = "model_name_or_path",
-                             revision: str | None = None) -> None:
-    """A model is an existing folder or a hub id ``org/name``; offline, a hub id must be in the local cache."""
+def check_model_name_or_path(value: str | None, field: str = "model_name_or_path") -> None:
+    """A model is an existing folder or a hub id ``org/name``: anything else fails here, in one line."""
     if not value or Path(value).expanduser().is_dir():
         return
     if not HUB_ID.match(value) or value.startswith((".", "~")):
         raise ConfigError(f"{field}={value!r} is neither an existing folder nor a hub id (org/name): fix the "
                           "path, or download the model first")
+
+
+def check_hub_model_cached(value: str | None, field: str = "model_name_or_path",
+                           revision: str | None = None) -> None:
+    """With ``HF_HUB_OFFLINE`` set, a hub id must be in the local cache (checked when a run is planned, not
+    when a config is parsed: the tests and ``--help`` parse the 7B configs offline)."""
+    if not value or Path(value).expanduser().is_dir():
+        return
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(value, "config.json", revision=revision), str):
             raise ConfigError(f"{field}={value!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
-                              "set: download it (huggingface-cli download) or pass a local folder")
+                              "set: download it (hf download) or pass a local folder")
 
 
 # --------------------------------------------------------------------------------------------- parser
@@ -137,10 +144,14 @@ def stage_parser(dataclass_types, stage: str):
 def _stage_parser_class():
     """Built on first use: TRL is imported only then (after Unsloth, where a stage needs that)."""
 
-    from transformers.hf_argparser import string_to_bool
     from trl import TrlParser
 
-    scalar_types = {int: "an integer", float: "a number", string_to_bool: "true or false"}
+    def kind(action) -> str | None:
+        """What a scalar field takes; bool fields are parsed by a ``string_to_bool`` (TRL 1.15 has its own copy
+        of transformers' HfArgumentParser, so the function is recognised by name)."""
+        if getattr(action.type, "__name__", "") == "string_to_bool":
+            return "true or false"
+        return {int: "an integer", float: "a number"}.get(action.type)
 
     class StageParser(TrlParser):
         """TrlParser with one-line errors, "did you mean", ``base:`` YAMLs and a short kit-first --help."""
@@ -152,37 +163,44 @@ def _stage_parser_class():
 
         # -- argparse reports here (a bad value, a missing argument): one line instead of usage + exit
         def error(self, message: str):
-            match = re.match(r"argument (\S+?)(?:/\S+)?: invalid (?:\S+) value: '(.*)'$", message)
+            match = re.match(r"argument (\S+?)(?:/\S+)?: (?:invalid \S+ value: '(.*)'|Truthy value expected: got (.*) "
+                             r"but expected.*)$", message)
             if match:
-                flag, value = match.groups()
+                flag, value = match.group(1), match.group(2) if match.group(2) is not None else match.group(3)
                 action = next(a for a in self._actions if flag in a.option_strings)
-                kind = scalar_types.get(action.type, f"one of {action.choices}" if action.choices else "valid")
-                raise ConfigError(f"{flag} {value}: not {kind}; e.g. {flag} {action.default}")
+                expected = kind(action) or (f"one of {action.choices}" if action.choices else "valid")
+                raise ConfigError(f"{flag} {value}: not {expected}; e.g. {flag} {action.default}")
             raise ConfigError(f"{message} (sage-unsloth {self.stage} --help lists the fields)")
 
         def kit_help(self) -> str:
+            import argparse
+            import copy
+
             kit_fields = [name for t in self.dataclass_types if t.__module__.startswith("sage_unsloth")
                           for name in _own_fields(t)]
             shown = [*kit_fields, *(f for f in ESSENTIAL_UPSTREAM_FIELDS if f in self.fields and f not in kit_fields)]
-            actions = [self.fields[name] for name in dict.fromkeys(shown) if name in self.fields]
-            formatter = self._get_formatter()
+            actions = []
+            for name in dict.fromkeys(shown):
+                if name in self.fields:
+                    action = copy.copy(self.fields[name])
+                    action.option_strings = action.option_strings[:1]  # --sage_guide, not also --sage-guide
+                    action.metavar = _metavar(action)
+                    actions.append(action)
+            formatter = argparse.ArgumentDefaultsHelpFormatter(self.prog, max_help_position=34, width=110)
             formatter.add_usage(f"{self.prog} CONFIG.yaml [--key value ...]", [], [])
-            formatter.start_section("the kit's fields (CLI flags override the YAML's keys)")
+            formatter.start_section("the kit's fields (a flag overrides the YAML key of the same name)")
             formatter.add_arguments(actions)
             formatter.end_section()
+            upstream = sorted({b.__name__ for t in self.dataclass_types for b in t.__mro__
+                               if hasattr(b, "__dataclass_fields__") and not b.__name__.startswith("_")
+                               and not b.__module__.startswith("sage_unsloth")})
             others = len({a.dest for a in self._actions} - {a.dest for a in actions})
-            formatter.add_text(f"{others} more fields of TRL / transformers / the kit: "
-                               f"sage-unsloth {self.stage} {HELP_ALL}")
+            formatter.add_text(f"{others} more fields (from {', '.join(upstream)}): sage-unsloth {self.stage} "
+                               f"{HELP_ALL}")
             return formatter.format_help()
 
         def parse(self, argv: list[str]):
             argv = list(argv)
-            if HELP_ALL in argv:
-                self.print_help()
-                raise SystemExit(0)
-            if "-h" in argv or "--help" in argv:
-                print(self.kit_help())
-                raise SystemExit(0)
             if "--config" in argv:
                 at = argv.index("--config")
                 if at + 1 >= len(argv):
@@ -194,6 +212,12 @@ def _stage_parser_class():
                     os.environ[key] = str(value)
                 self._check_config(config, config_path)
                 self.set_defaults_with_config(**config)
+            if HELP_ALL in argv:  # after the YAML: the defaults shown are the config's
+                self.print_help()
+                raise SystemExit(0)
+            if "-h" in argv or "--help" in argv:
+                print(self.kit_help())
+                raise SystemExit(0)
             argv = self._split_numeric_lists(argv)
             _, unknown = self.parse_known_args(argv)
             flags = [arg for arg in unknown if arg.startswith("--")]
@@ -213,11 +237,11 @@ def _stage_parser_class():
                 listed = action.nargs in ("+", "*")
                 if listed and action.type in (int, float) and isinstance(value, str):  # ks: "1,8"
                     value = config[key] = [action.type(v) for v in re.split(r"[,\s]+", value.strip()) if v]
-                if value is None or isinstance(value, str) or action.type not in scalar_types:
+                if value is None or isinstance(value, str) or kind(action) is None:
                     continue  # argparse converts a string (and reports a bad one through error())
                 for item in value if listed and isinstance(value, list) else [value]:
-                    if not _is_instance(item, action.type, string_to_bool):
-                        raise ConfigError(f"{path}: {key}: {value!r} is not {scalar_types[action.type]}"
+                    if not _is_instance(item, kind(action)):
+                        raise ConfigError(f"{path}: {key}: {value!r} is not {kind(action)}"
                                           f"{' (a list)' if listed else ''}; e.g. {key}: {action.default}")
 
         def _split_numeric_lists(self, argv: list[str]) -> list[str]:
@@ -234,11 +258,16 @@ def _stage_parser_class():
                     out.append(arg)
             return out
 
-    def _is_instance(value, kind, bool_type) -> bool:
-        if kind is bool_type:
+    def _is_instance(value, expected: str) -> bool:
+        if expected == "true or false":
             return isinstance(value, bool)
-        numeric = (int, float) if kind is float else (int,)
+        numeric = (int, float) if expected == "a number" else (int,)
         return isinstance(value, numeric) and not isinstance(value, bool)
+
+    def _metavar(action) -> str:
+        if kind(action) == "true or false":
+            return "BOOL"
+        return {int: "INT", float: "FLOAT"}.get(action.type, "TEXT") + (" ..." if action.nargs in ("+", "*") else "")
 
     def _own_fields(cls) -> list[str]:
         """The kit class's own fields: all of a plain kit dataclass, those declared in the class body of a

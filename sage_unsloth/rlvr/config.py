@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from trl.trainer.grpo_config import GRPOConfig
 
+from sage_unsloth.config_args import ConfigError, suggestion
+
 GUIDES = ("none", "branch", "token", "random")
 KL_ESTIMATORS = ("k3", "k2", "forward")
 TOKEN_NORMS = ("minmax", "rank", "zscore")
@@ -159,23 +161,23 @@ class SageGRPOConfig(GRPOConfig):
         self._warn_off_policy_q()
         self._warn_guide_without_effect()
 
-    # One-line errors naming the field and the fix; nothing here touches a model.
+    # One-line errors naming the field and the fix; nothing here touches a model. The checks depend on the
+    # config alone, never on the machine: a config refused on a GPU is refused on CPU too.
     def _validate_sage(self) -> None:
         def fail(msg: str):
-            raise ValueError(msg)
+            raise ConfigError(msg)
 
-        if self.sage_guide not in GUIDES:
-            fail(f"sage_guide={self.sage_guide!r} is unknown: use one of {', '.join(GUIDES)}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            fail(f"kl_estimator={self.kl_estimator!r} is unknown: use one of {', '.join(KL_ESTIMATORS)}")
-        if self.sage_token_norm not in TOKEN_NORMS:
-            fail(f"sage_token_norm={self.sage_token_norm!r} is unknown: use one of {', '.join(TOKEN_NORMS)}")
-        if self.sage_q_source not in Q_SOURCES:
-            fail(f"sage_q_source={self.sage_q_source!r} is unknown: use one of {', '.join(Q_SOURCES)}")
-        if self.backend not in BACKENDS:
-            fail(f"backend={self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
-        if self.loss_type not in LOSS_TYPES:
-            fail(f"loss_type={self.loss_type!r} is unknown: use one of {', '.join(LOSS_TYPES)}")
+        for name, choices in (("sage_guide", GUIDES), ("kl_estimator", KL_ESTIMATORS),
+                              ("sage_token_norm", TOKEN_NORMS), ("sage_q_source", Q_SOURCES), ("backend", BACKENDS),
+                              ("loss_type", LOSS_TYPES), ("sage_kl_placement", PLACEMENTS),
+                              ("dapo_normalizer", DAPO_NORMALIZERS)):
+            value = getattr(self, name)
+            if value not in choices:
+                fail(f"{name}={value!r} is unknown{suggestion(str(value), choices)} (use one of {', '.join(choices)})")
+        if self.beta < 0.0:
+            fail(f"beta={self.beta} is negative: the KL coefficient must be >= 0 (paper: 0.05; 0 = no KL)")
+        if self.learning_rate <= 0.0:
+            fail(f"learning_rate={self.learning_rate} must be > 0 (paper: 5e-6)")
         if self.sage_guide != "none" and self.beta == 0.0:
             fail(f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none")
         if self.sage_q_min <= 0.0:
@@ -189,14 +191,15 @@ class SageGRPOConfig(GRPOConfig):
         if self.kl_estimator != "k3" and self.loss_type not in LOSS_LEVEL_KL_LOSS_TYPES:
             fail(f"kl_estimator={self.kl_estimator!r} supports loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, "
                  f"got loss_type={self.loss_type!r}: change one of them")
-        if self.kl_estimator != "k3" and self.backend == "unsloth" and _cuda_available():
-            # On CPU Unsloth leaves TRL's trainer in place, so the loss-level term works there.
+        if self.kl_estimator != "k3" and self.backend == "unsloth":
+            # Refused on CPU too (where Unsloth leaves TRL's trainer in place): the config must mean one thing.
             fail(f"kl_estimator={self.kl_estimator!r} is not expressible as a shifted reference, which is all "
                  "Unsloth's patched loss reads: set backend=trl or kl_estimator=k3")
+        if self.sage_q_source == "loss" and self.sage_guide == "token" and self.backend == "unsloth":
+            fail("sage_q_source=loss with sage_guide=token needs TRL's loss (Unsloth's patched loss hands out "
+                 "entropies, not log-probs): set sage_q_source=auto or rollout, or backend=trl")
         if self.sage_schedule_cycles < 1:
             fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
-        if self.sage_kl_placement not in PLACEMENTS:
-            fail(f"sage_kl_placement={self.sage_kl_placement!r} is unknown: use one of {', '.join(PLACEMENTS)}")
         if self.sage_kl_placement == "reward":
             if self.beta == 0.0:
                 fail("sage_kl_placement=reward puts beta * pseudo-KL in the reward: set beta > 0 (paper: 0.05)")
@@ -206,9 +209,7 @@ class SageGRPOConfig(GRPOConfig):
             if self.multi_objective_aggregation != "sum_then_normalize":
                 fail("sage_kl_placement=reward adds the pseudo-KL to the summed reward: set "
                      "multi_objective_aggregation=sum_then_normalize")
-        if self.dapo_normalizer not in DAPO_NORMALIZERS:
-            fail(f"dapo_normalizer={self.dapo_normalizer!r} is unknown: use one of {', '.join(DAPO_NORMALIZERS)}")
-        if self.dynamic_sampling and self.backend == "unsloth" and _cuda_available():
+        if self.dynamic_sampling and self.backend == "unsloth":
             fail("dynamic_sampling merges rollouts in TRL's layout, not Unsloth's: set backend=trl or "
                  "dynamic_sampling=false")
         if self.dynamic_sampling_max_rounds < 1:
