@@ -37,8 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     if stage not in STAGES:
         print(f"sage-unsloth: unknown stage {stage!r}; choose one of {', '.join(STAGES)}", file=sys.stderr)
         return 2
+    from sage_unsloth.config_args import ConfigError
+
     module = importlib.import_module(STAGES[stage][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except ConfigError as exc:  # bad input a stage did not report itself: one line, exit 2
+        print(f"sage-unsloth {stage}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

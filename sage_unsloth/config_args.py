@@ -1,12 +1,70 @@
-"""The command-line shape shared by every stage: ``CONFIG.yaml [--key value ...]``.
+"""The command-line shape shared by every stage: ``CONFIG.yaml [--key value ...]``, and its one error path.
 
-TRL's ``TrlParser`` reads a YAML through ``--config``; the stages also take it as the first positional
-argument, the way the scripts and README call them.
+- A leading ``CONFIG`` is TRL's ``--config CONFIG`` (the way the scripts and README call the stages).
+- A YAML may build on another: ``base: _base.yaml`` (relative to the file's folder) reads that file first and
+  this file's keys replace the base's, top-level key by key (a mapping such as ``generation_kwargs`` is
+  replaced whole); a base may have its own base. CLI flags override the merged YAML.
+- Every bad input (an unknown key or flag, a value of the wrong type, a value a config's ``__post_init__``
+  refuses) is one :class:`ConfigError`: one line naming the field and the fix, with "did you mean ...?"
+  for a misspelt key. The stages print it and exit 2, before any model loads.
+- ``--help`` lists the kit's own fields; ``--help-all`` the full TRL / transformers list.
+- Numeric list flags take ``--ks 1,8`` as well as ``--ks 1 8``.
+
+This module imports neither TRL nor torch at import time: :func:`requested_backend` runs before Unsloth,
+which has to be imported before TRL.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
+import os
+import re
 from pathlib import Path
+from typing import Any
+
+BASE_KEY = "base"
+ENV_KEY = "env"  # TrlParser's: environment variables set before the dataclasses are built
+HELP_ALL = "--help-all"
+# Fields of TRL / transformers classes that --help shows next to the kit's own (the ones a user sets first).
+ESSENTIAL_UPSTREAM_FIELDS = ("model_name_or_path", "max_steps", "report_to")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+class ConfigError(ValueError):
+    """A bad config key, flag or value: one line naming the field and the fix (the CLI prints it, exit 2)."""
+
+
+# --------------------------------------------------------------------------------------------- YAML files
+def load_config(path: str | Path) -> dict[str, Any]:
+    """The YAML mapping at ``path`` with its ``base:`` chain merged in (this file's keys win)."""
+    return _load_config(Path(path), ())
+
+
+def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    import yaml
+
+    if path.resolve() in chain:
+        raise ConfigError(f"{chain[0]}: its base chain comes back to {path}: remove one of the base: lines")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must be a YAML mapping (key: value lines), not a {type(data).__name__}")
+    base = data.pop(BASE_KEY, None)
+    if base is None:
+        return data
+    base_path = path.parent / str(base)
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: base: {base} not found ({base_path}): give a path relative to the YAML's folder")
+    merged = _load_config(base_path, (*chain, path.resolve()))
+    env = {**(merged.get(ENV_KEY) or {}), **(data.get(ENV_KEY) or {})}
+    merged.update(data)
+    if env:
+        merged[ENV_KEY] = env
+    return merged
 
 
 def with_config_flag(argv: list[str], configs_dir: str) -> tuple[list[str], str | None]:
@@ -25,8 +83,6 @@ def with_config_flag(argv: list[str], configs_dir: str) -> tuple[list[str], str 
 
 def requested_backend(argv: list[str], default: str = "unsloth") -> str:
     """The ``backend`` named by ``--backend`` or the YAML, read without TRL: Unsloth must be imported first."""
-    import yaml
-
     for i, arg in enumerate(argv):
         if arg == "--backend" and i + 1 < len(argv):
             return argv[i + 1]
@@ -34,7 +90,190 @@ def requested_backend(argv: list[str], default: str = "unsloth") -> str:
             return arg.split("=", 1)[1]
     config_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else (argv[0] if argv else "")
     if config_path and not config_path.startswith("--") and Path(config_path).is_file():
-        config = yaml.safe_load(Path(config_path).read_text()) or {}
-        if isinstance(config, dict) and config.get("backend"):
+        try:
+            config = load_config(config_path)
+        except ConfigError:
+            return default  # the parser reports it, in one line
+        if config.get("backend"):
             return str(config["backend"])
     return default
+
+
+# --------------------------------------------------------------------------------------------- checks
+def suggestion(name: str, known) -> str:
+    """``: did you mean 'x'?`` for the closest known name, or '' when none is close."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f": did you mean {close[0]!r}?" if close else ""
+
+
+def check_model_name_or_path(value: str | None, field: str = "model_name_or_path") -> None:
+    """A model is an existing folder or a hub id ``org/name``: anything else fails here, in one line."""
+    if not value or Path(value).expanduser().is_dir():
+        return
+    if not HUB_ID.match(value) or value.startswith((".", "~")):
+        raise ConfigError(f"{field}={value!r} is neither an existing folder nor a hub id (org/name): fix the "
+                          "path, or download the model first")
+
+
+def check_hub_model_cached(value: str | None, field: str = "model_name_or_path",
+                           revision: str | None = None) -> None:
+    """With ``HF_HUB_OFFLINE`` set, a hub id must be in the local cache (checked when a run is planned, not
+    when a config is parsed: the tests and ``--help`` parse the 7B configs offline)."""
+    if not value or Path(value).expanduser().is_dir():
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(value, "config.json", revision=revision), str):
+            raise ConfigError(f"{field}={value!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+                              "set: download it (hf download) or pass a local folder")
+
+
+# --------------------------------------------------------------------------------------------- parser
+def parse_stage_args(dataclass_types, argv: list[str], *, stage: str, configs_dir: str):
+    """``[CONFIG] [--key value ...]`` -> (one instance per dataclass type, config path or None)."""
+    argv, config_path = with_config_flag(argv, configs_dir)
+    return stage_parser(dataclass_types, stage).parse(argv), config_path
+
+
+def stage_parser(dataclass_types, stage: str):
+    return _stage_parser_class()(dataclass_types, stage)
+
+
+@functools.cache
+def _stage_parser_class():
+    """Built on first use: TRL is imported only then (after Unsloth, where a stage needs that)."""
+
+    from trl import TrlParser
+
+    def kind(action) -> str | None:
+        """What a scalar field takes; bool fields are parsed by a ``string_to_bool`` (TRL 1.15 has its own copy
+        of transformers' HfArgumentParser, so the function is recognised by name)."""
+        if getattr(action.type, "__name__", "") == "string_to_bool":
+            return "true or false"
+        return {int: "an integer", float: "a number"}.get(action.type)
+
+    class StageParser(TrlParser):
+        """TrlParser with one-line errors, "did you mean", ``base:`` YAMLs and a short kit-first --help."""
+
+        def __init__(self, dataclass_types, stage: str):
+            super().__init__(dataclass_types, prog=f"sage-unsloth {stage}", add_help=False)
+            self.stage = stage
+            self.fields = {action.dest: action for action in self._actions}
+
+        # -- argparse reports here (a bad value, a missing argument): one line instead of usage + exit
+        def error(self, message: str):
+            match = re.match(r"argument (\S+?)(?:/\S+)?: (?:invalid \S+ value: '(.*)'|Truthy value expected: got (.*) "
+                             r"but expected.*)$", message)
+            if match:
+                flag, value = match.group(1), match.group(2) if match.group(2) is not None else match.group(3)
+                action = next(a for a in self._actions if flag in a.option_strings)
+                expected = kind(action) or (f"one of {action.choices}" if action.choices else "valid")
+                raise ConfigError(f"{flag} {value}: not {expected}; e.g. {flag} {action.default}")
+            raise ConfigError(f"{message} (sage-unsloth {self.stage} --help lists the fields)")
+
+        def kit_help(self) -> str:
+            import argparse
+            import copy
+
+            kit_fields = [name for t in self.dataclass_types if t.__module__.startswith("sage_unsloth")
+                          for name in _own_fields(t)]
+            shown = [*kit_fields, *(f for f in ESSENTIAL_UPSTREAM_FIELDS if f in self.fields and f not in kit_fields)]
+            actions = []
+            for name in dict.fromkeys(shown):
+                if name in self.fields:
+                    action = copy.copy(self.fields[name])
+                    action.option_strings = action.option_strings[:1]  # --sage_guide, not also --sage-guide
+                    action.metavar = _metavar(action)
+                    actions.append(action)
+            formatter = argparse.ArgumentDefaultsHelpFormatter(self.prog, max_help_position=34, width=110)
+            formatter.add_usage(f"{self.prog} CONFIG.yaml [--key value ...]", [], [])
+            formatter.start_section("the kit's fields (a flag overrides the YAML key of the same name)")
+            formatter.add_arguments(actions)
+            formatter.end_section()
+            upstream = sorted({b.__name__ for t in self.dataclass_types for b in t.__mro__
+                               if hasattr(b, "__dataclass_fields__") and not b.__name__.startswith("_")
+                               and not b.__module__.startswith("sage_unsloth")})
+            others = len({a.dest for a in self._actions} - {a.dest for a in actions})
+            formatter.add_text(f"{others} more fields (from {', '.join(upstream)}): sage-unsloth {self.stage} "
+                               f"{HELP_ALL}")
+            return formatter.format_help()
+
+        def parse(self, argv: list[str]):
+            argv = list(argv)
+            if "--config" in argv:
+                at = argv.index("--config")
+                if at + 1 >= len(argv):
+                    raise ConfigError("--config needs a YAML path")
+                config_path = argv[at + 1]
+                del argv[at:at + 2]
+                config = load_config(config_path)
+                for key, value in (config.pop(ENV_KEY, None) or {}).items():
+                    os.environ[key] = str(value)
+                self._check_config(config, config_path)
+                self.set_defaults_with_config(**config)
+            if HELP_ALL in argv:  # after the YAML: the defaults shown are the config's
+                self.print_help()
+                raise SystemExit(0)
+            if "-h" in argv or "--help" in argv:
+                print(self.kit_help())
+                raise SystemExit(0)
+            argv = self._split_numeric_lists(argv)
+            _, unknown = self.parse_known_args(argv)
+            flags = [arg for arg in unknown if arg.startswith("--")]
+            if unknown:
+                name = (flags[0] if flags else unknown[0]).split("=", 1)[0]
+                options = {o for a in self._actions for o in a.option_strings if o.startswith("--")}
+                hint = suggestion(name, options) or f" (sage-unsloth {self.stage} --help lists the fields)"
+                raise ConfigError(f"unknown {'flag' if flags else 'argument'} {name}{hint}")
+            return self.parse_args_into_dataclasses(args=argv)
+
+        def _check_config(self, config: dict, path: str) -> None:
+            for key, value in config.items():
+                action = self.fields.get(key)
+                if action is None:
+                    hint = suggestion(key, self.fields) or f": not a field of sage-unsloth {self.stage}; remove it"
+                    raise ConfigError(f"{path}: unknown key {key!r}{hint}")
+                listed = action.nargs in ("+", "*")
+                if listed and action.type in (int, float) and isinstance(value, str):  # ks: "1,8"
+                    value = config[key] = [action.type(v) for v in re.split(r"[,\s]+", value.strip()) if v]
+                if value is None or isinstance(value, str) or kind(action) is None:
+                    continue  # argparse converts a string (and reports a bad one through error())
+                for item in value if listed and isinstance(value, list) else [value]:
+                    if not _is_instance(item, kind(action)):
+                        raise ConfigError(f"{path}: {key}: {value!r} is not {kind(action)}"
+                                          f"{' (a list)' if listed else ''}; e.g. {key}: {action.default}")
+
+        def _split_numeric_lists(self, argv: list[str]) -> list[str]:
+            numeric = {o for a in self._actions if a.nargs in ("+", "*") and a.type in (int, float)
+                       for o in a.option_strings}
+            out, in_list = [], False
+            for arg in argv:
+                if arg.startswith("--"):
+                    in_list = arg in numeric
+                    out.append(arg)
+                elif in_list:
+                    out.extend(v for v in arg.split(",") if v)
+                else:
+                    out.append(arg)
+            return out
+
+    def _is_instance(value, expected: str) -> bool:
+        if expected == "true or false":
+            return isinstance(value, bool)
+        numeric = (int, float) if expected == "a number" else (int,)
+        return isinstance(value, numeric) and not isinstance(value, bool)
+
+    def _metavar(action) -> str:
+        if kind(action) == "true or false":
+            return "BOOL"
+        return {int: "INT", float: "FLOAT"}.get(action.type, "TEXT") + (" ..." if action.nargs in ("+", "*") else "")
+
+    def _own_fields(cls) -> list[str]:
+        """The kit class's own fields: all of a plain kit dataclass, those declared in the class body of a
+        subclass of an upstream config (SageGRPOConfig's SAGE fields and pinned defaults)."""
+        upstream = [b for b in cls.__mro__[1:] if hasattr(b, "__dataclass_fields__")
+                    and not b.__module__.startswith("sage_unsloth")]
+        return list(vars(cls).get("__annotations__", {})) if upstream else list(cls.__dataclass_fields__)
+
+    return StageParser

@@ -85,12 +85,9 @@ class Job:
 
 # ----------------------------------------------------------------------------------------------- config
 def parse_args(argv: list[str]) -> SweepConfig:
-    from trl import TrlParser
+    from sage_unsloth.config_args import parse_stage_args
 
-    from sage_unsloth.config_args import with_config_flag
-
-    argv, _ = with_config_flag(argv, "configs/sweep/")
-    (cfg,) = TrlParser((SweepConfig,)).parse_args_and_config(argv)
+    (cfg,), _ = parse_stage_args((SweepConfig,), argv, stage="sweep", configs_dir="configs/sweep/")
     return cfg
 
 

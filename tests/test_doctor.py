@@ -111,9 +111,9 @@ def test_bad_config_is_one_line(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------------------------- memory
 def _config(relative: str) -> dict:
-    import yaml
+    from sage_unsloth.config_args import load_config
 
-    return yaml.safe_load((REPO / relative).read_text())
+    return load_config(REPO / relative)  # as the doctor reads it: with its base: chain
 
 
 def test_memory_estimate_for_the_paper_config():

@@ -365,25 +365,24 @@ def test_config_warns_when_q_comes_from_the_rollout_policy(tmp_path):
     ({"dynamic_sampling": True}, "dynamic_sampling"),
     ({"sage_q_source": "loss", "sage_guide": "token"}, "sage_q_source"),
 ])
-def test_unsloth_conflicts_are_refused_by_the_config_on_a_gpu_and_by_the_trainer_for_its_class(
-        tmp_path, monkeypatch, overrides, field):
-    """One definition (rlvr/config.py unsloth_conflict): the config refuses it when it expects Unsloth's patched
-    trainer (backend unsloth on a GPU); on CPU it is allowed (TRL's trainer stays) and the trainer refuses it
-    only over a patched class."""
+def test_unsloth_conflicts_are_refused_by_the_config_on_any_machine_and_by_the_trainer_for_its_class(
+        tmp_path, overrides, field):
+    """One definition (rlvr/config.py unsloth_conflict): the config refuses it with backend unsloth before any
+    model loads, on CPU too (where Unsloth would leave TRL's trainer in place); the trainer makes the same check
+    only for a patched class it subclasses without such a config (a patched base built by hand)."""
     from types import SimpleNamespace
 
     from sage_unsloth.rlvr import config as rlvr_config
 
     common = {"output_dir": str(tmp_path), "report_to": "none", "backend": "unsloth", "bf16": False,
               "use_cpu": True, **overrides}
-    on_cpu = rlvr_config.SageGRPOConfig(**common)
-    assert rlvr_config.unsloth_conflict(on_cpu, unsloth_patched=False) is None
-    message = rlvr_config.unsloth_conflict(on_cpu, unsloth_patched=True)
-    assert message.startswith(field) and "\n" not in message
-    monkeypatch.setattr(rlvr_config, "_cuda_available", lambda: True)
     with pytest.raises(ValueError) as error:
         rlvr_config.SageGRPOConfig(**common)
-    assert str(error.value) == message
+    message = str(error.value)
+    assert message.startswith(field) and "\n" not in message
+    on_trl = rlvr_config.SageGRPOConfig(**{**common, "backend": "trl"})
+    assert rlvr_config.unsloth_conflict(on_trl, unsloth_patched=False) is None
+    assert rlvr_config.unsloth_conflict(on_trl, unsloth_patched=True) == message
     plain = SimpleNamespace(kl_estimator="k3", dynamic_sampling=False, sage_q_source="auto", sage_guide="token")
     assert rlvr_config.unsloth_conflict(plain, unsloth_patched=True) is None
 

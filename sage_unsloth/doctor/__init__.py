@@ -32,14 +32,11 @@ __all__ = ["machine_checks", "main"]
 def _read_config(path: str | None) -> dict:
     if not path:
         return {}
-    import yaml
+    from sage_unsloth.config_args import load_config
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"CONFIG {path} not found: pass a YAML from configs/ (or none)")
-    config = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(config, dict):
-        raise TypeError(f"CONFIG {path} is not a YAML mapping")
-    return config
+    return load_config(path)  # with its base: chain; a non-mapping is a ConfigError
 
 
 def _needs(config: dict, backend: str, on_gpu: bool) -> tuple[bool, bool, set[str]]:

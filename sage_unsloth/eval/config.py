@@ -61,12 +61,9 @@ class EvalConfig:
 
 
 def parse_args(argv: list[str]) -> EvalConfig:
-    from trl import TrlParser
+    from sage_unsloth.config_args import parse_stage_args
 
-    from sage_unsloth.config_args import with_config_flag
-
-    argv, _ = with_config_flag(argv, "configs/eval/")
-    (cfg,) = TrlParser((EvalConfig,)).parse_args_and_config(argv)
+    (cfg,), _ = parse_stage_args((EvalConfig,), argv, stage="eval", configs_dir="configs/eval/")
     return cfg
 
 

@@ -77,10 +77,7 @@ class ReportArguments:
 
 
 def parse_args(argv: list[str]) -> ReportArguments:
-    from trl import TrlParser
+    from sage_unsloth.config_args import parse_stage_args
 
-    from sage_unsloth.config_args import with_config_flag
-
-    argv, _ = with_config_flag(argv, "configs/report/")
-    (args,) = TrlParser((ReportArguments,)).parse_args_and_config(argv)
+    (args,), _ = parse_stage_args((ReportArguments,), argv, stage="report", configs_dir="configs/report/")
     return args

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from trl.trainer.grpo_config import GRPOConfig
 
+from sage_unsloth.config_args import ConfigError, suggestion
+
 GUIDES = ("none", "branch", "token", "random")
 KL_ESTIMATORS = ("k3", "k2", "forward")
 TOKEN_NORMS = ("minmax", "rank", "zscore")
@@ -36,9 +38,9 @@ def _cuda_available() -> bool:
 def unsloth_conflict(cfg, unsloth_patched: bool) -> str | None:
     """What ``cfg`` asks that Unsloth's patched GRPOTrainer cannot do (None: nothing), as one line with the fix.
 
-    The one definition of these checks: the config makes them in __post_init__ (patched = backend unsloth on a
-    GPU, where ``import unsloth`` rebinds trl.GRPOTrainer), the trainer again only for the class it really
-    subclasses when that differs (a patched base built by hand)."""
+    The one definition of these checks: the config makes them in __post_init__ (patched = backend unsloth, on
+    any machine, before any model loads), the trainer again only for the class it really subclasses when that
+    differs (a patched base built by hand)."""
     if not unsloth_patched:
         return None
     if cfg.kl_estimator != "k3":
@@ -179,23 +181,23 @@ class SageGRPOConfig(GRPOConfig):
         self._warn_off_policy_q()
         self._warn_guide_without_effect()
 
-    # One-line errors naming the field and the fix; nothing here touches a model.
+    # One-line errors naming the field and the fix; nothing here touches a model. The checks depend on the
+    # config alone, never on the machine: a config refused on a GPU is refused on CPU too.
     def _validate_sage(self) -> None:
         def fail(msg: str):
-            raise ValueError(msg)
+            raise ConfigError(msg)
 
-        if self.sage_guide not in GUIDES:
-            fail(f"sage_guide={self.sage_guide!r} is unknown: use one of {', '.join(GUIDES)}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            fail(f"kl_estimator={self.kl_estimator!r} is unknown: use one of {', '.join(KL_ESTIMATORS)}")
-        if self.sage_token_norm not in TOKEN_NORMS:
-            fail(f"sage_token_norm={self.sage_token_norm!r} is unknown: use one of {', '.join(TOKEN_NORMS)}")
-        if self.sage_q_source not in Q_SOURCES:
-            fail(f"sage_q_source={self.sage_q_source!r} is unknown: use one of {', '.join(Q_SOURCES)}")
-        if self.backend not in BACKENDS:
-            fail(f"backend={self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
-        if self.loss_type not in LOSS_TYPES:
-            fail(f"loss_type={self.loss_type!r} is unknown: use one of {', '.join(LOSS_TYPES)}")
+        for name, choices in (("sage_guide", GUIDES), ("kl_estimator", KL_ESTIMATORS),
+                              ("sage_token_norm", TOKEN_NORMS), ("sage_q_source", Q_SOURCES), ("backend", BACKENDS),
+                              ("loss_type", LOSS_TYPES), ("sage_kl_placement", PLACEMENTS),
+                              ("dapo_normalizer", DAPO_NORMALIZERS)):
+            value = getattr(self, name)
+            if value not in choices:
+                fail(f"{name}={value!r} is unknown{suggestion(str(value), choices)} (use one of {', '.join(choices)})")
+        if self.beta < 0.0:
+            fail(f"beta={self.beta} is negative: the KL coefficient must be >= 0 (paper: 0.05; 0 = no KL)")
+        if self.learning_rate <= 0.0:
+            fail(f"learning_rate={self.learning_rate} must be > 0 (paper: 5e-6)")
         if self.sage_guide != "none" and self.beta == 0.0:
             fail(f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none")
         if self.sage_q_min <= 0.0:
@@ -211,8 +213,6 @@ class SageGRPOConfig(GRPOConfig):
                  f"got loss_type={self.loss_type!r}: change one of them")
         if self.sage_schedule_cycles < 1:
             fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
-        if self.sage_kl_placement not in PLACEMENTS:
-            fail(f"sage_kl_placement={self.sage_kl_placement!r} is unknown: use one of {', '.join(PLACEMENTS)}")
         if self.sage_kl_placement == "reward":
             if self.beta == 0.0:
                 fail("sage_kl_placement=reward puts beta * pseudo-KL in the reward: set beta > 0 (paper: 0.05)")
@@ -224,8 +224,8 @@ class SageGRPOConfig(GRPOConfig):
                      "multi_objective_aggregation=sum_then_normalize")
         if self.dapo_normalizer not in DAPO_NORMALIZERS:
             fail(f"dapo_normalizer={self.dapo_normalizer!r} is unknown: use one of {', '.join(DAPO_NORMALIZERS)}")
-        # On CPU Unsloth leaves TRL's trainer in place, so these work there.
-        if (conflict := unsloth_conflict(self, self.backend == "unsloth" and _cuda_available())) is not None:
+        # Refused on CPU too (where Unsloth would leave TRL's trainer in place): a config means one thing.
+        if (conflict := unsloth_conflict(self, self.backend == "unsloth")) is not None:
             fail(conflict)
         if self.dynamic_sampling_max_rounds < 1:
             fail(f"dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be >= 1")

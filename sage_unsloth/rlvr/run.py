@@ -43,10 +43,6 @@ from sage_unsloth import layout
 logger = logging.getLogger(__name__)
 
 ANCHORS = ("sft", "base")
-
-
-class RLVRInputError(ValueError):
-    """A bad input found before any model loads (reported by main() as one line)."""
 REF_ADAPTER = "ref"
 POLICY_ADAPTER = "default"
 
@@ -74,6 +70,16 @@ class RLVRStageArgs:
         "help": "Model context in tokens. Default: max_position_embeddings of the model's config.json."})
     resume: bool = field(default=False, metadata={"help": "Continue from the last checkpoint in the output folder."})
 
+    def __post_init__(self):
+        from sage_unsloth.config_args import ConfigError, suggestion
+
+        if self.anchor not in ANCHORS:
+            raise ConfigError(f"anchor={self.anchor!r} is unknown{suggestion(self.anchor, ANCHORS)} "
+                              f"(use one of {', '.join(ANCHORS)})")
+        for name in ("max_train_rows", "max_prompt_length", "max_seq_length"):
+            if (value := getattr(self, name)) is not None and value < 1:
+                raise ConfigError(f"{name}={value} must be a positive count: raise it or leave it unset")
+
 
 @dataclass
 class RLVRPlan:
@@ -94,16 +100,18 @@ class RLVRPlan:
 def parse_args(argv: list[str] | None = None):
     """``CONFIG [--key value ...]`` -> (SageGRPOConfig, RLVRStageArgs, ModelConfig, config path or None).
 
-    ``output_dir`` is always derived (``<output_root>/<model>/<variant>``); a value given for it is ignored.
+    ``variant`` defaults to the config file's stem; ``output_dir`` is always derived
+    (``<output_root>/<model>/<variant>``), a value given for it is ignored.
     """
-    from trl import ModelConfig, TrlParser
-
-    from sage_unsloth.config_args import with_config_flag
+    from sage_unsloth.config_args import parse_stage_args
+    from sage_unsloth.model_config import SageModelConfig
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
-    argv, config_path = with_config_flag(sys.argv[1:] if argv is None else argv, "configs/rlvr/")
-    parser = TrlParser((SageGRPOConfig, RLVRStageArgs, ModelConfig))
-    grpo_args, stage_args, model_args = parser.parse_args_and_config(argv)
+    (grpo_args, stage_args, model_args), config_path = parse_stage_args(
+        (SageGRPOConfig, RLVRStageArgs, SageModelConfig), sys.argv[1:] if argv is None else argv,
+        stage="rlvr", configs_dir="configs/rlvr/")
+    if stage_args.variant is None and config_path:
+        stage_args.variant = Path(config_path).stem
     return grpo_args, stage_args, model_args, config_path
 
 
@@ -163,8 +171,6 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     from sage_unsloth.models import model_short_name
     from sage_unsloth.rlvr.resume import last_complete_checkpoint, logging_alignment_warning
 
-    if stage.anchor not in ANCHORS:
-        raise ValueError(f"anchor={stage.anchor!r} is unknown: use one of {', '.join(ANCHORS)}")
     if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
         raise ValueError("vllm_mode=server needs backend=trl: Unsloth runs its own engine in each process "
                          "(it rewrites vllm_mode to colocate)")
@@ -323,11 +329,8 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
 
     # Data before the model: a bad dataset fails in seconds, not after loading 15 GB of weights.
     trust = bool(grpo_args.trust_remote_code)  # trl 1.15's ModelConfig has no such field
-    try:
-        tokenizer = load_tokenizer(model_args, str(plan.sft_dir), trust_remote_code=trust)
-        dataset = _build_dataset(stage, tokenizer, plan)
-    except (ValueError, FileNotFoundError) as exc:
-        raise RLVRInputError(str(exc)) from exc
+    tokenizer = load_tokenizer(model_args, str(plan.sft_dir), trust_remote_code=trust)
+    dataset = _build_dataset(stage, tokenizer, plan)
     logger.info("RLVR: %d prompts (<= %d tokens), anchor=%s, output %s", len(dataset),
                 plan.max_prompt_length, stage.anchor, plan.output_dir)
 

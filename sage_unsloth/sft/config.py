@@ -22,6 +22,7 @@ from trl import SFTConfig
 
 from .. import layout
 from ..backend import cuda_available
+from ..config_args import ConfigError, check_hub_model_cached
 from ..manifest import MANIFEST_NAME
 from ..models import BACKENDS, model_short_name
 
@@ -65,8 +66,12 @@ class SageSFTConfig(SFTConfig):
 
     def __post_init__(self):
         self.output_dir_given = self.output_dir is not None
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
         if self.max_seq_length is None or self.max_seq_length <= 0:
-            raise ValueError(f"max_seq_length {self.max_seq_length}: must be a positive token count")
+            raise ConfigError(f"max_seq_length {self.max_seq_length}: must be a positive token count")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate {self.learning_rate}: must be > 0 (official SFT: 2e-4)")
         self.max_length = self.max_seq_length
         if not cuda_available():
             if "8bit" in str(getattr(self.optim, "value", self.optim)):
@@ -80,10 +85,9 @@ class SageSFTConfig(SFTConfig):
 
     def validate(self, model_args) -> None:
         """One-line errors naming the field and the fix, raised before any model or data loads."""
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend {self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
         if not model_args.model_name_or_path:
             raise ValueError("model_name_or_path is not set: set it in the YAML or pass --model_name_or_path")
+        check_hub_model_cached(model_args.model_name_or_path, revision=model_args.model_revision)
         if self.dataset_path:
             if not Path(self.dataset_path).is_file():
                 raise FileNotFoundError(f"dataset_path {self.dataset_path} does not exist: fix it or unset it")

@@ -28,13 +28,12 @@ logger = logging.getLogger(__name__)
 
 def parse_args(argv: list[str]):
     """``[CONFIG.yaml, --key, value, ...]`` (or ``--config CONFIG``) -> (SageSFTConfig, ModelConfig)."""
-    from trl import ModelConfig, TrlParser
-
-    from ..config_args import with_config_flag
+    from ..config_args import parse_stage_args
+    from ..model_config import SageModelConfig
     from .config import SageSFTConfig
 
-    argv, _ = with_config_flag(argv, "configs/sft/")
-    sft_args, model_args = TrlParser((SageSFTConfig, ModelConfig)).parse_args_and_config(argv)
+    (sft_args, model_args), _ = parse_stage_args((SageSFTConfig, SageModelConfig), argv, stage="sft",
+                                                 configs_dir="configs/sft/")
     return sft_args, model_args
 
 
@@ -166,16 +165,11 @@ def save_merged_16bit(model, tokenizer, out: Path, *, backend: str, model_args, 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help", "--help-all"):
         print(__doc__)
         if not argv:
             return 2
-        from trl import ModelConfig, TrlParser
-
-        from .config import SageSFTConfig
-
-        TrlParser((SageSFTConfig, ModelConfig)).print_help()
-        return 0
+        parse_args(argv)  # prints the kit's fields (--help) or all of them (--help-all) and exits
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ..config_args import requested_backend, with_config_flag
 
