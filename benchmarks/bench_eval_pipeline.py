@@ -31,11 +31,23 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench_eval_"))
     model = build_tiny_model(work / "tiny", seed=0)
-    cfg = EvalConfig(checkpoints=[str(model)], benchmarks=["math500"], data_dir=args.data_dir,
-                     limit=args.problems, n=args.n, max_tokens=args.max_tokens, max_model_len=1024, seed=0,
-                     backend="vllm", problems_per_batch=args.problems_per_batch, gpu_memory_utilization=0.2,
-                     enforce_eager=True, dtype="float32", results_dir=str(work / "results"),
-                     outputs_dir=str(work / "outputs"))
+    cfg = EvalConfig(
+        checkpoints=[str(model)],
+        benchmarks=["math500"],
+        data_dir=args.data_dir,
+        limit=args.problems,
+        n=args.n,
+        max_tokens=args.max_tokens,
+        max_model_len=1024,
+        seed=0,
+        backend="vllm",
+        problems_per_batch=args.problems_per_batch,
+        gpu_memory_utilization=0.2,
+        enforce_eager=True,
+        dtype="float32",
+        results_dir=str(work / "results"),
+        outputs_dir=str(work / "outputs"),
+    )
     ks, checkpoints, sets = prepare(cfg)
     sampler = make_sampler(checkpoints[0], cfg)
     problems = sets["math500"]
@@ -55,8 +67,10 @@ def main() -> None:
     raw_after = raw()
     raw_mean = (raw_before + raw_after) / 2
     total = len(problems) * args.n
-    print(f"work: {len(problems)} problems x n={args.n}, max_tokens={args.max_tokens} ({total} completions), "
-          f"chunks of {args.problems_per_batch} problems")
+    print(
+        f"work: {len(problems)} problems x n={args.n}, max_tokens={args.max_tokens} ({total} completions), "
+        f"chunks of {args.problems_per_batch} problems"
+    )
     print(f"raw vLLM generate: {raw_before:.2f} s before, {raw_after:.2f} s after (mean {raw_mean:.2f} s)")
     print(f"eval pipeline: {pipeline:.2f} s")
     print(f"RATIO pipeline / raw = {pipeline / raw_mean:.3f} (target <= 1.05)")

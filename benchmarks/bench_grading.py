@@ -33,8 +33,10 @@ from sage_unsloth.eval.benchmarks import load_benchmark
 from sage_unsloth.eval.gradepool import GradingPool
 
 CASES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "grading_cases.jsonl"
-THOUGHTS = ("Let me set up the problem. We have the given quantities and need the requested value. "
-            "Substituting and simplifying step by step, we compute the intermediate results carefully. ")
+THOUGHTS = (
+    "Let me set up the problem. We have the given quantities and need the requested value. "
+    "Substituting and simplifying step by step, we compute the intermediate results carefully. "
+)
 
 
 def completions_for(gold: str, golds: list[str], rng: random.Random) -> list[str]:
@@ -75,8 +77,10 @@ def naive(items):
 
 def throughput(args) -> None:
     items = corpus(args.problems, args.per_problem)
-    print(f"corpus: {len(items)} MATH-500 completions ({args.problems} problems x {args.per_problem}), "
-          f"mean {statistics.mean(len(c) for c, _ in items):.0f} characters")
+    print(
+        f"corpus: {len(items)} MATH-500 completions ({args.problems} problems x {args.per_problem}), "
+        f"mean {statistics.mean(len(c) for c, _ in items):.0f} characters"
+    )
     sample = random.Random(1).sample(items, args.naive_sample)
     naive(sample[:5])  # warm math-verify's imports and grammar outside the timing
     t0 = time.perf_counter()
@@ -101,14 +105,20 @@ def throughput(args) -> None:
     pool_rate = len(items) / pool_s
     print(f"naive serial parse+verify : {naive_rate:9.1f} completions/s (subsample of {len(sample)})")
     print(f"grader, serial in-process : {serial_rate:9.1f} completions/s (subsample of {len(serial_sample)})")
-    print(f"grader, pool of {args.workers} workers : {pool_rate:9.1f} completions/s = "
-          f"{pool_rate / args.workers:.1f} per worker ({len(items)} completions in {pool_s:.1f} s; "
-          f"{stats['unique_pairs']} unique (answer, gold) pairs, {stats['verified']} judged, "
-          f"{stats['timeouts']} timeouts)")
-    print(f"correct: {sum(g.correct for g in grades) / len(grades):.3f}; serial and pool verdicts agree on "
-          f"{agree:.3f} of the subsample")
-    print(f"RATIO pool / naive = {pool_rate / naive_rate:.1f}x; per worker / naive = "
-          f"{pool_rate / args.workers / naive_rate:.1f}x")
+    print(
+        f"grader, pool of {args.workers} workers : {pool_rate:9.1f} completions/s = "
+        f"{pool_rate / args.workers:.1f} per worker ({len(items)} completions in {pool_s:.1f} s; "
+        f"{stats['unique_pairs']} unique (answer, gold) pairs, {stats['verified']} judged, "
+        f"{stats['timeouts']} timeouts)"
+    )
+    print(
+        f"correct: {sum(g.correct for g in grades) / len(grades):.3f}; serial and pool verdicts agree on "
+        f"{agree:.3f} of the subsample"
+    )
+    print(
+        f"RATIO pool / naive = {pool_rate / naive_rate:.1f}x; per worker / naive = "
+        f"{pool_rate / args.workers / naive_rate:.1f}x"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ budget
@@ -124,8 +134,13 @@ def budget_costs(benchmark: str) -> dict:
     costs = []
     for p in load_benchmark(benchmark):
         gold = p.gold
-        for answer in (f"\\left({gold}\\right)", gold.replace(" ", ""), f"{gold} + 1", f"2\\left({gold}\\right)",
-                       f"\\frac{{{gold}}}{{3}}"):
+        for answer in (
+            f"\\left({gold}\\right)",
+            gold.replace(" ", ""),
+            f"{gold} + 1",
+            f"2\\left({gold}\\right)",
+            f"\\frac{{{gold}}}{{3}}",
+        ):
             costs.append(_timed(answer, gold)[0])
     if CASES.is_file():
         for case in map(json.loads, CASES.read_text().splitlines()):
@@ -137,11 +152,14 @@ def budget_costs(benchmark: str) -> dict:
 
 
 def _cold_cost(pair: tuple[str, str], warm: bool) -> float:
-    code = ("import json,sys,time; from sage_unsloth import grading as g; a, b, w = json.loads(sys.argv[1]);"
-            "w and g.warm_up(); t=time.thread_time(); g.judge(a, b, timeout_s=g.RETRY_TIMEOUT_S);"
-            "print(time.thread_time()-t)")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps([*pair, warm])], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import json,sys,time; from sage_unsloth import grading as g; a, b, w = json.loads(sys.argv[1]);"
+        "w and g.warm_up(); t=time.thread_time(); g.judge(a, b, timeout_s=g.RETRY_TIMEOUT_S);"
+        "print(time.thread_time()-t)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps([*pair, warm])], capture_output=True, text=True, check=True
+    ).stdout
     return float(out.strip().splitlines()[-1])
 
 
@@ -153,24 +171,34 @@ def budget(args) -> None:
     with cf.ProcessPoolExecutor(min(len(names), args.workers), mp_context=mp.get_context("forkserver")) as ex:
         results = list(ex.map(budget_costs, names))
     every = sorted(c for r in results for c in r["costs"])
-    print(f"CPU seconds per (gold, answer) pair, grading thread, warmed-up process, each gold met first here "
-          f"({len(every)} pairs):")
+    print(
+        f"CPU seconds per (gold, answer) pair, grading thread, warmed-up process, each gold met first here "
+        f"({len(every)} pairs):"
+    )
     print(f"{'set':8s} {'pairs':>6s} {'p50':>8s} {'p90':>8s} {'p99':>8s} {'p99.9':>8s} {'max':>8s}")
     for r in results + [{"benchmark": "all", "costs": every}]:
         c = sorted(r["costs"])
         q = [c[min(len(c) - 1, int(f * len(c)))] for f in (0.5, 0.9, 0.99, 0.999)]
         print(f"{r['benchmark']:8s} {len(c):6d} " + " ".join(f"{v:8.4f}" for v in q) + f" {c[-1]:8.4f}")
-    print(f"budget {grading.DEFAULT_TIMEOUT_S} s = {grading.DEFAULT_TIMEOUT_S / every[-1]:.1f}x the largest cost; "
-          f"retry budget {grading.RETRY_TIMEOUT_S} s")
+    print(
+        f"budget {grading.DEFAULT_TIMEOUT_S} s = {grading.DEFAULT_TIMEOUT_S / every[-1]:.1f}x the largest cost; "
+        f"retry budget {grading.RETRY_TIMEOUT_S} s"
+    )
     if args.cold:
-        heavy = [("\\frac{2\\pi c^2 R^2}{d^2 \\lambda^5 (e^{hc/(\\lambda k T)} - 1)}",
-                  "\\frac{2 \\pi c^{2} R^{2}}{\\lambda^{5}\\left[e^{h c /(\\lambda k T)}-1\\right] d^{2}}"),
-                 ("\\cos(2t) + \\sin(2t)", "\\sqrt{2} \\cos (2 t-\\pi / 4)"),
-                 ("\\frac{a}{G M^{1/3} + b M^{-1/3}}", "\\frac{a M^{1 / 3}}{G M^{2 / 3}+b}")]
+        heavy = [
+            (
+                "\\frac{2\\pi c^2 R^2}{d^2 \\lambda^5 (e^{hc/(\\lambda k T)} - 1)}",
+                "\\frac{2 \\pi c^{2} R^{2}}{\\lambda^{5}\\left[e^{h c /(\\lambda k T)}-1\\right] d^{2}}",
+            ),
+            ("\\cos(2t) + \\sin(2t)", "\\sqrt{2} \\cos (2 t-\\pi / 4)"),
+            ("\\frac{a}{G M^{1/3} + b M^{-1/3}}", "\\frac{a M^{1 / 3}}{G M^{2 / 3}+b}"),
+        ]
         for warm in (False, True):
             cold = [_cold_cost(heavy[i % len(heavy)], warm) for i in range(args.cold)]
-            print(f"first pair in a fresh process, {'after' if warm else 'without'} warm-up: "
-                  f"max {max(cold):.3f} s, mean {statistics.mean(cold):.3f} s over {len(cold)} processes")
+            print(
+                f"first pair in a fresh process, {'after' if warm else 'without'} warm-up: "
+                f"max {max(cold):.3f} s, mean {statistics.mean(cold):.3f} s over {len(cold)} processes"
+            )
 
 
 def main() -> None:

@@ -45,8 +45,12 @@ os.environ.setdefault("UNSLOTH_SKIP_TORCHVISION_CHECK", "1")
 VARIANTS = (("plain", "none", "auto"), ("branch", "branch", "auto"), ("branch-rollout", "branch", "rollout"))
 # Sequence packing off too: Unsloth re-verifies its packed forward with one extra forward per row whenever a
 # batch is longer than any verified before, so that count follows each variant's rollout lengths, not SAGE.
-UNSLOTH_CPU_ENV = {"UNSLOTH_ALLOW_CPU": "1", "UNSLOTH_COMPILE_DISABLE": "1", "UNSLOTH_GRPO_PREFIX_GROUPER": "0",
-                   "UNSLOTH_GRPO_SEQ_PACKING": "0"}
+UNSLOTH_CPU_ENV = {
+    "UNSLOTH_ALLOW_CPU": "1",
+    "UNSLOTH_COMPILE_DISABLE": "1",
+    "UNSLOTH_GRPO_PREFIX_GROUPER": "0",
+    "UNSLOTH_GRPO_SEQ_PACKING": "0",
+}
 
 
 def _reward(completions, **kwargs):
@@ -101,14 +105,32 @@ def build(model_dir: Path, out_dir: Path, guide: str, q_source: str, args, unslo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = SageGRPOConfig(
-            output_dir=str(out_dir / f"{guide}-{q_source}"), backend="trl", sage_guide=guide, sage_q_source=q_source,
-            beta=0.05, use_cpu=True, optim="adamw_torch",
-            per_device_train_batch_size=8, num_generations=8, generation_batch_size=args.generation_batch_size,
-            max_completion_length=args.completion_length, max_steps=10_000, report_to="none", logging_steps=1_000_000,
-            save_strategy="no", disable_tqdm=True, seed=0,
+            output_dir=str(out_dir / f"{guide}-{q_source}"),
+            backend="trl",
+            sage_guide=guide,
+            sage_q_source=q_source,
+            beta=0.05,
+            use_cpu=True,
+            optim="adamw_torch",
+            per_device_train_batch_size=8,
+            num_generations=8,
+            generation_batch_size=args.generation_batch_size,
+            max_completion_length=args.completion_length,
+            max_steps=10_000,
+            report_to="none",
+            logging_steps=1_000_000,
+            save_strategy="no",
+            disable_tqdm=True,
+            seed=0,
         )
-    trainer = SageGRPOTrainer(model=model, reward_funcs=_reward, args=config, train_dataset=dataset,
-                              processing_class=tokenizer, peft_config=lora)
+    trainer = SageGRPOTrainer(
+        model=model,
+        reward_funcs=_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+    )
     counter = ForwardCounter(trainer.model.get_base_model().model)
     times: list[tuple[float, float]] = []
     forwards: list[tuple[float, float, float]] = []
@@ -121,7 +143,10 @@ def build(model_dir: Path, out_dir: Path, guide: str, q_source: str, args, unslo
         def on_step_begin(self, *_, **__):
             if self.start is None:
                 self.start, self.cpu = time.perf_counter(), time.process_time()
-                self.counts, self.steps = (counter.generation, counter.scoring, trainer.sage_forward_passes), 0
+                self.counts, self.steps = (
+                    (counter.generation, counter.scoring, trainer.sage_forward_passes),
+                    0,
+                )
 
         def on_step_end(self, *_, **__):
             self.steps += 1
@@ -130,8 +155,13 @@ def build(model_dir: Path, out_dir: Path, guide: str, q_source: str, args, unslo
         def on_train_end(self, *_, **__):
             n = self.steps
             times.append(((self.end - self.start) / n, (self.cpu_end - self.cpu) / n))
-            forwards.append(((counter.generation - self.counts[0]) / n, (counter.scoring - self.counts[1]) / n,
-                             (trainer.sage_forward_passes - self.counts[2]) / n))
+            forwards.append(
+                (
+                    (counter.generation - self.counts[0]) / n,
+                    (counter.scoring - self.counts[1]) / n,
+                    (trainer.sage_forward_passes - self.counts[2]) / n,
+                )
+            )
             self.start = None
 
     trainer.add_callback(StepClock())
@@ -159,8 +189,10 @@ def measure(backend: str, args) -> dict:
         os.chdir(tmp)  # Unsloth writes its unsloth_compiled_cache/ into the working directory
         try:
             model_dir = build_tiny_model(Path(tmp) / "model", seed=0)
-            variants = {label: build(model_dir, Path(tmp), guide, source, args, unsloth)
-                        for label, guide, source in VARIANTS}
+            variants = {
+                label: build(model_dir, Path(tmp), guide, source, args, unsloth)
+                for label, guide, source in VARIANTS
+            }
             for step in range(args.steps + 1):
                 for trainer, times, forwards in variants.values():
                     trainer.args.max_steps = trainer.args.steps_per_generation  # one generation cycle
@@ -173,13 +205,18 @@ def measure(backend: str, args) -> dict:
     rows = {}
     for label, (trainer, times, forwards) in variants.items():
         rows[label] = {
-            "class": next(k.__name__ for k in type(trainer).__mro__ if k.__name__ in ("UnslothGRPOTrainer",
-                                                                                      "GRPOTrainer")),
-            "wall_s": statistics.median(t[0] for t in times), "cpu_s": statistics.median(t[1] for t in times),
+            "class": next(
+                k.__name__
+                for k in type(trainer).__mro__
+                if k.__name__ in ("UnslothGRPOTrainer", "GRPOTrainer")
+            ),
+            "wall_s": statistics.median(t[0] for t in times),
+            "cpu_s": statistics.median(t[1] for t in times),
             "generation_forwards": statistics.median(f[0] for f in forwards),
             "scoring_forwards": statistics.median(f[1] for f in forwards),
             "sage_extra_passes_per_step": statistics.median(f[2] for f in forwards),
-            "q_in_loss": trainer.sage_q_in_loss, "steps": len(times),
+            "q_in_loss": trainer.sage_q_in_loss,
+            "steps": len(times),
         }
     return rows
 
@@ -189,26 +226,38 @@ def report(backend: str, rows: dict) -> list[str]:
     plain = rows["plain"]
     for label, row in rows.items():
         extra = row["scoring_forwards"] - plain["scoring_forwards"]
-        lines.append(f"{backend:>7} {label:>14} ({row['class']}): median step {row['wall_s'] * 1000:7.1f} ms wall, "
-                     f"{row['cpu_s'] * 1000:7.1f} ms CPU over {row['steps']} steps; forwards/step "
-                     f"{row['generation_forwards']:.1f} generation + {row['scoring_forwards']:.1f} scoring "
-                     f"({extra:+.1f} vs plain; SAGE's own passes/step {row['sage_extra_passes_per_step']:.1f})")
+        lines.append(
+            f"{backend:>7} {label:>14} ({row['class']}): median step {row['wall_s'] * 1000:7.1f} ms wall, "
+            f"{row['cpu_s'] * 1000:7.1f} ms CPU over {row['steps']} steps; forwards/step "
+            f"{row['generation_forwards']:.1f} generation + {row['scoring_forwards']:.1f} scoring "
+            f"({extra:+.1f} vs plain; SAGE's own passes/step {row['sage_extra_passes_per_step']:.1f})"
+        )
     for label in ("branch", "branch-rollout"):
         wall, cpu = (rows[label][key] / plain[key] for key in ("wall_s", "cpu_s"))
-        lines.append(f"{backend:>7} {label} / plain step-time ratio: {wall:.3f} wall, {cpu:.3f} CPU "
-                     f"(target <= 1.02 for branch)")
+        lines.append(
+            f"{backend:>7} {label} / plain step-time ratio: {wall:.3f} wall, {cpu:.3f} CPU "
+            f"(target <= 1.02 for branch)"
+        )
     return lines
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("both", "trl", "unsloth"), default="both")
-    parser.add_argument("--steps", type=int, default=7,
-                        help="measured generation cycles per variant (after 1 warm-up); a cycle is 1 step at GA = "
-                             "steps_per_generation = 1")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=7,
+        help="measured generation cycles per variant (after 1 warm-up); a cycle is 1 step at GA = "
+        "steps_per_generation = 1",
+    )
     parser.add_argument("--completion-length", type=int, default=32)
-    parser.add_argument("--generation-batch-size", type=int, default=None,
-                        help="16 reproduces the official config (steps_per_generation 2 > GA 1)")
+    parser.add_argument(
+        "--generation-batch-size",
+        type=int,
+        default=None,
+        help="16 reproduces the official config (steps_per_generation 2 > GA 1)",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="write the measurements here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -221,8 +270,19 @@ def main(argv=None) -> int:
     results = {}
     for backend in backends:
         # Each backend in its own process: Unsloth's patching stays for the rest of a process.
-        command = [sys.executable, __file__, "--child", "--backend", backend, "--steps", str(args.steps),
-                   "--completion-length", str(args.completion_length), "--threads", str(args.threads)]
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--backend",
+            backend,
+            "--steps",
+            str(args.steps),
+            "--completion-length",
+            str(args.completion_length),
+            "--threads",
+            str(args.threads),
+        ]
         if args.generation_batch_size:
             command += ["--generation-batch-size", str(args.generation_batch_size)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -230,7 +290,7 @@ def main(argv=None) -> int:
         if done.returncode != 0 or line is None:
             print(done.stdout[-2000:] + done.stderr[-4000:], file=sys.stderr)
             return 1
-        results[backend] = json.loads(line[len("BENCH-JSON "):])
+        results[backend] = json.loads(line[len("BENCH-JSON ") :])
         print("\n".join(report(backend, results[backend])), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

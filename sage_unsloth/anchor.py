@@ -99,8 +99,15 @@ def _finalise(q: torch.Tensor, mask: torch.Tensor, q_min: float, q_max: float) -
 
 
 @torch.no_grad()
-def branch_guide(entropy: torch.Tensor, mask: torch.Tensor, *, gamma: float = 0.3, tau: float = 1.2,
-                 q_min: float = 0.6, q_max: float = 1.4) -> torch.Tensor:
+def branch_guide(
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 0.3,
+    tau: float = 1.2,
+    q_min: float = 0.6,
+    q_max: float = 1.4,
+) -> torch.Tensor:
     """Branch guide: raise the anchor where the policy is uncertain (entropy above tau)."""
     _check_bounds(q_min, q_max)
     entropy = entropy.detach().float()
@@ -134,9 +141,17 @@ def _normalise_rows(values: torch.Tensor, mask: torch.Tensor, norm: str) -> torc
 
 
 @torch.no_grad()
-def token_guide(logps: torch.Tensor, mask: torch.Tensor, *, alpha: float, sigma: float, norm: str = "minmax",
-                q_min: float = 0.6, q_max: float = 1.4,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def token_guide(
+    logps: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    alpha: float,
+    sigma: float,
+    norm: str = "minmax",
+    q_min: float = 0.6,
+    q_max: float = 1.4,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Token guide: q rises with the token's normalised surprisal -log p, plus surprisal-scaled noise."""
     _check_bounds(q_min, q_max)
     logps = torch.nan_to_num(logps.detach().float(), nan=0.0, neginf=-1e4, posinf=0.0)
@@ -147,8 +162,15 @@ def token_guide(logps: torch.Tensor, mask: torch.Tensor, *, alpha: float, sigma:
 
 
 @torch.no_grad()
-def random_guide(mask: torch.Tensor, *, eps: float, sigma: float, q_min: float = 0.6, q_max: float = 1.4,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+def random_guide(
+    mask: torch.Tensor,
+    *,
+    eps: float,
+    sigma: float,
+    q_min: float = 0.6,
+    q_max: float = 1.4,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Random guide: a fraction eps of tokens get q = 1 + sigma * N(0, 1); the rest keep q = 1."""
     _check_bounds(q_min, q_max)
     shape = mask.shape
@@ -179,8 +201,9 @@ class CosineSchedule:
 
     def __post_init__(self):
         if self.max_steps < 1 or self.cycles < 1:
-            raise ValueError(f"CosineSchedule needs max_steps >= 1 and cycles >= 1, got {self.max_steps}, "
-                             f"{self.cycles}")
+            raise ValueError(
+                f"CosineSchedule needs max_steps >= 1 and cycles >= 1, got {self.max_steps}, {self.cycles}"
+            )
 
     @property
     def cycle_length(self) -> int:
@@ -205,8 +228,9 @@ def log_q(q: torch.Tensor) -> torch.Tensor:
     return torch.log(q.clamp_min(1e-8))
 
 
-def shaped_kl(logp: torch.Tensor, ref_logp: torch.Tensor, log_q: torch.Tensor | float = 0.0, *,
-              estimator: str = "k3") -> torch.Tensor:
+def shaped_kl(
+    logp: torch.Tensor, ref_logp: torch.Tensor, log_q: torch.Tensor | float = 0.0, *, estimator: str = "k3"
+) -> torch.Tensor:
     """Per-token estimate of KL(pi_theta || q * pi_ref) at sampled tokens (gradient flows through logp)."""
     delta = ref_logp + log_q - logp  # m_t - log pi_theta
     if estimator == "k3":
@@ -224,8 +248,15 @@ def forward_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_u) * log_u - torch.exp(log_u) + 1.0
 
 
-def kl_loss_term(logp: torch.Tensor, ref_logp: torch.Tensor, log_q: torch.Tensor | float = 0.0, *,
-                 estimator: str, old_logp: torch.Tensor | None = None, ratio: bool = False) -> torch.Tensor:
+def kl_loss_term(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    log_q: torch.Tensor | float = 0.0,
+    *,
+    estimator: str,
+    old_logp: torch.Tensor | None = None,
+    ratio: bool = False,
+) -> torch.Tensor:
     """The kit's per-token KL loss term (loss placement) for ``estimator``, weighted so that its expected
     gradient is a KL's gradient (module docstring):
 
@@ -250,8 +281,9 @@ def kl_loss_term(logp: torch.Tensor, ref_logp: torch.Tensor, log_q: torch.Tensor
     raise ValueError(f"estimator must be one of {LOSS_TERM_ESTIMATORS}, got {estimator!r}")
 
 
-def sequence_pseudo_kl(logp: torch.Tensor, ref_logp: torch.Tensor, log_q: torch.Tensor | float,
-                       mask: torch.Tensor) -> torch.Tensor:
+def sequence_pseudo_kl(
+    logp: torch.Tensor, ref_logp: torch.Tensor, log_q: torch.Tensor | float, mask: torch.Tensor
+) -> torch.Tensor:
     """sum_t [log pi(y_t) - log pi_ref(y_t) - log q_t] over the masked tokens of each row (B,), no gradient.
 
     Its expectation under pi is KL(pi || q * pi_ref) over whole completions; the reward placement uses
@@ -261,8 +293,9 @@ def sequence_pseudo_kl(logp: torch.Tensor, ref_logp: torch.Tensor, log_q: torch.
     return per_token.sum(-1)
 
 
-def guide_effect(guide: str, estimator: str, *, ratio: bool, placement: str, q_min: float,
-                 q_max: float) -> str | None:
+def guide_effect(
+    guide: str, estimator: str, *, ratio: bool, placement: str, q_min: float, q_max: float
+) -> str | None:
     """None if ``guide`` changes the expected gradient under this estimator / placement, else why it does not.
 
     ``ratio``: the k3 term is weighted by pi / pi_old (use_bias_correction_kl). Reward placement sums log q_t
@@ -272,10 +305,14 @@ def guide_effect(guide: str, estimator: str, *, ratio: bool, placement: str, q_m
         return None
     reverse = estimator == "k2" or (estimator == "k3" and ratio)
     if reverse:
-        return (f"its q is the same for every candidate token at a position, and kl_estimator={estimator}"
-                f"{' with use_bias_correction_kl' if estimator == 'k3' else ''} has the reverse-KL gradient, "
-                "which a position-constant q does not change")
+        return (
+            f"its q is the same for every candidate token at a position, and kl_estimator={estimator}"
+            f"{' with use_bias_correction_kl' if estimator == 'k3' else ''} has the reverse-KL gradient, "
+            "which a position-constant q does not change"
+        )
     if guide == "random" and math.isclose(q_min + q_max, 2.0):
-        return ("its q is independent of the token with E[q] = 1 (bounds symmetric about 1), so under k3 the "
-                "expected KL pull E[q] * grad KL(pi_ref || pi) is unchanged")
+        return (
+            "its q is independent of the token with E[q] = 1 (bounds symmetric about 1), so under k3 the "
+            "expected KL pull E[q] * grad KL(pi_ref || pi) is unchanged"
+        )
     return None

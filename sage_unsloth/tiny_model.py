@@ -84,8 +84,14 @@ def build_tiny_tokenizer(vocab_size: int = 1024, extra_corpus: list[str] | None 
     return fast
 
 
-def build_tiny_model(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 1024,
-                     extra_corpus: list[str] | None = None, **config_overrides) -> Path:
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 1024,
+    extra_corpus: list[str] | None = None,
+    **config_overrides,
+) -> Path:
     """Write a random tiny Qwen2ForCausalLM + tokenizer to ``out_dir`` and return the folder.
 
     Loadable with ``AutoModelForCausalLM.from_pretrained(out_dir)``; no network is touched.
@@ -98,8 +104,9 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 10
     tokenizer = build_tiny_tokenizer(vocab_size, extra_corpus)
     # Round the embedding up to a multiple of 64 (as real checkpoints do) and never below the tokenizer.
     n_vocab = -(-len(tokenizer) // 64) * 64
-    config = tiny_model_config(n_vocab, eos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id, **config_overrides)
+    config = tiny_model_config(
+        n_vocab, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **config_overrides
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
@@ -114,7 +121,8 @@ def build_tiny_model(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 10
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="sage-unsloth tiny-model",
-        description="Write a random tiny Qwen2 (model + tokenizer + chat template) to DIR, offline.")
+        description="Write a random tiny Qwen2 (model + tokenizer + chat template) to DIR, offline.",
+    )
     parser.add_argument("dir", metavar="DIR", help="output folder (created; must be empty or absent)")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default 0)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

@@ -36,7 +36,9 @@ def read_log_history(path: str | os.PathLike) -> list[dict]:
     if path.is_dir():
         path = path / LOG_HISTORY_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: the stage wrote no training log (re-run it with this kit)")
+        raise FileNotFoundError(
+            f"{path} not found: the stage wrote no training log (re-run it with this kit)"
+        )
     lines = path.read_text(encoding="utf-8").splitlines()
     entries = []
     for number, line in enumerate(lines, start=1):

@@ -27,7 +27,14 @@ def benchmark_dir() -> Path:
     """The benchmark files the kit carries (checked by sha256 and row count)."""
     from sage_unsloth.data import BENCHMARK_DIR, verified_path
 
-    for name in ("math500.jsonl", "aime24.jsonl", "aime25.jsonl", "amc23.jsonl", "minerva.jsonl", "kk_test.jsonl"):
+    for name in (
+        "math500.jsonl",
+        "aime24.jsonl",
+        "aime25.jsonl",
+        "amc23.jsonl",
+        "minerva.jsonl",
+        "kk_test.jsonl",
+    ):
         verified_path(name)
     return BENCHMARK_DIR
 

@@ -15,10 +15,24 @@ def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
     from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
 
     work_dir = Path(work)
-    base = EvalConfig(checkpoints=[model_dir], benchmarks=["aime24", "amc23", "kk"], data_dir=data_dir, limit=3,
-                      n=3, max_tokens=16, max_model_len=1024, backend=backend, seed=7, problems_per_batch=2,
-                      gpu_memory_utilization=0.2, enforce_eager=True, dtype="float32", grading_workers=1,
-                      results_dir=str(work_dir / "results_a"), outputs_dir=str(work_dir / "outputs_a"))
+    base = EvalConfig(
+        checkpoints=[model_dir],
+        benchmarks=["aime24", "amc23", "kk"],
+        data_dir=data_dir,
+        limit=3,
+        n=3,
+        max_tokens=16,
+        max_model_len=1024,
+        backend=backend,
+        seed=7,
+        problems_per_batch=2,
+        gpu_memory_utilization=0.2,
+        enforce_eager=True,
+        dtype="float32",
+        grading_workers=1,
+        results_dir=str(work_dir / "results_a"),
+        outputs_dir=str(work_dir / "outputs_a"),
+    )
     ks, checkpoints, problem_sets = prepare(base)
     sampler = make_sampler(checkpoints[0], base)
     calls = []
@@ -39,7 +53,9 @@ def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
     pipeline_s = time.perf_counter() - t0
     calls_a = list(calls)
 
-    killed_cfg = replace(base, results_dir=str(work_dir / "results_b"), outputs_dir=str(work_dir / "outputs_b"))
+    killed_cfg = replace(
+        base, results_dir=str(work_dir / "results_b"), outputs_dir=str(work_dir / "outputs_b")
+    )
     os.environ[FAIL_AFTER_ENV] = "2"
     try:
         evaluate_checkpoint(killed_cfg, checkpoints[0], problem_sets, ks, sampler=sampler)
@@ -55,9 +71,14 @@ def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
     # with chunked prefill: "CPU Generator does not use offset").
     stress = generate(prompts * 40, list(range(len(prompts) * 40))) if backend == "vllm" else []
     return {
-        "stress_outputs": len(stress), "stress_prompt_tokens": len(prompts) * 40 * len(prompts[0]),
-        "killed": killed, "chunks_after_kill": chunks_after_kill, "calls_uninterrupted": calls_a,
-        "calls_resumed": list(calls), "raw_s": raw_s, "pipeline_s": pipeline_s,
+        "stress_outputs": len(stress),
+        "stress_prompt_tokens": len(prompts) * 40 * len(prompts[0]),
+        "killed": killed,
+        "chunks_after_kill": chunks_after_kill,
+        "calls_uninterrupted": calls_a,
+        "calls_resumed": list(calls),
+        "raw_s": raw_s,
+        "pipeline_s": pipeline_s,
         "a": {name: (out_a / name).read_text() for name in ("per_problem.csv", "passk.csv")},
         "b": {name: (out_b / name).read_text() for name in ("per_problem.csv", "passk.csv")},
         "manifest": json.loads((out_a / "manifest.json").read_text()),

@@ -22,15 +22,23 @@ def finite_difference_jacobian(update, theta: torch.Tensor, h: float = 1e-6) -> 
     return ((values[:n] - values[n:]) / (2 * h)).T
 
 
-def stationary_point(update, theta0: torch.Tensor, *, precondition=None, lr: float = 0.3,
-                     descent_steps: int = 3000, newton_steps: int = 30,
-                     tol: float = 1e-12) -> tuple[torch.Tensor, torch.Tensor]:
+def stationary_point(
+    update,
+    theta0: torch.Tensor,
+    *,
+    precondition=None,
+    lr: float = 0.3,
+    descent_steps: int = 3000,
+    newton_steps: int = 30,
+    tol: float = 1e-12,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A zero of ``update`` (the expected gradient of the surrogate loss, batched (B, P) -> (B, P)) reached from
     ``theta0``: preconditioned gradient descent (``precondition(theta)`` -> per-parameter step scale, e.g. the
     inverse probability of reaching a logit's token, so that rare branches move as fast as common ones), then
     minimum-norm Newton steps to polish (softmax logits have a null direction per node, hence the
     pseudo-inverse). Returns (theta, J), J the Jacobian at the solution, so that a test can also check that
     the point attracts plain gradient descent."""
+
     def g_at(t):
         return update(t[None])[0]
 

@@ -27,8 +27,12 @@ def make_folders(model_dir: Path, work: Path):
     model.save_pretrained(base_dir)
     tokenizer.save_pretrained(base_dir)
     torch.manual_seed(0)
-    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                          "up_proj", "down_proj"], init_lora_weights=False)
+    lora = LoraConfig(
+        r=8,
+        lora_alpha=16,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        init_lora_weights=False,
+    )
     peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), lora)
     peft_model.save_pretrained(adapter_dir)
     tokenizer.save_pretrained(adapter_dir)
@@ -48,12 +52,21 @@ def hf_greedy(model_dir: Path, prompts):
     ids, logps, margins = [], [], []
     with torch.no_grad():
         for prompt in prompts:
-            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                                 output_scores=True, return_dict_in_generate=True, pad_token_id=0)
-            tokens = out.sequences[0, len(prompt):].tolist()
+            out = model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=MAX_TOKENS,
+                min_new_tokens=MAX_TOKENS,
+                output_scores=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+            )
+            tokens = out.sequences[0, len(prompt) :].tolist()
             ids.append(tokens)
-            logps.append([float(torch.log_softmax(score[0].float(), -1)[t]) for score, t in zip(out.scores, tokens)])
+            logps.append(
+                [float(torch.log_softmax(score[0].float(), -1)[t]) for score, t in zip(out.scores, tokens)]
+            )
             margins.append([float(score[0].topk(2).values.diff().abs()) for score in out.scores])
     return ids, logps, margins
 
@@ -80,30 +93,51 @@ def main(model_dir: str, work: str) -> dict:
         def __init__(self, text):
             self.problem = text
 
-    cfg = EvalConfig(checkpoints=[str(adapter_dir)], n=1, temperature=0.0, top_p=1.0, max_tokens=MAX_TOKENS,
-                     max_model_len=1024, stop=[], gpu_memory_utilization=0.2, enforce_eager=True, dtype="float32")
+    cfg = EvalConfig(
+        checkpoints=[str(adapter_dir)],
+        n=1,
+        temperature=0.0,
+        top_p=1.0,
+        max_tokens=MAX_TOKENS,
+        max_model_len=1024,
+        stop=[],
+        gpu_memory_utilization=0.2,
+        enforce_eager=True,
+        dtype="float32",
+    )
     prompts = render_prompts(tokenizer, [Problem(p) for p in PROBLEMS], cfg.user_template)
     sampler = VLLMSampler(checkpoint, cfg)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, logprobs=0,
-                            ignore_eos=True)
-    served = sampler.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=sampler.lora,
-                                  use_tqdm=False)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, logprobs=0, ignore_eos=True
+    )
+    served = sampler.llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, lora_request=sampler.lora, use_tqdm=False
+    )
     base_served = sampler.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     texts = [samples[0].text for samples in sampler.generate(prompts, [0] * len(prompts))]
     merged_ids, merged_logps, margins = hf_greedy(merged_dir, prompts)
     base_ids, _, _ = hf_greedy(base_dir, prompts)
     served_ids = [list(o.outputs[0].token_ids) for o in served]
-    served_logps = [[float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
-                    for o in served]
+    served_logps = [
+        [float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+        for o in served
+    ]
     return {
-        "lora_request": type(sampler.lora).__name__, "adapter_dir": checkpoint.adapter_dir,
-        "served_ids": served_ids, "merged_ids": merged_ids, "base_ids": base_ids,
+        "lora_request": type(sampler.lora).__name__,
+        "adapter_dir": checkpoint.adapter_dir,
+        "served_ids": served_ids,
+        "merged_ids": merged_ids,
+        "base_ids": base_ids,
         "vllm_base_ids": [list(o.outputs[0].token_ids) for o in base_served],
         "margins": margins,
         # over the tokens both chose, up to the first difference (after it the contexts differ)
-        "max_logp_diff": max(abs(a - b) for sa, sb, ia, ib in zip(served_logps, merged_logps, served_ids, merged_ids)
-                             for a, b, _ in zip(sa, sb, range(_common_prefix(ia, ib)))),
-        "sampler_texts": texts, "merged_texts": [tokenizer.decode(ids, skip_special_tokens=True) for ids in merged_ids],
+        "max_logp_diff": max(
+            abs(a - b)
+            for sa, sb, ia, ib in zip(served_logps, merged_logps, served_ids, merged_ids)
+            for a, b, _ in zip(sa, sb, range(_common_prefix(ia, ib)))
+        ),
+        "sampler_texts": texts,
+        "merged_texts": [tokenizer.decode(ids, skip_special_tokens=True) for ids in merged_ids],
     }
 
 

@@ -29,8 +29,9 @@ def build_sft_dir(tiny_model_dir, out: Path) -> Path:
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM",
-                        init_lora_weights=False)
+    config = LoraConfig(
+        r=8, lora_alpha=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM", init_lora_weights=False
+    )
     get_peft_model(base, config).save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
     write_manifest(out, stage="sft", config={}, seed=0, base_model=str(tiny_model_dir), adapter=True)
@@ -56,8 +57,16 @@ def use_text_reward() -> None:
 
 
 def rlvr_argv(variant: str, sft_dir, out_root, dataset, *extra) -> list[str]:
-    return [str(TINY_CONFIGS / f"{variant}.yaml"), "--sft_dir", str(sft_dir), "--output_root", str(out_root),
-            "--dataset_path", str(dataset), *extra]
+    return [
+        str(TINY_CONFIGS / f"{variant}.yaml"),
+        "--sft_dir",
+        str(sft_dir),
+        "--output_root",
+        str(out_root),
+        "--dataset_path",
+        str(dataset),
+        *extra,
+    ]
 
 
 class Interrupted(Exception):
@@ -121,8 +130,12 @@ def optimizer_tensors(folder: Path) -> dict:
     import torch
 
     saved = torch.load(Path(folder) / "optimizer.pt", weights_only=True)
-    return {f"{i}.{name}": value for i, state in saved["state"].items() for name, value in state.items()
-            if isinstance(value, torch.Tensor)}
+    return {
+        f"{i}.{name}": value
+        for i, state in saved["state"].items()
+        for name, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
 
 
 def adapter_tensors(folder: Path) -> dict:
@@ -132,8 +145,9 @@ def adapter_tensors(folder: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ a fixed global batch
-def fixed_global_batch(pad_token_id: int, vocab_size: int, rows: int = 4, prompt_len: int = 6,
-                       completion_len: int = 8) -> dict:
+def fixed_global_batch(
+    pad_token_id: int, vocab_size: int, rows: int = 4, prompt_len: int = 6, completion_len: int = 8
+) -> dict:
     """A scored GRPO batch (what _generate_and_score_completions returns) that is the same on every rank:
     left-padded prompts, completions of unequal lengths, mixed-sign advantages, a reference away from the
     policy. The dapo normaliser ``num_items_in_batch`` is the global completion-token count, as TRL's."""
@@ -147,8 +161,10 @@ def fixed_global_batch(pad_token_id: int, vocab_size: int, rows: int = 4, prompt
     lengths = torch.tensor([completion_len, 5, 7, 3][:rows])
     completion_mask = (torch.arange(completion_len)[None, :] < lengths[:, None]).long()
     return {
-        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
         "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5][:rows]),
         "num_items_in_batch": completion_mask.sum(),
         "ref_per_token_logps": -6.5 + 0.5 * torch.randn(rows, completion_len, generator=generator),
@@ -157,7 +173,7 @@ def fixed_global_batch(pad_token_id: int, vocab_size: int, rows: int = 4, prompt
 
 def rank_slice(batch: dict, rank: int, world: int) -> dict:
     rows = batch["prompt_ids"].shape[0] // world
-    return {k: v if v.ndim == 0 else v[rank * rows:(rank + 1) * rows] for k, v in batch.items()}
+    return {k: v if v.ndim == 0 else v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
 
 
 def fixed_batch_step(argv: list[str]) -> dict:
@@ -168,12 +184,16 @@ def fixed_batch_step(argv: list[str]) -> dict:
 
     from sage_unsloth.rlvr.run import build_stage, parse_args
 
-    built = build_stage(*parse_args([*argv, "--max_steps", "1", "--save_strategy", "no", "--max_grad_norm", "0"]))
+    built = build_stage(
+        *parse_args([*argv, "--max_steps", "1", "--save_strategy", "no", "--max_grad_norm", "0"])
+    )
     trainer, accelerator = built.trainer, built.trainer.accelerator
     tokenizer = built.tokenizer
     batch = fixed_global_batch(tokenizer.pad_token_id, built.model.get_input_embeddings().weight.shape[0])
-    batch = {k: v.to(accelerator.device) for k, v in rank_slice(batch, accelerator.process_index,
-                                                                 accelerator.num_processes).items()}
+    batch = {
+        k: v.to(accelerator.device)
+        for k, v in rank_slice(batch, accelerator.process_index, accelerator.num_processes).items()
+    }
     trainer._generate_and_score_completions = lambda inputs: dict(batch)  # instead of sampling
     local = {}
     log_q = trainer._sage_log_q_metrics
@@ -187,14 +207,19 @@ def fixed_batch_step(argv: list[str]) -> dict:
 
     class Gradients(TrainerCallback):
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-            grads.update({n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad})
+            grads.update(
+                {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+            )
 
     trainer.add_callback(Gradients())
     trainer.train()
     logged = next(e for e in trainer.state.log_history if "loss" in e)
-    return {"loss": logged["loss"], "local_q_mean": local["q_mean"],
-            **{k: logged[k] for k in ("sage/q_mean", "sage/q_min", "sage/q_max", "sage/frac_boosted", "kl")},
-            "grads": grads if accelerator.is_main_process else None}
+    return {
+        "loss": logged["loss"],
+        "local_q_mean": local["q_mean"],
+        **{k: logged[k] for k in ("sage/q_mean", "sage/q_min", "sage/q_max", "sage/frac_boosted", "kl")},
+        "grads": grads if accelerator.is_main_process else None,
+    }
 
 
 def guide_noise(trainer, batch: dict) -> dict:
@@ -206,8 +231,14 @@ def guide_noise(trainer, batch: dict) -> dict:
     try:
         token = trainer.sage_compute_q(batch)  # the run's own guide (grpo_token)
         trainer._sage_guide_step()
-        random = anchor.random_guide(batch["completion_mask"], eps=0.5, sigma=0.15,
-                                     generator=trainer._sage_generator, q_min=0.6, q_max=1.4)
+        random = anchor.random_guide(
+            batch["completion_mask"],
+            eps=0.5,
+            sigma=0.15,
+            generator=trainer._sage_generator,
+            q_min=0.6,
+            q_max=1.4,
+        )
     finally:
         trainer._sage_last_step, trainer._sage_calls_in_step = saved
     return {"token": token.cpu(), "random": random.cpu()}

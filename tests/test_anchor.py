@@ -31,12 +31,15 @@ def test_branch_guide_never_below_one_with_paper_values():
     assert (q >= 1.0).all() and (q <= 1.4).all()
 
 
-@pytest.mark.parametrize("norm, expected_w", [
-    # surprisal [1, 2, 3]: minmax clips to the 5th/95th percentiles 1.1/2.9 first -> w = 0, 0.5, 1
-    ("minmax", [0.0, 0.5, 1.0]),
-    ("rank", [0.0, 0.5, 1.0]),
-    ("zscore", [1 / (1 + math.exp(math.sqrt(1.5))), 0.5, 1 / (1 + math.exp(-math.sqrt(1.5)))]),
-])
+@pytest.mark.parametrize(
+    "norm, expected_w",
+    [
+        # surprisal [1, 2, 3]: minmax clips to the 5th/95th percentiles 1.1/2.9 first -> w = 0, 0.5, 1
+        ("minmax", [0.0, 0.5, 1.0]),
+        ("rank", [0.0, 0.5, 1.0]),
+        ("zscore", [1 / (1 + math.exp(math.sqrt(1.5))), 0.5, 1 / (1 + math.exp(-math.sqrt(1.5)))]),
+    ],
+)
 def test_token_guide_normalisations_without_noise(norm, expected_w):
     logps = torch.tensor([[-1.0, -2.0, -3.0, -7.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
@@ -82,8 +85,11 @@ def test_random_guide_fraction_reproducible_and_masked():
 def test_guides_finite_for_extreme_inputs():
     mask = torch.tensor([[1, 1, 1, 1, 0]])
     x = torch.tensor([[0.0, 1e30, -1e30, float("nan"), float("inf")]])
-    for q in (branch_guide(x, mask), token_guide(x, mask, alpha=0.3, sigma=0.25), random_guide(mask, eps=1.0,
-                                                                                                 sigma=1e6)):
+    for q in (
+        branch_guide(x, mask),
+        token_guide(x, mask, alpha=0.3, sigma=0.25),
+        random_guide(mask, eps=1.0, sigma=1e6),
+    ):
         assert torch.isfinite(q).all() and (q >= 0.6).all() and (q <= 1.4).all()
         assert q[0, -1] == 1
 
@@ -94,7 +100,9 @@ def test_bad_bounds_raise():
 
 
 def test_cosine_schedule_values():
-    s = CosineSchedule(max_steps=80, upper=0.3, lower=0.1, sigma_upper=0.25, sigma_lower=0.1, cycles=8, decay=0.9)
+    s = CosineSchedule(
+        max_steps=80, upper=0.3, lower=0.1, sigma_upper=0.25, sigma_lower=0.1, cycles=8, decay=0.9
+    )
     assert s.cycle_length == 10
     assert s(0) == pytest.approx((0.3, 0.25))
     assert s(5) == pytest.approx((0.2, 0.175))  # half-way down the first cosine
@@ -129,8 +137,9 @@ def test_kl_estimators_hand_values_and_gradients():
 
 def test_forward_kl_value_and_expectation():
     u = torch.tensor([2.0])
-    assert forward_kl(torch.log(torch.tensor([0.25])), torch.log(torch.tensor([0.5]))).item() == pytest.approx(
-        (u * torch.log(u) - u + 1).item())
+    assert forward_kl(
+        torch.log(torch.tensor([0.25])), torch.log(torch.tensor([0.5]))
+    ).item() == pytest.approx((u * torch.log(u) - u + 1).item())
     # E_{y~pi}[u log u - u + 1] = KL(pi_ref || pi) exactly for categorical distributions.
     pi = torch.tensor([0.5, 0.3, 0.2]).double()
     ref = torch.tensor([0.2, 0.3, 0.5]).double()
@@ -148,6 +157,7 @@ def test_log_q_floor():
 
 def _categorical_update(r, ref, q, beta, estimator):
     """theta (B, K) -> the expected gradient of the paper's per-token loss on one position (exact expectation)."""
+
     def update(theta):
         theta = theta.clone().requires_grad_(True)
         logpi = torch.log_softmax(theta, -1)
@@ -155,6 +165,7 @@ def _categorical_update(r, ref, q, beta, estimator):
         baseline = (pi * r).sum(-1, keepdim=True)
         per_y = -(r - baseline) * logpi + beta * shaped_kl(logpi, ref.log(), q.log(), estimator=estimator)
         return torch.autograd.grad((pi * per_y).sum(), theta)[0].detach()
+
     return update
 
 

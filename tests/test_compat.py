@@ -45,8 +45,11 @@ def _eval_python() -> Path:
 
 
 def test_the_table_names_a_test_per_row():
-    rows = [line for line in compat.__doc__.splitlines()
-            if re.match(r"^[a-z_]+ {2,}\S", line) and not line.startswith("contact ")]
+    rows = [
+        line
+        for line in compat.__doc__.splitlines()
+        if re.match(r"^[a-z_]+ {2,}\S", line) and not line.startswith("contact ")
+    ]
     names = {line.split()[0] for line in rows}
     assert {"pins", "triton_fallback", "grpo_hooks", "unsloth_entropy_tap", "vllm_cpu_prefill"} <= names
     here = {name for name, _ in inspect.getmembers(sys.modules[__name__], inspect.isfunction)}
@@ -72,14 +75,26 @@ def test_triton_fallback_kernel(monkeypatch):
     assert hasattr(trl_utils, "_ChunkedLogProbFunction")
     assert "_ChunkedLogProbFunction.apply(" in inspect.getsource(trl_utils.add_fused_lm_head)
     monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", None)
-    assert compat.install_cpu_logprob_fallback() and trl_utils._ChunkedLogProbFunction is compat.TorchChunkedLogProb
+    assert (
+        compat.install_cpu_logprob_fallback()
+        and trl_utils._ChunkedLogProbFunction is compat.TorchChunkedLogProb
+    )
     assert not compat.install_cpu_logprob_fallback()  # a kernel in place (Triton's, Unsloth's) is kept
 
     gen = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(5, 8, generator=gen), torch.randn(11, 8, generator=gen)
     targets = torch.randint(0, 11, (5,), generator=gen)
     logp, entropy, log_sum_sq, mean_logits, top1 = compat.TorchChunkedLogProb.apply(
-        hidden, weight, None, targets, 0.7, 4, None, 1.0, ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1"))
+        hidden,
+        weight,
+        None,
+        targets,
+        0.7,
+        4,
+        None,
+        1.0,
+        ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1"),
+    )
     logits = hidden @ weight.T / 0.7
     log_probs = torch.log_softmax(logits, -1)
     torch.testing.assert_close(logp, log_probs[torch.arange(5), targets])
@@ -94,7 +109,7 @@ def test_grpo_hooks_exist_with_their_signatures():
 
     for name, params in compat.GRPO_HOOKS.items():
         got = _params(getattr(GRPOTrainer, name))
-        assert got[:len(params)] == list(params), (name, got)
+        assert got[: len(params)] == list(params), (name, got)
 
 
 def test_grpo_attributes_set_in_init():
@@ -118,20 +133,36 @@ def test_rollout_batch_keys():
     assert re.search(r"return logps, entropies, \w+", scorer)  # three values: logps, entropies, aux
 
 
-@pytest.mark.parametrize("accumulation, per_generation, iterations, vllm, expected", [
-    (2, 2, 1, False, False), (2, 1, 1, False, False), (1, 2, 1, False, True), (2, 1, 2, False, False),
-    (2, 2, 2, False, True), (2, 2, 1, True, True)])
+@pytest.mark.parametrize(
+    "accumulation, per_generation, iterations, vllm, expected",
+    [
+        (2, 2, 1, False, False),
+        (2, 1, 1, False, False),
+        (1, 2, 1, False, True),
+        (2, 1, 2, False, False),
+        (2, 2, 2, False, True),
+        (2, 2, 1, True, True),
+    ],
+)
 def test_old_logps_condition(accumulation, per_generation, iterations, vllm, expected):
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "generate_every = self.args.steps_per_generation * self.num_iterations" in source
-    assert re.search(r"if self\.args\.gradient_accumulation_steps % generate_every != 0 or \(\s*"
-                     r"self\.use_vllm and self\.vllm_importance_sampling_correction\s*\):\s*"
-                     r"old_per_token_logps, _, _ = self\._get_per_token_logps_and_entropies", source)
+    assert re.search(
+        r"if self\.args\.gradient_accumulation_steps % generate_every != 0 or \(\s*"
+        r"self\.use_vllm and self\.vllm_importance_sampling_correction\s*\):\s*"
+        r"old_per_token_logps, _, _ = self\._get_per_token_logps_and_entropies",
+        source,
+    )
     trainer = types.SimpleNamespace(
-        args=types.SimpleNamespace(gradient_accumulation_steps=accumulation, steps_per_generation=per_generation),
-        num_iterations=iterations, use_vllm=vllm, vllm_importance_sampling_correction=True)
+        args=types.SimpleNamespace(
+            gradient_accumulation_steps=accumulation, steps_per_generation=per_generation
+        ),
+        num_iterations=iterations,
+        use_vllm=vllm,
+        vllm_importance_sampling_correction=True,
+    )
     assert compat.trl_scores_old_logps(trainer) is expected
 
 
@@ -145,22 +176,24 @@ def test_trl_formulas_in_the_source():
     for loss_type in LOSS_LEVEL_KL_LOSS_TYPES:
         assert f'"{loss_type}"' in loss, loss_type
     # The aggregations aggregate_like_trl reproduces (grpo, bnpo, dr_grpo, dapo).
-    for expression in ("((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
-                       "(per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)",
-                       'normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes',
-                       "normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation",
-                       'normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0'):
+    for expression in (
+        "((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",
+        "(per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)",
+        'normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes',
+        "normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation",
+        'normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0',
+    ):
         assert expression in loss, expression
     assert _params(trl_utils.use_adapter) == ["adapter_name"]  # (model, adapter_name)
     # group_advantages against the definition: (r - group mean) / (sample std + 1e-4), NaN-safe.
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 5.0])
     got = compat.group_advantages(rewards, 4, "group")
     for g in range(2):
-        group = rewards[4 * g:4 * g + 4].tolist()
+        group = rewards[4 * g : 4 * g + 4].tolist()
         mean = sum(group) / 4
         std = (sum((r - mean) ** 2 for r in group) / 3) ** 0.5
         want = torch.tensor([(r - mean) / (std + 1e-4) for r in group])
-        torch.testing.assert_close(got[4 * g:4 * g + 4], want)
+        torch.testing.assert_close(got[4 * g : 4 * g + 4], want)
 
 
 def test_trainer_classes_are_looked_up_now(monkeypatch):
@@ -179,7 +212,10 @@ def test_unsloth_class_and_config_names():
     assert "class Unsloth{RLTrainer_name}(_Unsloth{RLTrainer_name}):" in rl
     assert "class Unsloth{RLConfig_name}({RLConfig_name}):" in rl
     compiler = _package_source("unsloth_zoo", "unsloth_zoo/compiler.py")
-    assert 'UNSLOTH_COMPILE_LOCATION = os.environ.get("UNSLOTH_COMPILE_LOCATION", "unsloth_compiled_cache")' in compiler
+    assert (
+        'UNSLOTH_COMPILE_LOCATION = os.environ.get("UNSLOTH_COMPILE_LOCATION", "unsloth_compiled_cache")'
+        in compiler
+    )
     cached = type("UnslothGRPOTrainer", (trl.trainer.grpo_trainer.GRPOTrainer,), {})
     cached.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
     inner = type("_UnslothGRPOTrainer", (trl.trainer.grpo_trainer.GRPOTrainer,), {})
@@ -255,7 +291,9 @@ def test_policy_logps_from_hidden_states():
             return types.SimpleNamespace(logits=embed(input_ids)[:, -logits_to_keep:])
 
     ids = torch.randint(0, vocab, (3, 7), generator=gen)
-    logps, entropies = compat.policy_logps_and_entropies(HiddenStatesModel(), ids, torch.ones_like(ids), 4, 0.9)
+    logps, entropies = compat.policy_logps_and_entropies(
+        HiddenStatesModel(), ids, torch.ones_like(ids), 4, 0.9
+    )
     log_probs = torch.log_softmax(head(embed(ids))[:, -5:-1] / 0.9, -1)
     torch.testing.assert_close(logps, log_probs.gather(-1, ids[:, -4:, None]).squeeze(-1))
     torch.testing.assert_close(entropies, -(log_probs.exp() * log_probs).sum(-1))
@@ -286,16 +324,22 @@ def test_unsloth_vllm_lora_names():
 
 
 def test_hide_vllm_makes_vllm_unimportable(monkeypatch):
-    code = ("import importlib.util, sys\nfrom sage_unsloth.compat import hide_vllm\nhide_vllm()\n"
-            "assert importlib.util.find_spec('vllm') is None\n"
-            "try:\n    import vllm\nexcept ImportError:\n    print('hidden')\n")
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO, timeout=120)
+    code = (
+        "import importlib.util, sys\nfrom sage_unsloth.compat import hide_vllm\nhide_vllm()\n"
+        "assert importlib.util.find_spec('vllm') is None\n"
+        "try:\n    import vllm\nexcept ImportError:\n    print('hidden')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert out.stdout.strip() == "hidden", out.stderr
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     with pytest.raises(RuntimeError, match="already imported"):
         compat.hide_vllm()
     # Unsloth decides on vLLM with find_spec, which the hidden module answers with None.
-    assert 'if importlib.util.find_spec("vllm") is not None:' in _package_source("unsloth_zoo", "unsloth_zoo/vllm_utils.py")
+    assert 'if importlib.util.find_spec("vllm") is not None:' in _package_source(
+        "unsloth_zoo", "unsloth_zoo/vllm_utils.py"
+    )
 
 
 def test_resume_internals():
@@ -303,8 +347,11 @@ def test_resume_internals():
     from trl.trainer.grpo_trainer import GRPOTrainer
     from trl.trainer.utils import RepeatSampler
 
-    for name, params in compat.RESUME_HOOKS.items():  # the mixin sits over GRPOTrainer, calls super() positionally
-        assert _params(getattr(GRPOTrainer, name))[:len(params)] == list(params), name
+    for (
+        name,
+        params,
+    ) in compat.RESUME_HOOKS.items():  # the mixin sits over GRPOTrainer, calls super() positionally
+        assert _params(getattr(GRPOTrainer, name))[: len(params)] == list(params), name
         assert len(_params(getattr(Trainer, name))) >= len(params), name
     init = inspect.getsource(GRPOTrainer.__init__)
     for attribute in compat.RESUME_TRAINER_STATE:
@@ -317,10 +364,17 @@ def test_resume_internals():
 
 @pytest.mark.slow  # starts the vllm-cpu interpreter
 def test_vllm_cpu_engine_arguments():
-    code = ("import dataclasses, importlib.metadata as md\nfrom vllm.engine.arg_utils import EngineArgs\n"
-            "names = {f.name for f in dataclasses.fields(EngineArgs)}\n"
-            "print(md.version('vllm-cpu'), 'enable_chunked_prefill' in names, 'max_num_batched_tokens' in names)\n")
-    out = subprocess.run([str(_eval_python()), "-c", code], check=False, capture_output=True, text=True, timeout=300)
+    code = (
+        "import dataclasses, importlib.metadata as md\nfrom vllm.engine.arg_utils import EngineArgs\n"
+        "names = {f.name for f in dataclasses.fields(EngineArgs)}\n"
+        "print(md.version('vllm-cpu'), 'enable_chunked_prefill' in names, 'max_num_batched_tokens' in names)\n"
+    )
+    out = subprocess.run(
+        [str(_eval_python()), "-c", code], check=False, capture_output=True, text=True, timeout=300
+    )
     assert out.stdout.split()[-3:] == [compat.PINNED["vllm-cpu"], "True", "True"], out.stderr[-2000:]
-    assert compat.vllm_cpu_engine_kwargs(4096) == {"enable_chunked_prefill": False, "max_num_batched_tokens": 8192}
+    assert compat.vllm_cpu_engine_kwargs(4096) == {
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": 8192,
+    }
     assert compat.vllm_cpu_engine_kwargs(10000)["max_num_batched_tokens"] == 10000

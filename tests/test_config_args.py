@@ -11,8 +11,10 @@ from sage_unsloth.config_args import with_config_flag
 def test_leading_config_becomes_flag(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("seed: 1\n")
-    assert with_config_flag([str(cfg), "--seed", "2"], "configs/x/") == (["--config", str(cfg), "--seed", "2"],
-                                                                         str(cfg))
+    assert with_config_flag([str(cfg), "--seed", "2"], "configs/x/") == (
+        ["--config", str(cfg), "--seed", "2"],
+        str(cfg),
+    )
     assert with_config_flag(["--seed", "2"], "configs/x/") == (["--seed", "2"], None)
     with pytest.raises(FileNotFoundError, match="configs/x/"):
         with_config_flag([str(tmp_path / "missing.yaml")], "configs/x/")

@@ -81,19 +81,47 @@ def test_every_yaml_under_configs_parses_into_its_stage_config(relative):
 # decay 0.01, adamw_8bit, 1000 steps, save every 100, seed 3407, stop </SOLUTION>; Qwen2.5-Math-7B's
 # 4096-token context.
 PAPER_RLVR_VALUES = {
-    "sage_q_min": 0.6, "sage_q_max": 1.4, "sage_gamma": 0.3, "sage_tau": 1.2,
-    "sage_alpha_upper": 0.3, "sage_alpha_lower": 0.1, "sage_sigma_upper": 0.25, "sage_sigma_lower": 0.1,
-    "sage_eps_upper": 0.1, "sage_eps_lower": 0.0, "sage_random_sigma_upper": 0.15,
-    "sage_random_sigma_lower": 0.05, "sage_schedule_cycles": 8, "sage_schedule_decay": 0.9,
-    "num_generations": 8, "generation_batch_size": 16, "gradient_accumulation_steps": 1,
-    "temperature": 1.0, "top_p": 1.0, "min_p": 0.01, "epsilon": 0.2, "learning_rate": 5e-6,
-    "lr_scheduler_type": "constant", "weight_decay": 0.01, "optim": "adamw_8bit", "max_steps": 1000,
-    "save_steps": 100, "seed": 3407, "num_iterations": 1,
+    "sage_q_min": 0.6,
+    "sage_q_max": 1.4,
+    "sage_gamma": 0.3,
+    "sage_tau": 1.2,
+    "sage_alpha_upper": 0.3,
+    "sage_alpha_lower": 0.1,
+    "sage_sigma_upper": 0.25,
+    "sage_sigma_lower": 0.1,
+    "sage_eps_upper": 0.1,
+    "sage_eps_lower": 0.0,
+    "sage_random_sigma_upper": 0.15,
+    "sage_random_sigma_lower": 0.05,
+    "sage_schedule_cycles": 8,
+    "sage_schedule_decay": 0.9,
+    "num_generations": 8,
+    "generation_batch_size": 16,
+    "gradient_accumulation_steps": 1,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "min_p": 0.01,
+    "epsilon": 0.2,
+    "learning_rate": 5e-6,
+    "lr_scheduler_type": "constant",
+    "weight_decay": 0.01,
+    "optim": "adamw_8bit",
+    "max_steps": 1000,
+    "save_steps": 100,
+    "seed": 3407,
+    "num_iterations": 1,
 }
 NO_KL = {"grpo_nokl", "bnpo", "dapo", "dapo_full"}  # the paper's "(no KL)" rows; SAGE needs beta > 0
-GUIDE = {"grpo_branch": "branch", "grpo_branch_server": "branch", "grpo_branch_reward": "branch",
-         "bnpo_branch": "branch", "dapo_branch": "branch", "dapo_full_branch": "branch",
-         "grpo_token": "token", "grpo_random": "random"}
+GUIDE = {
+    "grpo_branch": "branch",
+    "grpo_branch_server": "branch",
+    "grpo_branch_reward": "branch",
+    "bnpo_branch": "branch",
+    "dapo_branch": "branch",
+    "dapo_full_branch": "branch",
+    "grpo_token": "token",
+    "grpo_random": "random",
+}
 
 
 @pytest.mark.parametrize("path", PAPER_RLVR, ids=lambda p: p.stem)
@@ -112,7 +140,10 @@ def test_7b_rlvr_configs_hold_the_papers_values(path):
     assert args.sage_guide == GUIDE.get(method, "none"), method
     assert args.kl_estimator == ("forward" if method == "grpo_fkl" else "k3")
     assert args.use_bias_correction_kl is False  # the paper's TRL 0.23 had no such factor
-    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("token_truncate", 2.0)
+    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == (
+        "token_truncate",
+        2.0,
+    )
     assert args.generation_kwargs["stop"] == ["</SOLUTION>"]
     assert stage.max_prompt_length == 1024 and args.max_completion_length == 3072  # 4096 in all
     assert stage.dataset_name == "open-r1/DAPO-Math-17k-Processed" and stage.dataset_config == "en"
@@ -127,11 +158,22 @@ def test_7b_sft_config_holds_the_official_recipe():
     sft_args, model_args = _parse(relative)
     assert (model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout) == (8, 16, 0.0)
     assert sorted(model_args.lora_target_modules) == sorted(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    assert (sft_args.num_train_epochs, sft_args.learning_rate, sft_args.lr_scheduler_type) == (2, 2e-4, "linear")
-    assert (sft_args.per_device_train_batch_size, sft_args.warmup_steps, sft_args.weight_decay) == (1, 5, 0.01)
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    assert (sft_args.num_train_epochs, sft_args.learning_rate, sft_args.lr_scheduler_type) == (
+        2,
+        2e-4,
+        "linear",
+    )
+    assert (sft_args.per_device_train_batch_size, sft_args.warmup_steps, sft_args.weight_decay) == (
+        1,
+        5,
+        0.01,
+    )
     assert sft_args.seed == 3407 and sft_args.max_length_fraction == 0.5
-    assert load_config(REPO / relative)["optim"] == "adamw_8bit"  # (parsed on CPU it falls back to adamw_torch)
+    assert (
+        load_config(REPO / relative)["optim"] == "adamw_8bit"
+    )  # (parsed on CPU it falls back to adamw_torch)
 
 
 # ------------------------------------------------------------------------------------------- base + overrides
@@ -147,15 +189,43 @@ METHOD_KEYS = {
     "bnpo_branch": {"loss_type", "sage_guide"},
     "dapo": {"loss_type", "beta", "epsilon_high"},  # (dapo_normalizer generation is the default)
     "dapo_branch": {"loss_type", "sage_guide", "epsilon_high"},
-    "dapo_full": {"loss_type", "beta", "epsilon_high", "dapo_normalizer", "soft_overlong_punish_cache",
-                  "dynamic_sampling", "backend"},
-    "dapo_full_branch": {"loss_type", "sage_guide", "epsilon_high", "dapo_normalizer",
-                         "soft_overlong_punish_cache", "dynamic_sampling", "backend"},
-    "grpo_server": {"backend", "vllm_mode", "vllm_server_host", "vllm_server_timeout",  # (steps_per_generation: 16 / 2)
-                    "vllm_gpu_memory_utilization", "per_device_train_batch_size", "steps_per_generation"},
-    "grpo_branch_server": {"backend", "vllm_mode", "vllm_server_host", "vllm_server_timeout",
-                           "vllm_gpu_memory_utilization", "per_device_train_batch_size", "steps_per_generation",
-                           "sage_guide"},
+    "dapo_full": {
+        "loss_type",
+        "beta",
+        "epsilon_high",
+        "dapo_normalizer",
+        "soft_overlong_punish_cache",
+        "dynamic_sampling",
+        "backend",
+    },
+    "dapo_full_branch": {
+        "loss_type",
+        "sage_guide",
+        "epsilon_high",
+        "dapo_normalizer",
+        "soft_overlong_punish_cache",
+        "dynamic_sampling",
+        "backend",
+    },
+    "grpo_server": {
+        "backend",
+        "vllm_mode",
+        "vllm_server_host",
+        "vllm_server_timeout",  # (steps_per_generation: 16 / 2)
+        "vllm_gpu_memory_utilization",
+        "per_device_train_batch_size",
+        "steps_per_generation",
+    },
+    "grpo_branch_server": {
+        "backend",
+        "vllm_mode",
+        "vllm_server_host",
+        "vllm_server_timeout",
+        "vllm_gpu_memory_utilization",
+        "per_device_train_batch_size",
+        "steps_per_generation",
+        "sage_guide",
+    },
 }
 NAMED_AFTER_THE_FILE = {"variant", "run_name", "output_dir", "logging_dir"}
 METHOD_FILES = sorted(p for p in (CONFIGS / "rlvr").glob("*/*.yaml") if p.stem not in ("_base", "grpo"))
@@ -186,7 +256,9 @@ def test_each_rlvr_folder_shares_one_base_and_method_files_stay_short():
         for path in folder.glob("*.yaml"):
             if path.stem == "_base":
                 continue
-            keys = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+            keys = [
+                line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")
+            ]
             assert keys[0].startswith("base: "), path
             assert len(keys) <= 7, (path, keys)  # base: + the method's keys
 
@@ -195,18 +267,23 @@ def test_base_chain_merges_top_level_keys_the_file_wins(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "root.yaml").write_text("a: 1\nb: {x: 1, y: 2}\nc: root\nenv: {A: '1'}\n")
     (tmp_path / "sub" / "mid.yaml").write_text("base: ../root.yaml\nc: mid\nd: [1, 2]\nenv: {B: '2'}\n")
-    (tmp_path / "sub" / "leaf.yaml").write_text("base: mid.yaml  # relative to this file\nb: {x: 5}\nd: null\n")
+    (tmp_path / "sub" / "leaf.yaml").write_text(
+        "base: mid.yaml  # relative to this file\nb: {x: 5}\nd: null\n"
+    )
     merged = load_config(tmp_path / "sub" / "leaf.yaml")
     # a mapping is replaced whole (b loses y), null overrides, env accumulates down the chain
     assert merged == {"a": 1, "b": {"x": 5}, "c": "mid", "d": None, "env": {"A": "1", "B": "2"}}
 
 
-@pytest.mark.parametrize("text, error", [
-    ("base: nope.yaml\n", r"base: nope.yaml not found"),
-    ("base: loop.yaml\n", r"base chain comes back"),
-    ("- a\n- b\n", r"must be a YAML mapping"),
-    ("a: [1\n", r"is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("base: nope.yaml\n", r"base: nope.yaml not found"),
+        ("base: loop.yaml\n", r"base chain comes back"),
+        ("- a\n- b\n", r"must be a YAML mapping"),
+        ("a: [1\n", r"is not valid YAML"),
+    ],
+)
 def test_bad_base_or_yaml_is_one_config_error(tmp_path, text, error):
     path = tmp_path / "loop.yaml"
     path.write_text(text)

@@ -37,13 +37,27 @@ def dapo_trainer(tiny_model_dir, tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
-    args = _config(tmp_path_factory.mktemp("dapo"), sage_guide="none", beta=0.0, loss_type="dapo",
-                   epsilon_high=0.28, dynamic_sampling=True, dynamic_sampling_max_rounds=12,
-                   soft_overlong_punish_cache=4, dapo_normalizer="window")
+    args = _config(
+        tmp_path_factory.mktemp("dapo"),
+        sage_guide="none",
+        beta=0.0,
+        loss_type="dapo",
+        epsilon_high=0.28,
+        dynamic_sampling=True,
+        dynamic_sampling_max_rounds=12,
+        soft_overlong_punish_cache=4,
+        dapo_normalizer="window",
+    )
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS] * 4)
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, init_lora_weights=False)
-    return SageGRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=dataset,
-                           processing_class=tokenizer, peft_config=lora)
+    return SageGRPOTrainer(
+        model=model,
+        reward_funcs=_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+    )
 
 
 def _generate(trainer, prompts, seed=1):
@@ -57,7 +71,9 @@ def test_soft_overlong_punishment_is_trls_reward_after_the_task_reward(dapo_trai
     from trl.rewards import get_soft_overlong_punishment
 
     trainer = dapo_trainer
-    assert len(trainer.reward_funcs) == 2 and trainer.reward_func_names[1] == "soft_overlong_punishment_reward"
+    assert (
+        len(trainer.reward_funcs) == 2 and trainer.reward_func_names[1] == "soft_overlong_punishment_reward"
+    )
     assert type(trainer.reward_funcs[1]) is type(get_soft_overlong_punishment(12, 4))
     trainer.args.dynamic_sampling = False
     try:
@@ -79,7 +95,9 @@ def test_dynamic_sampling_drops_and_refills_degenerate_groups(dapo_trainer):
     groups = batch["advantages"].view(2, 4)
     assert (groups.abs().max(1).values > 0).all(), "every kept group has a learning signal"
     assert metrics["dynamic_sampling/kept_frac_first_round"][-1] == 0.5
-    assert metrics["dynamic_sampling/rounds"][-1] >= 2 and metrics["dynamic_sampling/degenerate_frac"][-1] == 0
+    assert (
+        metrics["dynamic_sampling/rounds"][-1] >= 2 and metrics["dynamic_sampling/degenerate_frac"][-1] == 0
+    )
     assert batch["num_items_in_batch"].item() == batch["completion_mask"].sum().item()
     # the kept rows are the whole groups of the non-flat prompt: decode the prompts
     texts = trainer.processing_class.batch_decode(batch["prompt_ids"], skip_special_tokens=True)
@@ -101,14 +119,24 @@ def test_dynamic_sampling_fills_with_degenerate_groups_past_the_round_limit(dapo
 
 
 def test_concat_rollouts_pads_prompts_left_and_completions_right():
-    a = {"prompt_ids": torch.tensor([[0, 5], [6, 7]]), "prompt_mask": torch.tensor([[0, 1], [1, 1]]),
-         "completion_ids": torch.tensor([[8], [9]]), "completion_mask": torch.tensor([[1], [1]]),
-         "ref_per_token_logps": torch.tensor([[-1.0], [-2.0]]), "advantages": torch.tensor([0.5, -0.5]),
-         "num_items_in_batch": torch.tensor(2)}
-    b = {"prompt_ids": torch.tensor([[1, 2, 3]]), "prompt_mask": torch.tensor([[1, 1, 1]]),
-         "completion_ids": torch.tensor([[4, 4, 0]]), "completion_mask": torch.tensor([[1, 1, 0]]),
-         "ref_per_token_logps": torch.tensor([[-3.0, -4.0, 0.0]]), "advantages": torch.tensor([1.0]),
-         "num_items_in_batch": torch.tensor(2)}
+    a = {
+        "prompt_ids": torch.tensor([[0, 5], [6, 7]]),
+        "prompt_mask": torch.tensor([[0, 1], [1, 1]]),
+        "completion_ids": torch.tensor([[8], [9]]),
+        "completion_mask": torch.tensor([[1], [1]]),
+        "ref_per_token_logps": torch.tensor([[-1.0], [-2.0]]),
+        "advantages": torch.tensor([0.5, -0.5]),
+        "num_items_in_batch": torch.tensor(2),
+    }
+    b = {
+        "prompt_ids": torch.tensor([[1, 2, 3]]),
+        "prompt_mask": torch.tensor([[1, 1, 1]]),
+        "completion_ids": torch.tensor([[4, 4, 0]]),
+        "completion_mask": torch.tensor([[1, 1, 0]]),
+        "ref_per_token_logps": torch.tensor([[-3.0, -4.0, 0.0]]),
+        "advantages": torch.tensor([1.0]),
+        "num_items_in_batch": torch.tensor(2),
+    }
     merged = concat_rollouts([(a, torch.tensor([1])), (b, torch.tensor([0]))], pad_token_id=0)
     assert merged["prompt_ids"].tolist() == [[0, 6, 7], [1, 2, 3]]
     assert merged["prompt_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
@@ -123,11 +151,16 @@ def test_concat_rollouts_pads_prompts_left_and_completions_right():
 # ----------------------------------------------------------------------------- vLLM importance sampling
 
 
-def test_importance_sampling_pin_reaches_trls_vllm_path_and_clipped_fraction_is_logged(tiny_model_dir, tmp_path):
+def test_importance_sampling_pin_reaches_trls_vllm_path_and_clipped_fraction_is_logged(
+    tiny_model_dir, tmp_path
+):
     """TRL's vLLM branch, driven on CPU: generation stays transformers', the sampling log-probs are faked. The
     kit's defaults (token_truncate, cap 2.0, as the paper's TRL 0.23) are what TRL applies."""
     trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide="branch", sage_q_source="rollout"))
-    assert (trainer.vllm_importance_sampling_mode, trainer.vllm_importance_sampling_clip_max) == ("token_truncate", 2.0)
+    assert (trainer.vllm_importance_sampling_mode, trainer.vllm_importance_sampling_clip_max) == (
+        "token_truncate",
+        2.0,
+    )
     assert trainer.vllm_importance_sampling_correction
     generate = trainer._generate
 
@@ -154,8 +187,12 @@ def test_importance_sampling_pin_reaches_trls_vllm_path_and_clipped_fraction_is_
     assert 0 < clipped < 1
     metrics = trainer._metrics["train"]
     assert metrics["sampling/importance_sampling_ratio/clipped_frac"][-1] == pytest.approx(clipped)
-    assert metrics["sampling/importance_sampling_ratio/max"][-1] == pytest.approx(2.0)  # TRL's own, after the cap
-    assert metrics["sampling/importance_sampling_ratio/min"][-1] == pytest.approx(raw[mask].min().item(), rel=1e-5)
+    assert metrics["sampling/importance_sampling_ratio/max"][-1] == pytest.approx(
+        2.0
+    )  # TRL's own, after the cap
+    assert metrics["sampling/importance_sampling_ratio/min"][-1] == pytest.approx(
+        raw[mask].min().item(), rel=1e-5
+    )
     # The ratio weighs the policy term only, never beta * KL (the issue's point about the anchor's strength).
     loss = trainer.compute_loss(trainer.model, dict(batch))
     logp, _ = _policy_forward(trainer.model, batch)
@@ -168,14 +205,20 @@ def test_importance_sampling_pin_reaches_trls_vllm_path_and_clipped_fraction_is_
     assert loss.item() == pytest.approx(want.item(), abs=1e-6)
 
 
-@pytest.mark.parametrize("mode,clip_min,clip_max,want", [
-    ("token_truncate", None, 2.0, 2 / 5), ("token_mask", 0.5, 2.0, 3 / 5), ("sequence_mask", None, 3.0, 1 / 2),
-])
+@pytest.mark.parametrize(
+    "mode,clip_min,clip_max,want",
+    [
+        ("token_truncate", None, 2.0, 2 / 5),
+        ("token_mask", 0.5, 2.0, 3 / 5),
+        ("sequence_mask", None, 3.0, 1 / 2),
+    ],
+)
 def test_clipped_fraction_by_hand(mode, clip_min, clip_max, want):
     diff = torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.5, 0.0]])  # log(old / sampling)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    got = importance_sampling_clipped_fraction(diff, torch.zeros(2, 3), mask, mode=mode, clip_min=clip_min,
-                                               clip_max=clip_max)
+    got = importance_sampling_clipped_fraction(
+        diff, torch.zeros(2, 3), mask, mode=mode, clip_min=clip_min, clip_max=clip_max
+    )
     # tokens: e^1 = 2.72 > 2 and e^2 > 2 of 5; with min 0.5 also e^-1 = 0.37; sequences: e^0 = 1, e^2.5 > 3
     assert got == pytest.approx(want)
 
@@ -188,16 +231,26 @@ def test_config_pins_the_papers_importance_sampling(tmp_path):
 
     args = SageGRPOConfig(output_dir=str(tmp_path), report_to="none")
     assert args.vllm_importance_sampling_correction is True
-    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("token_truncate", 2.0)
-    assert (args.sage_kl_placement, args.dapo_normalizer, args.dynamic_sampling) == ("loss", "generation", False)
+    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == (
+        "token_truncate",
+        2.0,
+    )
+    assert (args.sage_kl_placement, args.dapo_normalizer, args.dynamic_sampling) == (
+        "loss",
+        "generation",
+        False,
+    )
 
 
-@pytest.mark.parametrize("overrides,field", [
-    ({"dapo_normalizer": "batch"}, "dapo_normalizer"),
-    ({"dynamic_sampling_max_rounds": 0}, "dynamic_sampling_max_rounds"),
-    ({"soft_overlong_punish_cache": 5000, "max_completion_length": 256}, "soft_overlong_punish_cache"),
-    ({"soft_overlong_punish_cache": -1}, "soft_overlong_punish_cache"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"dapo_normalizer": "batch"}, "dapo_normalizer"),
+        ({"dynamic_sampling_max_rounds": 0}, "dynamic_sampling_max_rounds"),
+        ({"soft_overlong_punish_cache": 5000, "max_completion_length": 256}, "soft_overlong_punish_cache"),
+        ({"soft_overlong_punish_cache": -1}, "soft_overlong_punish_cache"),
+    ],
+)
 def test_dapo_config_errors_are_one_line(tmp_path, overrides, field):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
@@ -206,16 +259,22 @@ def test_dapo_config_errors_are_one_line(tmp_path, overrides, field):
     assert field in str(error.value) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("overrides,warns", [
-    ({"sage_guide": "branch"}, False),                                   # k3: q scales the forward-KL pull
-    ({"sage_guide": "branch", "kl_estimator": "k2", "backend": "trl"}, True),
-    ({"sage_guide": "branch", "use_bias_correction_kl": True}, True),   # k3 x ratio: reverse-KL gradient
-    ({"sage_guide": "random"}, True),                                   # E[q] = 1 with [0.6, 1.4]
-    ({"sage_guide": "random", "sage_q_max": 2.0}, False),
-    ({"sage_guide": "token", "kl_estimator": "k2", "backend": "trl"}, False),
-    ({"sage_guide": "branch", "kl_estimator": "k2", "backend": "trl", "sage_kl_placement": "reward"}, None),
-    ({"sage_guide": "random", "sage_kl_placement": "reward"}, False),  # sum log q enters the reward
-])
+@pytest.mark.parametrize(
+    "overrides,warns",
+    [
+        ({"sage_guide": "branch"}, False),  # k3: q scales the forward-KL pull
+        ({"sage_guide": "branch", "kl_estimator": "k2", "backend": "trl"}, True),
+        ({"sage_guide": "branch", "use_bias_correction_kl": True}, True),  # k3 x ratio: reverse-KL gradient
+        ({"sage_guide": "random"}, True),  # E[q] = 1 with [0.6, 1.4]
+        ({"sage_guide": "random", "sage_q_max": 2.0}, False),
+        ({"sage_guide": "token", "kl_estimator": "k2", "backend": "trl"}, False),
+        (
+            {"sage_guide": "branch", "kl_estimator": "k2", "backend": "trl", "sage_kl_placement": "reward"},
+            None,
+        ),
+        ({"sage_guide": "random", "sage_kl_placement": "reward"}, False),  # sum log q enters the reward
+    ],
+)
 def test_warning_when_a_guide_has_no_effect_in_expectation(tmp_path, overrides, warns):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 

@@ -35,10 +35,17 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
         shares = [float(r["fraction"]) for r in plans if r["run"] == run and r["strategy"] != "rare"]
         assert sum(shares) == pytest.approx(1.0, abs=1e-3)
     branch = {r["run"]: r for r in csv.DictReader((results / "analysis" / "branch.csv").open())}
-    assert set(branch) == set(runs) and all(0 <= float(r["branch_q_gt1_fraction"]) <= 1 for r in branch.values())
+    assert set(branch) == set(runs) and all(
+        0 <= float(r["branch_q_gt1_fraction"]) <= 1 for r in branch.values()
+    )
 
     report = (results / "report.md").read_text()
-    for section in ("## demo", "## Support against the reference run", "## The lab: ", "### The branch point"):
+    for section in (
+        "## demo",
+        "## Support against the reference run",
+        "## The lab: ",
+        "### The branch point",
+    ):
         assert report.count(section) == 1, section
     assert str(tmp_path) not in report.split("## The lab")[1]  # the lab section names no machine paths
     lab_methods = list(csv.DictReader((results / "lab" / "methods.csv").open()))
@@ -47,8 +54,17 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
     assert "q > 1 at" in out and "GRPO + Branch - GRPO" in out and "s CPU over all steps" in out
 
     timings = {r["step"]: r for r in csv.DictReader((results / "timings.csv").open())}
-    assert set(timings) == {"model", "data", "sft", *runs[1:], *(f"eval_{r}" for r in runs), "analysis",
-                            "report", "lab", "total"}
+    assert set(timings) == {
+        "model",
+        "data",
+        "sft",
+        *runs[1:],
+        *(f"eval_{r}" for r in runs),
+        "analysis",
+        "report",
+        "lab",
+        "total",
+    }
     assert float(timings["sft"]["cpu_s"]) > 0 and timings["total"]["wall_s"]
 
     # a rerun reuses every step, keeps each step's measured times, and rewrites the same lab section
@@ -56,7 +72,8 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
     assert "reused" in capsys.readouterr().out
     again = {r["step"]: r for r in csv.DictReader((results / "timings.csv").open())}
     assert {k: (v["wall_s"], v["cpu_s"]) for k, v in again.items()} == {
-        k: (v["wall_s"], v["cpu_s"]) for k, v in timings.items()}
+        k: (v["wall_s"], v["cpu_s"]) for k, v in timings.items()
+    }
     assert all(again[k]["status"] == "reused" for k in again if k != "total")
     assert (results / "report.md").read_text() == report
 

@@ -8,35 +8,47 @@ from sage_unsloth.demo import compare as C
 
 def lab(**c_by_run):
     problems = [f"p{i}" for i in range(len(next(iter(c_by_run.values()))))]
-    return C.LabRuns(problems, {r: np.full(len(problems), 4) for r in c_by_run},
-                     {r: np.array(c) for r, c in c_by_run.items()})
+    return C.LabRuns(
+        problems,
+        {r: np.full(len(problems), 4) for r in c_by_run},
+        {r: np.array(c) for r, c in c_by_run.items()},
+    )
 
 
 def test_run_names_split_into_method_and_seed():
     assert C.split_run("grpo_branch_seed12") == ("grpo_branch", 12) and C.split_run("sft") == ("sft", None)
     assert C.run_name("grpo", 3) == "grpo_seed3" and C.run_name("sft", None) == "sft"
     runs = lab(sft=[1], grpo_seed1=[2], grpo_seed0=[3], grpo_nokl_seed0=[4])
-    assert runs.methods == {"grpo": ["grpo_seed0", "grpo_seed1"], "grpo_nokl": ["grpo_nokl_seed0"], "sft": ["sft"]}
+    assert runs.methods == {
+        "grpo": ["grpo_seed0", "grpo_seed1"],
+        "grpo_nokl": ["grpo_nokl_seed0"],
+        "sft": ["sft"],
+    }
 
 
 def test_two_level_bootstrap_draws_seeds_and_problems():
     # values differ by seed only: every resample is a mean of 3 seed values drawn with replacement
     by_seed = np.array([[0.0] * 5, [0.3] * 5, [0.9] * 5])
     samples = C.two_level_samples(by_seed, resamples=4000, seed=0)
-    possible = {round((a + b + c) / 3, 9) for a in (0, .3, .9) for b in (0, .3, .9) for c in (0, .3, .9)}
+    possible = {
+        round((a + b + c) / 3, 9) for a in (0, 0.3, 0.9) for b in (0, 0.3, 0.9) for c in (0, 0.3, 0.9)
+    }
     assert {round(s, 9) for s in samples} <= possible and len(set(np.round(samples, 9))) > 5
     # one seed: the plain bootstrap over problems, whose mean is the sample mean
     one = np.array([[0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]])
     samples = C.two_level_samples(one, resamples=4000, seed=0)
     assert samples.mean() == pytest.approx(one.mean(), abs=0.01) and samples.std() == pytest.approx(
-        one.std() / np.sqrt(8), rel=0.1)
+        one.std() / np.sqrt(8), rel=0.1
+    )
     mean, low, high = C.ci(one, resamples=2000, seed=0, level=0.95)
     assert low < mean < high and mean == pytest.approx(0.625)
     assert C.ci(np.full((2, 4), 0.5), resamples=100, seed=0, level=0.95) == (0.5, 0.5, 0.5)
 
 
 def test_paired_differences_pair_runs_by_seed_and_every_seed_with_the_one_sft():
-    runs = lab(sft=[0, 4], grpo_seed0=[4, 4], grpo_seed1=[2, 4], grpo_branch_seed0=[4, 0], grpo_branch_seed1=[4, 2])
+    runs = lab(
+        sft=[0, 4], grpo_seed0=[4, 4], grpo_seed1=[2, 4], grpo_branch_seed0=[4, 0], grpo_branch_seed1=[4, 2]
+    )
     first = lambda run: runs.c[run] / 4.0  # pass@1 per problem
     against_sft = C.paired_values(runs, "grpo", "sft", first)
     assert against_sft.tolist() == [[1.0, 0.0], [0.5, 0.0]]

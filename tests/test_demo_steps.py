@@ -20,16 +20,19 @@ def names_ran(records):
 def pipeline(tmp_path, config_text="lr: 1", b_text="b"):
     config = tmp_path / "b.yaml"
     config.write_text(config_text)
-    return [write_step("a", tmp_path / "a.txt"),
-            write_step("b", tmp_path / "b.txt", text=b_text, after=("a",), configs=(config,)),
-            write_step("c", tmp_path / "c.txt", after=("b",)),
-            write_step("d", tmp_path / "d.txt", after=("a",))]
+    return [
+        write_step("a", tmp_path / "a.txt"),
+        write_step("b", tmp_path / "b.txt", text=b_text, after=("a",), configs=(config,)),
+        write_step("c", tmp_path / "c.txt", after=("b",)),
+        write_step("d", tmp_path / "d.txt", after=("a",)),
+    ]
 
 
 def run(steps, tmp_path, **kw):
     lines = []
-    records = S.run_steps(steps, work=tmp_path / "work", jobs=2, threads=1, progress_every=0.5,
-                          echo=lines.append, **kw)
+    records = S.run_steps(
+        steps, work=tmp_path / "work", jobs=2, threads=1, progress_every=0.5, echo=lines.append, **kw
+    )
     return records, lines
 
 
@@ -61,8 +64,15 @@ def test_a_missing_output_or_stamp_reruns_the_step(tmp_path):
 
 def test_outputs_of_a_rerun_step_are_deleted_before_it_runs(tmp_path):
     folder = tmp_path / "out"
-    step = S.Step("s", [sys.executable, "-c", (f"import pathlib; p = pathlib.Path({str(folder)!r}); p.mkdir(); "
-                                             "(p / 'new').write_text('1')")], outputs=(folder,))
+    step = S.Step(
+        "s",
+        [
+            sys.executable,
+            "-c",
+            (f"import pathlib; p = pathlib.Path({str(folder)!r}); p.mkdir(); (p / 'new').write_text('1')"),
+        ],
+        outputs=(folder,),
+    )
     folder.mkdir()
     (folder / "stale").write_text("old")
     run([step], tmp_path)
@@ -70,7 +80,9 @@ def test_outputs_of_a_rerun_step_are_deleted_before_it_runs(tmp_path):
 
 
 def test_a_failing_step_stops_the_run_with_its_log_and_a_missing_output_is_a_failure(tmp_path):
-    bad = S.Step("bad", [sys.executable, "-c", "print('boom here'); raise SystemExit(3)"], outputs=(tmp_path / "x",))
+    bad = S.Step(
+        "bad", [sys.executable, "-c", "print('boom here'); raise SystemExit(3)"], outputs=(tmp_path / "x",)
+    )
     with pytest.raises(RuntimeError, match=r"(?s)bad failed \(exit 3\).*boom here"):
         run([bad], tmp_path)
     silent = S.Step("silent", [sys.executable, "-c", "pass"], outputs=(tmp_path / "y",))
@@ -81,16 +93,28 @@ def test_a_failing_step_stops_the_run_with_its_log_and_a_missing_output_is_a_fai
 
 def test_cpu_time_is_measured_and_threads_reach_the_step(tmp_path):
     out = tmp_path / "threads.txt"
-    busy = S.Step("busy", [sys.executable, "-c", ("import os, pathlib, time\nt = time.process_time()\n"
-                           "while time.process_time() - t < 0.6: pass\n"
-                           f"pathlib.Path({str(out)!r}).write_text(os.environ['OMP_NUM_THREADS'])")], outputs=(out,))
+    busy = S.Step(
+        "busy",
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, pathlib, time\nt = time.process_time()\n"
+                "while time.process_time() - t < 0.6: pass\n"
+                f"pathlib.Path({str(out)!r}).write_text(os.environ['OMP_NUM_THREADS'])"
+            ),
+        ],
+        outputs=(out,),
+    )
     records = S.run_steps([busy], work=tmp_path / "work", jobs=1, threads=3, echo=lambda _: None)
     assert records[0].cpu_s >= 0.5 and records[0].threads == 3 and out.read_text() == "3"
 
 
 def test_progress_line_reads_the_last_tqdm_bar_and_metrics():
-    log = ("{'loss': '0.52', 'reward': '0.25'}\n 10%|#  | 20/200 [00:10<01:30,  2.00it/s]\r"
-           " 20%|## | 40/200 [00:20<01:20,  1.25s/it]\n{'loss': '0.31', 'reward': '0.5', 'step': 40}\n")
+    log = (
+        "{'loss': '0.52', 'reward': '0.25'}\n 10%|#  | 20/200 [00:10<01:30,  2.00it/s]\r"
+        " 20%|## | 40/200 [00:20<01:20,  1.25s/it]\n{'loss': '0.31', 'reward': '0.5', 'step': 40}\n"
+    )
     assert S.progress_line(log) == "40/200, 0.80 steps/s, ETA 01:20, reward 0.500, loss 0.310"
     assert S.progress_line("no bar yet") is None
     assert S.progress_line("Loading weights: 100%|##| 26/26 [00:00<00:00, 9000.00it/s]") is None
@@ -99,7 +123,10 @@ def test_progress_line_reads_the_last_tqdm_bar_and_metrics():
 def test_file_progress_counts_the_files_written_so_far(tmp_path):
     for i in range(3):
         (tmp_path / f"chunk_{i}.jsonl.gz").write_text("")
-    assert S.file_progress(str(tmp_path / "chunk_*.jsonl.gz"), 10, elapsed=30.0) == "3/10 chunks, 0.10 chunks/s, ETA 01:10"
+    assert (
+        S.file_progress(str(tmp_path / "chunk_*.jsonl.gz"), 10, elapsed=30.0)
+        == "3/10 chunks, 0.10 chunks/s, ETA 01:10"
+    )
     assert S.file_progress(str(tmp_path / "none_*"), 10, elapsed=5.0).endswith("ETA ?")
 
 
@@ -123,7 +150,9 @@ def test_pretraining_does_not_depend_on_the_thread_count(tmp_path):
             folder = build_demo_model(tmp_path / f"t{threads}")
             pretrain_base_model(folder, pool, steps=3, batch_size=8)
             weights = safetensors.torch.load_file(folder / "model.safetensors")
-            digests.append(hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest())
+            digests.append(
+                hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest()
+            )
     finally:
         torch.set_num_threads(before)
     assert digests[0] == digests[1]

@@ -12,13 +12,16 @@ from sage_unsloth.prompts import EVAL_USER_TEMPLATE, format_completion
 SMALL = DemoDataSpec(seed=3, n_eval=50, n_rl=100, n_sft=500)
 
 
-@pytest.mark.parametrize("strategy, lines", [
-    ("left", ["5+8=13", "13+6=19", "19+7=26"]),
-    ("right", ["7+6=13", "13+8=21", "21+5=26"]),
-    ("middle", ["8+6=14", "14+5=19", "19+7=26"]),
-    ("pairs", ["5+8=13", "6+7=13", "13+13=26"]),
-    ("outer", ["5+7=12", "8+6=14", "12+14=26"]),
-])
+@pytest.mark.parametrize(
+    "strategy, lines",
+    [
+        ("left", ["5+8=13", "13+6=19", "19+7=26"]),
+        ("right", ["7+6=13", "13+8=21", "21+5=26"]),
+        ("middle", ["8+6=14", "14+5=19", "19+7=26"]),
+        ("pairs", ["5+8=13", "6+7=13", "13+13=26"]),
+        ("outer", ["5+7=12", "8+6=14", "12+14=26"]),
+    ],
+)
 def test_each_plan_writes_its_additions_in_its_order(strategy, lines):
     assert T.working(strategy, (5, 8, 6, 7)) == "\n".join([strategy, *lines])
     assert T.solution((5, 8, 6, 7), strategy).endswith("<SOLUTION>26</SOLUTION>")
@@ -41,29 +44,32 @@ def test_problem_text_round_trips_also_inside_the_eval_template():
         T.parse_problem("What is love?")
 
 
-@pytest.mark.parametrize("completion, label", [
-    # the kit's own format, with and without the leading marker (sampling starts after it)
-    (format_completion("left\n5+8=13\n13+6=19\n19+7=26", "26"), "left"),
-    ("pairs\n5+8=13\n6+7=13\n13+13=26<end_working_out><SOLUTION>26</SOLUTION>", "pairs"),
-    # wrong arithmetic or a mis-copied number keeps the plan label (correctness is graded separately)
-    ("left\n5+8=12\n12+6=19\n19+7=27<end_working_out><SOLUTION>27</SOLUTION>", "left"),
-    ("outer\n5+9=14\n8+6=14\n14+14=28<end_working_out><SOLUTION>28</SOLUTION>", "outer"),
-    # the shape must be the plan's: a running total must continue from the line before ...
-    ("right\n7+6=13\n14+8=22\n22+5=27<end_working_out>", "other"),
-    # ... and a pair plan must add the first two results
-    ("pairs\n5+8=13\n6+7=13\n13+12=25<end_working_out>", "other"),
-    # a plan word followed by another plan's shape, no plan word, unknown word
-    ("pairs\n5+8=13\n13+6=19\n19+7=26<end_working_out>", "other"),
-    ("5+8=13\n13+6=19\n19+7=26<end_working_out>", "other"),
-    ("sideways\n5+8=13\n13+6=19\n19+7=26<end_working_out>", "other"),
-    # malformed: unclosed block, nothing, too few or too many lines, garbage, repeated marker
-    ("left\n5+8=13\n13+6=19\n19+7=26<SOLUTION>26</SOLUTION>", "other"),
-    ("", "other"),
-    ("left\n5+8=13\n13+6=19<end_working_out>", "other"),
-    ("left\n5+8=13\n13+6=19\n19+7=26\n26+0=26<end_working_out>", "other"),
-    ("left\n5+8=13\n13+6=19\n19+x=26<end_working_out>", "other"),
-    ("<start_working_out>left\n5+8=13<start_working_out>13+6=19\n19+7=26<end_working_out>", "other"),
-])
+@pytest.mark.parametrize(
+    "completion, label",
+    [
+        # the kit's own format, with and without the leading marker (sampling starts after it)
+        (format_completion("left\n5+8=13\n13+6=19\n19+7=26", "26"), "left"),
+        ("pairs\n5+8=13\n6+7=13\n13+13=26<end_working_out><SOLUTION>26</SOLUTION>", "pairs"),
+        # wrong arithmetic or a mis-copied number keeps the plan label (correctness is graded separately)
+        ("left\n5+8=12\n12+6=19\n19+7=27<end_working_out><SOLUTION>27</SOLUTION>", "left"),
+        ("outer\n5+9=14\n8+6=14\n14+14=28<end_working_out><SOLUTION>28</SOLUTION>", "outer"),
+        # the shape must be the plan's: a running total must continue from the line before ...
+        ("right\n7+6=13\n14+8=22\n22+5=27<end_working_out>", "other"),
+        # ... and a pair plan must add the first two results
+        ("pairs\n5+8=13\n6+7=13\n13+12=25<end_working_out>", "other"),
+        # a plan word followed by another plan's shape, no plan word, unknown word
+        ("pairs\n5+8=13\n13+6=19\n19+7=26<end_working_out>", "other"),
+        ("5+8=13\n13+6=19\n19+7=26<end_working_out>", "other"),
+        ("sideways\n5+8=13\n13+6=19\n19+7=26<end_working_out>", "other"),
+        # malformed: unclosed block, nothing, too few or too many lines, garbage, repeated marker
+        ("left\n5+8=13\n13+6=19\n19+7=26<SOLUTION>26</SOLUTION>", "other"),
+        ("", "other"),
+        ("left\n5+8=13\n13+6=19<end_working_out>", "other"),
+        ("left\n5+8=13\n13+6=19\n19+7=26\n26+0=26<end_working_out>", "other"),
+        ("left\n5+8=13\n13+6=19\n19+x=26<end_working_out>", "other"),
+        ("<start_working_out>left\n5+8=13<start_working_out>13+6=19\n19+7=26<end_working_out>", "other"),
+    ],
+)
 def test_label_strategy_by_rule(completion, label):
     assert T.label_strategy(completion) == label
 
@@ -112,8 +118,13 @@ def test_files_have_the_stage_layouts_and_correct_golds(tmp_path):
 
 def test_sft_plan_mix_is_exact_and_spread_through_the_file():
     plans = sft_strategies(DemoDataSpec(n_sft=1000))
-    assert {p: plans.count(p) for p in T.STRATEGIES} == {"left": 700, "right": 100, "pairs": 100, "outer": 50,
-                                                         "middle": 50}
+    assert {p: plans.count(p) for p in T.STRATEGIES} == {
+        "left": 700,
+        "right": 100,
+        "pairs": 100,
+        "outer": 50,
+        "middle": 50,
+    }
     positions = [i for i, p in enumerate(plans) if p == "outer"]
     assert positions[0] < 200 and positions[-1] > 800
     odd = sft_strategies(DemoDataSpec(n_sft=7))  # 4.9 / 0.7 / 0.7 / 0.35 / 0.35: largest remainders
@@ -151,13 +162,14 @@ def test_each_plan_word_is_one_distinct_token_of_the_demo_tokenizer(tmp_path):
     from sage_unsloth.prompts import prompt_messages
 
     tokenizer = AutoTokenizer.from_pretrained(build_demo_model(tmp_path / "m"))
-    prompt = tokenizer.apply_chat_template(prompt_messages("What is 5+8+6+7?"), tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        prompt_messages("What is 5+8+6+7?"), tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     first = []
     for strategy in T.STRATEGIES:
         ids = tokenizer(prompt + T.working(strategy, (5, 8, 6, 7)), add_special_tokens=False)["input_ids"]
-        assert ids[:len(prompt_ids)] == prompt_ids  # the completion starts on a token boundary
+        assert ids[: len(prompt_ids)] == prompt_ids  # the completion starts on a token boundary
         first.append(ids[len(prompt_ids)])
         assert tokenizer.decode([first[-1]]) == strategy
     assert len(set(first)) == len(T.STRATEGIES)
@@ -166,16 +178,22 @@ def test_each_plan_word_is_one_distinct_token_of_the_demo_tokenizer(tmp_path):
 def test_strategy_rows_count_shares_accuracy_and_coverage():
     from sage_unsloth.demo.strategies import markdown_table, problem_shares, strategy_rows
 
-    left_ok = {"text": T.solution((5, 8, 6, 7), "left")[len("<start_working_out>"):], "correct": True}
+    left_ok = {"text": T.solution((5, 8, 6, 7), "left")[len("<start_working_out>") :], "correct": True}
     left_bad = {"text": "left\n5+8=13\n13+6=19\n19+7=25<end_working_out><SOLUTION>25", "correct": False}
     outer_ok = {"text": T.solution((5, 8, 6, 7), "outer"), "correct": True}
     junk = {"text": "5+5", "correct": False}
-    records = [{"problem_id": "p0", "completions": [left_ok, left_bad, outer_ok, junk]},
-               {"problem_id": "p1", "completions": [left_bad, left_bad, junk, junk]}]
+    records = [
+        {"problem_id": "p0", "completions": [left_ok, left_bad, outer_ok, junk]},
+        {"problem_id": "p1", "completions": [left_bad, left_bad, junk, junk]},
+    ]
     rows = {r["strategy"]: r for r in strategy_rows("grpo", records)}
     assert [rows[s]["completions"] for s in ("left", "outer", "other", "rare")] == [4, 1, 3, 1]
     assert rows["left"]["fraction"] == 0.5 and rows["outer"]["fraction"] == 0.125
-    assert rows["left"]["accuracy"] == 0.25 and rows["outer"]["accuracy"] == 1.0 and rows["other"]["accuracy"] == 0.0
+    assert (
+        rows["left"]["accuracy"] == 0.25
+        and rows["outer"]["accuracy"] == 1.0
+        and rows["other"]["accuracy"] == 0.0
+    )
     assert rows["rare"]["problems_solved_fraction"] == 0.5 and np.isnan(rows["right"]["accuracy"])
     shares = problem_shares(records)
     assert shares.shape == (2, 7) and shares[0].tolist() == [0.5, 0, 0, 0.25, 0, 0.25, 0.25]

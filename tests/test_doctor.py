@@ -29,8 +29,18 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
 
 
 # ----------------------------------------------------------------------------------------------- GPU rules
-@pytest.mark.parametrize("capability, ok", [((6, 0), False), ((7, 0), False), ((7, 5), True), ((8, 9), True),
-                                            ((9, 0), True), ((12, 1), True), ((13, 0), True)])
+@pytest.mark.parametrize(
+    "capability, ok",
+    [
+        ((6, 0), False),
+        ((7, 0), False),
+        ((7, 5), True),
+        ((8, 9), True),
+        ((9, 0), True),
+        ((12, 1), True),
+        ((13, 0), True),
+    ],
+)
 def test_compute_capability_against_the_wheels_kernels(capability, ok):
     """sm_89 runs sm_86 code (same major), sm_130 JIT-compiles compute_120 PTX; P100 / V100 have nothing."""
     assert env.arch_supported(capability, CUDA13_ARCHS) is ok
@@ -40,8 +50,15 @@ def test_compute_capability_against_the_wheels_kernels(capability, ok):
         assert "sm_75..sm_120" in check.detail and "7.5" in check.fix and "P100" in check.fix
 
 
-@pytest.mark.parametrize("driver, cuda, status", [("580.65.06", "13.0", "PASS"), ("575.57.08", "13.0", "FAIL"),
-                                                  ("550.54.15", "12.8", "PASS"), ("470.82.01", "12.8", "FAIL")])
+@pytest.mark.parametrize(
+    "driver, cuda, status",
+    [
+        ("580.65.06", "13.0", "PASS"),
+        ("575.57.08", "13.0", "FAIL"),
+        ("550.54.15", "12.8", "PASS"),
+        ("470.82.01", "12.8", "FAIL"),
+    ],
+)
 def test_driver_against_the_cuda_of_torch(driver, cuda, status):
     check = env.driver_check(facts((7, 5), driver=driver, cuda=cuda))
     assert check.status == status, check
@@ -72,8 +89,12 @@ def test_kit_pins_come_from_the_package_metadata():
 
 
 def test_stack_rules():
-    pins = [env.Pin("torch", "2.13.0", ()), env.Pin("trl", "1.15.0", ()), env.Pin("unsloth", "2026.10.9", ("gpu",)),
-            env.Pin("vllm", "0.31.0", ("gpu",))]
+    pins = [
+        env.Pin("torch", "2.13.0", ()),
+        env.Pin("trl", "1.15.0", ()),
+        env.Pin("unsloth", "2026.10.9", ("gpu",)),
+        env.Pin("vllm", "0.31.0", ("gpu",)),
+    ]
     versions = {"torch": "2.13.0+cu130", "trl": "1.16.0", "unsloth": None, "vllm": None}
     checks = by_name(env.stack_checks(pins, versions, needed={"unsloth"}))
     assert checks["pin torch"].status == "PASS"  # the local label names the build, not another release
@@ -133,26 +154,56 @@ def test_memory_estimate_parts_follow_the_config():
     full = memory.estimate(_config("configs/sft/qwen2.5-3b.yaml") | {"load_in_4bit": False})
     assert full.parts["weights"] == pytest.approx(3.09e9 * 2 / 2**30)
     assert qlora.parts["weights"] < 0.5 * full.parts["weights"]
-    evaluation = memory.estimate(_config("configs/eval/qwen2.5-math-7b.yaml"), "configs/eval/qwen2.5-math-7b.yaml")
+    evaluation = memory.estimate(
+        _config("configs/eval/qwen2.5-math-7b.yaml"), "configs/eval/qwen2.5-math-7b.yaml"
+    )
     assert evaluation is None or evaluation.vllm_fraction == 0.9
-    shape = memory.shape_from_config({"hidden_size": 3584, "num_hidden_layers": 28, "vocab_size": 152064,
-                                      "num_attention_heads": 28, "num_key_value_heads": 4,
-                                      "intermediate_size": 18944, "tie_word_embeddings": False})
+    shape = memory.shape_from_config(
+        {
+            "hidden_size": 3584,
+            "num_hidden_layers": 28,
+            "vocab_size": 152064,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "intermediate_size": 18944,
+            "tie_word_embeddings": False,
+        }
+    )
     assert shape.params == pytest.approx(7.62e9, rel=0.01)  # Qwen2.5-7B's 7.62B, biases aside
 
 
 # ----------------------------------------------------------------------------------------------- whole doctor
 def _run(args, cwd):
     env_vars = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env_vars, check=False, capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env_vars,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.slow
 def test_doctor_passes_on_this_cpu_machine(tmp_path):
     config = REPO / "configs" / "rlvr" / "tiny-cpu" / "grpo_branch.yaml"
-    done = _run(["-m", "sage_unsloth.cli", "doctor", str(config), "--backend", "unsloth", "--workdir",
-                 str(tmp_path / "work"), "--json", str(tmp_path / "doctor.json")], tmp_path)
+    done = _run(
+        [
+            "-m",
+            "sage_unsloth.cli",
+            "doctor",
+            str(config),
+            "--backend",
+            "unsloth",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+            str(tmp_path / "doctor.json"),
+        ],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     import json
 
@@ -173,7 +224,8 @@ def test_doctor_fails_when_the_hook_drops_q(tmp_path):
         "from sage_unsloth.rlvr import unsloth_hooks\n"
         "unsloth_hooks.InUnslothLossBranchQ.sage_branch_q = lambda self, entropies, mask: torch.ones_like(entropies)\n"
         "from sage_unsloth.doctor.selftest import main\n"
-        "sys.exit(main(sys.argv[1:]))\n")
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
     done = _run([str(script), str(tmp_path / "work"), "--backend", "unsloth", "--quick"], tmp_path)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("[")]

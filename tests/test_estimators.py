@@ -72,10 +72,13 @@ def _kit_terms(ref, lq):
         "k2": lambda logp, old: shaped_kl(logp, log_ref, lq, estimator="k2"),
         "k2*ratio": lambda logp, old: shaped_kl(logp, log_ref, lq, estimator="k2") * torch.exp(logp - old),
         "k3": lambda logp, old: kl_loss_term(logp, log_ref, lq, estimator="k3", old_logp=old),
-        "k3*ratio": lambda logp, old: kl_loss_term(logp, log_ref, lq, estimator="k3", old_logp=old, ratio=True),
+        "k3*ratio": lambda logp, old: kl_loss_term(
+            logp, log_ref, lq, estimator="k3", old_logp=old, ratio=True
+        ),
         "kit k2": lambda logp, old: kl_loss_term(logp, log_ref, lq, estimator="k2", old_logp=old),
-        "kit k2 ratio=True": lambda logp, old: kl_loss_term(logp, log_ref, lq, estimator="k2", old_logp=old,
-                                                            ratio=True),
+        "kit k2 ratio=True": lambda logp, old: kl_loss_term(
+            logp, log_ref, lq, estimator="k2", old_logp=old, ratio=True
+        ),
     }
 
 
@@ -99,20 +102,20 @@ def test_estimator_gradient_identities_on_policy(seed, guide):
     reverse, forward = _gradient_of(theta, _reverse(a)), _gradient_of(theta, _forward(a))
     close = lambda x, y: torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-10)
 
-    close(grad["k1"], torch.zeros(V, dtype=F64))          # a value estimator only
+    close(grad["k1"], torch.zeros(V, dtype=F64))  # a value estimator only
     close(grad["k1*ratio"], reverse)
     close(grad["k2"], reverse)
     close(grad["k3*ratio"], reverse)
     close(grad["kit k2"], reverse)
-    close(grad["kit k2 ratio=True"], reverse)             # the kit's k2 ignores use_bias_correction_kl
-    close(grad["k3"], forward)                            # -sum a grad log pi: forward KL from the anchor
+    close(grad["kit k2 ratio=True"], reverse)  # the kit's k2 ignores use_bias_correction_kl
+    close(grad["k3"], forward)  # -sum a grad log pi: forward KL from the anchor
     close(grad["k2*ratio"], _gradient_of(theta, _mean_half_square(a)))
     assert (grad["k2*ratio"] - reverse).abs().max() > 1e-3  # so the kit's k2 must not take the ratio
 
     if guide != "q varies by token":  # q is the same for every candidate token at this position
         c = q[0].item()
         plain_reverse = _gradient_of(theta, _reverse(ref))
-        close(grad["k2"], plain_reverse)                   # the guide does nothing in expectation ...
+        close(grad["k2"], plain_reverse)  # the guide does nothing in expectation ...
         close(grad["k3*ratio"], plain_reverse)
         close(grad["k3"], c * _gradient_of(theta, _forward(ref)))  # ... or scales the forward-KL pull by q
     else:  # a token-varying q moves the target: the gradient differs from the unguided one
@@ -127,8 +130,9 @@ def test_forward_estimator_needs_the_ratio(seed):
     theta, ref, _, _ = _categorical(seed)
     target = _gradient_of(theta, lambda pi: (ref * (ref / pi).log()).sum())
     plain = _expected_gradient(theta, lambda logp, old: forward_kl(logp, ref.log()))
-    kit = _expected_gradient(theta, lambda logp, old: kl_loss_term(logp, ref.log(), estimator="forward",
-                                                                  old_logp=old))
+    kit = _expected_gradient(
+        theta, lambda logp, old: kl_loss_term(logp, ref.log(), estimator="forward", old_logp=old)
+    )
     torch.testing.assert_close(kit, target, atol=1e-12, rtol=1e-10)
     # The plain estimator's gradient, written from its formula: sum_v pi_ref(v) log(pi(v)/pi_ref(v)) grad log pi(v).
     theta_ = theta.clone().requires_grad_(True)
@@ -156,12 +160,24 @@ def test_kit_terms_are_exact_off_policy(seed):
     def off(term):
         return _expected_gradient(theta, term, old_theta)
 
-    torch.testing.assert_close(off(lambda lp, old: kl_loss_term(lp, ref.log(), lq, estimator="k2", old_logp=old)),
-                               reverse, atol=1e-12, rtol=1e-10)
-    torch.testing.assert_close(off(lambda lp, old: kl_loss_term(lp, ref.log(), lq, estimator="k3", old_logp=old,
-                                                                ratio=True)), reverse, atol=1e-12, rtol=1e-10)
-    torch.testing.assert_close(off(lambda lp, old: kl_loss_term(lp, ref.log(), estimator="forward", old_logp=old)),
-                               _gradient_of(theta, _forward(ref)), atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(
+        off(lambda lp, old: kl_loss_term(lp, ref.log(), lq, estimator="k2", old_logp=old)),
+        reverse,
+        atol=1e-12,
+        rtol=1e-10,
+    )
+    torch.testing.assert_close(
+        off(lambda lp, old: kl_loss_term(lp, ref.log(), lq, estimator="k3", old_logp=old, ratio=True)),
+        reverse,
+        atol=1e-12,
+        rtol=1e-10,
+    )
+    torch.testing.assert_close(
+        off(lambda lp, old: kl_loss_term(lp, ref.log(), estimator="forward", old_logp=old)),
+        _gradient_of(theta, _forward(ref)),
+        atol=1e-12,
+        rtol=1e-10,
+    )
     plain_k2 = off(lambda lp, old: shaped_kl(lp, ref.log(), lq, estimator="k2"))
     assert (plain_k2 - reverse).abs().max() > 1e-3
 
@@ -184,7 +200,9 @@ def _branch_q(log_root, log_child):
     """The branch guide at each position from the current policy's entropies: one q at the root, one per
     first choice at the second position (its entropy depends on y1)."""
     entropies = torch.cat([entropy(log_root).reshape(1), entropy(log_child, 1)]).detach()[None]
-    q = branch_guide(entropies, torch.ones_like(entropies), gamma=0.8, tau=0.7, q_min=0.6, q_max=1.4)[0].double()
+    q = branch_guide(entropies, torch.ones_like(entropies), gamma=0.8, tau=0.7, q_min=0.6, q_max=1.4)[
+        0
+    ].double()
     return q[0], q[1:]
 
 
@@ -195,7 +213,9 @@ def _tree_kit_gradient(tree, theta, ref_root, ref_child, estimator, ratio=False)
     q_root, q_child = _branch_q(log_root, log_child)
     weight = tree.sequence_log_probs(theta).exp().detach()  # P(y1, y2), the sampling distribution
     term_root = kl_loss_term(log_root, ref_root.log(), q_root.log(), estimator=estimator, ratio=ratio)
-    term_child = kl_loss_term(log_child, ref_child.log(), q_child.log()[:, None], estimator=estimator, ratio=ratio)
+    term_child = kl_loss_term(
+        log_child, ref_child.log(), q_child.log()[:, None], estimator=estimator, ratio=ratio
+    )
     loss = (weight * (term_root[:, None] + term_child)).sum()
     return torch.autograd.grad(loss, theta)[0], (q_root.item(), q_child)
 
@@ -211,7 +231,10 @@ def test_tree_per_token_terms_regularise_each_position_on_its_own(seed):
     def local(divergence_root, divergence_child):
         def total(th):
             lr, lc = tree.log_policies(th)
-            return divergence_root(lr.exp()) + sum(reach[y] * divergence_child(y, lc[y].exp()) for y in range(TREE_V))
+            return divergence_root(lr.exp()) + sum(
+                reach[y] * divergence_child(y, lc[y].exp()) for y in range(TREE_V)
+            )
+
         return total
 
     def grad(fn):
@@ -222,7 +245,9 @@ def test_tree_per_token_terms_regularise_each_position_on_its_own(seed):
     fkl = lambda p, pi: (p * (p / pi).log()).sum()
     rkl = lambda pi, p: (pi * (pi / p).log()).sum()
     # k3: q_1 * grad KL(pi_ref || pi) at the root + sum_y1 pi(y1) q_2(y1) grad KL(pi_ref(.|y1) || pi(.|y1)).
-    want_k3 = grad(local(lambda pi: q_root * fkl(ref_root, pi), lambda y, pi: q_child[y] * fkl(ref_child[y], pi)))
+    want_k3 = grad(
+        local(lambda pi: q_root * fkl(ref_root, pi), lambda y, pi: q_child[y] * fkl(ref_child[y], pi))
+    )
     torch.testing.assert_close(k3, want_k3, atol=1e-12, rtol=1e-10)
     # k2 and k3 x ratio: the sum of the positions' own reverse-KL gradients, whatever q is ...
     local_reverse = grad(local(lambda pi: rkl(pi, ref_root), lambda y, pi: rkl(pi, ref_child[y])))
@@ -231,11 +256,16 @@ def test_tree_per_token_terms_regularise_each_position_on_its_own(seed):
         torch.testing.assert_close(got, local_reverse, atol=1e-12, rtol=1e-10)
     # ... which is not the gradient of the sequence-level KL(pi || pi_ref): that one also moves the first choice
     # towards children with a small KL (a score-function term the per-token loss never has).
-    sequence_kl = grad(lambda th: (tree.sequence_log_probs(th).exp()
-                                   * (tree.sequence_log_probs(th) - (ref_root[:, None] * ref_child).log())).sum())
+    sequence_kl = grad(
+        lambda th: (
+            tree.sequence_log_probs(th).exp()
+            * (tree.sequence_log_probs(th) - (ref_root[:, None] * ref_child).log())
+        ).sum()
+    )
     assert (sequence_kl - local_reverse)[:TREE_V].abs().max() > 1e-3
-    torch.testing.assert_close((sequence_kl - local_reverse)[TREE_V:], torch.zeros(TREE_V * TREE_V, dtype=F64),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        (sequence_kl - local_reverse)[TREE_V:], torch.zeros(TREE_V * TREE_V, dtype=F64), atol=1e-12, rtol=0
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -249,9 +279,10 @@ def test_tree_reward_placement_is_the_sequence_level_gradient(seed):
     q_root, q_child = _branch_q(log_root, log_child)
     token_logp = torch.stack([log_root[:, None].expand(-1, TREE_V), log_child], -1).reshape(-1, 2)
     token_ref = torch.stack([ref_root.log()[:, None].expand(-1, TREE_V), ref_child.log()], -1).reshape(-1, 2)
-    token_log_q = torch.stack([q_root.log().expand(TREE_V, TREE_V), q_child.log()[:, None].expand(-1, TREE_V)],
-                              -1).reshape(-1, 2)
-    shaped_reward = -beta * sequence_pseudo_kl(token_logp, token_ref, token_log_q, torch.ones(TREE_V ** 2, 2))
+    token_log_q = torch.stack(
+        [q_root.log().expand(TREE_V, TREE_V), q_child.log()[:, None].expand(-1, TREE_V)], -1
+    ).reshape(-1, 2)
+    shaped_reward = -beta * sequence_pseudo_kl(token_logp, token_ref, token_log_q, torch.ones(TREE_V**2, 2))
     weight = tree.sequence_log_probs(th).exp().detach().reshape(-1)
     advantage = shaped_reward - (weight * shaped_reward).sum()
     surrogate = (weight * advantage * token_logp.sum(-1)).sum()
@@ -277,7 +308,7 @@ def _tree_rl_problem(seed):
     reward = torch.rand(v, v, generator=g, dtype=F64)
     ref_root = torch.softmax(torch.randn(v, generator=g, dtype=F64), 0)
     ref_child = torch.softmax(torch.randn(v, v, generator=g, dtype=F64), 1)
-    q_root = 0.6 + 0.8 * torch.rand(v, generator=g, dtype=F64)     # q per (position, token), held fixed
+    q_root = 0.6 + 0.8 * torch.rand(v, generator=g, dtype=F64)  # q per (position, token), held fixed
     q_child = 0.6 + 0.8 * torch.rand(v, v, generator=g, dtype=F64)
     beta = [0.2, 0.5, 1.0, 0.35][seed]
     theta0 = torch.cat([ref_root.log(), ref_child.log().reshape(-1)])  # start at the reference
@@ -287,13 +318,18 @@ def _tree_rl_problem(seed):
 def _as_tokens(first, second):
     """(..., V) first-position and (..., V, V) second-position values -> (..., V * V leaves, 2 tokens)."""
     v = first.shape[-1]
-    return torch.stack([first[..., :, None].expand(*second.shape), second], -1).reshape(*first.shape[:-1], v * v, 2)
+    return torch.stack([first[..., :, None].expand(*second.shape), second], -1).reshape(
+        *first.shape[:-1], v * v, 2
+    )
 
 
 def _tokens(tree, theta, ref_root, ref_child, q_root, q_child):
     log_root, log_child = tree.log_policies(theta)
-    return (_as_tokens(log_root, log_child), _as_tokens(ref_root.log(), ref_child.log()),
-            _as_tokens(q_root.log(), q_child.log()))
+    return (
+        _as_tokens(log_root, log_child),
+        _as_tokens(ref_root.log(), ref_child.log()),
+        _as_tokens(q_root.log(), q_child.log()),
+    )
 
 
 def _update(problem, placement, estimator="k3", scale_by_std=False):
@@ -310,7 +346,7 @@ def _update(problem, placement, estimator="k3", scale_by_std=False):
             shaped = r - beta * sequence_pseudo_kl(logp, ref, lq, torch.ones_like(logp))
             advantage = shaped - (weight * shaped).sum(-1, keepdim=True)
             if scale_by_std:  # GRPO's group std (exact here) with TRL's 1e-4: a positive factor per prompt
-                advantage = advantage / ((weight * advantage ** 2).sum(-1, keepdim=True).sqrt() + 1e-4)
+                advantage = advantage / ((weight * advantage**2).sum(-1, keepdim=True).sqrt() + 1e-4)
             loss = -(weight * advantage * logp.sum(-1)).sum()
         else:
             advantage = r - (weight * r).sum(-1, keepdim=True)
@@ -336,9 +372,11 @@ def _leaf_distribution(tree, theta):
 
 def _inverse_reach(tree):
     """Step scale per logit: 1 / P(reaching its token), a natural-gradient-like preconditioner for the solver."""
+
     def scale(theta):
         log_root, log_child = tree.log_policies(theta)
         return torch.cat([-log_root, -(log_root[:, None] + log_child).reshape(-1)]).exp().clamp(max=1e6)
+
     return scale
 
 
@@ -407,6 +445,7 @@ def test_tree_reward_placement_target_holds_for_every_length_weighting():
             if per_completion_mean:
                 tokens = tokens / mask.sum(-1)
             return torch.autograd.grad(-(weight * advantage * tokens).sum(), theta)[0].detach()
+
         return update
 
     log_anchor = _as_tokens(q_root.log(), q_child.log()) + _as_tokens(ref_root.log(), ref_child.log())
@@ -428,9 +467,13 @@ def test_random_guide_has_unit_mean_with_symmetric_bounds():
     from sage_unsloth.anchor import random_guide
 
     mask = torch.ones(400, 500)
-    q = random_guide(mask, eps=0.5, sigma=0.6, q_min=0.6, q_max=1.4, generator=torch.Generator().manual_seed(0))
+    q = random_guide(
+        mask, eps=0.5, sigma=0.6, q_min=0.6, q_max=1.4, generator=torch.Generator().manual_seed(0)
+    )
     assert q.mean().item() == pytest.approx(1.0, abs=2e-3)
     assert (q != 1).float().mean().item() == pytest.approx(0.5, abs=0.01)
-    skewed = random_guide(mask, eps=0.5, sigma=0.6, q_min=0.6, q_max=2.0, generator=torch.Generator().manual_seed(0))
+    skewed = random_guide(
+        mask, eps=0.5, sigma=0.6, q_min=0.6, q_max=2.0, generator=torch.Generator().manual_seed(0)
+    )
     assert skewed.mean().item() > 1.02
     assert math.isfinite(q.sum().item())

@@ -41,8 +41,10 @@ class StubSampler:
             problem = self.by_seed[seed]
             c = seed % (self.n + 1)
             if problem.is_kk:
-                right = "\n".join(f"{name} is a {'knight' if k else 'knave'}"
-                                  for name, k in zip(problem.kk_names, problem.kk_solution))
+                right = "\n".join(
+                    f"{name} is a {'knight' if k else 'knave'}"
+                    for name, k in zip(problem.kk_names, problem.kk_solution)
+                )
                 texts = [f"<SOLUTION>{right}</SOLUTION>"] * c + ["<SOLUTION>nobody</SOLUTION>"] * (self.n - c)
             else:
                 texts = [FORMATS[j % 3].format(problem.gold) for j in range(c)]
@@ -52,9 +54,17 @@ class StubSampler:
 
 
 def _config(tmp_path, tiny_model_dir, **over):
-    cfg = EvalConfig(checkpoints=[str(tiny_model_dir)], benchmarks=["aime24", "aime25", "amc23", "math500", "kk"],
-                     limit=5, n=4, problems_per_batch=2, seed=11, grading_workers=2,
-                     results_dir=str(tmp_path / "results"), outputs_dir=str(tmp_path / "outputs"))
+    cfg = EvalConfig(
+        checkpoints=[str(tiny_model_dir)],
+        benchmarks=["aime24", "aime25", "amc23", "math500", "kk"],
+        limit=5,
+        n=4,
+        problems_per_batch=2,
+        seed=11,
+        grading_workers=2,
+        results_dir=str(tmp_path / "results"),
+        outputs_dir=str(tmp_path / "outputs"),
+    )
     return replace(cfg, **over)
 
 
@@ -77,7 +87,9 @@ def test_pipeline_counts_correct_samples_and_writes_the_contract(tmp_path, tiny_
     lines = (out / "per_problem.csv").read_text().splitlines()
     assert lines[0] == "dataset,problem_id,n,c,mean_completion_tokens"
     counts = {tuple(line.split(",")[:2]): int(line.split(",")[3]) for line in lines[1:]}
-    expected = {(p.dataset, p.problem_id): sampler.expected_c(p, cfg.seed) for ps in sets.values() for p in ps}
+    expected = {
+        (p.dataset, p.problem_id): sampler.expected_c(p, cfg.seed) for ps in sets.values() for p in ps
+    }
     assert counts == expected and len(counts) == 25
     assert 0 < sum(counts.values()) < 25 * 4
     passk = (out / "passk.csv").read_text().splitlines()
@@ -85,7 +97,9 @@ def test_pipeline_counts_correct_samples_and_writes_the_contract(tmp_path, tiny_
     datasets = {line.split(",")[0] for line in passk[1:]}
     # The bundled K&K set is named by its variant; the pooled AIME and the paper average are unaffected.
     assert datasets == {"aime24", "aime25", "aime", "amc23", "math500", "kk_logicrl", "avg_paper"}
-    assert [line.split(",")[3] for line in passk[1:] if line.startswith("aime,")] == ["10"] * 3  # 5 + 5 problems
+    assert [line.split(",")[3] for line in passk[1:] if line.startswith("aime,")] == [
+        "10"
+    ] * 3  # 5 + 5 problems
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stage"] == "eval" and manifest["sampling"]["n"] == 4 and manifest["ks"] == [1, 2, 4]
     assert manifest["datasets"] == ["aime24", "aime25", "amc23", "math500", "kk_logicrl"]
@@ -93,14 +107,24 @@ def test_pipeline_counts_correct_samples_and_writes_the_contract(tmp_path, tiny_
     assert grading_stats["unresolved"] == 0 and grading_stats["grader"] == grading.grader_fingerprint()
     assert grading_stats["budget_s"] == grading.DEFAULT_TIMEOUT_S
     assert not list(out.rglob("*.jsonl*"))  # completions never go into results/
-    chunk = tmp_path / "outputs" / Path(tiny_model_dir).name / "eval" / "base" / "math500" / "chunk_00000.jsonl.gz"
+    chunk = (
+        tmp_path
+        / "outputs"
+        / Path(tiny_model_dir).name
+        / "eval"
+        / "base"
+        / "math500"
+        / "chunk_00000.jsonl.gz"
+    )
     with gzip.open(chunk, "rt") as fh:
         record = json.loads(fh.readline())
     assert len(record["completions"]) == 4 and record["c"] == sum(c["correct"] for c in record["completions"])
     # Auditable: the gold, what the grader read and its status are kept with every completion.
     assert record["gold"] == sets["math500"][0].gold and record["grader"] == grading.grader_fingerprint()
     assert {(c["answer"], c["status"]) for c in record["completions"]} <= {
-        (sets["math500"][0].gold, "correct"), (f"{sets['math500'][0].gold} + 1", "wrong")}
+        (sets["math500"][0].gold, "correct"),
+        (f"{sets['math500'][0].gold} + 1", "wrong"),
+    }
 
 
 def test_killed_run_resumes_to_identical_csvs(tmp_path, tiny_model_dir):
@@ -111,7 +135,9 @@ def test_killed_run_resumes_to_identical_csvs(tmp_path, tiny_model_dir):
     assert not (Path(cfg.results_dir)).exists()
     chunks = sorted(Path(cfg.outputs_dir).rglob("chunk_*.jsonl.gz"))
     assert len(chunks) == 3
-    chunks[-1].write_bytes(chunks[-1].read_bytes()[:20])  # a torn file (e.g. disk full) is redone, not trusted
+    chunks[-1].write_bytes(
+        chunks[-1].read_bytes()[:20]
+    )  # a torn file (e.g. disk full) is redone, not trusted
     resumed, sampler, _ = _run(cfg)
     assert sampler.calls == 15 - 2  # 3 chunks per set x 5 sets, minus the 2 intact ones
     for name in ("per_problem.csv", "passk.csv"):
@@ -140,7 +166,9 @@ def test_clear_one_line_errors_before_any_model_loads(tmp_path, capsys, tiny_mod
 
     monkeypatch.setattr("sage_unsloth.eval.sampling.make_sampler", no_model)
     common = ["--results_dir", str(tmp_path / "r"), "--outputs_dir", str(tmp_path / "o")]
-    err = _main_error(capsys, ["--checkpoints", str(tiny_model_dir), "--benchmarks", "aime24", "gsm8k", *common])
+    err = _main_error(
+        capsys, ["--checkpoints", str(tiny_model_dir), "--benchmarks", "aime24", "gsm8k", *common]
+    )
     assert "unknown benchmark" in err and "gsm8k" in err
     err = _main_error(capsys, ["--checkpoints", str(tiny_model_dir), "--n", "4", "--ks", "1", "8", *common])
     assert "k=[8]" in err and "n=4" in err
@@ -163,14 +191,29 @@ def test_stage_folders_resolve_to_base_plus_adapter(tmp_path, tiny_model_dir):
     (sft / "adapter_config.json").write_text(json.dumps({"r": 8}))
     write_manifest(sft, stage="sft", config={}, base_model=str(tiny_model_dir), model_short_name="tiny")
     ckpt = resolve_checkpoint(str(sft))
-    assert (ckpt.model, ckpt.run, ckpt.base_model, ckpt.adapter_dir) == ("tiny", "sft", str(tiny_model_dir), str(sft))
+    assert (ckpt.model, ckpt.run, ckpt.base_model, ckpt.adapter_dir) == (
+        "tiny",
+        "sft",
+        str(tiny_model_dir),
+        str(sft),
+    )
     rlvr = tmp_path / "outputs" / "tiny" / "grpo_branch"
     (rlvr / "policy").mkdir(parents=True)
     (rlvr / "policy" / "adapter_config.json").write_text(json.dumps({"r": 8}))
-    write_manifest(rlvr, stage="rlvr", config={}, base_model=str(tiny_model_dir), model_short_name="tiny",
-                   variant="grpo_branch")
+    write_manifest(
+        rlvr,
+        stage="rlvr",
+        config={},
+        base_model=str(tiny_model_dir),
+        model_short_name="tiny",
+        variant="grpo_branch",
+    )
     ckpt = resolve_checkpoint(str(rlvr))
-    assert (ckpt.run, ckpt.adapter_dir, ckpt.tokenizer_dir) == ("grpo_branch", str(rlvr / "policy"), str(rlvr))
+    assert (ckpt.run, ckpt.adapter_dir, ckpt.tokenizer_dir) == (
+        "grpo_branch",
+        str(rlvr / "policy"),
+        str(rlvr),
+    )
     write_manifest(rlvr, stage="report", config={})
     with pytest.raises(ValueError, match="'sft' or 'rlvr'"):
         resolve_checkpoint(str(rlvr))
@@ -186,7 +229,9 @@ def test_bundled_benchmarks_load_offline_with_normalised_golds(benchmark_dir):
     assert load_benchmark("amc23", limit=1)[0].gold == "27"
     assert load_benchmark("minerva", limit=1)[0].gold == "1.6"
     kk = load_benchmark("kk", limit=1)[0]
-    assert kk.is_kk and kk.kk_names == ("Amelia", "Penelope", "Evelyn") and kk.kk_solution == (True, True, False)
+    assert (
+        kk.is_kk and kk.kk_names == ("Amelia", "Penelope", "Evelyn") and kk.kk_solution == (True, True, False)
+    )
     with pytest.raises(FileNotFoundError, match="data_dir"):
         load_benchmark("aime24", benchmark_dir / "nowhere")
     with pytest.raises(ValueError, match="source=hub ignores data_dir"):
@@ -212,13 +257,18 @@ def test_user_benchmark_files_register_by_name(tmp_path, tiny_model_dir, monkeyp
 
     monkeypatch.setattr(benchmarks, "BENCHMARKS", dict(benchmarks.BENCHMARKS))  # keep the registry clean
     mine = tmp_path / "mine.jsonl"
-    mine.write_text("\n".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1), "id": i}) for i in range(3)))
-    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["mine", "amc23"],
-                  local_benchmarks=[f"mine={mine}"])
+    mine.write_text(
+        "\n".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1), "id": i}) for i in range(3))
+    )
+    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["mine", "amc23"], local_benchmarks=[f"mine={mine}"])
     _, _, sets = prepare(cfg)  # the bundled files still serve amc23; mine comes from its own path
     assert [p.gold for p in sets["mine"]] == ["1", "2", "3"] and len(sets["amc23"]) == 5
-    for entry, message in ((f"amc23={mine}", "built-in"), (f"kk_official={mine}", "built-in"), ("mine", "name=path"),
-                           (f"other={tmp_path / 'nope.jsonl'}", "not found")):
+    for entry, message in (
+        (f"amc23={mine}", "built-in"),
+        (f"kk_official={mine}", "built-in"),
+        ("mine", "name=path"),
+        (f"other={tmp_path / 'nope.jsonl'}", "not found"),
+    ):
         with pytest.raises((ValueError, FileNotFoundError), match=message):
             prepare(replace(cfg, local_benchmarks=[entry], benchmarks=["amc23"]))
 
@@ -229,8 +279,12 @@ def test_grading_pool_dedups_and_agrees_with_serial_grading():
     items = []
     for p in problems:
         items += [(f"<SOLUTION>{p.gold}</SOLUTION>", p.gold)] * 3  # exact repeats: graded once
-        items += [(f"\\boxed{{{p.gold}}}", p.gold), (f"<SOLUTION>{p.gold} + 1</SOLUTION>", p.gold),
-                  ("no answer", p.gold), (f"<SOLUTION>${p.gold}$</SOLUTION>", p.gold)]
+        items += [
+            (f"\\boxed{{{p.gold}}}", p.gold),
+            (f"<SOLUTION>{p.gold} + 1</SOLUTION>", p.gold),
+            ("no answer", p.gold),
+            (f"<SOLUTION>${p.gold}$</SOLUTION>", p.gold),
+        ]
     with GradingPool(workers=2) as pool:
         verdicts = [g.correct for g in pool.grade(items)]
         stats = dict(pool.stats)
@@ -249,11 +303,14 @@ def test_knights_and_knaves_results_name_their_puzzle_set(tmp_path, tiny_model_d
     assert kk_variant("bundled", []) == "kk_logicrl" and kk_variant("hub", []) == "kk_official"
     rows = [json.loads(line) for line in (benchmark_dir / "kk_test.jsonl").read_text().splitlines()[:3]]
     assert kk_variant("local", rows) == "kk_logicrl"  # Logic-RL's rows say data_source: kk_logic
-    assert kk_variant("local", [{k: v for k, v in r.items() if k != "data_source"} for r in rows]) == "kk_local"
+    assert (
+        kk_variant("local", [{k: v for k, v in r.items() if k != "data_source"} for r in rows]) == "kk_local"
+    )
     other = tmp_path / "mine"
     other.mkdir()
-    (other / "kk_test.jsonl").write_text("\n".join(json.dumps({k: v for k, v in r.items() if k != "data_source"})
-                                                   for r in rows))
+    (other / "kk_test.jsonl").write_text(
+        "\n".join(json.dumps({k: v for k, v in r.items() if k != "data_source"}) for r in rows)
+    )
     assert {p.dataset for p in load_benchmark("kk", other)} == {"kk_local"}
     with pytest.raises(ValueError, match="kk_official.*needs source=hub"):
         load_benchmark("kk_official")
@@ -284,12 +341,22 @@ def test_timeouts_are_retried_at_the_end_and_unresolved_ones_counted(tmp_path, t
     assert stats["timeouts"] > 0 and stats["retried"] > 0 and stats["unresolved"] == 0
     for name in ("per_problem.csv", "passk.csv"):  # the end-of-run retry settles them to the normal verdicts
         assert (rushed / name).read_text() == (normal / name).read_text()
-    hopeless, _, _ = _run(replace(rushed_cfg, results_dir=str(tmp_path / "h" / "r"),
-                                  outputs_dir=str(tmp_path / "h" / "o"), grading_retry_timeout_s=1e-6))
+    hopeless, _, _ = _run(
+        replace(
+            rushed_cfg,
+            results_dir=str(tmp_path / "h" / "r"),
+            outputs_dir=str(tmp_path / "h" / "o"),
+            grading_retry_timeout_s=1e-6,
+        )
+    )
     stats = json.loads((hopeless / "manifest.json").read_text())["grading"]
     assert stats["unresolved"] >= stats["timeouts"] > 0  # counted in the manifest (the report shows it)
-    statuses = [c["status"] for path in Path(tmp_path / "h" / "o").rglob("chunk_*.jsonl.gz")
-                for record in read_chunk(path) for c in record["completions"]]
+    statuses = [
+        c["status"]
+        for path in Path(tmp_path / "h" / "o").rglob("chunk_*.jsonl.gz")
+        for record in read_chunk(path)
+        for c in record["completions"]
+    ]
     assert statuses.count("timeout") == stats["unresolved"]
 
 

@@ -29,13 +29,22 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="module")
 def scenarios(tiny_model_dir, benchmark_dir, tmp_path_factory):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
     procs = {}
     for backend, python in (("vllm", vllm_python()), ("hf", sys.executable)):
         work = tmp_path_factory.mktemp(f"eval_{backend}")
         cmd = [python, str(SCENARIO), backend, str(tiny_model_dir), str(benchmark_dir), str(work)]
-        procs[backend] = (work, subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.PIPE,
-                                                 stderr=subprocess.STDOUT, text=True))
+        procs[backend] = (
+            work,
+            subprocess.Popen(
+                cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            ),
+        )
     results = {}
     for backend, (work, proc) in procs.items():
         log, _ = proc.communicate(timeout=400)
@@ -54,7 +63,9 @@ def test_sampling_end_to_end_and_kill_resume(scenarios, backend):
     assert all(line.split(",")[2] == "3" for line in per_problem[1:])
     assert all(0 < float(line.split(",")[4]) <= 16 for line in per_problem[1:])
     passk = result["a"]["passk.csv"]
-    assert "\naime24,3," in passk and "\nkk_logicrl,1," in passk and "\naime," not in passk  # no pooled AIME w/o aime25
+    assert (
+        "\naime24,3," in passk and "\nkk_logicrl,1," in passk and "\naime," not in passk
+    )  # no pooled AIME w/o aime25
     assert result["killed"] and result["chunks_after_kill"] == 2
     assert result["calls_uninterrupted"] == [2, 1, 2, 1, 2, 1] and result["calls_resumed"] == [2, 1, 2, 1]
     assert result["b"] == result["a"]

@@ -21,10 +21,18 @@ def _boxed_only_correct(sampler, problem, seed) -> int:
     return 0 if problem.is_kk else sum(1 for j in range(c) if FORMATS[j % 3].startswith("so \\boxed"))
 
 
-def test_regrade_follows_the_grader_and_is_byte_identical_without_a_change(tmp_path, tiny_model_dir, monkeypatch):
+def test_regrade_follows_the_grader_and_is_byte_identical_without_a_change(
+    tmp_path, tiny_model_dir, monkeypatch
+):
     monkeypatch.chdir(tmp_path)  # the manifest's completions_dir is relative to where the eval ran
-    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23", "math500", "kk"], limit=4,
-                  results_dir="results", outputs_dir="outputs")
+    cfg = _config(
+        tmp_path,
+        tiny_model_dir,
+        benchmarks=["amc23", "math500", "kk"],
+        limit=4,
+        results_dir="results",
+        outputs_dir="outputs",
+    )
     out, sampler, sets = _run(cfg)
     graded = _csvs(out)
 
@@ -43,15 +51,24 @@ def test_regrade_follows_the_grader_and_is_byte_identical_without_a_change(tmp_p
     monkeypatch.setattr(grading, "extract_answer", strict)
     assert cli.main(["regrade", str(out), "--workers", "1"]) == 0
     rows = [line.split(",") for line in (out / "per_problem.csv").read_text().splitlines()[1:]]
-    expected = [{"dataset": p.dataset, "problem_id": p.problem_id, "n": 4,
-                 "c": sampler.expected_c(p, cfg.seed) - _boxed_only_correct(sampler, p, cfg.seed)}
-                for ps in sets.values() for p in ps]
+    expected = [
+        {
+            "dataset": p.dataset,
+            "problem_id": p.problem_id,
+            "n": 4,
+            "c": sampler.expected_c(p, cfg.seed) - _boxed_only_correct(sampler, p, cfg.seed),
+        }
+        for ps in sets.values()
+        for p in ps
+    ]
     assert [(r[0], r[1], int(r[2]), int(r[3])) for r in rows] == [
-        (e["dataset"], e["problem_id"], e["n"], e["c"]) for e in expected]
+        (e["dataset"], e["problem_id"], e["n"], e["c"]) for e in expected
+    ]
     assert sum(_boxed_only_correct(sampler, p, cfg.seed) for ps in sets.values() for p in ps) > 0
     passk = [line.split(",") for line in (out / "passk.csv").read_text().splitlines()[1:]]
     assert [(r[0], int(r[1]), float(r[2])) for r in passk] == [
-        (r["dataset"], r["k"], float(repr(r["pass_at_k"]))) for r in passk_rows(expected, [1, 2, 4])]
+        (r["dataset"], r["k"], float(repr(r["pass_at_k"]))) for r in passk_rows(expected, [1, 2, 4])
+    ]
     chunk = next(Path("outputs").rglob("math500/chunk_00000.jsonl.gz"))
     record = read_chunk(chunk)[0]
     assert {c["status"] for c in record["completions"]} <= {"correct", "wrong", "no_answer"}
@@ -62,7 +79,10 @@ def test_regrade_follows_the_grader_and_is_byte_identical_without_a_change(tmp_p
     back = _csvs(out)
     assert back["per_problem.csv"] == graded["per_problem.csv"] and back["passk.csv"] == graded["passk.csv"]
     manifest = json.loads(back["manifest.json"])
-    assert manifest["regraded"]["grader"] == grading.grader_fingerprint() and manifest["grading"]["unresolved"] == 0
+    assert (
+        manifest["regraded"]["grader"] == grading.grader_fingerprint()
+        and manifest["grading"]["unresolved"] == 0
+    )
     assert manifest["created"] == json.loads(graded["manifest.json"])["created"]  # the run's record is kept
 
 
@@ -87,14 +107,26 @@ def test_report_names_the_kk_set_and_shows_what_stayed_ungraded(tmp_path, tiny_m
         return compare(candidate, form)
 
     monkeypatch.setattr(verify, "_symbolic_equal", slow_compare)
-    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["math500", "kk"], limit=2, grading_timeout_s=1e-6,
-                  grading_retry_timeout_s=1e-6)
+    cfg = _config(
+        tmp_path,
+        tiny_model_dir,
+        benchmarks=["math500", "kk"],
+        limit=2,
+        grading_timeout_s=1e-6,
+        grading_retry_timeout_s=1e-6,
+    )
     out, _, _ = _run(cfg)
     unresolved = json.loads((out / "manifest.json").read_text())["grading"]["unresolved"]
     assert unresolved > 0
-    result = build_report(ReportArguments(results=cfg.results_dir, out=str(tmp_path / "report.md"),
-                                          paper_dir=str(Path(__file__).parents[1] / "results" / "paper"),
-                                          resamples=100), console=False)
+    result = build_report(
+        ReportArguments(
+            results=cfg.results_dir,
+            out=str(tmp_path / "report.md"),
+            paper_dir=str(Path(__file__).parents[1] / "results" / "paper"),
+            resamples=100,
+        ),
+        console=False,
+    )
     text = result.out.read_text()
     assert "## Knights-and-Knaves, Logic-RL split (kk_logicrl; not comparable with kk_official)" in text
     header = next(line for line in text.splitlines() if line.startswith("| run |"))

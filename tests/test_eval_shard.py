@@ -45,8 +45,9 @@ def test_two_shards_equal_one_process(tmp_path, tiny_model_dir):
     for name in CSVS:
         (out1 / name).unlink()
     ks, checkpoints, sets = prepare(base)
-    merged = evaluate_checkpoint(base, checkpoints[0], sets, ks,
-                                 sampler=NoSampling(base, [p for ps in sets.values() for p in ps]))
+    merged = evaluate_checkpoint(
+        base, checkpoints[0], sets, ks, sampler=NoSampling(base, [p for ps in sets.values() for p in ps])
+    )
     for name in CSVS:  # the merge run: no --shard, every chunk on disk, nothing sampled
         assert (merged / name).read_bytes() == (single_out / name).read_bytes(), name
 
@@ -70,6 +71,17 @@ def test_shards_cover_every_chunk_once_whatever_is_already_done():
 def test_a_bad_shard_is_a_one_line_error(spec, tmp_path, capsys, tiny_model_dir):
     with pytest.raises(ValueError, match="shard="):
         parse_shard(spec)
-    err = _main_error(capsys, ["--checkpoints", str(tiny_model_dir), "--shard", spec,
-                               "--results_dir", str(tmp_path / "r"), "--outputs_dir", str(tmp_path / "o")])
+    err = _main_error(
+        capsys,
+        [
+            "--checkpoints",
+            str(tiny_model_dir),
+            "--shard",
+            spec,
+            "--results_dir",
+            str(tmp_path / "r"),
+            "--outputs_dir",
+            str(tmp_path / "o"),
+        ],
+    )
     assert "shard=" in err

@@ -60,18 +60,21 @@ def test_extract_examines_only_the_tail_of_huge_input():
     assert extract_answer("x" * 5_000_000 + "<SOLUTION>3</SOLUTION>") == "3"
 
 
-@pytest.mark.parametrize(("answer", "candidate"), [
-    ("The answer is not 5, it is 4", "4"),
-    ("$204$ minutes, including $t = 24$", "204"),
-    ("Since $t = 24$, the walk takes $204$ minutes", "204"),
-    ("t = 24, so the walk takes 204 minutes", "204"),
-    ("2000 calories", "2000"),
-    ("It is not 4", None),
-    ("204 or 228", "204, 228"),  # a hedge stays a list, which a single gold does not equal
-    ("\\frac{1}{LCs^2 + RCs + 1}", "\\frac{1}{LCs^2 + RCs + 1}"),  # juxtaposed variables are not words
-    ("m\\frac{dv}{dt} + bv = f", "m\\frac{dv}{dt} + bv = f"),
-    ("$x = 1$, $y = 2$", "x = 1, y = 2"),
-])
+@pytest.mark.parametrize(
+    ("answer", "candidate"),
+    [
+        ("The answer is not 5, it is 4", "4"),
+        ("$204$ minutes, including $t = 24$", "204"),
+        ("Since $t = 24$, the walk takes $204$ minutes", "204"),
+        ("t = 24, so the walk takes 204 minutes", "204"),
+        ("2000 calories", "2000"),
+        ("It is not 4", None),
+        ("204 or 228", "204, 228"),  # a hedge stays a list, which a single gold does not equal
+        ("\\frac{1}{LCs^2 + RCs + 1}", "\\frac{1}{LCs^2 + RCs + 1}"),  # juxtaposed variables are not words
+        ("m\\frac{dv}{dt} + bv = f", "m\\frac{dv}{dt} + bv = f"),
+        ("$x = 1$, $y = 2$", "x = 1, y = 2"),
+    ],
+)
 def test_math_candidate_reads_the_affirmed_value_of_a_sentence(answer, candidate):
     assert math_candidate(answer) == candidate
 
@@ -91,17 +94,35 @@ def test_minerva_gold_is_last_boxed_of_solution(benchmark_dir):
         minerva_gold("no box")
 
 
-@pytest.mark.parametrize(("text", "normalised"), [
-    ("4.5e33", "4.5\\times 10^{33}"), ("1e-5", "1\\times 10^{-5}"), ("2.7778e-6", "2.7778\\times 10^{-6}"),
-    ("3e^{-2t}", "3e^{-2t}"),  # Euler's e stays
-    ("\\$32,\\!348", "32348"), ("10\\,080", "10080"), ("10{,}080", "10080"), ("58,500", "58500"),
-    ("(2,100)", "(2,100)"),  # a pair, not a thousands separator
-    ("90^\\circ", "90"), ("\\frac{270^\\circ}{7}", "\\frac{270}{7}"), ("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}"),
-    ("864 \\mbox{ inches}^2", "864"), ("\\dfrac43", "\\frac{4}{3}"), ("4.5 \\times 10^33", "4.5\\times 10^{33}"),
-    ("\\lambda_{\\text {red}} / \\sqrt{2}", "\\lambda_{red} / \\sqrt{2}"), ("E_1", "\\mathrm{E}_{1}"),
-    ("-1./3", "-1/3"), ("np.arcsin(10/13)", "\\arcsin(10/13)"), ("L \\approx 4.5", "4.5"),
-    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}"),  # rows survive
-])
+@pytest.mark.parametrize(
+    ("text", "normalised"),
+    [
+        ("4.5e33", "4.5\\times 10^{33}"),
+        ("1e-5", "1\\times 10^{-5}"),
+        ("2.7778e-6", "2.7778\\times 10^{-6}"),
+        ("3e^{-2t}", "3e^{-2t}"),  # Euler's e stays
+        ("\\$32,\\!348", "32348"),
+        ("10\\,080", "10080"),
+        ("10{,}080", "10080"),
+        ("58,500", "58500"),
+        ("(2,100)", "(2,100)"),  # a pair, not a thousands separator
+        ("90^\\circ", "90"),
+        ("\\frac{270^\\circ}{7}", "\\frac{270}{7}"),
+        ("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}"),
+        ("864 \\mbox{ inches}^2", "864"),
+        ("\\dfrac43", "\\frac{4}{3}"),
+        ("4.5 \\times 10^33", "4.5\\times 10^{33}"),
+        ("\\lambda_{\\text {red}} / \\sqrt{2}", "\\lambda_{red} / \\sqrt{2}"),
+        ("E_1", "\\mathrm{E}_{1}"),
+        ("-1./3", "-1/3"),
+        ("np.arcsin(10/13)", "\\arcsin(10/13)"),
+        ("L \\approx 4.5", "4.5"),
+        (
+            "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+            "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+        ),  # rows survive
+    ],
+)
 def test_normalise_math_rules(text, normalised):
     assert normalise_math(text) == normalised
 
@@ -122,17 +143,27 @@ def test_plain_numbers_parse_to_exact_values():
 
 
 def test_measured_golds_equal_answers_that_round_to_them_within_one_percent():
-    gold = _num("4.5\\times 10^{33}")  # half a unit of the last digit is 0.05e33 (1.1%), 1% caps it at 0.045e33
-    assert numbers_equal(gold, _num("4.54\\times 10^{33}")) and not numbers_equal(gold, _num("4.549\\times10^{33}"))
-    assert numbers_equal(gold, _num("4.46\\times 10^{33}")) and not numbers_equal(gold, _num("4.6\\times10^{33}"))
+    gold = _num(
+        "4.5\\times 10^{33}"
+    )  # half a unit of the last digit is 0.05e33 (1.1%), 1% caps it at 0.045e33
+    assert numbers_equal(gold, _num("4.54\\times 10^{33}")) and not numbers_equal(
+        gold, _num("4.549\\times10^{33}")
+    )
+    assert numbers_equal(gold, _num("4.46\\times 10^{33}")) and not numbers_equal(
+        gold, _num("4.6\\times10^{33}")
+    )
     small = _num(".0000672")  # math-verify's 6-decimal rounding called 0.0000671 equal
     assert not numbers_equal(small, _num("0.0000671")) and numbers_equal(small, _num("6.72\\times 10^{-5}"))
     one_digit = _num("1\\times 10^{-5}")  # one digit is not a 50% band: 1% caps it
-    assert numbers_equal(one_digit, _num("1.009\\times 10^{-5}")) and not numbers_equal(one_digit, _num("1.4\\times 10^{-5}"))
+    assert numbers_equal(one_digit, _num("1.009\\times 10^{-5}")) and not numbers_equal(
+        one_digit, _num("1.4\\times 10^{-5}")
+    )
     assert not numbers_equal(one_digit, _num("1.02\\times 10^{-5}"))
     exact = _num("204")
     assert numbers_equal(exact, _num("204.0")) and not numbers_equal(exact, _num("204.4"))
-    assert numbers_equal(_num("\\frac{1}{3}"), _num("0.333333")) and not numbers_equal(_num("\\frac{1}{3}"), _num("0.33"))
+    assert numbers_equal(_num("\\frac{1}{3}"), _num("0.333333")) and not numbers_equal(
+        _num("\\frac{1}{3}"), _num("0.33")
+    )
 
 
 # ------------------------------------------------------------------ verdicts
@@ -149,13 +180,24 @@ def test_measured_golds_equal_answers_that_round_to_them_within_one_percent():
         ("2^{2^{n}}", "2^{2^{n}}", True),
         ("\\sqrt{50}", "\\sqrt{51}", False),
         ("4.5 \\times 10^{33}", "4.5e33", True),  # e-notation gold
-        ("\\frac{37}{4} m", "\\frac{37}{4} m", True), ("\\frac{37}{4}", "\\frac{37}{4} m", False),  # m: a variable
-        ("-\\frac{1}{3}", "-1./3", True), ("\\sin^{-1}(10/13)", "np.arcsin(10/13)", True),  # Python golds
-        ("E_2, E_1", "E_{1},E_{2}", True), ("E_1", "E_{1},E_{2}", False),
+        ("\\frac{37}{4} m", "\\frac{37}{4} m", True),
+        ("\\frac{37}{4}", "\\frac{37}{4} m", False),  # m: a variable
+        ("-\\frac{1}{3}", "-1./3", True),
+        ("\\sin^{-1}(10/13)", "np.arcsin(10/13)", True),  # Python golds
+        ("E_2, E_1", "E_{1},E_{2}", True),
+        ("E_1", "E_{1},E_{2}", False),
         ("2 r_0 \\sqrt{\\pi G \\rho_0}", "\\sqrt{4 \\pi G \\rho_{0} r_{0}^{2}}", True),  # positive quantities
         ("\\frac{dM}{dt} = M^5", "\\frac{dM}{dt} = M^6", False),  # dM/dt is not the derivative of a constant
-        ("LC\\frac{d^2 v_o}{dt^2} + v_o = v_i", "\\frac{d^{2} v_{o}}{d t^{2}}+\\frac{v_{o}}{L C}=\\frac{v_{i}}{L C}", True),
-        ("2\\frac{d^2 v_o}{dt^2} + v_o = v_i", "\\frac{d^{2} v_{o}}{d t^{2}}+\\frac{v_{o}}{L C}=\\frac{v_{i}}{L C}", False),
+        (
+            "LC\\frac{d^2 v_o}{dt^2} + v_o = v_i",
+            "\\frac{d^{2} v_{o}}{d t^{2}}+\\frac{v_{o}}{L C}=\\frac{v_{i}}{L C}",
+            True,
+        ),
+        (
+            "2\\frac{d^2 v_o}{dt^2} + v_o = v_i",
+            "\\frac{d^{2} v_{o}}{d t^{2}}+\\frac{v_{o}}{L C}=\\frac{v_{i}}{L C}",
+            False,
+        ),
         ("2e^{i\\pi/3}", "1+\\sqrt{3} i", True),  # i is the imaginary unit when the gold says so
         (None, "5", False),
         ("", "5", False),
@@ -209,8 +251,11 @@ def test_reference_solutions_grade_against_their_golds_and_shuffled_golds_do_not
     def item(row, gold):  # graded through the eval's process pool, like a real run
         return f"<SOLUTION>\\boxed{{{last_boxed(row['solution'])}}}</SOLUTION>", gold
 
-    items = ([item(r, r["answer"]) for r in math500] + [item(r, minerva_gold(r["solution"])) for r in minerva]
-             + [item(r, g) for r, g in zip(math500, shuffled)])  # zip stops at the 150
+    items = (
+        [item(r, r["answer"]) for r in math500]
+        + [item(r, minerva_gold(r["solution"])) for r in minerva]
+        + [item(r, g) for r, g in zip(math500, shuffled)]
+    )  # zip stops at the 150
     with GradingPool(workers=2) as pool:
         verdicts = [g.correct for g in pool.grade(items)]
         assert pool.stats["timeouts"] == 0
@@ -239,20 +284,61 @@ def _hostile_completions():
         "[" * 33 + "]" * 33,
     ]
     powers = [
-        "10^{10^{10^{10}}}", "9^{9^{9^{9^{9}}}}", "10**10**10**10", "2^{100000000}", "(10^{10})!",
-        "100000!", "10^{10^{10}} - 10^{10^{10}} + 5", "\\binom{10^{12}}{10^{6}}", "e^{e^{e^{e^{10}}}}",
-        "\\prod_{k=1}^{10^{9}} k", "\\sum_{n=1}^{10^{12}} n^{n}", "\\int_0^{10^{10}} x^{x} dx",
-        "\\lim_{n\\to\\infty} n^{n^{n}}", "9" * 100_000, "1" + "0" * 400, "10^{-10^{10}}",
-        "\\frac{10^{10^{10}}}{10^{10^{10}}-1}", "x^{x^{x^{x^{x^{x}}}}} = 5",
+        "10^{10^{10^{10}}}",
+        "9^{9^{9^{9^{9}}}}",
+        "10**10**10**10",
+        "2^{100000000}",
+        "(10^{10})!",
+        "100000!",
+        "10^{10^{10}} - 10^{10^{10}} + 5",
+        "\\binom{10^{12}}{10^{6}}",
+        "e^{e^{e^{e^{10}}}}",
+        "\\prod_{k=1}^{10^{9}} k",
+        "\\sum_{n=1}^{10^{12}} n^{n}",
+        "\\int_0^{10^{10}} x^{x} dx",
+        "\\lim_{n\\to\\infty} n^{n^{n}}",
+        "9" * 100_000,
+        "1" + "0" * 400,
+        "10^{-10^{10}}",
+        "\\frac{10^{10^{10}}}{10^{10^{10}}-1}",
+        "x^{x^{x^{x^{x^{x}}}}} = 5",
     ]
     broken = [
-        "\\frac{1}{", "\\frac", "}{", "\\left( 1, 2", "\\begin{pmatrix} 1 & 2", "$$$", "\\boxed{",
-        "\\\\\\\\\\\\", "^^^^^^", "_{_{_{}}}", "\\sqrt[", "1/0", "0/0", "\\infty - \\infty", "\\text{(",
-        "\\mathrm{\\mathrm{\\mathrm{", "\\end{array}", "& & & \\\\",
+        "\\frac{1}{",
+        "\\frac",
+        "}{",
+        "\\left( 1, 2",
+        "\\begin{pmatrix} 1 & 2",
+        "$$$",
+        "\\boxed{",
+        "\\\\\\\\\\\\",
+        "^^^^^^",
+        "_{_{_{}}}",
+        "\\sqrt[",
+        "1/0",
+        "0/0",
+        "\\infty - \\infty",
+        "\\text{(",
+        "\\mathrm{\\mathrm{\\mathrm{",
+        "\\end{array}",
+        "& & & \\\\",
     ]
     weird = [
-        "5\x00", "\x00" * 1000, "\u202e5\u202c", "５", "٥", "𝟓", "5\u200b",
-        "\ufeff5", "\U0001f600", "ℵ_0", "∞", "√2", "½", "5" + "\u0301" * 1000, "\r\n\t\x0b\x0c",
+        "5\x00",
+        "\x00" * 1000,
+        "\u202e5\u202c",
+        "５",
+        "٥",
+        "𝟓",
+        "5\u200b",
+        "\ufeff5",
+        "\U0001f600",
+        "ℵ_0",
+        "∞",
+        "√2",
+        "½",
+        "5" + "\u0301" * 1000,
+        "\r\n\t\x0b\x0c",
     ]
     huge = [
         "word " * 400_000,  # 2 MB of text
@@ -348,17 +434,23 @@ def test_grade_kk_against_bundled_solutions(benchmark_dir):
 
 def test_grade_kk_reads_markdown_groups_negations_and_skips_quotes_and_hypotheses():
     names, solution = ["Amelia", "Penelope", "Evelyn"], [True, True, False]
-    for text in ("**Amelia** is a **knight**, **Penelope** is a **knight**, and **Evelyn** is a **knave**.",
-                 "Amelia and Penelope are knights, and Evelyn is a knave.",
-                 "Knights: Amelia, Penelope. Knaves: Evelyn.",
-                 "Amelia is a knight. Penelope is a knight, so Evelyn must be a knave.",
-                 "Amelia is a knight, Penelope is a knight, and Evelyn is not a knight.",
-                 "| Amelia | Knight |\n| Penelope | Knight |\n| Evelyn | Knave |"):
+    for text in (
+        "**Amelia** is a **knight**, **Penelope** is a **knight**, and **Evelyn** is a **knave**.",
+        "Amelia and Penelope are knights, and Evelyn is a knave.",
+        "Knights: Amelia, Penelope. Knaves: Evelyn.",
+        "Amelia is a knight. Penelope is a knight, so Evelyn must be a knave.",
+        "Amelia is a knight, Penelope is a knight, and Evelyn is not a knight.",
+        "| Amelia | Knight |\n| Penelope | Knight |\n| Evelyn | Knave |",
+    ):
         assert grade_kk(f"<SOLUTION>{text}</SOLUTION>", solution, names), text
     quoted = "Amelia is a knight. Penelope is a knight. Amelia said that Evelyn is a knave. Evelyn said Amelia is a knave."
     assert not grade_kk(f"<SOLUTION>{quoted}</SOLUTION>", solution, names)  # Evelyn's own role never stated
-    hypothesis = ("Assume Evelyn is a knight; contradiction. Amelia is a knight, Penelope is a knight, "
-                  "Evelyn is a knave.")
+    hypothesis = (
+        "Assume Evelyn is a knight; contradiction. Amelia is a knight, Penelope is a knight, "
+        "Evelyn is a knave."
+    )
     assert grade_kk(hypothesis, solution, names)
-    assert not grade_kk("If Evelyn is a knave then Amelia is a knight and Penelope is a knight.", solution, names)
+    assert not grade_kk(
+        "If Evelyn is a knave then Amelia is a knight and Penelope is a knight.", solution, names
+    )
     assert grade_completion("Amelia is a knight", "5") is False  # a K&K sentence against a math gold

@@ -47,7 +47,9 @@ def test_cases_are_real_golds_of_all_six_benchmarks_and_not_trivially_passed(cas
     for case in cases:
         p = problems[(case["benchmark"], case["problem_id"])]
         if p.is_kk:
-            said = ", ".join(f"{n} is a {'knight' if k else 'knave'}" for n, k in zip(p.kk_names, p.kk_solution))
+            said = ", ".join(
+                f"{n} is a {'knight' if k else 'knave'}" for n, k in zip(p.kk_names, p.kk_solution)
+            )
             assert case["gold"] == said, case["id"]
         else:
             assert case["gold"] == p.gold, case["id"]  # the gold as the kit loads it from the bundled file
@@ -58,9 +60,25 @@ def test_cases_are_real_golds_of_all_six_benchmarks_and_not_trivially_passed(cas
         assert mine[True] >= 20 and mine[False] >= 20, (name, mine)
         assert max(mine.values()) / sum(mine.values()) < 0.75, (name, mine)
     categories = {c["category"] for c in cases}
-    for kind in ("fraction", "units", "degrees", "interval", "tuple", "matrix", "base", "text", "letter",
-                 "e-notation", "kk format", "prose", "currency", "thousands", "markdown", "trailing variable",
-                 "unparsable gold"):
+    for kind in (
+        "fraction",
+        "units",
+        "degrees",
+        "interval",
+        "tuple",
+        "matrix",
+        "base",
+        "text",
+        "letter",
+        "e-notation",
+        "kk format",
+        "prose",
+        "currency",
+        "thousands",
+        "markdown",
+        "trailing variable",
+        "unparsable gold",
+    ):
         assert kind in categories, kind
 
 
@@ -75,10 +93,14 @@ def test_grader_agrees_with_a_careful_human_per_benchmark(cases, problems, capsy
             total[key] += 1
             right[key] += grade.correct == case["expected"]
         if grade.correct != case["expected"]:
-            misses.append(f"  #{case['id']} {case['benchmark']} {case['category']}: gold {case['gold']!r}, "
-                          f"read {grade.answer!r} -> {grade.status}, expected {case['expected']}")
-    lines = [f"{key:8s} {right[key]:4d}/{total[key]:4d} = {right[key] / total[key]:.3f}"
-             for key in (*BENCHMARKS, *sorted(k for k in total if k.startswith("batch")))]
+            misses.append(
+                f"  #{case['id']} {case['benchmark']} {case['category']}: gold {case['gold']!r}, "
+                f"read {grade.answer!r} -> {grade.status}, expected {case['expected']}"
+            )
+    lines = [
+        f"{key:8s} {right[key]:4d}/{total[key]:4d} = {right[key] / total[key]:.3f}"
+        for key in (*BENCHMARKS, *sorted(k for k in total if k.startswith("batch")))
+    ]
     with capsys.disabled():
         print("\ngrader vs careful human, sure cases:\n" + "\n".join(lines + misses))
     assert all(g.status != "timeout" for g in grades)

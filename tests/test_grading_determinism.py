@@ -15,7 +15,16 @@ from sage_unsloth.eval.benchmarks import load_benchmark
 from sage_unsloth.eval.gradepool import GradingPool, retry_timeouts
 
 CASES = Path(__file__).with_name("fixtures") / "grading_cases.jsonl"
-HEAVY = {"symbolic", "equation", "complex", "trailing variable", "unparsable gold", "interval", "matrix", "set"}
+HEAVY = {
+    "symbolic",
+    "equation",
+    "complex",
+    "trailing variable",
+    "unparsable gold",
+    "interval",
+    "matrix",
+    "set",
+}
 
 
 @pytest.fixture(scope="module")
@@ -73,5 +82,7 @@ def test_a_pair_out_of_budget_is_a_timeout_and_the_retry_settles_it(items):
     assert grading.WRONG not in {g.status for g, e in zip(rushed, expected) if e == grading.CORRECT}
     settled, retried = retry_timeouts(heavy, rushed, timeout_s=grading.RETRY_TIMEOUT_S)
     assert retried >= 1 and [g.status for g in settled] == expected
-    still, _ = retry_timeouts(heavy, rushed, timeout_s=1e-5)  # a retry budget that is too small stays unresolved
+    still, _ = retry_timeouts(
+        heavy, rushed, timeout_s=1e-5
+    )  # a retry budget that is too small stays unresolved
     assert grading.TIMEOUT in {g.status for g in still}

@@ -24,8 +24,11 @@ def _schedule(step, max_steps, upper, lower, sigma_upper, sigma_lower, cycles=8,
     length = max(1, max_steps // cycles)
     cycle = min(step // length, cycles - 1)
     anneal = 0.5 * (1 + math.cos(math.pi * (step % length) / length))
-    shrink = decay ** cycle
-    return (lower + (upper * shrink - lower) * anneal, sigma_lower + (sigma_upper * shrink - sigma_lower) * anneal)
+    shrink = decay**cycle
+    return (
+        lower + (upper * shrink - lower) * anneal,
+        sigma_lower + (sigma_upper * shrink - sigma_lower) * anneal,
+    )
 
 
 def _minmax_surprisal(logp, mask):
@@ -41,11 +44,27 @@ def _minmax_surprisal(logp, mask):
 
 def _branch_q(log_probs, mask, gamma=0.3, tau=1.2):
     entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return torch.where(mask.bool(), (1 + gamma * torch.relu(entropy - tau)).clamp(0.6, 1.4), torch.ones_like(entropy))
+    return torch.where(
+        mask.bool(), (1 + gamma * torch.relu(entropy - tau)).clamp(0.6, 1.4), torch.ones_like(entropy)
+    )
 
 
-def _oracle(logp, old, raw_ref, q, advantages, mask, *, loss_type, estimator="k3", eps_low=0.2, eps_high=0.2,
-            normaliser=None, max_completion_length=12, beta=BETA):
+def _oracle(
+    logp,
+    old,
+    raw_ref,
+    q,
+    advantages,
+    mask,
+    *,
+    loss_type,
+    estimator="k3",
+    eps_low=0.2,
+    eps_high=0.2,
+    normaliser=None,
+    max_completion_length=12,
+    beta=BETA,
+):
     """Clipped surrogate + beta * KL term, per token, aggregated per loss type (official code / TRL 0.23 forms).
     KL terms: k3 against ref + log q (no ratio, as TRL 0.23); forward (u log u - u + 1) times rho = pi / pi_old;
     k2 times sg(rho)."""
@@ -57,7 +76,7 @@ def _oracle(logp, old, raw_ref, q, advantages, mask, *, loss_type, estimator="k3
     if estimator == "k3":
         kl = torch.exp(d) - d - 1
     elif estimator == "k2":
-        kl = 0.5 * d ** 2 * rho.detach()
+        kl = 0.5 * d**2 * rho.detach()
     else:
         u = torch.exp(raw_ref - logp)
         kl = (u * torch.log(u) - u + 1) * rho
@@ -94,7 +113,9 @@ def _assert_same_loss_and_gradients(params, loss, grads, want):
 
 
 def test_token_guide_in_loss_matches_oracle_with_fixed_generator(tiny_model_dir, tmp_path):
-    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide="token", sage_q_source="loss", max_steps=16))
+    trainer = _build(
+        tiny_model_dir, _config(tmp_path, sage_guide="token", sage_q_source="loss", max_steps=16)
+    )
     batch = _rollout(trainer)
     step = 3  # mid-cycle of the second cosine cycle (cycle length 16 // 8 = 2)
     trainer.state.global_step, trainer._sage_last_step = step, -1  # the first q of this step: call 0
@@ -108,16 +129,29 @@ def test_token_guide_in_loss_matches_oracle_with_fixed_generator(tiny_model_dir,
     assert ((on > 1.02) & (on < 1.38)).sum() > 5  # q spread over the range, not stuck at a clip
     no_noise = torch.where(mask.bool(), (1 + alpha * w).clamp(0.6, 1.4), torch.ones_like(w))
     assert (q - no_noise).abs().max() > 0.05  # the noise term is exercised
-    _assert_same_loss_and_gradients(params, loss, grads, _oracle(logp, logp.detach(), raw_ref, q,
-                                                                 batch["advantages"], mask, loss_type="grpo"))
+    _assert_same_loss_and_gradients(
+        params,
+        loss,
+        grads,
+        _oracle(logp, logp.detach(), raw_ref, q, batch["advantages"], mask, loss_type="grpo"),
+    )
     assert trainer._metrics["train"]["sage/q_max"][-1] == pytest.approx(on.max().item(), abs=1e-6)
 
 
 def test_random_guide_at_rollout_matches_oracle_with_fixed_generator(tiny_model_dir, tmp_path):
     eps_up, eps_low, sig_up, sig_low, step = 0.6, 0.2, 0.3, 0.1, 5
-    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide="random", max_steps=16, sage_eps_upper=eps_up,
-                                             sage_eps_lower=eps_low, sage_random_sigma_upper=sig_up,
-                                             sage_random_sigma_lower=sig_low))
+    trainer = _build(
+        tiny_model_dir,
+        _config(
+            tmp_path,
+            sage_guide="random",
+            max_steps=16,
+            sage_eps_upper=eps_up,
+            sage_eps_lower=eps_low,
+            sage_random_sigma_upper=sig_up,
+            sage_random_sigma_lower=sig_low,
+        ),
+    )
     trainer.state.global_step, trainer._sage_last_step = step, -1
     batch = _rollout(trainer)
     mask = batch["completion_mask"].bool()
@@ -170,8 +204,13 @@ def two_step_generation(tiny_model_dir, tmp_path_factory):
     step 0, then change the LoRA weights by a policy-gradient step, then take the second micro-batch."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = _config(tmp_path_factory.mktemp("offpolicy"), per_device_train_batch_size=4, steps_per_generation=2,
-                       sage_q_source="loss", epsilon_high=0.28)
+        args = _config(
+            tmp_path_factory.mktemp("offpolicy"),
+            per_device_train_batch_size=4,
+            steps_per_generation=2,
+            sage_q_source="loss",
+            epsilon_high=0.28,
+        )
     trainer = _build(tiny_model_dir, args)
     first, second = _generate_update_and_serve(trainer, update_from=1)
     generation_tokens = sum(b["completion_mask"].sum().item() for b in trainer._buffered_inputs)
@@ -192,13 +231,22 @@ def test_second_micro_batch_is_off_policy_with_epsilon_high_active(two_step_gene
     assert between > 0 and beyond > 0, (between, beyond)  # tokens where epsilon_high = 0.28 vs 0.2 matters
 
 
-@pytest.mark.parametrize("loss_type,estimator,dapo_normalizer", [
-    ("grpo", "k3", None), ("bnpo", "k3", None), ("dr_grpo", "k3", None),
-    ("dapo", "k3", "generation"), ("dapo", "k3", "window"),
-    ("grpo", "forward", None), ("dapo", "forward", "generation"), ("bnpo", "k2", None),
-])
-def test_off_policy_micro_batch_matches_oracle(two_step_generation, monkeypatch, loss_type, estimator,
-                                               dapo_normalizer):
+@pytest.mark.parametrize(
+    "loss_type,estimator,dapo_normalizer",
+    [
+        ("grpo", "k3", None),
+        ("bnpo", "k3", None),
+        ("dr_grpo", "k3", None),
+        ("dapo", "k3", "generation"),
+        ("dapo", "k3", "window"),
+        ("grpo", "forward", None),
+        ("dapo", "forward", "generation"),
+        ("bnpo", "k2", None),
+    ],
+)
+def test_off_policy_micro_batch_matches_oracle(
+    two_step_generation, monkeypatch, loss_type, estimator, dapo_normalizer
+):
     trainer, _, second, generation_tokens = two_step_generation
     monkeypatch.setattr(trainer, "loss_type", loss_type)
     monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
@@ -213,12 +261,24 @@ def test_off_policy_micro_batch_matches_oracle(two_step_generation, monkeypatch,
     q = _branch_q(log_probs.detach(), mask) if estimator != "forward" else torch.ones_like(logp)
     # TRL 0.23 / the official code: all completion tokens of the generation batch; TRL >= 1.10: one window's.
     normaliser = generation_tokens if dapo_normalizer == "generation" else generation_tokens / 2
-    want = _oracle(logp, second["old_per_token_logps"], raw_ref, q, second["advantages"], mask,
-                   loss_type=loss_type, estimator=estimator, eps_high=0.28, normaliser=normaliser)
+    want = _oracle(
+        logp,
+        second["old_per_token_logps"],
+        raw_ref,
+        q,
+        second["advantages"],
+        mask,
+        loss_type=loss_type,
+        estimator=estimator,
+        eps_high=0.28,
+        normaliser=normaliser,
+    )
     _assert_same_loss_and_gradients(params, loss, grads, want)
 
 
-def test_official_dapo_normaliser_halves_the_loss_at_two_steps_per_generation(two_step_generation, monkeypatch):
+def test_official_dapo_normaliser_halves_the_loss_at_two_steps_per_generation(
+    two_step_generation, monkeypatch
+):
     """TRL 1.15 rescales num_items_in_batch to one accumulation window; TRL 0.23 (the official code) did not, so
     at steps_per_generation 2 / gradient accumulation 1 its dapo loss is half of TRL 1.15's."""
     trainer, _, second, _ = two_step_generation
@@ -251,6 +311,17 @@ def test_num_iterations_two_reuses_the_batch_off_policy(tiny_model_dir, tmp_path
     params, loss, grads, raw_ref, logp, log_probs = _kit_and_oracle_forwards(trainer, again)
     mask = again["completion_mask"]
     assert (torch.exp(logp.detach() - again["old_per_token_logps"])[mask.bool()] - 1).abs().max() > 0.2
-    _assert_same_loss_and_gradients(params, loss, grads, _oracle(
-        logp, again["old_per_token_logps"], raw_ref, _branch_q(log_probs.detach(), mask), again["advantages"], mask,
-        loss_type="grpo"))
+    _assert_same_loss_and_gradients(
+        params,
+        loss,
+        grads,
+        _oracle(
+            logp,
+            again["old_per_token_logps"],
+            raw_ref,
+            _branch_q(log_probs.detach(), mask),
+            again["advantages"],
+            mask,
+            loss_type="grpo",
+        ),
+    )

@@ -30,51 +30,93 @@ def _one_line_error(capsys, argv) -> str:
     return err[0]
 
 
-@pytest.mark.parametrize("extra, expected", [
-    (["--beta", "-0.1"], "beta=-0.1 is negative"),
-    (["--learning_rate", "-1"], "learning_rate=-1.0 must be > 0"),
-    (["--model_name_or_path", "/nonexistent/model"], "model_name_or_path='/nonexistent/model' is neither an existing"),
-    (["--kl_estimator", "k2", "--backend", "unsloth"], "kl_estimator='k2' is not expressible as a shifted reference"),
-    (["--dynamic_sampling", "true", "--backend", "unsloth"], "dynamic_sampling merges rollouts in TRL's layout"),
-    (["--beta", "abc"], "--beta abc: not a number; e.g. --beta 0.05"),
-    (["--use_vllm", "maybe"], "--use_vllm maybe: not true or false"),
-    (["--betaa", "0.1"], "unknown flag --betaa: did you mean '--beta'?"),
-    (["--sage_guide", "brnach"], "sage_guide='brnach' is unknown: did you mean 'branch'?"),
-    (["--anchor", "sftt"], "anchor='sftt' is unknown: did you mean 'sft'?"),
-])
-def test_rlvr_bad_input_is_one_line_before_loading(extra, expected, sft_dir, tmp_path, capsys, no_model_loads):
-    line = _one_line_error(capsys, ["rlvr", TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(tmp_path),
-                                    *extra])
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--beta", "-0.1"], "beta=-0.1 is negative"),
+        (["--learning_rate", "-1"], "learning_rate=-1.0 must be > 0"),
+        (
+            ["--model_name_or_path", "/nonexistent/model"],
+            "model_name_or_path='/nonexistent/model' is neither an existing",
+        ),
+        (
+            ["--kl_estimator", "k2", "--backend", "unsloth"],
+            "kl_estimator='k2' is not expressible as a shifted reference",
+        ),
+        (
+            ["--dynamic_sampling", "true", "--backend", "unsloth"],
+            "dynamic_sampling merges rollouts in TRL's layout",
+        ),
+        (["--beta", "abc"], "--beta abc: not a number; e.g. --beta 0.05"),
+        (["--use_vllm", "maybe"], "--use_vllm maybe: not true or false"),
+        (["--betaa", "0.1"], "unknown flag --betaa: did you mean '--beta'?"),
+        (["--sage_guide", "brnach"], "sage_guide='brnach' is unknown: did you mean 'branch'?"),
+        (["--anchor", "sftt"], "anchor='sftt' is unknown: did you mean 'sft'?"),
+    ],
+)
+def test_rlvr_bad_input_is_one_line_before_loading(
+    extra, expected, sft_dir, tmp_path, capsys, no_model_loads
+):
+    line = _one_line_error(
+        capsys, ["rlvr", TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(tmp_path), *extra]
+    )
     assert line.startswith("error: ") and expected in line, line
     assert not any(tmp_path.iterdir())  # nothing written
 
 
-@pytest.mark.parametrize("yaml_text, expected", [
-    ("betaa: 0.1\n", "unknown key 'betaa': did you mean 'beta'?"),
-    ("beta: [0.1]\n", "beta: [0.1] is not a number"),
-    ("max_steps: 2.5\n", "max_steps: 2.5 is not an integer"),
-    ("bf16: 'yes please'\n", "--bf16 yes please: not true or false"),
-    ("completely_unrelated_key: 1\n", "unknown key 'completely_unrelated_key': not a field of sage-unsloth rlvr"),
-])
+@pytest.mark.parametrize(
+    "yaml_text, expected",
+    [
+        ("betaa: 0.1\n", "unknown key 'betaa': did you mean 'beta'?"),
+        ("beta: [0.1]\n", "beta: [0.1] is not a number"),
+        ("max_steps: 2.5\n", "max_steps: 2.5 is not an integer"),
+        ("bf16: 'yes please'\n", "--bf16 yes please: not true or false"),
+        (
+            "completely_unrelated_key: 1\n",
+            "unknown key 'completely_unrelated_key': not a field of sage-unsloth rlvr",
+        ),
+    ],
+)
 def test_rlvr_bad_yaml_is_one_line(yaml_text, expected, sft_dir, tmp_path, capsys, no_model_loads):
     from pathlib import Path
 
     config = tmp_path / "typo.yaml"
     config.write_text(f"base: {Path(TINY_GRPO).resolve()}\n{yaml_text}")
-    line = _one_line_error(capsys, ["rlvr", str(config), "--sft_dir", str(sft_dir), "--output_root",
-                                    str(tmp_path / "out")])
+    line = _one_line_error(
+        capsys, ["rlvr", str(config), "--sft_dir", str(sft_dir), "--output_root", str(tmp_path / "out")]
+    )
     assert expected in line, line
 
 
 def test_sft_nonexistent_model_is_one_line(tmp_path, capsys, no_model_loads):
-    line = _one_line_error(capsys, ["sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", "/nonexistent/m",
-                                    "--output_dir", str(tmp_path / "out")])
+    line = _one_line_error(
+        capsys,
+        [
+            "sft",
+            "configs/sft/tiny-cpu.yaml",
+            "--model_name_or_path",
+            "/nonexistent/m",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ],
+    )
     assert "model_name_or_path='/nonexistent/m' is neither an existing folder nor a hub id" in line
 
 
 def test_sft_negative_learning_rate_is_one_line(tiny_model_dir, tmp_path, capsys, no_model_loads):
-    line = _one_line_error(capsys, ["sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_model_dir),
-                                    "--learning_rate", "-1", "--output_dir", str(tmp_path / "out")])
+    line = _one_line_error(
+        capsys,
+        [
+            "sft",
+            "configs/sft/tiny-cpu.yaml",
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--learning_rate",
+            "-1",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ],
+    )
     assert "learning_rate -1.0: must be > 0" in line
 
 
@@ -96,12 +138,21 @@ def test_config_refusals_do_not_depend_on_the_machine(monkeypatch, tmp_path):
     """k2 / forward / dynamic sampling / token q in the loss under backend=unsloth are refused on CPU too."""
     from sage_unsloth.rlvr import config as rlvr_config
 
-    common = {"output_dir": str(tmp_path), "report_to": "none", "bf16": False, "use_cpu": True,
-              "backend": "unsloth"}
+    common = {
+        "output_dir": str(tmp_path),
+        "report_to": "none",
+        "bf16": False,
+        "use_cpu": True,
+        "backend": "unsloth",
+    }
     for cuda in (False, True):
         monkeypatch.setattr(rlvr_config, "_cuda_available", lambda cuda=cuda: cuda)
-        for bad in ({"kl_estimator": "k2"}, {"kl_estimator": "forward"}, {"dynamic_sampling": True},
-                    {"sage_guide": "token", "sage_q_source": "loss"}):
+        for bad in (
+            {"kl_estimator": "k2"},
+            {"kl_estimator": "forward"},
+            {"dynamic_sampling": True},
+            {"sage_guide": "token", "sage_q_source": "loss"},
+        ):
             with pytest.raises(ConfigError, match="backend=trl"):
                 rlvr_config.SageGRPOConfig(**common, **bad)
     ok = rlvr_config.SageGRPOConfig(**{**common, "backend": "trl"}, kl_estimator="k2")
@@ -122,7 +173,11 @@ def test_rlvr_help_is_short_and_kit_first(capsys):
     with pytest.raises(SystemExit):
         cli.main(["rlvr", "--help-all"])
     full = capsys.readouterr().out
-    assert full.startswith("usage: sage-unsloth rlvr") and "--adam_beta1" in full and len(full.splitlines()) > 500
+    assert (
+        full.startswith("usage: sage-unsloth rlvr")
+        and "--adam_beta1" in full
+        and len(full.splitlines()) > 500
+    )
 
 
 def test_help_after_a_config_shows_its_values(capsys):
@@ -145,7 +200,7 @@ def test_yaml_list_may_be_a_comma_string(tmp_path):
     from sage_unsloth.eval.run import parse_args
 
     config = tmp_path / "e.yaml"
-    config.write_text("base: " + str((tmp_path / ".." ).resolve() / "missing.yaml") + "\n")
+    config.write_text("base: " + str((tmp_path / "..").resolve() / "missing.yaml") + "\n")
     with pytest.raises(ConfigError, match="not found"):
         parse_args([str(config)])
     config.write_text("checkpoints: [a/b]\nks: '1, 4'\n")

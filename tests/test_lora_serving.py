@@ -17,9 +17,21 @@ TIE = 1e-3  # a greedy choice within this logit margin of the runner-up may flip
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, tmp_path_factory):
     work = tmp_path_factory.mktemp("lora_serving")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
-    done = subprocess.run([vllm_python(), str(SCENARIO), str(tiny_model_dir), str(work)], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+    done = subprocess.run(
+        [vllm_python(), str(SCENARIO), str(tiny_model_dir), str(work)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((work / "result.json").read_text())
 
@@ -32,11 +44,16 @@ def _first_difference(a, b):
 @pytest.mark.slow
 def test_vllm_lora_request_matches_the_merged_model_under_greedy_decoding(served):
     assert served["lora_request"] == "LoRARequest" and served["adapter_dir"].endswith("sft")
-    for row, (lora, merged, margins) in enumerate(zip(served["served_ids"], served["merged_ids"], served["margins"])):
+    for row, (lora, merged, margins) in enumerate(
+        zip(served["served_ids"], served["merged_ids"], served["margins"])
+    ):
         step = _first_difference(lora, merged)
         # Identical, or apart only from a step where the merged model's top two were tied to float error.
         assert step is None or margins[step] < TIE, (row, step, lora, merged)
-    assert sum(a == b for a, b in zip(served["served_ids"], served["merged_ids"])) >= len(served["merged_ids"]) - 1
+    assert (
+        sum(a == b for a, b in zip(served["served_ids"], served["merged_ids"]))
+        >= len(served["merged_ids"]) - 1
+    )
     assert served["max_logp_diff"] < 5e-3  # the same log-probabilities (measured 1.4e-3), not only the argmax
     # The adapter matters: without it vLLM decodes the base model (as transformers does), not the merged one.
     assert served["vllm_base_ids"] == served["base_ids"] != served["merged_ids"]

@@ -9,18 +9,35 @@ from sage_unsloth.manifest import atomic_write_text, read_manifest, scrub_secret
 
 def test_scrub_secrets_redacts_credentials_but_not_token_counts():
     fake = "hf_" + "a1B2" * 9
-    config = {"hub_token": "abc", "push_to_hub_token": "p", "wandb_api_key": "k", "token": "t", "nested": [{"HF_TOKEN": "x"}],
-              "max_tokens": 3072, "max_new_tokens": 5, "pad_token": "<|endoftext|>", "note": f"used {fake}",
-              "empty_token": None}
+    config = {
+        "hub_token": "abc",
+        "push_to_hub_token": "p",
+        "wandb_api_key": "k",
+        "token": "t",
+        "nested": [{"HF_TOKEN": "x"}],
+        "max_tokens": 3072,
+        "max_new_tokens": 5,
+        "pad_token": "<|endoftext|>",
+        "note": f"used {fake}",
+        "empty_token": None,
+    }
     out = scrub_secrets(config)
-    assert out["hub_token"] == out["push_to_hub_token"] == out["wandb_api_key"] == out["token"] == out["nested"][0]["HF_TOKEN"] == "<redacted>"
+    assert (
+        out["hub_token"]
+        == out["push_to_hub_token"]
+        == out["wandb_api_key"]
+        == out["token"]
+        == out["nested"][0]["HF_TOKEN"]
+        == "<redacted>"
+    )
     assert out["max_tokens"] == 3072 and out["max_new_tokens"] == 5 and out["pad_token"] == "<|endoftext|>"
     assert fake not in out["note"] and out["empty_token"] is None
 
 
 def test_write_and_read_manifest(tmp_path):
-    path = write_manifest(tmp_path / "stage", stage="sft", config={"lr": 2e-4, "hub_token": "secret"}, seed=3,
-                          base_model="tiny")
+    path = write_manifest(
+        tmp_path / "stage", stage="sft", config={"lr": 2e-4, "hub_token": "secret"}, seed=3, base_model="tiny"
+    )
     text = path.read_text()
     assert "secret" not in text
     manifest = read_manifest(tmp_path / "stage", expect_stage="sft")

@@ -17,19 +17,23 @@ from sage_unsloth.models import (
 from sage_unsloth.prompts import CHAT_TEMPLATE
 
 
-@pytest.mark.parametrize("name, short", [
-    ("Qwen/Qwen2.5-Math-7B", "qwen2.5-math-7b"),
-    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "deepseek-r1-distill-qwen-7b"),
-    ("/tmp/run 1/My_Model/", "my_model"),
-    ("Qwen2.5-1.5B", "qwen2.5-1.5b"),
-])
+@pytest.mark.parametrize(
+    "name, short",
+    [
+        ("Qwen/Qwen2.5-Math-7B", "qwen2.5-math-7b"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "deepseek-r1-distill-qwen-7b"),
+        ("/tmp/run 1/My_Model/", "my_model"),
+        ("Qwen2.5-1.5B", "qwen2.5-1.5b"),
+    ],
+)
 def test_model_short_name(name, short):
     assert model_short_name(name) == short
 
 
 def lora_args(model_dir, **kw) -> ModelConfig:
-    return ModelConfig(**{"model_name_or_path": str(model_dir), "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
-                          **kw})
+    return ModelConfig(
+        **{"model_name_or_path": str(model_dir), "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0, **kw}
+    )
 
 
 def test_fresh_lora_and_prepared_tokenizer(tiny_model_dir):
@@ -64,8 +68,13 @@ def test_existing_adapter_loads_trainable_with_its_weights(tiny_model_dir, tmp_p
     model.save_pretrained(tmp_path / "adapter")
     tok.save_pretrained(tmp_path / "adapter")
     # A different rank in model_args must not matter: the saved adapter's own config wins.
-    again, tok2 = load_for_training(lora_args(tiny_model_dir, lora_r=4), backend="trl", max_seq_length=256, seed=5,
-                                    adapter_path=str(tmp_path / "adapter"))
+    again, tok2 = load_for_training(
+        lora_args(tiny_model_dir, lora_r=4),
+        backend="trl",
+        max_seq_length=256,
+        seed=5,
+        adapter_path=str(tmp_path / "adapter"),
+    )
     assert again.peft_config["default"].r == 8
     params = dict(again.named_parameters())
     for n, p in model.named_parameters():
@@ -78,26 +87,38 @@ def test_adapter_from_another_base_is_refused(tiny_model_dir, tmp_path):
     model, _ = load_for_training(lora_args(tiny_model_dir), backend="trl", max_seq_length=256, seed=0)
     model.save_pretrained(tmp_path / "adapter")
     with pytest.raises(ValueError, match="was trained on .* but model_name_or_path is 'other/model'"):
-        load_for_training(ModelConfig(model_name_or_path="other/model"), backend="trl", max_seq_length=256,
-                          seed=0, adapter_path=str(tmp_path / "adapter"))
+        load_for_training(
+            ModelConfig(model_name_or_path="other/model"),
+            backend="trl",
+            max_seq_length=256,
+            seed=0,
+            adapter_path=str(tmp_path / "adapter"),
+        )
     with pytest.raises(FileNotFoundError, match="no adapter_config.json"):
-        load_for_training(lora_args(tiny_model_dir), backend="trl", max_seq_length=256, seed=0,
-                          adapter_path=str(tmp_path))
+        load_for_training(
+            lora_args(tiny_model_dir), backend="trl", max_seq_length=256, seed=0, adapter_path=str(tmp_path)
+        )
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    ({"backend": "vllm"}, "backend 'vllm' is unknown"),
-    ({"backend": "unsloth", "fast_inference": True}, "fast_inference .* needs backend unsloth on a GPU"),
-    ({"backend": "trl", "fast_inference": True}, "fast_inference .* needs backend unsloth on a GPU"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"backend": "vllm"}, "backend 'vllm' is unknown"),
+        ({"backend": "unsloth", "fast_inference": True}, "fast_inference .* needs backend unsloth on a GPU"),
+        ({"backend": "trl", "fast_inference": True}, "fast_inference .* needs backend unsloth on a GPU"),
+    ],
+)
 def test_bad_arguments_fail_before_loading(kwargs, error):
     with pytest.raises(ValueError, match=error):
-        load_for_training(ModelConfig(model_name_or_path="never/loaded"), max_seq_length=256, seed=0, **kwargs)
+        load_for_training(
+            ModelConfig(model_name_or_path="never/loaded"), max_seq_length=256, seed=0, **kwargs
+        )
 
 
 def test_4bit_is_ignored_on_cpu_with_a_notice(tiny_model_dir, caplog):
-    model, _ = load_for_training(lora_args(tiny_model_dir, load_in_4bit=True), backend="trl", max_seq_length=256,
-                                 seed=0)
+    model, _ = load_for_training(
+        lora_args(tiny_model_dir, load_in_4bit=True), backend="trl", max_seq_length=256, seed=0
+    )
     assert "load_in_4bit ignored" in caplog.text
     assert next(model.parameters()).dtype == torch.float32
 
@@ -108,4 +129,6 @@ def test_prepare_tokenizer_sets_missing_pad(tiny_model_dir):
     tok.padding_side = "right"
     tok.chat_template = None
     prepare_tokenizer(tok)
-    assert tok.pad_token == tok.eos_token and tok.padding_side == "left" and tok.chat_template == CHAT_TEMPLATE
+    assert (
+        tok.pad_token == tok.eos_token and tok.padding_side == "left" and tok.chat_template == CHAT_TEMPLATE
+    )

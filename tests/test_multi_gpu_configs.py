@@ -9,9 +9,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 ACCELERATE = REPO / "configs" / "accelerate"
 PAPER = REPO / "configs" / "rlvr" / "qwen2.5-math-7b"
-STACK_FIELDS = {"backend", "vllm_mode", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
-                "vllm_gpu_memory_utilization", "per_device_train_batch_size", "output_dir", "run_name", "logging_dir",
-                "steps_per_generation"}  # derived at parse time with 1 process (checked below for 4)
+STACK_FIELDS = {
+    "backend",
+    "vllm_mode",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout",
+    "vllm_gpu_memory_utilization",
+    "per_device_train_batch_size",
+    "output_dir",
+    "run_name",
+    "logging_dir",
+    "steps_per_generation",
+}  # derived at parse time with 1 process (checked below for 4)
 
 
 def test_accelerate_configs_load_with_accelerate():
@@ -40,7 +50,10 @@ def test_server_config_trains_the_method_of_its_single_gpu_sibling(method):
     # 2 per device x 4 processes = the paper's 8 completions per optimizer step, 16 per generation
     assert server.per_device_train_batch_size * 4 == single.per_device_train_batch_size == 8
     assert server.generation_batch_size == single.generation_batch_size == 16
-    assert server.generation_batch_size // (server.per_device_train_batch_size * 4) == single.steps_per_generation
+    assert (
+        server.generation_batch_size // (server.per_device_train_batch_size * 4)
+        == single.steps_per_generation
+    )
     header = (PAPER / f"{method}_server.yaml").read_text().split("\n# ---")[0]
     assert "trl vllm-serve --model Qwen/Qwen2.5-Math-7B" in header and "configs/accelerate/ddp.yaml" in header
 
@@ -50,8 +63,18 @@ def test_unsloth_with_a_vllm_server_is_refused_before_loading(sft_dir, tmp_path,
 
     from sage_unsloth.rlvr.run import main
 
-    argv = rlvr_argv("grpo", sft_dir, tmp_path, dapo_sample, "--backend", "unsloth", "--use_vllm", "true",
-                     "--vllm_mode", "server")
+    argv = rlvr_argv(
+        "grpo",
+        sft_dir,
+        tmp_path,
+        dapo_sample,
+        "--backend",
+        "unsloth",
+        "--use_vllm",
+        "true",
+        "--vllm_mode",
+        "server",
+    )
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: vllm_mode=server needs backend=trl") and "\n" not in err

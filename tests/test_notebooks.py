@@ -43,12 +43,19 @@ def test_committed_notebook_is_what_the_source_generates(platform):
 
 def test_notebooks_differ_only_in_platform_parameters_and_platform_cells():
     colab, kaggle = _cells(build.TARGETS["colab"]), _cells(build.TARGETS["kaggle"])
-    params = {name: next(_source(c) for c in cells if "parameters" in c["metadata"].get("tags", []))
-              for name, cells in (("colab", colab), ("kaggle", kaggle))}
+    params = {
+        name: next(_source(c) for c in cells if "parameters" in c["metadata"].get("tags", []))
+        for name, cells in (("colab", colab), ("kaggle", kaggle))
+    }
     assert 'PLATFORM = "colab"' in params["colab"] and 'MODEL = "Qwen/Qwen2.5-1.5B"' in params["colab"]
     assert 'PLATFORM = "kaggle"' in params["kaggle"] and 'MODEL = "Qwen/Qwen2.5-3B"' in params["kaggle"]
-    text = {name: "\n".join(_source(c) for c in cells) for name, cells in (("colab", colab), ("kaggle", kaggle))}
-    assert "Runtime → Change runtime type → T4" in text["colab"] and "Kaggle" not in text["colab"].split("## 1.")[0]
+    text = {
+        name: "\n".join(_source(c) for c in cells) for name, cells in (("colab", colab), ("kaggle", kaggle))
+    }
+    assert (
+        "Runtime → Change runtime type → T4" in text["colab"]
+        and "Kaggle" not in text["colab"].split("## 1.")[0]
+    )
     assert "GPU T4 x2" in text["kaggle"] and "Runtime → Change runtime type" not in text["kaggle"]
     assert len(colab) == len(kaggle)
     assert sum(_source(a) != _source(b) for a, b in zip(colab, kaggle)) == 2  # platform cell, parameters cell
@@ -73,23 +80,38 @@ def test_notebook_kernel_holds_no_recipe_logic():
 
 # ----------------------------------------------------------------------------------------------- presets
 def _recipe(platform: str, tmp_path: Path, gpus=()) -> nb.Recipe:
-    return nb.Recipe(platform=nb.PLATFORMS[platform], repo=REPO, workdir=tmp_path, model=nb.PLATFORMS[platform].model,
-                     steps=40, sft_steps=100, n_samples=8, problems_per_benchmark=30, gpus=list(gpus))
+    return nb.Recipe(
+        platform=nb.PLATFORMS[platform],
+        repo=REPO,
+        workdir=tmp_path,
+        model=nb.PLATFORMS[platform].model,
+        steps=40,
+        sft_steps=100,
+        n_samples=8,
+        problems_per_benchmark=30,
+        gpus=list(gpus),
+    )
 
 
 T4 = nb.GPU("Tesla T4", 15360, 7.5, "580.82.07")
 P100 = nb.GPU("Tesla P100-PCIE-16GB", 16384, 6.0, "580.82.07")
 
 
-@pytest.mark.parametrize("gpus, wanted", [
-    ([T4], []),
-    ([nb.GPU("NVIDIA H100 80GB HBM3", 81559, 9.0, "590.44.01")], []),
-    ([T4, T4], []),  # Kaggle's T4 x2: the stages use the first
-    ([P100], ["compute capability 6", "GPU T4 x2 (not P100)"]),
-    ([nb.GPU("Tesla V100-SXM2-16GB", 16384, 7.0, "580.82.07")], ["compute capability 7", ">= 7.5"]),
-    ([nb.GPU("Tesla T4", 15360, 7.5, "550.54.15")], ["driver 550.54.15 is older than 580", "latest environment"]),
-    ([], ["no NVIDIA GPU visible", "T4 GPU"]),
-])
+@pytest.mark.parametrize(
+    "gpus, wanted",
+    [
+        ([T4], []),
+        ([nb.GPU("NVIDIA H100 80GB HBM3", 81559, 9.0, "590.44.01")], []),
+        ([T4, T4], []),  # Kaggle's T4 x2: the stages use the first
+        ([P100], ["compute capability 6", "GPU T4 x2 (not P100)"]),
+        ([nb.GPU("Tesla V100-SXM2-16GB", 16384, 7.0, "580.82.07")], ["compute capability 7", ">= 7.5"]),
+        (
+            [nb.GPU("Tesla T4", 15360, 7.5, "550.54.15")],
+            ["driver 550.54.15 is older than 580", "latest environment"],
+        ),
+        ([], ["no NVIDIA GPU visible", "T4 GPU"]),
+    ],
+)
 def test_platform_problems_say_what_to_change(gpus, wanted):
     problems = nb.platform_problems(gpus)
     assert len(problems) == (1 if wanted else 0), problems
@@ -101,7 +123,9 @@ def test_preflight_stops_before_the_install(monkeypatch, capsys):
     monkeypatch.setattr(nb, "gpu_info", lambda: [P100])
     with pytest.raises(RuntimeError, match="compute capability 6"):
         nb.preflight()
-    assert "Tesla P100-PCIE-16GB, 16384 MiB, compute capability 6, driver 580.82.07" in capsys.readouterr().out
+    assert (
+        "Tesla P100-PCIE-16GB, 16384 MiB, compute capability 6, driver 580.82.07" in capsys.readouterr().out
+    )
     monkeypatch.setattr(nb, "gpu_info", lambda: [T4])
     assert nb.preflight() == [T4]
 
@@ -143,7 +167,9 @@ def test_gpu_preset_commands_parse_with_each_stages_parser(platform, tmp_path):
         assert grpo.use_vllm and grpo.backend == "unsloth"
         assert model.load_in_4bit is (platform == "kaggle")
         # Unsloth's batch rule and TRL's generation batch rule hold without adjustment.
-        assert (grpo.per_device_train_batch_size * grpo.gradient_accumulation_steps) % grpo.num_generations == 0
+        assert (
+            grpo.per_device_train_batch_size * grpo.gradient_accumulation_steps
+        ) % grpo.num_generations == 0
         assert grpo.generation_batch_size % grpo.num_generations == 0
         assert grpo.steps_per_generation == grpo.gradient_accumulation_steps  # q from the in-loss policy
         assert stage.max_prompt_length + grpo.max_completion_length <= 32768  # Qwen2.5 base context
@@ -157,8 +183,14 @@ def test_gpu_preset_commands_parse_with_each_stages_parser(platform, tmp_path):
 
 
 def test_make_recipe_checks_parameters_before_anything_runs(tmp_path):
-    common = {"repo": REPO, "workdir": tmp_path, "steps": 2, "sft_steps": 2, "n_samples": 2,
-              "problems_per_benchmark": 2}
+    common = {
+        "repo": REPO,
+        "workdir": tmp_path,
+        "steps": 2,
+        "sft_steps": 2,
+        "n_samples": 2,
+        "problems_per_benchmark": 2,
+    }
     with pytest.raises(ValueError, match="PLATFORM='paperspace'"):
         nb.make_recipe("paperspace", **common)
     with pytest.raises(ValueError, match="STEPS=0"):
@@ -183,8 +215,11 @@ def test_report_table_has_one_row_per_run_in_recipe_order(tmp_path):
         "model,run,dataset,metric,k,value,ci_low,ci_high\n"
         "m,grpo_branch,math500,pass@1,1,0.25,0.1,0.4\n"
         "m,sft,math500,pass@1,1,0.125,0.0,0.3\n"
-        "m,sft,math500,pass@k,8,,,\n")
-    (assets / "pairs.csv").write_text("model,run_a,run_b,dataset,metric,k,diff,ci_low,ci_high,n_problems,status\n")
+        "m,sft,math500,pass@k,8,,,\n"
+    )
+    (assets / "pairs.csv").write_text(
+        "model,run_a,run_b,dataset,metric,k,diff,ci_low,ci_high,n_problems,status\n"
+    )
     table, pairs = nb.report_tables(_recipe("colab", tmp_path))
     assert list(table.index) == ["sft", "grpo_branch"] and pairs.empty
     assert table.loc["grpo_branch", "math500 pass@1"] == "0.250 [0.100, 0.400]"
@@ -200,16 +235,22 @@ def test_both_notebooks_run_the_recipe_on_cpu_with_the_tiny_model(tmp_path):
     from nbclient import NotebookClient
 
     workdir = tmp_path / "run"
-    env = {"SAGE_NOTEBOOK_TINY": "1", "SAGE_NOTEBOOK_WORKDIR": str(workdir),
-           "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "UNSLOTH_SKIP_TORCHVISION_CHECK": "1"}
+    env = {
+        "SAGE_NOTEBOOK_TINY": "1",
+        "SAGE_NOTEBOOK_WORKDIR": str(workdir),
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "UNSLOTH_SKIP_TORCHVISION_CHECK": "1",
+    }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment
     outputs = {}
     try:
         for platform in ("colab", "kaggle"):
             notebook = nbformat.read(NOTEBOOKS / build.TARGETS[platform], as_version=4)
-            NotebookClient(notebook, timeout=600, kernel_name="python3",
-                           resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+            NotebookClient(
+                notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+            ).execute()
             outputs[platform] = notebook
             if platform == "colab":
                 manifests = {p: p.stat().st_mtime_ns for p in (workdir / "outputs").glob("*/*/manifest.json")}
@@ -230,8 +271,12 @@ def test_both_notebooks_run_the_recipe_on_cpu_with_the_tiny_model(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in manifests} == manifests
 
     def texts(notebook, mime):
-        return [str(o.get("text", "")) + str(o.get("data", {}).get(mime, "")) for c in notebook.cells
-                if c.cell_type == "code" for o in c.get("outputs", [])]
+        return [
+            str(o.get("text", "")) + str(o.get("data", {}).get(mime, ""))
+            for c in notebook.cells
+            if c.cell_type == "code"
+            for o in c.get("outputs", [])
+        ]
 
     colab_text = "\n".join(texts(outputs["colab"], "text/plain"))
     assert "python -m sage_unsloth.sft" in colab_text and "python -m sage_unsloth.rlvr" in colab_text

@@ -60,10 +60,15 @@ def test_default_ks_are_powers_of_two_then_n():
 
 
 def test_rows_pool_aime_and_average_the_paper_sets():
-    rows = ([{"dataset": "aime24", "n": 4, "c": c} for c in (0, 4)]
-            + [{"dataset": "aime25", "n": 4, "c": 1}]
-            + [{"dataset": "amc23", "n": 4, "c": 2}, {"dataset": "math500", "n": 4, "c": 3},
-               {"dataset": "kk", "n": 4, "c": 4}])
+    rows = (
+        [{"dataset": "aime24", "n": 4, "c": c} for c in (0, 4)]
+        + [{"dataset": "aime25", "n": 4, "c": 1}]
+        + [
+            {"dataset": "amc23", "n": 4, "c": 2},
+            {"dataset": "math500", "n": 4, "c": 3},
+            {"dataset": "kk", "n": 4, "c": 4},
+        ]
+    )
     table = {(r["dataset"], r["k"]): r for r in passk_rows(rows, [1, 2, 4])}
     aime = table[("aime", 1)]
     assert aime["pass_at_k"] == pytest.approx((0 + 1 + 0.25) / 3) and aime["n_problems"] == 3

@@ -52,7 +52,9 @@ def test_reward_placement_matches_the_formula(reward_trainer, reward_batch):
         logp, log_probs = _policy_forward(trainer.model, batch)
         raw_ref, _ = _policy_forward(trainer.model, batch, disable_adapter=True)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
-    q = torch.where(mask.bool(), (1 + 0.3 * torch.relu(entropy - 1.2)).clamp(0.6, 1.4), torch.ones_like(entropy))
+    q = torch.where(
+        mask.bool(), (1 + 0.3 * torch.relu(entropy - 1.2)).clamp(0.6, 1.4), torch.ones_like(entropy)
+    )
     on = q[mask.bool()]
     assert (on == 1).any() and ((on > 1) & (on < 1.4)).any(), "the guide should move some tokens"
     seq_kl = ((logp - raw_ref - torch.log(q)) * mask).sum(1)
@@ -62,8 +64,12 @@ def test_reward_placement_matches_the_formula(reward_trainer, reward_batch):
     # The pseudo-KL really moves the advantages (it is not lost in the std scaling).
     assert (batch["advantages"] - _oracle_advantages(rewards, trainer.num_generations)).abs().max() > 1e-2
     metrics = trainer._metrics["train"]
-    assert metrics["sage/kl_in_reward"][-1] == pytest.approx((BETA * seq_kl).mean().item(), rel=1e-4, abs=1e-6)
-    assert metrics["sage/seq_log_q"][-1] == pytest.approx((torch.log(q) * mask).sum(1).mean().item(), rel=1e-4)
+    assert metrics["sage/kl_in_reward"][-1] == pytest.approx(
+        (BETA * seq_kl).mean().item(), rel=1e-4, abs=1e-6
+    )
+    assert metrics["sage/seq_log_q"][-1] == pytest.approx(
+        (torch.log(q) * mask).sum(1).mean().item(), rel=1e-4
+    )
 
 
 def test_reward_placement_loss_has_no_kl_term(reward_trainer, reward_batch):
@@ -95,13 +101,18 @@ def test_group_advantage_contact_point(reward_trainer, reward_batch):
         group_advantages(rewards, trainer.num_generations, "max")
 
 
-@pytest.mark.parametrize("overrides,field", [
-    ({"sage_kl_placement": "advantage"}, "sage_kl_placement"),
-    ({"sage_kl_placement": "reward", "beta": 0.0, "sage_guide": "none"}, "beta"),
-    ({"sage_kl_placement": "reward", "kl_estimator": "k2", "backend": "trl"}, "kl_estimator"),
-    ({"sage_kl_placement": "reward", "multi_objective_aggregation": "normalize_then_sum"},
-     "multi_objective_aggregation"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"sage_kl_placement": "advantage"}, "sage_kl_placement"),
+        ({"sage_kl_placement": "reward", "beta": 0.0, "sage_guide": "none"}, "beta"),
+        ({"sage_kl_placement": "reward", "kl_estimator": "k2", "backend": "trl"}, "kl_estimator"),
+        (
+            {"sage_kl_placement": "reward", "multi_objective_aggregation": "normalize_then_sum"},
+            "multi_objective_aggregation",
+        ),
+    ],
+)
 def test_placement_config_errors_are_one_line(tmp_path, overrides, field):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
@@ -115,11 +126,18 @@ def test_reward_placement_takes_q_at_rollout_without_the_off_policy_warning(tmp_
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        SageGRPOConfig(output_dir=str(tmp_path), report_to="none", sage_guide="branch", sage_kl_placement="reward",
-                       sage_q_source="rollout", per_device_train_batch_size=8, generation_batch_size=16)
+        SageGRPOConfig(
+            output_dir=str(tmp_path),
+            report_to="none",
+            sage_guide="branch",
+            sage_kl_placement="reward",
+            sage_q_source="rollout",
+            per_device_train_batch_size=8,
+            generation_batch_size=16,
+        )
 
 
-UNSLOTH_REWARD_CANARY = r'''
+UNSLOTH_REWARD_CANARY = r"""
 import math, sys, warnings
 warnings.simplefilter("ignore")
 from sage_unsloth.backend import import_unsloth
@@ -183,7 +201,7 @@ assert seen and seen.get("ref_per_token_logps") is None, "no reference in the lo
 moved = sum(not torch.equal(before[n], p) for n, p in model.named_parameters() if n in before)
 print("CHECK", checked["max_diff"], checked["max_adv"], moved, len(before))
 print("CANARY-OK")
-'''
+"""
 
 
 @pytest.mark.slow
@@ -194,13 +212,27 @@ def test_unsloth_patched_trainer_reward_placement(tiny_model_dir, tmp_path):
     import subprocess
     import sys
 
-    env = dict(os.environ, UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_DISABLE="1", HF_HUB_OFFLINE="1",
-               UNSLOTH_GRPO_PREFIX_GROUPER="0")
+    env = dict(
+        os.environ,
+        UNSLOTH_ALLOW_CPU="1",
+        UNSLOTH_COMPILE_DISABLE="1",
+        HF_HUB_OFFLINE="1",
+        UNSLOTH_GRPO_PREFIX_GROUPER="0",
+    )
     script = tmp_path / "reward_canary.py"
     script.write_text(UNSLOTH_REWARD_CANARY)
-    result = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], cwd=tmp_path, env=env, check=False,
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0 and "CANARY-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-5000:]
+    result = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir)],
+        cwd=tmp_path,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0 and "CANARY-OK" in result.stdout, (
+        result.stdout[-3000:] + result.stderr[-5000:]
+    )
     line = next(line for line in result.stdout.splitlines() if line.startswith("CHECK "))
     max_diff, max_adv, moved, total = (float(x) for x in line.split()[1:])
     assert max_diff < 2e-4 and max_adv > 0.1  # advantages of r~, recomputed independently

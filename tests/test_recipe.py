@@ -14,7 +14,13 @@ from sage_unsloth.manifest import write_manifest
 
 def test_stage_command_runs_the_stage_package():
     assert recipe.stage_command("sft", "c.yaml", "--max_steps", 3, python="py") == [
-        "py", "-m", "sage_unsloth.sft", "c.yaml", "--max_steps", "3"]
+        "py",
+        "-m",
+        "sage_unsloth.sft",
+        "c.yaml",
+        "--max_steps",
+        "3",
+    ]
     assert recipe.stage_command("report", "r.yaml")[0] == sys.executable
     with pytest.raises(ValueError, match="stage 'tune' is unknown"):
         recipe.stage_command("tune", "c.yaml")
@@ -39,12 +45,16 @@ def test_run_stage_streams_output_skips_finished_stages_and_reports_failures(tmp
 
 def test_a_stage_is_skipped_only_when_its_manifest_matches_this_command(tmp_path, capsys):
     out_dir, record = tmp_path / "sft", tmp_path / "stages" / "sft.json"
-    write = (f"from sage_unsloth.manifest import write_manifest; "
-             f"write_manifest({str(out_dir)!r}, stage='sft', config={{}})")
+    write = (
+        f"from sage_unsloth.manifest import write_manifest; "
+        f"write_manifest({str(out_dir)!r}, stage='sft', config={{}})"
+    )
     command = [sys.executable, "-c", write]
     assert recipe.run_stage(command, cwd=tmp_path, done=out_dir, stage="sft", record=record)  # ran
     assert json.loads(record.read_text())["command"] == command[1:]  # without the interpreter
-    assert not recipe.run_stage(command, cwd=tmp_path, done=out_dir, stage="sft", record=record)  # same: skipped
+    assert not recipe.run_stage(
+        command, cwd=tmp_path, done=out_dir, stage="sft", record=record
+    )  # same: skipped
     assert "[skip]" in capsys.readouterr().out
     other = [sys.executable, "-c", write + "  # --max_steps 5"]
     with pytest.raises(ValueError, match="was written with .* not by"):

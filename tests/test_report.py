@@ -273,9 +273,20 @@ def test_dataset_section_shows_dash_for_runs_without_a_paper_method():
     from sage_unsloth.report.stage import dataset_section
 
     rows = [
-        {"dataset": "demo", "model": "m", "run": run, "metric": metric, "method": method, "value": 0.5,
-         "ci_low": 0.4, "ci_high": 0.6, "paper": float("nan"), "paper_primary": False, "diff": float("nan"),
-         "k": 1 if metric == "pass@1" else 16}
+        {
+            "dataset": "demo",
+            "model": "m",
+            "run": run,
+            "metric": metric,
+            "method": method,
+            "value": 0.5,
+            "ci_low": 0.4,
+            "ci_high": 0.6,
+            "paper": float("nan"),
+            "paper_primary": False,
+            "diff": float("nan"),
+            "k": 1 if metric == "pass@1" else 16,
+        }
         for run, method in (("grpo_nokl", float("nan")), ("grpo", "GRPO"))
         for metric in ("pass@1", "pass@k")
     ]

@@ -14,8 +14,12 @@ def _stage_folder(tmp_path, name, manifest):
 
 
 def test_placement_from_the_rlvr_manifest(tmp_path):
-    reward = _stage_folder(tmp_path, "a", {"stage": "rlvr", "config": {"training": {"sage_kl_placement": "reward"}}})
-    loss = _stage_folder(tmp_path, "b", {"stage": "rlvr", "config": {"training": {"sage_kl_placement": "loss"}}})
+    reward = _stage_folder(
+        tmp_path, "a", {"stage": "rlvr", "config": {"training": {"sage_kl_placement": "reward"}}}
+    )
+    loss = _stage_folder(
+        tmp_path, "b", {"stage": "rlvr", "config": {"training": {"sage_kl_placement": "loss"}}}
+    )
     older = _stage_folder(tmp_path, "c", {"stage": "rlvr", "config": {"training": {}}})
     sft = _stage_folder(tmp_path, "d", {"stage": "sft"})
     # the manifest wins over the name

@@ -25,8 +25,9 @@ def row(table, run_name, k, dataset="bench"):
 
 def test_at_k_equal_n_counts_problems_solved_by_any_sample():
     # reference solves p0, p2; the run solves p1, p2; nobody solves p3
-    table = support.support_table([run("sft", [4] * 4, [4, 0, 2, 0]), run("grpo", [4] * 4, [0, 1, 4, 0])],
-                                  resamples=200)
+    table = support.support_table(
+        [run("sft", [4] * 4, [4, 0, 2, 0]), run("grpo", [4] * 4, [0, 1, 4, 0])], resamples=200
+    )
     r = row(table, "grpo", 4)
     assert r["reference"] == "sft" and r["n_problems"] == 4
     assert (r["preserved"], r["shrunk"], r["expanded"], r["unsolved"]) == (0.25, 0.25, 0.25, 0.25)
@@ -36,8 +37,9 @@ def test_at_k_equal_n_counts_problems_solved_by_any_sample():
 
 
 def test_below_n_uses_the_unbiased_pass_at_k_of_each_run_as_independent_draws():
-    table = support.support_table([run("sft", [4] * 4, [4, 0, 2, 0]), run("grpo", [4] * 4, [0, 1, 4, 0])],
-                                  resamples=200)
+    table = support.support_table(
+        [run("sft", [4] * 4, [4, 0, 2, 0]), run("grpo", [4] * 4, [0, 1, 4, 0])], resamples=200
+    )
     # k = 1: p_ref = (1, 0, 1/2, 0), p_run = (0, 1/4, 1, 0)
     r = row(table, "grpo", 1)
     assert r["preserved"] == pytest.approx((0 + 0 + 0.5 + 0) / 4)
@@ -51,7 +53,9 @@ def test_below_n_uses_the_unbiased_pass_at_k_of_each_run_as_independent_draws():
     assert r["preserved"] == pytest.approx(np.mean(p_ref * p_run))
     assert r["shrunk"] == pytest.approx(np.mean(p_ref * (1 - p_run)))
     assert r["expanded"] == pytest.approx(np.mean((1 - p_ref) * p_run))
-    assert r["solved_ref"] == pytest.approx(np.mean(p_ref)) and r["solved_run"] == pytest.approx(np.mean(p_run))
+    assert r["solved_ref"] == pytest.approx(np.mean(p_ref)) and r["solved_run"] == pytest.approx(
+        np.mean(p_run)
+    )
 
 
 def test_problems_are_matched_by_id_not_by_row_order():
@@ -87,8 +91,12 @@ def test_reference_is_the_base_run_by_default_or_the_named_one_and_missing_is_a_
 
 
 def test_each_model_folder_uses_its_own_reference_and_benchmarks_stay_apart():
-    runs = [run("sft", [2, 2], [2, 0], model="m1"), run("grpo", [2, 2], [0, 2], model="m1"),
-            run("sft", [2], [0], model="m2", dataset="other"), run("grpo", [2], [2], model="m2", dataset="other")]
+    runs = [
+        run("sft", [2, 2], [2, 0], model="m1"),
+        run("grpo", [2, 2], [0, 2], model="m1"),
+        run("sft", [2], [0], model="m2", dataset="other"),
+        run("grpo", [2], [2], model="m2", dataset="other"),
+    ]
     table = support.support_table(runs, resamples=100)
     assert set(zip(table["model"], table["dataset"])) == {("m1", "bench"), ("m2", "other")}
     m2 = table[(table["model"] == "m2") & (table["k"] == 2)].iloc[0]
@@ -111,12 +119,14 @@ def test_report_stage_writes_the_support_table_section_and_plot(tmp_path):
         folder = results / "m" / name
         folder.mkdir(parents=True)
         pd.DataFrame({"dataset": "bench", "problem_id": [f"p{i}" for i in range(4)], "n": 4, "c": cs}).to_csv(
-            folder / "per_problem.csv", index=False)
+            folder / "per_problem.csv", index=False
+        )
         from sage_unsloth.results import pass_at_k_matrix
 
         values = pass_at_k_matrix([4] * 4, cs, [1, 2, 4]).mean(axis=0)
-        pd.DataFrame({"dataset": "bench", "k": [1, 2, 4], "pass_at_k": values}).to_csv(folder / "passk.csv",
-                                                                                       index=False)
+        pd.DataFrame({"dataset": "bench", "k": [1, 2, 4], "pass_at_k": values}).to_csv(
+            folder / "passk.csv", index=False
+        )
     result = build_report(ReportArguments(results=str(results), resamples=100), console=False)
     written = pd.read_csv(results / "report" / "support.csv")
     assert len(written) == 3 and set(written["run"]) == {"grpo"}

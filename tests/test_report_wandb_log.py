@@ -22,14 +22,19 @@ def test_log_report_to_an_offline_run(tmp_path, monkeypatch):
     Image.new("RGB", (32, 32), color=(200, 10, 10)).save(png)
     frame = pd.DataFrame({"run": ["a"], "value": [0.5], "ci_low": [float("nan")]})
     run_dir = wandb_log.log_report(
-        "sage-test", tables={"comparison": frame, "empty": frame.iloc[:0]}, images={"avg_paper": png},
+        "sage-test",
+        tables={"comparison": frame, "empty": frame.iloc[:0]},
+        images={"avg_paper": png},
         markdown="# report <b>",
     )
     folder = next((tmp_path / "wandb").glob("offline-run-*"))
     assert str(folder) in run_dir
     media = folder / "files" / "media"
     (table,) = (media / "table" / "report").glob("comparison_*.table.json")
-    assert json.loads(table.read_text()) == {"columns": ["run", "value", "ci_low"], "data": [["a", 0.5, None]]}
+    assert json.loads(table.read_text()) == {
+        "columns": ["run", "value", "ci_low"],
+        "data": [["a", 0.5, None]],
+    }
     assert not list((media / "table" / "report").glob("empty_*"))  # an empty table is not logged
     (image,) = (media / "images" / "plots").glob("avg_paper_*.png")
     with Image.open(image) as img:

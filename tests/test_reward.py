@@ -94,14 +94,18 @@ def test_reward_is_the_eval_graders_verdict_and_settles_timeouts_deterministical
     from sage_unsloth.eval.benchmarks import load_benchmark
     from sage_unsloth.rlvr import reward
 
-    cases = [json.loads(line) for line in (Path(__file__).with_name("fixtures") / "grading_cases.jsonl")
-             .read_text().splitlines()]
+    cases = [
+        json.loads(line)
+        for line in (Path(__file__).with_name("fixtures") / "grading_cases.jsonl").read_text().splitlines()
+    ]
     golds = {(n, p.problem_id): p.gold for n in ("aime24", "amc23", "math500") for p in load_benchmark(n)}
     sample = [c for c in cases if c["benchmark"] in ("aime24", "amc23", "math500")][::6]
     assert len(sample) > 60
     for case in sample:
         gold = golds[(case["benchmark"], case["problem_id"])]
-        assert score_completion(case["completion"], gold) == float(grading.grade(case["completion"], gold).correct)
+        assert score_completion(case["completion"], gold) == float(
+            grading.grade(case["completion"], gold).correct
+        )
     # Out of the first budget: graded again at once with the retry budget, the same reward as unhurried.
     from sage_unsloth.grading import verify
 
@@ -117,5 +121,7 @@ def test_reward_is_the_eval_graders_verdict_and_settles_timeouts_deterministical
     text, gold = format_completion("w", "(x+1)^2"), "x^2 + 2x + 1"
     assert score_completion(text, gold, timeout_s=1e-6) == score_completion(text, gold) == 1.0
     before = reward.UNRESOLVED["count"]
-    assert score_completion(text, gold, timeout_s=1e-6, retry_timeout_s=1e-6) == 0.0  # out of both: 0, counted
+    assert (
+        score_completion(text, gold, timeout_s=1e-6, retry_timeout_s=1e-6) == 0.0
+    )  # out of both: 0, counted
     assert reward.UNRESOLVED["count"] == before + 1

@@ -27,12 +27,16 @@ def test_verl_layout_of_the_bundled_sample(dapo_sample):
     first = data[0]
     assert first["answer"] == "34"
     assert first["prompt"][0] == {"role": "system", "content": SYSTEM_PROMPT}
-    assert first["prompt"][1]["role"] == "user" and first["prompt"][1]["content"].startswith("In triangle $ABC$")
+    assert first["prompt"][1]["role"] == "user" and first["prompt"][1]["content"].startswith(
+        "In triangle $ABC$"
+    )
 
 
 def test_open_r1_layout_from_jsonl_and_parquet(tmp_path):
-    rows = [{"prompt": "What is 1+1?", "solution": "2", "data_source": "x"},
-            {"prompt": "What is 2+3?", "solution": 5, "data_source": "y"}]
+    rows = [
+        {"prompt": "What is 1+1?", "solution": "2", "data_source": "x"},
+        {"prompt": "What is 2+3?", "solution": 5, "data_source": "y"},
+    ]
     jsonl = _write_jsonl(tmp_path / "flat.jsonl", rows)
     data = build_rlvr_dataset(load_source(dataset_path=str(jsonl)))
     assert [r["answer"] for r in data] == ["2", "5"]
@@ -52,8 +56,11 @@ def test_missing_fields_and_empty_data_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match="no problem text"):
         to_rlvr_row({"solution": "3"})
     with pytest.raises(ValueError, match="no gold answer"):
-        build_rlvr_dataset(load_source(dataset_path=str(_write_jsonl(tmp_path / "nogold.jsonl",
-                                                                     [{"prompt": "q", "other": 1}]))))
+        build_rlvr_dataset(
+            load_source(
+                dataset_path=str(_write_jsonl(tmp_path / "nogold.jsonl", [{"prompt": "q", "other": 1}]))
+            )
+        )
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="is empty"):
         build_rlvr_dataset(load_source(dataset_path=str(tmp_path / "empty.jsonl")))
@@ -73,7 +80,9 @@ def test_prompt_length_filter_keeps_only_prompts_that_fit(tmp_path, tiny_tokeniz
     kept = build_rlvr_dataset(source, tiny_tokenizer, max_prompt_length=short_len)
     assert [r["answer"] for r in kept] == ["3"]
     # The count is of the prompt as the trainer renders it: chat template + generation prompt.
-    rendered = tiny_tokenizer.apply_chat_template(full[0]["prompt"], tokenize=False, add_generation_prompt=True)
+    rendered = tiny_tokenizer.apply_chat_template(
+        full[0]["prompt"], tokenize=False, add_generation_prompt=True
+    )
     assert short_len == len(tiny_tokenizer(rendered, add_special_tokens=False)["input_ids"])
     with pytest.raises(ValueError, match="no prompt fits max_prompt_length=3"):
         build_rlvr_dataset(source, tiny_tokenizer, max_prompt_length=3)

@@ -13,8 +13,21 @@ from rlvr_scenario import LORA_TARGETS, REPO, rlvr_argv
 from safetensors.torch import load_file
 
 PAPER_CONFIGS = REPO / "configs" / "rlvr" / "qwen2.5-math-7b"
-VARIANTS = ["grpo", "grpo_nokl", "grpo_fkl", "grpo_random", "grpo_token", "grpo_branch", "grpo_branch_reward",
-            "bnpo", "bnpo_branch", "dapo", "dapo_branch", "dapo_full", "dapo_full_branch"]
+VARIANTS = [
+    "grpo",
+    "grpo_nokl",
+    "grpo_fkl",
+    "grpo_random",
+    "grpo_token",
+    "grpo_branch",
+    "grpo_branch_reward",
+    "bnpo",
+    "bnpo_branch",
+    "dapo",
+    "dapo_branch",
+    "dapo_full",
+    "dapo_full_branch",
+]
 SECRET = "hf_SECRETSECRETSECRET1234"
 pytestmark = pytest.mark.usefixtures("varied_reward")  # conftest: a reward that differs between completions
 
@@ -34,10 +47,14 @@ def _adapter(folder):
 
 # ----------------------------------------------------------------------------------------------- variants
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp_path, dapo_sample, monkeypatch):
+def test_every_variant_trains_two_steps_and_moves_its_lora(
+    variant, sft_dir, tmp_path, dapo_sample, monkeypatch
+):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     monkeypatch.setenv("WANDB_API_KEY", SECRET)
-    built = _run(*_argv(variant, sft_dir, tmp_path, dapo_sample, "--save_strategy", "no", "--hub_token", SECRET))
+    built = _run(
+        *_argv(variant, sft_dir, tmp_path, dapo_sample, "--save_strategy", "no", "--hub_token", SECRET)
+    )
     out = tmp_path / "model" / variant  # tiny model folder is named "model"
     assert built.plan.output_dir == out and built.trainer.state.global_step == 2
 
@@ -52,9 +69,25 @@ def test_every_variant_trains_two_steps_and_moves_its_lora(variant, sft_dir, tmp
 
     paper, _, _, _ = parse_args([str(PAPER_CONFIGS / f"{variant}.yaml"), "--bf16", "false"])
     tiny = built.trainer.args
-    for field in ("loss_type", "beta", "sage_guide", "kl_estimator", "epsilon", "epsilon_high", "sage_q_min",
-                  "sage_q_max", "sage_gamma", "sage_tau", "temperature", "min_p", "use_bias_correction_kl",
-                  "sage_kl_placement", "dapo_normalizer", "dynamic_sampling", "mask_truncated_completions"):
+    for field in (
+        "loss_type",
+        "beta",
+        "sage_guide",
+        "kl_estimator",
+        "epsilon",
+        "epsilon_high",
+        "sage_q_min",
+        "sage_q_max",
+        "sage_gamma",
+        "sage_tau",
+        "temperature",
+        "min_p",
+        "use_bias_correction_kl",
+        "sage_kl_placement",
+        "dapo_normalizer",
+        "dynamic_sampling",
+        "mask_truncated_completions",
+    ):
         assert getattr(paper, field) == getattr(tiny, field), field
 
     # SFT anchor: a frozen copy of the SFT adapter is the reference while beta > 0; none is needed at beta 0.
@@ -89,10 +122,24 @@ def test_script_fails_in_one_line_on_a_missing_stage1_folder(tmp_path, dapo_samp
 
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     result = subprocess.run(
-        ["bash", str(REPO / "scripts" / "02_rlvr.sh"), *_argv("grpo", tmp_path / "nope", tmp_path, dapo_sample)],
-        check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        [
+            "bash",
+            str(REPO / "scripts" / "02_rlvr.sh"),
+            *_argv("grpo", tmp_path / "nope", tmp_path, dapo_sample),
+        ],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: sft_dir={tmp_path / 'nope'} does not exist")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: sft_dir={tmp_path / 'nope'} does not exist")
+    )
 
 
 def test_paper_configs_pin_the_official_recipe():
@@ -100,11 +147,23 @@ def test_paper_configs_pin_the_official_recipe():
 
     for variant in VARIANTS:
         args, stage, _, _ = parse_args([str(PAPER_CONFIGS / f"{variant}.yaml"), "--bf16", "false"])
-        assert (args.learning_rate, args.lr_scheduler_type, args.num_generations, args.generation_batch_size,
-                args.per_device_train_batch_size, args.max_steps, args.save_steps, args.seed) == \
-               (5e-6, "constant", 8, 16, 8, 1000, 100, 3407), variant
-        assert (args.temperature, args.min_p, args.epsilon, args.sage_q_min, args.sage_q_max) == \
-               (1.0, 0.01, 0.2, 0.6, 1.4)
+        assert (
+            args.learning_rate,
+            args.lr_scheduler_type,
+            args.num_generations,
+            args.generation_batch_size,
+            args.per_device_train_batch_size,
+            args.max_steps,
+            args.save_steps,
+            args.seed,
+        ) == (5e-6, "constant", 8, 16, 8, 1000, 100, 3407), variant
+        assert (args.temperature, args.min_p, args.epsilon, args.sage_q_min, args.sage_q_max) == (
+            1.0,
+            0.01,
+            0.2,
+            0.6,
+            1.4,
+        )
         assert stage.max_prompt_length + args.max_completion_length <= 4096  # Qwen2.5-Math's context
         assert args.generation_kwargs["stop"] == ["</SOLUTION>"] and stage.variant == variant
         assert args.use_vllm and args.vllm_mode == "colocate" and stage.anchor == "sft"
@@ -112,11 +171,19 @@ def test_paper_configs_pin_the_official_recipe():
         assert args.beta == expected_beta, variant
         # the official code's dapo: epsilon_high = epsilon; the DAPO paper's: clip-higher 0.28; None: symmetric
         dapo_paper = variant.startswith("dapo_full")
-        assert args.epsilon_high == (0.28 if dapo_paper else 0.2 if variant.startswith("dapo") else None), variant
-        assert (args.dynamic_sampling, args.dapo_normalizer) == (dapo_paper, "window" if dapo_paper else "generation")
+        assert args.epsilon_high == (0.28 if dapo_paper else 0.2 if variant.startswith("dapo") else None), (
+            variant
+        )
+        assert (args.dynamic_sampling, args.dapo_normalizer) == (
+            dapo_paper,
+            "window" if dapo_paper else "generation",
+        )
         assert args.sage_kl_placement == ("reward" if variant.endswith("_reward") else "loss"), variant
         # the paper's TRL 0.23 importance-sampling correction under vLLM
-        assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == ("token_truncate", 2.0)
+        assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == (
+            "token_truncate",
+            2.0,
+        )
 
 
 # ----------------------------------------------------------------------------------------------- anchor
@@ -125,7 +192,7 @@ def _completion_logps(model, batch):
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     width = batch["completion_ids"].shape[1]
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1:-1].float()
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float()
     return logits.log_softmax(-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
 
 
@@ -136,8 +203,11 @@ def test_reference_logps_are_the_chosen_anchor(anchor, sft_dir, tiny_model_dir, 
 
     from sage_unsloth.rlvr.run import build_stage, parse_args
 
-    built = build_stage(*parse_args(_argv("grpo", sft_dir, tmp_path, dapo_sample, "--anchor", anchor,
-                                          "--save_strategy", "no")))
+    built = build_stage(
+        *parse_args(
+            _argv("grpo", sft_dir, tmp_path, dapo_sample, "--anchor", anchor, "--save_strategy", "no")
+        )
+    )
     trainer, batches = built.trainer, []
     generate = trainer._generate_and_score_completions
 
@@ -172,8 +242,9 @@ def test_ref_adapter_is_hidden_from_a_vllm_lora_sync(sft_dir, tiny_model_dir):
 
     from sage_unsloth.rlvr.run import apply_anchor, hide_adapter_from_vllm_sync
 
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(sft_dir),
-                                      is_trainable=True)
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(sft_dir), is_trainable=True
+    )
     apply_anchor(model, "sft", beta=0.05)  # no trainer made it here (as under Unsloth's patched trainer)
     seen = []
     model.load_lora = lambda *a, **k: seen.append(sorted(k for k in model.state_dict() if ".lora_" in k))
@@ -200,8 +271,11 @@ def test_log_history_holds_sage_metrics_and_feeds_the_report(sft_dir, tmp_path, 
     from sage_unsloth.report.stage import ReportArguments, build_report
     from sage_unsloth.training_log import read_log_history
 
-    built = _run(*_argv("grpo_branch", sft_dir, tmp_path / "out", dapo_sample, "--save_strategy", "no",
-                        "--max_steps", "2"))
+    built = _run(
+        *_argv(
+            "grpo_branch", sft_dir, tmp_path / "out", dapo_sample, "--save_strategy", "no", "--max_steps", "2"
+        )
+    )
     out = built.plan.output_dir
     assert json.loads((out / "manifest.json").read_text())["log_history"] == "log_history.jsonl"
     lines = read_log_history(out)
@@ -217,11 +291,22 @@ def test_log_history_holds_sage_metrics_and_feeds_the_report(sft_dir, tmp_path, 
     results = tmp_path / "results"
     shutil.copytree(Path(__file__).parent / "fixtures" / "report" / "results" / "tiny", results / "tiny")
     write_manifest(results / "tiny" / "grpo_branch", stage="eval", config={"n": 4}, checkpoint=str(out))
-    report = build_report(ReportArguments(results=str(results), resamples=100, plot_width=500, plot_height=400,
-                                          completions=str(tmp_path / "none" / "*.gz")), console=False)
+    report = build_report(
+        ReportArguments(
+            results=str(results),
+            resamples=100,
+            plot_width=500,
+            plot_height=400,
+            completions=str(tmp_path / "none" / "*.gz"),
+        ),
+        console=False,
+    )
     table = report.training.set_index(["run", "metric"])
     for key in ("reward", "kl", "sage/q_mean", "sage/frac_boosted"):
-        assert table.loc[("model/grpo_branch", key), ["first", "last"]].tolist() == [steps[0][key], steps[1][key]]
+        assert table.loc[("model/grpo_branch", key), ["first", "last"]].tolist() == [
+            steps[0][key],
+            steps[1][key],
+        ]
     assert table.loc[("model/grpo_branch", "reward"), "points"] == 2
     row = next(line for line in report.markdown.splitlines() if line.startswith("| model/grpo_branch | 2 |"))
     assert f"{steps[0]['reward']:.3f} → {steps[1]['reward']:.3f}" in row
@@ -284,8 +369,9 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_config_fails_in_one_line_before_any_model_loads(case, sft_dir, tmp_path, dapo_sample, monkeypatch,
-                                                              capsys):
+def test_bad_config_fails_in_one_line_before_any_model_loads(
+    case, sft_dir, tmp_path, dapo_sample, monkeypatch, capsys
+):
     from sage_unsloth import models
     from sage_unsloth.rlvr.run import main
 
@@ -307,8 +393,9 @@ def test_stage1_folder_without_manifest_is_refused(tmp_path, dapo_sample, capsys
     assert "manifest.json not found" in capsys.readouterr().err
 
 
-def test_bad_dataset_is_a_one_line_error_before_the_model_loads(sft_dir, tmp_path, dapo_sample, monkeypatch,
-                                                                capsys):
+def test_bad_dataset_is_a_one_line_error_before_the_model_loads(
+    sft_dir, tmp_path, dapo_sample, monkeypatch, capsys
+):
     from sage_unsloth import models
     from sage_unsloth.rlvr.run import main
 
@@ -330,6 +417,8 @@ def test_the_cli_plans_the_run_once(sft_dir, tmp_path, dapo_sample, monkeypatch,
     calls = []
     real_plan = run.plan_run
     monkeypatch.setattr(run, "plan_run", lambda *a, **k: calls.append(1) or real_plan(*a, **k))
-    monkeypatch.setattr(models, "load_for_training", lambda *a, **k: (_ for _ in ()).throw(ValueError("stop here")))
+    monkeypatch.setattr(
+        models, "load_for_training", lambda *a, **k: (_ for _ in ()).throw(ValueError("stop here"))
+    )
     assert run.main(_argv("grpo", sft_dir, tmp_path, dapo_sample)) == 2
     assert "stop here" in capsys.readouterr().err and calls == [1]

@@ -30,8 +30,18 @@ from sage_unsloth.rlvr.resume import RESUME_STATE_FILE, EpochSeededSampler, last
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("varied_reward")]
 VARIANT = "grpo_token"
-SCENARIO = ["--max_train_rows", "20", "--generation_batch_size", "4", "--per_device_train_batch_size", "2",
-            "--max_steps", "6", "--save_steps", "1"]  # the first 20 rows hold 4 prompts that fit 160 tokens
+SCENARIO = [
+    "--max_train_rows",
+    "20",
+    "--generation_batch_size",
+    "4",
+    "--per_device_train_batch_size",
+    "2",
+    "--max_steps",
+    "6",
+    "--save_steps",
+    "1",
+]  # the first 20 rows hold 4 prompts that fit 160 tokens
 LAST, BOUNDARY, INSIDE = 6, 4, 5
 
 
@@ -43,7 +53,9 @@ def uninterrupted(sft_dir, dapo_sample, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:  # module scope: varied_reward is per test
         patch.setattr(reward, "correctness_reward", text_reward)
-        built = train(rlvr_argv(VARIANT, sft_dir, tmp_path_factory.mktemp("uninterrupted"), dapo_sample, *SCENARIO))
+        built = train(
+            rlvr_argv(VARIANT, sft_dir, tmp_path_factory.mktemp("uninterrupted"), dapo_sample, *SCENARIO)
+        )
     return built.plan.output_dir
 
 
@@ -53,7 +65,9 @@ def _assert_same_run(expected_dir, resumed_dir, checkpoints):
         assert max_abs_difference(adapter_tensors(expected), adapter_tensors(resumed)) == 0.0, name
         assert max_abs_difference(optimizer_tensors(expected), optimizer_tensors(resumed)) == 0.0, name
         assert logged_steps(expected) == logged_steps(resumed), name
-    assert max_abs_difference(adapter_tensors(expected_dir), adapter_tensors(resumed_dir)) == 0.0  # final adapter
+    assert (
+        max_abs_difference(adapter_tensors(expected_dir), adapter_tensors(resumed_dir)) == 0.0
+    )  # final adapter
     # The streamed log: every step once, in order, with the uninterrupted run's values (a killed run's lines
     # after its checkpoint are dropped on resume and logged again). The last line is transformers' summary
     # of the training session: its train_loss averages the steps this session ran, so only its place is equal.
@@ -71,14 +85,22 @@ def test_the_scenario_exercises_every_resume_path(uninterrupted):
 
     from trl.trainer.utils import RepeatSampler
 
-    epochs = {n: json.loads((uninterrupted / f"checkpoint-{n}" / "trainer_state.json").read_text())["epoch"]
-              for n in (BOUNDARY, INSIDE)}
+    epochs = {
+        n: json.loads((uninterrupted / f"checkpoint-{n}" / "trainer_state.json").read_text())["epoch"]
+        for n in (BOUNDARY, INSIDE)
+    }
     assert epochs == {BOUNDARY: 1.0, INSIDE: 1.25}
-    state = {n: torch.load(uninterrupted / f"checkpoint-{n}" / RESUME_STATE_FILE.format(process=0),
-                           weights_only=True) for n in (BOUNDARY, INSIDE)}
+    state = {
+        n: torch.load(
+            uninterrupted / f"checkpoint-{n}" / RESUME_STATE_FILE.format(process=0), weights_only=True
+        )
+        for n in (BOUNDARY, INSIDE)
+    }
     assert state[BOUNDARY] == {"step": BOUNDARY, "buffered_inputs": None}
     assert state[INSIDE]["step"] == INSIDE and len(state[INSIDE]["buffered_inputs"]) == 2
-    assert (uninterrupted / f"checkpoint-{INSIDE}" / "ref" / "adapter_model.safetensors").is_file()  # 2 adapters
+    assert (
+        uninterrupted / f"checkpoint-{INSIDE}" / "ref" / "adapter_model.safetensors"
+    ).is_file()  # 2 adapters
     sampler = RepeatSampler(list(range(4)), mini_repeat_count=2, batch_size=2, repeat_count=2, seed=3407)
     assert list(sampler) != list(sampler)  # the config's seed: epochs 0 and 1 differ
 
@@ -100,8 +122,9 @@ def interrupted(sft_dir, dapo_sample, tmp_path_factory):
 
 
 @pytest.mark.parametrize("resume_from", [INSIDE, BOUNDARY], ids=["after-checkpoint", "between-checkpoints"])
-def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(resume_from, uninterrupted, interrupted,
-                                                                 sft_dir, dapo_sample, tmp_path, capsys):
+def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(
+    resume_from, uninterrupted, interrupted, sft_dir, dapo_sample, tmp_path, capsys
+):
     """INSIDE: killed right after checkpoint-5. BOUNDARY: killed after step 5's update but before its save;
     nothing is written between two saves, so that folder is this one without checkpoint-5."""
     root, folder = interrupted

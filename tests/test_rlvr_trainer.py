@@ -22,9 +22,20 @@ def _config(tmp_path, **overrides):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
     base = dict(
-        output_dir=str(tmp_path / "out"), backend="trl", per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=12, temperature=TEMPERATURE, report_to="none", logging_steps=1, save_strategy="no",
-        use_cpu=True, max_steps=2, learning_rate=1e-2, sage_guide="branch", **BRANCH,
+        output_dir=str(tmp_path / "out"),
+        backend="trl",
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=12,
+        temperature=TEMPERATURE,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        max_steps=2,
+        learning_rate=1e-2,
+        sage_guide="branch",
+        **BRANCH,
         # Many stop tokens so that completions end at different lengths and the masks are non-trivial.
         generation_kwargs={"eos_token_id": list(range(300, 420))},
     )
@@ -52,8 +63,14 @@ def _build(tiny_model_dir, args):
     # non-zero LoRA B so that the policy differs from the reference from the first step.
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, init_lora_weights=False)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS] * 4)
-    return SageGRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=dataset,
-                           processing_class=tokenizer, peft_config=lora)
+    return SageGRPOTrainer(
+        model=model,
+        reward_funcs=_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+    )
 
 
 def _rollout(trainer):
@@ -89,12 +106,26 @@ def _policy_forward(model, batch, disable_adapter=False):
             logits = model(input_ids=ids, attention_mask=attention).logits
     else:
         logits = model(input_ids=ids, attention_mask=attention).logits
-    log_probs = torch.log_softmax(logits[:, -length - 1:-1].float() / TEMPERATURE, -1)
+    log_probs = torch.log_softmax(logits[:, -length - 1 : -1].float() / TEMPERATURE, -1)
     return log_probs.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1), log_probs
 
 
-def oracle_loss(model, batch, raw_ref, *, loss_type, beta, estimator="k3", guide=True, eps=0.2, gamma=0.3,
-                tau=1.2, q_min=0.6, q_max=1.4, max_completion_length=12):
+def oracle_loss(
+    model,
+    batch,
+    raw_ref,
+    *,
+    loss_type,
+    beta,
+    estimator="k3",
+    guide=True,
+    eps=0.2,
+    gamma=0.3,
+    tau=1.2,
+    q_min=0.6,
+    q_max=1.4,
+    max_completion_length=12,
+):
     """The paper's per-token objective written straight from the formula, q computed in the loss as the
     official code does: q = clip(1 + gamma relu(H - tau)), anchor ref + log q, k3, clipped surrogate."""
     mask = batch["completion_mask"].float()
@@ -109,7 +140,9 @@ def oracle_loss(model, batch, raw_ref, *, loss_type, beta, estimator="k3", guide
     elif estimator == "k2":
         kl = 0.5 * d**2
     ratio = torch.exp(logp - logp.detach())
-    if estimator == "forward":  # KL(pi_ref || pi): u log u - u + 1 with u = pi_ref / pi, times the ratio pi / sg(pi)
+    if (
+        estimator == "forward"
+    ):  # KL(pi_ref || pi): u log u - u + 1 with u = pi_ref / pi, times the ratio pi / sg(pi)
         u = torch.exp(raw_ref - logp)
         kl = (u * torch.log(u) - u + 1) * ratio
     adv = batch["advantages"].unsqueeze(1)
@@ -136,8 +169,15 @@ def _lora_params(model):
 
 def test_rollout_batch_keys_and_shapes(branch_trainer, branch_batch):
     b, c = branch_batch["completion_ids"].shape
-    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
-                "ref_per_token_logps", "num_items_in_batch"):
+    for key in (
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
+        "advantages",
+        "ref_per_token_logps",
+        "num_items_in_batch",
+    ):
         assert key in branch_batch, key
     assert branch_batch["ref_per_token_logps"].shape == (b, c)
     assert "old_per_token_logps" not in branch_batch  # on-policy: TRL skips the old-logp forward
@@ -154,8 +194,13 @@ def test_scorer_returns_logps_entropies_aux(branch_trainer, branch_batch):
     attention = torch.cat([branch_batch["prompt_mask"], branch_batch["completion_mask"]], 1)
     with torch.no_grad():
         result = GRPOTrainer._get_per_token_logps_and_entropies(
-            branch_trainer, branch_trainer.model, ids, attention, branch_batch["completion_ids"].size(1),
-            compute_entropy=True)
+            branch_trainer,
+            branch_trainer.model,
+            ids,
+            attention,
+            branch_batch["completion_ids"].size(1),
+            compute_entropy=True,
+        )
         logp, log_probs = _policy_forward(branch_trainer.model, branch_batch)
     assert len(result) == 3 and result[2] is None
     mask = branch_batch["completion_mask"].bool()  # TRL leaves 0 at masked positions
@@ -170,7 +215,9 @@ def test_old_logp_pass_reused_for_entropies(tiny_model_dir, tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = _config(tmp_path, per_device_train_batch_size=4, steps_per_generation=2, sage_q_source="rollout")
+        args = _config(
+            tmp_path, per_device_train_batch_size=4, steps_per_generation=2, sage_q_source="rollout"
+        )
     trainer = _build(tiny_model_dir, args)
     assert trainer._sage_old_logps_forward_planned()
     batch = _rollout(trainer)
@@ -179,8 +226,9 @@ def test_old_logp_pass_reused_for_entropies(tiny_model_dir, tmp_path):
         raw_ref, _ = _policy_forward(trainer.model, batch, disable_adapter=True)
         _, _, q = oracle_loss(trainer.model, batch, raw_ref, loss_type="grpo", beta=0.05)
     mask = batch["completion_mask"].bool()
-    torch.testing.assert_close(batch["ref_per_token_logps"][mask], (raw_ref + torch.log(q))[mask], atol=2e-5,
-                               rtol=1e-5)
+    torch.testing.assert_close(
+        batch["ref_per_token_logps"][mask], (raw_ref + torch.log(q))[mask], atol=2e-5, rtol=1e-5
+    )
 
 
 # --------------------------------------------------------------------- the hook puts q into TRL's KL
@@ -192,14 +240,18 @@ def test_trl_kl_equals_k3_on_shifted_reference(tiny_model_dir, tmp_path, branch_
         trainer, batch = branch_trainer, branch_batch
     else:
         overrides = {"sage_eps_upper": 0.5, "sage_eps_lower": 0.5} if guide == "random" else {}
-        trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source="rollout", **overrides))
+        trainer = _build(
+            tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source="rollout", **overrides)
+        )
         batch = _rollout(trainer)
     mask = batch["completion_mask"].bool()
     with torch.no_grad():
         raw_ref, _ = _policy_forward(trainer.model, batch, disable_adapter=True)
         logp, _ = _policy_forward(trainer.model, batch)
         trainer._compute_loss(trainer.model, batch)
-    assert torch.all(batch["ref_per_token_logps"][~mask] == 0), "q must be 1 off the completion (TRL scores 0)"
+    assert torch.all(batch["ref_per_token_logps"][~mask] == 0), (
+        "q must be 1 off the completion (TRL scores 0)"
+    )
     log_q = torch.where(mask, batch["ref_per_token_logps"] - raw_ref, torch.zeros_like(raw_ref))
     q = log_q.exp()
     assert torch.all((q[mask] > 0.6 - 1e-5) & (q[mask] < 1.4 + 1e-5))
@@ -211,19 +263,36 @@ def test_trl_kl_equals_k3_on_shifted_reference(tiny_model_dir, tmp_path, branch_
     assert metrics["sage/q_mean"][-1] == pytest.approx(q[mask].mean().item(), rel=1e-5)
     assert metrics["sage/q_max"][-1] == pytest.approx(q[mask].max().item(), rel=1e-5)
     assert metrics["sage/q_min"][-1] == pytest.approx(q[mask].min().item(), rel=1e-5)
-    assert metrics["sage/frac_boosted"][-1] == pytest.approx((q[mask] > 1 + 1e-6).float().mean().item(), abs=0.02)
+    assert metrics["sage/frac_boosted"][-1] == pytest.approx(
+        (q[mask] > 1 + 1e-6).float().mean().item(), abs=0.02
+    )
 
 
 # --------------------------------------------------------------------- oracle
 
 
-@pytest.mark.parametrize("q_source,loss_type,estimator", [
-    ("rollout", "grpo", "k3"), ("rollout", "bnpo", "k3"), ("rollout", "dapo", "k3"), ("rollout", "dr_grpo", "k3"),
-    ("loss", "grpo", "k3"), ("loss", "bnpo", "k3"), ("loss", "dapo", "k3"), ("loss", "dr_grpo", "k3"),
-    ("rollout", "grpo", "k2"), ("rollout", "bnpo", "k2"), ("loss", "dapo", "k2"), ("loss", "dr_grpo", "k2"),
-    ("rollout", "grpo", "forward"), ("rollout", "dapo", "forward"),
-])
-def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypatch, q_source, loss_type, estimator):
+@pytest.mark.parametrize(
+    "q_source,loss_type,estimator",
+    [
+        ("rollout", "grpo", "k3"),
+        ("rollout", "bnpo", "k3"),
+        ("rollout", "dapo", "k3"),
+        ("rollout", "dr_grpo", "k3"),
+        ("loss", "grpo", "k3"),
+        ("loss", "bnpo", "k3"),
+        ("loss", "dapo", "k3"),
+        ("loss", "dr_grpo", "k3"),
+        ("rollout", "grpo", "k2"),
+        ("rollout", "bnpo", "k2"),
+        ("loss", "dapo", "k2"),
+        ("loss", "dr_grpo", "k2"),
+        ("rollout", "grpo", "forward"),
+        ("rollout", "dapo", "forward"),
+    ],
+)
+def test_loss_and_gradients_match_oracle(
+    branch_trainer, branch_batch, monkeypatch, q_source, loss_type, estimator
+):
     """rollout: q from the hook's shifted batch reference; loss: TRL's loss gets the plain reference and q is
     computed from its own forward's entropies (the official code's place for it)."""
     trainer, model = branch_trainer, branch_trainer.model
@@ -247,8 +316,9 @@ def test_loss_and_gradients_match_oracle(branch_trainer, branch_batch, monkeypat
     loss = trainer.compute_loss(model, batch)
     grads = torch.autograd.grad(loss, params)
     logged_kl = trainer._metrics["train"]["kl"][-1]
-    expected, expected_kl, q = oracle_loss(model, batch, raw_ref, loss_type=loss_type, beta=trainer.beta,
-                                           estimator=estimator, guide=guide)
+    expected, expected_kl, q = oracle_loss(
+        model, batch, raw_ref, loss_type=loss_type, beta=trainer.beta, estimator=estimator, guide=guide
+    )
     on = q[batch["completion_mask"].bool()]
     if guide:  # a meaningful check: some tokens keep q = 1, some are raised, some hit the clip
         assert (on == 1).any() and ((on > 1) & (on < 1.4)).any() and (on == 1.4).any()
@@ -273,19 +343,32 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
     mask = branch_batch["completion_mask"].float()
     ref = branch_batch["ref_per_token_logps"]
     logp = (ref - 0.3 * torch.randn_like(ref)).requires_grad_(True)
-    for estimator, fn in (("k2", lambda: anchor.kl_loss_term(logp, ref, estimator="k2")),
-                          ("forward", lambda: anchor.kl_loss_term(logp, ref, estimator="forward"))):
+    for estimator, fn in (
+        ("k2", lambda: anchor.kl_loss_term(logp, ref, estimator="k2")),
+        ("forward", lambda: anchor.kl_loss_term(logp, ref, estimator="forward")),
+    ):
         monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
         got = trainer._sage_kl_correction(branch_batch, logp)
-        want = trainer.beta * ((fn() - anchor.shaped_kl(logp, ref, estimator="k3")) * mask).sum(1).div(
-            mask.sum(1)).mean()
+        want = (
+            trainer.beta
+            * ((fn() - anchor.shaped_kl(logp, ref, estimator="k3")) * mask).sum(1).div(mask.sum(1)).mean()
+        )
         assert got.item() == pytest.approx(want.item(), abs=1e-7)
-        g_got, = torch.autograd.grad(got, logp)
-        g_want, = torch.autograd.grad(want, logp)
+        (g_got,) = torch.autograd.grad(got, logp)
+        (g_want,) = torch.autograd.grad(want, logp)
         torch.testing.assert_close(g_got, g_want, atol=1e-7, rtol=1e-6)
     with pytest.raises(ValueError, match="loss_type"):
-        aggregate_like_trl(mask, mask, loss_type="cispo", max_completion_length=12, num_items_in_batch=None,
-                           num_processes=1, accumulation_steps=1, steps_per_generation=1, training=True)
+        aggregate_like_trl(
+            mask,
+            mask,
+            loss_type="cispo",
+            max_completion_length=12,
+            num_items_in_batch=None,
+            num_processes=1,
+            accumulation_steps=1,
+            steps_per_generation=1,
+            training=True,
+        )
 
 
 # --------------------------------------------------------------------- factory + config
@@ -307,34 +390,55 @@ def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
     cls = make_sage_trainer_class()
     # Over Unsloth's class the branch-q hook sits between the mixin and the base (before the resume mixin);
     # TRL's class has no hook.
-    assert cls.__mro__[1:3] == (SageTrainerMixin, InUnslothLossBranchQ) and cls.__bases__[-1] is UnslothGRPOTrainer
+    assert (
+        cls.__mro__[1:3] == (SageTrainerMixin, InUnslothLossBranchQ)
+        and cls.__bases__[-1] is UnslothGRPOTrainer
+    )
     plain = make_sage_trainer_class(trl.trainer.GRPOTrainer)
-    assert is_unsloth_patched(cls) and not is_unsloth_patched(plain) and InUnslothLossBranchQ not in plain.__mro__
+    assert (
+        is_unsloth_patched(cls)
+        and not is_unsloth_patched(plain)
+        and InUnslothLossBranchQ not in plain.__mro__
+    )
 
 
 def test_config_pins_paper_defaults(tmp_path):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
     args = SageGRPOConfig(output_dir=str(tmp_path), report_to="none")
-    assert (args.loss_type, args.beta, args.learning_rate, args.gradient_accumulation_steps) == ("grpo", 0.05, 5e-6, 1)
-    assert (args.num_generations, args.temperature, args.min_p, args.top_p, args.epsilon) == (8, 1.0, 0.01, 1.0, 0.2)
+    assert (args.loss_type, args.beta, args.learning_rate, args.gradient_accumulation_steps) == (
+        "grpo",
+        0.05,
+        5e-6,
+        1,
+    )
+    assert (args.num_generations, args.temperature, args.min_p, args.top_p, args.epsilon) == (
+        8,
+        1.0,
+        0.01,
+        1.0,
+        0.2,
+    )
     assert (args.weight_decay, args.seed, args.use_bias_correction_kl) == (0.01, 3407, False)
     assert args.lr_scheduler_type == "constant" and "adamw_torch" in str(args.optim).lower()
     assert (args.sage_guide, args.sage_q_min, args.sage_q_max, args.kl_estimator) == ("none", 0.6, 1.4, "k3")
 
 
-@pytest.mark.parametrize("overrides,field", [
-    ({"sage_guide": "branch", "beta": 0.0}, "beta"),
-    ({"sage_q_min": 1.5}, "sage_q_min"),
-    ({"sage_q_min": 0.0}, "sage_q_min"),
-    ({"sage_guide": "entropy"}, "sage_guide"),
-    ({"loss_type": "ppo"}, "loss_type"),
-    ({"kl_estimator": "k4"}, "kl_estimator"),
-    ({"sage_token_norm": "max"}, "sage_token_norm"),
-    ({"sage_q_source": "generation"}, "sage_q_source"),
-    ({"kl_estimator": "forward", "sage_guide": "branch"}, "sage_guide"),
-    ({"kl_estimator": "k2", "loss_type": "cispo", "backend": "trl"}, "loss_type"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        ({"sage_guide": "branch", "beta": 0.0}, "beta"),
+        ({"sage_q_min": 1.5}, "sage_q_min"),
+        ({"sage_q_min": 0.0}, "sage_q_min"),
+        ({"sage_guide": "entropy"}, "sage_guide"),
+        ({"loss_type": "ppo"}, "loss_type"),
+        ({"kl_estimator": "k4"}, "kl_estimator"),
+        ({"sage_token_norm": "max"}, "sage_token_norm"),
+        ({"sage_q_source": "generation"}, "sage_q_source"),
+        ({"kl_estimator": "forward", "sage_guide": "branch"}, "sage_guide"),
+        ({"kl_estimator": "k2", "loss_type": "cispo", "backend": "trl"}, "loss_type"),
+    ],
+)
 def test_config_rejects_bad_values_in_one_line(tmp_path, overrides, field):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
@@ -353,20 +457,28 @@ def test_config_warns_when_q_comes_from_the_rollout_policy(tmp_path):
     with pytest.warns(UserWarning, match="rollout policy"):
         SageGRPOConfig(**common, sage_q_source="rollout", num_iterations=2)
     with pytest.warns(UserWarning, match="rollout policy"):
-        SageGRPOConfig(**common, sage_q_source="rollout", per_device_train_batch_size=8, generation_batch_size=16)
-    with warnings.catch_warnings():  # q in TRL's loss (auto on TRL's trainer) is the official order: no warning
+        SageGRPOConfig(
+            **common, sage_q_source="rollout", per_device_train_batch_size=8, generation_batch_size=16
+        )
+    with (
+        warnings.catch_warnings()
+    ):  # q in TRL's loss (auto on TRL's trainer) is the official order: no warning
         warnings.simplefilter("error")
         config = SageGRPOConfig(**common, backend="trl", num_iterations=2)
     assert config.expected_q_source == "loss"
 
 
-@pytest.mark.parametrize("overrides, field", [
-    ({"kl_estimator": "k2", "sage_guide": "branch"}, "kl_estimator"),
-    ({"dynamic_sampling": True}, "dynamic_sampling"),
-    ({"sage_q_source": "loss", "sage_guide": "token"}, "sage_q_source"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"kl_estimator": "k2", "sage_guide": "branch"}, "kl_estimator"),
+        ({"dynamic_sampling": True}, "dynamic_sampling"),
+        ({"sage_q_source": "loss", "sage_guide": "token"}, "sage_q_source"),
+    ],
+)
 def test_unsloth_conflicts_are_refused_by_the_config_on_any_machine_and_by_the_trainer_for_its_class(
-        tmp_path, overrides, field):
+    tmp_path, overrides, field
+):
     """One definition (rlvr/config.py unsloth_conflict): the config refuses it with backend unsloth before any
     model loads, on CPU too (where Unsloth would leave TRL's trainer in place); the trainer makes the same check
     only for a patched class it subclasses without such a config (a patched base built by hand)."""
@@ -374,8 +486,14 @@ def test_unsloth_conflicts_are_refused_by_the_config_on_any_machine_and_by_the_t
 
     from sage_unsloth.rlvr import config as rlvr_config
 
-    common = {"output_dir": str(tmp_path), "report_to": "none", "backend": "unsloth", "bf16": False,
-              "use_cpu": True, **overrides}
+    common = {
+        "output_dir": str(tmp_path),
+        "report_to": "none",
+        "backend": "unsloth",
+        "bf16": False,
+        "use_cpu": True,
+        **overrides,
+    }
     with pytest.raises(ValueError) as error:
         rlvr_config.SageGRPOConfig(**common)
     message = str(error.value)
@@ -383,7 +501,9 @@ def test_unsloth_conflicts_are_refused_by_the_config_on_any_machine_and_by_the_t
     on_trl = rlvr_config.SageGRPOConfig(**{**common, "backend": "trl"})
     assert rlvr_config.unsloth_conflict(on_trl, unsloth_patched=False) is None
     assert rlvr_config.unsloth_conflict(on_trl, unsloth_patched=True) == message
-    plain = SimpleNamespace(kl_estimator="k3", dynamic_sampling=False, sage_q_source="auto", sage_guide="token")
+    plain = SimpleNamespace(
+        kl_estimator="k3", dynamic_sampling=False, sage_q_source="auto", sage_guide="token"
+    )
     assert rlvr_config.unsloth_conflict(plain, unsloth_patched=True) is None
 
 
@@ -406,28 +526,49 @@ def test_plain_entropy_pass_matches_a_direct_forward(branch_trainer, branch_batc
     b = branch_batch
     ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
     attention = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
-    logps, entropies = policy_logps_and_entropies(branch_trainer.model, ids, attention, ids.size(1) - b["prompt_ids"].size(1),
-                                                  TEMPERATURE, rows_per_chunk=3)
+    logps, entropies = policy_logps_and_entropies(
+        branch_trainer.model,
+        ids,
+        attention,
+        ids.size(1) - b["prompt_ids"].size(1),
+        TEMPERATURE,
+        rows_per_chunk=3,
+    )
     with torch.no_grad():
         want_logps, log_probs = _policy_forward(branch_trainer.model, b)
     mask = b["completion_mask"].bool()
     torch.testing.assert_close(logps[mask], want_logps[mask], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(entropies[mask], -(log_probs.exp() * log_probs).sum(-1)[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        entropies[mask], -(log_probs.exp() * log_probs).sum(-1)[mask], atol=1e-5, rtol=1e-5
+    )
 
 
 # --------------------------------------------------------------------- training smoke
 
 
-@pytest.mark.parametrize("guide,q_source", [("none", "auto"), ("branch", "auto"), ("branch", "rollout"),
-                                            ("token", "auto"), ("random", "auto")])
+@pytest.mark.parametrize(
+    "guide,q_source",
+    [("none", "auto"), ("branch", "auto"), ("branch", "rollout"), ("token", "auto"), ("random", "auto")],
+)
 def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_source):
-    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source=q_source, max_steps=2,
-                                             per_device_train_batch_size=4, max_completion_length=8))
+    trainer = _build(
+        tiny_model_dir,
+        _config(
+            tmp_path,
+            sage_guide=guide,
+            sage_q_source=q_source,
+            max_steps=2,
+            per_device_train_batch_size=4,
+            max_completion_length=8,
+        ),
+    )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert before and all("lora_" in n for n in before)
     trainer.train()
     assert trainer.state.global_step == 2
-    changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
+    changed = [
+        n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])
+    ]
     assert len(changed) == len(before)
     logged = [entry for entry in trainer.state.log_history if "sage/q_mean" in entry]
     assert len(logged) == 2 and all(math.isfinite(e["loss"]) for e in logged)
@@ -453,11 +594,13 @@ def test_unsloth_layout_mapping_on_hand_built_batch():
     assert prompt_pad_counts(prompt_ids, pad).tolist() == [2, 0, 1]
     mapped = to_unsloth_layout(values, prompt_ids, completion_ids, pad)
     # M = 2, so (B, C + M) = (3, 5); row i's completion starts at column M - k_i = 0, 2, 1.
-    expected = torch.tensor([
-        [1.0, 2.0, 0.0, 0.0, 3.0],  # 21 22 | pads: 2 prompt pads, then the completion's own pad-eos
-        [0.0, 0.0, 4.0, 5.0, 6.0],  # no left pad: the completion fills the last C columns
-        [0.0, 7.0, 0.0, 8.0, 9.0],  # 1 left pad; trailing pads keep their order (prompt pad, then 8, 9)
-    ])
+    expected = torch.tensor(
+        [
+            [1.0, 2.0, 0.0, 0.0, 3.0],  # 21 22 | pads: 2 prompt pads, then the completion's own pad-eos
+            [0.0, 0.0, 4.0, 5.0, 6.0],  # no left pad: the completion fills the last C columns
+            [0.0, 7.0, 0.0, 8.0, 9.0],  # 1 left pad; trailing pads keep their order (prompt pad, then 8, 9)
+        ]
+    )
     torch.testing.assert_close(mapped, expected)
 
 
@@ -482,7 +625,7 @@ def test_unsloth_layout_matches_zoo_packing():
     c = completion_ids.size(1)
     pads = calculate_pad_tokens_in_prompt(torch.cat([prompt_ids, completion_ids], 1), c, pad)
     m = int(pads.max())
-    window = left_pack_padding(torch.cat([prompt_ids, completion_ids], 1), pad)[:, -(c + m):]
+    window = left_pack_padding(torch.cat([prompt_ids, completion_ids], 1), pad)[:, -(c + m) :]
     mapped_ids = to_unsloth_layout(completion_ids.float(), prompt_ids, completion_ids, pad, fill=-1.0)
     assert mapped_ids.shape == window.shape == (6, c + m)
     placed = mapped_ids >= 1
@@ -491,7 +634,7 @@ def test_unsloth_layout_matches_zoo_packing():
         n = int((completion_ids[row] != pad).sum())
         if n:
             start = m - int(pads[row])
-            assert torch.equal(mapped_ids[row, start:start + n].long(), completion_ids[row, :n])
+            assert torch.equal(mapped_ids[row, start : start + n].long(), completion_ids[row, :n])
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
@@ -513,8 +656,9 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
     mask = batch["completion_mask"].bool()
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    new, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(trainer, model, ids, attention,
-                                                               batch["completion_ids"].size(1))
+    new, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+        trainer, model, ids, attention, batch["completion_ids"].size(1)
+    )
     with torch.no_grad():
         raw_ref, _ = _policy_forward(model, batch, disable_adapter=True)
         log_q = torch.where(mask, batch["ref_per_token_logps"] - raw_ref, torch.zeros_like(raw_ref))
@@ -527,15 +671,32 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
 
     pad = trainer.processing_class.pad_token_id
     for layout in ("trl", "unsloth"):
+
         def place(x, _layout=layout):
-            return x if _layout == "trl" else to_unsloth_layout(x, batch["prompt_ids"], batch["completion_ids"], pad)
+            return (
+                x
+                if _layout == "trl"
+                else to_unsloth_layout(x, batch["prompt_ids"], batch["completion_ids"], pad)
+            )
 
         zoo_loss = grpo_compute_loss(
-            place(batch["ref_per_token_logps"]), place(new), None, None, place(batch["completion_ids"].float()).long(),
-            place(batch["completion_mask"].float()), trainer.beta, batch["advantages"], loss_type=loss_type,
-            epsilon_low=trainer.epsilon_low, epsilon_high=trainer.epsilon_high, max_completion_length=12,
-            num_items_in_batch=batch["num_items_in_batch"], current_gradient_accumulation_steps=1,
-            steps_per_generation=1, num_processes=1, use_bias_correction_kl=False,
+            place(batch["ref_per_token_logps"]),
+            place(new),
+            None,
+            None,
+            place(batch["completion_ids"].float()).long(),
+            place(batch["completion_mask"].float()),
+            trainer.beta,
+            batch["advantages"],
+            loss_type=loss_type,
+            epsilon_low=trainer.epsilon_low,
+            epsilon_high=trainer.epsilon_high,
+            max_completion_length=12,
+            num_items_in_batch=batch["num_items_in_batch"],
+            current_gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            num_processes=1,
+            use_bias_correction_kl=False,
         )[0]
         zoo_grads = torch.autograd.grad(zoo_loss, params, retain_graph=True)
         assert zoo_loss.item() == pytest.approx(trl_loss.item(), abs=1e-6), layout
@@ -552,17 +713,33 @@ def test_zoo_dapo_normaliser_with_the_kits_num_items_rescale(branch_trainer, bra
 
     trainer, batch = branch_trainer, branch_batch
     new, _, _ = trainer._get_per_token_logps_and_entropies(
-        trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
-        torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), batch["completion_ids"].size(1))
+        trainer.model,
+        torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+        torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1),
+        batch["completion_ids"].size(1),
+    )
     n = batch["num_items_in_batch"]
 
     def zoo(num_items, steps_per_generation):
         return grpo_compute_loss(
-            batch["ref_per_token_logps"], new.detach(), None, None, batch["completion_ids"],
-            batch["completion_mask"].float(), trainer.beta, batch["advantages"], loss_type="dapo",
-            epsilon_low=0.2, epsilon_high=0.2, max_completion_length=12, num_items_in_batch=num_items,
-            current_gradient_accumulation_steps=1, steps_per_generation=steps_per_generation, num_processes=1,
-            use_bias_correction_kl=False)[0].item()
+            batch["ref_per_token_logps"],
+            new.detach(),
+            None,
+            None,
+            batch["completion_ids"],
+            batch["completion_mask"].float(),
+            trainer.beta,
+            batch["advantages"],
+            loss_type="dapo",
+            epsilon_low=0.2,
+            epsilon_high=0.2,
+            max_completion_length=12,
+            num_items_in_batch=num_items,
+            current_gradient_accumulation_steps=1,
+            steps_per_generation=steps_per_generation,
+            num_processes=1,
+            use_bias_correction_kl=False,
+        )[0].item()
 
     official = zoo(n, None)  # no rescale at all: TRL 0.23's num_items_in_batch / num_processes
     assert zoo(n * 2.0, 2) == pytest.approx(official, rel=1e-6)
@@ -571,7 +748,7 @@ def test_zoo_dapo_normaliser_with_the_kits_num_items_rescale(branch_trainer, bra
 
 # --------------------------------------------------------------------- canary: Unsloth's patched trainer
 
-CANARY = r'''
+CANARY = r"""
 import os, sys, warnings
 warnings.simplefilter("ignore")
 from sage_unsloth.backend import import_unsloth
@@ -637,7 +814,7 @@ k3 = 1.4 - math.log(1.4) - 1
 # of log 1.4 per token; a mis-scored completion (its PrefixGrouper on a plain HF model: 0.4 nats) breaks this.
 assert abs(kl - k3) < 1e-4, (kl, k3)
 print("CANARY-OK", kl, k3)
-'''
+"""
 
 
 def test_canary_unsloth_patched_trainer_reads_the_shifted_reference(tiny_model_dir, tmp_path):
@@ -652,11 +829,25 @@ def test_canary_unsloth_patched_trainer_reads_the_shifted_reference(tiny_model_d
 
     # A plain transformers model ignores the prefix_seg_info of Unsloth's PrefixGrouper (on by default, off under
     # vLLM), which then mis-scores every completion after the first of a group: off, as a GPU run under vLLM has it.
-    env = dict(os.environ, UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_DISABLE="1", HF_HUB_OFFLINE="1",
-               UNSLOTH_GRPO_PREFIX_GROUPER="0")
+    env = dict(
+        os.environ,
+        UNSLOTH_ALLOW_CPU="1",
+        UNSLOTH_COMPILE_DISABLE="1",
+        HF_HUB_OFFLINE="1",
+        UNSLOTH_GRPO_PREFIX_GROUPER="0",
+    )
     script = tmp_path / "canary.py"
     script.write_text(CANARY)
     # cwd = tmp_path: Unsloth writes its unsloth_compiled_cache/ there, not into the repository.
-    result = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], cwd=tmp_path, env=env, check=False,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0 and "CANARY-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-5000:]
+    result = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir)],
+        cwd=tmp_path,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0 and "CANARY-OK" in result.stdout, (
+        result.stdout[-3000:] + result.stderr[-5000:]
+    )

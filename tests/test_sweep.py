@@ -26,8 +26,15 @@ def _passk(path):
 @pytest.fixture(scope="module")
 def swept(sft_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
-    argv = [str(CONFIG), "--sft_dir", str(sft_dir), "--output_root", str(root / "outputs"),
-            "--results_dir", str(root / "results")]
+    argv = [
+        str(CONFIG),
+        "--sft_dir",
+        str(sft_dir),
+        "--output_root",
+        str(root / "outputs"),
+        "--results_dir",
+        str(root / "results"),
+    ]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(REPO)  # the sweep config names the kit's configs relative to the repository
         assert sweep.main(argv) == 0
@@ -56,7 +63,9 @@ def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
         assert float(row["amc23 pass@2"]) == round(scores[("amc23", 2)], 4)
         assert row["status"] == "done"
     assert rows["grpo_s3407"]["steps"] == rows["grpo_branch_s3407"]["steps"] == "2"
-    assert rows["grpo_branch_s3407"]["config"] == "grpo_branch" and rows["grpo_branch_s3407"]["seed"] == "3407"
+    assert (
+        rows["grpo_branch_s3407"]["config"] == "grpo_branch" and rows["grpo_branch_s3407"]["seed"] == "3407"
+    )
     run_dirs = sorted(p.name for p in (root / "outputs" / "tiny-cpu").glob("*/*_s3407"))
     assert run_dirs == ["grpo_branch_s3407", "grpo_s3407"]
     assert (results / "summary.md").read_text().startswith("| run | config | seed | status |")
@@ -89,7 +98,9 @@ def test_a_killed_run_resumes_and_what_reads_it_is_redone(swept, capsys):
     for name in ("grpo_s3407", "grpo_branch_s3407", "eval_grpo_branch_s3407", "eval_sft"):
         assert f"{name}: finished before, skipped" in out
     log = (root / "outputs" / "tiny-cpu" / "logs" / "eval_grpo_s3407.log").read_text()
-    assert "2 problems already graded (0 chunks regraded), 0 chunks to sample" in log  # resumed from its chunks, nothing sampled
+    assert (
+        "2 problems already graded (0 chunks regraded), 0 chunks to sample" in log
+    )  # resumed from its chunks, nothing sampled
 
 
 def test_changed_arguments_never_reuse_a_finished_folder(swept, capsys):
@@ -99,10 +110,15 @@ def test_changed_arguments_never_reuse_a_finished_folder(swept, capsys):
     assert err.startswith("error: ") and "was written with" in err and "\n" not in err
 
 
-@pytest.mark.parametrize("override,needle", [(["--sft_dir", "/nonexistent/sft"], "error: sft_dir="),
-                                             (["--gpus", "a,b"], "error: gpus="),
-                                             (["--seeds", "1", "1"], "error: seeds="),
-                                             (["--configs", "nope.yaml"], "error: config nope.yaml")])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        (["--sft_dir", "/nonexistent/sft"], "error: sft_dir="),
+        (["--gpus", "a,b"], "error: gpus="),
+        (["--seeds", "1", "1"], "error: seeds="),
+        (["--configs", "nope.yaml"], "error: config nope.yaml"),
+    ],
+)
 def test_bad_sweep_input_is_one_line(override, needle, sft_dir, capsys):
     assert sweep.main([str(CONFIG), "--sft_dir", str(sft_dir), *override]) == 2
     err = capsys.readouterr().err.strip()

@@ -16,7 +16,9 @@ def test_tiny_model_loads_and_generates(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert model.get_input_embeddings().num_embeddings >= len(tok)
 
-    prompt = tok.apply_chat_template(prompt_messages("What is 2 + 2?"), tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        prompt_messages("What is 2 + 2?"), tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith(REASONING_START)
     batch = tok([prompt, prompt + " longer"], return_tensors="pt", padding=True)
     assert (batch["attention_mask"][0, 0] == 0).item()  # left padding for generation
@@ -66,5 +68,7 @@ def test_tiny_model_command_writes_a_loadable_model_and_refuses_a_used_folder(tm
 
     capsys.readouterr()  # transformers' loading progress goes to stderr
     assert main(["tiny-model", str(out)]) == 2  # never overwrites
-    assert capsys.readouterr().err.strip() == f"error: {out} exists and is not an empty folder: choose a new DIR"
+    assert (
+        capsys.readouterr().err.strip() == f"error: {out} exists and is not an empty folder: choose a new DIR"
+    )
     assert main(["--help"]) == 0 and "tiny-model" in capsys.readouterr().out

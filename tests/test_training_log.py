@@ -25,7 +25,13 @@ def _log(writer, state, entry):
 
 
 def _entry(step):
-    return {"reward": 0.1 * step, "kl": 1e-3 * step, "sage/q_mean": 1 + step / 7, "step": step, "epoch": step / 4}
+    return {
+        "reward": 0.1 * step,
+        "kl": 1e-3 * step,
+        "sage/q_mean": 1 + step / 7,
+        "step": step,
+        "epoch": step / 4,
+    }
 
 
 def test_lines_are_written_as_logged_and_a_resume_keeps_exactly_the_checkpoints_steps(tmp_path):
@@ -44,14 +50,18 @@ def test_lines_are_written_as_logged_and_a_resume_keeps_exactly_the_checkpoints_
     resumed = TrainerState.load_from_json(str(tmp_path / "trainer_state.json"))
     writer = LogHistoryWriter(tmp_path)
     writer.on_train_begin(None, resumed, TrainerControl())
-    assert (tmp_path / LOG_HISTORY_FILE).read_text().splitlines() == written_before[:2]  # same bytes, step 3 gone
+    assert (tmp_path / LOG_HISTORY_FILE).read_text().splitlines() == written_before[
+        :2
+    ]  # same bytes, step 3 gone
     _log(writer, resumed, _entry(3))
     _log(writer, resumed, _entry(4))
     assert read_log_history(tmp_path) == [_entry(s) for s in (1, 2, 3, 4)]
 
 
 def test_a_fresh_run_starts_an_empty_log_and_other_processes_write_nothing(tmp_path):
-    (tmp_path / LOG_HISTORY_FILE).write_text(json.dumps(_entry(9)) + "\n")  # a killed run before any checkpoint
+    (tmp_path / LOG_HISTORY_FILE).write_text(
+        json.dumps(_entry(9)) + "\n"
+    )  # a killed run before any checkpoint
     writer = LogHistoryWriter(tmp_path)
     writer.on_train_begin(None, TrainerState(), TrainerControl())
     assert read_log_history(tmp_path) == []
@@ -89,8 +99,14 @@ def _rlvr_folder(root, variant, entries, *, named=True):
     folder = root / "outputs" / "tiny" / variant
     folder.mkdir(parents=True)
     (folder / LOG_HISTORY_FILE).write_text("".join(json.dumps(e) + "\n" for e in entries))
-    write_manifest(folder, stage="rlvr", config={}, variant=variant, model_short_name="tiny",
-                   **({"log_history": LOG_HISTORY_FILE} if named else {}))
+    write_manifest(
+        folder,
+        stage="rlvr",
+        config={},
+        variant=variant,
+        model_short_name="tiny",
+        **({"log_history": LOG_HISTORY_FILE} if named else {}),
+    )
     return folder
 
 
@@ -110,7 +126,11 @@ def test_report_finds_rlvr_logs_through_eval_manifests_and_a_glob(tmp_path):
     runs = [_Run(grpo), _Run(grpo), _Run(sft), _Run(tmp_path / "missing")]
 
     folders = training.training_folders(runs, str(tmp_path / "outputs" / "*" / "*"))
-    assert sorted(folders) == ["tiny/grpo", "tiny/grpo_branch", "tiny/old"]  # once each; the SFT run is not RLVR
+    assert sorted(folders) == [
+        "tiny/grpo",
+        "tiny/grpo_branch",
+        "tiny/old",
+    ]  # once each; the SFT run is not RLVR
     notes = []
     histories = training.load_histories(folders, notes)
     assert notes == ["tiny/old: the RLVR manifest names no log_history (written before the kit logged one)"]
@@ -119,18 +139,27 @@ def test_report_finds_rlvr_logs_through_eval_manifests_and_a_glob(tmp_path):
 
     summary = training.summary_table(histories).set_index(["run", "metric"])
     assert summary.loc[("tiny/grpo", "reward")].to_dict() == {
-        "points": 3, "first_step": 1, "last_step": 3, "first": 0.1, "last": pytest.approx(0.3),
-        "min": 0.1, "max": pytest.approx(0.3)}
+        "points": 3,
+        "first_step": 1,
+        "last_step": 3,
+        "first": 0.1,
+        "last": pytest.approx(0.3),
+        "min": 0.1,
+        "max": pytest.approx(0.3),
+    }
     assert summary.loc[("tiny/grpo_branch", "sage/seq_log_q"), "points"] == 1
     assert ("tiny/grpo", "sage/seq_log_q") not in summary.index
 
-    text = training.markdown_section(summary.reset_index(), "report/training_curves.png", "report/training.csv",
-                                     notes)
+    text = training.markdown_section(
+        summary.reset_index(), "report/training_curves.png", "report/training.csv", notes
+    )
     assert "| tiny/grpo | 3 | 0.100 → 0.300 | 0.001 → 0.003 | 1.143 → 1.429 |" in text
     assert "| tiny/grpo_branch | 4 | 0.200 → 0.400 |" in text
     assert "- tiny/old: the RLVR manifest names no log_history" in text
 
-    png = plots.training_curves(histories, training.metric_keys(histories), tmp_path / "t.png", size=(640, 480))
+    png = plots.training_curves(
+        histories, training.metric_keys(histories), tmp_path / "t.png", size=(640, 480)
+    )
     with Image.open(png) as img:
         assert img.size == (640, 480)  # 4 panels: 2 rows fit the size asked
     many = {"run": pd.DataFrame({"step": [1, 2], **{f"sage/m{i}": [0.0, 1.0] for i in range(7)}})}
@@ -153,6 +182,8 @@ def test_the_report_does_not_import_the_training_stack():
     import subprocess
     import sys
 
-    code = "import sys, sage_unsloth.report.stage; print(sorted({'transformers', 'torch'} & set(sys.modules)))"
+    code = (
+        "import sys, sage_unsloth.report.stage; print(sorted({'transformers', 'torch'} & set(sys.modules)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -24,8 +24,15 @@ SCENARIO = Path(__file__).with_name("unsloth_path_scenario.py")
 def result(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("unsloth_path")
     # cwd = out: Unsloth writes its unsloth_compiled_cache/ there, not into the repository.
-    done = subprocess.run([sys.executable, str(SCENARIO), str(tiny_model_dir), str(out)], cwd=out, check=False,
-                          env=dict(os.environ), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(SCENARIO), str(tiny_model_dir), str(out)],
+        cwd=out,
+        check=False,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return json.loads((out / "result.json").read_text())
 
@@ -83,8 +90,15 @@ def test_gpu_unsloth_config_expects_branch_q_in_the_loss_and_warns_for_the_token
     from sage_unsloth.rlvr import config as rlvr_config
 
     monkeypatch.setattr(rlvr_config, "_cuda_available", lambda: True)
-    common = {"output_dir": str(tmp_path), "report_to": "none", "backend": "unsloth", "bf16": False,
-              "use_cpu": True, "per_device_train_batch_size": 8, "generation_batch_size": 16}
+    common = {
+        "output_dir": str(tmp_path),
+        "report_to": "none",
+        "backend": "unsloth",
+        "bf16": False,
+        "use_cpu": True,
+        "per_device_train_batch_size": 8,
+        "generation_batch_size": 16,
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         branch = rlvr_config.SageGRPOConfig(**common, sage_guide="branch")

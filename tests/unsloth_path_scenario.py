@@ -9,8 +9,13 @@ import sys
 import warnings
 from pathlib import Path
 
-os.environ.update(UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_DISABLE="1", UNSLOTH_GRPO_PREFIX_GROUPER="0",
-                  UNSLOTH_SKIP_TORCHVISION_CHECK="1", HF_HUB_OFFLINE="1")
+os.environ.update(
+    UNSLOTH_ALLOW_CPU="1",
+    UNSLOTH_COMPILE_DISABLE="1",
+    UNSLOTH_GRPO_PREFIX_GROUPER="0",
+    UNSLOTH_SKIP_TORCHVISION_CHECK="1",
+    HF_HUB_OFFLINE="1",
+)
 warnings.simplefilter("ignore")
 
 from sage_unsloth.backend import import_unsloth
@@ -46,16 +51,35 @@ def build(model_dir, **overrides):
     model.for_training = model.for_inference = lambda *a, **k: None  # FastLanguageModel's mode switches
     model._unsloth_user_float32 = True  # else Unsloth's loss autocasts this float32 model to fp16
     torch.manual_seed(0)
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                             init_lora_weights=False))  # policy != reference from the start
+    model = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )  # policy != reference from the start
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS] * 8)
-    args = {"output_dir": "out", "backend": "trl", "sage_guide": "branch", "max_steps": 2, "temperature": TEMPERATURE,
-            "per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 8, "report_to": "none",
-            "logging_steps": 1, "save_strategy": "no", "use_cpu": True, "learning_rate": 1e-2, "seed": 0,
-            "generation_kwargs": {"eos_token_id": list(range(300, 420))}}
+    args = {
+        "output_dir": "out",
+        "backend": "trl",
+        "sage_guide": "branch",
+        "max_steps": 2,
+        "temperature": TEMPERATURE,
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "use_cpu": True,
+        "learning_rate": 1e-2,
+        "seed": 0,
+        "generation_kwargs": {"eos_token_id": list(range(300, 420))},
+    }
     args.update(overrides)
-    return SageGRPOTrainer(model=model, reward_funcs=text_reward, args=SageGRPOConfig(**args), train_dataset=dataset,
-                           processing_class=tokenizer)
+    return SageGRPOTrainer(
+        model=model,
+        reward_funcs=text_reward,
+        args=SageGRPOConfig(**args),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
 
 
 def text_reward(completions, **kwargs):
@@ -74,7 +98,9 @@ def policy_in_unsloth_layout(trainer, batch):
         for r in range(ids.size(0)):
             row = ids[r][ids[r] != pad]
             n_prompt = int((batch["prompt_ids"][r] != pad).sum())
-            log_probs = torch.log_softmax(trainer.model(input_ids=row[None]).logits[0].float() / TEMPERATURE, -1)
+            log_probs = torch.log_softmax(
+                trainer.model(input_ids=row[None]).logits[0].float() / TEMPERATURE, -1
+            )
             for j in range(n_prompt, row.numel()):
                 col = j - (length - width)
                 logp[r, col] = log_probs[j - 1, row[j]]
@@ -107,8 +133,12 @@ def count_decoder_calls(trainer, fn):
 def same_rows_as_rollout(inputs, rollouts):
     """Each row's reference equals the raw reference its rollout produced (rows matched by completion)."""
     for i in range(inputs["completion_ids"].size(0)):
-        hits = [r["ref"][j] for r in rollouts for j in range(r["ids"].size(0))
-                if torch.equal(r["ids"][j], inputs["completion_ids"][i])]
+        hits = [
+            r["ref"][j]
+            for r in rollouts
+            for j in range(r["ids"].size(0))
+            if torch.equal(r["ids"][j], inputs["completion_ids"][i])
+        ]
         if not any(torch.equal(inputs["ref_per_token_logps"][i], hit) for hit in hits):
             return False
     return True
@@ -132,20 +162,32 @@ def in_loss_training(model_dir):
         loss = compute_loss(model, inputs, *a, **k)
         q = branch_q(entropy, mask)
         metrics = trainer._metrics["train"]
-        calls.append({"kl": metrics["kl"][-1], "want_kl": k3_per_sequence(ref_before, q, logp, mask),
-                      "q_mean": metrics["sage/q_mean"][-1], "want_q_mean": float(q[mask.bool()].mean()),
-                      "q_max": metrics["sage/q_max"][-1], "want_q_max": float(q[mask.bool()].max()),
-                      "frac_boosted": float((q[mask.bool()] > 1).float().mean()),
-                      "frac_clipped": float((q[mask.bool()] >= 1.4).float().mean()),
-                      "ref_untouched": bool(torch.equal(inputs["ref_per_token_logps"], ref_before)),
-                      "quantile_restored": trainer.args.top_entropy_quantile == 1.0,
-                      "ref_is_the_rollouts": same_rows_as_rollout(inputs, rollouts)})
+        calls.append(
+            {
+                "kl": metrics["kl"][-1],
+                "want_kl": k3_per_sequence(ref_before, q, logp, mask),
+                "q_mean": metrics["sage/q_mean"][-1],
+                "want_q_mean": float(q[mask.bool()].mean()),
+                "q_max": metrics["sage/q_max"][-1],
+                "want_q_max": float(q[mask.bool()].max()),
+                "frac_boosted": float((q[mask.bool()] > 1).float().mean()),
+                "frac_clipped": float((q[mask.bool()] >= 1.4).float().mean()),
+                "ref_untouched": bool(torch.equal(inputs["ref_per_token_logps"], ref_before)),
+                "quantile_restored": trainer.args.top_entropy_quantile == 1.0,
+                "ref_is_the_rollouts": same_rows_as_rollout(inputs, rollouts),
+            }
+        )
         return loss
 
     trainer._generate_and_score_completions, trainer.compute_loss = spy_generate, spy_loss
     trainer.train()
-    return {"calls": calls, "rollouts": len(rollouts), "extra_passes": trainer.sage_forward_passes,
-            "q_in_loss": trainer.sage_q_in_loss, "mro": [k.__name__ for k in type(trainer).__mro__[:5]]}
+    return {
+        "calls": calls,
+        "rollouts": len(rollouts),
+        "extra_passes": trainer.sage_forward_passes,
+        "q_in_loss": trainer.sage_q_in_loss,
+        "mro": [k.__name__ for k in type(trainer).__mro__[:5]],
+    }
 
 
 def loss_and_grads(trainer, batch, *, guide, quantile):
@@ -161,9 +203,14 @@ def loss_and_grads(trainer, batch, *, guide, quantile):
 
 
 def compare(on, off):
-    return {"loss_on": on[0], "loss_off": off[0], "forwards_on": on[2], "forwards_off": off[2],
-            "max_grad_diff": max(float((a - b).abs().max()) for a, b in zip(on[1], off[1])),
-            "grad_scale": max(float(g.abs().max()) for g in off[1])}
+    return {
+        "loss_on": on[0],
+        "loss_off": off[0],
+        "forwards_on": on[2],
+        "forwards_off": off[2],
+        "max_grad_diff": max(float((a - b).abs().max()) for a, b in zip(on[1], off[1])),
+        "grad_scale": max(float(g.abs().max()) for g in off[1]),
+    }
 
 
 def neutral_hook(model_dir):
@@ -176,13 +223,22 @@ def neutral_hook(model_dir):
     batch = trainer._generate_and_score_completions(rows)
     for guide in ("branch", "none"):  # warm-up: Unsloth verifies its sequence packing on a first batch shape
         loss_and_grads(trainer, batch, guide=guide, quantile=1.0)
-    plain = compare(loss_and_grads(trainer, batch, guide="branch", quantile=1.0),
-                    loss_and_grads(trainer, batch, guide="none", quantile=1.0))
-    user = compare(loss_and_grads(trainer, batch, guide="branch", quantile=0.5),
-                   loss_and_grads(trainer, batch, guide="none", quantile=0.5))
-    return {"plain": plain, "user_quantile": user, "batch": batch, "trainer": trainer,
-            "user_mask_changes_loss": abs(user["loss_off"] - plain["loss_off"]),
-            "advantages_nonzero": bool((batch["advantages"] != 0).any())}
+    plain = compare(
+        loss_and_grads(trainer, batch, guide="branch", quantile=1.0),
+        loss_and_grads(trainer, batch, guide="none", quantile=1.0),
+    )
+    user = compare(
+        loss_and_grads(trainer, batch, guide="branch", quantile=0.5),
+        loss_and_grads(trainer, batch, guide="none", quantile=0.5),
+    )
+    return {
+        "plain": plain,
+        "user_quantile": user,
+        "batch": batch,
+        "trainer": trainer,
+        "user_mask_changes_loss": abs(user["loss_off"] - plain["loss_off"]),
+        "advantages_nonzero": bool((batch["advantages"] != 0).any()),
+    }
 
 
 def loud_when_not_called(trainer, batch):

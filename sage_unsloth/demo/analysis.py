@@ -44,16 +44,36 @@ from .task import STRATEGIES
 MODEL_NAME = "demo-tiny"
 ANALYSIS_DIR = "analysis"
 CORRECT_SUFFIX, IDS_SUFFIX = "__correct", "__problem_ids"  # extra arrays per run in strategy_problems.npz
-BRANCH_COLUMNS = ("run", "prompts", "temperature", "gamma", "tau", "branch_entropy_mean", "branch_entropy_min",
-                  "branch_entropy_max", "branch_q_gt1_fraction", "branch_q_mean",
-                  *[f"p_{s}" for s in STRATEGIES], "other_tokens", "other_entropy_mean", "other_q_gt1_fraction",
-                  "train_frac_boosted_mean", "train_reward_first", "train_reward_last")
+BRANCH_COLUMNS = (
+    "run",
+    "prompts",
+    "temperature",
+    "gamma",
+    "tau",
+    "branch_entropy_mean",
+    "branch_entropy_min",
+    "branch_entropy_max",
+    "branch_q_gt1_fraction",
+    "branch_q_mean",
+    *[f"p_{s}" for s in STRATEGIES],
+    "other_tokens",
+    "other_entropy_mean",
+    "other_q_gt1_fraction",
+    "train_frac_boosted_mean",
+    "train_reward_first",
+    "train_reward_last",
+)
 
 
 def branch_settings(config_path: Path) -> dict:
     cfg = yaml.safe_load(Path(config_path).read_text())
-    return {"temperature": float(cfg.get("temperature", 1.0)), "gamma": float(cfg["sage_gamma"]),
-            "tau": float(cfg["sage_tau"]), "q_min": float(cfg["sage_q_min"]), "q_max": float(cfg["sage_q_max"])}
+    return {
+        "temperature": float(cfg.get("temperature", 1.0)),
+        "gamma": float(cfg["sage_gamma"]),
+        "tau": float(cfg["sage_tau"]),
+        "q_min": float(cfg["sage_q_min"]),
+        "q_max": float(cfg["sage_q_max"]),
+    }
 
 
 def load_policy(run_dir: Path):
@@ -97,7 +117,7 @@ def branch_point_stats(model, tokenizer, problems: list[str], settings: dict) ->
     entropies, plan_probs = [], []
     with torch.no_grad():
         for start in range(0, len(problems), 64):
-            batch = [_prompt_ids(tokenizer, p) for p in problems[start:start + 64]]
+            batch = [_prompt_ids(tokenizer, p) for p in problems[start : start + 64]]
             width = max(map(len, batch))
             pad = tokenizer.pad_token_id
             ids = torch.tensor([[pad] * (width - len(b)) + b for b in batch])
@@ -107,17 +127,29 @@ def branch_point_stats(model, tokenizer, problems: list[str], settings: dict) ->
             entropies.append(entropy)
             plan_probs.append(log_probs.exp()[:, [ids_[0] for ids_ in plan_ids]])
     entropy = torch.cat(entropies)
-    q = branch_guide(entropy[None, :], torch.ones_like(entropy)[None, :], gamma=settings["gamma"],
-                     tau=settings["tau"], q_min=settings["q_min"], q_max=settings["q_max"])[0]
+    q = branch_guide(
+        entropy[None, :],
+        torch.ones_like(entropy)[None, :],
+        gamma=settings["gamma"],
+        tau=settings["tau"],
+        q_min=settings["q_min"],
+        q_max=settings["q_max"],
+    )[0]
     probs = torch.cat(plan_probs).mean(0)
-    return {"prompts": len(problems), "branch_entropy_mean": entropy.mean().item(),
-            "branch_entropy_min": entropy.min().item(), "branch_entropy_max": entropy.max().item(),
-            "branch_q_gt1_fraction": (q > 1.0).float().mean().item(), "branch_q_mean": q.mean().item(),
-            **{f"p_{s}": probs[i].item() for i, s in enumerate(STRATEGIES)}}
+    return {
+        "prompts": len(problems),
+        "branch_entropy_mean": entropy.mean().item(),
+        "branch_entropy_min": entropy.min().item(),
+        "branch_entropy_max": entropy.max().item(),
+        "branch_q_gt1_fraction": (q > 1.0).float().mean().item(),
+        "branch_q_mean": q.mean().item(),
+        **{f"p_{s}": probs[i].item() for i, s in enumerate(STRATEGIES)},
+    }
 
 
-def other_token_stats(model, tokenizer, problems: dict[str, str], records: list[dict], settings: dict,
-                      per_problem: int) -> dict:
+def other_token_stats(
+    model, tokenizer, problems: dict[str, str], records: list[dict], settings: dict, per_problem: int
+) -> dict:
     """Entropy and q at the completion tokens after the branch point, over some eval completions."""
     import torch
 
@@ -132,15 +164,24 @@ def other_token_stats(model, tokenizer, problems: dict[str, str], records: list[
                 if len(tokens) < 2:
                     continue
                 ids = torch.tensor([prompt + tokens])
-                logits = model(input_ids=ids).logits[0, len(prompt):-1, :]  # predicts tokens[1:]
+                logits = model(input_ids=ids).logits[0, len(prompt) : -1, :]  # predicts tokens[1:]
                 entropies.append(_entropy(logits, settings["temperature"])[0])
     if not entropies:
         return {"other_tokens": 0, "other_entropy_mean": float("nan"), "other_q_gt1_fraction": float("nan")}
     entropy = torch.cat(entropies)
-    q = branch_guide(entropy[None, :], torch.ones_like(entropy)[None, :], gamma=settings["gamma"],
-                     tau=settings["tau"], q_min=settings["q_min"], q_max=settings["q_max"])[0]
-    return {"other_tokens": int(entropy.numel()), "other_entropy_mean": entropy.mean().item(),
-            "other_q_gt1_fraction": (q > 1.0).float().mean().item()}
+    q = branch_guide(
+        entropy[None, :],
+        torch.ones_like(entropy)[None, :],
+        gamma=settings["gamma"],
+        tau=settings["tau"],
+        q_min=settings["q_min"],
+        q_max=settings["q_max"],
+    )[0]
+    return {
+        "other_tokens": int(entropy.numel()),
+        "other_entropy_mean": entropy.mean().item(),
+        "other_q_gt1_fraction": (q > 1.0).float().mean().item(),
+    }
 
 
 _LOGGED = re.compile(r"\{[^{}]*'reward'[^{}]*\}")
@@ -148,8 +189,11 @@ _LOGGED = re.compile(r"\{[^{}]*'reward'[^{}]*\}")
 
 def training_log_stats(log_path: Path) -> dict:
     """Mean sage/frac_boosted and the first / last logged reward of an RL step's log (TRL's log dicts)."""
-    out = {"train_frac_boosted_mean": float("nan"), "train_reward_first": float("nan"),
-           "train_reward_last": float("nan")}
+    out = {
+        "train_frac_boosted_mean": float("nan"),
+        "train_reward_first": float("nan"),
+        "train_reward_last": float("nan"),
+    }
     if not log_path.is_file():
         return out
     entries = []
@@ -170,28 +214,39 @@ def _write_csv(path: Path, columns, rows: list[dict]) -> None:
     writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: (round(v, 6) if isinstance(v, float) and not math.isnan(v) else v) for k, v in row.items()})
+        writer.writerow(
+            {k: (round(v, 6) if isinstance(v, float) and not math.isnan(v) else v) for k, v in row.items()}
+        )
     atomic_write_text(path, buffer.getvalue())
 
 
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo.analysis", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sage_unsloth.demo.analysis", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--work", required=True)
     parser.add_argument("--results", required=True)
-    parser.add_argument("--runs", required=True, help="comma-separated run folders (sft, <method>_seed<s>, ...)")
-    parser.add_argument("--branch-config", required=True, help="the GRPO + Branch config (gamma, tau, q bounds)")
-    parser.add_argument("--other-samples", type=int, default=4, help="eval completions per problem for the "
-                        "non-branch tokens")
+    parser.add_argument(
+        "--runs", required=True, help="comma-separated run folders (sft, <method>_seed<s>, ...)"
+    )
+    parser.add_argument(
+        "--branch-config", required=True, help="the GRPO + Branch config (gamma, tau, q bounds)"
+    )
+    parser.add_argument(
+        "--other-samples", type=int, default=4, help="eval completions per problem for the non-branch tokens"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     work, results = Path(args.work), Path(args.results)
     runs = [r for r in args.runs.split(",") if r]
     settings = branch_settings(Path(args.branch_config))
     rl_problems = [json.loads(line)["prompt"] for line in (work / "data" / RL_FILE).read_text().splitlines()]
-    eval_problems = {row["unique_id"]: row["problem"] for row in
-                     (json.loads(line) for line in (work / "data" / EVAL_FILE).read_text().splitlines())}
+    eval_problems = {
+        row["unique_id"]: row["problem"]
+        for row in (json.loads(line) for line in (work / "data" / EVAL_FILE).read_text().splitlines())
+    }
     strategy_table, shares, branch_rows = [], {}, []
     for run in runs:
         records = read_completions(layout.completions_dir(work, MODEL_NAME, run), "demo")
@@ -200,14 +255,20 @@ def main(argv: list[str] | None = None) -> int:
         shares[f"{run}{CORRECT_SUFFIX}"] = problem_shares(records, correct_only=True)
         shares[f"{run}{IDS_SUFFIX}"] = np.array([r["problem_id"] for r in records])
         model, tokenizer = load_policy(layout.run_dir(work, MODEL_NAME, run))
-        row = {"run": run, **{k: settings[k] for k in ("temperature", "gamma", "tau")},
-               **branch_point_stats(model, tokenizer, rl_problems, settings),
-               **other_token_stats(model, tokenizer, eval_problems, records, settings, args.other_samples),
-               **training_log_stats(work / "logs" / f"{run}.log")}
+        row = {
+            "run": run,
+            **{k: settings[k] for k in ("temperature", "gamma", "tau")},
+            **branch_point_stats(model, tokenizer, rl_problems, settings),
+            **other_token_stats(model, tokenizer, eval_problems, records, settings, args.other_samples),
+            **training_log_stats(work / "logs" / f"{run}.log"),
+        }
         branch_rows.append(row)
-        print(f"{run}: branch-point entropy {row['branch_entropy_mean']:.3f} nats, q > 1 at "
-              f"{row['branch_q_gt1_fraction']:.1%} of branch points, {row['other_q_gt1_fraction']:.1%} of other "
-              f"tokens; plan prior " + ", ".join(f"{s} {row['p_' + s]:.2f}" for s in STRATEGIES), flush=True)
+        print(
+            f"{run}: branch-point entropy {row['branch_entropy_mean']:.3f} nats, q > 1 at "
+            f"{row['branch_q_gt1_fraction']:.1%} of branch points, {row['other_q_gt1_fraction']:.1%} of other "
+            f"tokens; plan prior " + ", ".join(f"{s} {row['p_' + s]:.2f}" for s in STRATEGIES),
+            flush=True,
+        )
     out = results / ANALYSIS_DIR
     out.mkdir(parents=True, exist_ok=True)
     write_strategy_table(strategy_table, out / "strategies.csv")

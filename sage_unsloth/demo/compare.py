@@ -75,8 +75,11 @@ def load_lab_runs(model_results: Path, dataset: str) -> LabRuns:
     for run, frame in frames.items():
         if sorted(frame.index) != sorted(problems):
             raise ValueError(f"run {run} graded other problems than {next(iter(frames))}; rerun with --fresh")
-    return LabRuns(problems, {r: f.loc[problems, "n"].to_numpy() for r, f in frames.items()},
-                   {r: f.loc[problems, "c"].to_numpy() for r, f in frames.items()})
+    return LabRuns(
+        problems,
+        {r: f.loc[problems, "n"].to_numpy() for r, f in frames.items()},
+        {r: f.loc[problems, "c"].to_numpy() for r, f in frames.items()},
+    )
 
 
 # --------------------------------------------------------------------------------------- bootstrap
@@ -92,16 +95,22 @@ def two_level_samples(values: np.ndarray, *, resamples: int, seed: int, stream: 
     picks = problem_rng.integers(0, n_problems, size=(resamples, n_problems))
     counts = np.zeros((resamples, n_problems))
     np.add.at(counts, (np.repeat(np.arange(resamples), n_problems), picks.reshape(-1)), 1.0)
-    per_seed = counts @ values.T / n_problems                      # (B, S): problem-resampled mean per seed
+    per_seed = counts @ values.T / n_problems  # (B, S): problem-resampled mean per seed
     seed_rng = np.random.default_rng([seed, zlib.crc32(stream.encode()), n_seeds])
     seeds = seed_rng.integers(0, n_seeds, size=(resamples, n_seeds))
     return np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
 
 
-def ci(values: np.ndarray, *, resamples: int, seed: int, level: float, stream: str = "") -> tuple[float, float, float]:
+def ci(
+    values: np.ndarray, *, resamples: int, seed: int, level: float, stream: str = ""
+) -> tuple[float, float, float]:
     samples = two_level_samples(values, resamples=resamples, seed=seed, stream=stream)
     alpha = (1.0 - level) / 2.0
-    return float(np.mean(values)), float(np.quantile(samples, alpha)), float(np.quantile(samples, 1.0 - alpha))
+    return (
+        float(np.mean(values)),
+        float(np.quantile(samples, alpha)),
+        float(np.quantile(samples, 1.0 - alpha)),
+    )
 
 
 def _stack(lab: LabRuns, runs: list[str], fn) -> np.ndarray:
@@ -126,16 +135,26 @@ def method_table(lab: LabRuns, ks: list[int], *, resamples: int, seed: int, leve
     """Per method and k: pass@k with the two-level CI, and the number of seeds and problems."""
     rows = []
     for method, runs in lab.methods.items():
-        values = _stack(lab, runs, lambda r: lab.passk(r, ks))      # (S, N, K)
+        values = _stack(lab, runs, lambda r: lab.passk(r, ks))  # (S, N, K)
         for j, k in enumerate(ks):
             mean, low, high = ci(values[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)
-            rows.append({"method": method, "k": k, "pass_at_k": mean, "ci_low": low, "ci_high": high,
-                         "seeds": len(runs), "problems": len(lab.problems)})
+            rows.append(
+                {
+                    "method": method,
+                    "k": k,
+                    "pass_at_k": mean,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "seeds": len(runs),
+                    "problems": len(lab.problems),
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def pair_table(lab: LabRuns, pairs: list[tuple[str, str]], ks: list[int], *, resamples: int, seed: int,
-               level: float) -> pd.DataFrame:
+def pair_table(
+    lab: LabRuns, pairs: list[tuple[str, str]], ks: list[int], *, resamples: int, seed: int, level: float
+) -> pd.DataFrame:
     rows = []
     for a, b in pairs:
         if a not in lab.methods or b not in lab.methods:
@@ -143,9 +162,19 @@ def pair_table(lab: LabRuns, pairs: list[tuple[str, str]], ks: list[int], *, res
         for k in ks:
             diff = paired_values(lab, a, b, lambda r, k=k: lab.passk(r, [k])[:, 0])
             mean, low, high = ci(diff, resamples=resamples, seed=seed, level=level, stream=f"{a}-{b}")
-            rows.append({"a": a, "b": b, "k": k, "diff": mean, "ci_low": low, "ci_high": high,
-                         "excludes_0": bool(low > 0 or high < 0), "seeds": diff.shape[0],
-                         "problems": diff.shape[1]})
+            rows.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "k": k,
+                    "diff": mean,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "excludes_0": bool(low > 0 or high < 0),
+                    "seeds": diff.shape[0],
+                    "problems": diff.shape[1],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -168,8 +197,14 @@ def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, lev
     return pd.DataFrame(rows)
 
 
-def strategy_method_table(per_problem_shares_by_run: dict[str, np.ndarray], labels: list[str], *,
-                          resamples: int, seed: int, level: float) -> pd.DataFrame:
+def strategy_method_table(
+    per_problem_shares_by_run: dict[str, np.ndarray],
+    labels: list[str],
+    *,
+    resamples: int,
+    seed: int,
+    level: float,
+) -> pd.DataFrame:
     """Per method and strategy: share of completions (mean over seeds and problems) with its CI.
 
     ``per_problem_shares_by_run[run]`` is (problems, labels): each problem's share of completions per label.
@@ -182,6 +217,14 @@ def strategy_method_table(per_problem_shares_by_run: dict[str, np.ndarray], labe
         values = np.stack([per_problem_shares_by_run[r] for r in runs])  # (S, N, L)
         for j, label in enumerate(labels):
             mean, low, high = ci(values[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)
-            rows.append({"method": method, "strategy": label, "share": mean, "ci_low": low, "ci_high": high,
-                         "seeds": len(runs)})
+            rows.append(
+                {
+                    "method": method,
+                    "strategy": label,
+                    "share": mean,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "seeds": len(runs),
+                }
+            )
     return pd.DataFrame(rows)

@@ -48,7 +48,7 @@ class DemoDataSpec:
     high: int = 9
     n_eval: int = 100
     n_rl: int = 200
-    n_sft: int = 4000            # SFT rows (problems drawn from the SFT pool, with replacement)
+    n_sft: int = 4000  # SFT rows (problems drawn from the SFT pool, with replacement)
     mix: tuple[tuple[str, float], ...] = field(default=DEFAULT_MIX)  # SFT share of each plan
 
     @property
@@ -71,7 +71,7 @@ def sft_strategies(spec: DemoDataSpec) -> list[str]:
     exact = {name: share * spec.n_sft for name, share in spec.mix}
     counts = {name: int(value) for name, value in exact.items()}
     by_remainder = sorted(exact, key=lambda n: (-(exact[n] - counts[n]), n != COMMON, n))
-    for name in by_remainder[:spec.n_sft - sum(counts.values())]:
+    for name in by_remainder[: spec.n_sft - sum(counts.values())]:
         counts[name] += 1
     strategies = [name for name, _ in spec.mix for _ in range(counts[name])]
     random.Random(f"sft-plans-{spec.seed}").shuffle(strategies)
@@ -87,8 +87,14 @@ def sft_rows(spec: DemoDataSpec) -> list[dict]:
     rows = []
     for strategy in sft_strategies(spec):
         numbers = rng.choice(usable[strategy])
-        rows.append({"problem": problem_text(numbers), "generated_solution": working(strategy, numbers),
-                     "expected_answer": gold_answer(numbers), "strategy": strategy})
+        rows.append(
+            {
+                "problem": problem_text(numbers),
+                "generated_solution": working(strategy, numbers),
+                "expected_answer": gold_answer(numbers),
+                "strategy": strategy,
+            }
+        )
     return rows
 
 
@@ -97,10 +103,16 @@ def rl_rows(spec: DemoDataSpec) -> list[dict]:
 
 
 def eval_rows(spec: DemoDataSpec) -> list[dict]:
-    return [{"problem": problem_text(x),
-             "solution": working(COMMON, x).replace("\n", ", ") + f", so the answer is $\\boxed{{{gold_answer(x)}}}$.",
-             "answer": gold_answer(x), "unique_id": f"demo/{i:04d}"}
-            for i, x in enumerate(spec.splits()["eval"])]
+    return [
+        {
+            "problem": problem_text(x),
+            "solution": working(COMMON, x).replace("\n", ", ")
+            + f", so the answer is $\\boxed{{{gold_answer(x)}}}$.",
+            "answer": gold_answer(x),
+            "unique_id": f"demo/{i:04d}",
+        }
+        for i, x in enumerate(spec.splits()["eval"])
+    ]
 
 
 def _jsonl(rows: list[dict]) -> str:
@@ -111,7 +123,11 @@ def write_demo_data(out_dir: str | Path, spec: DemoDataSpec = DemoDataSpec()) ->
     """Write sft.jsonl, rl.jsonl, demo.jsonl and demo_data.json (spec + sha256s) into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = {"sft": (SFT_FILE, sft_rows(spec)), "rl": (RL_FILE, rl_rows(spec)), "eval": (EVAL_FILE, eval_rows(spec))}
+    files = {
+        "sft": (SFT_FILE, sft_rows(spec)),
+        "rl": (RL_FILE, rl_rows(spec)),
+        "eval": (EVAL_FILE, eval_rows(spec)),
+    }
     paths, digests = {}, {}
     for key, (name, rows) in files.items():
         text = _jsonl(rows)
@@ -133,8 +149,12 @@ def spec_from_json(text: str) -> DemoDataSpec:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo.data", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="folder for sft.jsonl, rl.jsonl, demo.jsonl, demo_data.json")
+    parser = argparse.ArgumentParser(
+        prog="python -m sage_unsloth.demo.data", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--out", required=True, help="folder for sft.jsonl, rl.jsonl, demo.jsonl, demo_data.json"
+    )
     parser.add_argument("--spec", default="{}", help="DemoDataSpec fields as JSON (default: the defaults)")
     args = parser.parse_args(argv)
     paths = write_demo_data(args.out, spec_from_json(args.spec))

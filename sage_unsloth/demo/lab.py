@@ -62,9 +62,11 @@ def gap_table(lab: compare.LabRuns, gap: np.ndarray, correct_rare: dict[str, np.
             if not mask.any():
                 continue
             row = {"method": method, "problems": subset, "n_problems": int(mask.sum())}
-            values = {"pass_at_1": np.stack([lab.passk(r, [1])[mask, 0] for r in runs]),
-                      f"pass_at_{kmax}": np.stack([lab.passk(r, [kmax])[mask, 0] for r in runs]),
-                      "correct_rare": np.stack([correct_rare[r][mask] for r in runs])}
+            values = {
+                "pass_at_1": np.stack([lab.passk(r, [1])[mask, 0] for r in runs]),
+                f"pass_at_{kmax}": np.stack([lab.passk(r, [kmax])[mask, 0] for r in runs]),
+                "correct_rare": np.stack([correct_rare[r][mask] for r in runs]),
+            }
             for name, array in values.items():
                 mean, low, high = compare.ci(array, stream=f"{method}-{subset}", **stats)
                 row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
@@ -72,21 +74,32 @@ def gap_table(lab: compare.LabRuns, gap: np.ndarray, correct_rare: dict[str, np.
     return pd.DataFrame(rows)
 
 
-def run_rows(lab: compare.LabRuns, runs: list[str], kmax: int, strategies: pd.DataFrame,
-             branch: pd.DataFrame) -> pd.DataFrame:
+def run_rows(
+    lab: compare.LabRuns, runs: list[str], kmax: int, strategies: pd.DataFrame, branch: pd.DataFrame
+) -> pd.DataFrame:
     rows = []
     for run in runs:
         values = lab.passk(run, [1, kmax]).mean(axis=0)
         plans = strategies[strategies["run"] == run].set_index("strategy")
         b = branch[branch["run"] == run].iloc[0]
-        rows.append({"run": run, "method": compare.split_run(run)[0], "seed": compare.split_run(run)[1],
-                     "pass_at_1": values[0], f"pass_at_{kmax}": values[1],
-                     "rare_share": plans.loc["rare", "fraction"], "rare_accuracy": plans.loc["rare", "accuracy"],
-                     f"{COMMON}_share": plans.loc[COMMON, "fraction"],
-                     f"{COMMON}_accuracy": plans.loc[COMMON, "accuracy"],
-                     "other_share": plans.loc["other", "fraction"],
-                     "branch_entropy": b["branch_entropy_mean"], "branch_q_gt1": b["branch_q_gt1_fraction"],
-                     "other_q_gt1": b["other_q_gt1_fraction"], "train_frac_boosted": b["train_frac_boosted_mean"]})
+        rows.append(
+            {
+                "run": run,
+                "method": compare.split_run(run)[0],
+                "seed": compare.split_run(run)[1],
+                "pass_at_1": values[0],
+                f"pass_at_{kmax}": values[1],
+                "rare_share": plans.loc["rare", "fraction"],
+                "rare_accuracy": plans.loc["rare", "accuracy"],
+                f"{COMMON}_share": plans.loc[COMMON, "fraction"],
+                f"{COMMON}_accuracy": plans.loc[COMMON, "accuracy"],
+                "other_share": plans.loc["other", "fraction"],
+                "branch_entropy": b["branch_entropy_mean"],
+                "branch_q_gt1": b["branch_q_gt1_fraction"],
+                "other_q_gt1": b["other_q_gt1_fraction"],
+                "train_frac_boosted": b["train_frac_boosted_mean"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -100,8 +113,15 @@ def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFr
         for _, r in runs.iterrows():
             hit = ref[ref["run"] == r["run"]]
             theirs = float(hit[metric].iloc[0]) if not hit.empty else math.nan
-            rows.append({"run": r["run"], "metric": metric, "this_run": r[metric], "reference": theirs,
-                         "diff": r[metric] - theirs})
+            rows.append(
+                {
+                    "run": r["run"],
+                    "metric": metric,
+                    "this_run": r[metric],
+                    "reference": theirs,
+                    "diff": r[metric] - theirs,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -115,8 +135,19 @@ def plan_pair_table(lab: compare.LabRuns, shares: dict[str, np.ndarray], pairs, 
             continue
         diff = compare.paired_values(lab, a, b, lambda run: shares[run][:, columns].sum(axis=1))
         mean, low, high = compare.ci(diff, stream=f"plans-{a}-{b}", **stats)
-        rows.append({"a": a, "b": b, "metric": "pair-plan share", "diff": mean, "ci_low": low, "ci_high": high,
-                     "excludes_0": bool(low > 0 or high < 0), "seeds": diff.shape[0], "problems": diff.shape[1]})
+        rows.append(
+            {
+                "a": a,
+                "b": b,
+                "metric": "pair-plan share",
+                "diff": mean,
+                "ci_low": low,
+                "ci_high": high,
+                "excludes_0": bool(low > 0 or high < 0),
+                "seeds": diff.shape[0],
+                "problems": diff.shape[1],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -148,7 +179,9 @@ def plot_methods(methods: pd.DataFrame, labels: dict[str, str], path: Path) -> P
     ax = axes[0, 0]
     for i, (method, frame) in enumerate(methods.groupby("method", sort=False)):
         frame = frame.sort_values("k")
-        ax.plot(frame["k"], frame["pass_at_k"], marker="o", ms=3, color=f"C{i}", label=labels.get(method, method))
+        ax.plot(
+            frame["k"], frame["pass_at_k"], marker="o", ms=3, color=f"C{i}", label=labels.get(method, method)
+        )
         ax.fill_between(frame["k"], frame["ci_low"], frame["ci_high"], color=f"C{i}", alpha=0.15, lw=0)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (log2)")
@@ -160,85 +193,171 @@ def plot_methods(methods: pd.DataFrame, labels: dict[str, str], path: Path) -> P
     return plots._save(fig, path)
 
 
-def render(*, methods, pairs, plan_pairs, support, plans, runs, gaps, strategy_rows, branch, reference, labels, kmax, seeds,
-           settings, resamples) -> tuple[str, str]:
+def render(
+    *,
+    methods,
+    pairs,
+    plan_pairs,
+    support,
+    plans,
+    runs,
+    gaps,
+    strategy_rows,
+    branch,
+    reference,
+    labels,
+    kmax,
+    seeds,
+    settings,
+    resamples,
+) -> tuple[str, str]:
     """(markdown section, console summary)."""
     m = methods.set_index(["method", "k"])
     sft_branch = branch[branch["run"] == compare.REFERENCE_METHOD].iloc[0]
     sft_pass1 = m.loc[("sft", 1)]
     headline = [
-        (f"SFT policy: pass@1 {_fmt_ci(sft_pass1['pass_at_k'], sft_pass1['ci_low'], sft_pass1['ci_high'])}; "
-        f"branch-point entropy {sft_branch['branch_entropy_mean']:.2f} nats (lab tau {settings['tau']}, gamma "
-        f"{settings['gamma']}, temperature {settings['temperature']}): q > 1 at "
-        f"{sft_branch['branch_q_gt1_fraction']:.1%} of the branch-point tokens (RL prompts) and at "
-        f"{sft_branch['other_q_gt1_fraction']:.1%} of the other completion tokens."),
+        (
+            f"SFT policy: pass@1 {_fmt_ci(sft_pass1['pass_at_k'], sft_pass1['ci_low'], sft_pass1['ci_high'])}; "
+            f"branch-point entropy {sft_branch['branch_entropy_mean']:.2f} nats (lab tau {settings['tau']}, gamma "
+            f"{settings['gamma']}, temperature {settings['temperature']}): q > 1 at "
+            f"{sft_branch['branch_q_gt1_fraction']:.1%} of the branch-point tokens (RL prompts) and at "
+            f"{sft_branch['other_q_gt1_fraction']:.1%} of the other completion tokens."
+        ),
         verdict(pairs, plan_pairs, kmax, seeds),
     ]
-    lines = [(f"{MARKER.lstrip()}methods across {seeds} training seed{'s' if seeds > 1 else ''} and "
-             f"{int(methods['problems'].iloc[0])} problems (sage_unsloth/demo/lab.py)"), "", *headline, "",
-             ("CIs: 95% two-level percentile bootstrap (seeds, then problems; "
-              f"{resamples} resamples; see sage_unsloth/demo/compare.py). With 3 seeds the seed level has few "
-              "distinct draws: read the per-run rows too."), "", "### pass@k per method", "",
-             f"| method | seeds | pass@1 | pass@{kmax} | rare-plan share | {COMMON} accuracy | rare accuracy |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            f"{MARKER.lstrip()}methods across {seeds} training seed{'s' if seeds > 1 else ''} and "
+            f"{int(methods['problems'].iloc[0])} problems (sage_unsloth/demo/lab.py)"
+        ),
+        "",
+        *headline,
+        "",
+        (
+            "CIs: 95% two-level percentile bootstrap (seeds, then problems; "
+            f"{resamples} resamples; see sage_unsloth/demo/compare.py). With 3 seeds the seed level has few "
+            "distinct draws: read the per-run rows too."
+        ),
+        "",
+        "### pass@k per method",
+        "",
+        f"| method | seeds | pass@1 | pass@{kmax} | rare-plan share | {COMMON} accuracy | rare accuracy |",
+        "|---|---|---|---|---|---|---|",
+    ]
     plan_rows = plans.set_index(["method", "strategy"])
     for method in dict.fromkeys(methods["method"]):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         rare = plan_rows.loc[(method, "rare")]
         method_runs = runs[runs["method"] == method]
-        lines.append(f"| {labels.get(method, method)} | {int(one['seeds'])} | "
-                     f"{_fmt_ci(one['pass_at_k'], one['ci_low'], one['ci_high'])} | "
-                     f"{_fmt_ci(big['pass_at_k'], big['ci_low'], big['ci_high'])} | "
-                     f"{_fmt_ci(rare['share'], rare['ci_low'], rare['ci_high'])} | "
-                     f"{method_runs[f'{COMMON}_accuracy'].mean():.3f} | {method_runs['rare_accuracy'].mean():.3f} |")
-    lines += ["", "![pass@k per method](lab/passk_methods.png)", "", "### Paired differences (A - B, runs paired by seed)",
-              "", "| A | B | metric | A - B | 95% CI | CI excludes 0 | seeds | problems |", "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {labels.get(method, method)} | {int(one['seeds'])} | "
+            f"{_fmt_ci(one['pass_at_k'], one['ci_low'], one['ci_high'])} | "
+            f"{_fmt_ci(big['pass_at_k'], big['ci_low'], big['ci_high'])} | "
+            f"{_fmt_ci(rare['share'], rare['ci_low'], rare['ci_high'])} | "
+            f"{method_runs[f'{COMMON}_accuracy'].mean():.3f} | {method_runs['rare_accuracy'].mean():.3f} |"
+        )
+    lines += [
+        "",
+        "![pass@k per method](lab/passk_methods.png)",
+        "",
+        "### Paired differences (A - B, runs paired by seed)",
+        "",
+        "| A | B | metric | A - B | 95% CI | CI excludes 0 | seeds | problems |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for _, r in pd.concat([pairs, plan_pairs], ignore_index=True).iterrows():
         what = r["metric"] if isinstance(r.get("metric"), str) else f"pass@{int(r['k'])}"
-        lines.append(f"| {labels.get(r['a'], r['a'])} | {labels.get(r['b'], r['b'])} | {what} | "
-                     f"{r['diff']:+.3f} | [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
-                     f"{'yes' if r['excludes_0'] else 'no'} | {int(r['seeds'])} | {int(r['problems'])} |")
+        lines.append(
+            f"| {labels.get(r['a'], r['a'])} | {labels.get(r['b'], r['b'])} | {what} | "
+            f"{r['diff']:+.3f} | [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
+            f"{'yes' if r['excludes_0'] else 'no'} | {int(r['seeds'])} | {int(r['problems'])} |"
+        )
     if not support.empty:
-        lines += ["", f"### Support against SFT at k = {kmax} (report/support.py, across seeds and problems)", "",
-                  "| method | solved by SFT | solved by method | preserved | shrunk (lost) | expanded (gained) |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### Support against SFT at k = {kmax} (report/support.py, across seeds and problems)",
+            "",
+            "| method | solved by SFT | solved by method | preserved | shrunk (lost) | expanded (gained) |",
+            "|---|---|---|---|---|---|",
+        ]
         for _, r in support.iterrows():
-            cells = [_fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
-                     for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded")]
+            cells = [
+                _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
+                for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded")
+            ]
             lines.append(f"| {labels.get(r['method'], r['method'])} | " + " | ".join(cells) + " |")
     if not gaps.empty:
-        lines += ["", "### Problems where the common plan meets the base model's gap (sage_unsloth/demo/task.py)",
-                  "", (f"The pre-training never showed a two-digit plus one-digit addition whose ones digits add up "
-                       f"to {' or '.join(map(str, GAP_ONES_SUMS))}, and SFT never used a plan where it needs one; {COMMON} (and the other "
-                       "running totals) need one on the 'gap' problems, the pair plans never do. 'correct rare' = "
-                       "share of the completions that are correct and follow a rare plan."), "",
-                  f"| method | problems | count | pass@1 | pass@{kmax} | correct rare |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "### Problems where the common plan meets the base model's gap (sage_unsloth/demo/task.py)",
+            "",
+            (
+                f"The pre-training never showed a two-digit plus one-digit addition whose ones digits add up "
+                f"to {' or '.join(map(str, GAP_ONES_SUMS))}, and SFT never used a plan where it needs one; {COMMON} (and the other "
+                "running totals) need one on the 'gap' problems, the pair plans never do. 'correct rare' = "
+                "share of the completions that are correct and follow a rare plan."
+            ),
+            "",
+            f"| method | problems | count | pass@1 | pass@{kmax} | correct rare |",
+            "|---|---|---|---|---|---|",
+        ]
         for _, r in gaps.iterrows():
-            cells = [_fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
-                     for n in ("pass_at_1", f"pass_at_{kmax}", "correct_rare")]
-            lines.append(f"| {labels.get(r['method'], r['method'])} | {r['problems']} | {int(r['n_problems'])} | "
-                         + " | ".join(cells) + " |")
-    lines += ["", "### Plans per run (rules: sage_unsloth/demo/task.py, label_strategy)", "",
-              (f"{COMMON} is the common plan (70% of the SFT data), {', '.join(RARE)} the rare ones (10/10/5/5%); "
-              "accuracy is within the plan's completions; 'solved by rare plans' is the share of problems with at "
-              "least one correct rare-plan completion."), "", markdown_table(strategy_rows), "",
-              "![plans](analysis/strategies.png)", "", "### The branch point (sage_unsloth/demo/analysis.py)", "",
-              ("Per run's final policy on the RL prompts: mean entropy of the first completion token (the plan "
-              "word), share of prompts where the branch guide's q > 1, the policy's probability of each plan "
-              "there; q > 1 at the other completion tokens; mean sage/frac_boosted during training (Branch runs)."),
-              "", "| run | branch entropy | q > 1 (branch) | " + " | ".join(f"p({s})" for s in STRATEGIES)
-              + " | q > 1 (other tokens) | training frac_boosted |",
-              "|" + "---|" * (5 + len(STRATEGIES))]
+            cells = [
+                _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
+                for n in ("pass_at_1", f"pass_at_{kmax}", "correct_rare")
+            ]
+            lines.append(
+                f"| {labels.get(r['method'], r['method'])} | {r['problems']} | {int(r['n_problems'])} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    lines += [
+        "",
+        "### Plans per run (rules: sage_unsloth/demo/task.py, label_strategy)",
+        "",
+        (
+            f"{COMMON} is the common plan (70% of the SFT data), {', '.join(RARE)} the rare ones (10/10/5/5%); "
+            "accuracy is within the plan's completions; 'solved by rare plans' is the share of problems with at "
+            "least one correct rare-plan completion."
+        ),
+        "",
+        markdown_table(strategy_rows),
+        "",
+        "![plans](analysis/strategies.png)",
+        "",
+        "### The branch point (sage_unsloth/demo/analysis.py)",
+        "",
+        (
+            "Per run's final policy on the RL prompts: mean entropy of the first completion token (the plan "
+            "word), share of prompts where the branch guide's q > 1, the policy's probability of each plan "
+            "there; q > 1 at the other completion tokens; mean sage/frac_boosted during training (Branch runs)."
+        ),
+        "",
+        "| run | branch entropy | q > 1 (branch) | "
+        + " | ".join(f"p({s})" for s in STRATEGIES)
+        + " | q > 1 (other tokens) | training frac_boosted |",
+        "|" + "---|" * (5 + len(STRATEGIES)),
+    ]
     for _, b in branch.iterrows():
         boosted = "" if pd.isna(b["train_frac_boosted_mean"]) else f"{b['train_frac_boosted_mean']:.3f}"
-        lines.append(f"| {b['run']} | {b['branch_entropy_mean']:.3f} | {b['branch_q_gt1_fraction']:.3f} | "
-                     + " | ".join(f"{b['p_' + s]:.3f}" for s in STRATEGIES)
-                     + f" | {b['other_q_gt1_fraction']:.3f} | {boosted} |")
+        lines.append(
+            f"| {b['run']} | {b['branch_entropy_mean']:.3f} | {b['branch_q_gt1_fraction']:.3f} | "
+            + " | ".join(f"{b['p_' + s]:.3f}" for s in STRATEGIES)
+            + f" | {b['other_q_gt1_fraction']:.3f} | {boosted} |"
+        )
     if reference is not None and not reference.empty:
-        lines += ["", "### This run against the committed reference (results/demo-reference/)", "",
-                  ("Same run names; the numbers agree exactly only on the same CPU type, library versions and "
-                  "budget (README: how they vary)."), "", "| run | metric | this run | reference | difference |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "### This run against the committed reference (results/demo-reference/)",
+            "",
+            (
+                "Same run names; the numbers agree exactly only on the same CPU type, library versions and "
+                "budget (README: how they vary)."
+            ),
+            "",
+            "| run | metric | this run | reference | difference |",
+            "|---|---|---|---|---|",
+        ]
         for _, r in reference.iterrows():
             theirs = "missing" if pd.isna(r["reference"]) else f"{r['reference']:.3f}"
             diff = "" if pd.isna(r["diff"]) else f"{r['diff']:+.3f}"
@@ -246,15 +365,19 @@ def render(*, methods, pairs, plan_pairs, support, plans, runs, gaps, strategy_r
     console = ["[demo] " + line for line in headline]
     for method in dict.fromkeys(methods["method"]):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
-        console.append(f"[demo]   {labels.get(method, method):28s} pass@1 {one['pass_at_k']:.3f} "
-                       f"[{one['ci_low']:.3f}, {one['ci_high']:.3f}]  pass@{kmax} {big['pass_at_k']:.3f} "
-                       f"[{big['ci_low']:.3f}, {big['ci_high']:.3f}]  rare plans "
-                       f"{plan_rows.loc[(method, 'rare'), 'share']:.3f}")
+        console.append(
+            f"[demo]   {labels.get(method, method):28s} pass@1 {one['pass_at_k']:.3f} "
+            f"[{one['ci_low']:.3f}, {one['ci_high']:.3f}]  pass@{kmax} {big['pass_at_k']:.3f} "
+            f"[{big['ci_low']:.3f}, {big['ci_high']:.3f}]  rare plans "
+            f"{plan_rows.loc[(method, 'rare'), 'share']:.3f}"
+        )
     return "\n".join(lines) + "\n", "\n".join(console) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo.lab", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sage_unsloth.demo.lab", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--work", required=True)
     parser.add_argument("--results", required=True)
     parser.add_argument("--runs", required=True)
@@ -279,11 +402,13 @@ def _main(args) -> int:
     labels = {"sft": "SFT", **json.loads(args.methods)}
     pairs = [tuple(item.split(":")) for item in args.pairs.split(",") if item]
     stats = {"resamples": args.resamples, "seed": args.seed, "level": args.level}
-    lab = compare.load_lab_runs(results / MODEL_NAME, BENCHMARK)  # results/<model>/<run>/ (layout.results_dir)
+    lab = compare.load_lab_runs(
+        results / MODEL_NAME, BENCHMARK
+    )  # results/<model>/<run>/ (layout.results_dir)
     check_complete(lab, runs)
     lab = compare.LabRuns(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
     kmax = int(min(n.min() for n in lab.n.values()))
-    ks = [k for k in (2 ** i for i in range(32)) if k <= kmax] + ([kmax] if kmax & (kmax - 1) else [])
+    ks = [k for k in (2**i for i in range(32)) if k <= kmax] + ([kmax] if kmax & (kmax - 1) else [])
     analysis = results / ANALYSIS_DIR
     strategies = pd.read_csv(analysis / "strategies.csv")
     branch = pd.read_csv(analysis / "branch.csv")
@@ -295,7 +420,11 @@ def _main(args) -> int:
         rare_column = [*LABELS, "rare"].index("rare")
         correct_rare = {run: data[f"{run}{CORRECT_SUFFIX}"][order[run], rare_column] for run in runs}
     gap = gap_flags(Path(args.work) / "data" / EVAL_FILE, lab.problems)
-    seeds = max(len(v) for m, v in lab.methods.items() if m != compare.REFERENCE_METHOD) if len(lab.methods) > 1 else 1
+    seeds = (
+        max(len(v) for m, v in lab.methods.items() if m != compare.REFERENCE_METHOD)
+        if len(lab.methods) > 1
+        else 1
+    )
 
     methods = compare.method_table(lab, ks, **stats)
     pair_frame = compare.pair_table(lab, pairs, sorted({1, kmax}), **stats)
@@ -306,27 +435,48 @@ def _main(args) -> int:
     run_frame = run_rows(lab, runs, kmax, strategies, branch)
     for frame, what in ((methods, "pass@k"), (run_frame, "per-run")):
         # accuracies are undefined where a plan never occurs, frac_boosted outside Branch runs: not checked
-        numeric = frame.select_dtypes("number").drop(columns=["seed", "train_frac_boosted", "rare_accuracy",
-                                                              f"{COMMON}_accuracy"], errors="ignore")
+        numeric = frame.select_dtypes("number").drop(
+            columns=["seed", "train_frac_boosted", "rare_accuracy", f"{COMMON}_accuracy"], errors="ignore"
+        )
         if frame.empty or numeric.isna().to_numpy().any():
             raise ValueError(f"the {what} table has empty or NaN values: a run produced no usable result")
     reference = reference_table(run_frame, Path(args.reference), kmax) if args.reference else None
     out = results / LAB_DIR
     out.mkdir(parents=True, exist_ok=True)
-    for name, frame in (("methods", methods), ("pairs", pd.concat([pair_frame, plan_pairs], ignore_index=True)), ("support", support), ("plans", plans),
-                        ("runs", run_frame), ("gap", gaps), ("reference", reference)):
+    for name, frame in (
+        ("methods", methods),
+        ("pairs", pd.concat([pair_frame, plan_pairs], ignore_index=True)),
+        ("support", support),
+        ("plans", plans),
+        ("runs", run_frame),
+        ("gap", gaps),
+        ("reference", reference),
+    ):
         if frame is not None:
             atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
     plot_methods(methods, labels, out / "passk_methods.png")
-    markdown, console = render(methods=methods, pairs=pair_frame, plan_pairs=plan_pairs, support=support, plans=plans, runs=run_frame,
-                               gaps=gaps,
-                               strategy_rows=strategies.to_dict("records"), branch=branch, reference=reference, labels=labels, kmax=kmax, seeds=seeds,
-                               settings=branch_settings(Path(args.branch_config)), resamples=args.resamples)
+    markdown, console = render(
+        methods=methods,
+        pairs=pair_frame,
+        plan_pairs=plan_pairs,
+        support=support,
+        plans=plans,
+        runs=run_frame,
+        gaps=gaps,
+        strategy_rows=strategies.to_dict("records"),
+        branch=branch,
+        reference=reference,
+        labels=labels,
+        kmax=kmax,
+        seeds=seeds,
+        settings=branch_settings(Path(args.branch_config)),
+        resamples=args.resamples,
+    )
     atomic_write_text(out / "summary.txt", console)
     report = results / "report.md"
     text = report.read_text()
     if MARKER in text:  # the lab step reran on the same report: replace its section
-        text = text[:text.index(MARKER)]
+        text = text[: text.index(MARKER)]
     atomic_write_text(report, text.rstrip("\n") + "\n\n" + markdown)
     print(console, end="")
     return 0

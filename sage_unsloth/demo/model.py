@@ -16,8 +16,14 @@ from ..tiny_model import build_tiny_model
 # Model shape used by the demo (overrides of sage_unsloth.tiny_model.tiny_model_config).
 # The kit's tiny shape (hidden 128, 2 layers, ~0.4M parameters): measured to learn the task in a few hundred
 # CPU steps; wider/deeper models cost 3-5x more per step on 2 cores.
-DEMO_MODEL_SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-                        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}
+DEMO_MODEL_SHAPE = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+}
 
 
 def demo_corpus() -> list[str]:
@@ -26,7 +32,8 @@ def demo_corpus() -> list[str]:
     from .task import STRATEGIES, working
 
     return [working(name, (5, 8, 6, 7)) for name in STRATEGIES] * 4 + [
-        EVAL_USER_TEMPLATE.format(problem="What is 5+8+6+7?")] * 8
+        EVAL_USER_TEMPLATE.format(problem="What is 5+8+6+7?")
+    ] * 8
 
 
 def build_demo_model(out_dir: str | Path, *, seed: int = 0, **shape_overrides) -> Path:

@@ -63,8 +63,14 @@ def worked_segment(numbers: tuple[int, ...], strategy: str) -> str:
     return f"{problem_text(numbers)}\n\n{REASONING_START}{working(strategy, numbers)}"
 
 
-def corpus_row(rng: random.Random, facts: list[str], problems: list[tuple[int, ...]], segments: int = 3,
-               worked_share: float = 0.9, format_share: float = 0.05) -> str:
+def corpus_row(
+    rng: random.Random,
+    facts: list[str],
+    problems: list[tuple[int, ...]],
+    segments: int = 3,
+    worked_share: float = 0.9,
+    format_share: float = 0.05,
+) -> str:
     from .task import STRATEGIES, plan_needs_gap
 
     parts = []
@@ -83,9 +89,16 @@ def corpus_row(rng: random.Random, facts: list[str], problems: list[tuple[int, .
     return "\n\n".join(parts)
 
 
-def pretrain_base_model(model_dir: str | Path, problems: list[tuple[int, ...]], *, steps: int = 600,
-                        batch_size: int = 32, learning_rate: float = 3e-3, seed: int = 0,
-                        progress: bool = False) -> dict:
+def pretrain_base_model(
+    model_dir: str | Path,
+    problems: list[tuple[int, ...]],
+    *,
+    steps: int = 600,
+    batch_size: int = 32,
+    learning_rate: float = 3e-3,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict:
     """Train every weight of the model in ``model_dir`` on the corpus above; save it back in place.
 
     Deterministic for a given seed (and independent of the thread count: tests/test_demo_steps.py).
@@ -107,8 +120,7 @@ def pretrain_base_model(model_dir: str | Path, problems: list[tuple[int, ...]], 
     started, loss_value = time.perf_counter(), float("nan")
     bar = tqdm(total=steps, desc="pretrain", disable=not progress, mininterval=5.0, ascii=True)
     for step in range(steps):
-        rows = [tokenizer(corpus_row(rng, facts, problems))["input_ids"] + [eos]
-                for _ in range(batch_size)]
+        rows = [tokenizer(corpus_row(rng, facts, problems))["input_ids"] + [eos] for _ in range(batch_size)]
         width = max(map(len, rows))
         input_ids = torch.tensor([row + [eos] * (width - len(row)) for row in rows])
         labels = torch.tensor([row + [-100] * (width - len(row)) for row in rows])
@@ -126,14 +138,20 @@ def pretrain_base_model(model_dir: str | Path, problems: list[tuple[int, ...]], 
             bar.write(f"{{'loss': {loss_value:.4f}, 'step': {step + 1}}}")
     bar.close()
     model.save_pretrained(model_dir, safe_serialization=True)
-    return {"steps": steps, "final_loss": round(loss_value, 4), "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "steps": steps,
+        "final_loss": round(loss_value, 4),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     from .data import DemoDataSpec
     from .model import build_demo_model
 
-    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo.pretrain", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sage_unsloth.demo.pretrain", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--out", required=True, help="model folder (created)")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)

@@ -60,8 +60,15 @@ METHODS = (
     Method("grpo_branch_reward", "grpo_branch_reward.yaml", "GRPO + Branch, pseudo-KL in the reward"),
 )
 # A - B pairs of the comparison (per seed); "sft" is the one SFT model every RL run starts from.
-PAIRS = (("grpo_branch", "grpo"), ("grpo", "sft"), ("grpo_branch", "sft"), ("grpo_nokl", "sft"),
-         ("grpo_nokl", "grpo"), ("grpo_branch_reward", "grpo_branch"), ("grpo_branch_reward", "grpo"))
+PAIRS = (
+    ("grpo_branch", "grpo"),
+    ("grpo", "sft"),
+    ("grpo_branch", "sft"),
+    ("grpo_nokl", "sft"),
+    ("grpo_nokl", "grpo"),
+    ("grpo_branch_reward", "grpo_branch"),
+    ("grpo_branch_reward", "grpo"),
+)
 
 
 # The demo code each step runs (its fingerprint hashes these and the kit's top-level modules): editing the
@@ -69,7 +76,14 @@ PAIRS = (("grpo_branch", "grpo"), ("grpo", "sft"), ("grpo_branch", "sft"), ("grp
 DATA_CODE = ("demo/data.py", "demo/task.py")
 PRETRAIN_CODE = (*DATA_CODE, "demo/pretrain.py", "demo/model.py")
 ANALYSIS_CODE = ("demo/analysis.py", "demo/strategies.py", "demo/task.py", "eval/sampling.py")
-LAB_CODE = ("demo/lab.py", "demo/compare.py", "demo/strategies.py", "demo/analysis.py", "demo/task.py", "report")
+LAB_CODE = (
+    "demo/lab.py",
+    "demo/compare.py",
+    "demo/strategies.py",
+    "demo/analysis.py",
+    "demo/task.py",
+    "report",
+)
 
 
 @dataclass(frozen=True)
@@ -78,15 +92,22 @@ class DemoBudget:
     sft_steps: int = 300
     rl_steps: int = 150
     eval_problems: int = 100
-    eval_n: int = 64              # samples per problem = largest k
+    eval_n: int = 64  # samples per problem = largest k
     seeds: tuple[int, ...] = (0,)  # RL training seeds
     data: DemoDataSpec = field(default_factory=DemoDataSpec)
     bootstrap_resamples: int = 2000
 
 
 FULL = DemoBudget()
-QUICK = DemoBudget(pretrain_steps=20, sft_steps=4, rl_steps=2, eval_problems=6, eval_n=4,
-                   data=DemoDataSpec(n_eval=6, n_rl=32, n_sft=200), bootstrap_resamples=200)
+QUICK = DemoBudget(
+    pretrain_steps=20,
+    sft_steps=4,
+    rl_steps=2,
+    eval_problems=6,
+    eval_n=4,
+    data=DemoDataSpec(n_eval=6, n_rl=32, n_sft=200),
+    bootstrap_resamples=200,
+)
 
 
 def run_names(budget: DemoBudget) -> list[str]:
@@ -109,29 +130,96 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
     sft_dir = layout.sft_dir(work, MODEL_NAME)  # the demo's outputs root is its work folder
     spec = budget.data
     steps = [
-        Step("model", [py, "-m", "sage_unsloth.demo.pretrain", "--out", _rel(model_dir),
-                       "--steps", str(budget.pretrain_steps), "--seed", str(spec.seed), "--low", str(spec.low),
-                       "--high", str(spec.high), "--n-eval", str(spec.n_eval), "--n-rl", str(spec.n_rl)],
-             outputs=(model_dir,), code=PRETRAIN_CODE, label=f"pre-training, {budget.pretrain_steps} steps"),
-        Step("data", [py, "-m", "sage_unsloth.demo.data", "--out", _rel(data),
-                      "--spec", json.dumps(asdict(spec), sort_keys=True)],
-             outputs=(data,), code=DATA_CODE),
-        Step("sft", stage_command("sft", _rel(CONFIG_DIR / "sft.yaml"), "--model_name_or_path", _rel(model_dir),
-                                  "--dataset_path", _rel(data / SFT_FILE), "--output_dir", _rel(sft_dir),
-                                  "--max_steps", str(budget.sft_steps), python=py),
-             outputs=(sft_dir,), after=("model", "data"), configs=(CONFIG_DIR / "sft.yaml",),
-             label=f"stage 1, {budget.sft_steps} steps"),
+        Step(
+            "model",
+            [
+                py,
+                "-m",
+                "sage_unsloth.demo.pretrain",
+                "--out",
+                _rel(model_dir),
+                "--steps",
+                str(budget.pretrain_steps),
+                "--seed",
+                str(spec.seed),
+                "--low",
+                str(spec.low),
+                "--high",
+                str(spec.high),
+                "--n-eval",
+                str(spec.n_eval),
+                "--n-rl",
+                str(spec.n_rl),
+            ],
+            outputs=(model_dir,),
+            code=PRETRAIN_CODE,
+            label=f"pre-training, {budget.pretrain_steps} steps",
+        ),
+        Step(
+            "data",
+            [
+                py,
+                "-m",
+                "sage_unsloth.demo.data",
+                "--out",
+                _rel(data),
+                "--spec",
+                json.dumps(asdict(spec), sort_keys=True),
+            ],
+            outputs=(data,),
+            code=DATA_CODE,
+        ),
+        Step(
+            "sft",
+            stage_command(
+                "sft",
+                _rel(CONFIG_DIR / "sft.yaml"),
+                "--model_name_or_path",
+                _rel(model_dir),
+                "--dataset_path",
+                _rel(data / SFT_FILE),
+                "--output_dir",
+                _rel(sft_dir),
+                "--max_steps",
+                str(budget.sft_steps),
+                python=py,
+            ),
+            outputs=(sft_dir,),
+            after=("model", "data"),
+            configs=(CONFIG_DIR / "sft.yaml",),
+            label=f"stage 1, {budget.sft_steps} steps",
+        ),
     ]
     for method in METHODS:
         for seed in budget.seeds:
             run = f"{method.name}_seed{seed}"
-            steps.append(Step(run, stage_command("rlvr", _rel(CONFIG_DIR / method.config),
-                                                 "--sft_dir", _rel(sft_dir), "--output_root", _rel(work),
-                                                 "--variant", run, "--seed", str(seed),
-                                                 "--dataset_path", _rel(data / RL_FILE),
-                                                 "--max_steps", str(budget.rl_steps), python=py),
-                              outputs=(layout.rlvr_dir(work, MODEL_NAME, run),), after=("sft",), configs=(CONFIG_DIR / method.config,),
-                              code=("rlvr",), label=f"stage 2, {method.label}, {budget.rl_steps} steps"))
+            steps.append(
+                Step(
+                    run,
+                    stage_command(
+                        "rlvr",
+                        _rel(CONFIG_DIR / method.config),
+                        "--sft_dir",
+                        _rel(sft_dir),
+                        "--output_root",
+                        _rel(work),
+                        "--variant",
+                        run,
+                        "--seed",
+                        str(seed),
+                        "--dataset_path",
+                        _rel(data / RL_FILE),
+                        "--max_steps",
+                        str(budget.rl_steps),
+                        python=py,
+                    ),
+                    outputs=(layout.rlvr_dir(work, MODEL_NAME, run),),
+                    after=("sft",),
+                    configs=(CONFIG_DIR / method.config,),
+                    code=("rlvr",),
+                    label=f"stage 2, {method.label}, {budget.rl_steps} steps",
+                )
+            )
     evals = []
     eval_chunk = int(yaml.safe_load((CONFIG_DIR / "eval.yaml").read_text())["problems_per_batch"])
     for run in run_names(budget):
@@ -139,44 +227,125 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         run_dir = layout.run_dir(work, MODEL_NAME, run)
         completions = layout.completions_dir(work, MODEL_NAME, run)
         evals.append(name)
-        steps.append(Step(name, stage_command("eval", _rel(CONFIG_DIR / "eval.yaml"),
-                                              "--checkpoints", _rel(run_dir), "--results_dir", _rel(results),
-                                              "--outputs_dir", _rel(work), "--local_benchmarks",
-                                              f"{DEMO_BENCHMARK}={_rel(data / EVAL_FILE)}",
-                                              "--benchmarks", DEMO_BENCHMARK, "--n", str(budget.eval_n),
-                                              "--limit", str(budget.eval_problems), python=py),
-                          outputs=(layout.results_dir(results, MODEL_NAME, run), completions), after=(run,),
-                          configs=(CONFIG_DIR / "eval.yaml",), code=("eval",),
-                          label=f"stage 3, {budget.eval_problems} problems x {budget.eval_n} samples",
-                          progress_files=(str(completions / DEMO_BENCHMARK / "chunk_*.jsonl.gz"),
-                                          -(-budget.eval_problems // eval_chunk))))
-    pairs = ",".join(f"{a}_seed{s}:{b if b == SFT_RUN else f'{b}_seed{s}'}"
-                     for a, b in PAIRS for s in budget.seeds
-                     if any(m.name == a for m in METHODS) and (b == SFT_RUN or any(m.name == b for m in METHODS)))
+        steps.append(
+            Step(
+                name,
+                stage_command(
+                    "eval",
+                    _rel(CONFIG_DIR / "eval.yaml"),
+                    "--checkpoints",
+                    _rel(run_dir),
+                    "--results_dir",
+                    _rel(results),
+                    "--outputs_dir",
+                    _rel(work),
+                    "--local_benchmarks",
+                    f"{DEMO_BENCHMARK}={_rel(data / EVAL_FILE)}",
+                    "--benchmarks",
+                    DEMO_BENCHMARK,
+                    "--n",
+                    str(budget.eval_n),
+                    "--limit",
+                    str(budget.eval_problems),
+                    python=py,
+                ),
+                outputs=(layout.results_dir(results, MODEL_NAME, run), completions),
+                after=(run,),
+                configs=(CONFIG_DIR / "eval.yaml",),
+                code=("eval",),
+                label=f"stage 3, {budget.eval_problems} problems x {budget.eval_n} samples",
+                progress_files=(
+                    str(completions / DEMO_BENCHMARK / "chunk_*.jsonl.gz"),
+                    -(-budget.eval_problems // eval_chunk),
+                ),
+            )
+        )
+    pairs = ",".join(
+        f"{a}_seed{s}:{b if b == SFT_RUN else f'{b}_seed{s}'}"
+        for a, b in PAIRS
+        for s in budget.seeds
+        if any(m.name == a for m in METHODS) and (b == SFT_RUN or any(m.name == b for m in METHODS))
+    )
     steps += [
-        Step("analysis", [py, "-m", "sage_unsloth.demo.analysis", "--work", _rel(work), "--results", _rel(results),
-                          "--runs", ",".join(run_names(budget)), "--branch-config",
-                          _rel(CONFIG_DIR / "grpo_branch.yaml")],
-             outputs=(results / "analysis",), after=tuple(evals),
-             configs=(CONFIG_DIR / "grpo_branch.yaml",), code=ANALYSIS_CODE, label="plans and branch-point entropy"),
-        Step("report", stage_command("report", _rel(CONFIG_DIR / "report.yaml"), "--results", _rel(results),
-                                     "--out", _rel(layout.report_md(results)), "--pairs", pairs,
-                                     "--resamples", str(budget.bootstrap_resamples), "--support_reference",
-                                     SFT_RUN, python=py),
-             outputs=(layout.report_md(results), layout.report_dir(results)), after=tuple(evals),
-             configs=(CONFIG_DIR / "report.yaml",), code=("report",), label="stage 4"),
+        Step(
+            "analysis",
+            [
+                py,
+                "-m",
+                "sage_unsloth.demo.analysis",
+                "--work",
+                _rel(work),
+                "--results",
+                _rel(results),
+                "--runs",
+                ",".join(run_names(budget)),
+                "--branch-config",
+                _rel(CONFIG_DIR / "grpo_branch.yaml"),
+            ],
+            outputs=(results / "analysis",),
+            after=tuple(evals),
+            configs=(CONFIG_DIR / "grpo_branch.yaml",),
+            code=ANALYSIS_CODE,
+            label="plans and branch-point entropy",
+        ),
+        Step(
+            "report",
+            stage_command(
+                "report",
+                _rel(CONFIG_DIR / "report.yaml"),
+                "--results",
+                _rel(results),
+                "--out",
+                _rel(layout.report_md(results)),
+                "--pairs",
+                pairs,
+                "--resamples",
+                str(budget.bootstrap_resamples),
+                "--support_reference",
+                SFT_RUN,
+                python=py,
+            ),
+            outputs=(layout.report_md(results), layout.report_dir(results)),
+            after=tuple(evals),
+            configs=(CONFIG_DIR / "report.yaml",),
+            code=("report",),
+            label="stage 4",
+        ),
     ]
-    lab = [py, "-m", "sage_unsloth.demo.lab", "--work", _rel(work), "--results", _rel(results),
-           "--runs", ",".join(run_names(budget)), "--methods",
-           json.dumps({m.name: m.label for m in METHODS}), "--pairs", ",".join(f"{a}:{b}" for a, b in PAIRS),
-           "--resamples", str(budget.bootstrap_resamples), "--branch-config", _rel(CONFIG_DIR / "grpo_branch.yaml")]
+    lab = [
+        py,
+        "-m",
+        "sage_unsloth.demo.lab",
+        "--work",
+        _rel(work),
+        "--results",
+        _rel(results),
+        "--runs",
+        ",".join(run_names(budget)),
+        "--methods",
+        json.dumps({m.name: m.label for m in METHODS}),
+        "--pairs",
+        ",".join(f"{a}:{b}" for a, b in PAIRS),
+        "--resamples",
+        str(budget.bootstrap_resamples),
+        "--branch-config",
+        _rel(CONFIG_DIR / "grpo_branch.yaml"),
+    ]
     reference_files = ()
     if reference is not None and reference.resolve() != results.resolve():
         lab += ["--reference", _rel(reference)]
         reference_files = tuple(sorted((reference / "lab").glob("*.csv")))
-    steps.append(Step("lab", lab, outputs=(results / "lab",),
-                      after=("analysis", "report"), configs=reference_files, code=LAB_CODE,
-                      label="comparison across seeds and problems"))
+    steps.append(
+        Step(
+            "lab",
+            lab,
+            outputs=(results / "lab",),
+            after=("analysis", "report"),
+            configs=reference_files,
+            code=LAB_CODE,
+            label="comparison across seeds and problems",
+        )
+    )
     return steps
 
 
@@ -190,7 +359,9 @@ def write_timings(results: Path, work: Path, records: list[StepRecord], wall: fl
     complete = json.loads(complete_path.read_text()) if complete_path.is_file() else {}
     lines = ["step,status,wall_s,cpu_s,threads,finished"]
     lines += [f"{r.name},{r.status},{r.wall_s},{r.cpu_s},{r.threads},{r.finished}" for r in records]
-    lines.append(f"total,{'ran' if complete.get('cpu_s') == cpu else 'mixed'},{complete.get('wall_s', '')},{cpu},,")
+    lines.append(
+        f"total,{'ran' if complete.get('cpu_s') == cpu else 'mixed'},{complete.get('wall_s', '')},{cpu},,"
+    )
     atomic_write_text(results / "timings.csv", "\n".join(lines) + "\n")
     return {"wall_s": complete.get("wall_s"), "cpu_s": cpu}
 
@@ -199,14 +370,29 @@ def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (the CI smoke run)")
     parser.add_argument("--seeds", type=int, default=None, help="RL training seeds per method (default 1)")
-    parser.add_argument("--fresh", action="store_true", help="delete this run's work and results folders first")
-    parser.add_argument("--work-dir", default=None, help="models, data, completions (default outputs/demo[-quick])")
-    parser.add_argument("--results-dir", default=None, help="CSVs, report.md, plots (default results/demo[-quick])")
-    parser.add_argument("--reference", default=str(REFERENCE_DIR),
-                        help="results of the run to compare with (default results/demo-reference; '' for none)")
-    parser.add_argument("--jobs", type=int, default=None, help="steps run in parallel (default: usable cores)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads per step (default: idle cores shared among the running steps)")
+    parser.add_argument(
+        "--fresh", action="store_true", help="delete this run's work and results folders first"
+    )
+    parser.add_argument(
+        "--work-dir", default=None, help="models, data, completions (default outputs/demo[-quick])"
+    )
+    parser.add_argument(
+        "--results-dir", default=None, help="CSVs, report.md, plots (default results/demo[-quick])"
+    )
+    parser.add_argument(
+        "--reference",
+        default=str(REFERENCE_DIR),
+        help="results of the run to compare with (default results/demo-reference; '' for none)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="steps run in parallel (default: usable cores)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per step (default: idle cores shared among the running steps)",
+    )
     for name in ("pretrain-steps", "sft-steps", "rl-steps", "eval-n"):
         parser.add_argument(f"--{name}", type=int, default=None, help="override the budget")
     return parser.parse_args(argv)
@@ -214,8 +400,11 @@ def parse_args(argv: list[str] | None):
 
 def budget_from_args(args) -> DemoBudget:
     budget = QUICK if args.quick else FULL
-    overrides = {key: getattr(args, key) for key in ("pretrain_steps", "sft_steps", "rl_steps", "eval_n")
-                 if getattr(args, key) is not None}
+    overrides = {
+        key: getattr(args, key)
+        for key in ("pretrain_steps", "sft_steps", "rl_steps", "eval_n")
+        if getattr(args, key) is not None
+    }
     if args.seeds is not None:
         overrides["seeds"] = tuple(range(args.seeds))
     budget = replace(budget, **overrides)
@@ -247,8 +436,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         steps = build_steps(budget, work, results, reference)
-        records = run_steps(steps, work=work, jobs=args.jobs or usable_cores(), threads=args.threads,
-                            echo=lambda line: print(line, flush=True))
+        records = run_steps(
+            steps,
+            work=work,
+            jobs=args.jobs or usable_cores(),
+            threads=args.threads,
+            echo=lambda line: print(line, flush=True),
+        )
     except (RuntimeError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -259,5 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     total = write_timings(results, work, records, time.perf_counter() - started)
     print((results / "lab" / "summary.txt").read_text().rstrip())
     wall = f"{total['wall_s']:.0f} s wall, " if total.get("wall_s") else ""
-    print(f"[demo] finished: {wall}{total['cpu_s']:.0f} s CPU over all steps; report {_rel(results / 'report.md')}")
+    print(
+        f"[demo] finished: {wall}{total['cpu_s']:.0f} s CPU over all steps; report {_rel(results / 'report.md')}"
+    )
     return 0

@@ -46,11 +46,11 @@ STAMP_DIR = "steps"
 class Step:
     name: str
     argv: list[str]
-    outputs: tuple[Path, ...]            # all must exist when the step is done; deleted before it reruns
+    outputs: tuple[Path, ...]  # all must exist when the step is done; deleted before it reruns
     after: tuple[str, ...] = ()
-    configs: tuple[Path, ...] = ()       # files read by the step (their content enters the fingerprint)
-    code: tuple[str, ...] = ()           # sage_unsloth subpackages / files the step runs, besides the top level
-    label: str = ""                      # what the console shows while it runs
+    configs: tuple[Path, ...] = ()  # files read by the step (their content enters the fingerprint)
+    code: tuple[str, ...] = ()  # sage_unsloth subpackages / files the step runs, besides the top level
+    label: str = ""  # what the console shows while it runs
     # for steps whose log shows no progress bar (the eval stage hides tqdm off a terminal): files that appear
     # one per unit of work (a glob), and how many there will be
     progress_files: tuple[str, int] | None = None
@@ -59,7 +59,7 @@ class Step:
 @dataclass
 class StepRecord:
     name: str
-    status: str                          # "ran" | "reused"
+    status: str  # "ran" | "reused"
     wall_s: float
     cpu_s: float
     threads: int
@@ -130,29 +130,51 @@ def idle_cores() -> int:
 
 def child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "SAGE_DEMO_THREADS": str(threads),
-                "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                "UNSLOTH_SKIP_TORCHVISION_CHECK": "1", "WANDB_MODE": env.get("WANDB_MODE", "offline"),
-                "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "SAGE_DEMO_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "UNSLOTH_SKIP_TORCHVISION_CHECK": "1",
+            "WANDB_MODE": env.get("WANDB_MODE", "offline"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
 
 # ------------------------------------------------------------------------------------------ progress
 _TQDM = re.compile(r"^(.*?)(\d+)/(\d+) \[([\d:]+)<([\d:?]+),\s*([\d.?]+)\s*(it/s|s/it)", re.MULTILINE)
-_NOT_PROGRESS = ("Loading", "Writing", "shards", "Map", "Filter", "Generating")  # library bars, not the step's
+_NOT_PROGRESS = (
+    "Loading",
+    "Writing",
+    "shards",
+    "Map",
+    "Filter",
+    "Generating",
+)  # library bars, not the step's
 _METRIC = re.compile(r"'(reward|loss)': '?(-?[\d.]+(?:e-?\d+)?)'?")
 
 
 def progress_line(log_text: str) -> str | None:
-    """"40/200 steps, 1.30 steps/s, ETA 02:03, reward 0.41" from the last tqdm bar and metrics in a log."""
-    bars = [bar for bar in _TQDM.findall(log_text.replace("\r", "\n"))
-            if not any(word in bar[0] for word in _NOT_PROGRESS)]
+    """ "40/200 steps, 1.30 steps/s, ETA 02:03, reward 0.41" from the last tqdm bar and metrics in a log."""
+    bars = [
+        bar
+        for bar in _TQDM.findall(log_text.replace("\r", "\n"))
+        if not any(word in bar[0] for word in _NOT_PROGRESS)
+    ]
     if not bars:
         return None
     _, done, total, _elapsed, remaining, rate, unit = bars[-1]
-    speed = "" if rate == "?" else (f"{float(rate):.2f} steps/s" if unit == "it/s"
-                                    else f"{1 / max(float(rate), 1e-9):.2f} steps/s")
+    speed = (
+        ""
+        if rate == "?"
+        else (f"{float(rate):.2f} steps/s" if unit == "it/s" else f"{1 / max(float(rate), 1e-9):.2f} steps/s")
+    )
     parts = [f"{done}/{total}", speed, f"ETA {remaining}"]
     metrics = dict(_METRIC.findall(log_text))
     parts += [f"{key} {float(metrics[key]):.3f}" for key in ("reward", "loss") if key in metrics]
@@ -160,7 +182,7 @@ def progress_line(log_text: str) -> str | None:
 
 
 def file_progress(pattern: str, total: int, elapsed: float) -> str:
-    """"4/10 chunks, 0.08 chunks/s, ETA 01:15" from the files written so far."""
+    """ "4/10 chunks, 0.08 chunks/s, ETA 01:15" from the files written so far."""
     from glob import glob
 
     done = len(glob(pattern, recursive=True))
@@ -202,15 +224,25 @@ def _plan(steps: list[Step], stamps: Path) -> tuple[dict[str, str], set[str]]:
             raise ValueError(f"step {step.name}: unknown predecessor(s) {missing}")
         fingerprints[step.name] = fingerprint(step, fingerprints)
         stamp = read_stamp(stamps, step.name)
-        done = (stamp is not None and stamp.get("fingerprint") == fingerprints[step.name]
-                and all(p.exists() for p in step.outputs))
+        done = (
+            stamp is not None
+            and stamp.get("fingerprint") == fingerprints[step.name]
+            and all(p.exists() for p in step.outputs)
+        )
         if not done or any(a in to_run for a in step.after):
             to_run.add(step.name)
     return fingerprints, to_run
 
 
-def run_steps(steps: list[Step], *, work: Path, jobs: int, threads: int | None = None,
-              progress_every: float = 20.0, echo=print) -> list[StepRecord]:
+def run_steps(
+    steps: list[Step],
+    *,
+    work: Path,
+    jobs: int,
+    threads: int | None = None,
+    progress_every: float = 20.0,
+    echo=print,
+) -> list[StepRecord]:
     """Run every step that is not done; returns one record per step (measured now or read from its stamp)."""
     stamps, logs = work / STAMP_DIR, work / "logs"
     stamps.mkdir(parents=True, exist_ok=True)
@@ -220,13 +252,22 @@ def run_steps(steps: list[Step], *, work: Path, jobs: int, threads: int | None =
     for step in steps:
         if step.name not in to_run:
             stamp = read_stamp(stamps, step.name) or {}
-            records[step.name] = StepRecord(step.name, "reused", stamp.get("wall_s", 0.0), stamp.get("cpu_s", 0.0),
-                                            stamp.get("threads", 0), stamp.get("finished", ""), fingerprints[step.name])
+            records[step.name] = StepRecord(
+                step.name,
+                "reused",
+                stamp.get("wall_s", 0.0),
+                stamp.get("cpu_s", 0.0),
+                stamp.get("threads", 0),
+                stamp.get("finished", ""),
+                fingerprints[step.name],
+            )
             echo(f"[demo] {step.name}: done earlier with the same inputs, reused")
     free = threads or idle_cores()
     if to_run and not threads:
-        echo(f"[demo] {usable_cores()} usable core(s), {free} idle now: steps get {free} thread(s) shared "
-             f"among those running at once (--threads N to set)")
+        echo(
+            f"[demo] {usable_cores()} usable core(s), {free} idle now: steps get {free} thread(s) shared "
+            f"among those running at once (--threads N to set)"
+        )
     pending = [s for s in steps if s.name in to_run]
     running: dict[str, _Running] = {}
     last_report = time.perf_counter()
@@ -241,8 +282,10 @@ def run_steps(steps: list[Step], *, work: Path, jobs: int, threads: int | None =
                 (stamps / f"{step.name}.json").unlink(missing_ok=True)
                 n_threads = threads or max(1, free // max(1, min(jobs, len(ready) + len(running) + 1)))
                 log = logs / f"{step.name}.log"
-                echo(f"[demo] {step.name}: start{' (' + step.label + ')' if step.label else ''}, "
-                     f"{n_threads} thread(s), log {_display(log)}")
+                echo(
+                    f"[demo] {step.name}: start{' (' + step.label + ')' if step.label else ''}, "
+                    f"{n_threads} thread(s), log {_display(log)}"
+                )
                 proc = start(step.argv, log, cwd=REPO_ROOT, env=child_env(n_threads), new_session=True)
                 running[step.name] = _Running(step, proc, time.perf_counter(), n_threads, log)
             if not running and pending:
@@ -260,12 +303,21 @@ def run_steps(steps: list[Step], *, work: Path, jobs: int, threads: int | None =
                 if code != 0 or missing:
                     tail = "".join(_tail(item.log).splitlines(keepends=True)[-30:])
                     why = f"exit {code}" if code != 0 else f"no {', '.join(_display(p) for p in missing)}"
-                    raise RuntimeError(f"[demo] {name} failed ({why}); last lines of {_display(item.log)}:\n{tail}")
+                    raise RuntimeError(
+                        f"[demo] {name} failed ({why}); last lines of {_display(item.log)}:\n{tail}"
+                    )
                 finished = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
                 record = StepRecord(name, "ran", wall, cpu, item.threads, finished, fingerprints[name])
-                atomic_write_json(stamps / f"{name}.json", {"fingerprint": record.fingerprint, "wall_s": wall,
-                                                            "cpu_s": cpu, "threads": item.threads,
-                                                            "finished": finished})
+                atomic_write_json(
+                    stamps / f"{name}.json",
+                    {
+                        "fingerprint": record.fingerprint,
+                        "wall_s": wall,
+                        "cpu_s": cpu,
+                        "threads": item.threads,
+                        "finished": finished,
+                    },
+                )
                 records[name] = record
                 echo(f"[demo] {name}: done in {wall:.0f} s ({cpu:.0f} s CPU)")
             if running and time.perf_counter() - last_report >= progress_every:

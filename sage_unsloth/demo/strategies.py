@@ -50,14 +50,22 @@ def strategy_rows(run: str, records: list[dict]) -> list[dict]:
     for name, members in groups.items():
         hits = [(lab, ok) for problem in problems for lab, ok in problem if lab in members]
         solved = sum(any(lab in members and ok for lab, ok in problem) for problem in problems)
-        rows.append({"run": run, "strategy": name, "completions": len(hits),
-                     "fraction": round(len(hits) / total, 4),
-                     "accuracy": round(sum(ok for _, ok in hits) / len(hits), 4) if hits else float("nan"),
-                     "problems_solved_fraction": round(solved / len(problems), 4)})
+        rows.append(
+            {
+                "run": run,
+                "strategy": name,
+                "completions": len(hits),
+                "fraction": round(len(hits) / total, 4),
+                "accuracy": round(sum(ok for _, ok in hits) / len(hits), 4) if hits else float("nan"),
+                "problems_solved_fraction": round(solved / len(problems), 4),
+            }
+        )
     return rows
 
 
-def problem_shares(records: list[dict], labels=(*LABELS, "rare"), *, correct_only: bool = False) -> np.ndarray:
+def problem_shares(
+    records: list[dict], labels=(*LABELS, "rare"), *, correct_only: bool = False
+) -> np.ndarray:
     """(problems, labels) share of each problem's completions per label ("rare" = all rare plans); with
     ``correct_only``, the share of its completions that have the label and are correct."""
     out = np.zeros((len(records), len(labels)))
@@ -89,7 +97,9 @@ def plot_strategies(rows: list[dict], path: Path) -> Path:
     bottom = [0.0] * len(runs)
     colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:gray")
     for label, colour in zip(LABELS, colours):
-        values = [next(r["fraction"] for r in rows if r["run"] == run and r["strategy"] == label) for run in runs]
+        values = [
+            next(r["fraction"] for r in rows if r["run"] == run and r["strategy"] == label) for run in runs
+        ]
         ax.bar(runs, values, bottom=bottom, label=label, color=colour)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_ylabel("fraction of completions")
@@ -111,12 +121,21 @@ def markdown_table(rows: list[dict]) -> str:
         value = next(r[key] for r in rows if r["run"] == run and r["strategy"] == label)
         return "n/a" if isinstance(value, float) and math.isnan(value) else f"{value:.3f}"
 
-    header = ["run", *[f"{s} share" for s in LABELS], "rare share", f"{COMMON} accuracy", "rare accuracy",
-              "solved by rare plans"]
+    header = [
+        "run",
+        *[f"{s} share" for s in LABELS],
+        "rare share",
+        f"{COMMON} accuracy",
+        "rare accuracy",
+        "solved by rare plans",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in dict.fromkeys(r["run"] for r in rows):
         cells = [cell(run, s, "fraction") for s in LABELS] + [
-            cell(run, "rare", "fraction"), cell(run, COMMON, "accuracy"), cell(run, "rare", "accuracy"),
-            cell(run, "rare", "problems_solved_fraction")]
+            cell(run, "rare", "fraction"),
+            cell(run, COMMON, "accuracy"),
+            cell(run, "rare", "accuracy"),
+            cell(run, "rare", "problems_solved_fraction"),
+        ]
         lines.append("| " + " | ".join([run, *cells]) + " |")
     return "\n".join(lines)

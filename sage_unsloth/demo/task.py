@@ -48,9 +48,14 @@ PLANS: dict[str, tuple[tuple[int | str, int | str], ...]] = {
 STRATEGIES = tuple(PLANS)
 COMMON = "left"
 OTHER = "other"
-STRATEGY_NAMES = {"left": "running total, left to right", "right": "running total, right to left",
-                  "pairs": "two pairs, then their sum", "outer": "outer and inner pair, then their sum",
-                  "middle": "middle pair first, then the ends", OTHER: "other / malformed"}
+STRATEGY_NAMES = {
+    "left": "running total, left to right",
+    "right": "running total, right to left",
+    "pairs": "two pairs, then their sum",
+    "outer": "outer and inner pair, then their sum",
+    "middle": "middle pair first, then the ends",
+    OTHER: "other / malformed",
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,10 @@ class SumTask:
         if not 0 <= self.low <= self.high:
             raise ValueError(f"low={self.low}, high={self.high}: need 0 <= low <= high")
         if 2 * self.low < 10:
-            raise ValueError(f"low={self.low}: use at least 5 so that every partial sum has two digits "
-                             "(fixed-width lines; see the module doc)")
+            raise ValueError(
+                f"low={self.low}: use at least 5 so that every partial sum has two digits "
+                "(fixed-width lines; see the module doc)"
+            )
         if N_TERMS * self.high >= 100:
             raise ValueError(f"high={self.high}: keep the sum of {N_TERMS} numbers below 100")
 
@@ -212,7 +219,7 @@ def extract_answer(completion: str) -> str | None:
     start = completion.find(SOLUTION_START)
     if start < 0:
         return None
-    rest = completion[start + len(SOLUTION_START):]
+    rest = completion[start + len(SOLUTION_START) :]
     end = rest.find(SOLUTION_END)
     return (rest if end < 0 else rest[:end]).strip()
 
@@ -232,6 +239,6 @@ def split_problems(task: SumTask, *, seed: int, n_eval: int, n_rl: int) -> dict[
     random.Random(seed).shuffle(problems)
     return {
         "eval": problems[:n_eval],
-        "rl": problems[n_eval:n_eval + n_rl],
-        "sft": problems[n_eval + n_rl:],
+        "rl": problems[n_eval : n_eval + n_rl],
+        "sft": problems[n_eval + n_rl :],
     }

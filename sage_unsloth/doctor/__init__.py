@@ -77,16 +77,30 @@ def _memory_check(config: dict, config_path: str | None, facts: env.GpuFacts) ->
         return Check("memory", "SKIP", f"no GPU; the estimate is {guess.describe()}")
     card = facts.devices[0]
     need = guess.total_gib(card.total_gib)
-    detail = f"estimate {guess.describe(card.total_gib)}; {card.free_gib:.1f} GiB free of {card.total_gib:.1f}"
+    detail = (
+        f"estimate {guess.describe(card.total_gib)}; {card.free_gib:.1f} GiB free of {card.total_gib:.1f}"
+    )
     if need <= card.free_gib * 0.9:
         return Check("memory", "PASS", detail)
     status = "WARN" if need <= card.free_gib else "FAIL"
-    return Check("memory", status, detail, "lower per_device_train_batch_size or max_completion_length, use "
-                 "load_in_4bit: true, or lower vllm_gpu_memory_utilization (estimate, not a measurement)")
+    return Check(
+        "memory",
+        status,
+        detail,
+        "lower per_device_train_batch_size or max_completion_length, use "
+        "load_in_4bit: true, or lower vllm_gpu_memory_utilization (estimate, not a measurement)",
+    )
 
 
-def machine_checks(config: dict, config_path: str | None, backend: str, *, facts: env.GpuFacts | None = None,
-                   versions: dict | None = None, vllm: Check | None = None) -> list[Check]:
+def machine_checks(
+    config: dict,
+    config_path: str | None,
+    backend: str,
+    *,
+    facts: env.GpuFacts | None = None,
+    versions: dict | None = None,
+    vllm: Check | None = None,
+) -> list[Check]:
     """Everything but the self-test. ``facts`` / ``versions`` / ``vllm`` replace what would be probed."""
     facts = facts or env.collect_gpu_facts()
     on_gpu = bool(facts.devices)
@@ -107,34 +121,61 @@ def selftest_checks(backend: str, workdir: str | None, quick: bool) -> list[Chec
     with tempfile.TemporaryDirectory(prefix="sage-doctor-") as tmp:
         work = Path(workdir or tmp).resolve()
         report = work / "selftest.json"
-        command = [sys.executable, "-m", "sage_unsloth.doctor.selftest", str(work), "--backend", backend,
-                   "--json", str(report), *(["--quick"] if quick else [])]
+        command = [
+            sys.executable,
+            "-m",
+            "sage_unsloth.doctor.selftest",
+            str(work),
+            "--backend",
+            backend,
+            "--json",
+            str(report),
+            *(["--quick"] if quick else []),
+        ]
         print(f"self-test ({backend} backend) in {work}:", flush=True)
-        environ = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled",
-                       TOKENIZERS_PARALLELISM="false")
+        environ = dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            WANDB_MODE="disabled",
+            TOKENIZERS_PARALLELISM="false",
+        )
         done = subprocess.run(command, env=environ, check=False)
         if not report.is_file():
-            return [Check("selftest", "FAIL", f"the self-test process exited with status {done.returncode} "
-                          "before writing its report", "see its output above")]
+            return [
+                Check(
+                    "selftest",
+                    "FAIL",
+                    f"the self-test process exited with status {done.returncode} before writing its report",
+                    "see its output above",
+                )
+            ]
         return [Check(**c) for c in json.loads(report.read_text())["checks"]]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sage-unsloth doctor", description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", help="a stage YAML (configs/...); its backend, model and batch "
-                        "sizes set what is checked")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        help="a stage YAML (configs/...); its backend, model and batch sizes set what is checked",
+    )
     parser.add_argument("--backend", choices=("unsloth", "trl"), help="self-test backend (default: CONFIG's)")
     parser.add_argument("--json", help="also write every check to this file")
     parser.add_argument("--workdir", help="keep the self-test's files here (default: a temporary folder)")
     parser.add_argument("--skip-selftest", action="store_true", help="only the machine and stack checks")
-    parser.add_argument("--quick", action="store_true", help="self-test: skip the anchor and vLLM-sync checks")
+    parser.add_argument(
+        "--quick", action="store_true", help="self-test: skip the anchor and vLLM-sync checks"
+    )
     args = parser.parse_args(argv)
     try:
         config = _read_config(args.config)
     except (OSError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    backend = args.backend or (config.get("backend") if config.get("backend") in ("unsloth", "trl") else "unsloth")
+    backend = args.backend or (
+        config.get("backend") if config.get("backend") in ("unsloth", "trl") else "unsloth"
+    )
     print(f"sage-unsloth doctor: {args.config or 'no CONFIG'}, self-test backend {backend}", flush=True)
     checks = machine_checks(config, args.config, backend)
     for check in checks:
@@ -142,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_selftest:
         checks += selftest_checks(backend, args.workdir, args.quick)
     counts = {status: sum(c.status == status for c in checks) for status in ("PASS", "WARN", "FAIL", "SKIP")}
-    print("doctor: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + (
-        "" if passed(checks) else "; fix the FAIL lines before training"), flush=True)
+    print(
+        "doctor: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + ("" if passed(checks) else "; fix the FAIL lines before training"),
+        flush=True,
+    )
     if args.json:
         Path(args.json).write_text(json.dumps([c.to_dict() for c in checks], indent=1))
     return 0 if passed(checks) else 1

@@ -41,8 +41,13 @@ class GpuFacts:
 
 def _nvidia_smi_driver() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     lines = [line.strip() for line in out.splitlines() if line.strip()]
@@ -52,15 +57,19 @@ def _nvidia_smi_driver() -> str | None:
 def collect_gpu_facts() -> GpuFacts:
     import torch
 
-    facts = GpuFacts(torch_version=torch.__version__, torch_cuda=torch.version.cuda,
-                     arch_list=list(torch.cuda.get_arch_list()) if torch.version.cuda else [],
-                     driver=_nvidia_smi_driver())
+    facts = GpuFacts(
+        torch_version=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        arch_list=list(torch.cuda.get_arch_list()) if torch.version.cuda else [],
+        driver=_nvidia_smi_driver(),
+    )
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
             free, total = torch.cuda.mem_get_info(index)
-            facts.devices.append(Device(props.name, (props.major, props.minor), total / 2**30, free / 2**30,
-                                        props.major >= 8))
+            facts.devices.append(
+                Device(props.name, (props.major, props.minor), total / 2**30, free / 2**30, props.major >= 8)
+            )
     return facts
 
 
@@ -105,8 +114,13 @@ def probe_vllm(python: str | None = None, timeout: int = 240) -> tuple[bool, str
     compiled extension dies with SIGILL, and a training process must not hold vLLM (see backend.py)."""
     code = "import vllm, sys; sys.stdout.write(vllm.__version__)"
     try:
-        done = subprocess.run([python or sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        done = subprocess.run(
+            [python or sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"{type(exc).__name__}: {exc}"
     if done.returncode == 0:
@@ -137,13 +151,25 @@ def stack_checks(pins: list[Pin], versions: dict[str, str | None], needed: set[s
         have = versions.get(pin.name)
         where = f"[{','.join(pin.extras)}]" if pin.extras else "core"
         if have is None:
-            checks.append(Check(f"pin {pin.name}", "FAIL", f"not installed (pinned {pin.version}, {where})",
-                                f'pip install "{pin.name}=={pin.version}" (or pip install -e ".[gpu]")'))
+            checks.append(
+                Check(
+                    f"pin {pin.name}",
+                    "FAIL",
+                    f"not installed (pinned {pin.version}, {where})",
+                    f'pip install "{pin.name}=={pin.version}" (or pip install -e ".[gpu]")',
+                )
+            )
         elif _same_release(have, pin.version):
             checks.append(Check(f"pin {pin.name}", "PASS", f"{have} (pinned {pin.version})"))
         else:
-            checks.append(Check(f"pin {pin.name}", "FAIL", f"{have} installed, the kit is pinned to {pin.version}",
-                                f'pip install "{pin.name}=={pin.version}"'))
+            checks.append(
+                Check(
+                    f"pin {pin.name}",
+                    "FAIL",
+                    f"{have} installed, the kit is pinned to {pin.version}",
+                    f'pip install "{pin.name}=={pin.version}"',
+                )
+            )
     return checks
 
 
@@ -172,59 +198,108 @@ def gpu_checks(facts: GpuFacts, *, needs_gpu: bool, wants_bf16: bool) -> list[Ch
     """GPU present, the torch wheel has its kernels, the driver runs the wheel's CUDA, bf16 when asked."""
     checks = []
     if not facts.devices:
-        what = (f"torch {facts.torch_version} (CPU build)" if not facts.torch_cuda
-                else f"torch {facts.torch_version} built for CUDA {facts.torch_cuda}, but no GPU is visible")
+        what = (
+            f"torch {facts.torch_version} (CPU build)"
+            if not facts.torch_cuda
+            else f"torch {facts.torch_version} built for CUDA {facts.torch_cuda}, but no GPU is visible"
+        )
         if needs_gpu:
-            checks.append(Check("gpu", "FAIL", f"no CUDA GPU: {what}; this config needs one",
-                                "run on a GPU machine (compute capability >= 7.5, driver >= 580), or use a "
-                                "configs/*/tiny-cpu* config"))
+            checks.append(
+                Check(
+                    "gpu",
+                    "FAIL",
+                    f"no CUDA GPU: {what}; this config needs one",
+                    "run on a GPU machine (compute capability >= 7.5, driver >= 580), or use a "
+                    "configs/*/tiny-cpu* config",
+                )
+            )
         else:
             checks.append(Check("gpu", "SKIP", f"no CUDA GPU ({what}): GPU checks skipped"))
         return checks
     for index, dev in enumerate(facts.devices):
         sm = f"sm_{dev.capability[0]}{dev.capability[1]}"
         label = f"gpu {index}"
-        detail = f"{dev.name}, compute capability {dev.capability[0]}.{dev.capability[1]} ({sm}), " \
-                 f"{dev.total_gib:.1f} GiB ({dev.free_gib:.1f} free)"
+        detail = (
+            f"{dev.name}, compute capability {dev.capability[0]}.{dev.capability[1]} ({sm}), "
+            f"{dev.total_gib:.1f} GiB ({dev.free_gib:.1f} free)"
+        )
         if arch_supported(dev.capability, facts.arch_list):
-            checks.append(Check(label, "PASS", f"{detail}; torch has kernels for it ({_arch_span(facts.arch_list)})"))
+            checks.append(
+                Check(label, "PASS", f"{detail}; torch has kernels for it ({_arch_span(facts.arch_list)})")
+            )
         else:
-            checks.append(Check(label, "FAIL", f"{detail}; torch {facts.torch_version} has kernels for "
-                                f"{_arch_span(facts.arch_list)} only",
-                                "use a GPU of compute capability >= 7.5 (T4, L4, A10, A100, H100...): the CUDA 13 "
-                                "wheels of torch 2.13 and vLLM 0.31 have no kernels for P100 (6.0) or V100 (7.0)"))
+            checks.append(
+                Check(
+                    label,
+                    "FAIL",
+                    f"{detail}; torch {facts.torch_version} has kernels for "
+                    f"{_arch_span(facts.arch_list)} only",
+                    "use a GPU of compute capability >= 7.5 (T4, L4, A10, A100, H100...): the CUDA 13 "
+                    "wheels of torch 2.13 and vLLM 0.31 have no kernels for P100 (6.0) or V100 (7.0)",
+                )
+            )
     checks.append(driver_check(facts))
     first = facts.devices[0]
     if wants_bf16 and not first.bf16:
-        checks.append(Check("bf16", "FAIL", f"the config asks for bfloat16 but {first.name} (compute capability "
-                            f"{first.capability[0]}.{first.capability[1]}) has none",
-                            "pass --bf16 false --dtype float16 (Unsloth then trains with fp16 mixed precision)"))
+        checks.append(
+            Check(
+                "bf16",
+                "FAIL",
+                f"the config asks for bfloat16 but {first.name} (compute capability "
+                f"{first.capability[0]}.{first.capability[1]}) has none",
+                "pass --bf16 false --dtype float16 (Unsloth then trains with fp16 mixed precision)",
+            )
+        )
     else:
-        checks.append(Check("bf16", "PASS", f"bfloat16 {'supported' if first.bf16 else 'not supported (fp16 used)'}"
-                            f"{'; the config asks for it' if wants_bf16 else ''}"))
+        checks.append(
+            Check(
+                "bf16",
+                "PASS",
+                f"bfloat16 {'supported' if first.bf16 else 'not supported (fp16 used)'}"
+                f"{'; the config asks for it' if wants_bf16 else ''}",
+            )
+        )
     return checks
 
 
 def driver_check(facts: GpuFacts) -> Check:
     if not facts.torch_cuda:
-        return Check("driver", "FAIL", f"torch {facts.torch_version} is a CPU build on a GPU machine",
-                     'reinstall the CUDA wheel: pip install "torch==2.13.0" (PyPI default, CUDA 13.0)')
+        return Check(
+            "driver",
+            "FAIL",
+            f"torch {facts.torch_version} is a CPU build on a GPU machine",
+            'reinstall the CUDA wheel: pip install "torch==2.13.0" (PyPI default, CUDA 13.0)',
+        )
     cuda_major = int(facts.torch_cuda.split(".")[0])
     need = MIN_DRIVER.get(cuda_major)
     if facts.driver is None:
-        return Check("driver", "WARN", f"torch is built for CUDA {facts.torch_cuda}; nvidia-smi gave no driver version",
-                     f"check the driver is >= {need[0]}.{need[1]:02d}" if need else "")
+        return Check(
+            "driver",
+            "WARN",
+            f"torch is built for CUDA {facts.torch_cuda}; nvidia-smi gave no driver version",
+            f"check the driver is >= {need[0]}.{need[1]:02d}" if need else "",
+        )
     if need is None or _version_tuple(facts.driver)[:2] >= need:
-        return Check("driver", "PASS", f"driver {facts.driver} runs CUDA {facts.torch_cuda} (torch's runtime)")
-    return Check("driver", "FAIL", f"driver {facts.driver} is older than {need[0]}.{need[1]:02d}, the oldest that runs "
-                 f"CUDA {cuda_major}.x (torch {facts.torch_version} is built for CUDA {facts.torch_cuda})",
-                 f"update the NVIDIA driver to >= {need[0]} (on Colab / Kaggle: pick a newer image), or install a "
-                 "torch built for an older CUDA (the kit is tested with the CUDA 13 wheel only)")
+        return Check(
+            "driver", "PASS", f"driver {facts.driver} runs CUDA {facts.torch_cuda} (torch's runtime)"
+        )
+    return Check(
+        "driver",
+        "FAIL",
+        f"driver {facts.driver} is older than {need[0]}.{need[1]:02d}, the oldest that runs "
+        f"CUDA {cuda_major}.x (torch {facts.torch_version} is built for CUDA {facts.torch_cuda})",
+        f"update the NVIDIA driver to >= {need[0]} (on Colab / Kaggle: pick a newer image), or install a "
+        "torch built for an older CUDA (the kit is tested with the CUDA 13 wheel only)",
+    )
 
 
 def vllm_check(ok: bool, detail: str, *, needed: bool, where: str = "this interpreter") -> Check:
     if ok:
         return Check("vllm", "PASS", f"import vllm works in {where} ({detail})")
     status = "FAIL" if needed else "SKIP"
-    return Check("vllm", status, f"import vllm fails in {where}: {detail}",
-                 'pip install -e ".[gpu]" (vllm==0.31.0) or set use_vllm: false' if needed else "")
+    return Check(
+        "vllm",
+        status,
+        f"import vllm fails in {where}: {detail}",
+        'pip install -e ".[gpu]" (vllm==0.31.0) or set use_vllm: false' if needed else "",
+    )

@@ -101,7 +101,11 @@ def estimate(config: dict, config_path: str | None = None) -> Estimate | None:
         return None
     four_bit = bool(config.get("load_in_4bit"))
     embeddings = shape.vocab * shape.hidden * 2 * 2  # input + output head stay 16-bit in QLoRA
-    weights = (shape.params * 2) if not four_bit else (shape.params - shape.vocab * shape.hidden * 2) * 0.56 + embeddings
+    weights = (
+        (shape.params * 2)
+        if not four_bit
+        else (shape.params - shape.vocab * shape.hidden * 2) * 0.56 + embeddings
+    )
     parts: dict[str, float] = {}
     if "checkpoints" in config:  # stage 3: vLLM alone
         return Estimate(model, {"CUDA context": 0.5}, float(config.get("gpu_memory_utilization", 0.9)))
@@ -111,8 +115,11 @@ def estimate(config: dict, config_path: str | None = None) -> Estimate | None:
     else:  # stage 1
         seq = int(config.get("max_seq_length") or 2048)
     lora_rank = int(config.get("lora_r", 8))
-    lora_params = shape.layers * lora_rank * (4 * shape.hidden + 2 * shape.kv_heads * shape.head_dim
-                                              + 3 * (shape.hidden + shape.intermediate))
+    lora_params = (
+        shape.layers
+        * lora_rank
+        * (4 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 3 * (shape.hidden + shape.intermediate))
+    )
     # policy + frozen ref copy (RLVR) in fp32, gradients, two Adam moments (8-bit optimisers store less)
     parts["LoRA + optimiser"] = lora_params * 4 * 5 / GIB
     tokens = batch * seq

@@ -42,12 +42,21 @@ from sage_unsloth.doctor.report import Check
 
 DKL_Q_MAX = 1.4 - math.log(1.4) - 1.0  # k3 of log q at d = 0, q = 1.4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-PROBLEMS = ["What is 2+3?", "Compute 7*6.", "Add the first ten odd positive integers, then double it.",
-            "If x + 4 = 9, what is x?", "What is 12 divided by 4, plus 1?", "Find 3 squared minus 2.",
-            "How many sides does a hexagon have, times two?", "Subtract 5 from 20."]
+PROBLEMS = [
+    "What is 2+3?",
+    "Compute 7*6.",
+    "Add the first ten odd positive integers, then double it.",
+    "If x + 4 = 9, what is x?",
+    "What is 12 divided by 4, plus 1?",
+    "Find 3 squared minus 2.",
+    "How many sides does a hexagon have, times two?",
+    "Subtract 5 from 20.",
+]
 # (cpu fp32, gpu 16-bit): |KL(q) - KL(no q) - 0.0635|, relative KL / entropy agreement, |KL without q|
-TOLERANCE = {"cpu": {"dkl": 1e-4, "rel": 1e-4, "h": 1e-4, "kl0": 1e-4},
-             "gpu": {"dkl": 5e-3, "rel": 5e-2, "h": 5e-2, "kl0": 5e-3}}
+TOLERANCE = {
+    "cpu": {"dkl": 1e-4, "rel": 1e-4, "h": 1e-4, "kl0": 1e-4},
+    "gpu": {"dkl": 5e-3, "rel": 5e-2, "h": 5e-2, "kl0": 5e-3},
+}
 
 
 class SelfTest:
@@ -63,8 +72,12 @@ class SelfTest:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - one failure must not hide the other checks
-            self.add(name, False, f"{type(exc).__name__}: {str(exc)[:400]}",
-                     "see the traceback above; the kit is pinned to the versions in pyproject.toml")
+            self.add(
+                name,
+                False,
+                f"{type(exc).__name__}: {str(exc)[:400]}",
+                "see the traceback above; the kit is pinned to the versions in pyproject.toml",
+            )
             traceback.print_exc()
             return None
 
@@ -116,14 +129,19 @@ def make_sft_run(work: Path) -> tuple[Path, Path]:
     tiny = build_tiny_model(work / "tiny-qwen2", seed=0)
     sft = layout.sft_dir(work / layout.OUTPUTS, "tiny-qwen2")
     torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny),
-                           LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, task_type="CAUSAL_LM",
-                                      init_lora_weights=False))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny),
+        LoraConfig(
+            r=8, lora_alpha=16, target_modules=TARGETS, task_type="CAUSAL_LM", init_lora_weights=False
+        ),
+    )
     model.save_pretrained(sft)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(sft)
     write_manifest(sft, stage="sft", config={}, seed=0, base_model=str(tiny), adapter=True)
     data = work / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "answer": str(i)}) + "\n" for i, p in enumerate(PROBLEMS * 4)))
+    data.write_text(
+        "".join(json.dumps({"prompt": p, "answer": str(i)}) + "\n" for i, p in enumerate(PROBLEMS * 4))
+    )
     return sft, data
 
 
@@ -134,8 +152,17 @@ def text_reward(prompts, completions, answer=None, **kwargs):
     return [float(sum(map(ord, reward.completion_text(c))) % 3) / 2.0 for c in completions]
 
 
-def build(work: Path, backend: str, sft: Path, data: Path, *, anchor: str, steps: int, cpu: bool,
-          checkpointing: bool = False):
+def build(
+    work: Path,
+    backend: str,
+    sft: Path,
+    data: Path,
+    *,
+    anchor: str,
+    steps: int,
+    cpu: bool,
+    checkpointing: bool = False,
+):
     from trl import ModelConfig
 
     from sage_unsloth.rlvr import reward
@@ -145,15 +172,40 @@ def build(work: Path, backend: str, sft: Path, data: Path, *, anchor: str, steps
     reward.correctness_reward = functools.update_wrapper(text_reward, reward.correctness_reward)
     bf16 = not cpu and _bf16()
     grpo = SageGRPOConfig(
-        output_dir=str(work / "unused"), backend=backend, use_vllm=False, sage_guide="branch", sage_tau=0.0,
-        beta=0.05, loss_type="grpo", num_generations=4, generation_batch_size=8, per_device_train_batch_size=8,
-        gradient_accumulation_steps=1, max_completion_length=12, temperature=1.0, learning_rate=1e-2,
-        max_steps=steps, logging_steps=1, save_strategy="no", report_to="none", use_cpu=cpu, bf16=bf16,
-        fp16=False, optim="adamw_torch", gradient_checkpointing=checkpointing, seed=3407,
+        output_dir=str(work / "unused"),
+        backend=backend,
+        use_vllm=False,
+        sage_guide="branch",
+        sage_tau=0.0,
+        beta=0.05,
+        loss_type="grpo",
+        num_generations=4,
+        generation_batch_size=8,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        max_completion_length=12,
+        temperature=1.0,
+        learning_rate=1e-2,
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=cpu,
+        bf16=bf16,
+        fp16=False,
+        optim="adamw_torch",
+        gradient_checkpointing=checkpointing,
+        seed=3407,
         generation_kwargs={"eos_token_id": list(range(300, 420))},  # many stop tokens: uneven lengths
     )
-    stage = RLVRStageArgs(sft_dir=str(sft), anchor=anchor, variant=f"selftest-{anchor}",
-                          output_root=str(work / f"out-{anchor}"), dataset_path=str(data), max_prompt_length=200)
+    stage = RLVRStageArgs(
+        sft_dir=str(sft),
+        anchor=anchor,
+        variant=f"selftest-{anchor}",
+        output_root=str(work / f"out-{anchor}"),
+        dataset_path=str(data),
+        max_prompt_length=200,
+    )
     dtype = "float32" if cpu else ("bfloat16" if bf16 else "float16")
     model_args = ModelConfig(model_name_or_path=None, dtype=dtype, load_in_4bit=False)
     return build_stage(grpo, stage, model_args)
@@ -185,7 +237,9 @@ class Recorder:
             record = {k: v.clone() for k, v in inputs.items() if hasattr(v, "clone")}
             record["independent"] = independent_policy_stats(trainer, inputs)
             if not self.losses:
-                record["loss_noq"], record["kl_noq"] = self._without_q(compute_loss, model, inputs, args, kwargs)
+                record["loss_noq"], record["kl_noq"] = self._without_q(
+                    compute_loss, model, inputs, args, kwargs
+                )
             loss = compute_loss(model, inputs, *args, **kwargs)
             record["loss"] = float(loss.detach().float())
             record["kl"] = trainer._metrics["train"]["kl"][-1]
@@ -219,7 +273,7 @@ class Recorder:
         finally:
             trainer.args.sage_guide = guide
             for name, values in list(metrics.items()):
-                del values[sizes.get(name, 0):]
+                del values[sizes.get(name, 0) :]
         return loss, kl
 
 
@@ -278,11 +332,16 @@ def check_patched(t: SelfTest, trainer) -> None:
     from sage_unsloth.compat import is_unsloth_patched
 
     mro = [f"{k.__module__}.{k.__name__}" for k in type(trainer).__mro__[:5]]
-    patched = is_unsloth_patched(type(trainer)) and any(k.__name__ == "UnslothGRPOTrainer"
-                                                        for k in type(trainer).__mro__)
+    patched = is_unsloth_patched(type(trainer)) and any(
+        k.__name__ == "UnslothGRPOTrainer" for k in type(trainer).__mro__
+    )
     if t.backend == "unsloth":
-        t.add("patched", patched, f"trainer {' < '.join(mro)}",
-              "import unsloth before trl (sage_unsloth.backend.import_unsloth) with unsloth==2026.10.9")
+        t.add(
+            "patched",
+            patched,
+            f"trainer {' < '.join(mro)}",
+            "import unsloth before trl (sage_unsloth.backend.import_unsloth) with unsloth==2026.10.9",
+        )
     else:
         t.add("patched", not patched, f"backend trl: trainer {' < '.join(mro)}")
 
@@ -293,13 +352,26 @@ def check_trains(t: SelfTest, built, sft_tensors: dict, rec: Recorder, steps: in
     model, trainer = built.model, built.trainer
     losses = [r["loss"] for r in rec.losses]
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    moved = any(not torch.equal(p.detach().cpu().float(), sft_tensors[_sft_key(n)].float())
-                for n, p in model.named_parameters() if ".default." in n and _sft_key(n) in sft_tensors)
-    ok = (trainer.state.global_step == steps and losses and all(math.isfinite(x) for x in losses)
-          and trainable and all(".default." in n for n in trainable) and moved)
-    t.add("trains", ok, f"{trainer.state.global_step} steps, losses {[round(x, 5) for x in losses]}, "
-          f"{len(trainable)} trainable tensors all in 'default': {all('.default.' in n for n in trainable)}, "
-          f"policy moved: {moved}")
+    moved = any(
+        not torch.equal(p.detach().cpu().float(), sft_tensors[_sft_key(n)].float())
+        for n, p in model.named_parameters()
+        if ".default." in n and _sft_key(n) in sft_tensors
+    )
+    ok = (
+        trainer.state.global_step == steps
+        and losses
+        and all(math.isfinite(x) for x in losses)
+        and trainable
+        and all(".default." in n for n in trainable)
+        and moved
+    )
+    t.add(
+        "trains",
+        ok,
+        f"{trainer.state.global_step} steps, losses {[round(x, 5) for x in losses]}, "
+        f"{len(trainable)} trainable tensors all in 'default': {all('.default.' in n for n in trainable)}, "
+        f"policy moved: {moved}",
+    )
 
 
 def _sft_key(name: str) -> str:
@@ -312,13 +384,21 @@ def check_q_in_loss(t: SelfTest, built, rec: Recorder, tol: dict) -> None:
     dkl, dloss = first["kl"] - first["kl_noq"], first["loss"] - first["loss_noq"]
     expected = trainer.beta * dkl / max(1, trainer.args.gradient_accumulation_steps)
     extra = trainer.sage_forward_passes
-    ok = (abs(dkl - DKL_Q_MAX) < tol["dkl"] and abs(first["kl_noq"]) < tol["kl0"]
-          and abs(dloss - expected) < max(tol["dkl"] * trainer.beta, 1e-7) and extra == 0)
-    t.add("q_in_loss", ok, f"KL with q {first['kl']:.6f} - without {first['kl_noq']:.6f} = {dkl:.6f} "
-          f"(q = 1.4 everywhere: 1.4 - ln 1.4 - 1 = {DKL_Q_MAX:.6f}); loss {first['loss']:.7f} - "
-          f"{first['loss_noq']:.7f} = {dloss:.7f}, beta * dKL = {expected:.7f}; extra policy passes for q: {extra}",
-          "q does not reach the KL of the loss: check the pinned trl / unsloth versions "
-          "(sage_unsloth/rlvr/unsloth_hooks.py, trainer.py)")
+    ok = (
+        abs(dkl - DKL_Q_MAX) < tol["dkl"]
+        and abs(first["kl_noq"]) < tol["kl0"]
+        and abs(dloss - expected) < max(tol["dkl"] * trainer.beta, 1e-7)
+        and extra == 0
+    )
+    t.add(
+        "q_in_loss",
+        ok,
+        f"KL with q {first['kl']:.6f} - without {first['kl_noq']:.6f} = {dkl:.6f} "
+        f"(q = 1.4 everywhere: 1.4 - ln 1.4 - 1 = {DKL_Q_MAX:.6f}); loss {first['loss']:.7f} - "
+        f"{first['loss_noq']:.7f} = {dloss:.7f}, beta * dKL = {expected:.7f}; extra policy passes for q: {extra}",
+        "q does not reach the KL of the loss: check the pinned trl / unsloth versions "
+        "(sage_unsloth/rlvr/unsloth_hooks.py, trainer.py)",
+    )
 
 
 def check_q_source(t: SelfTest, built, rec: Recorder, tol: dict) -> None:
@@ -333,19 +413,36 @@ def check_q_source(t: SelfTest, built, rec: Recorder, tol: dict) -> None:
         ind = record["independent"]
         mask = ind["mask"].bool()
         if rec.entropies:  # Unsloth: what its loss handed to the hook, in its layout
-            worst_h = max(worst_h, float((rec.entropies[index].float().cpu() - ind["entropy"]).abs()[mask].max()))
-        q = anchor.branch_guide(ind["entropy"], ind["mask"], gamma=cfg.sage_gamma, tau=cfg.sage_tau,
-                                q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
-        want = k3_kl_metric(record["ref_per_token_logps"].float().cpu(), torch.log(q), ind["logp"], ind["mask"],
-                            per_sequence=t.backend == "unsloth")
+            worst_h = max(
+                worst_h, float((rec.entropies[index].float().cpu() - ind["entropy"]).abs()[mask].max())
+            )
+        q = anchor.branch_guide(
+            ind["entropy"],
+            ind["mask"],
+            gamma=cfg.sage_gamma,
+            tau=cfg.sage_tau,
+            q_min=cfg.sage_q_min,
+            q_max=cfg.sage_q_max,
+        )
+        want = k3_kl_metric(
+            record["ref_per_token_logps"].float().cpu(),
+            torch.log(q),
+            ind["logp"],
+            ind["mask"],
+            per_sequence=t.backend == "unsloth",
+        )
         worst_kl = max(worst_kl, abs(record["kl"] - want) / max(abs(want), 1e-8))
         rows.append(f"{record['kl']:.6f} vs {want:.6f}")
     handed = bool(rec.entropies) or t.backend == "trl"
     ok = handed and worst_h < tol["h"] and worst_kl < tol["rel"]
-    t.add("q_source", ok, f"logged KL vs k3 recomputed from an independent forward of the current policy: "
-          f"{'; '.join(rows)} (max rel. diff {worst_kl:.2e})"
-          + (f"; in-loss entropies vs independent: max |dH| {worst_h:.2e}" if rec.entropies else ""),
-          "q is computed from something other than the current policy's entropies")
+    t.add(
+        "q_source",
+        ok,
+        f"logged KL vs k3 recomputed from an independent forward of the current policy: "
+        f"{'; '.join(rows)} (max rel. diff {worst_kl:.2e})"
+        + (f"; in-loss entropies vs independent: max |dH| {worst_h:.2e}" if rec.entropies else ""),
+        "q is computed from something other than the current policy's entropies",
+    )
 
 
 def scored_reference(trainer, batch, adapter):
@@ -357,8 +454,9 @@ def scored_reference(trainer, batch, adapter):
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     width = batch["completion_ids"].size(1)
     with torch.no_grad(), use_adapter(trainer.accelerator.unwrap_model(trainer.model), adapter_name=adapter):
-        return trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, width,
-                                                          batch_size=ids.size(0))[0]
+        return trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, width, batch_size=ids.size(0)
+        )[0]
 
 
 def _max_diff(a, b, mask) -> float:
@@ -370,8 +468,13 @@ def check_anchor_sft(t: SelfTest, built, sft_tensors: dict, rec: Recorder, tol: 
 
     model, trainer = built.model, built.trainer
     ref = {n: p for n, p in model.named_parameters() if ".ref." in n}
-    same = bool(ref) and len(ref) == len(sft_tensors) and all(
-        torch.equal(p.detach().cpu().float(), sft_tensors[_sft_key(n)].float()) for n, p in ref.items())
+    same = (
+        bool(ref)
+        and len(ref) == len(sft_tensors)
+        and all(
+            torch.equal(p.detach().cpu().float(), sft_tensors[_sft_key(n)].float()) for n, p in ref.items()
+        )
+    )
     frozen = all(not p.requires_grad for p in ref.values())
     batch = rec.rollouts[-1]
     raw = batch["ref_per_token_logps"]
@@ -379,9 +482,13 @@ def check_anchor_sft(t: SelfTest, built, sft_tensors: dict, rec: Recorder, tol: 
     err_ref = _max_diff(scored_reference(trainer, batch, "ref"), raw, scored)
     err_base = _max_diff(scored_reference(trainer, batch, None), raw, scored)
     ok = same and frozen and err_ref < tol["h"] and err_base > 100 * tol["h"]
-    t.add("anchor_sft", ok, f"'ref' adapter == SFT adapter: {same}, frozen: {frozen}; rollout reference vs the scorer "
-          f"with 'ref': max |d| {err_ref:.2e}, vs the disabled base: {err_base:.2e}",
-          "the reference is not the SFT model: see apply_anchor in sage_unsloth/rlvr/run.py")
+    t.add(
+        "anchor_sft",
+        ok,
+        f"'ref' adapter == SFT adapter: {same}, frozen: {frozen}; rollout reference vs the scorer "
+        f"with 'ref': max |d| {err_ref:.2e}, vs the disabled base: {err_base:.2e}",
+        "the reference is not the SFT model: see apply_anchor in sage_unsloth/rlvr/run.py",
+    )
 
 
 def check_anchor_base(t: SelfTest, work: Path, sft: Path, data: Path, cpu: bool, tol: dict) -> None:
@@ -395,9 +502,13 @@ def check_anchor_base(t: SelfTest, work: Path, sft: Path, data: Path, cpu: bool,
     err_policy = _max_diff(scored_reference(built.trainer, batch, "default"), raw, scored)
     adapters = list(built.model.peft_config)
     ok = "ref" not in adapters and err_base < tol["h"] and err_policy > 100 * tol["h"]
-    t.add("anchor_base", ok, f"adapters {adapters}; rollout reference vs the disabled base: max |d| {err_base:.2e}, "
-          f"vs the policy: {err_policy:.2e}" + ("; Unsloth gradient checkpointing on" if not cpu else ""),
-          "anchor base must score the adapter-disabled base: see apply_anchor in sage_unsloth/rlvr/run.py")
+    t.add(
+        "anchor_base",
+        ok,
+        f"adapters {adapters}; rollout reference vs the disabled base: max |d| {err_base:.2e}, "
+        f"vs the policy: {err_policy:.2e}" + ("; Unsloth gradient checkpointing on" if not cpu else ""),
+        "anchor base must score the adapter-disabled base: see apply_anchor in sage_unsloth/rlvr/run.py",
+    )
 
 
 def check_lora_sync(t: SelfTest, built) -> None:
@@ -415,26 +526,40 @@ def check_lora_sync(t: SelfTest, built) -> None:
     real_vllm = real_vllm and importlib.util.find_spec("vllm") is not None
     saved = {name: sys.modules.get(name, "absent") for name in ("vllm", "vllm.lora", "vllm.lora.request")}
     if not real_vllm:  # a CPU training process hides vLLM (backend.py): stand in for vLLM's LoRARequest
+
         class LoRARequest:
             def __init__(self, name, id, path=None, lora_tensors=None, lora_config=None):
                 self.lora_tensors, self.lora_config = lora_tensors, lora_config
 
         request = types.ModuleType("vllm.lora.request")
         request.LoRARequest = LoRARequest
-        sys.modules.update({"vllm": types.ModuleType("vllm"), "vllm.lora": types.ModuleType("vllm.lora"),
-                            "vllm.lora.request": request})
+        sys.modules.update(
+            {
+                "vllm": types.ModuleType("vllm"),
+                "vllm.lora": types.ModuleType("vllm.lora"),
+                "vllm.lora.request": request,
+            }
+        )
     try:
         if getattr(vllm_utils, "LORA_REQUEST_ID", None) is None:
             vllm_utils.LORA_REQUEST_ID = None
-        model.load_lora = functools.partial(vllm_utils.load_lora, model)  # what patch_peft_fast_inference installs
+        model.load_lora = functools.partial(
+            vllm_utils.load_lora, model
+        )  # what patch_peft_fast_inference installs
         try:
-            leaked = sum(".ref." in k for k in model.load_lora(str(t.work / "lora_raw"), load_tensors=True).lora_tensors)
+            leaked = sum(
+                ".ref." in k
+                for k in model.load_lora(str(t.work / "lora_raw"), load_tensors=True).lora_tensors
+            )
         except Exception as exc:  # noqa: BLE001 - vLLM-side validation may refuse the foreign tensors
             leaked = f"refused ({type(exc).__name__})"
         hide_adapter_from_vllm_sync(model)
         sent = model.load_lora(str(t.work / "lora_hidden"), load_tensors=True).lora_tensors
-        policy = {k.replace(".default", ""): v for k, v in model.state_dict().items()
-                  if ".default." in k and (".lora_A." in k or ".lora_B." in k)}
+        policy = {
+            k.replace(".default", ""): v
+            for k, v in model.state_dict().items()
+            if ".default." in k and (".lora_A." in k or ".lora_B." in k)
+        }
         equal = set(sent) == set(policy) and all(torch.equal(sent[k], policy[k]) for k in sent)
         restored = any(".ref." in k for k in model.state_dict())
     finally:
@@ -444,10 +569,14 @@ def check_lora_sync(t: SelfTest, built) -> None:
             else:
                 sys.modules[name] = module
     ok = equal and restored and leaked != 0
-    t.add("lora_sync", ok, f"{'vLLM' if real_vllm else 'stand-in'} LoRARequest: without hiding 'ref' tensors "
-          f"sent: {leaked}; with hide_adapter_from_vllm_sync {len(sent)} tensors == the policy adapter: {equal}; "
-          f"'ref' restored afterwards: {restored}",
-          "vLLM would receive the frozen 'ref' adapter: see hide_adapter_from_vllm_sync in sage_unsloth/rlvr/run.py")
+    t.add(
+        "lora_sync",
+        ok,
+        f"{'vLLM' if real_vllm else 'stand-in'} LoRARequest: without hiding 'ref' tensors "
+        f"sent: {leaked}; with hide_adapter_from_vllm_sync {len(sent)} tensors == the policy adapter: {equal}; "
+        f"'ref' restored afterwards: {restored}",
+        "vLLM would receive the frozen 'ref' adapter: see hide_adapter_from_vllm_sync in sage_unsloth/rlvr/run.py",
+    )
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -490,7 +619,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workdir")
     parser.add_argument("--backend", choices=("unsloth", "trl"), default="unsloth")
     parser.add_argument("--json", help="write the checks here")
-    parser.add_argument("--quick", action="store_true", help="1 step; patched, trains, q_in_loss, q_source only")
+    parser.add_argument(
+        "--quick", action="store_true", help="1 step; patched, trains, q_in_loss, q_source only"
+    )
     args = parser.parse_args(argv)
     work = Path(args.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -498,8 +629,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     checks = run(work, args.backend, args.quick)
     if args.json:
-        Path(args.json).write_text(json.dumps({"seconds": round(time.time() - start, 1),
-                                               "checks": [c.to_dict() for c in checks]}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"seconds": round(time.time() - start, 1), "checks": [c.to_dict() for c in checks]}, indent=1
+            )
+        )
     return 0 if checks and all(c.status != "FAIL" for c in checks) else 1
 
 

@@ -46,8 +46,13 @@ class BenchmarkSpec:
     hub_data_files: tuple[str, ...] = ()
 
 
-KK_OFFICIAL_HUB = BenchmarkSpec("K-and-K/knights-and-knaves", "test", "kk_test.jsonl", hub_config="test",
-                                hub_data_files=tuple(f"test/people{n}_num100.jsonl" for n in range(3, 8)))
+KK_OFFICIAL_HUB = BenchmarkSpec(
+    "K-and-K/knights-and-knaves",
+    "test",
+    "kk_test.jsonl",
+    hub_config="test",
+    hub_data_files=tuple(f"test/people{n}_num100.jsonl" for n in range(3, 8)),
+)
 BENCHMARKS: dict[str, BenchmarkSpec] = {
     "aime24": BenchmarkSpec("HuggingFaceH4/aime_2024", "train", "aime24.jsonl"),
     "aime25": BenchmarkSpec("math-ai/aime25", "test", "aime25.jsonl"),
@@ -89,7 +94,9 @@ def register_local_benchmarks(specs) -> list[str]:
             raise ValueError(f"local_benchmarks entry {spec!r}: write it as name=path/to/file.jsonl")
         known = BENCHMARKS.get(name)
         if known is not None and (known.hub_id or name in KK_BENCHMARKS or name in KK_VARIANTS):
-            raise ValueError(f"local_benchmarks entry {spec!r}: {name!r} is a built-in benchmark; pick another name")
+            raise ValueError(
+                f"local_benchmarks entry {spec!r}: {name!r} is a built-in benchmark; pick another name"
+            )
         if not Path(path).is_file():
             raise FileNotFoundError(f"local_benchmarks entry {spec!r}: {path} not found")
         # No hub id: always read from the (absolute) local path, whatever source / data_dir say.
@@ -110,11 +117,15 @@ def check_benchmark_names(names) -> list[str]:
 def check_kk_source(name: str, source: str) -> None:
     """One line when a K&K set is asked from a source that does not hold it."""
     if name == "kk_logicrl" and source == "hub":
-        raise ValueError("benchmark kk_logicrl (Logic-RL's split) is bundled, not on the hub: use source=bundled "
-                         "(or local), or kk_official for the hub's official test puzzles")
+        raise ValueError(
+            "benchmark kk_logicrl (Logic-RL's split) is bundled, not on the hub: use source=bundled "
+            "(or local), or kk_official for the hub's official test puzzles"
+        )
     if name == "kk_official" and source != "hub":
-        raise ValueError(f"benchmark kk_official (the hub's official K&K test puzzles) needs source=hub, not "
-                         f"{source}: use kk or kk_logicrl for the bundled Logic-RL split")
+        raise ValueError(
+            f"benchmark kk_official (the hub's official K&K test puzzles) needs source=hub, not "
+            f"{source}: use kk or kk_logicrl for the bundled Logic-RL split"
+        )
 
 
 def _first(row: dict, *keys: str):
@@ -132,7 +143,9 @@ def check_source(source: str, data_dir: str | Path | None) -> str:
     if data_dir and source == "bundled":
         return "local"  # a data_dir given on its own means "read my folder"
     if data_dir and source == "hub":
-        raise ValueError("source=hub ignores data_dir: drop data_dir, or set source=local to read that folder")
+        raise ValueError(
+            "source=hub ignores data_dir: drop data_dir, or set source=local to read that folder"
+        )
     if source == "local" and not data_dir:
         raise ValueError("source=local needs data_dir: the folder holding the benchmark .jsonl files")
     return source
@@ -154,8 +167,10 @@ def _rows(name: str, source: str, data_dir: str | Path | None) -> list[dict]:
     if source == "local":
         path = Path(data_dir) / spec.local_file
         if not path.is_file():
-            raise FileNotFoundError(f"benchmark {name!r}: {path} not found (set `data_dir` to a folder holding "
-                                    f"{spec.local_file}, or drop data_dir to use the bundled files)")
+            raise FileNotFoundError(
+                f"benchmark {name!r}: {path} not found (set `data_dir` to a folder holding "
+                f"{spec.local_file}, or drop data_dir to use the bundled files)"
+            )
         return _read_jsonl(path)
     import datasets
 
@@ -192,8 +207,9 @@ def _to_problem(name: str, index: int, row: dict, dataset: str) -> Problem:
     return Problem(dataset, str(index if pid is None else pid), str(problem), gold=normalise_gold(gold))
 
 
-def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None, *,
-                   source: str = "bundled") -> list[Problem]:
+def load_benchmark(
+    name: str, data_dir: str | Path | None = None, limit: int | None = None, *, source: str = "bundled"
+) -> list[Problem]:
     """The problems of one benchmark in file order (the first ``limit`` when given), from ``source``.
     ``Problem.dataset`` is the key results are written under: the benchmark name, or the K&K variant."""
     check_benchmark_names([name])
@@ -206,6 +222,8 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
     problems = [_to_problem(name, i, row, dataset) for i, row in enumerate(rows)]
     ids = [p.problem_id for p in problems]
     if len(set(ids)) != len(ids):  # ids key the resume state: make them unique, deterministically
-        problems = [Problem(p.dataset, f"{i}:{p.problem_id}", p.problem, p.gold, p.kk_solution, p.kk_names)
-                    for i, p in enumerate(problems)]
+        problems = [
+            Problem(p.dataset, f"{i}:{p.problem_id}", p.problem, p.gold, p.kk_solution, p.kk_names)
+            for i, p in enumerate(problems)
+        ]
     return problems

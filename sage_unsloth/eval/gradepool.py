@@ -28,8 +28,13 @@ def _judge_many(pairs: list[tuple[str, str]], timeout_s: float) -> list[str]:
 class GradingPool:
     """A lazily started process pool; ``submit`` returns a future of one ``Grade`` per completion."""
 
-    def __init__(self, workers: int | None = None, timeout_s: float = grading.DEFAULT_TIMEOUT_S, chunk: int = 64,
-                 inline_threshold: int = INLINE_THRESHOLD):
+    def __init__(
+        self,
+        workers: int | None = None,
+        timeout_s: float = grading.DEFAULT_TIMEOUT_S,
+        chunk: int = 64,
+        inline_threshold: int = INLINE_THRESHOLD,
+    ):
         self.workers = max(1, workers or (os.cpu_count() or 1))
         self.timeout_s = timeout_s
         self.chunk = chunk
@@ -40,8 +45,9 @@ class GradingPool:
     def _executor(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
             # forkserver: workers never inherit a vLLM engine's threads or sockets.
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("forkserver"),
-                                                initializer=grading.warm_up)
+            self._pool = cf.ProcessPoolExecutor(
+                self.workers, mp_context=mp.get_context("forkserver"), initializer=grading.warm_up
+            )
         return self._pool
 
     def grade(self, items: Sequence[tuple[str, object]]) -> list[Grade]:
@@ -79,7 +85,7 @@ class GradingPool:
             done: cf.Future = cf.Future()
             done.set_result(resolve(_judge_many(todo, self.timeout_s)))
             return done
-        chunks = [todo[i:i + self.chunk] for i in range(0, len(todo), self.chunk)]
+        chunks = [todo[i : i + self.chunk] for i in range(0, len(todo), self.chunk)]
         parts = [self._executor().submit(_judge_many, c, self.timeout_s) for c in chunks]
         result: cf.Future = cf.Future()
 
@@ -106,8 +112,9 @@ class GradingPool:
         self.close()
 
 
-def retry_timeouts(items: Sequence[tuple[str, object]], grades: Sequence[Grade],
-                   timeout_s: float = grading.RETRY_TIMEOUT_S) -> tuple[list[Grade], int]:
+def retry_timeouts(
+    items: Sequence[tuple[str, object]], grades: Sequence[Grade], timeout_s: float = grading.RETRY_TIMEOUT_S
+) -> tuple[list[Grade], int]:
     """Grades with every ``timeout`` graded again, one at a time in this process, under ``timeout_s``.
     Returns (grades, how many were retried); what is still ``timeout`` is unresolved."""
     out, cache, retried = list(grades), {}, 0

@@ -26,7 +26,9 @@ def check_ks(ks: Iterable[int], n: int) -> list[int]:
     ks = sorted({int(k) for k in ks})
     bad = [k for k in ks if k < 1 or k > n]
     if bad:
-        raise ValueError(f"k={bad} out of range: every k must satisfy 1 <= k <= n (n={n} samples per problem)")
+        raise ValueError(
+            f"k={bad} out of range: every k must satisfy 1 <= k <= n (n={n} samples per problem)"
+        )
     return ks
 
 
@@ -56,13 +58,25 @@ def passk_rows(per_problem: Sequence[dict], ks: Sequence[int]) -> list[dict]:
                 continue
             value = mean_pass_at_k(counts, k)
             table[(name, k)] = value
-            rows.append({"dataset": name, "k": k, "pass_at_k": value, "n_problems": len(counts),
-                         "n_samples": sum(n for n, _ in counts)})
+            rows.append(
+                {
+                    "dataset": name,
+                    "k": k,
+                    "pass_at_k": value,
+                    "n_problems": len(counts),
+                    "n_samples": sum(n for n, _ in counts),
+                }
+            )
     if all(name in by_set for name in PAPER_AVERAGE_SETS):
         for k in ks:
             if all((name, k) in table for name in PAPER_AVERAGE_SETS):
-                rows.append({"dataset": PAPER_AVERAGE, "k": k,
-                             "pass_at_k": sum(table[(name, k)] for name in PAPER_AVERAGE_SETS) / 3,
-                             "n_problems": sum(len(by_set[name]) for name in PAPER_AVERAGE_SETS),
-                             "n_samples": sum(sum(n for n, _ in by_set[name]) for name in PAPER_AVERAGE_SETS)})
+                rows.append(
+                    {
+                        "dataset": PAPER_AVERAGE,
+                        "k": k,
+                        "pass_at_k": sum(table[(name, k)] for name in PAPER_AVERAGE_SETS) / 3,
+                        "n_problems": sum(len(by_set[name]) for name in PAPER_AVERAGE_SETS),
+                        "n_samples": sum(sum(n for n, _ in by_set[name]) for name in PAPER_AVERAGE_SETS),
+                    }
+                )
     return rows

@@ -94,11 +94,19 @@ def apply_grades(records: Sequence[dict], grades: Sequence[grading.Grade], grade
     out, i = [], 0
     for record in records:
         completions = []
-        for completion, g in zip(record["completions"], grades[i:i + len(record["completions"])], strict=True):
+        for completion, g in zip(
+            record["completions"], grades[i : i + len(record["completions"])], strict=True
+        ):
             completions.append({**completion, "answer": g.answer, "status": g.status, "correct": g.correct})
         i += len(completions)
-        out.append({**record, "c": sum(c["correct"] for c in completions), "grader": grader,
-                    "completions": completions})
+        out.append(
+            {
+                **record,
+                "c": sum(c["correct"] for c in completions),
+                "grader": grader,
+                "completions": completions,
+            }
+        )
     if i != len(grades):
         raise ValueError(f"{len(grades)} grades for {i} completions")
     return out
@@ -108,7 +116,9 @@ def status_counts(records: Sequence[dict]) -> dict[str, int]:
     counts = dict.fromkeys(grading.STATUSES, 0)
     for record in records:
         for completion in record["completions"]:
-            counts[completion.get("status", grading.CORRECT if completion.get("correct") else grading.WRONG)] += 1
+            counts[
+                completion.get("status", grading.CORRECT if completion.get("correct") else grading.WRONG)
+            ] += 1
     return counts
 
 
@@ -116,13 +126,19 @@ def build_records(problems, seeds, samples, grades: Sequence[grading.Grade], gra
     """Records of freshly sampled and graded problems (``samples[i]``: the completions of ``problems[i]``)."""
     records = []
     for problem, seed, group in zip(problems, seeds, samples, strict=True):
-        records.append({
-            "dataset": problem.dataset, "problem_id": problem.problem_id, "seed": seed,
-            "n": len(group), "c": 0,
-            "mean_completion_tokens": round(sum(s.tokens for s in group) / max(len(group), 1), 3),
-            "gold": stored_gold(problem), "grader": grader,
-            "completions": [{"text": s.text, "tokens": s.tokens} for s in group],
-        })
+        records.append(
+            {
+                "dataset": problem.dataset,
+                "problem_id": problem.problem_id,
+                "seed": seed,
+                "n": len(group),
+                "c": 0,
+                "mean_completion_tokens": round(sum(s.tokens for s in group) / max(len(group), 1), 3),
+                "gold": stored_gold(problem),
+                "grader": grader,
+                "completions": [{"text": s.text, "tokens": s.tokens} for s in group],
+            }
+        )
     return apply_grades(records, grades, grader)
 
 

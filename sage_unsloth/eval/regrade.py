@@ -36,8 +36,11 @@ from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_json, read_manifes
 def settle_timeouts(records: list[dict], retry_timeout_s: float) -> tuple[list[dict], int]:
     """``records`` with their ``timeout`` completions graded again serially under ``retry_timeout_s``."""
     items = grading_items(records)
-    grades = [grading.Grade(c.get("answer"), c.get("status", grading.WRONG))
-              for r in records for c in r["completions"]]
+    grades = [
+        grading.Grade(c.get("answer"), c.get("status", grading.WRONG))
+        for r in records
+        for c in r["completions"]
+    ]
     if not any(g.status == grading.TIMEOUT for g in grades):
         return records, 0
     grades, retried = retry_timeouts(items, grades, retry_timeout_s)
@@ -76,12 +79,16 @@ def _fill_golds(records: list[dict], manifest: dict, cache: dict) -> list[dict]:
             name = record["dataset"]
             if name not in cache:
                 benchmark = "kk" if name.startswith("kk") else name
-                problems = load_benchmark(benchmark, config.get("data_dir"), source=config.get("source", "bundled"))
+                problems = load_benchmark(
+                    benchmark, config.get("data_dir"), source=config.get("source", "bundled")
+                )
                 cache[name] = {p.problem_id: p for p in problems}
             problem = cache[name].get(record["problem_id"])
             if problem is None:
-                raise ValueError(f"regrade: {name} problem {record['problem_id']} has no stored gold and is not in "
-                                 "the benchmark the run read")
+                raise ValueError(
+                    f"regrade: {name} problem {record['problem_id']} has no stored gold and is not in "
+                    "the benchmark the run read"
+                )
             record = {**record, "gold": stored_gold(problem)}
         out.append(record)
     return out
@@ -96,13 +103,21 @@ def resolve_completions_dir(results: Path, manifest: dict, override: str | None)
             raise ValueError(f"{results / MANIFEST_NAME} has no completions_dir: pass --completions-dir")
         path = Path(stored)
     if not path.is_dir():
-        raise FileNotFoundError(f"completions folder {path} not found: run regrade from the folder the eval ran "
-                                "in (paths in the manifest are relative to it), or pass --completions-dir")
+        raise FileNotFoundError(
+            f"completions folder {path} not found: run regrade from the folder the eval ran "
+            "in (paths in the manifest are relative to it), or pass --completions-dir"
+        )
     return path
 
 
-def regrade(results_dir: str | Path, *, workers: int | None = None, completions_dir: str | None = None,
-            timeout_s: float | None = None, retry_timeout_s: float | None = None) -> dict:
+def regrade(
+    results_dir: str | Path,
+    *,
+    workers: int | None = None,
+    completions_dir: str | None = None,
+    timeout_s: float | None = None,
+    retry_timeout_s: float | None = None,
+) -> dict:
     """Grade a run's saved completions again and rewrite its CSVs and manifest; returns the grading stats."""
     results = Path(results_dir)
     manifest = read_manifest(results, expect_stage="eval")
@@ -115,7 +130,9 @@ def regrade(results_dir: str | Path, *, workers: int | None = None, completions_
         for dataset in _dataset_order(results, manifest):
             paths = chunk_files(completions, dataset)
             if not paths:
-                raise FileNotFoundError(f"regrade: no chunk files for {dataset} under {completions / dataset}")
+                raise FileNotFoundError(
+                    f"regrade: no chunk files for {dataset} under {completions / dataset}"
+                )
             for path in paths:
                 records = read_chunk(path)
                 if records is None:
@@ -131,9 +148,15 @@ def regrade(results_dir: str | Path, *, workers: int | None = None, completions_
                     counts[status] += n
         stats = dict(pool.stats)
     write_tables(results, per_problem, manifest["ks"])
-    manifest["grading"] = {**stats, "grader": grading.grader_fingerprint(), "budget_s": timeout_s,
-                           "retry_budget_s": retry_timeout_s, "retried": retried,
-                           "unresolved": counts[grading.TIMEOUT], "statuses": counts}
+    manifest["grading"] = {
+        **stats,
+        "grader": grading.grader_fingerprint(),
+        "budget_s": timeout_s,
+        "retry_budget_s": retry_timeout_s,
+        "retried": retried,
+        "unresolved": counts[grading.TIMEOUT],
+        "statuses": counts,
+    }
     manifest["regraded"] = {"grader": grading.grader_fingerprint(), "chunks_changed": changed}
     atomic_write_json(results / MANIFEST_NAME, manifest)
     return manifest["grading"]
@@ -143,18 +166,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sage-unsloth regrade", description=__doc__.split("\n\n")[0])
     parser.add_argument("results_dir", help="results/<model>/<run> of an eval run")
     parser.add_argument("--workers", type=int, default=None, help="grading processes (default: all cores)")
-    parser.add_argument("--completions-dir", default=None, help="the run's completions (default: from its manifest)")
-    parser.add_argument("--timeout-s", type=float, default=None, help="CPU budget per pair (default: the run's)")
+    parser.add_argument(
+        "--completions-dir", default=None, help="the run's completions (default: from its manifest)"
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=None, help="CPU budget per pair (default: the run's)"
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        stats = regrade(args.results_dir, workers=args.workers, completions_dir=args.completions_dir,
-                        timeout_s=args.timeout_s)
+        stats = regrade(
+            args.results_dir,
+            workers=args.workers,
+            completions_dir=args.completions_dir,
+            timeout_s=args.timeout_s,
+        )
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"regraded {stats['completions']} completions in {args.results_dir}: "
-          f"{json.dumps(stats['statuses'])}; {stats['unresolved']} left unresolved (grading timeout)")
+    print(
+        f"regraded {stats['completions']} completions in {args.results_dir}: "
+        f"{json.dumps(stats['statuses'])}; {stats['unresolved']} left unresolved (grading timeout)"
+    )
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

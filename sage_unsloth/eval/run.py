@@ -43,10 +43,21 @@ FAIL_AFTER_ENV = "SAGE_EVAL_FAIL_AFTER_CHUNKS"  # test hook: die after writing t
 
 def sampling_fingerprint(cfg: EvalConfig, checkpoint) -> dict:
     """What determines the completions; resumed chunks must have been sampled with the same."""
-    return {"checkpoint": checkpoint.spec, "base_model": checkpoint.base_model, "adapter": checkpoint.adapter_dir,
-            "backend": cfg.backend, "n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p,
-            "min_p": cfg.min_p, "max_tokens": cfg.max_tokens, "stop": list(cfg.stop), "seed": cfg.seed,
-            "user_template": cfg.user_template, "problems_per_batch": cfg.problems_per_batch}
+    return {
+        "checkpoint": checkpoint.spec,
+        "base_model": checkpoint.base_model,
+        "adapter": checkpoint.adapter_dir,
+        "backend": cfg.backend,
+        "n": cfg.n,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "min_p": cfg.min_p,
+        "max_tokens": cfg.max_tokens,
+        "stop": list(cfg.stop),
+        "seed": cfg.seed,
+        "user_template": cfg.user_template,
+        "problems_per_batch": cfg.problems_per_batch,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ one checkpoint
@@ -64,8 +75,9 @@ def _grading_items(problems: list[Problem], samples) -> list[tuple[str, object]]
     return items
 
 
-def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, list[Problem]], ks: list[int],
-                        sampler=None) -> Path:
+def evaluate_checkpoint(
+    cfg: EvalConfig, checkpoint, problem_sets: dict[str, list[Problem]], ks: list[int], sampler=None
+) -> Path:
     """Sample, grade and write one checkpoint's results; returns results/<model>/<run>.
 
     Chunks already on disk are reused; those graded by another grader version are graded again from their
@@ -80,8 +92,10 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
     fingerprint = sampling_fingerprint(cfg, checkpoint)
     fp_path = completions / "sampling.json"
     if fp_path.is_file() and json.loads(fp_path.read_text()) != fingerprint:
-        raise ValueError(f"{completions} holds completions sampled with other settings (see {fp_path}); "
-                         "set run_name to a new name or delete that folder")
+        raise ValueError(
+            f"{completions} holds completions sampled with other settings (see {fp_path}); "
+            "set run_name to a new name or delete that folder"
+        )
     atomic_write_text(fp_path, json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
     grader = grading.grader_fingerprint()
 
@@ -97,7 +111,7 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
         for name, problems in problem_sets.items():
             step = cfg.problems_per_batch
             for index in range((len(problems) + step - 1) // step):
-                chunk = problems[index * step:(index + 1) * step]
+                chunk = problems[index * step : (index + 1) * step]
                 path = chunk_path(completions, name, index)
                 records = read_chunk(path, [p.problem_id for p in chunk])
                 if records is None:
@@ -114,13 +128,21 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
         keys = chunk_keys(problem_sets, cfg.problems_per_batch)
         pending = select_shard(pending, keys, cfg.shard)  # all of them unless --shard i/N
         n_done = sum(len(v) for v in summaries.values())
-        logger.info("%s/%s: %d problems already graded (%d chunks regraded), %d chunks to sample",
-                    checkpoint.model, checkpoint.run, n_done, regraded, len(pending))
+        logger.info(
+            "%s/%s: %d problems already graded (%d chunks regraded), %d chunks to sample",
+            checkpoint.model,
+            checkpoint.run,
+            n_done,
+            regraded,
+            len(pending),
+        )
 
         if pending:
             tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
             sampler = sampler or make_sampler(checkpoint, cfg)
-            bar = _progress(sum(len(p) for p in problem_sets.values()), f"{checkpoint.model}/{checkpoint.run}")
+            bar = _progress(
+                sum(len(p) for p in problem_sets.values()), f"{checkpoint.model}/{checkpoint.run}"
+            )
             bar.update(n_done)
             in_flight = None  # grading of the previous chunk overlaps the next generate call
             written = 0
@@ -165,22 +187,50 @@ def evaluate_checkpoint(cfg: EvalConfig, checkpoint, problem_sets: dict[str, lis
         unresolved += status_counts(records)[grading.TIMEOUT]
     timings["total_s"] = time.perf_counter() - started
     if len(summaries) < len(keys):  # a shard: the other shards' chunks are not all written yet
-        logger.info("shard %s done: %d of %d chunks on disk; the CSVs are written once all are (run without "
-                    "--shard to merge)", cfg.shard, len(summaries), len(keys))
+        logger.info(
+            "shard %s done: %d of %d chunks on disk; the CSVs are written once all are (run without "
+            "--shard to merge)",
+            cfg.shard,
+            len(summaries),
+            len(keys),
+        )
         return results
 
-    per_problem = [row for name in problem_sets for index in sorted(i for (n, i) in summaries if n == name)
-                   for row in summaries[(name, index)]]
+    per_problem = [
+        row
+        for name in problem_sets
+        for index in sorted(i for (n, i) in summaries if n == name)
+        for row in summaries[(name, index)]
+    ]
     write_tables(results, per_problem, ks)
-    grading_stats = {**pool.stats, "grader": grader, "budget_s": cfg.grading_timeout_s,
-                     "retry_budget_s": cfg.grading_retry_timeout_s, "retried": retried, "unresolved": unresolved,
-                     "regraded_chunks": regraded}
-    write_manifest(results, stage="eval", config=asdict(cfg), seed=cfg.seed, checkpoint=checkpoint.spec,
-                   base_model=checkpoint.base_model, adapter=checkpoint.adapter_dir, model_short_name=checkpoint.model,
-                   run=checkpoint.run, sampling=fingerprint, ks=ks, completions_dir=str(completions),
-                   problem_seed="sha256(f'{seed}\\x1f{dataset}\\x1f{problem_id}')[:4] little-endian & 0x7fffffff",
-                   datasets=list(problem_sets), problems={name: len(p) for name, p in problem_sets.items()},
-                   grading=grading_stats, timings={k: round(v, 3) for k, v in timings.items()})
+    grading_stats = {
+        **pool.stats,
+        "grader": grader,
+        "budget_s": cfg.grading_timeout_s,
+        "retry_budget_s": cfg.grading_retry_timeout_s,
+        "retried": retried,
+        "unresolved": unresolved,
+        "regraded_chunks": regraded,
+    }
+    write_manifest(
+        results,
+        stage="eval",
+        config=asdict(cfg),
+        seed=cfg.seed,
+        checkpoint=checkpoint.spec,
+        base_model=checkpoint.base_model,
+        adapter=checkpoint.adapter_dir,
+        model_short_name=checkpoint.model,
+        run=checkpoint.run,
+        sampling=fingerprint,
+        ks=ks,
+        completions_dir=str(completions),
+        problem_seed="sha256(f'{seed}\\x1f{dataset}\\x1f{problem_id}')[:4] little-endian & 0x7fffffff",
+        datasets=list(problem_sets),
+        problems={name: len(p) for name, p in problem_sets.items()},
+        grading=grading_stats,
+        timings={k: round(v, 3) for k, v in timings.items()},
+    )
     return results
 
 
@@ -196,7 +246,9 @@ def prepare(cfg: EvalConfig):
         problems = load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source)
         dataset = problems[0].dataset if problems else name
         if dataset in problem_sets:
-            raise ValueError(f"benchmarks {cfg.benchmarks}: {name!r} is {dataset!r} again; list each set once")
+            raise ValueError(
+                f"benchmarks {cfg.benchmarks}: {name!r} is {dataset!r} again; list each set once"
+            )
         problem_sets[dataset] = problems
     return ks, checkpoints, problem_sets
 

@@ -32,7 +32,9 @@ def _adapter_dir(folder: Path) -> Path | None:
     if (folder / "adapter_config.json").is_file():
         return folder
     # PEFT saves a non-default adapter name (RLVR's "policy") into a sub-folder of that name.
-    nested = sorted(p.parent for p in folder.glob("*/adapter_config.json") if not p.parent.name.startswith("checkpoint"))
+    nested = sorted(
+        p.parent for p in folder.glob("*/adapter_config.json") if not p.parent.name.startswith("checkpoint")
+    )
     return nested[0] if nested else None
 
 
@@ -55,13 +57,17 @@ def resolve_checkpoint(spec: str, run_name: str | None = None) -> Checkpoint:
         manifest = read_manifest(path)
         stage = manifest.get("stage")
         if stage not in ("sft", "rlvr"):
-            raise ValueError(f"checkpoint {spec}: manifest stage is {stage!r}; expected an 'sft' or 'rlvr' output")
+            raise ValueError(
+                f"checkpoint {spec}: manifest stage is {stage!r}; expected an 'sft' or 'rlvr' output"
+            )
         base = manifest.get("base_model")
         if not base:
             raise ValueError(f"checkpoint {spec}: {MANIFEST_NAME} has no base_model; re-run stage {stage}")
         adapter = _adapter_dir(path)
         if adapter is None:
-            raise FileNotFoundError(f"checkpoint {spec}: no adapter_config.json in the folder; is the stage finished?")
+            raise FileNotFoundError(
+                f"checkpoint {spec}: no adapter_config.json in the folder; is the stage finished?"
+            )
         model = manifest.get("model_short_name") or model_short_name(base)
         run = run_name or (manifest.get("variant") if stage == "rlvr" else "sft") or path.name
         return Checkpoint(spec, model, run, str(base), str(adapter), str(path))
@@ -72,10 +78,14 @@ def resolve_checkpoint(spec: str, run_name: str | None = None) -> Checkpoint:
     looks_local = spec.startswith((".", "/", "~", "outputs", "results")) or os.sep * 2 in spec
     if not looks_local and _HUB_ID.match(spec):
         if os.environ.get("HF_HUB_OFFLINE") == "1" and not _hub_cached(spec):
-            raise FileNotFoundError(f"checkpoint {spec}: hub id not in the local cache and HF_HUB_OFFLINE=1 "
-                                    "(download it first, or unset HF_HUB_OFFLINE)")
+            raise FileNotFoundError(
+                f"checkpoint {spec}: hub id not in the local cache and HF_HUB_OFFLINE=1 "
+                "(download it first, or unset HF_HUB_OFFLINE)"
+            )
         return Checkpoint(spec, model_short_name(spec), run_name or "base", spec, None, spec)
-    raise FileNotFoundError(f"checkpoint {spec}: no such folder and not a hub id; fix `checkpoints` in the config")
+    raise FileNotFoundError(
+        f"checkpoint {spec}: no such folder and not a hub id; fix `checkpoints` in the config"
+    )
 
 
 def problem_seed(seed: int, dataset: str, problem_id: str) -> int:
@@ -89,8 +99,9 @@ def load_tokenizer(checkpoint: Checkpoint, trust_remote_code: bool = False):
 
     from sage_unsloth.models import prepare_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint.tokenizer_dir or checkpoint.base_model,
-                                              trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(
+        checkpoint.tokenizer_dir or checkpoint.base_model, trust_remote_code=trust_remote_code
+    )
     return prepare_tokenizer(tokenizer)  # the kit's chat template: same prompt text as training
 
 
@@ -98,8 +109,10 @@ def render_prompts(tokenizer, problems, user_template: str) -> list[list[int]]:
     """Token ids of each problem's prompt: system + user turn under the kit's chat template."""
     texts = []
     for problem in problems:
-        messages = [{"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": user_template.format(problem=problem.problem)}]
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": user_template.format(problem=problem.problem)},
+        ]
         texts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
     # The template already holds every special token it wants; adding BOS again would differ from training.
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
@@ -119,16 +132,24 @@ class VLLMSampler:
 
         self.checkpoint = checkpoint
         self.cfg = cfg
-        kwargs = {"model": checkpoint.base_model, "tokenizer": checkpoint.tokenizer_dir or checkpoint.base_model,
-                      "seed": cfg.seed, "gpu_memory_utilization": cfg.gpu_memory_utilization,
-                      "max_model_len": cfg.max_model_len, "trust_remote_code": cfg.trust_remote_code,
-                      "dtype": cfg.dtype, "enforce_eager": cfg.enforce_eager}
+        kwargs = {
+            "model": checkpoint.base_model,
+            "tokenizer": checkpoint.tokenizer_dir or checkpoint.base_model,
+            "seed": cfg.seed,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "max_model_len": cfg.max_model_len,
+            "trust_remote_code": cfg.trust_remote_code,
+            "dtype": cfg.dtype,
+            "enforce_eager": cfg.enforce_eager,
+        }
         from sage_unsloth.backend import cuda_available
 
         if not cuda_available():
             from sage_unsloth.compat import vllm_cpu_engine_kwargs
 
-            kwargs.update(vllm_cpu_engine_kwargs(cfg.max_model_len))  # seeded sampling needs whole-prompt prefill
+            kwargs.update(
+                vllm_cpu_engine_kwargs(cfg.max_model_len)
+            )  # seeded sampling needs whole-prompt prefill
         self.lora = None
         if checkpoint.adapter_dir:
             from vllm.lora.request import LoRARequest
@@ -143,9 +164,21 @@ class VLLMSampler:
         from vllm import SamplingParams
 
         cfg = self.cfg
-        params = [SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, min_p=cfg.min_p,
-                                 max_tokens=cfg.max_tokens, seed=s, stop=list(cfg.stop) or None) for s in seeds]
-        outs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, lora_request=self.lora, use_tqdm=False)
+        params = [
+            SamplingParams(
+                n=cfg.n,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                min_p=cfg.min_p,
+                max_tokens=cfg.max_tokens,
+                seed=s,
+                stop=list(cfg.stop) or None,
+            )
+            for s in seeds
+        ]
+        outs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompts], params, lora_request=self.lora, use_tqdm=False
+        )
         return [[Sample(c.text, len(c.token_ids)) for c in o.outputs] for o in outs]
 
 
@@ -159,8 +192,9 @@ class HFSampler:
         self.cfg = cfg
         self.tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
         dtype = getattr(torch, cfg.dtype) if cfg.dtype not in (None, "auto") else "auto"
-        model = AutoModelForCausalLM.from_pretrained(checkpoint.base_model, dtype=dtype,
-                                                     trust_remote_code=cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            checkpoint.base_model, dtype=dtype, trust_remote_code=cfg.trust_remote_code
+        )
         if checkpoint.adapter_dir:
             from peft import PeftModel
 
@@ -177,12 +211,20 @@ class HFSampler:
             enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
             torch.manual_seed(seed)
             with torch.no_grad():
-                out = self.model.generate(**enc, do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
-                                          min_p=cfg.min_p or None, max_new_tokens=cfg.max_tokens,
-                                          num_return_sequences=cfg.n, stop_strings=list(cfg.stop) or None,
-                                          tokenizer=tok, pad_token_id=tok.pad_token_id)
+                out = self.model.generate(
+                    **enc,
+                    do_sample=True,
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                    min_p=cfg.min_p or None,
+                    max_new_tokens=cfg.max_tokens,
+                    num_return_sequences=cfg.n,
+                    stop_strings=list(cfg.stop) or None,
+                    tokenizer=tok,
+                    pad_token_id=tok.pad_token_id,
+                )
             samples = []
-            for row in out[:, enc["input_ids"].shape[1]:]:
+            for row in out[:, enc["input_ids"].shape[1] :]:
                 ids = [t for t in row.tolist() if t != tok.pad_token_id]
                 text = tok.decode(ids, skip_special_tokens=True)
                 for stop in cfg.stop:  # vLLM drops the stop string; do the same

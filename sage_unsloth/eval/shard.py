@@ -38,12 +38,16 @@ def parse_shard(spec: str | None) -> tuple[int, int] | None:
 
 def chunk_keys(problem_sets: dict[str, Sequence], problems_per_batch: int) -> list[tuple[str, int]]:
     """Every (benchmark, chunk index) of a run, in the order the eval stage walks them."""
-    return [(name, index) for name, problems in problem_sets.items()
-            for index in range((len(problems) + problems_per_batch - 1) // problems_per_batch)]
+    return [
+        (name, index)
+        for name, problems in problem_sets.items()
+        for index in range((len(problems) + problems_per_batch - 1) // problems_per_batch)
+    ]
 
 
-def select_shard(pending: list[Chunk], keys: list[Hashable], shard: str | None,
-                 key=lambda chunk: (chunk[0], chunk[1])) -> list[Chunk]:
+def select_shard(
+    pending: list[Chunk], keys: list[Hashable], shard: str | None, key=lambda chunk: (chunk[0], chunk[1])
+) -> list[Chunk]:
     """The pending chunks shard ``i/N`` samples: those whose position among all ``keys`` is i mod N."""
     parsed = parse_shard(shard)
     if parsed is None:

@@ -47,8 +47,9 @@ def cpu_deadline(budget_s: float):
             raise GradingTimeout()
 
     previous = {sig: signal.signal(sig, check) for sig in (signal.SIGPROF, signal.SIGALRM)}
-    previous_timers = {timer: signal.setitimer(timer, tick, tick)
-                       for timer in (signal.ITIMER_PROF, signal.ITIMER_REAL)}
+    previous_timers = {
+        timer: signal.setitimer(timer, tick, tick) for timer in (signal.ITIMER_PROF, signal.ITIMER_REAL)
+    }
 
     def disarm():
         armed[0] = False

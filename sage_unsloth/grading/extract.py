@@ -53,7 +53,7 @@ def solution_block(text: str) -> str | None:
     start = text.rfind(SOLUTION_START)
     if start < 0:
         return None
-    body = text[start + len(SOLUTION_START):]
+    body = text[start + len(SOLUTION_START) :]
     end = body.find(SOLUTION_END)
     return body if end < 0 else body[:end]
 
@@ -79,7 +79,9 @@ _LINE_MARKER = re.compile(r"(?m)^[ \t]*(?:#{1,6}[ \t]+|>[ \t]*|[*+][ \t]+|-[ \t]
 _HOPE = re.compile(r"\s*I hope it is correct\.?\s*$", re.IGNORECASE)
 _LEAD_IN = re.compile(
     r"^\s*(?:(?:so|thus|therefore|hence|finally|in conclusion)\s*,?\s+)?(?:the\s+)?(?:final\s+)?"
-    r"(?:answer|result)(?:\s+is)?\s*(?::|=|\bis\b)?\s*", re.IGNORECASE)
+    r"(?:answer|result)(?:\s+is)?\s*(?::|=|\bis\b)?\s*",
+    re.IGNORECASE,
+)
 
 
 def strip_markdown(text: str) -> str:
@@ -98,10 +100,12 @@ def clean_answer(text: str) -> str:
         text = boxed
     text = _HOPE.sub("", strip_markdown(text)).strip()
     # A sentence the model put in \text{} ("\text{The answer is } 721") is prose; "\text{ ergs}" is a unit.
-    text = _TEXT_GROUP_INNER.sub(lambda m: m.group(1) if _is_sentence(m.group(1)) else m.group(0), text).strip()
+    text = _TEXT_GROUP_INNER.sub(
+        lambda m: m.group(1) if _is_sentence(m.group(1)) else m.group(0), text
+    ).strip()
     lead = _LEAD_IN.match(text)
     if lead and lead.end() < len(text):
-        text = text[lead.end():]
+        text = text[lead.end() :]
     return _tidy(text)
 
 
@@ -120,13 +124,117 @@ _TEXT_GROUP = re.compile(r"\\(?:text\w*|mbox|mathrm|operatorname)\s*\{[^{}]*\}")
 # A word of a sentence: letters only, and either a common function word or 4+ letters. Shorter letter runs
 # ("bv", "dt", "LCs") are juxtaposed variables; spelled-out math and all-capital acronyms (MR, SRMC) are math.
 _WORD_RE = re.compile(r"[A-Za-z\u00c0-\u024f']{2,}")
-_FUNCTION_WORDS = frozenset(["a", "an", "the", "is", "are", "was", "were", "be", "been", "it", "its", "this", "that", "these", "those", "so", "thus", "hence", "then", "and", "or", "not", "no", "of", "to", "in", "on", "at", "by", "for", "with", "from", "as", "if", "since", "which", "what", "who", "we", "our", "you", "answer", "final", "result", "has", "have", "had", "do", "does", "get", "gets", "got", "one", "two", "all", "any", "each", "both", "only", "just", "also", "than", "about", "into", "per"])
-_MATH_WORDS = frozenset(["sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "log", "ln", "exp", "lim", "max", "min", "mod", "pmod", "gcd", "lcm", "det", "sqrt", "pi", "inf", "infty"])
-_NEGATION = re.compile(r"\b(?:not|no|never|cannot|isn't|aren't|wasn't|incorrect|wrong)\b|n't\b", re.IGNORECASE)
-_PREMISE = re.compile(r"^(?:since|because|as|given|where|with|including|for|if|when|assuming|using|from|"
-                      r"because of|note that|here)\b", re.IGNORECASE)
-_CONCLUSION = re.compile(r"^(?:so|thus|therefore|hence|which gives|giving|this gives|i\.e\.|that is)\b[,:]?\s*",
-                         re.IGNORECASE)
+_FUNCTION_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "it",
+        "its",
+        "this",
+        "that",
+        "these",
+        "those",
+        "so",
+        "thus",
+        "hence",
+        "then",
+        "and",
+        "or",
+        "not",
+        "no",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "by",
+        "for",
+        "with",
+        "from",
+        "as",
+        "if",
+        "since",
+        "which",
+        "what",
+        "who",
+        "we",
+        "our",
+        "you",
+        "answer",
+        "final",
+        "result",
+        "has",
+        "have",
+        "had",
+        "do",
+        "does",
+        "get",
+        "gets",
+        "got",
+        "one",
+        "two",
+        "all",
+        "any",
+        "each",
+        "both",
+        "only",
+        "just",
+        "also",
+        "than",
+        "about",
+        "into",
+        "per",
+    ]
+)
+_MATH_WORDS = frozenset(
+    [
+        "sin",
+        "cos",
+        "tan",
+        "cot",
+        "sec",
+        "csc",
+        "arcsin",
+        "arccos",
+        "arctan",
+        "sinh",
+        "cosh",
+        "tanh",
+        "log",
+        "ln",
+        "exp",
+        "lim",
+        "max",
+        "min",
+        "mod",
+        "pmod",
+        "gcd",
+        "lcm",
+        "det",
+        "sqrt",
+        "pi",
+        "inf",
+        "infty",
+    ]
+)
+_NEGATION = re.compile(
+    r"\b(?:not|no|never|cannot|isn't|aren't|wasn't|incorrect|wrong)\b|n't\b", re.IGNORECASE
+)
+_PREMISE = re.compile(
+    r"^(?:since|because|as|given|where|with|including|for|if|when|assuming|using|from|"
+    r"because of|note that|here)\b",
+    re.IGNORECASE,
+)
+_CONCLUSION = re.compile(
+    r"^(?:so|thus|therefore|hence|which gives|giving|this gives|i\.e\.|that is)\b[,:]?\s*", re.IGNORECASE
+)
 _CUE = re.compile(r"\b(?:is|are|was|were|equals|be|becomes|gives|get|to)\b", re.IGNORECASE)
 _SPLIT = re.compile(r"(?<=[.!?])\s+(?=\S)|;\s*|,\s+(?=(?!(?:and|or)\b)[A-Za-z]{2,}\b)")
 _LIST_WORD = re.compile(r"\s+(?:and|or|&)\s+", re.IGNORECASE)
@@ -135,8 +243,13 @@ _PLACEHOLDER = "\x00{}\x00"
 
 def is_prose_word(token: str) -> bool:
     """A whitespace-separated token that is a word of a sentence, not math (see ``_FUNCTION_WORDS``)."""
-    word = token.strip(".,;:!?()[]\"")
-    if not _WORD_RE.fullmatch(word) or word.isupper() and len(word) > 1 and word.lower() not in _FUNCTION_WORDS:
+    word = token.strip('.,;:!?()[]"')
+    if (
+        not _WORD_RE.fullmatch(word)
+        or word.isupper()
+        and len(word) > 1
+        and word.lower() not in _FUNCTION_WORDS
+    ):
         return False
     lower = word.lower()
     return lower not in _MATH_WORDS and (lower in _FUNCTION_WORDS or len(word) >= 4)
@@ -167,7 +280,7 @@ def math_candidate(answer: str) -> str | None:
     clauses = [c.strip(" ,;:.") for c in _SPLIT.split(masked) if c and c.strip(" ,;:.")]
     affirmed = [c for c in clauses if not _NEGATION.search(c) and not _PREMISE.match(c)]
     conclusions = [c for c in affirmed if _CONCLUSION.match(c)]
-    for clause in (list(reversed(conclusions)) or affirmed):
+    for clause in list(reversed(conclusions)) or affirmed:
         value = _clause_value(_CONCLUSION.sub("", clause, count=1), segments)
         if value:
             return value
@@ -178,11 +291,11 @@ def _clause_value(clause: str, segments: list[str]) -> str | None:
     cues = list(_CUE.finditer(clause))
     held = [int(i) for i in re.findall(r"\x00(\d+)\x00", clause)]
     if cues:  # "The value of $x$ is $5$": the math after the last "is"
-        held = [int(i) for i in re.findall(r"\x00(\d+)\x00", clause[cues[-1].end():])] or held
+        held = [int(i) for i in re.findall(r"\x00(\d+)\x00", clause[cues[-1].end() :])] or held
     if held:
         return ", ".join(segments[i].strip() for i in held)
     if cues:
-        after = clause[cues[-1].end():]
+        after = clause[cues[-1].end() :]
         value = _formula_runs(after, first_only=True)
         if value:
             return value

@@ -26,17 +26,23 @@ from sage_unsloth.grading.extract import MAX_COMPLETION_CHARS, solution_block, s
 
 KK_MAX_CHARS = 8_192
 _ROLE = r"(knights?|knaves?)"
-_HYPOTHESIS = re.compile(r"\b(?:if|assume|assuming|suppose|supposing|whether|hypothetically)\b[^.;\n]*$",
-                         re.IGNORECASE)
+_HYPOTHESIS = re.compile(
+    r"\b(?:if|assume|assuming|suppose|supposing|whether|hypothetically)\b[^.;\n]*$", re.IGNORECASE
+)
 _NEGATED = re.compile(r"\b(?:not|cannot|never|isn't|is\s+no)\b|n't\b", re.IGNORECASE)
 
 
-_SYNONYMS = ((re.compile(r"\btruth[- ]?tellers\b", re.IGNORECASE), "knights"),
-             (re.compile(r"\b(?:truth[- ]?teller|truthful|honest)\b", re.IGNORECASE), "knight"),
-             (re.compile(r"\bliars\b", re.IGNORECASE), "knaves"),
-             (re.compile(r"\b(?:liar|lying|dishonest)\b", re.IGNORECASE), "knave"))
-_OTHERS = re.compile(rf"\b(?:the\s+)?(?:others|rest|remaining\s+\w+|everyone\s+else|all\s+the\s+others)\s+"
-                     rf"(?:are|were|is|:)\s+(?:all\s+)?{_ROLE}\b", re.IGNORECASE)
+_SYNONYMS = (
+    (re.compile(r"\btruth[- ]?tellers\b", re.IGNORECASE), "knights"),
+    (re.compile(r"\b(?:truth[- ]?teller|truthful|honest)\b", re.IGNORECASE), "knight"),
+    (re.compile(r"\bliars\b", re.IGNORECASE), "knaves"),
+    (re.compile(r"\b(?:liar|lying|dishonest)\b", re.IGNORECASE), "knave"),
+)
+_OTHERS = re.compile(
+    rf"\b(?:the\s+)?(?:others|rest|remaining\s+\w+|everyone\s+else|all\s+the\s+others)\s+"
+    rf"(?:are|were|is|:)\s+(?:all\s+)?{_ROLE}\b",
+    re.IGNORECASE,
+)
 
 
 def _clean(text: str) -> str:
@@ -58,31 +64,37 @@ def kk_assignments(text: str, names: Sequence[str]) -> dict[str, bool]:
     others: list[tuple[int, bool]] = []  # (position, role) for the inhabitants no statement names
 
     def hypothetical(start: int) -> bool:
-        return _HYPOTHESIS.search(text[max(0, start - 80):start]) is not None
+        return _HYPOTHESIS.search(text[max(0, start - 80) : start]) is not None
 
     # "<name> <link> <role>"
     for m in re.finditer(rf"\b({name_alt})\b([^.;!?\n]{{0,40}}?)\b{_ROLE}\b", text, re.IGNORECASE):
         link = m.group(2)
-        if other_name.search(link) or re.search(r"\b(?:said|says|claims?|stated?|told)\b", link, re.IGNORECASE):
+        if other_name.search(link) or re.search(
+            r"\b(?:said|says|claims?|stated?|told)\b", link, re.IGNORECASE
+        ):
             continue
         if hypothetical(m.start()):
             continue
         knight = m.group(3).lower().startswith("knight") != bool(_NEGATED.search(link))
         found.append((m.start(), _canonical(m.group(1), names), knight))
-        if re.search(r"\bonly\b", link + " " + text[max(0, m.start() - 12):m.start()], re.IGNORECASE):
+        if re.search(r"\bonly\b", link + " " + text[max(0, m.start() - 12) : m.start()], re.IGNORECASE):
             others.append((m.start(), not knight))  # "Evelyn is the only knave": the rest are knights
     name_list = rf"((?:\b(?:{name_alt})\b\s*(?:,|\band\b|&)?\s*)+)"
     for pattern, role_group, list_group in (
-            (rf"{name_list}\s*(?:are|were|:|-|=)\s*(?:both\s+|all\s+)?{_ROLE}\b", 2, 1),  # "<names> are <role>s"
-            (rf"\b{_ROLE}\s*(?::|=|-|\bare\b|\bis\b)\s*{name_list}", 1, 2)):  # "<role>s: <names>"
+        (rf"{name_list}\s*(?:are|were|:|-|=)\s*(?:both\s+|all\s+)?{_ROLE}\b", 2, 1),  # "<names> are <role>s"
+        (rf"\b{_ROLE}\s*(?::|=|-|\bare\b|\bis\b)\s*{name_list}", 1, 2),
+    ):  # "<role>s: <names>"
         for m in re.finditer(pattern, text, re.IGNORECASE):
             if hypothetical(m.start()):
                 continue
             knight = m.group(role_group).lower().startswith("knight")
             for n in re.finditer(rf"\b({name_alt})\b", m.group(list_group)):
                 found.append((m.start(list_group) + n.start(), _canonical(n.group(1), names), knight))
-    others += [(m.start(), m.group(1).lower().startswith("knight")) for m in _OTHERS.finditer(text)
-               if not hypothetical(m.start())]
+    others += [
+        (m.start(), m.group(1).lower().startswith("knight"))
+        for m in _OTHERS.finditer(text)
+        if not hypothetical(m.start())
+    ]
     result: dict[str, bool] = {}
     for _, name, knight in sorted(found, key=lambda f: f[0]):
         result[name] = knight

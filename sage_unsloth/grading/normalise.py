@@ -57,8 +57,10 @@ _TEN_POWER = re.compile(r"(?<![\d.])10\s*\^\s*(-?\d{2,})")
 _DEGREES = re.compile(r"\^\s*(?:\{\s*\\circ\s*\}|\\circ)|\\circ|°|\\degree|\^\{\\text\{o\}\}")
 _FRAC_VARIANT = re.compile(r"\\[dtc]frac")
 _FRAC_SHORT = re.compile(r"\\frac\s*(\{[^{}]*\}|\d)\s*(\{[^{}]*\}|\d)")
-_SUBSCRIPT_TEXT = re.compile(r"_\s*\{\s*\\(?:text|mathrm|rm|mbox|textrm)\s*\{\s*([^{}]*?)\s*\}\s*\}|"
-                             r"_\s*\\(?:text|mathrm|rm|mbox)\s*\{\s*([^{}]*?)\s*\}")
+_SUBSCRIPT_TEXT = re.compile(
+    r"_\s*\{\s*\\(?:text|mathrm|rm|mbox|textrm)\s*\{\s*([^{}]*?)\s*\}\s*\}|"
+    r"_\s*\\(?:text|mathrm|rm|mbox)\s*\{\s*([^{}]*?)\s*\}"
+)
 _PYTHON_PREFIX = re.compile(r"\b(?:np|numpy|math|sp|sympy)\.(?=[a-z]+\()")
 _PYTHON_FUNCTION = re.compile(r"(?<!\\)\b(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|exp|log|sqrt)\(")
 _TRAILING_DOT = re.compile(r"(\d)\.(?![\d.])")
@@ -111,7 +113,7 @@ def normalise_math(text: str) -> str:
     text = _fix_fracs(text)
     approx = list(_APPROX.finditer(text))
     if approx:  # "L \approx 4.5 \times 10^{33}": the value is what follows the last approximation sign
-        text = text[approx[-1].end():]
+        text = text[approx[-1].end() :]
     text = _SPACING.sub(" ", text)
     while True:  # a unit in \text{} after the value ("5.4 \text{ cents}", "864 \mbox{ inches}^2")
         stripped = _TEXT_UNIT.sub("", text)
@@ -122,10 +124,14 @@ def normalise_math(text: str) -> str:
 
 
 # Bare-letter unit tails after a number: letters, /, ^k, \mathrm{...}, \mu, \Omega, \odot, \AA, \%-free.
-_UNIT_TAIL = re.compile(r"(?:\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\odot)"
-                        r"(?:[A-Za-z\u00b5\u03a9\u00c5/.\s{}()\-]|\\mathrm|\\text|\\mu|\\Omega|\\AA|\\odot|_|"
-                        r"\^\s*\{?\s*-?\d+\s*\}?|\\,|\\cdot)*")
-_NOT_UNITS = frozenset(["i", "e", "x", "y", "z", "n", "k", "t", "c"])  # letters that are math, never a unit, after a number
+_UNIT_TAIL = re.compile(
+    r"(?:\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\odot)"
+    r"(?:[A-Za-z\u00b5\u03a9\u00c5/.\s{}()\-]|\\mathrm|\\text|\\mu|\\Omega|\\AA|\\odot|_|"
+    r"\^\s*\{?\s*-?\d+\s*\}?|\\,|\\cdot)*"
+)
+_NOT_UNITS = frozenset(
+    ["i", "e", "x", "y", "z", "n", "k", "t", "c"]
+)  # letters that are math, never a unit, after a number
 
 
 _ASSIGNED = re.compile(r"^\s*(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[\w\\]+\}?)?\s*=\s*(?P<value>[^=]+)$")

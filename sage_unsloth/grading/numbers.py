@@ -27,7 +27,8 @@ _NUMBER = re.compile(
     rf"|(?P<snum>{_INT})/(?P<sden>{_INT})"  # 3/56
     rf"|(?P<mant>{_DEC})(?:{_TIMES}10{_EXP.format('mexp')})?"  # 4.5\times10^{33}, 0.15, 204
     rf"|10{_EXP.format('pexp')}"  # 10^{-5}
-    rf")")
+    rf")"
+)
 _SPACES = re.compile(r"\s+|\\[,;:! ]|~|\{\}")
 
 

@@ -195,8 +195,11 @@ def _extraction_configs():
     from latex2sympy2_extended import NormalizationConfig
     from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
-    latex = LatexExtractionConfig(normalization_config=NormalizationConfig(
-        basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False))
+    latex = LatexExtractionConfig(
+        normalization_config=NormalizationConfig(
+            basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False
+        )
+    )
     return (latex,), (ExprExtractionConfig(),)
 
 
@@ -348,7 +351,9 @@ def _equal_by_value(gold, answer) -> bool | None:
     elif not isinstance(answer, sympy.Eq):
         gold = _unwrap_assignment(gold)
     equations = isinstance(gold, sympy.Eq) and isinstance(answer, sympy.Eq)
-    if equations and not all(isinstance(side, sympy.Expr) for eq in (gold, answer) for side in (eq.lhs, eq.rhs)):
+    if equations and not all(
+        isinstance(side, sympy.Expr) for eq in (gold, answer) for side in (eq.lhs, eq.rhs)
+    ):
         return None  # x \in [-2, 7] reads as an equation with a set on one side
     if equations:
         gold, answer = gold.lhs - gold.rhs, answer.lhs - answer.rhs
@@ -370,6 +375,7 @@ def _equal_by_value(gold, answer) -> bool | None:
 
 def _proportional(gold, answer, symbols) -> bool | None:
     """Whether gold = k * answer with k a nonzero constant times a monomial in the parameters."""
+
     def ratio(point):
         g, a = _value(gold, point), _value(answer, point)
         if g is None or a is None or abs(a) < 1e-12 or abs(g) < 1e-12:
@@ -409,19 +415,41 @@ def _parameter(symbol) -> bool:
 # Every parser and simplifier path the bundled golds take: run once per process, outside any deadline, so
 # that a cold process spends on a pair what a warm one does (imports, grammar, sympy's lazily built tables).
 WARM_UP_PAIRS = (
-    ("\\frac{1}{2}", "0.5"), ("3\\sqrt{13}", "\\sqrt{117}"), ("\\frac{3\\sqrt{3}}{4}", "\\frac34\\sqrt3"),
-    ("288 \\pi", "\\pi \\cdot 288"), ("(3,4]", "(3, 4]"), ("(0,9) \\cup (9,36)", "(0,9)\\cup(9,36)"),
-    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)"), ("\\{1\\pm\\sqrt{5},-2\\}", "-2, 1+\\sqrt5, 1-\\sqrt5"),
-    ("\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}", "\\begin{pmatrix} -\\frac13 \\\\ \\frac23 \\end{pmatrix}"),
-    ("y = 2x + 3", "y = 3 + 2x"), ("5x - 7y + 11z + 4 = 0", "5x-7y+11z=-4"), ("6 - 5i", "-5i + 6"),
-    ("\\cot x", "\\frac{\\cos x}{\\sin x}"), ("-\\tau \\ln \\Delta", "\\tau \\ln(1/\\Delta)"),
-    ("\\frac{1}{2a}(\\exp{a*t} - \\exp{-a*t})", "\\frac{\\sinh(at)}{a}"), ("e^{t} / 3", "\\frac{e^t}{3}"),
-    ("\\sqrt{4 \\pi G \\rho_{0} r_{0}^{2}}", "2 r_0 \\sqrt{\\pi G \\rho_0}"), ("MR=SRMC", "SRMC = MR"),
-    ("\\frac{dM}{dt}=\\frac{L}{c^{2}} M^{6}", "\\frac{dM}{dt} = \\frac{L M^6}{c^2}"), ("I(0) e^{-t}", "I(0)e^{-t}"),
-    ("x_{0} \\cos (\\omega t)+\\dot{x}_{0} \\sin (\\omega t)", "\\dot{x}_0 \\sin(\\omega t) + x_0 \\cos(\\omega t)"),
-    ("\\frac{4 A}{3+3 i} e^{i t}", "\\frac{2A(1-i)}{3} e^{it}"), ("\\arcsin(10/13)", "\\sin^{-1}(10/13)"),
-    ("4.5\\times 10^{33}", "\\frac{9}{2} \\cdot 10^{33}"), ("E_{1},E_{2}", "E_2, E_1"), ("52_8", "52_{8}"),
-    ("x^5 - x^4 + x - 1", "-1 + x - x^4 + x^5"), ("(a+5)(b+2)", "(b+2)(a+5)"), ("25\\%", "25"),
+    ("\\frac{1}{2}", "0.5"),
+    ("3\\sqrt{13}", "\\sqrt{117}"),
+    ("\\frac{3\\sqrt{3}}{4}", "\\frac34\\sqrt3"),
+    ("288 \\pi", "\\pi \\cdot 288"),
+    ("(3,4]", "(3, 4]"),
+    ("(0,9) \\cup (9,36)", "(0,9)\\cup(9,36)"),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)"),
+    ("\\{1\\pm\\sqrt{5},-2\\}", "-2, 1+\\sqrt5, 1-\\sqrt5"),
+    (
+        "\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}",
+        "\\begin{pmatrix} -\\frac13 \\\\ \\frac23 \\end{pmatrix}",
+    ),
+    ("y = 2x + 3", "y = 3 + 2x"),
+    ("5x - 7y + 11z + 4 = 0", "5x-7y+11z=-4"),
+    ("6 - 5i", "-5i + 6"),
+    ("\\cot x", "\\frac{\\cos x}{\\sin x}"),
+    ("-\\tau \\ln \\Delta", "\\tau \\ln(1/\\Delta)"),
+    ("\\frac{1}{2a}(\\exp{a*t} - \\exp{-a*t})", "\\frac{\\sinh(at)}{a}"),
+    ("e^{t} / 3", "\\frac{e^t}{3}"),
+    ("\\sqrt{4 \\pi G \\rho_{0} r_{0}^{2}}", "2 r_0 \\sqrt{\\pi G \\rho_0}"),
+    ("MR=SRMC", "SRMC = MR"),
+    ("\\frac{dM}{dt}=\\frac{L}{c^{2}} M^{6}", "\\frac{dM}{dt} = \\frac{L M^6}{c^2}"),
+    ("I(0) e^{-t}", "I(0)e^{-t}"),
+    (
+        "x_{0} \\cos (\\omega t)+\\dot{x}_{0} \\sin (\\omega t)",
+        "\\dot{x}_0 \\sin(\\omega t) + x_0 \\cos(\\omega t)",
+    ),
+    ("\\frac{4 A}{3+3 i} e^{i t}", "\\frac{2A(1-i)}{3} e^{it}"),
+    ("\\arcsin(10/13)", "\\sin^{-1}(10/13)"),
+    ("4.5\\times 10^{33}", "\\frac{9}{2} \\cdot 10^{33}"),
+    ("E_{1},E_{2}", "E_2, E_1"),
+    ("52_8", "52_{8}"),
+    ("x^5 - x^4 + x - 1", "-1 + x - x^4 + x^5"),
+    ("(a+5)(b+2)", "(b+2)(a+5)"),
+    ("25\\%", "25"),
 )
 
 
@@ -430,7 +458,11 @@ def warm_up() -> bool:
     """Build math-verify's parsers and sympy's caches once per process (seconds, cold; never timed)."""
     from math_verify import parse, verify
 
-    verify(parse("$\\frac{1}{2}$", parsing_timeout=None), parse("$0.5$", parsing_timeout=None), timeout_seconds=None)
+    verify(
+        parse("$\\frac{1}{2}$", parsing_timeout=None),
+        parse("$0.5$", parsing_timeout=None),
+        timeout_seconds=None,
+    )
     for gold, answer in WARM_UP_PAIRS:
         with contextlib.suppress(Exception):  # a warm-up pair that fails still warmed what it reached
             _symbolic_equal(normalise_math(answer), gold_form(normalise_gold(gold)))
@@ -455,7 +487,9 @@ def _judge_in_helper_process(answer: str, gold: str, timeout_s: float) -> str:
             atexit.register(_helper_pool.shutdown, wait=False, cancel_futures=True)
         pool = _helper_pool
     try:
-        return pool.submit(judge, answer, gold, timeout_s=timeout_s).result(timeout=timeout_s * WALL_FACTOR + 60)
+        return pool.submit(judge, answer, gold, timeout_s=timeout_s).result(
+            timeout=timeout_s * WALL_FACTOR + 60
+        )
     except Exception:  # noqa: BLE001 - a lost helper is not a verdict
         return TIMEOUT
 

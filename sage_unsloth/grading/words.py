@@ -16,8 +16,11 @@ import re
 _TEXT_GOLD = re.compile(r"\s*\\(?:text|textbf|textrm|mathrm|mbox)\s*\{\s*([^{}]*?)\s*\}\s*")
 _LETTER = re.compile(r"\(?\s*([A-Z])\s*\)?")
 _WRAPPERS = re.compile(r"\\(?:text\w*|mathrm|mathbf|mbox|boxed)\s*\{([^{}]*)\}")
-_LEAD = re.compile(r"^(?:(?:the\s+)?(?:final\s+)?(?:answer|option|choice|correct\s+option)\s*(?:is|:)?\s*|"
-                   r"it\s+is\s+|it's\s+|so\s+|thus\s+|therefore\s*,?\s+|(?:the|an?)\s+)+", re.IGNORECASE)
+_LEAD = re.compile(
+    r"^(?:(?:the\s+)?(?:final\s+)?(?:answer|option|choice|correct\s+option)\s*(?:is|:)?\s*|"
+    r"it\s+is\s+|it's\s+|so\s+|thus\s+|therefore\s*,?\s+|(?:the|an?)\s+)+",
+    re.IGNORECASE,
+)
 _NEGATIONS = frozenset({"not", "no", "never", "isn't", "neither", "nor"})
 
 
@@ -36,7 +39,9 @@ def word_gold(gold: str) -> tuple[str, str] | None:
 
 def _words(text: str) -> list[str]:
     text = _WRAPPERS.sub(r" \1 ", text)
-    return re.findall(r"[a-z0-9\u00c0-\u024f'](?:[a-z0-9\u00c0-\u024f'-]*[a-z0-9\u00c0-\u024f'])?", text.lower())
+    return re.findall(
+        r"[a-z0-9\u00c0-\u024f'](?:[a-z0-9\u00c0-\u024f'-]*[a-z0-9\u00c0-\u024f'])?", text.lower()
+    )
 
 
 def _options(text: str) -> list[str]:

@@ -28,7 +28,6 @@ from sage_unsloth.results import (
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class RunResults:
     model: str

@@ -160,8 +160,15 @@ def render_markdown(
     parts.append(
         md_table(
             [
-                "run", "paper model", "paper method", "KL placement", "checkpoint", "sampling", "k reported",
-                "ungraded", "notes",
+                "run",
+                "paper model",
+                "paper method",
+                "KL placement",
+                "checkpoint",
+                "sampling",
+                "k reported",
+                "ungraded",
+                "notes",
             ],
             run_rows,
         )
@@ -290,8 +297,13 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
     patterns = pat.pattern_table(runs, args.completions, samples_per_problem=args.pattern_samples_per_problem)
     support_notes: list[str] = []
     support_frame = support.support_table(
-        runs, reference=args.support_reference, mapping=mapping, resamples=args.resamples, seed=args.seed,
-        level=args.level, notes=support_notes,
+        runs,
+        reference=args.support_reference,
+        mapping=mapping,
+        resamples=args.resamples,
+        seed=args.seed,
+        level=args.level,
+        notes=support_notes,
     )
     size = (args.plot_width, args.plot_height)
     images = plots.passk_curves(curves, comparison, assets, size=size)
@@ -315,10 +327,19 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
     )
     result.markdown = render_markdown(args, runs, result, published_patterns, mapping)
     rel = lambda p: Path(p).resolve().relative_to(out.parent.resolve()).as_posix()
-    result.markdown += "\n" + support.markdown_section(support_frame, support_images, rel, support_notes) + "\n"
-    result.markdown += "\n" + training.markdown_section(
-        training_frame, rel(training_png) if training_png else None, f"{assets.name}/training.csv", training_notes
-    ) + "\n"
+    result.markdown += (
+        "\n" + support.markdown_section(support_frame, support_images, rel, support_notes) + "\n"
+    )
+    result.markdown += (
+        "\n"
+        + training.markdown_section(
+            training_frame,
+            rel(training_png) if training_png else None,
+            f"{assets.name}/training.csv",
+            training_notes,
+        )
+        + "\n"
+    )
     for name, frame in (
         ("comparison", comparison),
         ("passk_all_k", curves),
@@ -344,7 +365,12 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
             args.wandb_project,
             entity=args.wandb_entity,
             markdown=result.markdown,
-            tables={"comparison": comparison, "pairs": pairs, "patterns": patterns, "training": training_frame},
+            tables={
+                "comparison": comparison,
+                "pairs": pairs,
+                "patterns": patterns,
+                "training": training_frame,
+            },
             images=all_images,
         )
     log.info("wrote %s (tables and plots in %s/)", out, assets)

@@ -42,8 +42,15 @@ log = logging.getLogger(__name__)
 QUANTITIES = ("preserved", "shrunk", "expanded", "unsolved")
 SHARES = ("solved_ref", "solved_run", *QUANTITIES, "net")
 REFERENCE_METHOD = "Base"
-COLUMNS = ["model", "run", "reference", "dataset", "k", "n_problems",
-           *[f"{name}{suffix}" for name in SHARES for suffix in ("", "_ci_low", "_ci_high")]]
+COLUMNS = [
+    "model",
+    "run",
+    "reference",
+    "dataset",
+    "k",
+    "n_problems",
+    *[f"{name}{suffix}" for name in SHARES for suffix in ("", "_ci_low", "_ci_high")],
+]
 
 
 def support_indicators(p_ref: np.ndarray, p_run: np.ndarray) -> dict[str, np.ndarray]:
@@ -51,20 +58,29 @@ def support_indicators(p_ref: np.ndarray, p_run: np.ndarray) -> dict[str, np.nda
     p_ref, p_run = np.asarray(p_ref, dtype=np.float64), np.asarray(p_run, dtype=np.float64)
     if p_ref.shape != p_run.shape:
         raise ValueError(f"support: per-problem values must align, got {p_ref.shape} and {p_run.shape}")
-    return {"preserved": p_ref * p_run, "shrunk": p_ref * (1.0 - p_run),
-            "expanded": (1.0 - p_ref) * p_run, "unsolved": (1.0 - p_ref) * (1.0 - p_run)}
+    return {
+        "preserved": p_ref * p_run,
+        "shrunk": p_ref * (1.0 - p_run),
+        "expanded": (1.0 - p_ref) * p_run,
+        "unsolved": (1.0 - p_ref) * (1.0 - p_run),
+    }
 
 
 def per_problem_shares(p_ref: np.ndarray, p_run: np.ndarray) -> np.ndarray:
     """(N, len(SHARES)) per-problem values whose means are the reported shares."""
     parts = support_indicators(p_ref, p_run)
-    columns = [np.asarray(p_ref, dtype=np.float64), np.asarray(p_run, dtype=np.float64),
-               *(parts[name] for name in QUANTITIES), parts["expanded"] - parts["shrunk"]]
+    columns = [
+        np.asarray(p_ref, dtype=np.float64),
+        np.asarray(p_run, dtype=np.float64),
+        *(parts[name] for name in QUANTITIES),
+        parts["expanded"] - parts["shrunk"],
+    ]
     return np.stack(columns, axis=1)
 
 
-def find_reference(runs: list[RunResults], model: str, reference: str | None,
-                   mapping: dict | None = None) -> RunResults | None:
+def find_reference(
+    runs: list[RunResults], model: str, reference: str | None, mapping: dict | None = None
+) -> RunResults | None:
     """The reference run of ``model``: the one named ``reference``, else the one mapped to "Base"."""
     candidates = [r for r in runs if r.model == model]
     if reference:
@@ -88,13 +104,20 @@ def _aligned(ref: RunResults, run: RunResults, dataset: str):
 def support_ks(n_ref: np.ndarray, n_run: np.ndarray) -> list[int]:
     """k = 1, 2, 4, ... up to the smallest n of either run (every problem must have n >= k), and that n."""
     top = int(min(n_ref.min(), n_run.min())) if len(n_ref) else 0
-    ks = [k for k in (2 ** i for i in range(32)) if k <= top]
+    ks = [k for k in (2**i for i in range(32)) if k <= top]
     return ks + ([top] if top and top not in ks else [])
 
 
-def support_table(runs: list[RunResults], *, reference: str | None = None, mapping: dict | None = None,
-                  resamples: int = bs.DEFAULT_RESAMPLES, seed: int = 0, level: float = 0.95,
-                  notes: list[str] | None = None) -> pd.DataFrame:
+def support_table(
+    runs: list[RunResults],
+    *,
+    reference: str | None = None,
+    mapping: dict | None = None,
+    resamples: int = bs.DEFAULT_RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+    notes: list[str] | None = None,
+) -> pd.DataFrame:
     """Shares (with CIs) of solved / preserved / shrunk / expanded problems, per run, benchmark and k."""
     notes = notes if notes is not None else []
     rows = []
@@ -120,11 +143,22 @@ def support_table(runs: list[RunResults], *, reference: str | None = None, mappi
                 for col, k in enumerate(ks):
                     values = per_problem_shares(p_ref[:, col], p_run[:, col])
                     low, high = bs.percentile_ci(bs.resampled_means(values, counts), level)
-                    row = {"model": model, "run": run.run, "reference": ref.run, "dataset": dataset, "k": k,
-                           "n_problems": len(n_ref)}
+                    row = {
+                        "model": model,
+                        "run": run.run,
+                        "reference": ref.run,
+                        "dataset": dataset,
+                        "k": k,
+                        "n_problems": len(n_ref),
+                    }
                     for j, name in enumerate(SHARES):
-                        row.update({name: float(values[:, j].mean()), f"{name}_ci_low": float(low[j]),
-                                    f"{name}_ci_high": float(high[j])})
+                        row.update(
+                            {
+                                name: float(values[:, j].mean()),
+                                f"{name}_ci_low": float(low[j]),
+                                f"{name}_ci_high": float(high[j]),
+                            }
+                        )
                     rows.append(row)
     for note in notes:
         log.warning("%s", note)
@@ -147,24 +181,56 @@ def _cell(row, name: str) -> str:
 
 def markdown_section(table: pd.DataFrame, images: dict[str, Path], rel, notes: list[str]) -> str:
     """The report's support section: one table at the largest k per run and benchmark, plus the plots."""
-    parts = ["## Support against the reference run (after The Invisible Leash, arXiv 2507.14843)",
-             ("Shares of the benchmark's problems, drawing k samples from each run: solved by the reference, "
-              "solved by this run, preserved (both), shrunk (reference only: lost), expanded (this run only: "
-              "gained); net = expanded - shrunk. At k = n a problem counts as solved when any sample is "
-              "correct. 95% bootstrap CIs over problems. Every k: `support.csv`. Rules: "
-              "sage_unsloth/report/support.py.")]
+    parts = [
+        "## Support against the reference run (after The Invisible Leash, arXiv 2507.14843)",
+        (
+            "Shares of the benchmark's problems, drawing k samples from each run: solved by the reference, "
+            "solved by this run, preserved (both), shrunk (reference only: lost), expanded (this run only: "
+            "gained); net = expanded - shrunk. At k = n a problem counts as solved when any sample is "
+            "correct. 95% bootstrap CIs over problems. Every k: `support.csv`. Rules: "
+            "sage_unsloth/report/support.py."
+        ),
+    ]
     top = headline_rows(table)
     if top.empty:
-        parts.append("No support metrics: " + ("; ".join(notes) if notes else "no run pairs with per-problem data."))
+        parts.append(
+            "No support metrics: " + ("; ".join(notes) if notes else "no run pairs with per-problem data.")
+        )
         return "\n\n".join(parts)
-    header = ["model", "run", "reference", "dataset", "k", "problems", "solved by reference", "solved by run",
-              "preserved", "shrunk (lost)", "expanded (gained)", "net"]
+    header = [
+        "model",
+        "run",
+        "reference",
+        "dataset",
+        "k",
+        "problems",
+        "solved by reference",
+        "solved by run",
+        "preserved",
+        "shrunk (lost)",
+        "expanded (gained)",
+        "net",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, r in top.iterrows():
-        lines.append("| " + " | ".join([r["model"], r["run"], r["reference"], r["dataset"], str(int(r["k"])),
-                                        str(int(r["n_problems"])), *(_cell(r, n) for n in
-                                        ("solved_ref", "solved_run", "preserved", "shrunk", "expanded", "net"))])
-                     + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["model"],
+                    r["run"],
+                    r["reference"],
+                    r["dataset"],
+                    str(int(r["k"])),
+                    str(int(r["n_problems"])),
+                    *(
+                        _cell(r, n)
+                        for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded", "net")
+                    ),
+                ]
+            )
+            + " |"
+        )
     parts.append("\n".join(lines))
     parts += [f"![support on {dataset}]({rel(path)})" for dataset, path in images.items()]
     if notes:
@@ -172,7 +238,9 @@ def markdown_section(table: pd.DataFrame, images: dict[str, Path], rel, notes: l
     return "\n\n".join(parts)
 
 
-def plot_support(table: pd.DataFrame, out_dir: str | Path, *, size: tuple[int, int] = (960, 600)) -> dict[str, Path]:
+def plot_support(
+    table: pd.DataFrame, out_dir: str | Path, *, size: tuple[int, int] = (960, 600)
+) -> dict[str, Path]:
     """Per benchmark: shares at the largest k (bars, with CIs) and shrunk / expanded against k (lines)."""
     from sage_unsloth.report import plots
 
@@ -183,21 +251,35 @@ def plot_support(table: pd.DataFrame, out_dir: str | Path, *, size: tuple[int, i
         top = headline_rows(frame)
         labels = [f"{m}/{r}" for m, r in zip(top["model"], top["run"])]
         x = np.arange(len(top))
-        for offset, (name, colour) in zip((-0.27, 0.0, 0.27), (("preserved", "tab:blue"), ("shrunk", "tab:red"),
-                                                                 ("expanded", "tab:green"))):
+        for offset, (name, colour) in zip(
+            (-0.27, 0.0, 0.27), (("preserved", "tab:blue"), ("shrunk", "tab:red"), ("expanded", "tab:green"))
+        ):
             values = top[name].to_numpy()
-            err = np.stack([values - top[f"{name}_ci_low"].to_numpy(), top[f"{name}_ci_high"].to_numpy() - values])
+            err = np.stack(
+                [values - top[f"{name}_ci_low"].to_numpy(), top[f"{name}_ci_high"].to_numpy() - values]
+            )
             bars.bar(x + offset, values, width=0.27, color=colour, label=name, yerr=err, capsize=2)
         bars.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
         bars.set_ylabel("share of problems")
-        bars.set_title(f"{dataset}: at the largest k (vs {', '.join(sorted(set(top['reference'])))})", fontsize=9)
+        bars.set_title(
+            f"{dataset}: at the largest k (vs {', '.join(sorted(set(top['reference'])))})", fontsize=9
+        )
         bars.legend(fontsize=7)
         for i, ((model, run), group) in enumerate(frame.groupby(["model", "run"], sort=True)):
             group = group.sort_values("k")
             colour = f"C{i % 10}"
-            lines.plot(group["k"], group["expanded"], color=colour, marker="o", ms=3, label=f"{model}/{run} expanded")
-            lines.plot(group["k"], group["shrunk"], color=colour, ls="--", marker="x", ms=3,
-                       label=f"{model}/{run} shrunk")
+            lines.plot(
+                group["k"], group["expanded"], color=colour, marker="o", ms=3, label=f"{model}/{run} expanded"
+            )
+            lines.plot(
+                group["k"],
+                group["shrunk"],
+                color=colour,
+                ls="--",
+                marker="x",
+                ms=3,
+                label=f"{model}/{run} shrunk",
+            )
         lines.set_xscale("log", base=2)
         lines.set_xlabel("k (log2)")
         lines.set_ylabel("share of problems")

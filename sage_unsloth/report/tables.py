@@ -20,8 +20,19 @@ from sage_unsloth.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, 
 
 log = logging.getLogger(__name__)
 
-DATASET_ORDER = (PAPER_AVERAGE, POOLED_AIME, "aime24", "aime25", "amc23", "math500", "minerva", "kk_logicrl", "kk_official",
-                 "kk_local", "kk")
+DATASET_ORDER = (
+    PAPER_AVERAGE,
+    POOLED_AIME,
+    "aime24",
+    "aime25",
+    "amc23",
+    "math500",
+    "minerva",
+    "kk_logicrl",
+    "kk_official",
+    "kk_local",
+    "kk",
+)
 # Section titles that say which puzzle set a K&K result is on (the two sets are never comparable).
 DATASET_TITLES = {
     PAPER_AVERAGE: "Paper average (AIME pooled, AMC23, MATH-500)",
@@ -101,7 +112,9 @@ def curve_table(runs: list[RunResults], settings: BootstrapSettings) -> pd.DataF
     rows = []
     for run in runs:
         for dataset in report_datasets([run]):
-            ks = run.reported_ks(dataset) or (run.reported_ks(AIME_PARTS[0]) if dataset == POOLED_AIME else [])
+            ks = run.reported_ks(dataset) or (
+                run.reported_ks(AIME_PARTS[0]) if dataset == POOLED_AIME else []
+            )
             values = [point_value(run, dataset, k) for k in ks]
             ci = bootstrap_ci(run, dataset, ks, settings) if ks else None
             for i, (k, value) in enumerate(zip(ks, values)):

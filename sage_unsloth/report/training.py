@@ -22,8 +22,17 @@ from sage_unsloth.training_log import read_log_history
 log = logging.getLogger(__name__)
 
 # Shown first, in this order; every other ``sage/*`` key a run logged follows, sorted.
-LEADING_KEYS = ("reward", "reward_std", "kl", "entropy", "sage/q_mean", "sage/frac_boosted", "sage/q_min",
-                "sage/q_max", "completions/mean_length")
+LEADING_KEYS = (
+    "reward",
+    "reward_std",
+    "kl",
+    "entropy",
+    "sage/q_mean",
+    "sage/frac_boosted",
+    "sage/q_min",
+    "sage/q_max",
+    "completions/mean_length",
+)
 # The columns of the summary table in report.md (all keys go to training.csv).
 TABLE_KEYS = ("reward", "kl", "entropy", "sage/q_mean", "sage/frac_boosted")
 STEP = "step"
@@ -68,15 +77,19 @@ def load_histories(folders: dict[str, Path], notes: list[str]) -> dict[str, pd.D
         manifest = read_manifest(folder)
         log_name = manifest.get("log_history")
         if not log_name:
-            notes.append(f"{name}: the RLVR manifest names no log_history (written before the kit logged one)")
+            notes.append(
+                f"{name}: the RLVR manifest names no log_history (written before the kit logged one)"
+            )
             continue
         try:
             entries = read_log_history(folder / log_name)
         except (FileNotFoundError, ValueError) as err:
             notes.append(f"{name}: {err}")
             continue
-        rows = [{k: v for k, v in e.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-                for e in entries]
+        rows = [
+            {k: v for k, v in e.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            for e in entries
+        ]
         # The Trainer's end-of-training summary (train_runtime, train_loss) shares the last step: not a curve.
         rows = [r for r in rows if STEP in r and "train_runtime" not in r]
         if not rows:
@@ -101,11 +114,22 @@ def summary_table(histories: dict[str, pd.DataFrame]) -> pd.DataFrame:
             if data.empty:
                 continue
             values = data[key]
-            rows.append({"run": name, "metric": key, "points": len(data), "first_step": int(data[STEP].iloc[0]),
-                         "last_step": int(data[STEP].iloc[-1]), "first": float(values.iloc[0]),
-                         "last": float(values.iloc[-1]), "min": float(values.min()), "max": float(values.max())})
-    return pd.DataFrame(rows, columns=["run", "metric", "points", "first_step", "last_step", "first", "last",
-                                       "min", "max"])
+            rows.append(
+                {
+                    "run": name,
+                    "metric": key,
+                    "points": len(data),
+                    "first_step": int(data[STEP].iloc[0]),
+                    "last_step": int(data[STEP].iloc[-1]),
+                    "first": float(values.iloc[0]),
+                    "last": float(values.iloc[-1]),
+                    "min": float(values.min()),
+                    "max": float(values.max()),
+                }
+            )
+    return pd.DataFrame(
+        rows, columns=["run", "metric", "points", "first_step", "last_step", "first", "last", "min", "max"]
+    )
 
 
 def markdown_section(summary: pd.DataFrame, png_rel: str | None, csv_rel: str, notes: list[str]) -> str:
@@ -113,8 +137,10 @@ def markdown_section(summary: pd.DataFrame, png_rel: str | None, csv_rel: str, n
 
     parts = ["## Training curves (RLVR runs, from each run's log_history.jsonl)"]
     if summary.empty:
-        parts.append("No RLVR training log found (the eval manifests name no RLVR folder with a "
-                     "log_history.jsonl; add folders with --training_runs 'outputs/*/*').")
+        parts.append(
+            "No RLVR training log found (the eval manifests name no RLVR folder with a "
+            "log_history.jsonl; add folders with --training_runs 'outputs/*/*')."
+        )
     else:
         keys = [k for k in TABLE_KEYS if k in set(summary["metric"])]
         rows = []
@@ -122,8 +148,11 @@ def markdown_section(summary: pd.DataFrame, png_rel: str | None, csv_rel: str, n
             by_key = group.set_index("metric")
             cells = [name, int(group["last_step"].max())]
             for key in keys:
-                cells.append(f"{fmt(by_key.loc[key, 'first'])} → {fmt(by_key.loc[key, 'last'])}"
-                             if key in by_key.index else "—")
+                cells.append(
+                    f"{fmt(by_key.loc[key, 'first'])} → {fmt(by_key.loc[key, 'last'])}"
+                    if key in by_key.index
+                    else "—"
+                )
             rows.append(cells)
         parts.append(md_table(["run", "last step", *(f"{k} (first → last)" for k in keys)], rows))
         if png_rel:

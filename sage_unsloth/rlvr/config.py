@@ -44,14 +44,20 @@ def unsloth_conflict(cfg, unsloth_patched: bool) -> str | None:
     if not unsloth_patched:
         return None
     if cfg.kl_estimator != "k3":
-        return (f"kl_estimator={cfg.kl_estimator!r} is not expressible as a shifted reference, which is all "
-                "Unsloth's patched loss reads: set backend=trl or kl_estimator=k3")
+        return (
+            f"kl_estimator={cfg.kl_estimator!r} is not expressible as a shifted reference, which is all "
+            "Unsloth's patched loss reads: set backend=trl or kl_estimator=k3"
+        )
     if cfg.dynamic_sampling:
-        return ("dynamic_sampling merges rollouts in TRL's layout, not Unsloth's: set backend=trl or "
-                "dynamic_sampling=false")
+        return (
+            "dynamic_sampling merges rollouts in TRL's layout, not Unsloth's: set backend=trl or "
+            "dynamic_sampling=false"
+        )
     if cfg.sage_q_source == "loss" and cfg.sage_guide == "token":
-        return ("sage_q_source='loss' with sage_guide='token' needs TRL's loss (Unsloth's patched loss hands out "
-                "entropies, not log-probs): use sage_q_source=rollout or auto, or backend=trl")
+        return (
+            "sage_q_source='loss' with sage_guide='token' needs TRL's loss (Unsloth's patched loss hands out "
+            "entropies, not log-probs): use sage_q_source=rollout or auto, or backend=trl"
+        )
     return None
 
 
@@ -69,16 +75,24 @@ class SageGRPOConfig(GRPOConfig):
     sage_q_max: float = field(default=1.4, metadata=_help("Upper clip of q (>= sage_q_min)."))
     sage_gamma: float = field(default=0.3, metadata=_help("Branch guide: q = 1 + gamma * relu(H - tau)."))
     sage_tau: float = field(default=1.2, metadata=_help("Branch guide: entropy threshold tau (nats)."))
-    sage_alpha_upper: float = field(default=0.3, metadata=_help("Token guide: alpha at the start of a cycle."))
+    sage_alpha_upper: float = field(
+        default=0.3, metadata=_help("Token guide: alpha at the start of a cycle.")
+    )
     sage_alpha_lower: float = field(default=0.1, metadata=_help("Token guide: alpha at the end of a cycle."))
     sage_sigma_upper: float = field(default=0.25, metadata=_help("Token guide: noise sigma, start of cycle."))
     sage_sigma_lower: float = field(default=0.1, metadata=_help("Token guide: noise sigma, end of cycle."))
-    sage_token_norm: str = field(default="minmax", metadata=_help(f"Token guide surprisal norm: {TOKEN_NORMS}."))
-    sage_eps_upper: float = field(default=0.1, metadata=_help("Random guide: token probability, cycle start."))
+    sage_token_norm: str = field(
+        default="minmax", metadata=_help(f"Token guide surprisal norm: {TOKEN_NORMS}.")
+    )
+    sage_eps_upper: float = field(
+        default=0.1, metadata=_help("Random guide: token probability, cycle start.")
+    )
     sage_eps_lower: float = field(default=0.0, metadata=_help("Random guide: token probability, cycle end."))
     sage_random_sigma_upper: float = field(default=0.15, metadata=_help("Random guide: sigma, cycle start."))
     sage_random_sigma_lower: float = field(default=0.05, metadata=_help("Random guide: sigma, cycle end."))
-    sage_schedule_cycles: int = field(default=8, metadata=_help("Cosine restarts over max_steps (token/random)."))
+    sage_schedule_cycles: int = field(
+        default=8, metadata=_help("Cosine restarts over max_steps (token/random).")
+    )
     sage_schedule_decay: float = field(default=0.9, metadata=_help("Upper bounds shrink by this each cycle."))
     sage_seed: int | None = field(
         default=None, metadata=_help("Seed of the token/random guide noise generator; None uses `seed`.")
@@ -128,8 +142,11 @@ class SageGRPOConfig(GRPOConfig):
         ),
     )
     dynamic_sampling_max_rounds: int = field(
-        default=8, metadata=_help("Most rollouts per generation batch under dynamic_sampling (then fill with "
-                                  "degenerate groups, logged as dynamic_sampling/degenerate_frac).")
+        default=8,
+        metadata=_help(
+            "Most rollouts per generation batch under dynamic_sampling (then fill with "
+            "degenerate groups, logged as dynamic_sampling/degenerate_frac)."
+        ),
     )
     soft_overlong_punish_cache: int = field(
         default=0,
@@ -149,7 +166,9 @@ class SageGRPOConfig(GRPOConfig):
     per_device_train_batch_size: int = field(default=8, metadata=_help("Paper: 8."))
     optim: str = field(
         default="adamw_torch",
-        metadata=_help("Optimizer; the paper used adamw_8bit on GPU (needs bitsandbytes), set it per config."),
+        metadata=_help(
+            "Optimizer; the paper used adamw_8bit on GPU (needs bitsandbytes), set it per config."
+        ),
     )
     weight_decay: float = field(default=0.01, metadata=_help("Paper: 0.01."))
     num_generations: int | None = field(default=8, metadata=_help("Rollouts per prompt (paper: 8)."))
@@ -158,7 +177,8 @@ class SageGRPOConfig(GRPOConfig):
     min_p: float | None = field(default=0.01, metadata=_help("Paper: 0.01."))
     epsilon: float = field(default=0.2, metadata=_help("PPO clip epsilon (paper: 0.2)."))
     use_bias_correction_kl: bool = field(
-        default=False, metadata=_help("TRL 1.15 defaults True; the paper ran TRL 0.23, which had no such factor.")
+        default=False,
+        metadata=_help("TRL 1.15 defaults True; the paper ran TRL 0.23, which had no such factor."),
     )
     # vLLM importance sampling: the paper's TRL 0.23 truncated each token's ratio at 2.0; TRL 1.15 defaults to a
     # sequence-level mask at 3.0 (and Unsloth's config to no correction). Read by TRL's and by Unsloth's loss.
@@ -187,53 +207,83 @@ class SageGRPOConfig(GRPOConfig):
         def fail(msg: str):
             raise ConfigError(msg)
 
-        for name, choices in (("sage_guide", GUIDES), ("kl_estimator", KL_ESTIMATORS),
-                              ("sage_token_norm", TOKEN_NORMS), ("sage_q_source", Q_SOURCES), ("backend", BACKENDS),
-                              ("loss_type", LOSS_TYPES), ("sage_kl_placement", PLACEMENTS),
-                              ("dapo_normalizer", DAPO_NORMALIZERS)):
+        for name, choices in (
+            ("sage_guide", GUIDES),
+            ("kl_estimator", KL_ESTIMATORS),
+            ("sage_token_norm", TOKEN_NORMS),
+            ("sage_q_source", Q_SOURCES),
+            ("backend", BACKENDS),
+            ("loss_type", LOSS_TYPES),
+            ("sage_kl_placement", PLACEMENTS),
+            ("dapo_normalizer", DAPO_NORMALIZERS),
+        ):
             value = getattr(self, name)
             if value not in choices:
-                fail(f"{name}={value!r} is unknown{suggestion(str(value), choices)} (use one of {', '.join(choices)})")
+                fail(
+                    f"{name}={value!r} is unknown{suggestion(str(value), choices)} (use one of {', '.join(choices)})"
+                )
         if self.beta < 0.0:
             fail(f"beta={self.beta} is negative: the KL coefficient must be >= 0 (paper: 0.05; 0 = no KL)")
         if self.learning_rate <= 0.0:
             fail(f"learning_rate={self.learning_rate} must be > 0 (paper: 5e-6)")
         if self.sage_guide != "none" and self.beta == 0.0:
-            fail(f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none")
+            fail(
+                f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none"
+            )
         if self.sage_q_min <= 0.0:
             fail(f"sage_q_min={self.sage_q_min} must be > 0 (log q must stay finite): e.g. sage_q_min=0.6")
         if self.sage_q_min > self.sage_q_max:
-            fail(f"sage_q_min={self.sage_q_min} > sage_q_max={self.sage_q_max}: make sage_q_min <= sage_q_max")
+            fail(
+                f"sage_q_min={self.sage_q_min} > sage_q_max={self.sage_q_max}: make sage_q_min <= sage_q_max"
+            )
         if self.kl_estimator == "forward" and self.sage_guide != "none":
-            fail("kl_estimator='forward' is the plain forward-KL baseline: set sage_guide=none or kl_estimator=k3")
+            fail(
+                "kl_estimator='forward' is the plain forward-KL baseline: set sage_guide=none or kl_estimator=k3"
+            )
         if self.kl_estimator != "k3" and self.beta == 0.0:
-            fail(f"kl_estimator={self.kl_estimator!r} has no effect with beta=0: set beta > 0 or kl_estimator=k3")
+            fail(
+                f"kl_estimator={self.kl_estimator!r} has no effect with beta=0: set beta > 0 or kl_estimator=k3"
+            )
         if self.kl_estimator != "k3" and self.loss_type not in LOSS_LEVEL_KL_LOSS_TYPES:
-            fail(f"kl_estimator={self.kl_estimator!r} supports loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, "
-                 f"got loss_type={self.loss_type!r}: change one of them")
+            fail(
+                f"kl_estimator={self.kl_estimator!r} supports loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, "
+                f"got loss_type={self.loss_type!r}: change one of them"
+            )
         if self.sage_schedule_cycles < 1:
             fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
         if self.sage_kl_placement == "reward":
             if self.beta == 0.0:
-                fail("sage_kl_placement=reward puts beta * pseudo-KL in the reward: set beta > 0 (paper: 0.05)")
+                fail(
+                    "sage_kl_placement=reward puts beta * pseudo-KL in the reward: set beta > 0 (paper: 0.05)"
+                )
             if self.kl_estimator != "k3":
-                fail(f"kl_estimator={self.kl_estimator!r} is a per-token loss term; sage_kl_placement=reward uses the "
-                     "sequence log-ratio instead: set kl_estimator=k3 or sage_kl_placement=loss")
+                fail(
+                    f"kl_estimator={self.kl_estimator!r} is a per-token loss term; sage_kl_placement=reward uses the "
+                    "sequence log-ratio instead: set kl_estimator=k3 or sage_kl_placement=loss"
+                )
             if self.multi_objective_aggregation != "sum_then_normalize":
-                fail("sage_kl_placement=reward adds the pseudo-KL to the summed reward: set "
-                     "multi_objective_aggregation=sum_then_normalize")
+                fail(
+                    "sage_kl_placement=reward adds the pseudo-KL to the summed reward: set "
+                    "multi_objective_aggregation=sum_then_normalize"
+                )
         if self.dapo_normalizer not in DAPO_NORMALIZERS:
-            fail(f"dapo_normalizer={self.dapo_normalizer!r} is unknown: use one of {', '.join(DAPO_NORMALIZERS)}")
+            fail(
+                f"dapo_normalizer={self.dapo_normalizer!r} is unknown: use one of {', '.join(DAPO_NORMALIZERS)}"
+            )
         # Refused on CPU too (where Unsloth would leave TRL's trainer in place): a config means one thing.
         if (conflict := unsloth_conflict(self, self.backend == "unsloth")) is not None:
             fail(conflict)
         if self.dynamic_sampling_max_rounds < 1:
             fail(f"dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be >= 1")
         if self.soft_overlong_punish_cache < 0 or (
-                self.soft_overlong_punish_cache and self.max_completion_length is not None
-                and self.soft_overlong_punish_cache >= self.max_completion_length):
-            fail(f"soft_overlong_punish_cache={self.soft_overlong_punish_cache} must be 0 (off) or in "
-                 f"[1, max_completion_length={self.max_completion_length})")
+            self.soft_overlong_punish_cache
+            and self.max_completion_length is not None
+            and self.soft_overlong_punish_cache >= self.max_completion_length
+        ):
+            fail(
+                f"soft_overlong_punish_cache={self.soft_overlong_punish_cache} must be 0 (off) or in "
+                f"[1, max_completion_length={self.max_completion_length})"
+            )
 
     @property
     def expected_q_source(self) -> str:
@@ -247,8 +297,11 @@ class SageGRPOConfig(GRPOConfig):
 
     def _warn_off_policy_q(self) -> None:
         # The random guide ignores the policy; branch/token q in the loss is the official code's own order.
-        if self.sage_guide not in ("branch", "token") or self.sage_kl_placement == "reward" \
-                or self.expected_q_source == "loss":
+        if (
+            self.sage_guide not in ("branch", "token")
+            or self.sage_kl_placement == "reward"
+            or self.expected_q_source == "loss"
+        ):
             return  # (the reward placement computes q with the reward, at rollout, by definition)
         if self.num_iterations != 1 or self.steps_per_generation != self.gradient_accumulation_steps:
             warnings.warn(
@@ -262,11 +315,20 @@ class SageGRPOConfig(GRPOConfig):
     def _warn_guide_without_effect(self) -> None:
         from sage_unsloth.anchor import guide_effect
 
-        reason = guide_effect(self.sage_guide, self.kl_estimator, ratio=self.use_bias_correction_kl,
-                              placement=self.sage_kl_placement, q_min=self.sage_q_min, q_max=self.sage_q_max)
+        reason = guide_effect(
+            self.sage_guide,
+            self.kl_estimator,
+            ratio=self.use_bias_correction_kl,
+            placement=self.sage_kl_placement,
+            q_min=self.sage_q_min,
+            q_max=self.sage_q_max,
+        )
         if reason is not None and self.beta != 0.0:
-            warnings.warn(f"sage_guide={self.sage_guide!r} has no effect on the expected gradient here: {reason} "
-                          "(README: what the guide does to the gradient)", stacklevel=3)
+            warnings.warn(
+                f"sage_guide={self.sage_guide!r} has no effect on the expected gradient here: {reason} "
+                "(README: what the guide does to the gradient)",
+                stacklevel=3,
+            )
 
     @property
     def guide_seed(self) -> int:

@@ -46,35 +46,48 @@ def to_rlvr_row(row: dict[str, Any]) -> dict[str, Any]:
     """One source row in any accepted layout -> ``{"prompt": messages, "answer": gold string}``."""
     problem, gold = _problem_text(row), _gold(row)
     if problem is None:
-        raise ValueError(f"dataset row has no problem text: expected a string 'prompt' (or 'problem') or a verl "
-                         f"'prompt' message list; got fields {sorted(row)}")
+        raise ValueError(
+            f"dataset row has no problem text: expected a string 'prompt' (or 'problem') or a verl "
+            f"'prompt' message list; got fields {sorted(row)}"
+        )
     if gold is None:
-        raise ValueError(f"dataset row has no gold answer: expected one of {GOLD_FIELDS} or "
-                         f"'reward_model.ground_truth'; got fields {sorted(row)}")
+        raise ValueError(
+            f"dataset row has no gold answer: expected one of {GOLD_FIELDS} or "
+            f"'reward_model.ground_truth'; got fields {sorted(row)}"
+        )
     return {"prompt": prompt_messages(problem), "answer": str(gold).strip()}
 
 
-def load_source(dataset_name: str = DEFAULT_DATASET, dataset_config: str | None = DEFAULT_CONFIG,
-                dataset_path: str | None = None, split: str = "train"):
+def load_source(
+    dataset_name: str = DEFAULT_DATASET,
+    dataset_config: str | None = DEFAULT_CONFIG,
+    dataset_path: str | None = None,
+    split: str = "train",
+):
     """The raw ``datasets.Dataset``: a local file when ``dataset_path`` is set, else the hub dataset."""
     import datasets
 
     if dataset_path:
         path = Path(dataset_path)
         if not path.is_file():
-            raise FileNotFoundError(f"dataset_path={dataset_path} does not exist: point it to a .jsonl or "
-                                    f".parquet file, or unset it to use {DEFAULT_DATASET}")
+            raise FileNotFoundError(
+                f"dataset_path={dataset_path} does not exist: point it to a .jsonl or "
+                f".parquet file, or unset it to use {DEFAULT_DATASET}"
+            )
         kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
         if kind is None:
-            raise ValueError(f"dataset_path={dataset_path}: unsupported file type {path.suffix!r}; "
-                             "use .jsonl or .parquet")
+            raise ValueError(
+                f"dataset_path={dataset_path}: unsupported file type {path.suffix!r}; use .jsonl or .parquet"
+            )
         if path.stat().st_size == 0:
             raise ValueError(f"dataset_path={dataset_path} is empty: the RLVR dataset needs rows")
         try:
             return datasets.load_dataset(kind, data_files=str(path), split="train")
         except Exception as exc:  # datasets' messages for malformed files can be empty
-            raise ValueError(f"dataset_path={dataset_path} could not be read as {kind} "
-                             f"({type(exc).__name__}: {str(exc)[:200]})") from exc
+            raise ValueError(
+                f"dataset_path={dataset_path} could not be read as {kind} "
+                f"({type(exc).__name__}: {str(exc)[:200]})"
+            ) from exc
     return datasets.load_dataset(dataset_name, dataset_config, split=split)
 
 
@@ -84,8 +97,9 @@ def prompt_token_lengths(prompts: list[list[dict[str, str]]], tokenizer) -> list
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def build_rlvr_dataset(source, tokenizer=None, *, max_prompt_length: int | None = None,
-                       max_rows: int | None = None):
+def build_rlvr_dataset(
+    source, tokenizer=None, *, max_prompt_length: int | None = None, max_rows: int | None = None
+):
     """Map ``source`` to RLVR rows and drop prompts longer than ``max_prompt_length`` tokens."""
     if len(source) == 0:
         raise ValueError("the RLVR dataset is empty: check dataset_name / dataset_path")
@@ -96,11 +110,16 @@ def build_rlvr_dataset(source, tokenizer=None, *, max_prompt_length: int | None 
     if max_prompt_length is not None:
         if tokenizer is None:
             raise ValueError("max_prompt_length filtering needs the tokenizer")
-        dataset = dataset.map(lambda batch: {"_n_tokens": prompt_token_lengths(batch["prompt"], tokenizer)},
-                              batched=True, batch_size=256)
+        dataset = dataset.map(
+            lambda batch: {"_n_tokens": prompt_token_lengths(batch["prompt"], tokenizer)},
+            batched=True,
+            batch_size=256,
+        )
         dataset = dataset.filter(lambda n: n <= max_prompt_length, input_columns="_n_tokens")
         dataset = dataset.remove_columns("_n_tokens")
         if len(dataset) == 0:
-            raise ValueError(f"no prompt fits max_prompt_length={max_prompt_length} tokens: raise it, or lower "
-                             "max_completion_length so that prompt + completion fit the model's context")
+            raise ValueError(
+                f"no prompt fits max_prompt_length={max_prompt_length} tokens: raise it, or lower "
+                "max_completion_length so that prompt + completion fit the model's context"
+            )
     return dataset

@@ -116,8 +116,9 @@ class ExactResumeMixin:
             return
         path = Path(checkpoint) / RESUME_STATE_FILE.format(process=self.args.process_index)
         if not path.is_file():
-            logger.warning("%s has no %s: resuming without TRL's generation buffer, not bit-exact", checkpoint,
-                           path.name)
+            logger.warning(
+                "%s has no %s: resuming without TRL's generation buffer, not bit-exact", checkpoint, path.name
+            )
             return
         device = self.accelerator.device
         # torch.load knows "cuda:1" but not "cpu:0", the device name of a rank in multi-process CPU runs.
@@ -130,8 +131,10 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     folder = Path(output_dir)
     if not folder.is_dir():
         return None
-    found = sorted(((int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))),
-                   reverse=True)
+    found = sorted(
+        ((int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))),
+        reverse=True,
+    )
     for _, path in found:
         if (path / TRAINER_STATE_FILE).is_file():
             return path
@@ -145,6 +148,8 @@ def logging_alignment_warning(args) -> str | None:
         return None
     save, log = int(args.save_steps), int(args.logging_steps)
     if save >= 1 and log >= 1 and save % log:
-        return (f"save_steps={save} is not a multiple of logging_steps={log}: after a resume the first logged "
-                "values average fewer steps than in an uninterrupted run (training itself resumes exactly)")
+        return (
+            f"save_steps={save} is not a multiple of logging_steps={log}: after a resume the first logged "
+            "values average fewer steps than in an uninterrupted run (training itself resumes exactly)"
+        )
     return None

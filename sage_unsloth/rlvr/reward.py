@@ -41,13 +41,21 @@ def completion_text(completion: Any) -> str:
         content = completion.get("content", "")
         return content if isinstance(content, str) else ""
     if isinstance(completion, Sequence):  # [{"role": "assistant", "content": ...}, ...]
-        return "".join(completion_text(m) for m in completion
-                       if isinstance(m, dict) and m.get("role", "assistant") == "assistant")
+        return "".join(
+            completion_text(m)
+            for m in completion
+            if isinstance(m, dict) and m.get("role", "assistant") == "assistant"
+        )
     return ""
 
 
-def score_completion(completion: Any, gold: Any, *, timeout_s: float = VERIFY_TIMEOUT_S,
-                     retry_timeout_s: float = RETRY_TIMEOUT_S) -> float:
+def score_completion(
+    completion: Any,
+    gold: Any,
+    *,
+    timeout_s: float = VERIFY_TIMEOUT_S,
+    retry_timeout_s: float = RETRY_TIMEOUT_S,
+) -> float:
     """1.0 if the completion's final answer matches ``gold``, else 0.0; never raises."""
     try:
         if gold is None or isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
@@ -60,19 +68,25 @@ def score_completion(completion: Any, gold: Any, *, timeout_s: float = VERIFY_TI
             status = grading.judge(answer, gold, timeout_s=max(retry_timeout_s, timeout_s))
             if status == grading.TIMEOUT:
                 UNRESOLVED["count"] += 1
-                logger.warning("reward: grading ran out of %.1f CPU s twice; scoring 0 (%d so far)",
-                               retry_timeout_s, UNRESOLVED["count"])
+                logger.warning(
+                    "reward: grading ran out of %.1f CPU s twice; scoring 0 (%d so far)",
+                    retry_timeout_s,
+                    UNRESOLVED["count"],
+                )
         return 1.0 if status == grading.CORRECT else 0.0
     except (Exception, grading.GradingTimeout) as exc:  # noqa: BLE001 - a reward must never end the run
         logger.debug("reward: grading failed (%s: %s); scoring 0", type(exc).__name__, exc)
         return 0.0
 
 
-def correctness_reward(prompts: list[Any], completions: list[Any], answer: list[Any] | None = None,
-                       **kwargs: Any) -> list[float]:
+def correctness_reward(
+    prompts: list[Any], completions: list[Any], answer: list[Any] | None = None, **kwargs: Any
+) -> list[float]:
     """TRL reward function: math-verify correctness of each completion against the ``answer`` column."""
     if answer is None:
-        raise ValueError("correctness_reward needs the dataset's gold column 'answer' (see sage_unsloth.rlvr.data)")
+        raise ValueError(
+            "correctness_reward needs the dataset's gold column 'answer' (see sage_unsloth.rlvr.data)"
+        )
     return [score_completion(c, g) for c, g in zip(completions, answer, strict=True)]
 
 

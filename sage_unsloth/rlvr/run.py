@@ -51,31 +51,57 @@ POLICY_ADAPTER = "default"
 class RLVRStageArgs:
     """Stage I/O of RLVR (the training hyper-parameters live in SageGRPOConfig)."""
 
-    sft_dir: str | None = field(default=None, metadata={
-        "help": "Stage-1 output folder (adapter + manifest.json). Default: <output_root>/<model>/sft."})
-    anchor: str = field(default="sft", metadata={
-        "help": "KL anchor pi_ref: 'sft' (the SFT model; default) or 'base' (pre-SFT base, official code)."})
-    variant: str | None = field(default=None, metadata={
-        "help": "Run name: output goes to <output_root>/<model>/<variant>/. Default: the config file's stem."})
+    sft_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Stage-1 output folder (adapter + manifest.json). Default: <output_root>/<model>/sft."
+        },
+    )
+    anchor: str = field(
+        default="sft",
+        metadata={
+            "help": "KL anchor pi_ref: 'sft' (the SFT model; default) or 'base' (pre-SFT base, official code)."
+        },
+    )
+    variant: str | None = field(
+        default=None,
+        metadata={
+            "help": "Run name: output goes to <output_root>/<model>/<variant>/. Default: the config file's stem."
+        },
+    )
     output_root: str = field(default=layout.OUTPUTS, metadata={"help": "Root of the stage output folders."})
     dataset_name: str = field(default="open-r1/DAPO-Math-17k-Processed", metadata={"help": "Hub dataset."})
     dataset_config: str | None = field(default="en", metadata={"help": "Hub dataset config."})
     dataset_split: str = field(default="train", metadata={"help": "Hub dataset split."})
-    dataset_path: str | None = field(default=None, metadata={
-        "help": "Local .jsonl/.parquet file overriding dataset_name (flat or verl layout)."})
+    dataset_path: str | None = field(
+        default=None,
+        metadata={"help": "Local .jsonl/.parquet file overriding dataset_name (flat or verl layout)."},
+    )
     max_train_rows: int | None = field(default=None, metadata={"help": "Use only the first N rows."})
-    max_prompt_length: int | None = field(default=None, metadata={
-        "help": "Drop prompts longer than this (tokens). Default: context - max_completion_length."})
-    max_seq_length: int | None = field(default=None, metadata={
-        "help": "Model context in tokens. Default: max_position_embeddings of the model's config.json."})
-    resume: bool = field(default=False, metadata={"help": "Continue from the last checkpoint in the output folder."})
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Drop prompts longer than this (tokens). Default: context - max_completion_length."
+        },
+    )
+    max_seq_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Model context in tokens. Default: max_position_embeddings of the model's config.json."
+        },
+    )
+    resume: bool = field(
+        default=False, metadata={"help": "Continue from the last checkpoint in the output folder."}
+    )
 
     def __post_init__(self):
         from sage_unsloth.config_args import ConfigError, suggestion
 
         if self.anchor not in ANCHORS:
-            raise ConfigError(f"anchor={self.anchor!r} is unknown{suggestion(self.anchor, ANCHORS)} "
-                              f"(use one of {', '.join(ANCHORS)})")
+            raise ConfigError(
+                f"anchor={self.anchor!r} is unknown{suggestion(self.anchor, ANCHORS)} "
+                f"(use one of {', '.join(ANCHORS)})"
+            )
         for name in ("max_train_rows", "max_prompt_length", "max_seq_length"):
             if (value := getattr(self, name)) is not None and value < 1:
                 raise ConfigError(f"{name}={value} must be a positive count: raise it or leave it unset")
@@ -108,24 +134,31 @@ def parse_args(argv: list[str] | None = None):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
     (grpo_args, stage_args, model_args), config_path = parse_stage_args(
-        (SageGRPOConfig, RLVRStageArgs, SageModelConfig), sys.argv[1:] if argv is None else argv,
-        stage="rlvr", configs_dir="configs/rlvr/")
+        (SageGRPOConfig, RLVRStageArgs, SageModelConfig),
+        sys.argv[1:] if argv is None else argv,
+        stage="rlvr",
+        configs_dir="configs/rlvr/",
+    )
     if stage_args.variant is None and config_path:
         stage_args.variant = Path(config_path).stem
     return grpo_args, stage_args, model_args, config_path
 
 
-def model_context_length(model_name_or_path: str, revision: str | None = None,
-                         trust_remote_code: bool = False) -> int:
+def model_context_length(
+    model_name_or_path: str, revision: str | None = None, trust_remote_code: bool = False
+) -> int:
     """``max_position_embeddings`` from the model's config.json (no weights are read)."""
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(model_name_or_path, revision=revision,
-                                            trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            model_name_or_path, revision=revision, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError) as exc:
-        raise FileNotFoundError(f"cannot read the config of {model_name_or_path!r} ({type(exc).__name__}): "
-                                "download the model or set max_seq_length") from None
+        raise FileNotFoundError(
+            f"cannot read the config of {model_name_or_path!r} ({type(exc).__name__}): "
+            "download the model or set max_seq_length"
+        ) from None
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     length = getattr(text_config, "max_position_embeddings", None)
     if not length:
@@ -144,8 +177,10 @@ def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any]
     else:
         raise ValueError("sft_dir is not set: pass --sft_dir outputs/<model>/sft (stage 1's output folder)")
     if not sft_dir.is_dir():
-        raise FileNotFoundError(f"sft_dir={sft_dir} does not exist: run stage 1 (scripts/01_sft.sh) first or "
-                                "point sft_dir to its output folder")
+        raise FileNotFoundError(
+            f"sft_dir={sft_dir} does not exist: run stage 1 (scripts/01_sft.sh) first or "
+            "point sft_dir to its output folder"
+        )
     manifest = read_manifest(sft_dir, expect_stage="sft")
     if not (sft_dir / "adapter_config.json").is_file():
         raise FileNotFoundError(f"sft_dir={sft_dir} has no adapter_config.json: it is not a finished SFT run")
@@ -153,8 +188,10 @@ def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any]
     if not base:
         raise ValueError(f"{sft_dir}/manifest.json has no base_model: re-run stage 1")
     if model_args.model_name_or_path and not _same_model(model_args.model_name_or_path, base):
-        raise ValueError(f"model_name_or_path={model_args.model_name_or_path!r} but {sft_dir} was trained on "
-                         f"{base!r}: drop model_name_or_path or point sft_dir to that model's SFT run")
+        raise ValueError(
+            f"model_name_or_path={model_args.model_name_or_path!r} but {sft_dir} was trained on "
+            f"{base!r}: drop model_name_or_path or point sft_dir to that model's SFT run"
+        )
     return sft_dir, manifest, base
 
 
@@ -172,24 +209,31 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     from sage_unsloth.rlvr.resume import last_complete_checkpoint, logging_alignment_warning
 
     if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
-        raise ValueError("vllm_mode=server needs backend=trl: Unsloth runs its own engine in each process "
-                         "(it rewrites vllm_mode to colocate)")
+        raise ValueError(
+            "vllm_mode=server needs backend=trl: Unsloth runs its own engine in each process "
+            "(it rewrites vllm_mode to colocate)"
+        )
     if grpo_args.use_vllm and not cuda_available():
         raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
     if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
         logger.warning("vllm_mode=%s: a vLLM server must already be running", grpo_args.vllm_mode)
     sft_dir, sft_manifest, base = _resolve_sft(stage, model_args)
 
-    context = stage.max_seq_length or model_context_length(base, model_args.model_revision,
-                                                           bool(grpo_args.trust_remote_code))
+    context = stage.max_seq_length or model_context_length(
+        base, model_args.model_revision, bool(grpo_args.trust_remote_code)
+    )
     completion = grpo_args.max_completion_length
     if completion is None or completion >= context:
-        raise ValueError(f"max_completion_length={completion} leaves no room for a prompt in the {context}-token "
-                         f"context of {base}: lower max_completion_length")
+        raise ValueError(
+            f"max_completion_length={completion} leaves no room for a prompt in the {context}-token "
+            f"context of {base}: lower max_completion_length"
+        )
     max_prompt = stage.max_prompt_length or context - completion
     if max_prompt + completion > context:
-        raise ValueError(f"max_prompt_length={max_prompt} + max_completion_length={completion} exceeds the "
-                         f"{context}-token context of {base}: lower one of them")
+        raise ValueError(
+            f"max_prompt_length={max_prompt} + max_completion_length={completion} exceeds the "
+            f"{context}-token context of {base}: lower one of them"
+        )
 
     variant = stage.variant or (Path(config_path).stem if config_path else None)
     if not variant:
@@ -198,19 +242,34 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     output_dir = layout.rlvr_dir(stage.output_root, short, variant)
     last = last_complete_checkpoint(output_dir)
     if stage.resume and last is None:
-        raise FileNotFoundError(f"--resume: no complete checkpoint-* folder in {output_dir}: start without --resume")
+        raise FileNotFoundError(
+            f"--resume: no complete checkpoint-* folder in {output_dir}: start without --resume"
+        )
     started = output_dir.is_dir() and any(output_dir.glob("checkpoint-*"))
     if not stage.resume and (started or (output_dir / MANIFEST_NAME).is_file()):
-        raise FileExistsError(f"{output_dir} already holds a run: pass --resume to continue it, or choose "
-                              "another --variant / --output_root")
+        raise FileExistsError(
+            f"{output_dir} already holds a run: pass --resume to continue it, or choose "
+            "another --variant / --output_root"
+        )
     if grpo_args.backend == "unsloth" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        logger.warning("backend=unsloth on %s processes: not tested by this kit; backend=trl is (README, "
-                       "'More than one GPU')", os.environ["WORLD_SIZE"])
+        logger.warning(
+            "backend=unsloth on %s processes: not tested by this kit; backend=trl is (README, "
+            "'More than one GPU')",
+            os.environ["WORLD_SIZE"],
+        )
     if (alignment := logging_alignment_warning(grpo_args)) is not None:
         logger.warning(alignment)
-    return RLVRPlan(base_model=base, sft_dir=sft_dir, output_dir=output_dir, model_short=short, variant=variant,
-                    context_length=context, max_prompt_length=max_prompt,
-                    resume_from=str(last) if stage.resume else None, sft_manifest=sft_manifest)
+    return RLVRPlan(
+        base_model=base,
+        sft_dir=sft_dir,
+        output_dir=output_dir,
+        model_short=short,
+        variant=variant,
+        context_length=context,
+        max_prompt_length=max_prompt,
+        resume_from=str(last) if stage.resume else None,
+        sft_manifest=sft_manifest,
+    )
 
 
 # ----------------------------------------------------------------------------------------------- anchor
@@ -259,8 +318,9 @@ def _build_dataset(stage: RLVRStageArgs, tokenizer, plan: RLVRPlan):
     from sage_unsloth.rlvr.data import build_rlvr_dataset, load_source
 
     source = load_source(stage.dataset_name, stage.dataset_config, stage.dataset_path, stage.dataset_split)
-    return build_rlvr_dataset(source, tokenizer, max_prompt_length=plan.max_prompt_length,
-                              max_rows=stage.max_train_rows)
+    return build_rlvr_dataset(
+        source, tokenizer, max_prompt_length=plan.max_prompt_length, max_rows=stage.max_train_rows
+    )
 
 
 def resolved_config(grpo_args, stage: RLVRStageArgs, model_args) -> dict[str, Any]:
@@ -300,22 +360,37 @@ class RLVRStage:
         self.tokenizer.save_pretrained(str(out))
         lora = self.model.peft_config[POLICY_ADAPTER]
         write_manifest(
-            out, stage="rlvr", config=resolved_config(grpo_args, stage, model_args), seed=grpo_args.seed,
-            base_model=self.plan.base_model, sft_dir=str(self.plan.sft_dir), anchor=stage.anchor,
-            variant=self.plan.variant, model_short_name=self.plan.model_short, backend=grpo_args.backend,
-            adapter=True, lora={"r": lora.r, "lora_alpha": lora.lora_alpha,
-                                "target_modules": sorted(lora.target_modules or [])},
+            out,
+            stage="rlvr",
+            config=resolved_config(grpo_args, stage, model_args),
+            seed=grpo_args.seed,
+            base_model=self.plan.base_model,
+            sft_dir=str(self.plan.sft_dir),
+            anchor=stage.anchor,
+            variant=self.plan.variant,
+            model_short_name=self.plan.model_short,
+            backend=grpo_args.backend,
+            adapter=True,
+            lora={
+                "r": lora.r,
+                "lora_alpha": lora.lora_alpha,
+                "target_modules": sorted(lora.target_modules or []),
+            },
             resumed_from=Path(self.plan.resume_from).name if self.plan.resume_from else None,
-            global_step=self.trainer.state.global_step, context_length=self.plan.context_length,
-            max_prompt_length=self.plan.max_prompt_length, train_prompts=len(self.dataset),
-            num_processes=accelerator.num_processes, log_history=LOG_HISTORY_FILE,
+            global_step=self.trainer.state.global_step,
+            context_length=self.plan.context_length,
+            max_prompt_length=self.plan.max_prompt_length,
+            train_prompts=len(self.dataset),
+            num_processes=accelerator.num_processes,
+            log_history=LOG_HISTORY_FILE,
         )
         logger.info("RLVR output written to %s", out)
         return out
 
 
-def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None,
-                plan: RLVRPlan | None = None) -> RLVRStage:
+def build_stage(
+    grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None, plan: RLVRPlan | None = None
+) -> RLVRStage:
     """Check everything (``plan``: :func:`plan_run`'s result when the caller already has it), load data and
     model, build the SAGE trainer with the chosen anchor."""
     from sage_unsloth.models import load_for_training, load_tokenizer
@@ -331,8 +406,13 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
     trust = bool(grpo_args.trust_remote_code)  # trl 1.15's ModelConfig has no such field
     tokenizer = load_tokenizer(model_args, str(plan.sft_dir), trust_remote_code=trust)
     dataset = _build_dataset(stage, tokenizer, plan)
-    logger.info("RLVR: %d prompts (<= %d tokens), anchor=%s, output %s", len(dataset),
-                plan.max_prompt_length, stage.anchor, plan.output_dir)
+    logger.info(
+        "RLVR: %d prompts (<= %d tokens), anchor=%s, output %s",
+        len(dataset),
+        plan.max_prompt_length,
+        stage.anchor,
+        plan.output_dir,
+    )
 
     unsloth_vllm = grpo_args.backend == "unsloth" and grpo_args.use_vllm
     if unsloth_vllm and stage.anchor == "sft" and grpo_args.beta != 0.0:
@@ -341,11 +421,15 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
 
         os.environ[UNSLOTH_MERGED_ROLLOUT_ENV] = "0"
     model, tokenizer = load_for_training(
-        model_args, backend=grpo_args.backend,
-        max_seq_length=plan.max_prompt_length + grpo_args.max_completion_length, seed=grpo_args.seed,
-        adapter_path=str(plan.sft_dir), fast_inference=unsloth_vllm,
+        model_args,
+        backend=grpo_args.backend,
+        max_seq_length=plan.max_prompt_length + grpo_args.max_completion_length,
+        seed=grpo_args.seed,
+        adapter_path=str(plan.sft_dir),
+        fast_inference=unsloth_vllm,
         gpu_memory_utilization=grpo_args.vllm_gpu_memory_utilization,
-        gradient_checkpointing=bool(grpo_args.gradient_checkpointing), trust_remote_code=trust,
+        gradient_checkpointing=bool(grpo_args.gradient_checkpointing),
+        trust_remote_code=trust,
     )
     if grpo_args.backend == "unsloth":
         grpo_args.gradient_checkpointing = False  # Unsloth's loader set up its own checkpointing
@@ -358,12 +442,25 @@ def build_stage(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | 
         hide_adapter_from_vllm_sync(model)
     from sage_unsloth.log_writer import LogHistoryWriter
 
-    trainer = SageGRPOTrainer(model=model, reward_funcs=[reward.correctness_reward], args=grpo_args,
-                              train_dataset=dataset, processing_class=tokenizer,
-                              callbacks=[LogHistoryWriter(plan.output_dir)])
+    trainer = SageGRPOTrainer(
+        model=model,
+        reward_funcs=[reward.correctness_reward],
+        args=grpo_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[LogHistoryWriter(plan.output_dir)],
+    )
     apply_anchor(model, stage.anchor, beta=grpo_args.beta)
-    return RLVRStage(trainer=trainer, model=model, tokenizer=tokenizer, plan=plan, dataset=dataset,
-                     grpo_args=grpo_args, stage_args=stage, model_args=model_args)
+    return RLVRStage(
+        trainer=trainer,
+        model=model,
+        tokenizer=tokenizer,
+        plan=plan,
+        dataset=dataset,
+        grpo_args=grpo_args,
+        stage_args=stage,
+        model_args=model_args,
+    )
 
 
 def run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRStage:

@@ -79,8 +79,15 @@ def guide_noise_seed(seed: int, step: int, call: int, process: int) -> int:
     return seed * 1_000_003 + step * 1009 + call * 7 + process
 
 
-def importance_sampling_clipped_fraction(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor,
-                                         *, mode: str, clip_min: float | None, clip_max: float | None) -> float:
+def importance_sampling_clipped_fraction(
+    old_logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str,
+    clip_min: float | None,
+    clip_max: float | None,
+) -> float:
     """Fraction of the vLLM importance ratios exp(old - sampling) that TRL's ``mode`` truncates or masks:
     per completion token for token_* modes, per sequence for sequence_* modes (ratio of the summed log-ratios)."""
     diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
@@ -96,8 +103,15 @@ def importance_sampling_clipped_fraction(old_logps: torch.Tensor, sampling_logps
 
 # How each per-row tensor of a TRL rollout batch is padded when rollouts are concatenated (dynamic sampling).
 _LEFT_PADDED = {"prompt_ids": "pad", "prompt_mask": 0}
-_RIGHT_PADDED = {"completion_ids": "pad", "completion_mask": 0, "tool_mask": 1, "old_per_token_logps": 0.0,
-                 "ref_per_token_logps": 0.0, "sampling_per_token_logps": 0.0, "importance_sampling_ratio": 0.0}
+_RIGHT_PADDED = {
+    "completion_ids": "pad",
+    "completion_mask": 0,
+    "tool_mask": 1,
+    "old_per_token_logps": 0.0,
+    "ref_per_token_logps": 0.0,
+    "sampling_per_token_logps": 0.0,
+    "importance_sampling_ratio": 0.0,
+}
 _PER_ROW_1D = ("advantages",)
 
 
@@ -111,8 +125,12 @@ def concat_rollouts(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -
     keys = set(parts[0][0])
     merged: dict = {}
     for key in keys:
-        values = [batch[key][index.to(batch[key].device)] if torch.is_tensor(batch[key]) and batch[key].dim() > 0
-                  else batch[key] for batch, index in parts]
+        values = [
+            batch[key][index.to(batch[key].device)]
+            if torch.is_tensor(batch[key]) and batch[key].dim() > 0
+            else batch[key]
+            for batch, index in parts
+        ]
         if key == "num_items_in_batch":
             continue
         if key in _PER_ROW_1D:
@@ -120,7 +138,9 @@ def concat_rollouts(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -
             continue
         side = "left" if key in _LEFT_PADDED else "right" if key in _RIGHT_PADDED else None
         if side is None:
-            raise ValueError(f"dynamic sampling cannot merge rollout field {key!r} (text batches in TRL's layout only)")
+            raise ValueError(
+                f"dynamic sampling cannot merge rollout field {key!r} (text batches in TRL's layout only)"
+            )
         fill = {**_LEFT_PADDED, **_RIGHT_PADDED}[key]
         fill = pad_token_id if fill == "pad" else fill
         width = max(v.size(1) for v in values)
@@ -129,7 +149,11 @@ def concat_rollouts(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -
             extra = v.new_full((v.size(0), width - v.size(1)), fill)
             padded.append(torch.cat([extra, v] if side == "left" else [v, extra], dim=1))
         merged[key] = torch.cat(padded)
-    loss_mask = merged["completion_mask"] * merged["tool_mask"] if "tool_mask" in merged else merged["completion_mask"]
+    loss_mask = (
+        merged["completion_mask"] * merged["tool_mask"]
+        if "tool_mask" in merged
+        else merged["completion_mask"]
+    )
     merged["num_items_in_batch"] = loss_mask.sum()
     return merged
 
@@ -144,7 +168,9 @@ class SageTrainerMixin:
         super().__init__(*args, **kwargs)
         cfg = self.args
         if not hasattr(cfg, "sage_guide"):
-            raise TypeError(f"SAGE trainers need a SageGRPOConfig (sage_unsloth.rlvr.config), got {type(cfg).__name__}")
+            raise TypeError(
+                f"SAGE trainers need a SageGRPOConfig (sage_unsloth.rlvr.config), got {type(cfg).__name__}"
+            )
         self._sage_patched = is_unsloth_patched(type(self))
         # The config checked these for the class it expected (rlvr/config.py); this is the class we got.
         if (conflict := unsloth_conflict(cfg, self._sage_patched)) is not None:
@@ -156,29 +182,50 @@ class SageTrainerMixin:
         if self.sage_placement == "reward":
             self.beta = 0.0
         if getattr(cfg, "dynamic_sampling", False) and self.accelerator.num_processes != 1:
-            raise ValueError("dynamic_sampling drops whole groups, which needs every group on one process: "
-                             "run on one process or set dynamic_sampling=false")
-        self._sage_rewards_per_func = None  # the last rollout's rewards (TRL's _calculate_rewards), all processes
+            raise ValueError(
+                "dynamic_sampling drops whole groups, which needs every group on one process: "
+                "run on one process or set dynamic_sampling=false"
+            )
+        self._sage_rewards_per_func = (
+            None  # the last rollout's rewards (TRL's _calculate_rewards), all processes
+        )
         # The config warned already when it expected q at rollout; warn here only when the class we got moved q
         # out of the loss against that expectation.
-        if not self.sage_q_in_loss and cfg.expected_q_source == "loss" and self.sage_placement == "loss" \
-                and cfg.sage_guide in ("branch", "token") and (
-                self.num_iterations != 1 or cfg.steps_per_generation != cfg.gradient_accumulation_steps):
-            warnings.warn(f"SAGE {cfg.sage_guide} q is computed from the rollout policy, not the in-loss policy as "
-                          "in the official code (num_iterations != 1 or steps_per_generation != "
-                          "gradient_accumulation_steps)", stacklevel=2)
+        if (
+            not self.sage_q_in_loss
+            and cfg.expected_q_source == "loss"
+            and self.sage_placement == "loss"
+            and cfg.sage_guide in ("branch", "token")
+            and (self.num_iterations != 1 or cfg.steps_per_generation != cfg.gradient_accumulation_steps)
+        ):
+            warnings.warn(
+                f"SAGE {cfg.sage_guide} q is computed from the rollout policy, not the in-loss policy as "
+                "in the official code (num_iterations != 1 or steps_per_generation != "
+                "gradient_accumulation_steps)",
+                stacklevel=2,
+            )
         self._sage_schedule = None
         if cfg.sage_guide in ("token", "random"):
             max_steps = max(1, int(self.args.max_steps if self.args.max_steps > 0 else 1000))
             upper, lower, s_up, s_low = (
                 (cfg.sage_alpha_upper, cfg.sage_alpha_lower, cfg.sage_sigma_upper, cfg.sage_sigma_lower)
                 if cfg.sage_guide == "token"
-                else (cfg.sage_eps_upper, cfg.sage_eps_lower, cfg.sage_random_sigma_upper,
-                      cfg.sage_random_sigma_lower)
+                else (
+                    cfg.sage_eps_upper,
+                    cfg.sage_eps_lower,
+                    cfg.sage_random_sigma_upper,
+                    cfg.sage_random_sigma_lower,
+                )
             )
-            self._sage_schedule = anchor.CosineSchedule(max_steps, upper, lower, s_up, s_low,
-                                                        cycles=cfg.sage_schedule_cycles,
-                                                        decay=cfg.sage_schedule_decay)
+            self._sage_schedule = anchor.CosineSchedule(
+                max_steps,
+                upper,
+                lower,
+                s_up,
+                s_low,
+                cycles=cfg.sage_schedule_cycles,
+                decay=cfg.sage_schedule_decay,
+            )
         self._sage_generator = torch.Generator(device="cpu")
         self._sage_last_step, self._sage_calls_in_step = -1, 0
         self._sage_capture = None  # set while we want to see the next logps call's outputs
@@ -191,8 +238,11 @@ class SageTrainerMixin:
         """Branch/token q computed inside the loss from its own forward (no extra pass)? On TRL's trainer both
         guides; under Unsloth's patched one the branch guide only (sage_unsloth/rlvr/unsloth_hooks.py)."""
         source, guide = self.args.sage_q_source, self.args.sage_guide
-        in_loss = source in ("loss", "auto") if guide == "branch" else (
-            source == "loss" or (source == "auto" and not self._sage_patched))
+        in_loss = (
+            source in ("loss", "auto")
+            if guide == "branch"
+            else (source == "loss" or (source == "auto" and not self._sage_patched))
+        )
         # The reward placement needs q when the reward is computed, i.e. at rollout.
         return in_loss and guide in ("branch", "token") and self.sage_placement == "loss"
 
@@ -218,14 +268,20 @@ class SageTrainerMixin:
             self._sage_last_step, self._sage_calls_in_step = step, 0
         else:
             self._sage_calls_in_step += 1
-        self._sage_generator.manual_seed(guide_noise_seed(self.args.guide_seed, step, self._sage_calls_in_step,
-                                                          self.accelerator.process_index))
+        self._sage_generator.manual_seed(
+            guide_noise_seed(
+                self.args.guide_seed, step, self._sage_calls_in_step, self.accelerator.process_index
+            )
+        )
         return step
 
     def _sage_rollout_stats(self, output: dict, captured: dict | None, need_entropy: bool):
         """(logps, entropies) of the rollout policy at the completion tokens, TRL layout (B, C)."""
-        if captured and captured.get("logps") is not None and (captured.get("entropies") is not None
-                                                              or not need_entropy):
+        if (
+            captured
+            and captured.get("logps") is not None
+            and (captured.get("entropies") is not None or not need_entropy)
+        ):
             return captured["logps"], captured.get("entropies")
         prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -233,13 +289,20 @@ class SageTrainerMixin:
         completion_len = completion_ids.size(1)
         self.sage_forward_passes += 1
         mode = "train" if self.model.training else "eval"
-        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        batch_size = (
+            self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        )
         if self._sage_patched:
-            return policy_logps_and_entropies(self.model, input_ids, attention_mask, completion_len,
-                                              self.temperature, rows_per_chunk=1)
+            return policy_logps_and_entropies(
+                self.model, input_ids, attention_mask, completion_len, self.temperature, rows_per_chunk=1
+            )
         with torch.no_grad():
             logps, entropies, _ = super()._get_per_token_logps_and_entropies(
-                self.model, input_ids, attention_mask, completion_len, batch_size=batch_size,
+                self.model,
+                input_ids,
+                attention_mask,
+                completion_len,
+                batch_size=batch_size,
                 compute_entropy=need_entropy,
             )
         return logps, entropies
@@ -261,8 +324,15 @@ class SageTrainerMixin:
         value, sigma = self._sage_schedule(step)
         if cfg.sage_guide == "token":
             logps, _ = self._sage_rollout_stats(output, captured, need_entropy=False)
-            return anchor.token_guide(logps, mask, alpha=value, sigma=sigma, norm=cfg.sage_token_norm,
-                                      generator=self._sage_generator, **bounds)
+            return anchor.token_guide(
+                logps,
+                mask,
+                alpha=value,
+                sigma=sigma,
+                norm=cfg.sage_token_norm,
+                generator=self._sage_generator,
+                **bounds,
+            )
         return anchor.random_guide(mask, eps=value, sigma=sigma, generator=self._sage_generator, **bounds)
 
     def _sage_log_q_metrics(self, q: torch.Tensor, mask: torch.Tensor) -> None:
@@ -270,7 +340,9 @@ class SageTrainerMixin:
         valid = mask.bool()
         values = q[valid].float()
         count = torch.tensor([values.numel()], device=q.device, dtype=torch.float32)
-        stats = torch.stack([values.sum(), (values > 1.0).float().sum()]) if values.numel() else q.new_zeros(2)
+        stats = (
+            torch.stack([values.sum(), (values > 1.0).float().sum()]) if values.numel() else q.new_zeros(2)
+        )
         totals = self.accelerator.reduce(torch.cat([stats.float(), count]), reduction="sum")
         # A rank without completion tokens must not pull the global min / max to its placeholder.
         lo = values.min() if values.numel() else q.new_tensor(float("inf"))
@@ -278,8 +350,9 @@ class SageTrainerMixin:
         n = totals[2].clamp(min=1.0)
         # Mean over completions of the sequence-level log q(y) = sum_t log q_t (what the reward placement adds).
         seq_log_q = (anchor.log_q(q.float()) * mask).sum(-1)
-        seq_totals = self.accelerator.reduce(torch.stack([seq_log_q.sum(), q.new_tensor(float(q.size(0)))]).float(),
-                                             reduction="sum")
+        seq_totals = self.accelerator.reduce(
+            torch.stack([seq_log_q.sum(), q.new_tensor(float(q.size(0)))]).float(), reduction="sum"
+        )
         log = compat.metrics(self, mode)
         log["sage/seq_log_q"].append((seq_totals[0] / seq_totals[1].clamp(min=1.0)).item())
         q_min = self.accelerator.gather(lo.float().reshape(1)).min().item()
@@ -311,7 +384,9 @@ class SageTrainerMixin:
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._sage_rewards_per_func = rewards_per_func  # (N all processes, reward funcs): placement, dynamic sampling
+        self._sage_rewards_per_func = (
+            rewards_per_func  # (N all processes, reward funcs): placement, dynamic sampling
+        )
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
@@ -341,7 +416,11 @@ class SageTrainerMixin:
             self._sage_kl_in_reward(output, captured)
             return output
         q = self.sage_compute_q(output, captured)
-        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        mask = (
+            output["completion_mask"] * output["tool_mask"]
+            if "tool_mask" in output
+            else output["completion_mask"]
+        )
         self._sage_log_q_metrics(q, mask)
         if guide != "none" and self.beta != 0.0:
             self._shift_reference(output, q)
@@ -363,21 +442,35 @@ class SageTrainerMixin:
             model = self.model
         with context:
             if self._sage_patched:
-                logps, _ = policy_logps_and_entropies(model, input_ids, attention_mask, completion_len,
-                                                      self.temperature, rows_per_chunk=1)
+                logps, _ = policy_logps_and_entropies(
+                    model, input_ids, attention_mask, completion_len, self.temperature, rows_per_chunk=1
+                )
                 return logps
             logps, _, _ = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, completion_len, batch_size=self.args.per_device_train_batch_size)
+                model,
+                input_ids,
+                attention_mask,
+                completion_len,
+                batch_size=self.args.per_device_train_batch_size,
+            )
         return logps
 
     def _sage_kl_in_reward(self, output: dict, captured: dict | None) -> None:
         """r~ = r - beta * sum_t [log pi - log pi_ref - log q_t] (rollout policy, no gradient), then TRL's group
         advantage of r~ replaces the batch's advantages."""
         if self._sage_rewards_per_func is None:
-            raise RuntimeError("sage_kl_placement=reward found no rewards from _calculate_rewards: check the pinned "
-                               "trl/unsloth versions")
-        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
-        logps, entropies = self._sage_rollout_stats(output, captured, need_entropy=self.args.sage_guide == "branch")
+            raise RuntimeError(
+                "sage_kl_placement=reward found no rewards from _calculate_rewards: check the pinned "
+                "trl/unsloth versions"
+            )
+        mask = (
+            output["completion_mask"] * output["tool_mask"]
+            if "tool_mask" in output
+            else output["completion_mask"]
+        )
+        logps, entropies = self._sage_rollout_stats(
+            output, captured, need_entropy=self.args.sage_guide == "branch"
+        )
         q = self.sage_compute_q(output, {"logps": logps, "entropies": entropies})
         self._sage_log_q_metrics(q, mask)
         ref = self._sage_reference_logps(output)
@@ -385,7 +478,9 @@ class SageTrainerMixin:
         all_seq_kl = self.accelerator.gather(seq_kl)
         rewards_per_func = self._sage_rewards_per_func
         unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(
+            dim=1
+        )
         rewards[unscorable] = torch.nan
         shaped = rewards - self.sage_beta * all_seq_kl.to(rewards.device)
         mode = "train" if self.model.training else "eval"
@@ -393,8 +488,10 @@ class SageTrainerMixin:
         advantages = group_advantages(shaped, num_generations, self.scale_rewards)
         rows = output["completion_ids"].size(0)
         start = self.accelerator.process_index * rows
-        output["advantages"] = advantages[start:start + rows].to(output["advantages"].device)
-        compat.metrics(self, mode)["sage/kl_in_reward"].append((self.sage_beta * all_seq_kl.float().mean()).item())
+        output["advantages"] = advantages[start : start + rows].to(output["advantages"].device)
+        compat.metrics(self, mode)["sage/kl_in_reward"].append(
+            (self.sage_beta * all_seq_kl.float().mean()).item()
+        )
 
     # -- DAPO pieces ------------------------------------------------------------------------------------
 
@@ -407,8 +504,9 @@ class SageTrainerMixin:
     def _sage_refill_rows(self, num_prompts: int, round_index: int) -> list[dict]:
         """Fresh prompts for dynamic sampling: a seeded draw from the training set, a pure function of
         (seed, step, round), each prompt repeated num_generations times as TRL's sampler does."""
-        generator = torch.Generator().manual_seed(self.args.seed * 7919 + int(self.state.global_step) * 31
-                                                  + round_index)
+        generator = torch.Generator().manual_seed(
+            self.args.seed * 7919 + int(self.state.global_step) * 31 + round_index
+        )
         order = torch.randperm(len(self.train_dataset), generator=generator)[:num_prompts].tolist()
         return [self.train_dataset[i] for i in order for _ in range(self.num_generations)]
 
@@ -453,8 +551,10 @@ class SageTrainerMixin:
             return
         if not self.model.training:
             return  # eval: neither TRL version rescales
-        accumulation = getattr(self, "current_gradient_accumulation_steps", None) or \
-            self.args.gradient_accumulation_steps
+        accumulation = (
+            getattr(self, "current_gradient_accumulation_steps", None)
+            or self.args.gradient_accumulation_steps
+        )
         factor = self.args.steps_per_generation / accumulation
         if factor != 1:
             output["num_items_in_batch"] = output["num_items_in_batch"] * factor
@@ -462,14 +562,28 @@ class SageTrainerMixin:
     def _sage_log_importance_sampling(self, output: dict) -> None:
         """The fraction of vLLM importance ratios TRL truncates / masks (TRL logs their min / mean / max)."""
         old, sampling = output.get("old_per_token_logps"), output.get("sampling_per_token_logps")
-        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
-        if not (self.use_vllm and getattr(self, "vllm_importance_sampling_correction", False)) or old is None \
-                or sampling is None or old.shape != mask.shape or sampling.shape != mask.shape:
+        mask = (
+            output["completion_mask"] * output["tool_mask"]
+            if "tool_mask" in output
+            else output["completion_mask"]
+        )
+        if (
+            not (self.use_vllm and getattr(self, "vllm_importance_sampling_correction", False))
+            or old is None
+            or sampling is None
+            or old.shape != mask.shape
+            or sampling.shape != mask.shape
+        ):
             return  # no correction, or Unsloth's packed layout (its zoo loss computes the ratios itself)
         setting = lambda name: getattr(self, name, getattr(self.args, name, None))  # TRL copies them to self
         fraction = importance_sampling_clipped_fraction(
-            old, sampling, mask, mode=setting("vllm_importance_sampling_mode"),
-            clip_min=setting("vllm_importance_sampling_clip_min"), clip_max=setting("vllm_importance_sampling_clip_max"))
+            old,
+            sampling,
+            mask,
+            mode=setting("vllm_importance_sampling_mode"),
+            clip_min=setting("vllm_importance_sampling_clip_min"),
+            clip_max=setting("vllm_importance_sampling_clip_max"),
+        )
         mode = "train" if self.model.training else "eval"
         compat.metrics(self, mode)["sampling/importance_sampling_ratio/clipped_frac"].append(fraction)
 
@@ -505,7 +619,11 @@ class SageTrainerMixin:
         """The official code's order: q from the current policy's entropies / logps, no gradient."""
         stats = {"logps": logps.detach(), "entropies": None if entropies is None else entropies.detach()}
         q = self.sage_compute_q(inputs, stats)
-        mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+        mask = (
+            inputs["completion_mask"] * inputs["tool_mask"]
+            if "tool_mask" in inputs
+            else inputs["completion_mask"]
+        )
         self._sage_log_q_metrics(q, mask)
         if self.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
             inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"] + anchor.log_q(q).to(logps.dtype)
@@ -514,7 +632,11 @@ class SageTrainerMixin:
         """beta * agg(term - TRL's k3 term): swaps TRL's k3 for the estimator's own term (anchor.kl_loss_term),
         leaving the rest of TRL's loss as it is."""
         ref = inputs["ref_per_token_logps"]  # already shifted by log q
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        mask = (
+            inputs["completion_mask"]
+            if "tool_mask" not in inputs
+            else inputs["completion_mask"] * inputs["tool_mask"]
+        )
         old = inputs.get("old_per_token_logps")
         wanted = anchor.kl_loss_term(logps, ref, estimator=self.args.kl_estimator, old_logp=old)
         # What TRL put in its loss: k3, times its importance weight (token or sequence level) if asked.
@@ -526,18 +648,30 @@ class SageTrainerMixin:
             trl_term = trl_term * torch.exp(log_ratio)
         training = self.model.training
         correction = self.beta * aggregate_like_trl(
-            wanted - trl_term, mask, loss_type=self.loss_type, max_completion_length=self.max_completion_length,
-            num_items_in_batch=inputs.get("num_items_in_batch"), num_processes=self.accelerator.num_processes,
+            wanted - trl_term,
+            mask,
+            loss_type=self.loss_type,
+            max_completion_length=self.max_completion_length,
+            num_items_in_batch=inputs.get("num_items_in_batch"),
+            num_processes=self.accelerator.num_processes,
             accumulation_steps=self.current_gradient_accumulation_steps,
-            steps_per_generation=self.args.steps_per_generation, training=training,
+            steps_per_generation=self.args.steps_per_generation,
+            training=training,
         )
         mode = "train" if training else "eval"
         kl_log = compat.metrics(self, mode)["kl"]
-        if kl_log:  # TRL logged the k3 value; log the estimator actually in the loss instead (its plain value)
+        if (
+            kl_log
+        ):  # TRL logged the k3 value; log the estimator actually in the loss instead (its plain value)
             kl_log.pop()
-            value = (anchor.shaped_kl(logps, ref, 0.0, estimator="k2") if self.args.kl_estimator == "k2"
-                     else anchor.forward_kl(logps, ref)).detach()
-            totals = self.accelerator.reduce(torch.stack([(value * mask).sum(), mask.sum().float()]), reduction="sum")
+            value = (
+                anchor.shaped_kl(logps, ref, 0.0, estimator="k2")
+                if self.args.kl_estimator == "k2"
+                else anchor.forward_kl(logps, ref)
+            ).detach()
+            totals = self.accelerator.reduce(
+                torch.stack([(value * mask).sum(), mask.sum().float()]), reduction="sum"
+            )
             kl_log.append((totals[0] / totals[1].clamp(min=1.0)).item())
         return correction
 
@@ -556,8 +690,11 @@ def make_sage_trainer_class(base: type | None = None) -> type:
         # Under Unsloth's patched loss, branch q comes from the entropies that loss computes (unsloth_hooks);
         # ExactResumeMixin saves and restores the state TRL's checkpoints lack (rlvr/resume.py).
         hooks = (InUnslothLossBranchQ,) if is_unsloth_patched(base) else ()
-        _CLASS_CACHE[base] = type(f"Sage{base.__name__}", (SageTrainerMixin, *hooks, ExactResumeMixin, base),
-                                  {"__module__": __name__})
+        _CLASS_CACHE[base] = type(
+            f"Sage{base.__name__}",
+            (SageTrainerMixin, *hooks, ExactResumeMixin, base),
+            {"__module__": __name__},
+        )
     return _CLASS_CACHE[base]
 
 
@@ -568,8 +705,9 @@ def _with_soft_overlong_punishment(args: tuple, kwargs: dict, config) -> tuple[t
         return args, kwargs
     from trl.rewards import get_soft_overlong_punishment
 
-    punishment = get_soft_overlong_punishment(max_completion_len=config.max_completion_length,
-                                              soft_punish_cache=cache)
+    punishment = get_soft_overlong_punishment(
+        max_completion_len=config.max_completion_length, soft_punish_cache=cache
+    )
     if "reward_funcs" in kwargs:
         funcs = kwargs["reward_funcs"]
         kwargs = {**kwargs, "reward_funcs": [*(funcs if isinstance(funcs, list) else [funcs]), punishment]}
@@ -587,4 +725,3 @@ def SageGRPOTrainer(*args, **kwargs):
         compat.fill_unsloth_config_fields(config, cls)
     args, kwargs = _with_soft_overlong_punishment(args, kwargs, config)
     return cls(*args, **kwargs)
-

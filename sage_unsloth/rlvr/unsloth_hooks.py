@@ -53,8 +53,12 @@ class InUnslothLossBranchQ:
     _sage_tap: dict | None = None
 
     def _sage_tap_wanted(self) -> bool:
-        return (getattr(self, "_sage_patched", False) and self.sage_q_in_loss and self.args.sage_guide == "branch"
-                and self.beta != 0.0)
+        return (
+            getattr(self, "_sage_patched", False)
+            and self.sage_q_in_loss
+            and self.args.sage_guide == "branch"
+            and self.beta != 0.0
+        )
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         if not self._sage_tap_wanted() or inputs.get("ref_per_token_logps") is None:
@@ -62,7 +66,11 @@ class InUnslothLossBranchQ:
         inputs = dict(inputs)
         inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"].clone()
         user_quantile = getattr(self.args, compat.ENTROPY_QUANTILE_FIELD, 1.0)
-        self._sage_tap = {"ref": inputs["ref_per_token_logps"], "user_quantile": user_quantile, "called": False}
+        self._sage_tap = {
+            "ref": inputs["ref_per_token_logps"],
+            "user_quantile": user_quantile,
+            "called": False,
+        }
         if user_quantile is None or user_quantile >= 1.0:
             setattr(self.args, compat.ENTROPY_QUANTILE_FIELD, ENTROPY_TAP_QUANTILE)
         try:
@@ -75,7 +83,8 @@ class InUnslothLossBranchQ:
             raise SageHookNotCalled(
                 "Unsloth's GRPO loss ran without calling get_high_entropy_mask, so SAGE's branch q never reached "
                 "its KL; the kit is pinned to unsloth/unsloth_zoo 2026.10.9: reinstall those or set "
-                "sage_q_source=rollout")
+                "sage_q_source=rollout"
+            )
         return loss
 
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float):
@@ -87,7 +96,8 @@ class InUnslothLossBranchQ:
             raise SageHookNotCalled(
                 f"Unsloth handed SAGE entropies {tuple(entropies.shape)} / mask {tuple(mask.shape)} for a reference "
                 f"of shape {tuple(ref.shape)} (call {2 if tap['called'] else 1}); the kit is pinned to "
-                "unsloth/unsloth_zoo 2026.10.9")
+                "unsloth/unsloth_zoo 2026.10.9"
+            )
         tap["called"] = True
         q = self.sage_branch_q(entropies, mask)
         self._sage_log_q_metrics(q, mask)
@@ -102,5 +112,11 @@ class InUnslothLossBranchQ:
         """q = clip(1 + gamma * relu(H - tau)) in whatever layout ``entropies`` / ``mask`` come in."""
         cfg = self.args
         self._sage_guide_step()
-        return anchor.branch_guide(entropies, mask, gamma=cfg.sage_gamma, tau=cfg.sage_tau, q_min=cfg.sage_q_min,
-                                   q_max=cfg.sage_q_max)
+        return anchor.branch_guide(
+            entropies,
+            mask,
+            gamma=cfg.sage_gamma,
+            tau=cfg.sage_tau,
+            q_min=cfg.sage_q_min,
+            q_max=cfg.sage_q_max,
+        )

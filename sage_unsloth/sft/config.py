@@ -32,23 +32,43 @@ logger = logging.getLogger(__name__)
 @dataclass
 class SageSFTConfig(SFTConfig):
     # --- kit fields -------------------------------------------------------------------------------------
-    backend: str = field(default="unsloth", metadata={"help": "unsloth (FastLanguageModel) or trl (transformers+peft)"})
-    dataset_name: str | None = field(default="unsloth/OpenMathReasoning-mini",
-                                     metadata={"help": "Hub dataset id (ignored when dataset_path is set)"})
+    backend: str = field(
+        default="unsloth", metadata={"help": "unsloth (FastLanguageModel) or trl (transformers+peft)"}
+    )
+    dataset_name: str | None = field(
+        default="unsloth/OpenMathReasoning-mini",
+        metadata={"help": "Hub dataset id (ignored when dataset_path is set)"},
+    )
     dataset_split: str = field(default="cot", metadata={"help": "Split of dataset_name"})
-    dataset_path: str | None = field(default=None, metadata={"help": "Local JSONL/parquet; overrides dataset_name"})
+    dataset_path: str | None = field(
+        default=None, metadata={"help": "Local JSONL/parquet; overrides dataset_name"}
+    )
     dataset_max_rows: int | None = field(default=None, metadata={"help": "Use only the first N raw rows"})
-    numeric_answers_only: bool = field(default=True, metadata={"help": "Keep rows with numeric expected_answer"})
+    numeric_answers_only: bool = field(
+        default=True, metadata={"help": "Keep rows with numeric expected_answer"}
+    )
     strip_think_tags: bool = field(default=True, metadata={"help": "Remove <think>/</think> from solutions"})
-    max_length_fraction: float = field(default=0.5, metadata={
-        "help": "Drop rows longer than this fraction of max_seq_length tokens (official: 0.5)"})
-    max_seq_length: int = field(default=2048, metadata={"help": "Model context for training; sets max_length"})
-    output_root: str = field(default=layout.OUTPUTS, metadata={
-        "help": "Root of outputs/<model_short_name>/sft (used when output_dir is not given)"})
-    model_short_name: str | None = field(default=None, metadata={
-        "help": "Folder name for the model (default: derived from model_name_or_path)"})
-    save_merged: bool = field(default=False, metadata={"help": "Also write a merged 16-bit model to <out>/merged"})
-    resume: bool = field(default=False, metadata={"help": "Continue from the last checkpoint in the output folder"})
+    max_length_fraction: float = field(
+        default=0.5,
+        metadata={"help": "Drop rows longer than this fraction of max_seq_length tokens (official: 0.5)"},
+    )
+    max_seq_length: int = field(
+        default=2048, metadata={"help": "Model context for training; sets max_length"}
+    )
+    output_root: str = field(
+        default=layout.OUTPUTS,
+        metadata={"help": "Root of outputs/<model_short_name>/sft (used when output_dir is not given)"},
+    )
+    model_short_name: str | None = field(
+        default=None,
+        metadata={"help": "Folder name for the model (default: derived from model_name_or_path)"},
+    )
+    save_merged: bool = field(
+        default=False, metadata={"help": "Also write a merged 16-bit model to <out>/merged"}
+    )
+    resume: bool = field(
+        default=False, metadata={"help": "Continue from the last checkpoint in the output folder"}
+    )
 
     # --- official recipe as defaults (the YAML configs pin them again) ----------------------------------
     learning_rate: float = field(default=2e-4, metadata={"help": "Official SFT: 2e-4"})
@@ -58,7 +78,9 @@ class SageSFTConfig(SFTConfig):
     warmup_steps: float = field(default=5, metadata={"help": "Official SFT: 5"})
     lr_scheduler_type: str = field(default="linear", metadata={"help": "Official SFT: linear"})
     weight_decay: float = field(default=0.01, metadata={"help": "Official SFT: 0.01"})
-    optim: str = field(default="adamw_8bit", metadata={"help": "Official SFT: adamw_8bit (adamw_torch on CPU)"})
+    optim: str = field(
+        default="adamw_8bit", metadata={"help": "Official SFT: adamw_8bit (adamw_torch on CPU)"}
+    )
     seed: int = field(default=3407, metadata={"help": "Official: 3407"})
     logging_steps: float = field(default=1, metadata={"help": "Log every N steps"})
     report_to: None | str | list[str] = field(default="none", metadata={"help": "none, wandb, ..."})
@@ -90,17 +112,23 @@ class SageSFTConfig(SFTConfig):
         check_hub_model_cached(model_args.model_name_or_path, revision=model_args.model_revision)
         if self.dataset_path:
             if not Path(self.dataset_path).is_file():
-                raise FileNotFoundError(f"dataset_path {self.dataset_path} does not exist: fix it or unset it")
+                raise FileNotFoundError(
+                    f"dataset_path {self.dataset_path} does not exist: fix it or unset it"
+                )
         elif not self.dataset_name:
             raise ValueError("no dataset: set dataset_name (hub id) or dataset_path (local JSONL/parquet)")
         if not 0 < self.max_length_fraction <= 1:
-            raise ValueError(f"max_length_fraction {self.max_length_fraction}: must be in (0, 1] (official 0.5)")
+            raise ValueError(
+                f"max_length_fraction {self.max_length_fraction}: must be in (0, 1] (official 0.5)"
+            )
         if self.dataset_max_rows is not None and self.dataset_max_rows <= 0:
             raise ValueError(f"dataset_max_rows {self.dataset_max_rows}: must be positive, or unset it")
         if not self.assistant_only_loss:
             logger.warning("assistant_only_loss is false: the loss also covers the system prompt and problem")
         if self.packing or self.padding_free:
-            raise ValueError("packing/padding_free: not supported with assistant_only_loss here; set them false")
+            raise ValueError(
+                "packing/padding_free: not supported with assistant_only_loss here; set them false"
+            )
         if model_args.load_in_8bit:
             raise ValueError("load_in_8bit is not supported: use load_in_4bit (GPU) or 16-bit weights")
 
@@ -122,9 +150,12 @@ class SageSFTConfig(SFTConfig):
                 logger.warning("resume: no checkpoint in %s, starting from scratch", out)
             return last
         if (out / MANIFEST_NAME).is_file():
-            raise FileExistsError(f"output_dir {out} already holds a finished SFT run: choose another output_dir "
-                                  "or remove it")
+            raise FileExistsError(
+                f"output_dir {out} already holds a finished SFT run: choose another output_dir or remove it"
+            )
         if last is not None:
-            raise FileExistsError(f"output_dir {out} has checkpoints ({Path(last).name}): pass --resume true to "
-                                  "continue, or choose another output_dir")
+            raise FileExistsError(
+                f"output_dir {out} has checkpoints ({Path(last).name}): pass --resume true to "
+                "continue, or choose another output_dir"
+            )
         return None

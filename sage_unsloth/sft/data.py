@@ -76,12 +76,22 @@ class SFTData:
     fingerprint: str = ""
 
     def summary(self) -> dict[str, Any]:
-        return {"source": self.source, "rows_in": self.rows_in, "rows_kept": self.rows_kept,
-                "rows_dropped": dict(self.rows_dropped), "fingerprint": self.fingerprint}
+        return {
+            "source": self.source,
+            "rows_in": self.rows_in,
+            "rows_kept": self.rows_kept,
+            "rows_dropped": dict(self.rows_dropped),
+            "fingerprint": self.fingerprint,
+        }
 
 
-def load_raw_dataset(*, dataset_name: str | None, dataset_split: str, dataset_path: str | None = None,
-                     max_rows: int | None = None):
+def load_raw_dataset(
+    *,
+    dataset_name: str | None,
+    dataset_split: str,
+    dataset_path: str | None = None,
+    max_rows: int | None = None,
+):
     """Rows from a local JSONL/parquet file (wins when set) or a hub dataset id + split, via ``datasets``."""
     import datasets
 
@@ -111,8 +121,16 @@ def check_fields(raw, source: str) -> None:
         )
 
 
-def prepare_sft_data(raw, tokenizer, *, max_seq_length: int, source: str, max_length_fraction: float = 0.5,
-                     numeric_answers_only: bool = True, strip_think: bool = True) -> SFTData:
+def prepare_sft_data(
+    raw,
+    tokenizer,
+    *,
+    max_seq_length: int,
+    source: str,
+    max_length_fraction: float = 0.5,
+    numeric_answers_only: bool = True,
+    strip_think: bool = True,
+) -> SFTData:
     """Filter and render ``raw`` rows (see the module docstring); one clear ValueError when nothing is left."""
     import datasets
 
@@ -163,11 +181,13 @@ def prepare_sft_data(raw, tokenizer, *, max_seq_length: int, source: str, max_le
     )
 
 
-def rendered_lengths(tokenizer, conversations: list[list[dict[str, str]]], batch_size: int = 256) -> list[int]:
+def rendered_lengths(
+    tokenizer, conversations: list[list[dict[str, str]]], batch_size: int = 256
+) -> list[int]:
     """Token count of each conversation rendered with the tokenizer's chat template (what SFT trains on)."""
     lengths: list[int] = []
     for start in range(0, len(conversations), batch_size):
-        chunk = conversations[start:start + batch_size]
+        chunk = conversations[start : start + batch_size]
         texts = tokenizer.apply_chat_template(chunk, tokenize=False)
         # The template writes every special token itself (eos included), so none are added here.
         encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -175,8 +195,13 @@ def rendered_lengths(tokenizer, conversations: list[list[dict[str, str]]], batch
     return lengths
 
 
-def math500_as_sft_rows(path: str | Path, *, limit: int | None = None, numeric_only: bool = False,
-                        max_solution_chars: int | None = None) -> list[dict[str, str]]:
+def math500_as_sft_rows(
+    path: str | Path,
+    *,
+    limit: int | None = None,
+    numeric_only: bool = False,
+    max_solution_chars: int | None = None,
+) -> list[dict[str, str]]:
     """MATH-500 rows in SFT shape (solution -> generated_solution, answer -> expected_answer), for tests/demos.
 
     ``numeric_only`` / ``max_solution_chars`` pre-select rows that survive the SFT filters on the tiny model
@@ -192,8 +217,13 @@ def math500_as_sft_rows(path: str | Path, *, limit: int | None = None, numeric_o
                 continue
             if max_solution_chars is not None and len(row["solution"]) >= max_solution_chars:
                 continue
-            rows.append({"problem": row["problem"], "generated_solution": row["solution"],
-                         "expected_answer": str(row["answer"])})
+            rows.append(
+                {
+                    "problem": row["problem"],
+                    "generated_solution": row["solution"],
+                    "expected_answer": str(row["answer"]),
+                }
+            )
     return rows
 
 

@@ -32,8 +32,9 @@ def parse_args(argv: list[str]):
     from ..model_config import SageModelConfig
     from .config import SageSFTConfig
 
-    (sft_args, model_args), _ = parse_stage_args((SageSFTConfig, SageModelConfig), argv, stage="sft",
-                                                 configs_dir="configs/sft/")
+    (sft_args, model_args), _ = parse_stage_args(
+        (SageSFTConfig, SageModelConfig), argv, stage="sft", configs_dir="configs/sft/"
+    )
     return sft_args, model_args
 
 
@@ -67,15 +68,25 @@ def prepare_sft(sft_args, model_args) -> SFTPlan:
         return SFTPlan(out=out, checkpoint=None, data=None, config_record=config_record, finished=True)
     checkpoint = sft_args.resume_checkpoint()
     source = sft_args.dataset_path or f"{sft_args.dataset_name}[{sft_args.dataset_split}]"
-    raw = load_raw_dataset(dataset_name=sft_args.dataset_name, dataset_split=sft_args.dataset_split,
-                           dataset_path=sft_args.dataset_path, max_rows=sft_args.dataset_max_rows)
+    raw = load_raw_dataset(
+        dataset_name=sft_args.dataset_name,
+        dataset_split=sft_args.dataset_split,
+        dataset_path=sft_args.dataset_path,
+        max_rows=sft_args.dataset_max_rows,
+    )
     tokenizer = load_tokenizer(model_args, trust_remote_code=sft_args.trust_remote_code)
-    data = prepare_sft_data(raw, tokenizer, max_seq_length=sft_args.max_seq_length, source=source,
-                            max_length_fraction=sft_args.max_length_fraction,
-                            numeric_answers_only=sft_args.numeric_answers_only,
-                            strip_think=sft_args.strip_think_tags)
-    logger.info("SFT data %s: kept %d of %d rows, dropped %s", source, data.rows_kept, data.rows_in,
-                data.rows_dropped)
+    data = prepare_sft_data(
+        raw,
+        tokenizer,
+        max_seq_length=sft_args.max_seq_length,
+        source=source,
+        max_length_fraction=sft_args.max_length_fraction,
+        numeric_answers_only=sft_args.numeric_answers_only,
+        strip_think=sft_args.strip_think_tags,
+    )
+    logger.info(
+        "SFT data %s: kept %d of %d rows, dropped %s", source, data.rows_kept, data.rows_in, data.rows_dropped
+    )
     return SFTPlan(out=out, checkpoint=checkpoint, data=data, config_record=config_record)
 
 
@@ -93,8 +104,13 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
 
         import_unsloth()  # before the trainer is looked up: Unsloth rebinds trl.SFTTrainer
     model, tokenizer = load_for_training(
-        model_args, backend=sft_args.backend, max_seq_length=sft_args.max_seq_length, seed=sft_args.seed,
-        gradient_checkpointing=sft_args.gradient_checkpointing, trust_remote_code=sft_args.trust_remote_code)
+        model_args,
+        backend=sft_args.backend,
+        max_seq_length=sft_args.max_seq_length,
+        seed=sft_args.seed,
+        gradient_checkpointing=sft_args.gradient_checkpointing,
+        trust_remote_code=sft_args.trust_remote_code,
+    )
     if sft_args.backend == "unsloth":
         # Unsloth set up its own (offloaded) checkpointing in the loader; the Trainer must not redo it.
         sft_args.gradient_checkpointing = False
@@ -103,8 +119,13 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
     from ..log_writer import LogHistoryWriter
     from ..training_log import LOG_HISTORY_FILE
 
-    trainer = trainer_cls(model=model, args=sft_args, train_dataset=data.dataset, processing_class=tokenizer,
-                          callbacks=[LogHistoryWriter(out)])
+    trainer = trainer_cls(
+        model=model,
+        args=sft_args,
+        train_dataset=data.dataset,
+        processing_class=tokenizer,
+        callbacks=[LogHistoryWriter(out)],
+    )
     started = time.time()
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(str(out))  # adapter + tokenizer (chat template included)
@@ -112,19 +133,35 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
 
     merged_dir = None
     if sft_args.save_merged:
-        merged_dir = save_merged_16bit(model, tokenizer, out, backend=sft_args.backend, model_args=model_args,
-                                       trust_remote_code=sft_args.trust_remote_code)
+        merged_dir = save_merged_16bit(
+            model,
+            tokenizer,
+            out,
+            backend=sft_args.backend,
+            model_args=model_args,
+            trust_remote_code=sft_args.trust_remote_code,
+        )
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     write_manifest(
-        out, stage="sft", config=plan.config_record, seed=sft_args.seed,
-        base_model=model_args.model_name_or_path, adapter=True, backend=sft_args.backend,
+        out,
+        stage="sft",
+        config=plan.config_record,
+        seed=sft_args.seed,
+        base_model=model_args.model_name_or_path,
+        adapter=True,
+        backend=sft_args.backend,
         model_short_name=sft_args.model_short_name or model_short_name(model_args.model_name_or_path),
         merged=str(merged_dir.relative_to(out)) if merged_dir else None,
         resumed_from=Path(checkpoint).name if checkpoint else None,
-        data=data.summary(), log_history=LOG_HISTORY_FILE,
-        train={"global_step": trainer.state.global_step, "train_loss": result.training_loss,
-               "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-               "seconds": round(time.time() - started, 1)},
+        data=data.summary(),
+        log_history=LOG_HISTORY_FILE,
+        train={
+            "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss,
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None,
+            "seconds": round(time.time() - started, 1),
+        },
     )
     logger.info("SFT output written to %s", out)
     return out
@@ -140,7 +177,9 @@ def sft_trainer_class():
     return current_sft_trainer_class()
 
 
-def save_merged_16bit(model, tokenizer, out: Path, *, backend: str, model_args, trust_remote_code: bool) -> Path:
+def save_merged_16bit(
+    model, tokenizer, out: Path, *, backend: str, model_args, trust_remote_code: bool
+) -> Path:
     """Write base + adapter merged to ``out/merged`` (a plain transformers folder vLLM can serve).
 
     16-bit: bfloat16 unless the model's dtype is float16 or float32 (the tiny CPU model stays float32)."""
@@ -154,10 +193,17 @@ def save_merged_16bit(model, tokenizer, out: Path, *, backend: str, model_args, 
         from transformers import AutoModelForCausalLM
 
         # Reload the base unquantized (the training copy may be 4-bit), then merge the saved adapter into it.
-        dtype = torch.bfloat16 if model_args.dtype in (None, "auto", "bfloat16") else getattr(torch, model_args.dtype)
-        base = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, dtype=dtype,
-                                                    revision=model_args.model_revision,
-                                                    trust_remote_code=trust_remote_code)
+        dtype = (
+            torch.bfloat16
+            if model_args.dtype in (None, "auto", "bfloat16")
+            else getattr(torch, model_args.dtype)
+        )
+        base = AutoModelForCausalLM.from_pretrained(
+            model_args.model_name_or_path,
+            dtype=dtype,
+            revision=model_args.model_revision,
+            trust_remote_code=trust_remote_code,
+        )
         PeftModel.from_pretrained(base, str(out)).merge_and_unload().save_pretrained(str(merged))
         tokenizer.save_pretrained(str(merged))
     return merged
