@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 from test_rlvr_trainer import _build, _config, _lora_params, _policy_forward, _rollout, oracle_loss
+from unsloth_cpu import run_forced_unsloth
 
 BETA = 0.05
 
@@ -208,30 +209,8 @@ print("CANARY-OK")
 def test_unsloth_patched_trainer_reward_placement(tiny_model_dir, tmp_path):
     """Unsloth's rewritten GRPOTrainer forced on CPU (private API): the placement runs there too, the loss it
     trains on gets advantages of r~ (checked against an independent recomputation) and no reference."""
-    import os
-    import subprocess
-    import sys
-
-    env = dict(
-        os.environ,
-        UNSLOTH_ALLOW_CPU="1",
-        UNSLOTH_COMPILE_DISABLE="1",
-        HF_HUB_OFFLINE="1",
-        UNSLOTH_GRPO_PREFIX_GROUPER="0",
-    )
-    script = tmp_path / "reward_canary.py"
-    script.write_text(UNSLOTH_REWARD_CANARY)
-    result = subprocess.run(
-        [sys.executable, str(script), str(tiny_model_dir)],
-        cwd=tmp_path,
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0 and "CANARY-OK" in result.stdout, (
-        result.stdout[-3000:] + result.stderr[-5000:]
+    result = run_forced_unsloth(
+        UNSLOTH_REWARD_CANARY, "reward_canary.py", tiny_model_dir, tmp_path, timeout=900
     )
     line = next(line for line in result.stdout.splitlines() if line.startswith("CHECK "))
     max_diff, max_adv, moved, total = (float(x) for x in line.split()[1:])

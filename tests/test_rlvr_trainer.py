@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from unsloth_cpu import run_forced_unsloth
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TEMPERATURE = 0.8
@@ -823,31 +824,4 @@ def test_canary_unsloth_patched_trainer_reads_the_shifted_reference(tiny_model_d
     completion tokens, that shifted tensor is what its compute_loss (the zoo loss) receives, and the KL it logs
     is k3 of log 1.4 to 1e-4 (with the PrefixGrouper on, 0.106 instead of 0.0635). The in-loss branch q is
     tested in tests/test_unsloth_path.py."""
-    import os
-    import subprocess
-    import sys
-
-    # A plain transformers model ignores the prefix_seg_info of Unsloth's PrefixGrouper (on by default, off under
-    # vLLM), which then mis-scores every completion after the first of a group: off, as a GPU run under vLLM has it.
-    env = dict(
-        os.environ,
-        UNSLOTH_ALLOW_CPU="1",
-        UNSLOTH_COMPILE_DISABLE="1",
-        HF_HUB_OFFLINE="1",
-        UNSLOTH_GRPO_PREFIX_GROUPER="0",
-    )
-    script = tmp_path / "canary.py"
-    script.write_text(CANARY)
-    # cwd = tmp_path: Unsloth writes its unsloth_compiled_cache/ there, not into the repository.
-    result = subprocess.run(
-        [sys.executable, str(script), str(tiny_model_dir)],
-        cwd=tmp_path,
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0 and "CANARY-OK" in result.stdout, (
-        result.stdout[-3000:] + result.stderr[-5000:]
-    )
+    run_forced_unsloth(CANARY, "canary.py", tiny_model_dir, tmp_path, timeout=600)

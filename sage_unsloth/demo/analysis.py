@@ -105,11 +105,26 @@ def _entropy(logits, temperature: float):
     return -(log_probs.exp() * log_probs).sum(-1), log_probs
 
 
-def branch_point_stats(model, tokenizer, problems: list[str], settings: dict) -> dict:
-    """Entropy, q and plan probabilities at the branch point, over ``problems``."""
+def _lab_q(entropy, settings: dict):
+    """The lab's branch q of each entropy in the 1-D tensor ``entropy`` (every token counted)."""
     import torch
 
     from ..anchor import branch_guide
+
+    q = branch_guide(
+        entropy[None, :],
+        torch.ones_like(entropy)[None, :],
+        gamma=settings["gamma"],
+        tau=settings["tau"],
+        q_min=settings["q_min"],
+        q_max=settings["q_max"],
+    )
+    return q[0]
+
+
+def branch_point_stats(model, tokenizer, problems: list[str], settings: dict) -> dict:
+    """Entropy, q and plan probabilities at the branch point, over ``problems``."""
+    import torch
 
     plan_ids = [tokenizer(s, add_special_tokens=False)["input_ids"] for s in STRATEGIES]
     if any(len(ids) != 1 for ids in plan_ids):
@@ -127,14 +142,7 @@ def branch_point_stats(model, tokenizer, problems: list[str], settings: dict) ->
             entropies.append(entropy)
             plan_probs.append(log_probs.exp()[:, [ids_[0] for ids_ in plan_ids]])
     entropy = torch.cat(entropies)
-    q = branch_guide(
-        entropy[None, :],
-        torch.ones_like(entropy)[None, :],
-        gamma=settings["gamma"],
-        tau=settings["tau"],
-        q_min=settings["q_min"],
-        q_max=settings["q_max"],
-    )[0]
+    q = _lab_q(entropy, settings)
     probs = torch.cat(plan_probs).mean(0)
     return {
         "prompts": len(problems),
@@ -153,8 +161,6 @@ def other_token_stats(
     """Entropy and q at the completion tokens after the branch point, over some eval completions."""
     import torch
 
-    from ..anchor import branch_guide
-
     entropies = []
     with torch.no_grad():
         for record in records:
@@ -169,14 +175,7 @@ def other_token_stats(
     if not entropies:
         return {"other_tokens": 0, "other_entropy_mean": float("nan"), "other_q_gt1_fraction": float("nan")}
     entropy = torch.cat(entropies)
-    q = branch_guide(
-        entropy[None, :],
-        torch.ones_like(entropy)[None, :],
-        gamma=settings["gamma"],
-        tau=settings["tau"],
-        q_min=settings["q_min"],
-        q_max=settings["q_max"],
-    )[0]
+    q = _lab_q(entropy, settings)
     return {
         "other_tokens": int(entropy.numel()),
         "other_entropy_mean": entropy.mean().item(),

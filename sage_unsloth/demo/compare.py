@@ -161,21 +161,29 @@ def pair_table(
             continue
         for k in ks:
             diff = paired_values(lab, a, b, lambda r, k=k: lab.passk(r, [k])[:, 0])
-            mean, low, high = ci(diff, resamples=resamples, seed=seed, level=level, stream=f"{a}-{b}")
             rows.append(
-                {
-                    "a": a,
-                    "b": b,
-                    "k": k,
-                    "diff": mean,
-                    "ci_low": low,
-                    "ci_high": high,
-                    "excludes_0": bool(low > 0 or high < 0),
-                    "seeds": diff.shape[0],
-                    "problems": diff.shape[1],
-                }
+                paired_row(
+                    a, b, diff, {"k": k}, resamples=resamples, seed=seed, level=level, stream=f"{a}-{b}"
+                )
             )
     return pd.DataFrame(rows)
+
+
+def paired_row(a: str, b: str, diff: np.ndarray, labels: dict, *, stream: str, **stats) -> dict:
+    """One row of a paired A - B table: the labels, the mean difference and its two-level CI over the
+    (seeds, problems) array ``diff``, whether the CI excludes 0, and the array's size."""
+    mean, low, high = ci(diff, stream=stream, **stats)
+    return {
+        "a": a,
+        "b": b,
+        **labels,
+        "diff": mean,
+        "ci_low": low,
+        "ci_high": high,
+        "excludes_0": bool(low > 0 or high < 0),
+        "seeds": diff.shape[0],
+        "problems": diff.shape[1],
+    }
 
 
 def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, level: float) -> pd.DataFrame:

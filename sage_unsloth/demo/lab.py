@@ -134,19 +134,8 @@ def plan_pair_table(lab: compare.LabRuns, shares: dict[str, np.ndarray], pairs, 
         if a not in lab.methods or b not in lab.methods:
             continue
         diff = compare.paired_values(lab, a, b, lambda run: shares[run][:, columns].sum(axis=1))
-        mean, low, high = compare.ci(diff, stream=f"plans-{a}-{b}", **stats)
         rows.append(
-            {
-                "a": a,
-                "b": b,
-                "metric": "pair-plan share",
-                "diff": mean,
-                "ci_low": low,
-                "ci_high": high,
-                "excludes_0": bool(low > 0 or high < 0),
-                "seeds": diff.shape[0],
-                "problems": diff.shape[1],
-            }
+            compare.paired_row(a, b, diff, {"metric": "pair-plan share"}, stream=f"plans-{a}-{b}", **stats)
         )
     return pd.DataFrame(rows)
 

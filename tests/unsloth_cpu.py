@@ -1,0 +1,36 @@
+"""Run a script under Unsloth's patching forced onto the CPU, in a child process (Unsloth patches at import)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# A plain transformers model ignores the prefix_seg_info of Unsloth's PrefixGrouper (on by default, off under
+# vLLM), which then mis-scores every completion after the first of a group: off, as a GPU run under vLLM has it.
+FORCED_UNSLOTH_ENV = {
+    "UNSLOTH_ALLOW_CPU": "1",
+    "UNSLOTH_COMPILE_DISABLE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "UNSLOTH_GRPO_PREFIX_GROUPER": "0",
+}
+
+
+def run_forced_unsloth(source: str, name: str, model_dir: Path, tmp_path: Path, timeout: int):
+    """Write ``source`` to tmp_path/name and run it on ``model_dir``; it must exit 0 and print CANARY-OK.
+
+    cwd = tmp_path: Unsloth writes its unsloth_compiled_cache/ there, not into the repository."""
+    script = tmp_path / name
+    script.write_text(source)
+    result = subprocess.run(
+        [sys.executable, str(script), str(model_dir)],
+        cwd=tmp_path,
+        env=dict(os.environ, **FORCED_UNSLOTH_ENV),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0 and "CANARY-OK" in result.stdout, (
+        result.stdout[-3000:] + result.stderr[-5000:]
+    )
+    return result
