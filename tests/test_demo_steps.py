@@ -110,6 +110,68 @@ def test_cpu_time_is_measured_and_threads_reach_the_step(tmp_path):
     assert records[0].cpu_s >= 0.5 and records[0].threads == 3 and out.read_text() == "3"
 
 
+def test_idle_cores_read_the_cpu_time_now_not_the_load_average(monkeypatch):
+    # (idle jiffies, total jiffies) before and after the sample: 2 CPUs, 150 of 200 jiffies idle -> 1.5 -> 2
+    samples = iter([(1000, 4000), (1150, 4200)])
+    monkeypatch.setattr(S, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(S.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(S, "usable_cores", lambda: 2)
+    monkeypatch.setattr(S.os, "getloadavg", lambda: (1.1, 1.0, 1.0))  # the idle VM's load average
+    assert S.idle_cores(interval=0) == 2
+    samples = iter([(1000, 4000), (1040, 4200)])  # 20% idle: 0.4 of a core -> still 1 (at least one)
+    assert S.idle_cores(interval=0) == 1
+    samples = iter([(1000, 4000), (1200, 4200)])  # all idle, but only 1 usable core (affinity)
+    monkeypatch.setattr(S, "usable_cores", lambda: 1)
+    assert S.idle_cores(interval=0) == 1
+
+
+def test_idle_cores_fall_back_to_the_load_average_without_proc_stat(monkeypatch):
+    def missing():
+        raise OSError("no /proc/stat")
+
+    monkeypatch.setattr(S, "_cpu_times", missing)
+    monkeypatch.setattr(S, "usable_cores", lambda: 4)
+    monkeypatch.setattr(S.os, "getloadavg", lambda: (2.2, 1.0, 1.0))
+    assert S.idle_cores(interval=0) == 2
+
+
+def test_cpu_times_parse_this_machines_proc_stat():
+    idle, total = S._cpu_times()
+    assert 0 <= idle <= total and total > 0
+
+
+def test_a_light_step_beside_a_heavy_one_takes_no_share_of_the_idle_cores():
+    heavy, light = S.Step("model", ["x"], outputs=()), S.Step("data", ["x"], outputs=(), light=True)
+    # the pre-training starts beside the data step: it gets both idle cores, the data step one thread
+    assert S.threads_for(heavy, free=2, heavy_waiting=0, heavy_running=0, jobs=2) == 2
+    assert S.threads_for(light, free=2, heavy_waiting=0, heavy_running=1, jobs=2) == 1
+    # two heavy steps at once share the cores; jobs caps how many count
+    assert S.threads_for(heavy, free=2, heavy_waiting=3, heavy_running=0, jobs=2) == 1
+    assert S.threads_for(heavy, free=8, heavy_waiting=5, heavy_running=1, jobs=2) == 4
+    assert S.threads_for(heavy, free=1, heavy_waiting=0, heavy_running=1, jobs=2) == 1
+
+
+def test_the_first_heavy_step_gets_every_idle_core_when_only_light_steps_start_beside_it(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(S, "idle_cores", lambda: 2)
+    seen = {}
+
+    def thread_step(name, **kw):
+        out = tmp_path / f"{name}.txt"
+        seen[name] = out
+        code = f"import os, pathlib; pathlib.Path({str(out)!r}).write_text(os.environ['OMP_NUM_THREADS'])"
+        return S.Step(name, [sys.executable, "-c", code], outputs=(out,), **kw)
+
+    steps = [
+        thread_step("model"),
+        thread_step("data", light=True),
+        thread_step("sft", after=("model", "data")),
+    ]
+    S.run_steps(steps, work=tmp_path / "work", jobs=2, echo=lambda _: None)
+    assert {n: p.read_text() for n, p in seen.items()} == {"model": "2", "data": "1", "sft": "2"}
+
+
 def test_progress_line_reads_the_last_tqdm_bar_and_metrics():
     log = (
         "{'loss': '0.52', 'reward': '0.25'}\n 10%|#  | 20/200 [00:10<01:30,  2.00it/s]\r"

@@ -168,6 +168,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
             ],
             outputs=(data,),
             code=DATA_CODE,
+            light=True,
         ),
         Step(
             "sft",
@@ -310,6 +311,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
             configs=(CONFIG_DIR / "report.yaml",),
             code=("report",),
             label="stage 4",
+            light=True,
         ),
     ]
     lab = [
@@ -344,6 +346,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
             configs=reference_files,
             code=LAB_CODE,
             label="comparison across seeds and problems",
+            light=True,
         )
     )
     return steps

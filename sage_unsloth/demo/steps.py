@@ -10,13 +10,15 @@ budget, config, code or upstream result reruns the step and everything after it.
 its outputs deleted first, so nothing stale is mixed into a new result.
 
 CPU time is the user + system time of the step's process and its waited-for children (``os.wait4``).
-Thread counts: ``--threads`` if given, else the cores this process may use minus the 1-minute load
-average measured before the first step starts, shared among the steps running at once (at least 1).
-On a loaded machine that is one thread per step: torch's OpenMP threads spin while they wait, and two
-threads on a busy core cost about five times the CPU of one (measured for the pre-training step: 85 s
-against 16 s of CPU for the same 60 steps). The results do not depend on the thread count
-(tests/test_demo_steps.py checks the pre-training; torch's CPU kernels for these shapes reduce in a
-fixed order).
+Thread counts: ``--threads`` if given, else the cores idle when the run starts, shared among the heavy
+steps running at once (at least 1 each); a light step (data, report, lab) takes one thread and no share.
+"Idle" is read from /proc/stat over half a second, not from the load average: on this VM the 1-minute
+load average sits near 1 with nothing running (kernel threads in I/O wait count towards it), which left
+the pre-training on one of two idle cores (190 s instead of about 90 s). On a loaded machine it is one
+thread per step: torch's OpenMP threads spin while they wait, and two threads on a busy core cost about
+five times the CPU of one (measured for the pre-training step: 85 s against 16 s of CPU for the same 60
+steps). The results do not depend on the thread count (tests/test_demo_steps.py checks the pre-training;
+torch's CPU kernels for these shapes reduce in a fixed order).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class Step:
     # for steps whose log shows no progress bar (the eval stage hides tqdm off a terminal): files that appear
     # one per unit of work (a glob), and how many there will be
     progress_files: tuple[str, int] | None = None
+    # seconds of single-threaded work (writing files, a table): one thread, and no share of the idle cores
+    light: bool = False
 
 
 @dataclass
@@ -119,13 +123,43 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def idle_cores() -> int:
-    """Cores not busy with other work now: usable cores minus the 1-minute load average (at least 1)."""
+def _cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies over all CPUs from /proc/stat; idle counts I/O wait (the CPU is free then)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields[:8])  # user nice system idle iowait irq softirq steal
+
+
+def idle_fraction(interval: float = 0.5) -> float | None:
+    """The share of CPU time spent idle over ``interval`` seconds now, or None where /proc/stat is missing."""
+    try:
+        idle0, total0 = _cpu_times()
+        time.sleep(interval)
+        idle1, total1 = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle1 - idle0) / (total1 - total0) if total1 > total0 else None
+
+
+def idle_cores(interval: float = 0.5) -> int:
+    """Usable cores not busy with other work now (at least 1): the idle share of all CPUs over ``interval``
+    seconds, times their number, capped at the usable ones; off Linux, usable cores minus the load average."""
+    fraction = idle_fraction(interval)
+    if fraction is not None:
+        return max(1, min(usable_cores(), int(fraction * (os.cpu_count() or 1) + 0.5)))
     try:
         load = os.getloadavg()[0]
     except OSError:
         load = 0.0
     return max(1, int(usable_cores() - load + 0.5))
+
+
+def threads_for(step: Step, *, free: int, heavy_waiting: int, heavy_running: int, jobs: int) -> int:
+    """Torch threads for a step starting now: one for a light step; else the idle cores shared among the
+    heavy steps that will run at once (this one, those running, and those ready to start beside it)."""
+    if step.light:
+        return 1
+    at_once = min(jobs, heavy_running + 1 + heavy_waiting)
+    return max(1, free // max(1, at_once))
 
 
 def child_env(threads: int) -> dict[str, str]:
@@ -280,7 +314,13 @@ def run_steps(
                 for output in step.outputs:
                     _remove(output)
                 (stamps / f"{step.name}.json").unlink(missing_ok=True)
-                n_threads = threads or max(1, free // max(1, min(jobs, len(ready) + len(running) + 1)))
+                n_threads = threads or threads_for(
+                    step,
+                    free=free,
+                    heavy_waiting=sum(not s.light for s in ready),
+                    heavy_running=sum(not r.step.light for r in running.values()),
+                    jobs=jobs,
+                )
                 log = logs / f"{step.name}.log"
                 echo(
                     f"[demo] {step.name}: start{' (' + step.label + ')' if step.label else ''}, "
