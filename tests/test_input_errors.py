@@ -205,3 +205,62 @@ def test_yaml_list_may_be_a_comma_string(tmp_path):
         parse_args([str(config)])
     config.write_text("checkpoints: [a/b]\nks: '1, 4'\n")
     assert parse_args([str(config)]).ks == [1, 4]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--top_p", "0"], "top_p=0.0, min_p=0.0: need 0 < top_p <= 1"),
+        (["--temperature", "-1"], "temperature=-1.0: use 0 (greedy) or more"),
+        (
+            ["--max_tokens", "1024"],
+            "max_tokens=1024, max_model_len=1024: need 1 <= max_tokens < max_model_len",
+        ),
+        (["--limit", "0"], "limit=0: use at least 1 problem"),
+        (["--grading_workers", "0"], "grading_workers=0: use >= 1"),
+        (["--gpu_memory_utilization", "1.5"], "gpu_memory_utilization=1.5: a fraction in (0, 1]"),
+        (["--problems_per_batch", "0"], "problems_per_batch=0: must be >= 1"),
+        (["--shard", "3/2"], "shard"),
+    ],
+)
+def test_eval_fields_are_checked_where_the_config_is_built(extra, expected, tmp_path, capsys):
+    # EvalConfig.__post_init__: the error comes from parsing, before any checkpoint is resolved or loaded
+    from sage_unsloth.eval.run import parse_args
+
+    argv = ["configs/eval/tiny-cpu.yaml", "--checkpoints", "a/b", *extra]
+    with pytest.raises(ValueError) as caught:
+        parse_args(argv)
+    assert expected in str(caught.value) and "\n" not in str(caught.value), caught.value
+    line = _one_line_error(capsys, ["eval", *argv, "--results_dir", str(tmp_path / "r")])
+    assert expected in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_eval_config_without_checkpoints_is_valid_until_it_runs():
+    # the notebook configs leave checkpoints to the command line: building them is fine, running is not
+    from sage_unsloth.eval.config import EvalConfig, validate
+
+    cfg = EvalConfig(n=8)
+    with pytest.raises(ValueError, match="`checkpoints` is empty"):
+        validate(cfg)
+    assert validate(EvalConfig(checkpoints=["a/b"], n=8)) == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--pairs", "grpo:"], "--pairs: 'grpo:' names no run on one side"),
+        (["--pairs", "grpo-grpo_branch"], "is not 'run_a:run_b'"),
+        (["--wandb_entity", "me"], "wandb_entity is set without wandb_project"),
+        (["--pattern_samples_per_problem", "0"], "pattern_samples_per_problem=0: use >= 1"),
+        (["--resamples", "10"], "resamples=10: use at least 100"),
+    ],
+)
+def test_report_fields_are_checked_where_the_config_is_built(extra, expected, tmp_path, capsys):
+    from sage_unsloth.report.config import parse_args
+
+    with pytest.raises(ValueError, match=None) as caught:
+        parse_args(["--results", str(tmp_path), *extra])
+    assert expected in str(caught.value), caught.value
+    line = _one_line_error(capsys, ["report", "--results", str(tmp_path), *extra])
+    assert expected in line

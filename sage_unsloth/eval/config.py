@@ -1,5 +1,9 @@
-"""Stage 3's config: :class:`EvalConfig` (a YAML under configs/eval/ plus CLI flags, parsed by TRL's parser) and
-its validation, every error one line before any model or dataset loads."""
+"""Stage 3's config: :class:`EvalConfig` (a YAML under configs/eval/ plus CLI flags, parsed by TRL's parser).
+
+Every field is checked in ``__post_init__``, as TRL's configs do, so a bad value fails where the config is
+built (one line naming the field, before any model or dataset loads). :func:`validate` adds what only a run
+needs: at least one checkpoint (the notebook configs leave ``checkpoints`` to the command line) and
+benchmarks that exist once the run's ``local_benchmarks`` files are registered."""
 
 from __future__ import annotations
 
@@ -97,6 +101,9 @@ class EvalConfig:
     enforce_eager: bool = False
     trust_remote_code: bool = False
 
+    def __post_init__(self):
+        check_fields(self)
+
 
 def parse_args(argv: list[str]) -> EvalConfig:
     from sage_unsloth.config_args import parse_stage_args
@@ -106,20 +113,42 @@ def parse_args(argv: list[str]) -> EvalConfig:
 
 
 def validate(cfg: EvalConfig) -> list[int]:
-    """Every config error as one clear line, before any model or dataset loads. Returns the k list."""
+    """What a run needs beyond valid fields (checked when the config was built): a checkpoint, and benchmarks
+    that exist once ``local_benchmarks`` are registered (the demo's config names one its runner registers).
+    Returns the k list (``ks``, else 1, 2, 4, ..., n)."""
     if not cfg.checkpoints:
         raise ValueError("`checkpoints` is empty: list hub ids or stage output folders to evaluate")
     register_local_benchmarks(cfg.local_benchmarks)
     check_benchmark_names(cfg.benchmarks)
+    return check_ks(cfg.ks, cfg.n) if cfg.ks else default_ks(cfg.n)
+
+
+def check_fields(cfg: EvalConfig) -> None:
+    """Every field's own check, one line each (called by ``EvalConfig.__post_init__``)."""
     check_source(cfg.source, cfg.data_dir)
     if cfg.n < 1:
         raise ValueError(f"n={cfg.n}: need at least one sample per problem")
+    if cfg.ks:
+        check_ks(cfg.ks, cfg.n)
+    if not 0.0 <= cfg.temperature:
+        raise ValueError(f"temperature={cfg.temperature}: use 0 (greedy) or more")
+    if not 0.0 < cfg.top_p <= 1.0 or not 0.0 <= cfg.min_p < 1.0:
+        raise ValueError(f"top_p={cfg.top_p}, min_p={cfg.min_p}: need 0 < top_p <= 1 and 0 <= min_p < 1")
+    if cfg.max_tokens < 1 or cfg.max_tokens >= cfg.max_model_len:
+        raise ValueError(
+            f"max_tokens={cfg.max_tokens}, max_model_len={cfg.max_model_len}: need 1 <= max_tokens < "
+            "max_model_len (the prompt needs room too)"
+        )
     if cfg.backend not in ("vllm", "hf"):
         raise ValueError(f"backend={cfg.backend!r}: choose 'vllm' or 'hf'")
     if cfg.run_name and len(cfg.checkpoints) > 1:
         raise ValueError("run_name names one checkpoint's results; drop it or evaluate one checkpoint")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise ValueError(f"limit={cfg.limit}: use at least 1 problem per benchmark, or null for all")
     if cfg.problems_per_batch < 1:
-        raise ValueError("problems_per_batch must be >= 1")
+        raise ValueError(f"problems_per_batch={cfg.problems_per_batch}: must be >= 1")
+    if cfg.grading_workers is not None and cfg.grading_workers < 1:
+        raise ValueError(f"grading_workers={cfg.grading_workers}: use >= 1, or null for one per core")
     if "{problem}" not in cfg.user_template:
         raise ValueError("user_template must contain {problem}")
     if not (0 < cfg.grading_timeout_s <= cfg.grading_retry_timeout_s):
@@ -127,5 +156,6 @@ def validate(cfg: EvalConfig) -> list[int]:
             f"grading_timeout_s={cfg.grading_timeout_s}, grading_retry_timeout_s="
             f"{cfg.grading_retry_timeout_s}: need 0 < grading_timeout_s <= grading_retry_timeout_s"
         )
+    if not 0.0 < cfg.gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization={cfg.gpu_memory_utilization}: a fraction in (0, 1]")
     parse_shard(cfg.shard)
-    return check_ks(cfg.ks, cfg.n) if cfg.ks else default_ks(cfg.n)

@@ -1,5 +1,6 @@
 """Stage 4's config: :class:`ReportArguments` (a YAML under configs/report/ plus CLI flags, parsed by TRL's
-parser), checked by ``validate()`` before any result is read."""
+parser). Every field is checked in ``__post_init__`` (``validate()``), one line each, before any result is
+read."""
 
 from __future__ import annotations
 
@@ -67,13 +68,25 @@ class ReportArguments:
     plot_width: int = field(default=plots.DEFAULT_SIZE[0], metadata={"help": "PNG width in pixels"})
     plot_height: int = field(default=plots.DEFAULT_SIZE[1], metadata={"help": "PNG height in pixels"})
 
+    def __post_init__(self):
+        self.validate()
+
     def validate(self) -> None:
+        from sage_unsloth.report.tables import parse_pairs
+
         if self.resamples < 100:
             raise ValueError(f"resamples={self.resamples}: use at least 100 bootstrap resamples")
         if not 0.5 < self.level < 1.0:
             raise ValueError(f"level={self.level}: the confidence level must be in (0.5, 1)")
         if self.plot_width < 100 or self.plot_height < 100:
             raise ValueError("plot_width/plot_height: at least 100 pixels")
+        if self.pattern_samples_per_problem is not None and self.pattern_samples_per_problem < 1:
+            raise ValueError(
+                f"pattern_samples_per_problem={self.pattern_samples_per_problem}: use >= 1, or null for all"
+            )
+        if self.wandb_entity and not self.wandb_project:
+            raise ValueError("wandb_entity is set without wandb_project: add --wandb_project NAME or drop it")
+        parse_pairs(self.pairs)  # "run_a:run_b,..." or a one-line error naming --pairs
 
 
 def parse_args(argv: list[str]) -> ReportArguments:

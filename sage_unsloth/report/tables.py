@@ -209,6 +209,8 @@ def parse_pairs(spec: str | None) -> list[tuple[str, str]]:
         if item.count(":") != 1:
             raise ValueError(f"--pairs: '{item}' is not 'run_a:run_b' (use commas between pairs)")
         a, b = (s.strip() for s in item.split(":"))
+        if not a or not b:
+            raise ValueError(f"--pairs: '{item}' names no run on one side (write run_a:run_b)")
         pairs.append((a, b))
     return pairs
 
