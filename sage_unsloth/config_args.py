@@ -41,6 +41,22 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return _load_config(Path(path), ())
 
 
+def config_files(path: str | Path) -> tuple[Path, ...]:
+    """The YAML at ``path`` and every file of its ``base:`` chain, this file first (what a fingerprint of the
+    config must hash: a change to a base changes what the file means)."""
+    import yaml
+
+    files, current = [], Path(path)
+    while current.resolve() not in {f.resolve() for f in files}:
+        files.append(current)
+        data = yaml.safe_load(current.read_text()) or {}
+        base = data.get(BASE_KEY) if isinstance(data, dict) else None
+        if base is None:
+            break
+        current = current.parent / str(base)
+    return tuple(files)
+
+
 def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     import yaml
 

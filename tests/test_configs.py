@@ -22,7 +22,7 @@ PAPER_RLVR = sorted((CONFIGS / "rlvr" / "qwen2.5-math-7b").glob("*.yaml"))
 
 def _stage_of(relative: str) -> str:
     """The stage a YAML configures, known from its folder (configs/demo/ holds one per stage)."""
-    folder, name = Path(relative).parts[1], Path(relative).stem
+    folder, name = Path(relative).parts[1], Path(relative).stem.lstrip("_")
     if folder == "demo":
         return "rlvr" if name.startswith("grpo") else name
     if folder == "report" and name.startswith("mapping"):
@@ -290,3 +290,50 @@ def test_bad_base_or_yaml_is_one_config_error(tmp_path, text, error):
     with pytest.raises(ConfigError, match=error) as caught:
         load_config(path)
     assert "\n" not in str(caught.value)
+
+
+DEMO_METHOD_KEYS = {  # what each demo method file sets besides base: and variant
+    "grpo": set(),
+    "grpo_nokl": {"beta"},
+    "grpo_branch": {"sage_guide", "sage_gamma", "sage_tau"},
+    "grpo_branch_reward": {"sage_kl_placement"},  # on top of grpo_branch.yaml
+}
+
+
+def test_demo_methods_build_on_one_base_and_each_step_fingerprints_the_whole_chain(tmp_path):
+    from sage_unsloth.config_args import config_files
+    from sage_unsloth.demo.run import METHODS, DemoBudget, build_steps
+
+    demo = CONFIGS / "demo"
+    assert {m.config for m in METHODS} == {f"{name}.yaml" for name in DEMO_METHOD_KEYS}
+    for name, keys in DEMO_METHOD_KEYS.items():
+        own = {k for k in load_config_keys(demo / f"{name}.yaml")} - {"base", "variant"}
+        assert own == keys, (name, own)
+        assert config_files(demo / f"{name}.yaml")[-1] == demo / "_grpo_base.yaml"
+    steps = {s.name: s for s in build_steps(DemoBudget(), tmp_path / "w", tmp_path / "r", None)}
+    reward_run = next(s for name, s in steps.items() if name.startswith("grpo_branch_reward"))
+    assert [p.name for p in reward_run.configs] == [
+        "grpo_branch_reward.yaml",
+        "grpo_branch.yaml",
+        "_grpo_base.yaml",
+    ]
+    assert "_grpo_base.yaml" in [p.name for p in steps["analysis"].configs]
+
+
+def load_config_keys(path: Path) -> list[str]:
+    """The top-level keys a YAML file itself writes (not its base's)."""
+    import yaml
+
+    return list(yaml.safe_load(path.read_text()))
+
+
+def test_config_files_follow_the_base_chain_and_stop_at_a_loop(tmp_path):
+    from sage_unsloth.config_args import config_files
+
+    (tmp_path / "a.yaml").write_text("base: b.yaml\nx: 1\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\ny: 2\n")
+    (tmp_path / "c.yaml").write_text("base: sub/d.yaml\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "d.yaml").write_text("z: 3\n")
+    assert [p.name for p in config_files(tmp_path / "a.yaml")] == ["a.yaml", "b.yaml"]
+    assert [p.as_posix().split("/")[-2:] for p in config_files(tmp_path / "c.yaml")][-1] == ["sub", "d.yaml"]

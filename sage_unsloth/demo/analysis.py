@@ -26,7 +26,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from .. import layout
 from ..manifest import atomic_write_text
@@ -66,7 +65,9 @@ BRANCH_COLUMNS = (
 
 
 def branch_settings(config_path: Path) -> dict:
-    cfg = yaml.safe_load(Path(config_path).read_text())
+    from sage_unsloth.config_args import load_config
+
+    cfg = load_config(config_path)  # with its base: chain
     return {
         "temperature": float(cfg.get("temperature", 1.0)),
         "gamma": float(cfg["sage_gamma"]),

@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from .. import layout
+from ..config_args import config_files
 from ..layout import SFT_RUN
 from ..manifest import atomic_write_json, atomic_write_text
 from ..recipe import stage_command
@@ -216,7 +217,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                     ),
                     outputs=(layout.rlvr_dir(work, MODEL_NAME, run),),
                     after=("sft",),
-                    configs=(CONFIG_DIR / method.config,),
+                    configs=config_files(CONFIG_DIR / method.config),  # the file and its bases
                     code=("rlvr",),
                     label=f"stage 2, {method.label}, {budget.rl_steps} steps",
                 )
@@ -285,7 +286,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
             ],
             outputs=(results / "analysis",),
             after=tuple(evals),
-            configs=(CONFIG_DIR / "grpo_branch.yaml",),
+            configs=config_files(CONFIG_DIR / "grpo_branch.yaml"),
             code=ANALYSIS_CODE,
             label="plans and branch-point entropy",
         ),
