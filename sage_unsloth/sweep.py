@@ -75,6 +75,18 @@ class SweepConfig:
         default="configs/accelerate/ddp.yaml", metadata={"help": "accelerate config for gpus_per_job > 1"}
     )
 
+    def __post_init__(self):
+        """The fields' own checks, one line each; files and folders are checked by :func:`validate`."""
+        stems = [Path(p).stem for p in self.configs]
+        if len(set(stems)) != len(stems):
+            raise ValueError(f"configs {self.configs} share a file name: runs are named by it, rename one")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds={self.seeds}: give at least one seed, each once")
+        if self.gpus_per_job < 1 or self.jobs < 1:
+            raise ValueError(f"gpus_per_job={self.gpus_per_job}, jobs={self.jobs}: both must be >= 1")
+        if str(self.gpus).strip().lower() not in ("auto", "none"):
+            gpu_ids(self)  # the id list's format (auto asks torch, so it is resolved when the sweep runs)
+
 
 @dataclass
 class Job:
@@ -114,7 +126,8 @@ def _model_short(sft_dir: Path) -> str:
 
 
 def validate(cfg: SweepConfig) -> str:
-    """Every sweep input checked, one line each, before any job starts. Returns the model's folder name."""
+    """What a sweep needs beyond valid fields (``SweepConfig.__post_init__``), one line each, before any job
+    starts: configs, existing files and the SFT folder. Returns the model's folder name."""
     if not cfg.configs:
         raise ValueError(
             "configs is empty: list RLVR configs, e.g. configs: [configs/rlvr/tiny-cpu/grpo.yaml]"
@@ -124,17 +137,10 @@ def validate(cfg: SweepConfig) -> str:
             raise FileNotFoundError(
                 f"config {path} does not exist: fix configs / eval_config / report_config"
             )
-    stems = [Path(p).stem for p in cfg.configs]
-    if len(set(stems)) != len(stems):
-        raise ValueError(f"configs {cfg.configs} share a file name: runs are named by it, rename one")
-    if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
-        raise ValueError(f"seeds={cfg.seeds}: give at least one seed, each once")
     if not cfg.sft_dir or not Path(cfg.sft_dir).is_dir():
         raise FileNotFoundError(
             f"sft_dir={cfg.sft_dir} does not exist: run stage 1 first or point sft_dir to it"
         )
-    if cfg.gpus_per_job < 1 or cfg.jobs < 1:
-        raise ValueError(f"gpus_per_job={cfg.gpus_per_job}, jobs={cfg.jobs}: both must be >= 1")
     gpu_ids(cfg)
     return _model_short(Path(cfg.sft_dir))
 

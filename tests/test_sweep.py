@@ -111,6 +111,22 @@ def test_changed_arguments_never_reuse_a_finished_folder(swept, capsys):
 
 
 @pytest.mark.parametrize(
+    "override, needle",
+    [
+        (["--seeds", "1", "1"], "seeds=[1, 1]: give at least one seed, each once"),
+        (["--jobs", "0"], "gpus_per_job=1, jobs=0: both must be >= 1"),
+        (["--gpus", "0,x"], "gpus='0,x': use 'auto', 'none' or GPU ids"),
+        (["--configs", "a/grpo.yaml", "b/grpo.yaml"], "share a file name"),
+    ],
+)
+def test_sweep_fields_are_checked_where_the_config_is_built(override, needle):
+    # SweepConfig.__post_init__: no sft_dir, no files needed to refuse these
+    with pytest.raises(ValueError, match=None) as caught:
+        sweep.parse_args([str(CONFIG), *override])
+    assert needle in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize(
     "override,needle",
     [
         (["--sft_dir", "/nonexistent/sft"], "error: sft_dir="),
