@@ -153,6 +153,59 @@ def test_changed_sampling_settings_do_not_mix_with_old_completions(tmp_path, tin
         _run(replace(cfg, temperature=1.0))
 
 
+def test_a_run_that_stopped_before_its_first_chunk_does_not_block_a_changed_rerun(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23"], limit=2)
+    ks, checkpoints, sets = prepare(cfg)
+
+    class Crash(StubSampler):
+        def generate(self, prompts, seeds):
+            raise ModuleNotFoundError(
+                "no vllm here"
+            )  # what a missing engine did before any chunk was written
+
+    with pytest.raises(ModuleNotFoundError):
+        evaluate_checkpoint(
+            cfg, checkpoints[0], sets, ks, sampler=Crash(cfg, [p for ps in sets.values() for p in ps])
+        )
+    folder = tmp_path / "outputs" / checkpoints[0].model / "eval" / checkpoints[0].run
+    assert (folder / "sampling.json").is_file() and not list(folder.glob("*/chunk_*"))
+    changed = replace(cfg, temperature=1.0)
+    eval_run.check_completions_folder(changed, checkpoints[0])  # no chunk: nothing to mix, no error
+    _run(changed)
+    with pytest.raises(ValueError, match="other settings"):  # now there are chunks sampled at 1.0
+        eval_run.check_completions_folder(cfg, checkpoints[0])
+
+
+def test_the_cli_refuses_a_mixed_folder_and_a_missing_vllm_in_one_line(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23"], limit=2)
+    _run(cfg)
+    common = ["--results_dir", cfg.results_dir, "--outputs_dir", cfg.outputs_dir, "--limit", "2"]
+    argv = [
+        "--checkpoints",
+        str(tiny_model_dir),
+        "--benchmarks",
+        "amc23",
+        "--n",
+        "4",
+        "--seed",
+        "11",
+        *common,
+    ]
+    argv += ["--problems_per_batch", "2", "--backend", "hf"]
+    assert "other settings" in _main_error(capsys, [*argv, "--temperature", "1.0"])
+    real_find_spec = __import__("importlib.util").util.find_spec
+    monkeypatch.setattr(
+        "importlib.util.find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
+    )
+    err = _main_error(capsys, [*argv[:-2], "--backend", "vllm", "--run_name", "fresh"])
+    assert (
+        "vllm is not installed" in err and ".venv-eval/bin/sage-unsloth eval" in err and "--backend hf" in err
+    )
+    assert not list((tmp_path / "outputs").rglob("fresh"))
+
+
 def _main_error(capsys, argv):
     assert eval_run.main(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -75,6 +75,31 @@ def _grading_items(problems: list[Problem], samples) -> list[tuple[str, object]]
     return items
 
 
+def check_completions_folder(cfg: EvalConfig, checkpoint) -> None:
+    """Refuse to mix completions: a folder whose chunks were sampled with other settings is an error (one
+    line). A folder with a fingerprint but no chunk (a run that stopped before its first chunk) is reused."""
+    completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
+    fp_path = completions / "sampling.json"
+    if not fp_path.is_file() or json.loads(fp_path.read_text()) == sampling_fingerprint(cfg, checkpoint):
+        return
+    if any(completions.glob("*/chunk_*.jsonl.gz")):
+        raise ValueError(
+            f"{completions} holds completions sampled with other settings (see {fp_path}); "
+            "set run_name to a new name or delete that folder"
+        )
+
+
+def check_backend(cfg: EvalConfig) -> None:
+    """The vLLM backend needs vllm importable here: on CPU it lives in .venv-eval, not in the training env."""
+    import importlib.util
+
+    if cfg.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            f"backend=vllm: vllm is not installed in {sys.executable}; on CPU run stage 3 with "
+            ".venv-eval/bin/sage-unsloth eval or scripts/03_eval.sh (make installs both), or pass --backend hf"
+        )
+
+
 def evaluate_checkpoint(
     cfg: EvalConfig, checkpoint, problem_sets: dict[str, list[Problem]], ks: list[int], sampler=None
 ) -> Path:
@@ -90,12 +115,8 @@ def evaluate_checkpoint(
     results = layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run)
     completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
     fingerprint = sampling_fingerprint(cfg, checkpoint)
+    check_completions_folder(cfg, checkpoint)
     fp_path = completions / "sampling.json"
-    if fp_path.is_file() and json.loads(fp_path.read_text()) != fingerprint:
-        raise ValueError(
-            f"{completions} holds completions sampled with other settings (see {fp_path}); "
-            "set run_name to a new name or delete that folder"
-        )
     atomic_write_text(fp_path, json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
     grader = grading.grader_fingerprint()
 
@@ -259,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         ks, checkpoints, problem_sets = prepare(cfg)
+        check_backend(cfg)
+        for checkpoint in checkpoints:
+            check_completions_folder(cfg, checkpoint)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
