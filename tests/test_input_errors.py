@@ -52,6 +52,10 @@ def _one_line_error(capsys, argv) -> str:
         (["--betaa", "0.1"], "unknown flag --betaa: did you mean '--beta'?"),
         (["--sage_guide", "brnach"], "sage_guide='brnach' is unknown: did you mean 'branch'?"),
         (["--anchor", "sftt"], "anchor='sftt' is unknown: did you mean 'sft'?"),
+        (
+            ["--num_train_epochs", "-1", "--max_steps", "-1"],
+            "max_steps=-1, num_train_epochs=-1.0: nothing to train",
+        ),
     ],
 )
 def test_rlvr_bad_input_is_one_line_before_loading(
@@ -264,3 +268,10 @@ def test_report_fields_are_checked_where_the_config_is_built(extra, expected, tm
     assert expected in str(caught.value), caught.value
     line = _one_line_error(capsys, ["report", "--results", str(tmp_path), *extra])
     assert expected in line
+
+
+def test_sft_with_nothing_to_train_is_one_line(tiny_model_dir, tmp_path, capsys, no_model_loads):
+    argv = ["sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_model_dir)]
+    argv += ["--num_train_epochs", "-1", "--max_steps", "-1", "--output_dir", str(tmp_path / "out")]
+    assert "max_steps=-1, num_train_epochs=-1.0: nothing to train" in _one_line_error(capsys, argv)
+    assert not (tmp_path / "out").exists()

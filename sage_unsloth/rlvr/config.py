@@ -226,6 +226,11 @@ class SageGRPOConfig(GRPOConfig):
             fail(f"beta={self.beta} is negative: the KL coefficient must be >= 0 (paper: 0.05; 0 = no KL)")
         if self.learning_rate <= 0.0:
             fail(f"learning_rate={self.learning_rate} must be > 0 (paper: 5e-6)")
+        if self.max_steps <= 0 and self.num_train_epochs <= 0:
+            fail(
+                f"max_steps={self.max_steps}, num_train_epochs={self.num_train_epochs}: nothing to train; "
+                "set max_steps > 0 (paper: 1000) or num_train_epochs > 0"
+            )
         if self.sage_guide != "none" and self.beta == 0.0:
             fail(
                 f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none"

@@ -94,6 +94,11 @@ class SageSFTConfig(SFTConfig):
             raise ConfigError(f"max_seq_length {self.max_seq_length}: must be a positive token count")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate {self.learning_rate}: must be > 0 (official SFT: 2e-4)")
+        if self.max_steps <= 0 and self.num_train_epochs <= 0:
+            raise ConfigError(
+                f"max_steps={self.max_steps}, num_train_epochs={self.num_train_epochs}: nothing to train; "
+                "set max_steps > 0 or num_train_epochs > 0"
+            )
         self.max_length = self.max_seq_length
         if not cuda_available():
             if "8bit" in str(getattr(self.optim, "value", self.optim)):
