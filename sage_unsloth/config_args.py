@@ -180,9 +180,17 @@ def _stage_parser_class():
         """TrlParser with one-line errors, "did you mean", ``base:`` YAMLs and a short kit-first --help."""
 
         def __init__(self, dataclass_types, stage: str):
-            super().__init__(dataclass_types, prog=f"sage-unsloth {stage}", add_help=False)
+            # allow_abbrev=False: a prefix of a field (--max_tok) is an unknown flag with "did you mean", never
+            # silently another field
+            super().__init__(
+                dataclass_types, prog=f"sage-unsloth {stage}", add_help=False, allow_abbrev=False
+            )
             self.stage = stage
             self.fields = {action.dest: action for action in self._actions}
+            # the dataclass defaults, before a YAML replaces them: what an error's "e.g." shows
+            self.field_defaults = {action.dest: action.default for action in self._actions}
+            # argparse reads "-1e-5" as a flag (its matcher knows only -1 and -0.5): e-notation too
+            self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
         # -- argparse reports here (a bad value, a missing argument): one line instead of usage + exit
         def error(self, message: str):
@@ -195,7 +203,7 @@ def _stage_parser_class():
                 flag, value = match.group(1), match.group(2) if match.group(2) is not None else match.group(3)
                 action = next(a for a in self._actions if flag in a.option_strings)
                 expected = kind(action) or (f"one of {action.choices}" if action.choices else "valid")
-                raise ConfigError(f"{flag} {value}: not {expected}; e.g. {flag} {action.default}")
+                raise ConfigError(f"{flag} {value}: not {expected}{self._example(action.dest, flag + ' ')}")
             raise ConfigError(f"{message} (sage-unsloth {self.stage} --help lists the fields)")
 
         def kit_help(self) -> str:
@@ -281,14 +289,30 @@ def _stage_parser_class():
                 listed = action.nargs in ("+", "*")
                 if listed and action.type in (int, float) and isinstance(value, str):  # ks: "1,8"
                     value = config[key] = [action.type(v) for v in re.split(r"[,\s]+", value.strip()) if v]
+                if isinstance(value, str) and not listed and action.type in (int, float):
+                    try:
+                        action.type(value)  # "1e-5" is a float written as a string: fine
+                    except ValueError:
+                        raise ConfigError(
+                            f"{path}: {key}: {value!r} is not {kind(action)}{self._example(key, key + ': ')}"
+                        ) from None
                 if value is None or isinstance(value, str) or kind(action) is None:
                     continue  # argparse converts a string (and reports a bad one through error())
                 for item in value if listed and isinstance(value, list) else [value]:
                     if not _is_instance(item, kind(action)):
                         raise ConfigError(
                             f"{path}: {key}: {value!r} is not {kind(action)}"
-                            f"{' (a list)' if listed else ''}; e.g. {key}: {action.default}"
+                            f"{' (a list)' if listed else ''}{self._example(key, key + ': ')}"
                         )
+
+        def _example(self, dest: str, prefix: str) -> str:
+            """'; e.g. <prefix><the dataclass default>', or nothing where that default is a sentinel (None, -1)."""
+            default = self.field_defaults.get(dest)
+            if default is None or (
+                isinstance(default, (int, float)) and not isinstance(default, bool) and default < 0
+            ):
+                return ""
+            return f"; e.g. {prefix}{default}"
 
         def _split_numeric_lists(self, argv: list[str]) -> list[str]:
             numeric = {

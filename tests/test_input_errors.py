@@ -50,6 +50,8 @@ def _one_line_error(capsys, argv) -> str:
         (["--beta", "abc"], "--beta abc: not a number; e.g. --beta 0.05"),
         (["--use_vllm", "maybe"], "--use_vllm maybe: not true or false"),
         (["--betaa", "0.1"], "unknown flag --betaa: did you mean '--beta'?"),
+        (["--max_step", "3"], "unknown flag --max_step: did you mean '--max_steps'?"),  # no abbreviations
+        (["--learning_rate", "-1e-5"], "learning_rate=-1e-05 must be > 0"),  # e-notation is a number
         (["--sage_guide", "brnach"], "sage_guide='brnach' is unknown: did you mean 'branch'?"),
         (["--anchor", "sftt"], "anchor='sftt' is unknown: did you mean 'sft'?"),
         (
@@ -74,6 +76,8 @@ def test_rlvr_bad_input_is_one_line_before_loading(
         ("betaa: 0.1\n", "unknown key 'betaa': did you mean 'beta'?"),
         ("beta: [0.1]\n", "beta: [0.1] is not a number"),
         ("max_steps: 2.5\n", "max_steps: 2.5 is not an integer"),
+        ("max_steps: ten\n", "max_steps: 'ten' is not an integer"),  # not "e.g. --max_steps ten"
+        ("learning_rate: fast\n", "learning_rate: 'fast' is not a number; e.g. learning_rate: 5e-06"),
         ("bf16: 'yes please'\n", "--bf16 yes please: not true or false"),
         (
             "completely_unrelated_key: 1\n",
