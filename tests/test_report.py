@@ -294,3 +294,17 @@ def test_dataset_section_shows_dash_for_runs_without_a_paper_method():
     nokl_line = next(line for line in table.splitlines() if "grpo_nokl" in line)
     assert "nan" not in nokl_line and "| — |" in nokl_line
     assert "| GRPO |" in next(line for line in table.splitlines() if "m/grpo |" in line)
+
+
+def test_a_pair_naming_a_missing_run_is_an_error_not_a_smaller_report(tmp_path):
+    args = ReportArguments(
+        results=str(FIXTURE),
+        out=str(tmp_path / "report.md"),
+        paper_dir=str(PAPER_DIR),
+        resamples=100,
+        pairs="grpo_branch:nope",
+        completions=str(tmp_path / "none" / "*.jsonl.gz"),
+    )
+    with pytest.raises(ValueError, match=r"--pairs grpo_branch:nope: no run named 'nope'"):
+        build_report(args, console=False)
+    assert not (tmp_path / "report.md").exists()

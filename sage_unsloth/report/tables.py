@@ -225,9 +225,11 @@ def resolve_pairs(runs: list[RunResults], spec: str | None, mapping: dict | None
     if spec:
         for a_ref, b_ref in parse_pairs(spec):
             a_runs, b_runs = _select(runs, a_ref), _select(runs, b_ref)
-            if not a_runs or not b_runs:
-                log.warning(
-                    "--pairs %s:%s: no such run (have: %s)", a_ref, b_ref, ", ".join(r.name for r in runs)
+            missing = [ref for ref, found in ((a_ref, a_runs), (b_ref, b_runs)) if not found]
+            if missing:  # a pair the user asked for is never silently left out of the report
+                raise ValueError(
+                    f"--pairs {a_ref}:{b_ref}: no run named {missing[0]!r} under the results folder "
+                    f"(runs: {', '.join(r.name for r in runs)})"
                 )
             for a in a_runs:
                 resolved += [(a, b) for b in b_runs if b.model == a.model and b is not a]
