@@ -172,9 +172,12 @@ def _stage_parser_class():
     def kind(action) -> str | None:
         """What a scalar field takes; bool fields are parsed by a ``string_to_bool`` (TRL 1.15 has its own copy
         of transformers' HfArgumentParser, so the function is recognised by name)."""
-        if getattr(action.type, "__name__", "") == "string_to_bool":
+        name = getattr(action.type, "__name__", "")
+        if name == "string_to_bool":
             return "true or false"
-        return {int: "an integer", float: "a number"}.get(action.type)
+        # by name too: TRL wraps the converter of an ``int | None`` field so that "none" parses, and keeps the
+        # wrapped type's __name__ (trl/scripts/_hf_argparser.py, _accept_none)
+        return {"int": "an integer", "float": "a number"}.get(name)
 
     class StageParser(TrlParser):
         """TrlParser with one-line errors, "did you mean", ``base:`` YAMLs and a short kit-first --help."""
@@ -186,7 +189,9 @@ def _stage_parser_class():
                 dataclass_types, prog=f"sage-unsloth {stage}", add_help=False, allow_abbrev=False
             )
             self.stage = stage
-            self.fields = {action.dest: action for action in self._actions}
+            self.fields = {}  # dest -> its action; a bool's own flag, not the --no_<name> one argparse adds after it
+            for action in self._actions:
+                self.fields.setdefault(action.dest, action)
             # the dataclass defaults, before a YAML replaces them: what an error's "e.g." shows
             self.field_defaults = {action.dest: action.default for action in self._actions}
             # argparse reads "-1e-5" as a flag (its matcher knows only -1 and -0.5): e-notation too
@@ -226,6 +231,7 @@ def _stage_parser_class():
                     action = copy.copy(self.fields[name])
                     action.option_strings = action.option_strings[:1]  # --sage_guide, not also --sage-guide
                     action.metavar = _metavar(action)
+                    action.help = action.help or "(see the stage's config files)"  # so its default is shown
                     actions.append(action)
             formatter = argparse.ArgumentDefaultsHelpFormatter(self.prog, max_help_position=34, width=110)
             formatter.add_usage(f"{self.prog} CONFIG.yaml [--key value ...]", [], [])
@@ -243,9 +249,10 @@ def _stage_parser_class():
                 }
             )
             others = len({a.dest for a in self._actions} - {a.dest for a in actions})
-            formatter.add_text(
-                f"{others} more fields (from {', '.join(upstream)}): sage-unsloth {self.stage} {HELP_ALL}"
-            )
+            if others:
+                formatter.add_text(
+                    f"{others} more fields (from {', '.join(upstream)}): sage-unsloth {self.stage} {HELP_ALL}"
+                )
             return formatter.format_help()
 
         def parse(self, argv: list[str]):
@@ -341,7 +348,7 @@ def _stage_parser_class():
     def _metavar(action) -> str:
         if kind(action) == "true or false":
             return "BOOL"
-        return {int: "INT", float: "FLOAT"}.get(action.type, "TEXT") + (
+        return {"an integer": "INT", "a number": "FLOAT"}.get(kind(action), "TEXT") + (
             " ..." if action.nargs in ("+", "*") else ""
         )
 

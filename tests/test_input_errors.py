@@ -279,3 +279,27 @@ def test_sft_with_nothing_to_train_is_one_line(tiny_model_dir, tmp_path, capsys,
     argv += ["--num_train_epochs", "-1", "--max_steps", "-1", "--output_dir", str(tmp_path / "out")]
     assert "max_steps=-1, num_train_epochs=-1.0: nothing to train" in _one_line_error(capsys, argv)
     assert not (tmp_path / "out").exists()
+
+
+def test_help_shows_each_bool_by_its_own_flag_and_optional_ints_as_int(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["sft", "--help"])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "numeric_answers_only" in x)
+    assert line.lstrip().startswith("--numeric_answers_only [BOOL]") and "(default: True)" in line
+    with pytest.raises(SystemExit):
+        cli.main(["eval", "--help"])
+    out = capsys.readouterr().out
+    assert "--limit INT" in out and "--grading_workers INT" in out and "--temperature FLOAT" in out
+    temperature = next(x for x in out.splitlines() if x.lstrip().startswith("--temperature "))
+    assert "(default: 0.6)" in temperature
+    assert "more fields (from )" not in out and "0 more fields" not in out  # eval has no upstream fields
+
+
+def test_an_optional_integer_in_a_yaml_is_type_checked_against_its_file(tmp_path):
+    from sage_unsloth.eval.run import parse_args
+
+    config = tmp_path / "e.yaml"
+    config.write_text("checkpoints: [a/b]\nlimit: 2.5\n")
+    with pytest.raises(ConfigError, match=r"e.yaml: limit: 2.5 is not an integer"):
+        parse_args([str(config)])

@@ -39,19 +39,21 @@ class EvalConfig:
     ks: list[int] = field(default_factory=list, metadata={"help": "pass@k values; empty = 1, 2, 4, ..., n"})
     # The official evaluator used 0.3 / 0.95; pass@k at large k is usually measured hotter. 0.6 / 0.95 is
     # the common choice for pass@k curves (DeepSeek-R1, simpleRL); the paper's setting is unknown.
-    temperature: float = 0.6
-    top_p: float = 0.95
-    min_p: float = 0.0
+    temperature: float = field(default=0.6, metadata={"help": "sampling temperature (0 = greedy)"})
+    top_p: float = field(default=0.95, metadata={"help": "nucleus sampling mass, in (0, 1]"})
+    min_p: float = field(default=0.0, metadata={"help": "min-p sampling threshold, in [0, 1) (0 = off)"})
     max_tokens: int = field(
         default=3072, metadata={"help": "new tokens per sample (Qwen2.5-Math has 4096 context)"}
     )
-    max_model_len: int = 4096
-    stop: list[str] = field(default_factory=lambda: [SOLUTION_END])
+    max_model_len: int = field(default=4096, metadata={"help": "prompt + completion tokens per sequence"})
+    stop: list[str] = field(
+        default_factory=lambda: [SOLUTION_END], metadata={"help": "strings that end a sample (cut off, as vLLM does)"}
+    )
     user_template: str = field(
         default=EVAL_USER_TEMPLATE, metadata={"help": "user turn; {problem} is replaced"}
     )
     backend: str = field(default="vllm", metadata={"help": "vllm | hf"})
-    seed: int = 0
+    seed: int = field(default=0, metadata={"help": "sampling seed; each problem's seed derives from it"})
     source: str = field(
         default="bundled",
         metadata={
@@ -70,8 +72,12 @@ class EvalConfig:
             "help": "extra benchmarks as name=path.jsonl (MATH-500 layout: problem, answer); list them in benchmarks"
         },
     )
-    results_dir: str = layout.RESULTS
-    outputs_dir: str = layout.OUTPUTS
+    results_dir: str = field(
+        default=layout.RESULTS, metadata={"help": "CSVs go to <results_dir>/<model>/<run>/"}
+    )
+    outputs_dir: str = field(
+        default=layout.OUTPUTS, metadata={"help": "completions go to <outputs_dir>/<model>/eval/<run>/"}
+    )
     run_name: str | None = field(
         default=None, metadata={"help": "results/<model>/<run_name> (one checkpoint)"}
     )
@@ -83,7 +89,10 @@ class EvalConfig:
             "help": "i/N: sample only every N-th chunk (one process per GPU); CSVs come once all chunks exist"
         },
     )
-    grading_workers: int | None = None
+    grading_workers: int | None = field(
+        default=None,
+        metadata={"help": "grading processes (default: one per core); verdicts do not depend on it"},
+    )
     grading_timeout_s: float = field(
         default=grading.DEFAULT_TIMEOUT_S,
         metadata={
@@ -96,10 +105,14 @@ class EvalConfig:
             "help": "CPU seconds per pair in the end-of-run retry; pairs over it are counted as unresolved"
         },
     )
-    gpu_memory_utilization: float = 0.9
-    dtype: str = "auto"
-    enforce_eager: bool = False
-    trust_remote_code: bool = False
+    gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM: share of GPU memory to use"})
+    dtype: str = field(default="auto", metadata={"help": "model dtype: auto, bfloat16, float16, float32"})
+    enforce_eager: bool = field(
+        default=False, metadata={"help": "vLLM: no CUDA graphs (slower, less memory)"}
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "run the model repo's own code (only for a repo you trust)"}
+    )
 
     def __post_init__(self):
         check_fields(self)
