@@ -47,7 +47,8 @@ class EvalConfig:
     )
     max_model_len: int = field(default=4096, metadata={"help": "prompt + completion tokens per sequence"})
     stop: list[str] = field(
-        default_factory=lambda: [SOLUTION_END], metadata={"help": "strings that end a sample (cut off, as vLLM does)"}
+        default_factory=lambda: [SOLUTION_END],
+        metadata={"help": "strings that end a sample (cut off, as vLLM does)"},
     )
     user_template: str = field(
         default=EVAL_USER_TEMPLATE, metadata={"help": "user turn; {problem} is replaced"}
