@@ -193,7 +193,7 @@ def _stage_parser_class():
             for action in self._actions:
                 self.fields.setdefault(action.dest, action)
             # the dataclass defaults, before a YAML replaces them: what an error's "e.g." shows
-            self.field_defaults = {action.dest: action.default for action in self._actions}
+            self.field_defaults = {dest: action.default for dest, action in self.fields.items()}
             # argparse reads "-1e-5" as a flag (its matcher knows only -1 and -0.5): e-notation too
             self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
@@ -296,7 +296,7 @@ def _stage_parser_class():
                 listed = action.nargs in ("+", "*")
                 if listed and action.type in (int, float) and isinstance(value, str):  # ks: "1,8"
                     value = config[key] = [action.type(v) for v in re.split(r"[,\s]+", value.strip()) if v]
-                if isinstance(value, str) and not listed and action.type in (int, float):
+                if isinstance(value, str) and not listed and kind(action) in ("an integer", "a number"):
                     try:
                         action.type(value)  # "1e-5" is a float written as a string: fine
                     except ValueError:

@@ -303,3 +303,8 @@ def test_an_optional_integer_in_a_yaml_is_type_checked_against_its_file(tmp_path
     config.write_text("checkpoints: [a/b]\nlimit: 2.5\n")
     with pytest.raises(ConfigError, match=r"e.yaml: limit: 2.5 is not an integer"):
         parse_args([str(config)])
+    config.write_text("checkpoints: [a/b]\nlimit: ten\n")
+    with pytest.raises(ConfigError, match=r"e.yaml: limit: 'ten' is not an integer"):
+        parse_args([str(config)])
+    config.write_text("checkpoints: [a/b]\nlimit: none\n")  # TRL's spelling of None, as on the CLI
+    assert parse_args([str(config)]).limit is None
