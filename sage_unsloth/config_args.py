@@ -50,11 +50,16 @@ def config_files(path: str | Path) -> tuple[Path, ...]:
     while current.resolve() not in {f.resolve() for f in files}:
         files.append(current)
         data = yaml.safe_load(current.read_text()) or {}
-        base = data.get(BASE_KEY) if isinstance(data, dict) else None
+        base = _base_path(current, data.get(BASE_KEY) if isinstance(data, dict) else None)
         if base is None:
             break
-        current = current.parent / str(base)
+        current = base
     return tuple(files)
+
+
+def _base_path(path: Path, base) -> Path | None:
+    """Where the ``base:`` value of the YAML at ``path`` points: relative to that YAML's folder."""
+    return None if base is None else path.parent / str(base)
 
 
 def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
@@ -70,9 +75,9 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a YAML mapping (key: value lines), not a {type(data).__name__}")
     base = data.pop(BASE_KEY, None)
-    if base is None:
+    base_path = _base_path(path, base)
+    if base_path is None:
         return data
-    base_path = path.parent / str(base)
     if not base_path.is_file():
         raise ConfigError(
             f"{path}: base: {base} not found ({base_path}): give a path relative to the YAML's folder"
