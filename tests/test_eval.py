@@ -195,7 +195,9 @@ def test_the_cli_refuses_a_mixed_folder_and_a_missing_vllm_in_one_line(
     ]
     argv += ["--problems_per_batch", "2", "--backend", "hf"]
     assert "other settings" in _main_error(capsys, [*argv, "--temperature", "1.0"])
-    real_find_spec = __import__("importlib.util").util.find_spec
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         "importlib.util.find_spec", lambda name, *a: None if name == "vllm" else real_find_spec(name, *a)
     )

@@ -130,6 +130,8 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
     data, model_dir = work / "data", work / "model" / MODEL_NAME
     sft_dir = layout.sft_dir(work, MODEL_NAME)  # the demo's outputs root is its work folder
     spec = budget.data
+    # what the analysis and the lab both read: the work folder, the results folder and every run's name
+    lab_inputs = ["--work", _rel(work), "--results", _rel(results), "--runs", ",".join(run_names(budget))]
     steps = [
         Step(
             "model",
@@ -275,12 +277,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                 py,
                 "-m",
                 "sage_unsloth.demo.analysis",
-                "--work",
-                _rel(work),
-                "--results",
-                _rel(results),
-                "--runs",
-                ",".join(run_names(budget)),
+                *lab_inputs,
                 "--branch-config",
                 _rel(CONFIG_DIR / "grpo_branch.yaml"),
             ],
@@ -319,12 +316,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         py,
         "-m",
         "sage_unsloth.demo.lab",
-        "--work",
-        _rel(work),
-        "--results",
-        _rel(results),
-        "--runs",
-        ",".join(run_names(budget)),
+        *lab_inputs,
         "--methods",
         json.dumps({m.name: m.label for m in METHODS}),
         "--pairs",
