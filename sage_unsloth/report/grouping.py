@@ -78,3 +78,5 @@ def floor_at_zero(ax, values) -> None:
         low, high = ax.get_ylim()
         if low < 0:
             ax.set_ylim(0, high if high > 0 else 1)
+            for line in ax.get_lines():  # a series at 0 sits on the axis: draw it over the frame
+                line.set_clip_on(False)
