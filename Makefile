@@ -59,7 +59,7 @@ test-quick: install
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 # The whole recipe offline on CPU (sage_unsloth/demo): tiny model, synthetic task, 01 -> 02 -> 03 -> 04
-# into results/demo/ (work files in outputs/demo/), compared with the committed results/demo-reference/.
+# into outputs/results/demo/ (work files in outputs/demo/), compared with the committed results/demo-reference/.
 # A rerun reuses the steps whose inputs did not change; DEMO_ARGS="--fresh" starts over, "--seeds 3" is the
 # full lab, "--quick" the CI smoke run (see README, "The offline demo").
 demo: install

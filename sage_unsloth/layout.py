@@ -9,8 +9,10 @@
     <results>/report.md, <results>/report/  stage 4
 
 ``<model>`` is :func:`sage_unsloth.models.model_short_name` of the base model, ``<run>`` the evaluated run
-("sft" for stage 1's model, the variant for an RLVR run). The roots default to ``outputs`` and ``results``
-(relative to the working directory); each stage takes its own root as a flag.
+("sft" for stage 1's model, the variant for an RLVR run). The roots default to ``outputs`` and
+``outputs/results`` (relative to the working directory); each stage takes its own root as a flag. A user's
+results sit inside ``outputs/``, which git ignores: the committed ``results/`` holds only reference numbers
+(``results/paper``, the paper's; ``results/demo-reference``, the demo's reference run).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 
 OUTPUTS = "outputs"
-RESULTS = "results"
+RESULTS = "outputs/results"  # a user's results: inside outputs/, never beside the committed references
+REFERENCE_RESULTS = "results"  # committed: paper/ and demo-reference/ only
+WORKDIR_RESULTS = "results"  # a notebook's results folder inside its own scratch workdir
 SFT_RUN = "sft"  # stage 1's folder name, and the run name its evaluation is reported under
 EVAL = "eval"
 REPORT_MD = "report.md"

@@ -230,7 +230,7 @@ class Recipe:
 
     @property
     def results(self) -> Path:
-        return self.workdir / layout.RESULTS
+        return self.workdir / layout.WORKDIR_RESULTS
 
     @property
     def sft_dir(self) -> Path:

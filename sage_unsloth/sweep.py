@@ -51,7 +51,7 @@ class SweepConfig:
     name: str = field(default="sweep", metadata={"help": "the sweep's folder name"})
     output_root: str = field(default="outputs/sweeps", metadata={"help": "runs go to <output_root>/<name>/"})
     results_dir: str = field(
-        default="results/sweeps", metadata={"help": "results go to <results_dir>/<name>/"}
+        default="outputs/results/sweeps", metadata={"help": "results go to <results_dir>/<name>/"}
     )
     rlvr_args: str = field(default="", metadata={"help": "flags for every RLVR run, e.g. '--max_steps 200'"})
     eval_config: str = field(default="configs/eval/qwen2.5-math-7b.yaml", metadata={"help": "stage-3 config"})

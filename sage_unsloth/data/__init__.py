@@ -2,7 +2,8 @@
 
 ``benchmarks/`` holds the six evaluation sets byte for byte as published (provenance, licences and
 checksums in ``README.md`` beside this file); ``rlvr/dapo_math_sample.jsonl`` is the first 300 rows of
-DAPO-Math-17k for the tiny RLVR configs and tests. :func:`verified_path` checks a bundled file's row count
+DAPO-Math-17k for the tiny RLVR configs and tests; ``sft/sample.jsonl`` is 48 SFT rows of the demo's addition
+task, written by the kit (:func:`sage_unsloth.demo.data.sft_rows`), for the offline stage-1 walk-through. :func:`verified_path` checks a bundled file's row count
 and sha256 before it is read, so a truncated or edited copy fails with one clear line.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 DATA_DIR = Path(__file__).resolve().parent
 BENCHMARK_DIR = DATA_DIR / "benchmarks"
 DAPO_SAMPLE = DATA_DIR / "rlvr" / "dapo_math_sample.jsonl"
+SFT_SAMPLE = DATA_DIR / "sft" / "sample.jsonl"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ BUNDLED: dict[str, BundledFile] = {
     ),
     "dapo_math_sample.jsonl": BundledFile(
         DAPO_SAMPLE, 300, "e65694301809b9e0252bbbeb73e536dfae4b197e627945a1c236dc536efd2279"
+    ),
+    "sample.jsonl": BundledFile(
+        SFT_SAMPLE, 48, "6e664dfecd27bd5f661465acff7e0969bd79ff8dd5628cebad5e1ecde84587be"
     ),
 }
 

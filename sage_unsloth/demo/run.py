@@ -373,7 +373,7 @@ def parse_args(argv: list[str] | None):
         "--work-dir", default=None, help="models, data, completions (default outputs/demo[-quick])"
     )
     parser.add_argument(
-        "--results-dir", default=None, help="CSVs, report.md, plots (default results/demo[-quick])"
+        "--results-dir", default=None, help="CSVs, report.md, plots (default outputs/results/demo[-quick])"
     )
     parser.add_argument(
         "--reference",
@@ -409,6 +409,12 @@ def budget_from_args(args) -> DemoBudget:
     return budget
 
 
+def default_dirs(*, quick: bool) -> tuple[Path, Path]:
+    """(work folder, results folder) of a demo run: both inside outputs/, which git ignores."""
+    suffix = "-quick" if quick else ""
+    return REPO_ROOT / layout.OUTPUTS / f"demo{suffix}", REPO_ROOT / layout.RESULTS / f"demo{suffix}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -416,9 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    suffix = "-quick" if args.quick else ""
-    work = Path(args.work_dir or REPO_ROOT / "outputs" / f"demo{suffix}").resolve()
-    results = Path(args.results_dir or REPO_ROOT / "results" / f"demo{suffix}").resolve()
+    default_work, default_results = default_dirs(quick=args.quick)
+    work = Path(args.work_dir or default_work).resolve()
+    results = Path(args.results_dir or default_results).resolve()
     reference = Path(args.reference).resolve() if args.reference else None
     if reference is not None and not (reference / "lab" / "runs.csv").is_file():
         print(f"[demo] no reference results in {_rel(reference)}: the report will not compare with one")

@@ -80,7 +80,7 @@ class EvalConfig:
         default=layout.OUTPUTS, metadata={"help": "completions go to <outputs_dir>/<model>/eval/<run>/"}
     )
     run_name: str | None = field(
-        default=None, metadata={"help": "results/<model>/<run_name> (one checkpoint)"}
+        default=None, metadata={"help": "<results_dir>/<model>/<run_name> (one checkpoint)"}
     )
     limit: int | None = field(default=None, metadata={"help": "max problems per benchmark (smoke runs)"})
     problems_per_batch: int = field(default=64, metadata={"help": "problems per engine call = resume unit"})

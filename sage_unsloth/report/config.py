@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sage_unsloth import layout
 from sage_unsloth.report import plots
 
 
 @dataclass
 class ReportArguments:
-    results: str = field(default="results", metadata={"help": "folder with <model>/<run>/passk.csv"})
+    results: str = field(default=layout.RESULTS, metadata={"help": "folder with <model>/<run>/passk.csv"})
     out: str | None = field(
         default=None,
         metadata={

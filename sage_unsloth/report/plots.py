@@ -1,4 +1,5 @@
-"""pass@k curves (one PNG per dataset) and training curves (log_history.jsonl), at a fixed pixel size.
+"""pass@k curves (one PNG per dataset) and training curves (log_history.jsonl), at a fixed pixel size; one
+line per method, its seeds folded into a band, one colour per method (sage_unsloth/report/grouping.py).
 
 Figures are saved without bbox_inches="tight" so the PNG is exactly width x height pixels.
 """
@@ -14,6 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+
+from sage_unsloth.report import grouping
 
 DEFAULT_SIZE = (960, 600)
 DPI = 100
@@ -41,47 +44,71 @@ def passk_curves(
     out_dir: str | Path,
     *,
     size: tuple[int, int] = DEFAULT_SIZE,
+    colours: dict | None = None,
 ) -> dict[str, Path]:
-    """One PNG per dataset: pass@k vs k (log2 axis), a line (+ CI band) per run, paper points overlaid.
+    """One PNG per dataset: pass@k vs k (log2 axis), one line per method (grouping.method_of), paper points.
 
-    Paper points are taken from ``comparison`` (rows with a paper value), drawn as crosses in the
-    colour of the run mapped to that paper row.
+    A method with several seeds is drawn as the mean over its seeds with the range of the seeds as a band; a
+    method with one run as that run with its 95% bootstrap CI over problems. Paper points are taken from
+    ``comparison`` (rows with a paper value), drawn as crosses in the colour of the method mapped to them.
     """
     out_dir = Path(out_dir)
     written = {}
     for dataset, frame in curves.groupby("dataset", sort=False):
         fig, axes = _figure(size)
         ax = axes[0, 0]
-        for i, ((model, run), line) in enumerate(frame.groupby(["model", "run"], sort=True)):
-            line = line.sort_values("k")
-            color = f"C{i % 10}"
-            ax.plot(line["k"], line["value"], marker="o", ms=3, color=color, label=f"{model}/{run}")
-            band = line.dropna(subset=["ci_low", "ci_high"])
+        frame = frame.assign(method=frame["run"].map(grouping.method_of))
+        groups = frame.groupby(["model", "method"], sort=True)
+        colours = grouping.colours_for((f"{m}/{method}" for m, method in groups.groups), colours)
+        for (model, method), group in groups:
+            label = f"{model}/{method}"
+            colour = colours[label]
+            runs = sorted(group["run"].unique())
+            if len(runs) == 1:
+                line = group.sort_values("k")
+                ax.plot(line["k"], line["value"], marker="o", ms=3, color=colour, label=label)
+                band = line.dropna(subset=["ci_low", "ci_high"])
+                low, high = band["ci_low"], band["ci_high"]
+            else:
+                band = grouping.seed_band(group, "k", "value")
+                ax.plot(
+                    band["k"],
+                    band["mean"],
+                    marker="o",
+                    ms=3,
+                    color=colour,
+                    label=f"{label} ({len(runs)} seeds)",
+                )
+                low, high = band["low"], band["high"]
             if not band.empty:
-                ax.fill_between(band["k"], band["ci_low"], band["ci_high"], color=color, alpha=0.15, lw=0)
+                ax.fill_between(band["k"], low, high, color=colour, alpha=0.15, lw=0)
             paper = comparison[
                 (comparison["model"] == model)
-                & (comparison["run"] == run)
+                & (comparison["run"] == runs[0])
                 & (comparison["dataset"] == dataset)
                 & comparison["paper"].notna()
             ]
             if not paper.empty:
-                method = paper["method"].iloc[0]
                 ax.scatter(
                     paper["k"],
                     paper["paper"],
                     marker="X",
                     s=80,
-                    color=color,
+                    color=colour,
                     edgecolor="black",
                     zorder=5,
-                    label=f"paper: {method}",
+                    label=f"paper: {paper['method'].iloc[0]}",
                 )
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
         ax.set_xlabel("k (log2)")
         ax.set_ylabel("pass@k")
-        ax.set_title(f"pass@k on {dataset} (bands: 95% bootstrap CI over problems)")
+        ax.set_title(
+            f"pass@k on {dataset} (several seeds: their mean, band = their range; one run: "
+            "band = 95% bootstrap CI over problems)",
+            fontsize=9,
+        )
+        grouping.floor_at_zero(ax, frame["value"])
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
@@ -95,25 +122,44 @@ def training_curves(
     out_path: str | Path,
     *,
     size: tuple[int, int] = DEFAULT_SIZE,
+    colours: dict | None = None,
 ) -> Path | None:
-    """A grid of panels, one per metric key, one line per run (x: the ``step`` column); keys a run lacks are
-    skipped. The PNG is ``size`` wide and ``size[1]`` high, or taller (TRAINING_ROW_HEIGHT px per row of
-    panels) when there are more than two rows."""
+    """A grid of panels, one per metric key, one line per method (x: the ``step`` column): a method's seeds
+    (histories named ``<model>/<method>_seed<N>``) are drawn as their mean with their range as a band; keys a
+    run lacks are skipped. The PNG is ``size`` wide and ``size[1]`` high, or taller (TRAINING_ROW_HEIGHT px
+    per row of panels) when there are more than two rows."""
     present = [k for k in keys if any(k in h.columns for h in histories.values())]
     if not present:
         return None
+    methods: dict[str, dict[str, pd.DataFrame]] = {}
+    for name, hist in histories.items():
+        model, _, run = name.rpartition("/")
+        label = f"{model}/{grouping.method_of(run)}" if model else grouping.method_of(run)
+        methods.setdefault(label, {})[name] = hist
+    colours = grouping.colours_for(methods, colours)
     ncols = 2 if len(present) > 1 else 1
     nrows = int(np.ceil(len(present) / ncols))
     fig, axes = _figure((size[0], max(size[1], TRAINING_ROW_HEIGHT * nrows)), nrows, ncols)
     for ax, key in zip(axes.flat, present):
-        for i, (name, hist) in enumerate(sorted(histories.items())):
-            if key not in hist.columns:
+        plotted = []
+        for label, runs in sorted(methods.items()):
+            frames = [h[["step", key]].dropna().assign(run=n) for n, h in runs.items() if key in h.columns]
+            if not frames:
                 continue
-            data = hist[["step", key]].dropna()
-            marker = "." if len(data) < 30 else None  # a short run's few points stay visible
-            ax.plot(data["step"], data[key], color=f"C{i % 10}", label=name, lw=1, marker=marker)
+            band = grouping.seed_band(pd.concat(frames), "step", key)
+            marker = "." if len(band) < 30 else None  # a short run's few points stay visible
+            seeds = f" ({len(frames)} seeds)" if len(frames) > 1 else ""
+            ax.plot(
+                band["step"], band["mean"], color=colours[label], label=label + seeds, lw=1, marker=marker
+            )
+            if len(frames) > 1:
+                ax.fill_between(
+                    band["step"], band["low"], band["high"], color=colours[label], alpha=0.15, lw=0
+                )
+            plotted += [band["low"], band["high"]]
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step")
+        grouping.floor_at_zero(ax, pd.concat(plotted) if plotted else [])
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)
     for ax in list(axes.flat)[len(present) :]:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from sage_unsloth.manifest import atomic_write_text, write_manifest
+from sage_unsloth.report import grouping, plots, support, tables, training
 from sage_unsloth.report import patterns as pat
-from sage_unsloth.report import plots, support, tables, training
 from sage_unsloth.report.config import ReportArguments, parse_args
 from sage_unsloth.report.loading import discover_runs
 from sage_unsloth.report.paper import kl_placement, load_mapping, load_published, map_run
@@ -229,6 +229,11 @@ def render_markdown(
     if result.patterns.empty:
         where = f"glob `{args.completions}`" if args.completions else "default locations"
         parts.append(f"No completion files found ({where}).")
+    elif not result.patterns[list(pat.PATTERNS)].to_numpy().any():
+        parts.append(
+            f"No completion of the {int(result.patterns['n_completions'].sum())} read matches any pattern's "
+            f"rule, so the table is left out (`{Path(result.out).stem}/patterns.csv` has the zeros)."
+        )
     else:
         rows = []
         for _, r in result.patterns.iterrows():
@@ -306,13 +311,14 @@ def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult
         notes=support_notes,
     )
     size = (args.plot_width, args.plot_height)
-    images = plots.passk_curves(curves, comparison, assets, size=size)
-    support_images = support.plot_support(support_frame, assets, size=size)
+    colours = grouping.palette(f"{r.model}/{grouping.method_of(r.run)}" for r in runs)  # one per method
+    images = plots.passk_curves(curves, comparison, assets, size=size, colours=colours)
+    support_images = support.plot_support(support_frame, assets, size=size, colours=colours)
     training_notes: list[str] = []
     histories = training.load_histories(training.training_folders(runs, args.training_runs), training_notes)
     training_frame = training.summary_table(histories)
     training_png = plots.training_curves(
-        histories, training.metric_keys(histories), assets / "training_curves.png", size=size
+        histories, training.metric_keys(histories), assets / "training_curves.png", size=size, colours=colours
     )
     result = ReportResult(
         markdown="",

@@ -239,53 +239,72 @@ def markdown_section(table: pd.DataFrame, images: dict[str, Path], rel, notes: l
 
 
 def plot_support(
-    table: pd.DataFrame, out_dir: str | Path, *, size: tuple[int, int] = (960, 600)
+    table: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    size: tuple[int, int] = (960, 600),
+    colours: dict | None = None,
 ) -> dict[str, Path]:
-    """Per benchmark: shares at the largest k (bars, with CIs) and shrunk / expanded against k (lines)."""
-    from sage_unsloth.report import plots
+    """Per benchmark, one line or bar group per method (a method's seeds averaged, grouping.method_of):
+    the shares at the largest k (bars; error bars are the 95% CI of a single run, or the range over seeds),
+    and expanded and shrunk against k (one panel each, one line per method)."""
+    import matplotlib.ticker
+
+    from sage_unsloth.report import grouping, plots
 
     written = {}
     for dataset, frame in table.groupby("dataset", sort=True):
-        fig, axes = plots._figure(size, 1, 2)
-        bars, lines = axes[0, 0], axes[0, 1]
-        top = headline_rows(frame)
-        labels = [f"{m}/{r}" for m, r in zip(top["model"], top["run"])]
-        x = np.arange(len(top))
-        for offset, (name, colour) in zip(
-            (-0.27, 0.0, 0.27), (("preserved", "tab:blue"), ("shrunk", "tab:red"), ("expanded", "tab:green"))
-        ):
-            values = top[name].to_numpy()
-            err = np.stack(
-                [values - top[f"{name}_ci_low"].to_numpy(), top[f"{name}_ci_high"].to_numpy() - values]
-            )
-            bars.bar(x + offset, values, width=0.27, color=colour, label=name, yerr=err, capsize=2)
-        bars.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
-        bars.set_ylabel("share of problems")
-        bars.set_title(
-            f"{dataset}: at the largest k (vs {', '.join(sorted(set(top['reference'])))})", fontsize=9
-        )
-        bars.legend(fontsize=7)
-        for i, ((model, run), group) in enumerate(frame.groupby(["model", "run"], sort=True)):
-            group = group.sort_values("k")
-            colour = f"C{i % 10}"
-            lines.plot(
-                group["k"], group["expanded"], color=colour, marker="o", ms=3, label=f"{model}/{run} expanded"
-            )
-            lines.plot(
-                group["k"],
-                group["shrunk"],
-                color=colour,
-                ls="--",
-                marker="x",
-                ms=3,
-                label=f"{model}/{run} shrunk",
-            )
-        lines.set_xscale("log", base=2)
-        lines.set_xlabel("k (log2)")
-        lines.set_ylabel("share of problems")
-        lines.set_title("expanded (solid) and shrunk (dashed) against k", fontsize=9)
-        lines.grid(True, alpha=0.3)
-        lines.legend(fontsize=6)
+        frame = frame.assign(method=frame["model"] + "/" + frame["run"].map(grouping.method_of))
+        colours = grouping.colours_for(frame["method"], colours)
+        fig, axes = plots._figure(size, 1, 3)
+        _support_bars(axes[0, 0], headline_rows(frame), dataset)
+        for ax, name in ((axes[0, 1], "expanded"), (axes[0, 2], "shrunk")):
+            for method, group in frame.groupby("method", sort=True):
+                band = grouping.seed_band(group, "k", name)
+                seeds = group["run"].nunique()
+                label = f"{method} ({seeds} seeds)" if seeds > 1 else method
+                ax.plot(band["k"], band["mean"], color=colours[method], marker="o", ms=3, label=label)
+                if seeds > 1:
+                    ax.fill_between(band["k"], band["low"], band["high"], color=colours[method], alpha=0.15)
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+            ax.set_xlabel("k (log2)")
+            ax.set_ylabel("share of problems")
+            ax.set_title(f"{name} against k", fontsize=9)
+            grouping.floor_at_zero(ax, frame[name])
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=6)
         fig.tight_layout()
         written[dataset] = plots._save(fig, Path(out_dir) / f"support_{dataset}.png")
     return written
+
+
+def _support_bars(ax, top: pd.DataFrame, dataset: str) -> None:
+    """Preserved / shrunk / expanded at the largest k, one group of bars per method."""
+    from sage_unsloth.report import grouping
+
+    methods = sorted(top["method"].unique())
+    x = np.arange(len(methods))
+    for offset, (name, colour) in zip(
+        (-0.27, 0.0, 0.27), (("preserved", "tab:blue"), ("shrunk", "tab:red"), ("expanded", "tab:green"))
+    ):
+        values, low, high = [], [], []
+        for method in methods:
+            group = top[top["method"] == method]
+            if len(group) == 1:  # one run: its bootstrap CI over problems
+                values.append(group[name].iloc[0])
+                low.append(group[f"{name}_ci_low"].iloc[0])
+                high.append(group[f"{name}_ci_high"].iloc[0])
+            else:  # several seeds: their mean and range
+                band = grouping.seed_band(group.assign(at=0), "at", name)
+                values.append(band["mean"].iloc[0])
+                low.append(band["low"].iloc[0])
+                high.append(band["high"].iloc[0])
+        values = np.asarray(values)
+        err = np.stack([values - np.asarray(low), np.asarray(high) - values])
+        ax.bar(x + offset, values, width=0.27, color=colour, label=name, yerr=err, capsize=2)
+    ax.set_xticks(x, methods, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("share of problems")
+    ax.set_title(f"{dataset}: at the largest k (vs {', '.join(sorted(set(top['reference'])))})", fontsize=9)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)

@@ -331,7 +331,7 @@ class SageGRPOConfig(GRPOConfig):
         if reason is not None and self.beta != 0.0:
             warnings.warn(
                 f"sage_guide={self.sage_guide!r} has no effect on the expected gradient here: {reason} "
-                "(README: what the guide does to the gradient)",
+                "(docs/theory.md: what the guide does to the gradient)",
                 stacklevel=3,
             )
 

@@ -253,8 +253,8 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
         )
     if grpo_args.backend == "unsloth" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logger.warning(
-            "backend=unsloth on %s processes: not tested by this kit; backend=trl is (README, "
-            "'More than one GPU')",
+            "backend=unsloth on %s processes: not tested by this kit; backend=trl is (docs/scaling.md, "
+            "'Under Unsloth')",
             os.environ["WORLD_SIZE"],
         )
     if (alignment := logging_alignment_warning(grpo_args)) is not None:

@@ -18,14 +18,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from ..prompts import SYSTEM_PROMPT, format_completion
 
 REQUIRED_FIELDS = ("problem", "generated_solution", "expected_answer")
+# The SFT rows the kit ships (48 rows of the demo's task, sage_unsloth/data/README.md), named in the offline error.
+SHIPPED_SAMPLE = "sage_unsloth/data/sft/sample.jsonl"
+_TRUE = ("1", "true", "yes", "on")
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 # Numeric answer: after stripping surrounding whitespace, an optionally signed integer or decimal with an
@@ -104,12 +110,56 @@ def load_raw_dataset(
             raise FileNotFoundError(f"dataset_path {path} does not exist: fix the path or unset dataset_path")
         raw = datasets.load_dataset(kind, data_files=str(path), split="train")
     elif dataset_name:
-        raw = datasets.load_dataset(dataset_name, split=dataset_split)
+        raw = _load_hub_dataset(datasets, dataset_name, dataset_split)
     else:
         raise ValueError("no dataset: set dataset_name (hub id) or dataset_path (local JSONL/parquet)")
     if max_rows is not None:
         raw = raw.select(range(min(max_rows, len(raw))))
     return raw
+
+
+def hub_unreachable(dataset_name: str, why: str) -> ValueError:
+    """The one-line error for a hub dataset that cannot be loaded: it names the field that avoids the hub."""
+    return ValueError(
+        f"dataset_name={dataset_name!r} cannot be loaded ({why}): set dataset_path to a local JSONL of "
+        f"{', '.join(REQUIRED_FIELDS)} rows, e.g. --dataset_path {SHIPPED_SAMPLE} (48 rows shipped with the kit)"
+    )
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(v, "").lower() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub's endpoint opens within ``timeout_s``. Asked before ``datasets``
+    is, because without a network it retries for about 28 s and then raises a long traceback. Behind a
+    proxy the direct connection says nothing, so the answer is then yes (``datasets`` finds out itself)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def _load_hub_dataset(datasets, dataset_name: str, split: str):
+    """``datasets.load_dataset`` for a hub id, with one line instead of a traceback when it cannot work:
+    offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) without a cached copy, or no route to the hub."""
+    offline = hub_offline()
+    if not offline and not hub_reachable():
+        raise hub_unreachable(
+            dataset_name, "the hub is unreachable; with a cached copy, set HF_HUB_OFFLINE=1 to use it"
+        )
+    try:
+        return datasets.load_dataset(dataset_name, split=split)
+    except ConnectionError as exc:  # datasets' own ConnectionError subclasses the builtin
+        why = "offline mode is on and no cached copy was found" if offline else type(exc).__name__
+        raise hub_unreachable(dataset_name, why) from None
 
 
 def check_fields(raw, source: str) -> None:
