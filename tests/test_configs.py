@@ -233,7 +233,7 @@ METHOD_KEYS.update(
         "grpo_high_entropy": {"top_entropy_quantile"},
         "grpo_clip_cov": {"policy_term", "backend"},
         "grpo_kl_cov": {"policy_term", "backend"},
-        "grpo_passk": {"advantage_estimator", "passk_k"},
+        "grpo_passk": {"advantage_estimator"},  # (passk_k 4 is the default, written out in the file)
         "grpo_ref_reset": {"ref_reset_steps"},
     }
 )
