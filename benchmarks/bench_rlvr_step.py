@@ -9,9 +9,15 @@ Tiny random Qwen2 + LoRA on CPU, transformers generation inside the trainer. Bac
   its prefix_seg_info; sequence packing off: its re-verification adds forwards that depend on the rollout
   lengths, for every variant alike; float32 loss).
 
-Variants per backend: ``plain`` (sage_guide none), ``branch`` (the default q source: in the loss, from the
-entropies of the loss's own forward, on both backends), ``branch-rollout`` (sage_q_source rollout: q from the
-rollout policy, one extra no-grad pass; what the Unsloth backend did before q went into its loss).
+Variants per backend (``--variants sage``, the default): ``plain`` (sage_guide none), ``branch`` (the default q
+source: in the loss, from the entropies of the loss's own forward, on both backends), ``branch-rollout``
+(sage_q_source rollout: q from the rollout policy, one extra no-grad pass; what the Unsloth backend did before q
+went into its loss).
+
+``--variants exploration`` (TRL backend; docs/methods.md): ``plain`` against the exploration baselines,
+``entropy_adv``, ``high_entropy`` (top_entropy_quantile 0.2), ``clip_cov``, ``kl_cov``, ``passk`` (k 4 of 8),
+``ref_reset`` (every step: the worst case). KL-Cov needs pi_old != pi, so this set runs 16 rollouts per
+generation (steps_per_generation 2) for every variant unless --generation-batch-size says otherwise.
 
 The variants take one generation cycle each in turn, so load changes on a shared machine hit all alike; the
 warm-up cycle is dropped and medians are reported, as wall time and as this process's CPU time (steadier on
@@ -41,8 +47,24 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("UNSLOTH_SKIP_TORCHVISION_CHECK", "1")
 
-# label, sage_guide, sage_q_source
-VARIANTS = (("plain", "none", "auto"), ("branch", "branch", "auto"), ("branch-rollout", "branch", "rollout"))
+# label -> SageGRPOConfig fields of the variant, per --variants set
+VARIANT_SETS = {
+    "sage": {
+        "plain": {},
+        "branch": {"sage_guide": "branch"},
+        "branch-rollout": {"sage_guide": "branch", "sage_q_source": "rollout"},
+    },
+    "exploration": {
+        "plain": {},
+        "entropy_adv": {"policy_term": "entropy_adv"},
+        "high_entropy": {"top_entropy_quantile": 0.2},
+        "clip_cov": {"policy_term": "clip_cov"},
+        "kl_cov": {"policy_term": "kl_cov"},
+        "passk": {"advantage_estimator": "passk", "passk_k": 4},
+        "ref_reset": {"ref_reset_steps": 1},
+    },
+}
+RATIO_TARGETS = {"branch": " (target <= 1.02 for branch)"}
 # Sequence packing off too: Unsloth re-verifies its packed forward with one extra forward per row whenever a
 # batch is longer than any verified before, so that count follows each variant's rollout lengths, not SAGE.
 UNSLOTH_CPU_ENV = {
@@ -82,7 +104,7 @@ def force_unsloth_patching() -> None:
     unsloth_rl._patch_trl_rl_trainers("grpo_trainer")  # private: what `import unsloth` does on a GPU
 
 
-def build(model_dir: Path, out_dir: Path, guide: str, q_source: str, args, unsloth: bool):
+def build(model_dir: Path, out_dir: Path, label: str, overrides: dict, args, unsloth: bool):
     import torch
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
@@ -99,16 +121,17 @@ def build(model_dir: Path, out_dir: Path, guide: str, q_source: str, args, unslo
     if unsloth:  # what a FastLanguageModel model carries: its mode switches and the float32 stamp
         model.for_training = model.for_inference = lambda *a, **k: None
         model._unsloth_user_float32 = True
+    if unsloth or overrides.get(
+        "ref_reset_steps"
+    ):  # a PeftModel: TRL adds the frozen "ref" copy the reset needs
         model, lora = get_peft_model(model, lora), None
     prompts = [f"Compute {i} * {i + 3} and explain the steps." for i in range(32)]
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = SageGRPOConfig(
-            output_dir=str(out_dir / f"{guide}-{q_source}"),
+            output_dir=str(out_dir / label),
             backend="trl",
-            sage_guide=guide,
-            sage_q_source=q_source,
             beta=0.05,
             use_cpu=True,
             optim="adamw_torch",
@@ -122,6 +145,7 @@ def build(model_dir: Path, out_dir: Path, guide: str, q_source: str, args, unslo
             save_strategy="no",
             disable_tqdm=True,
             seed=0,
+            **overrides,
         )
     trainer = SageGRPOTrainer(
         model=model,
@@ -190,8 +214,8 @@ def measure(backend: str, args) -> dict:
         try:
             model_dir = build_tiny_model(Path(tmp) / "model", seed=0)
             variants = {
-                label: build(model_dir, Path(tmp), guide, source, args, unsloth)
-                for label, guide, source in VARIANTS
+                label: build(model_dir, Path(tmp), label, overrides, args, unsloth)
+                for label, overrides in VARIANT_SETS[args.variants].items()
             }
             for step in range(args.steps + 1):
                 for trainer, times, forwards in variants.values():
@@ -232,11 +256,13 @@ def report(backend: str, rows: dict) -> list[str]:
             f"{row['generation_forwards']:.1f} generation + {row['scoring_forwards']:.1f} scoring "
             f"({extra:+.1f} vs plain; SAGE's own passes/step {row['sage_extra_passes_per_step']:.1f})"
         )
-    for label in ("branch", "branch-rollout"):
+    for label in rows:
+        if label == "plain":
+            continue
         wall, cpu = (rows[label][key] / plain[key] for key in ("wall_s", "cpu_s"))
         lines.append(
-            f"{backend:>7} {label} / plain step-time ratio: {wall:.3f} wall, {cpu:.3f} CPU "
-            f"(target <= 1.02 for branch)"
+            f"{backend:>7} {label} / plain step-time ratio: {wall:.3f} wall, {cpu:.3f} CPU"
+            + RATIO_TARGETS.get(label, "")
         )
     return lines
 
@@ -259,10 +285,21 @@ def main(argv=None) -> int:
         help="16 reproduces the official config (steps_per_generation 2 > GA 1)",
     )
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--variants",
+        choices=tuple(VARIANT_SETS),
+        default="sage",
+        help="sage: plain / branch / branch-rollout; exploration: plain / the exploration baselines (TRL only)",
+    )
     parser.add_argument("--json", help="write the measurements here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.variants == "exploration":
+        if args.backend == "unsloth":
+            parser.error("--variants exploration runs on the TRL backend (policy terms need TRL's loss)")
+        args.backend = "trl"
+        args.generation_batch_size = args.generation_batch_size or 16  # KL-Cov needs pi_old != pi
     if args.child:  # one backend, results as JSON on stdout's last line
         print("BENCH-JSON " + json.dumps(measure(args.backend, args)), flush=True)
         return 0
@@ -282,6 +319,8 @@ def main(argv=None) -> int:
             str(args.completion_length),
             "--threads",
             str(args.threads),
+            "--variants",
+            args.variants,
         ]
         if args.generation_batch_size:
             command += ["--generation-batch-size", str(args.generation_batch_size)]

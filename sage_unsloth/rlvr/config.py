@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from trl.trainer.grpo_config import GRPOConfig
 
 from sage_unsloth.config_args import ConfigError, suggestion
+from sage_unsloth.rlvr.exploration import ExplorationArgs
 
 GUIDES = ("none", "branch", "token", "random")
 KL_ESTIMATORS = ("k3", "k2", "forward")
@@ -66,8 +67,10 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class SageGRPOConfig(GRPOConfig):
-    """GRPO arguments for SAGE (q * pi_ref anchor). See sage_unsloth/anchor.py for the guide formulas."""
+class SageGRPOConfig(GRPOConfig, ExplorationArgs):
+    """GRPO arguments for SAGE (q * pi_ref anchor). See sage_unsloth/anchor.py for the guide formulas; the
+    exploration baselines' fields (Pass@k, entropy advantage, Clip-Cov, KL-Cov, reference reset) come from
+    ExplorationArgs (rlvr/exploration.py)."""
 
     # --- SAGE guide ---------------------------------------------------------------------------------
     sage_guide: str = field(default="none", metadata=_help(f"Anchor guide q: one of {GUIDES}."))
@@ -198,6 +201,7 @@ class SageGRPOConfig(GRPOConfig):
         if self.bf16 is None and not self.fp16 and not _cuda_available():
             self.bf16 = False  # TRL turns None into True, which transformers rejects on a CPU-only machine
         super().__post_init__()
+        self.validate_exploration()  # the exploration baselines (rlvr/exploration.py); needs steps_per_generation
         self._warn_off_policy_q()
         self._warn_guide_without_effect()
 

@@ -57,6 +57,7 @@ from sage_unsloth.compat import (
     to_unsloth_layout,
 )
 from sage_unsloth.rlvr.config import unsloth_conflict
+from sage_unsloth.rlvr.exploration import ExplorationMixin
 from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
@@ -688,11 +689,12 @@ def make_sage_trainer_class(base: type | None = None) -> type:
     install_cpu_logprob_fallback()
     if base not in _CLASS_CACHE:
         # Under Unsloth's patched loss, branch q comes from the entropies that loss computes (unsloth_hooks);
-        # ExactResumeMixin saves and restores the state TRL's checkpoints lack (rlvr/resume.py).
+        # ExactResumeMixin saves and restores the state TRL's checkpoints lack (rlvr/resume.py);
+        # ExplorationMixin runs the exploration baselines inside SAGE's hooks (rlvr/exploration.py).
         hooks = (InUnslothLossBranchQ,) if is_unsloth_patched(base) else ()
         _CLASS_CACHE[base] = type(
             f"Sage{base.__name__}",
-            (SageTrainerMixin, *hooks, ExactResumeMixin, base),
+            (SageTrainerMixin, *hooks, ExplorationMixin, ExactResumeMixin, base),
             {"__module__": __name__},
         )
     return _CLASS_CACHE[base]
