@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import os
 import re
 from pathlib import Path
@@ -154,6 +155,28 @@ def check_hub_model_cached(
             raise ConfigError(
                 f"{field}={value!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
                 "set: download it (hf download) or pass a local folder"
+            )
+
+
+def _is_steps(strategy) -> bool:
+    return str(getattr(strategy, "value", strategy)) == "steps"
+
+
+def check_training_fields(cfg, *, learning_rate_hint: str) -> None:
+    """The transformers ``TrainingArguments`` fields both training stages share, checked in the config's
+    ``__post_init__`` (before transformers' own, which lets some of them through to a traceback mid-run)."""
+    lr = cfg.learning_rate
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"learning_rate={lr} must be > 0 and finite ({learning_rate_hint})")
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if (value := getattr(cfg, name)) is None or value < 1:
+            raise ConfigError(f"{name}={value} must be >= 1: e.g. {name}: 1")
+    for name, strategy in (("logging_steps", "logging_strategy"), ("save_steps", "save_strategy")):
+        value = getattr(cfg, name)
+        if _is_steps(getattr(cfg, strategy)) and (value is None or not value > 0):
+            raise ConfigError(
+                f"{name}={value} must be > 0 (a step count, or a fraction < 1 of the run): e.g. {name}: 10, "
+                f"or {strategy}: no"
             )
 
 
