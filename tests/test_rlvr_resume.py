@@ -182,6 +182,40 @@ def test_a_run_killed_in_any_phase_resumes_to_the_uninterrupted_run(
     assert manifest["global_step"] == LAST and manifest["resumed_from"] == f"checkpoint-{resume_from}"
 
 
+def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(sft_dir, dapo_sample, tmp_path):
+    """SIGINT (Ctrl-C) to a real stage-2 process once it has a checkpoint: exit 130 and one line naming the
+    command that continues it, no KeyboardInterrupt traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rlvr_scenario import REPO
+
+    argv = rlvr_argv("grpo", sft_dir, tmp_path, dapo_sample, "--max_steps", "500", "--save_steps", "1")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sage_unsloth.rlvr", *argv],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.rglob("checkpoint-1/trainer_state.json")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint-1 after 300 s"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sage-unsloth rlvr: interrupted (Ctrl-C); ") and "/checkpoint-" in last, last
+    assert last.endswith(" is kept: continue with sage-unsloth rlvr " + " ".join([*argv, "--resume"])), last
+
+
 def test_a_half_written_checkpoint_is_skipped(uninterrupted, tmp_path):
     out = tmp_path / "run"
     for n in (1, 2):

@@ -347,6 +347,30 @@ def test_script_reports_input_errors_in_one_line_before_loading(tmp_path, tiny_m
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
+def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(
+    tmp_path, tiny_model_dir, benchmark_dir, monkeypatch, capsys
+):
+    from sage_unsloth.sft import run as sft_run
+
+    data = write_jsonl(short_numeric_rows(benchmark_dir, 2), tmp_path / "rows.jsonl")
+    out = tmp_path / "out"
+    argv = sft_argv(tiny_model_dir, data, out)
+
+    def interrupted(sft_args, model_args, plan):  # Ctrl-C while training, after checkpoint-2 was written
+        (out / "checkpoint-2").mkdir(parents=True)
+        (out / "checkpoint-2" / "trainer_state.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sft_run, "run_sft", interrupted)
+    assert sft_run.main(argv) == 130
+    err = capsys.readouterr().err
+    expected = (
+        f"sage-unsloth sft: interrupted (Ctrl-C); {out / 'checkpoint-2'} is kept: continue with "
+        f"sage-unsloth {' '.join(['sft', *argv, '--resume', 'true'])}"
+    )
+    assert err.strip().splitlines()[-1] == expected and "Traceback" not in err, err
+
+
 def test_empty_after_filtering_gives_one_clear_error(tmp_path, tiny_model_dir):
     rows = [
         {"problem": "p", "generated_solution": "s", "expected_answer": "\\frac{1}{2}"},

@@ -484,16 +484,22 @@ def _import_unsloth_early(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
-    _import_unsloth_early(argv)
+    plan = None
     try:
-        grpo_args, stage, model_args, config_path = parse_args(argv)
-        plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
-        built = build_stage(grpo_args, stage, model_args, config_path, plan)
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        # Everything up to here is input checking (config, folders, data, loader and trainer arguments);
-        # the traceback stays available at DEBUG level.
-        logger.debug("RLVR input error", exc_info=True)
-        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
-        return 2
-    built.train_and_save()
+        _import_unsloth_early(argv)
+        try:
+            grpo_args, stage, model_args, config_path = parse_args(argv)
+            plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
+            built = build_stage(grpo_args, stage, model_args, config_path, plan)
+        except (ValueError, FileNotFoundError, FileExistsError) as exc:
+            # Everything up to here is input checking (config, folders, data, loader and trainer arguments);
+            # the traceback stays available at DEBUG level.
+            logger.debug("RLVR input error", exc_info=True)
+            print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+            return 2
+        built.train_and_save()
+    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
+        from sage_unsloth.interrupt import interrupted_training
+
+        return interrupted_training("rlvr", argv, plan.output_dir if plan else None, ("--resume",))
     return 0

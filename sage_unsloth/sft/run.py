@@ -230,17 +230,23 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if requested_backend(argv) == "unsloth":
-        from ..backend import import_unsloth
-
-        import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
+    plan = None
     try:
-        sft_args, model_args = parse_args(argv)
-        plan = prepare_sft(sft_args, model_args)  # every input error surfaces here, before a model loads
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    run_sft(sft_args, model_args, plan)
+        if requested_backend(argv) == "unsloth":
+            from ..backend import import_unsloth
+
+            import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
+        try:
+            sft_args, model_args = parse_args(argv)
+            plan = prepare_sft(sft_args, model_args)  # every input error surfaces here, before a model loads
+        except (ValueError, FileNotFoundError, FileExistsError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        run_sft(sft_args, model_args, plan)
+    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
+        from ..interrupt import interrupted_training
+
+        return interrupted_training("sft", argv, plan.out if plan else None, ("--resume", "true"))
     return 0
 
 
