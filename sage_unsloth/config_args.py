@@ -29,6 +29,12 @@ ENV_KEY = "env"  # TrlParser's: environment variables set before the dataclasses
 HELP_ALL = "--help-all"
 # Fields of TRL / transformers classes that --help shows next to the kit's own (the ones a user sets first).
 ESSENTIAL_UPSTREAM_FIELDS = ("model_name_or_path", "max_steps", "report_to")
+# Stages without an ``output_dir`` field: where their outputs go instead (``--output_dir`` is refused with this).
+OUTPUT_FLAGS = {
+    "eval": "stage 3 writes its tables to --results_dir (results/<model>/<run>) and its completions under "
+    "--outputs_dir",
+    "report": "stage 4 writes the report to --out (default <results>/report.md)",
+}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
@@ -307,6 +313,10 @@ def _stage_parser_class():
             flags = [arg for arg in unknown if arg.startswith("--")]
             if unknown:
                 name = (flags[0] if flags else unknown[0]).split("=", 1)[0]
+                if name == "--output_dir" and self.stage in OUTPUT_FLAGS:
+                    raise ConfigError(
+                        f"--output_dir is not a flag of sage-unsloth {self.stage}: {OUTPUT_FLAGS[self.stage]}"
+                    )
                 options = {o for a in self._actions for o in a.option_strings if o.startswith("--")}
                 hint = suggestion(name, options) or f" (sage-unsloth {self.stage} --help lists the fields)"
                 raise ConfigError(f"unknown {'flag' if flags else 'argument'} {name}{hint}")

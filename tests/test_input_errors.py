@@ -330,6 +330,22 @@ def test_report_fields_are_checked_where_the_config_is_built(extra, expected, tm
     assert expected in line
 
 
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["eval", "configs/eval/tiny-cpu.yaml", "--checkpoints", "a/b"],
+            "--output_dir is not a flag of sage-unsloth eval: stage 3 writes its tables to --results_dir",
+        ),
+        (["report"], "--output_dir is not a flag of sage-unsloth report: stage 4 writes the report to --out"),
+    ],
+)
+def test_stages_without_an_output_dir_refuse_it_naming_theirs(argv, expected, tmp_path, capsys):
+    line = _one_line_error(capsys, [*argv, "--output_dir", str(tmp_path / "x")])
+    assert expected in line, line
+    assert not (tmp_path / "x").exists()
+
+
 def test_sft_with_nothing_to_train_is_one_line(tiny_model_dir, tmp_path, capsys, no_model_loads):
     argv = ["sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_model_dir)]
     argv += ["--num_train_epochs", "-1", "--max_steps", "-1", "--output_dir", str(tmp_path / "out")]

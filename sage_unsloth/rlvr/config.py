@@ -196,6 +196,8 @@ class SageGRPOConfig(GRPOConfig):
     seed: int = field(default=3407, metadata=_help("Paper: 3407."))
 
     def __post_init__(self):
+        # transformers fills a missing output_dir with "trainer_output"; stage 2 then uses its own layout
+        self.output_dir_given = self.output_dir is not None
         self._validate_sage()
         self._validate_rollouts()
         if self.bf16 is None and not self.fp16 and not _cuda_available():
