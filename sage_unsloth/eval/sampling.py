@@ -157,6 +157,10 @@ class VLLMSampler:
             rank = json.loads((Path(checkpoint.adapter_dir) / "adapter_config.json").read_text()).get("r", 16)
             kwargs.update(enable_lora=True, max_lora_rank=max(8, int(rank)), max_loras=1)
             self.lora = LoRARequest(checkpoint.run, 1, checkpoint.adapter_dir)
+        if checkpoint.tokenizer_dir and not (Path(checkpoint.tokenizer_dir) / "config.json").is_file():
+            from sage_unsloth.compat import quiet_vllm_adapter_config_probe
+
+            quiet_vllm_adapter_config_probe(checkpoint.tokenizer_dir)  # an adapter folder is no model
         self.llm = LLM(**kwargs)
 
     def generate(self, prompts: list[list[int]], seeds: list[int]) -> list[list[Sample]]:
