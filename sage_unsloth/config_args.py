@@ -177,6 +177,12 @@ def check_training_fields(cfg, *, learning_rate_hint: str) -> None:
     for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         if (value := getattr(cfg, name)) is None or value < 1:
             raise ConfigError(f"{name}={value} must be >= 1: e.g. {name}: 1")
+    for name, example in (("warmup_steps", 0), ("weight_decay", 0.01), ("dataloader_num_workers", 0)):
+        value = getattr(cfg, name)
+        if value is None or not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{name}={value} must be >= 0: e.g. {name}: {example}")
+    if cfg.seed is None or not 0 <= cfg.seed < 2**32:  # numpy's seed range, used by transformers' set_seed
+        raise ConfigError(f"seed={cfg.seed} must be in [0, 2**32): e.g. seed: 3407")
     for name, strategy in (("logging_steps", "logging_strategy"), ("save_steps", "save_strategy")):
         value = getattr(cfg, name)
         if _is_steps(getattr(cfg, strategy)) and (value is None or not value > 0):

@@ -93,6 +93,16 @@ def _one_line_error(capsys, argv) -> str:
         (["--logging_steps", "0"], "logging_steps=0.0 must be > 0"),
         (["--lora_r", "0"], "lora_r=0 must be >= 1"),
         (["--lora_alpha", "0"], "lora_alpha=0 must be > 0"),
+        (["--seed", "-1"], "seed=-1 must be in [0, 2**32)"),
+        (["--warmup_steps", "-1"], "warmup_steps=-1.0 must be >= 0"),
+        (["--weight_decay", "-1"], "weight_decay=-1.0 must be >= 0"),
+        (["--dataloader_num_workers", "-1"], "dataloader_num_workers=-1 must be >= 0"),
+        (["--sage_gamma", "-0.3"], "sage_gamma=-0.3 must be finite and >= 0"),
+        (["--sage_q_max", "inf"], "sage_q_max=inf must be finite and >= 0"),
+        (["--sage_tau", "nan"], "sage_tau=nan must be finite"),
+        (["--sage_sigma_upper", "-1"], "sage_sigma_upper=-1.0 must be finite and >= 0"),
+        (["--sage_eps_upper", "2"], "sage_eps_upper=2.0 is a token probability: use a value in [0, 1]"),
+        (["--sage_schedule_decay", "0"], "sage_schedule_decay=0.0 must be in (0, 1]"),
     ],
 )
 def test_rlvr_bad_input_is_one_line_before_loading(

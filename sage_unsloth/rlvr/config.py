@@ -239,6 +239,27 @@ class SageGRPOConfig(GRPOConfig):
             fail(
                 f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none"
             )
+        for name in (
+            "sage_q_max",
+            "sage_gamma",
+            "sage_tau",
+            "sage_alpha_upper",
+            "sage_alpha_lower",
+            "sage_sigma_upper",
+            "sage_sigma_lower",
+            "sage_random_sigma_upper",
+            "sage_random_sigma_lower",
+        ):
+            value = getattr(self, name)
+            if not math.isfinite(value) or (name != "sage_tau" and value < 0):
+                fail(f"{name}={value} must be {'finite' if name == 'sage_tau' else 'finite and >= 0'}")
+        for name in ("sage_eps_upper", "sage_eps_lower"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                fail(f"{name}={getattr(self, name)} is a token probability: use a value in [0, 1]")
+        if not 0.0 < self.sage_schedule_decay <= 1.0:
+            fail(
+                f"sage_schedule_decay={self.sage_schedule_decay} must be in (0, 1] (default 0.9; 1 = no decay)"
+            )
         if self.sage_q_min <= 0.0:
             fail(f"sage_q_min={self.sage_q_min} must be > 0 (log q must stay finite): e.g. sage_q_min=0.6")
         if self.sage_q_min > self.sage_q_max:
