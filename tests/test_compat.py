@@ -388,20 +388,21 @@ def test_vllm_cpu_engine_arguments():
     assert compat.vllm_cpu_engine_kwargs(10000)["max_num_batched_tokens"] == 10000
 
 
-def test_vllm_tokenizer_probe_is_quiet(sft_dir, tmp_path):
+def test_vllm_tokenizer_probe_is_quiet(sft_dir, tiny_model_dir, tmp_path):
     """vLLM loading an adapter folder as the tokenizer logs two ERROR lines about its missing model config (see
-    compat.quiet_vllm_adapter_config_probe); with the filter, none for that folder, the others still logged."""
-    import shutil
-
-    loud = shutil.copytree(sft_dir, tmp_path / "loud")
-    code = (
-        "import sys\nfrom sage_unsloth import compat\nfrom vllm.tokenizers import get_tokenizer\n"
-        "quiet, loud = sys.argv[1:]\ncompat.quiet_vllm_adapter_config_probe(quiet)\n"
-        "for folder in (loud, quiet):\n    print(len(get_tokenizer(folder)))\n"
+    compat.vllm_tokenizer_folder); from the linked folder: the same tokenizer, nothing logged."""
+    view = compat.vllm_tokenizer_folder(
+        str(sft_dir), str(tiny_model_dir / "config.json"), str(tmp_path / "view")
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    assert not any(p.name.startswith("adapter_") for p in Path(view).iterdir())
+    code = (
+        "import sys\nfrom vllm.tokenizers import get_tokenizer\n"
+        "for folder in sys.argv[1:]:\n    t = get_tokenizer(folder)\n"
+        "    print(type(t).__name__, len(t), t.eos_token_id, t.encode('Solve 12 + 30 = ? <SOLUTION>'))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(
-        [str(_eval_python()), "-c", code, str(sft_dir), str(loud)],
+        [str(_eval_python()), "-c", code, str(sft_dir), view],
         check=False,
         capture_output=True,
         text=True,
@@ -410,6 +411,7 @@ def test_vllm_tokenizer_probe_is_quiet(sft_dir, tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     logged = out.stdout + out.stderr
-    assert logged.count(compat.VLLM_CONFIG_PROBE_MESSAGE.format(folder=loud)) == 2, logged[-3000:]
-    assert compat.VLLM_CONFIG_PROBE_MESSAGE.format(folder=sft_dir) not in logged, logged[-3000:]
-    assert len(set(out.stdout.split())) == 1  # the same tokenizer loaded from both
+    assert logged.count(f"Error parsing config for {sft_dir}:") == 2, logged[-3000:]  # the adapter folder
+    assert f"Error parsing config for {view}" not in logged, logged[-3000:]
+    from_adapter, from_view = out.stdout.strip().splitlines()
+    assert from_adapter == from_view  # class, vocabulary size, eos and encoding alike
