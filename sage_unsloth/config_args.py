@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import os
 import re
 from pathlib import Path
@@ -28,6 +29,12 @@ ENV_KEY = "env"  # TrlParser's: environment variables set before the dataclasses
 HELP_ALL = "--help-all"
 # Fields of TRL / transformers classes that --help shows next to the kit's own (the ones a user sets first).
 ESSENTIAL_UPSTREAM_FIELDS = ("model_name_or_path", "max_steps", "report_to")
+# Stages without an ``output_dir`` field: where their outputs go instead (``--output_dir`` is refused with this).
+OUTPUT_FLAGS = {
+    "eval": "stage 3 writes its tables to --results_dir (results/<model>/<run>) and its completions under "
+    "--outputs_dir",
+    "report": "stage 4 writes the report to --out (default <results>/report.md)",
+}
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
@@ -154,6 +161,34 @@ def check_hub_model_cached(
             raise ConfigError(
                 f"{field}={value!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
                 "set: download it (hf download) or pass a local folder"
+            )
+
+
+def _is_steps(strategy) -> bool:
+    return str(getattr(strategy, "value", strategy)) == "steps"
+
+
+def check_training_fields(cfg, *, learning_rate_hint: str) -> None:
+    """The transformers ``TrainingArguments`` fields both training stages share, checked in the config's
+    ``__post_init__`` (before transformers' own, which lets some of them through to a traceback mid-run)."""
+    lr = cfg.learning_rate
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"learning_rate={lr} must be > 0 and finite ({learning_rate_hint})")
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if (value := getattr(cfg, name)) is None or value < 1:
+            raise ConfigError(f"{name}={value} must be >= 1: e.g. {name}: 1")
+    for name, example in (("warmup_steps", 0), ("weight_decay", 0.01), ("dataloader_num_workers", 0)):
+        value = getattr(cfg, name)
+        if value is None or not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{name}={value} must be >= 0: e.g. {name}: {example}")
+    if cfg.seed is None or not 0 <= cfg.seed < 2**32:  # numpy's seed range, used by transformers' set_seed
+        raise ConfigError(f"seed={cfg.seed} must be in [0, 2**32): e.g. seed: 3407")
+    for name, strategy in (("logging_steps", "logging_strategy"), ("save_steps", "save_strategy")):
+        value = getattr(cfg, name)
+        if _is_steps(getattr(cfg, strategy)) and (value is None or not value > 0):
+            raise ConfigError(
+                f"{name}={value} must be > 0 (a step count, or a fraction < 1 of the run): e.g. {name}: 10, "
+                f"or {strategy}: no"
             )
 
 
@@ -284,6 +319,10 @@ def _stage_parser_class():
             flags = [arg for arg in unknown if arg.startswith("--")]
             if unknown:
                 name = (flags[0] if flags else unknown[0]).split("=", 1)[0]
+                if name == "--output_dir" and self.stage in OUTPUT_FLAGS:
+                    raise ConfigError(
+                        f"--output_dir is not a flag of sage-unsloth {self.stage}: {OUTPUT_FLAGS[self.stage]}"
+                    )
                 options = {o for a in self._actions for o in a.option_strings if o.startswith("--")}
                 hint = suggestion(name, options) or f" (sage-unsloth {self.stage} --help lists the fields)"
                 raise ConfigError(f"unknown {'flag' if flags else 'argument'} {name}{hint}")

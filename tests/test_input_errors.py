@@ -58,6 +58,51 @@ def _one_line_error(capsys, argv) -> str:
             ["--num_train_epochs", "-1", "--max_steps", "-1"],
             "max_steps=-1, num_train_epochs=-1.0: nothing to train",
         ),
+        # the TRL / PEFT fields a user commonly sets (issue 25)
+        (["--num_generations", "0"], "num_generations=0 must be >= 2"),
+        (["--num_generations", "1"], "num_generations=1 must be >= 2"),
+        (["--num_generations", "3"], "of 4 rollouts (generation_batch_size"),  # 4 % 3: a partial group
+        (
+            ["--generation_batch_size", "6"],
+            "generation_batch_size=6 must be a multiple of per_device_train_batch_size x processes = 4",
+        ),
+        (["--steps_per_generation", "2"], "generation_batch_size=4 and steps_per_generation=2 are both set"),
+        (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be >= 1"),
+        (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps=0 must be >= 1"),
+        (["--num_iterations", "0"], "num_iterations=0 must be >= 1"),
+        (["--temperature", "-1"], "temperature=-1.0 must be > 0"),
+        (["--temperature", "0"], "temperature=0.0 must be > 0"),
+        (["--top_p", "0"], "top_p=0.0 must be in (0, 1]"),
+        (["--top_p", "1.5"], "top_p=1.5 must be in (0, 1]"),
+        (["--min_p", "1"], "min_p=1.0 must be in [0, 1)"),
+        (["--min_p", "-0.1"], "min_p=-0.1 must be in [0, 1)"),
+        (["--epsilon", "-0.2"], "epsilon=-0.2 must be > 0"),
+        (["--epsilon_high", "0.1"], "epsilon_high=0.1 must be >= epsilon=0.2"),
+        (["--max_completion_length", "0"], "max_completion_length=0 must be >= 1"),
+        (
+            ["--max_seq_length", "64", "--max_completion_length", "64"],
+            "max_completion_length=64 leaves no room for a prompt in the 64-token context",
+        ),
+        (
+            ["--max_seq_length", "64", "--max_prompt_length", "60"],
+            "max_prompt_length=60 + max_completion_length=16 exceeds the 64-token context",
+        ),
+        (["--learning_rate", "inf"], "learning_rate=inf must be > 0 and finite"),
+        (["--learning_rate", "nan"], "learning_rate=nan must be > 0 and finite"),
+        (["--save_steps", "0"], "save_steps=0.0 must be > 0"),
+        (["--logging_steps", "0"], "logging_steps=0.0 must be > 0"),
+        (["--lora_r", "0"], "lora_r=0 must be >= 1"),
+        (["--lora_alpha", "0"], "lora_alpha=0 must be > 0"),
+        (["--seed", "-1"], "seed=-1 must be in [0, 2**32)"),
+        (["--warmup_steps", "-1"], "warmup_steps=-1.0 must be >= 0"),
+        (["--weight_decay", "-1"], "weight_decay=-1.0 must be >= 0"),
+        (["--dataloader_num_workers", "-1"], "dataloader_num_workers=-1 must be >= 0"),
+        (["--sage_gamma", "-0.3"], "sage_gamma=-0.3 must be finite and >= 0"),
+        (["--sage_q_max", "inf"], "sage_q_max=inf must be finite and >= 0"),
+        (["--sage_tau", "nan"], "sage_tau=nan must be finite"),
+        (["--sage_sigma_upper", "-1"], "sage_sigma_upper=-1.0 must be finite and >= 0"),
+        (["--sage_eps_upper", "2"], "sage_eps_upper=2.0 is a token probability: use a value in [0, 1]"),
+        (["--sage_schedule_decay", "0"], "sage_schedule_decay=0.0 must be in (0, 1]"),
     ],
 )
 def test_rlvr_bad_input_is_one_line_before_loading(
@@ -125,7 +170,28 @@ def test_sft_negative_learning_rate_is_one_line(tiny_model_dir, tmp_path, capsys
             str(tmp_path / "out"),
         ],
     )
-    assert "learning_rate -1.0: must be > 0" in line
+    assert "learning_rate=-1.0 must be > 0" in line
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--lora_r", "0"], "lora_r=0 must be >= 1 (the LoRA rank): e.g. lora_r: 8"),
+        (["--lora_alpha", "-16"], "lora_alpha=-16 must be > 0"),
+        (["--lora_dropout", "1"], "lora_dropout=1.0 must be in [0, 1)"),
+        (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be >= 1"),
+        (["--save_strategy", "steps", "--save_steps", "0"], "save_steps=0.0 must be > 0"),
+        (["--logging_steps", "-1"], "logging_steps=-1.0 must be > 0"),
+        (["--learning_rate", "inf"], "learning_rate=inf must be > 0 and finite"),
+    ],
+)
+def test_sft_trainer_and_lora_fields_are_one_line(
+    extra, expected, tiny_model_dir, tmp_path, capsys, no_model_loads
+):
+    argv = ["sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_model_dir)]
+    line = _one_line_error(capsys, [*argv, "--output_dir", str(tmp_path / "out"), *extra])
+    assert line.startswith("error: ") and expected in line, line
+    assert not (tmp_path / "out").exists()
 
 
 def test_offline_hub_id_not_in_the_cache_is_refused_when_the_run_is_planned(monkeypatch, tmp_path):
@@ -272,6 +338,22 @@ def test_report_fields_are_checked_where_the_config_is_built(extra, expected, tm
     assert expected in str(caught.value), caught.value
     line = _one_line_error(capsys, ["report", "--results", str(tmp_path), *extra])
     assert expected in line
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["eval", "configs/eval/tiny-cpu.yaml", "--checkpoints", "a/b"],
+            "--output_dir is not a flag of sage-unsloth eval: stage 3 writes its tables to --results_dir",
+        ),
+        (["report"], "--output_dir is not a flag of sage-unsloth report: stage 4 writes the report to --out"),
+    ],
+)
+def test_stages_without_an_output_dir_refuse_it_naming_theirs(argv, expected, tmp_path, capsys):
+    line = _one_line_error(capsys, [*argv, "--output_dir", str(tmp_path / "x")])
+    assert expected in line, line
+    assert not (tmp_path / "x").exists()
 
 
 def test_sft_with_nothing_to_train_is_one_line(tiny_model_dir, tmp_path, capsys, no_model_loads):

@@ -41,6 +41,24 @@ def _run(*argv):
     return run(*parse_args(list(argv)))
 
 
+def test_output_dir_is_honoured_and_stage_3_reads_it(sft_dir, dapo_sample, tmp_path):
+    """--output_dir is where stage 2 writes (as in stage 1; it used to be ignored for the layout folder), and a
+    --resume finds its checkpoints there; stage 3 resolves the folder as the run's output."""
+    from sage_unsloth.eval.sampling import resolve_checkpoint
+
+    out, root = tmp_path / "my_run", tmp_path / "root"
+    argv = rlvr_argv("grpo", sft_dir, root, dapo_sample, "--output_dir", str(out), "--max_steps", "1")
+    built = _run(*argv, "--save_steps", "1")
+    assert (
+        built.plan.output_dir == out and (out / "manifest.json").is_file() and (out / "checkpoint-1").is_dir()
+    )
+    assert not root.exists()  # nothing in the layout folder
+    resumed = _run(*argv, "--save_steps", "1", "--resume")  # every step done: only the final outputs again
+    assert resumed.plan.resume_from == str(out / "checkpoint-1") and resumed.trainer.state.global_step == 1
+    checkpoint = resolve_checkpoint(str(out))
+    assert (checkpoint.run, checkpoint.adapter_dir) == ("grpo", str(out))
+
+
 def _adapter(folder):
     return load_file(str(Path(folder) / "adapter_model.safetensors"))
 

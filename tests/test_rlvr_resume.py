@@ -4,14 +4,18 @@ bit for bit on CPU: adapter weights, optimizer state and logged metrics.
 The scenario is built so that every piece of state a checkpoint used to lose is exercised: the SFT anchor
 (two adapters in the checkpoint), 2 optimizer steps per generation batch (steps_per_generation 2), 4
 prompts in 2 generation batches per epoch (4 steps), the token guide (noise generator and schedule).
-Checkpoints every step; the run lasts 6 steps:
+Checkpoints every step; the run lasts 6 steps. One run is SIGKILLed in its own process during its final
+save; each phase of a run is that folder without what was written after it, resumed in-process:
 
-- killed right after checkpoint-5 was written -> resumes from checkpoint-5: inside epoch 1 and inside a
-  generation window (the batch generated at step 5 also feeds step 6);
-- killed between checkpoints (after step 5's update, before its save) -> resumes from checkpoint-4: an
-  epoch and generation-window boundary, step 5 is redone.
+- mid-interval (after step 5's update, before its save) -> resumes from checkpoint-4: an epoch and
+  generation-window boundary, step 5 is redone;
+- right after checkpoint-5 was written -> inside epoch 1 and inside a generation window (the batch
+  generated at step 5 also feeds step 6);
+- after the last checkpoint (checkpoint-6 = max_steps) and during the final save -> nothing more is
+  trained (transformers ran a 7th step here), only the final outputs are written.
 """
 
+import json
 import shutil
 
 import pytest
@@ -75,6 +79,7 @@ def _assert_same_run(expected_dir, resumed_dir, checkpoints):
     *expected_steps, expected_summary = logged_lines(expected_dir)
     assert steps == expected_steps and [line["step"] for line in steps] == list(range(1, LAST + 1))
     assert summary.keys() == expected_summary.keys() and summary["step"] == LAST and "train_loss" in summary
+    assert max(line["step"] for line in logged_lines(resumed_dir)) == LAST
 
 
 def test_the_scenario_exercises_every_resume_path(uninterrupted):
@@ -106,39 +111,109 @@ def test_the_scenario_exercises_every_resume_path(uninterrupted):
 
 
 @pytest.fixture(scope="module")
-def interrupted(sft_dir, dapo_sample, tmp_path_factory):
-    """The same run killed right after checkpoint-5 was written (inside epoch 1 and a generation window)."""
-    from rlvr_scenario import text_reward
+def killed(sft_dir, dapo_sample, tmp_path_factory):
+    """The same run in its own process, SIGKILLed during its final save (rlvr_scenario.py --kill-in-final-save):
+    every checkpoint written, the final adapter too, no manifest."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
 
-    from sage_unsloth.rlvr import reward
+    from rlvr_scenario import KILL, REPO
 
-    root = tmp_path_factory.mktemp("interrupted")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reward, "correctness_reward", text_reward)
-        built = train(rlvr_argv(VARIANT, sft_dir, root, dapo_sample, *SCENARIO), stop=(INSIDE, "save"))
-    # The killed run kept what it logged: steps 1..5, each once (step 5 is past checkpoint-4).
-    assert [line["step"] for line in logged_lines(built.plan.output_dir)] == list(range(1, INSIDE + 1))
-    return root, built.plan.output_dir
+    root = tmp_path_factory.mktemp("killed")
+    argv = rlvr_argv(VARIANT, sft_dir, root, dapo_sample, *SCENARIO)
+    script = str(REPO / "tests" / "rlvr_scenario.py")
+    result = subprocess.run(
+        [sys.executable, script, KILL, json.dumps(argv)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr[-4000:]
+    (folder,) = [p.parent for p in root.rglob("checkpoint-1")]
+    assert sorted(p.name for p in folder.glob("checkpoint-*")) == [
+        f"checkpoint-{n}" for n in range(1, LAST + 1)
+    ]
+    assert (folder / "adapter_model.safetensors").is_file() and not (folder / "manifest.json").exists()
+    return root, folder
 
 
-@pytest.mark.parametrize("resume_from", [INSIDE, BOUNDARY], ids=["after-checkpoint", "between-checkpoints"])
-def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(
-    resume_from, uninterrupted, interrupted, sft_dir, dapo_sample, tmp_path, capsys
+# Each phase of a run, as the folder a kill there leaves: the killed run's folder without what was written
+# after that point. Between two saves nothing is written but log lines (a resume rewrites the log from its
+# checkpoint); the final save writes the files beside the checkpoints.
+PHASES = {
+    "mid-interval": BOUNDARY,  # after step 5's update, before its checkpoint: resumes from checkpoint-4
+    "right-after-a-checkpoint": INSIDE,  # inside epoch 1 and a generation window
+    "after-the-last-checkpoint": LAST,  # every step done, nothing of the final save written
+    "during-the-final-save": None,  # as killed: the final adapter written, no manifest
+}
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_a_run_killed_in_any_phase_resumes_to_the_uninterrupted_run(
+    phase, uninterrupted, killed, sft_dir, dapo_sample, tmp_path, capsys
 ):
-    """INSIDE: killed right after checkpoint-5. BOUNDARY: killed after step 5's update but before its save;
-    nothing is written between two saves, so that folder is this one without checkpoint-5."""
-    root, folder = interrupted
+    root, folder = killed
     run_root = tmp_path / "run"
     shutil.copytree(root, run_root)
     run_dir = run_root / folder.relative_to(root)
-    for later in range(resume_from + 1, LAST + 1):
-        shutil.rmtree(run_dir / f"checkpoint-{later}", ignore_errors=True)
+    if PHASES[phase] is not None:
+        for path in run_dir.iterdir():
+            later = path.name.startswith("checkpoint-") and int(path.name.split("-")[1]) > PHASES[phase]
+            if later or not (path.name.startswith("checkpoint-") or path.name == "log_history.jsonl"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    resume_from = PHASES[phase] or LAST
     assert last_complete_checkpoint(run_dir).name == f"checkpoint-{resume_from}"
     capsys.readouterr()
     resumed = train(rlvr_argv(VARIANT, sft_dir, run_root, dapo_sample, *SCENARIO, "--resume"))
     assert f"resuming from checkpoint-{resume_from}" in capsys.readouterr().out
     assert resumed.plan.output_dir == run_dir and resumed.trainer.state.global_step == LAST
+    # never a step past max_steps (transformers resumed checkpoint-6 into a 7th step)
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == [
+        f"checkpoint-{n}" for n in range(1, LAST + 1)
+    ]
     _assert_same_run(uninterrupted, run_dir, [f"checkpoint-{n}" for n in range(resume_from, LAST + 1)])
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["global_step"] == LAST and manifest["resumed_from"] == f"checkpoint-{resume_from}"
+
+
+def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(sft_dir, dapo_sample, tmp_path):
+    """SIGINT (Ctrl-C) to a real stage-2 process once it has a checkpoint: exit 130 and one line naming the
+    command that continues it, no KeyboardInterrupt traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rlvr_scenario import REPO
+
+    argv = rlvr_argv("grpo", sft_dir, tmp_path, dapo_sample, "--max_steps", "500", "--save_steps", "1")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sage_unsloth.rlvr", *argv],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.rglob("checkpoint-1/trainer_state.json")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint-1 after 300 s"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sage-unsloth rlvr: interrupted (Ctrl-C); ") and "/checkpoint-" in last, last
+    assert last.endswith(" is kept: continue with sage-unsloth rlvr " + " ".join([*argv, "--resume"])), last
 
 
 def test_a_half_written_checkpoint_is_skipped(uninterrupted, tmp_path):

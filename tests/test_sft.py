@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -268,6 +269,49 @@ def test_finished_output_is_kept_and_interrupted_run_resumes(tmp_path, tiny_mode
     assert manifest["resumed_from"] == "checkpoint-2" and manifest["train"]["global_step"] == 3
 
 
+RESUME_RUN = (
+    "--max_steps",
+    3,
+    "--save_strategy",
+    "steps",
+    "--save_steps",
+    1,
+)  # 4 rows, batch 2: 2 steps an epoch
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_sft(tmp_path_factory, tiny_model_dir, benchmark_dir) -> Path:
+    return build_sft_output(
+        tmp_path_factory.mktemp("uninterrupted"), tiny_model_dir, benchmark_dir, *RESUME_RUN
+    )
+
+
+@pytest.mark.parametrize("killed_after", [1, 3], ids=["mid-run", "after-the-last-checkpoint"])
+def test_resume_stops_at_max_steps_and_equals_the_uninterrupted_run(
+    killed_after, uninterrupted_sft, tmp_path, tiny_model_dir
+):
+    """A run killed after checkpoint-N (nothing else of it is written before the final save) resumes to the
+    uninterrupted run's adapter bit for bit; from checkpoint-3 = max_steps it trains nothing more (transformers
+    resumed it, in the middle of epoch 2, into a step 4 and a checkpoint-4)."""
+    from safetensors.torch import load_file
+
+    killed = tmp_path / "sft"
+    for n in range(1, killed_after + 1):
+        shutil.copytree(uninterrupted_sft / f"checkpoint-{n}", killed / f"checkpoint-{n}")
+    data = uninterrupted_sft.parent / "sft_rows.jsonl"
+    run_sft(*parse_args(sft_argv(tiny_model_dir, data, killed, *RESUME_RUN, "--resume", "true")))
+    manifest = json.loads((killed / "manifest.json").read_text())
+    assert manifest["resumed_from"] == f"checkpoint-{killed_after}" and manifest["train"]["global_step"] == 3
+    assert sorted(p.name for p in killed.glob("checkpoint-*")) == [
+        "checkpoint-1",
+        "checkpoint-2",
+        "checkpoint-3",
+    ]
+    expected = load_file(uninterrupted_sft / "adapter_model.safetensors")
+    resumed = load_file(killed / "adapter_model.safetensors")
+    assert expected.keys() == resumed.keys() and all(torch.equal(expected[k], resumed[k]) for k in expected)
+
+
 # --- errors before any model loads --------------------------------------------------------------------------
 
 
@@ -301,6 +345,30 @@ def test_script_reports_input_errors_in_one_line_before_loading(tmp_path, tiny_m
         )
     ]
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(
+    tmp_path, tiny_model_dir, benchmark_dir, monkeypatch, capsys
+):
+    from sage_unsloth.sft import run as sft_run
+
+    data = write_jsonl(short_numeric_rows(benchmark_dir, 2), tmp_path / "rows.jsonl")
+    out = tmp_path / "out"
+    argv = sft_argv(tiny_model_dir, data, out)
+
+    def interrupted(sft_args, model_args, plan):  # Ctrl-C while training, after checkpoint-2 was written
+        (out / "checkpoint-2").mkdir(parents=True)
+        (out / "checkpoint-2" / "trainer_state.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sft_run, "run_sft", interrupted)
+    assert sft_run.main(argv) == 130
+    err = capsys.readouterr().err
+    expected = (
+        f"sage-unsloth sft: interrupted (Ctrl-C); {out / 'checkpoint-2'} is kept: continue with "
+        f"sage-unsloth {' '.join(['sft', *argv, '--resume', 'true'])}"
+    )
+    assert err.strip().splitlines()[-1] == expected and "Traceback" not in err, err
 
 
 def test_empty_after_filtering_gives_one_clear_error(tmp_path, tiny_model_dir):

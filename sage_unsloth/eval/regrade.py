@@ -6,7 +6,10 @@ graded again (pairs that run out of budget are retried one at a time with the la
 eval run), and ``per_problem.csv``, ``passk.csv`` and the manifest's ``grading`` section are rewritten
 atomically. Regrading with an unchanged grader rewrites the CSVs byte for byte.
 
-    sage-unsloth regrade results/<model>/<run> [--workers N] [--completions-dir DIR]
+    sage-unsloth regrade results/<model>/<run> [--workers N] [--completions_dir DIR] [--timeout_s S]
+
+Flags are spelt with underscores like every other stage's; the old dashed spellings (--completions-dir,
+--timeout-s) still work, with a one-line deprecation notice.
 """
 
 from __future__ import annotations
@@ -100,14 +103,37 @@ def resolve_completions_dir(results: Path, manifest: dict, override: str | None)
     else:
         stored = manifest.get("completions_dir")
         if not stored:
-            raise ValueError(f"{results / MANIFEST_NAME} has no completions_dir: pass --completions-dir")
+            raise ValueError(f"{results / MANIFEST_NAME} has no completions_dir: pass --completions_dir")
         path = Path(stored)
     if not path.is_dir():
         raise FileNotFoundError(
             f"completions folder {path} not found: run regrade from the folder the eval ran "
-            "in (paths in the manifest are relative to it), or pass --completions-dir"
+            "in (paths in the manifest are relative to it), or pass --completions_dir"
         )
     return path
+
+
+def read_eval_manifest(results: Path) -> dict:
+    """The manifest of one eval run's folder; a folder that is not one says what regrade expects, and which
+    eval runs lie below it."""
+    if not results.is_dir():
+        raise FileNotFoundError(
+            f"regrade: {results} does not exist: pass one eval run's folder, results/<model>/<run>"
+        )
+    if not (results / MANIFEST_NAME).is_file():
+        runs = sorted(
+            str(path.parent)
+            for path in results.rglob(MANIFEST_NAME)
+            if json.loads(path.read_text()).get("stage") == "eval"
+        )
+        found = (
+            f" (eval runs below it: {', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''})" if runs else ""
+        )
+        raise FileNotFoundError(
+            f"regrade: {results} is not an eval run's folder (no {MANIFEST_NAME}): pass one eval run's "
+            f"folder, results/<model>/<run>, as stage 3 writes it{found}"
+        )
+    return read_manifest(results, expect_stage="eval")
 
 
 def regrade(
@@ -120,7 +146,7 @@ def regrade(
 ) -> dict:
     """Grade a run's saved completions again and rewrite its CSVs and manifest; returns the grading stats."""
     results = Path(results_dir)
-    manifest = read_manifest(results, expect_stage="eval")
+    manifest = read_eval_manifest(results)
     completions = resolve_completions_dir(results, manifest, completions_dir)
     config = manifest.get("config") or {}
     timeout_s = timeout_s or config.get("grading_timeout_s") or grading.DEFAULT_TIMEOUT_S
@@ -162,17 +188,54 @@ def regrade(
     return manifest["grading"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sage-unsloth regrade", description=__doc__.split("\n\n")[0])
+# The old dashed spellings, still accepted with a deprecation line (every other stage uses underscores).
+DEPRECATED_FLAGS = {"--completions-dir": "--completions_dir", "--timeout-s": "--timeout_s"}
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        from sage_unsloth.config_args import ConfigError
+
+        raise ConfigError(f"{message} (sage-unsloth regrade --help lists the flags)")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = _OneLineParser(
+        prog="sage-unsloth regrade", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     parser.add_argument("results_dir", help="results/<model>/<run> of an eval run")
     parser.add_argument("--workers", type=int, default=None, help="grading processes (default: all cores)")
     parser.add_argument(
-        "--completions-dir", default=None, help="the run's completions (default: from its manifest)"
+        "--completions_dir",
+        "--completions-dir",
+        default=None,
+        help="the run's completions (default: from its manifest)",
     )
     parser.add_argument(
-        "--timeout-s", type=float, default=None, help="CPU budget per pair (default: the run's)"
+        "--timeout_s",
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="CPU budget per pair (default: the run's)",
     )
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    for arg in argv:
+        old = arg.split("=", 1)[0]
+        if old in DEPRECATED_FLAGS:
+            print(
+                f"sage-unsloth regrade: {old} is deprecated: use {DEPRECATED_FLAGS[old]}",
+                file=sys.stderr,
+            )
+    return parser.parse_args(list(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from sage_unsloth.config_args import ConfigError
+
+    try:
+        args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         stats = regrade(
             args.results_dir,

@@ -286,14 +286,26 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if len(checkpoints) > 1:
-        # One process per checkpoint: a vLLM engine does not reliably give its memory back in-process.
-        for spec in cfg.checkpoints:
-            code = subprocess.call([sys.executable, "-m", "sage_unsloth.eval", *argv, "--checkpoints", spec])
-            if code:
-                return code
-        return 0
-    out = evaluate_checkpoint(cfg, checkpoints[0], problem_sets, ks)
+    from sage_unsloth.interrupt import EXIT_INTERRUPTED, QUIET_ENV, interrupted_eval
+
+    try:
+        if len(checkpoints) > 1:
+            # One process per checkpoint: a vLLM engine does not reliably give its memory back in-process.
+            env = {
+                **os.environ,
+                QUIET_ENV: "1",
+            }  # on Ctrl-C this process says how to continue, not each child
+            for spec in cfg.checkpoints:
+                command = [sys.executable, "-m", "sage_unsloth.eval", *argv, "--checkpoints", spec]
+                code = subprocess.call(command, env=env)
+                if code == EXIT_INTERRUPTED:
+                    raise KeyboardInterrupt
+                if code:
+                    return code
+            return 0
+        out = evaluate_checkpoint(cfg, checkpoints[0], problem_sets, ks)
+    except KeyboardInterrupt:
+        return interrupted_eval(argv)
     print(f"results written to {out}")
     return 0
 

@@ -157,7 +157,31 @@ class VLLMSampler:
             rank = json.loads((Path(checkpoint.adapter_dir) / "adapter_config.json").read_text()).get("r", 16)
             kwargs.update(enable_lora=True, max_lora_rank=max(8, int(rank)), max_loras=1)
             self.lora = LoRARequest(checkpoint.run, 1, checkpoint.adapter_dir)
+        kwargs["tokenizer"] = self._tokenizer_folder(checkpoint)
         self.llm = LLM(**kwargs)
+
+    def _tokenizer_folder(self, checkpoint: Checkpoint) -> str:
+        """The tokenizer folder for vLLM: an adapter folder is served through a linked copy that also holds the
+        base model's config.json (compat.vllm_tokenizer_folder: else vLLM logs two ERROR lines probing it)."""
+        import tempfile
+
+        from sage_unsloth.compat import VLLM_PROBED_CONFIG, vllm_tokenizer_folder
+
+        folder = checkpoint.tokenizer_dir or checkpoint.base_model
+        if not checkpoint.tokenizer_dir or (Path(folder) / VLLM_PROBED_CONFIG).is_file():
+            return folder
+        base_config = Path(checkpoint.base_model) / VLLM_PROBED_CONFIG
+        if (
+            not base_config.is_file()
+        ):  # a hub id: its cached config.json (the base is checked offline already)
+            try:
+                from huggingface_hub import hf_hub_download
+
+                base_config = Path(hf_hub_download(checkpoint.base_model, VLLM_PROBED_CONFIG))
+            except Exception:  # noqa: BLE001 - without it vLLM only logs its probe; sampling is the same
+                return folder
+        self._tokenizer_view = tempfile.TemporaryDirectory(prefix="sage-vllm-tokenizer-")
+        return vllm_tokenizer_folder(folder, str(base_config), self._tokenizer_view.name)
 
     def generate(self, prompts: list[list[int]], seeds: list[int]) -> list[list[Sample]]:
         """``prompts``: token ids (rendered and tokenized by the kit, exactly as for the HF backend)."""

@@ -9,12 +9,14 @@ Validation happens in ``__post_init__``, i.e. before any model is loaded.
 
 from __future__ import annotations
 
+import math
+import os
 import warnings
 from dataclasses import dataclass, field
 
 from trl.trainer.grpo_config import GRPOConfig
 
-from sage_unsloth.config_args import ConfigError, suggestion
+from sage_unsloth.config_args import ConfigError, check_training_fields, suggestion
 from sage_unsloth.rlvr.exploration import ExplorationArgs
 
 GUIDES = ("none", "branch", "token", "random")
@@ -197,7 +199,10 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     seed: int = field(default=3407, metadata=_help("Paper: 3407."))
 
     def __post_init__(self):
+        # transformers fills a missing output_dir with "trainer_output"; stage 2 then uses its own layout
+        self.output_dir_given = self.output_dir is not None
         self._validate_sage()
+        self._validate_rollouts()
         if self.bf16 is None and not self.fp16 and not _cuda_available():
             self.bf16 = False  # TRL turns None into True, which transformers rejects on a CPU-only machine
         super().__post_init__()
@@ -228,8 +233,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
                 )
         if self.beta < 0.0:
             fail(f"beta={self.beta} is negative: the KL coefficient must be >= 0 (paper: 0.05; 0 = no KL)")
-        if self.learning_rate <= 0.0:
-            fail(f"learning_rate={self.learning_rate} must be > 0 (paper: 5e-6)")
+        check_training_fields(self, learning_rate_hint="paper: 5e-6")
         if self.max_steps <= 0 and self.num_train_epochs <= 0:
             fail(
                 f"max_steps={self.max_steps}, num_train_epochs={self.num_train_epochs}: nothing to train; "
@@ -238,6 +242,27 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
         if self.sage_guide != "none" and self.beta == 0.0:
             fail(
                 f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none"
+            )
+        for name in (
+            "sage_q_max",
+            "sage_gamma",
+            "sage_tau",
+            "sage_alpha_upper",
+            "sage_alpha_lower",
+            "sage_sigma_upper",
+            "sage_sigma_lower",
+            "sage_random_sigma_upper",
+            "sage_random_sigma_lower",
+        ):
+            value = getattr(self, name)
+            if not math.isfinite(value) or (name != "sage_tau" and value < 0):
+                fail(f"{name}={value} must be {'finite' if name == 'sage_tau' else 'finite and >= 0'}")
+        for name in ("sage_eps_upper", "sage_eps_lower"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                fail(f"{name}={getattr(self, name)} is a token probability: use a value in [0, 1]")
+        if not 0.0 < self.sage_schedule_decay <= 1.0:
+            fail(
+                f"sage_schedule_decay={self.sage_schedule_decay} must be in (0, 1] (default 0.9; 1 = no decay)"
             )
         if self.sage_q_min <= 0.0:
             fail(f"sage_q_min={self.sage_q_min} must be > 0 (log q must stay finite): e.g. sage_q_min=0.6")
@@ -293,6 +318,64 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
                 f"soft_overlong_punish_cache={self.soft_overlong_punish_cache} must be 0 (off) or in "
                 f"[1, max_completion_length={self.max_completion_length})"
             )
+
+    def _validate_rollouts(self) -> None:
+        """The sampling, clipping and batch fields TRL checks late or not at all (a ZeroDivisionError for
+        num_generations 0, a traceback from the sampler for temperature -1, a negative epsilon trains)."""
+        n = self.num_generations
+        if n is None or n < 2:
+            raise ConfigError(
+                f"num_generations={n} must be >= 2: GRPO scores each rollout against the others of its "
+                "prompt (paper: 8)"
+            )
+        world = int(os.environ.get("WORLD_SIZE", "1"))  # TRL's world_size, before the processes exist
+        global_batch = self.per_device_train_batch_size * world
+        whole_groups = math.lcm(global_batch, n)
+        generation, steps = self.generation_batch_size, self.steps_per_generation
+        if generation is not None and steps is not None:
+            raise ConfigError(
+                f"generation_batch_size={generation} and steps_per_generation={steps} are both set: set one"
+            )
+        if steps is not None and steps < 1:
+            raise ConfigError(f"steps_per_generation={steps} must be >= 1, or leave it unset")
+        if generation is not None and (generation < 1 or generation % global_batch):
+            raise ConfigError(
+                f"generation_batch_size={generation} must be a multiple of per_device_train_batch_size x "
+                f"processes = {global_batch}: e.g. generation_batch_size: {whole_groups}"
+            )
+        generation = generation or global_batch * (steps or self.gradient_accumulation_steps)
+        if generation % n:
+            raise ConfigError(
+                f"the generation batch of {generation} rollouts (generation_batch_size, or "
+                "per_device_train_batch_size x processes x steps_per_generation) is not a multiple of "
+                f"num_generations={n} (whole prompt groups): e.g. generation_batch_size: {whole_groups}"
+            )
+        if self.num_iterations < 1:
+            raise ConfigError(f"num_iterations={self.num_iterations} must be >= 1 (paper: 1)")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ConfigError(
+                f"temperature={self.temperature} must be > 0: GRPO samples its rollouts (paper: 1.0)"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p={self.top_p} must be in (0, 1] (paper: 1.0; 1 = off)")
+        if self.min_p is not None and not 0 <= self.min_p < 1:
+            raise ConfigError(f"min_p={self.min_p} must be in [0, 1) (paper: 0.01; 0 = off)")
+        if self.top_k is not None and self.top_k < 0:
+            raise ConfigError(f"top_k={self.top_k} must be >= 0 (0 = off)")
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ConfigError(f"epsilon={self.epsilon} must be > 0 (the PPO clip range; paper: 0.2)")
+        if self.epsilon_high is not None and not self.epsilon_high >= self.epsilon:
+            raise ConfigError(
+                f"epsilon_high={self.epsilon_high} must be >= epsilon={self.epsilon} (DAPO: 0.28), or leave it "
+                "unset (= epsilon)"
+            )
+        if self.max_completion_length is None or self.max_completion_length < 1:
+            raise ConfigError(
+                f"max_completion_length={self.max_completion_length} must be >= 1 (new tokens per rollout; "
+                "paper: 3072)"
+            )
+        if not math.isfinite(self.beta):
+            raise ConfigError(f"beta={self.beta} must be finite (paper: 0.05)")
 
     @property
     def expected_q_source(self) -> str:

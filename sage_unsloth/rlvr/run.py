@@ -2,7 +2,7 @@
 
 Reads stage 1's output folder (``outputs/<model>/sft``: LoRA adapter + tokenizer + manifest), continues
 that adapter with GRPO-family RL under the SAGE anchor q * pi_ref, and writes
-``outputs/<model>/<variant>/`` (final adapter, tokenizer, manifest.json; checkpoints every save_steps).
+``outputs/<model>/<variant>/`` or ``--output_dir`` (final adapter, tokenizer, manifest.json; checkpoints every save_steps).
 
 Every input is checked before a model loads: the config classes validate the SAGE/GRPO fields, then
 :func:`plan_run` checks the stage-1 folder, the anchor choice, the lengths against the model's context
@@ -66,7 +66,8 @@ class RLVRStageArgs:
     variant: str | None = field(
         default=None,
         metadata={
-            "help": "Run name: output goes to <output_root>/<model>/<variant>/. Default: the config file's stem."
+            "help": "Run name: output goes to <output_root>/<model>/<variant>/ unless output_dir is given. "
+            "Default: the config file's stem."
         },
     )
     output_root: str = field(default=layout.OUTPUTS, metadata={"help": "Root of the stage output folders."})
@@ -126,8 +127,8 @@ class RLVRPlan:
 def parse_args(argv: list[str] | None = None):
     """``CONFIG [--key value ...]`` -> (SageGRPOConfig, RLVRStageArgs, ModelConfig, config path or None).
 
-    ``variant`` defaults to the config file's stem; ``output_dir`` is always derived
-    (``<output_root>/<model>/<variant>``), a value given for it is ignored.
+    ``variant`` defaults to the config file's stem; ``output_dir`` defaults to
+    ``<output_root>/<model>/<variant>`` (a value given for it is used as is, as stage 1 does).
     """
     from sage_unsloth.config_args import parse_stage_args
     from sage_unsloth.model_config import SageModelConfig
@@ -239,7 +240,11 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     if not variant:
         raise ValueError("variant is not set: pass --variant NAME (the output subfolder)")
     short = model_short_name(base)
-    output_dir = layout.rlvr_dir(stage.output_root, short, variant)
+    output_dir = (
+        Path(grpo_args.output_dir)
+        if getattr(grpo_args, "output_dir_given", False)
+        else layout.rlvr_dir(stage.output_root, short, variant)
+    )
     last = last_complete_checkpoint(output_dir)
     if stage.resume and last is None:
         raise FileNotFoundError(
@@ -249,7 +254,7 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     if not stage.resume and (started or (output_dir / MANIFEST_NAME).is_file()):
         raise FileExistsError(
             f"{output_dir} already holds a run: pass --resume to continue it, or choose "
-            "another --variant / --output_root"
+            "another --output_dir (or --variant / --output_root)"
         )
     if grpo_args.backend == "unsloth" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logger.warning(
@@ -484,16 +489,22 @@ def _import_unsloth_early(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
-    _import_unsloth_early(argv)
+    plan = None
     try:
-        grpo_args, stage, model_args, config_path = parse_args(argv)
-        plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
-        built = build_stage(grpo_args, stage, model_args, config_path, plan)
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        # Everything up to here is input checking (config, folders, data, loader and trainer arguments);
-        # the traceback stays available at DEBUG level.
-        logger.debug("RLVR input error", exc_info=True)
-        print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
-        return 2
-    built.train_and_save()
+        _import_unsloth_early(argv)
+        try:
+            grpo_args, stage, model_args, config_path = parse_args(argv)
+            plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
+            built = build_stage(grpo_args, stage, model_args, config_path, plan)
+        except (ValueError, FileNotFoundError, FileExistsError) as exc:
+            # Everything up to here is input checking (config, folders, data, loader and trainer arguments);
+            # the traceback stays available at DEBUG level.
+            logger.debug("RLVR input error", exc_info=True)
+            print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+            return 2
+        built.train_and_save()
+    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
+        from sage_unsloth.interrupt import interrupted_training
+
+        return interrupted_training("rlvr", argv, plan.output_dir if plan else None, ("--resume",))
     return 0

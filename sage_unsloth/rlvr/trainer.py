@@ -690,11 +690,12 @@ def make_sage_trainer_class(base: type | None = None) -> type:
     if base not in _CLASS_CACHE:
         # Under Unsloth's patched loss, branch q comes from the entropies that loss computes (unsloth_hooks);
         # ExactResumeMixin saves and restores the state TRL's checkpoints lack (rlvr/resume.py);
-        # ExplorationMixin runs the exploration baselines inside SAGE's hooks (rlvr/exploration.py).
+        # ExplorationMixin runs the exploration baselines inside SAGE's hooks (rlvr/exploration.py);
+        # NoStepPastMaxStepsMixin: a resume from the last step's checkpoint trains nothing more.
         hooks = (InUnslothLossBranchQ,) if is_unsloth_patched(base) else ()
         _CLASS_CACHE[base] = type(
             f"Sage{base.__name__}",
-            (SageTrainerMixin, *hooks, ExplorationMixin, ExactResumeMixin, base),
+            (SageTrainerMixin, *hooks, ExplorationMixin, ExactResumeMixin, compat.NoStepPastMaxStepsMixin, base),
             {"__module__": __name__},
         )
     return _CLASS_CACHE[base]

@@ -22,7 +22,7 @@ from trl import SFTConfig
 
 from .. import layout
 from ..backend import cuda_available
-from ..config_args import ConfigError, check_hub_model_cached
+from ..config_args import ConfigError, check_hub_model_cached, check_training_fields
 from ..manifest import MANIFEST_NAME
 from ..models import BACKENDS, model_short_name
 
@@ -92,8 +92,7 @@ class SageSFTConfig(SFTConfig):
             raise ConfigError(f"backend {self.backend!r} is unknown: use one of {', '.join(BACKENDS)}")
         if self.max_seq_length is None or self.max_seq_length <= 0:
             raise ConfigError(f"max_seq_length {self.max_seq_length}: must be a positive token count")
-        if self.learning_rate <= 0:
-            raise ConfigError(f"learning_rate {self.learning_rate}: must be > 0 (official SFT: 2e-4)")
+        check_training_fields(self, learning_rate_hint="official SFT: 2e-4")
         if self.max_steps <= 0 and self.num_train_epochs <= 0:
             raise ConfigError(
                 f"max_steps={self.max_steps}, num_train_epochs={self.num_train_epochs}: nothing to train; "

@@ -171,10 +171,16 @@ def sft_trainer_class():
     """``trl.SFTTrainer`` looked up now (after import_unsloth it is Unsloth's), with TRL's fused LM head given
     the kit's torch kernel where Triton is missing (sage_unsloth/compat.py, row ``triton_fallback``): the same
     loss, the mean NLL of the labelled tokens, on CPU as on a GPU."""
-    from ..compat import current_sft_trainer_class, install_cpu_logprob_fallback
+    from ..compat import NoStepPastMaxStepsMixin, current_sft_trainer_class, install_cpu_logprob_fallback
 
     install_cpu_logprob_fallback()
-    return current_sft_trainer_class()
+    base = current_sft_trainer_class()
+    if base not in _SFT_CLASSES:  # a resume from the last step's checkpoint trains nothing more
+        _SFT_CLASSES[base] = type(f"Sage{base.__name__}", (NoStepPastMaxStepsMixin, base), {})
+    return _SFT_CLASSES[base]
+
+
+_SFT_CLASSES: dict[type, type] = {}
 
 
 def save_merged_16bit(
@@ -224,17 +230,23 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if requested_backend(argv) == "unsloth":
-        from ..backend import import_unsloth
-
-        import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
+    plan = None
     try:
-        sft_args, model_args = parse_args(argv)
-        plan = prepare_sft(sft_args, model_args)  # every input error surfaces here, before a model loads
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    run_sft(sft_args, model_args, plan)
+        if requested_backend(argv) == "unsloth":
+            from ..backend import import_unsloth
+
+            import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
+        try:
+            sft_args, model_args = parse_args(argv)
+            plan = prepare_sft(sft_args, model_args)  # every input error surfaces here, before a model loads
+        except (ValueError, FileNotFoundError, FileExistsError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        run_sft(sft_args, model_args, plan)
+    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
+        from ..interrupt import interrupted_training
+
+        return interrupted_training("sft", argv, plan.out if plan else None, ("--resume", "true"))
     return 0
 
 

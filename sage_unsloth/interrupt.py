@@ -1,0 +1,75 @@
+"""Ctrl-C during a stage: one line saying what was kept and how to continue, exit 130 (128 + SIGINT).
+
+Each stage's ``main`` catches ``KeyboardInterrupt`` around its run and returns :func:`interrupted`'s code
+instead of letting Python print a traceback through the Trainer or the engine. The line names the command
+that continues the run: for training, the same command with the stage's resume flag when a complete
+checkpoint exists (else the same command, which starts over); for evaluation, the same command (it reuses
+the saved completion chunks).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+
+EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
+QUIET_ENV = "SAGE_UNSLOTH_QUIET_INTERRUPT"  # set for a child stage process: its parent prints the line
+
+
+def _command(stage: str, argv: list[str], extra: tuple[str, ...] = ()) -> str:
+    return shlex.join(["sage-unsloth", stage, *argv, *extra])
+
+
+def _without(argv: list[str], flag: str, takes_value: bool) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == flag:
+            skip = takes_value
+            continue
+        if not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
+
+
+def _close_progress_bars() -> None:
+    """Close the live tqdm bars (the Trainer's, the datasets'): else each redraws itself at exit, below the line."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
+
+
+def interrupted_training(
+    stage: str, argv: list[str], output_dir: str | Path | None, resume_flag: tuple[str, ...]
+) -> int:
+    """Print the one line for a training stage stopped by Ctrl-C; returns the exit code."""
+    from sage_unsloth.rlvr.resume import last_complete_checkpoint  # torch is imported by then anyway
+
+    last = last_complete_checkpoint(output_dir) if output_dir else None
+    if last is None:
+        where = f" in {output_dir}" if output_dir else ""
+        what = f"no checkpoint yet{where}: run the same command to start over: {_command(stage, argv)}"
+    else:
+        plain = _without(argv, resume_flag[0], takes_value=len(resume_flag) > 1)
+        what = f"{last} is kept: continue with {_command(stage, plain, resume_flag)}"
+    _close_progress_bars()
+    print(f"sage-unsloth {stage}: interrupted (Ctrl-C); {what}", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
+def interrupted_eval(argv: list[str]) -> int:
+    """Print the one line for stage 3 stopped by Ctrl-C; returns the exit code."""
+    if os.environ.get(QUIET_ENV):
+        return EXIT_INTERRUPTED
+    _close_progress_bars()
+    print(
+        "sage-unsloth eval: interrupted (Ctrl-C); the completion chunks already written are kept: run the "
+        f"same command to continue: {_command('eval', argv)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return EXIT_INTERRUPTED
