@@ -695,7 +695,14 @@ def make_sage_trainer_class(base: type | None = None) -> type:
         hooks = (InUnslothLossBranchQ,) if is_unsloth_patched(base) else ()
         _CLASS_CACHE[base] = type(
             f"Sage{base.__name__}",
-            (SageTrainerMixin, *hooks, ExplorationMixin, ExactResumeMixin, compat.NoStepPastMaxStepsMixin, base),
+            (
+                SageTrainerMixin,
+                *hooks,
+                ExplorationMixin,
+                ExactResumeMixin,
+                compat.NoStepPastMaxStepsMixin,
+                base,
+            ),
             {"__module__": __name__},
         )
     return _CLASS_CACHE[base]
