@@ -70,12 +70,23 @@ def last_boxed(text: str) -> str | None:
     return text[spans[-1][0] : spans[-1][1]] if spans else None
 
 
+# "y_1 = \\boxed{...}": the name a box is the value of, written just before it.
+_BOXED_OPEN_END = re.compile(r"\\(?:boxed|fbox)\s*\{$")
+_BOX_LABEL = re.compile(r"((?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?\w+\}?)?)\s*=\s*(?:\$\s*|\\[(\[]\s*)*$")
+
+
 def _joins(gap: str) -> bool:
-    """Whether the text between two boxes only connects them (see ``_BOX_JOINERS``)."""
+    """Whether the text between two boxes only connects them: ``_BOX_JOINERS`` and punctuation, or an
+    "and"/"or" with at most two other words; the next box's label ("and y_2 =") may close the gap."""
     if len(gap) > 80:
         return False
+    gap = _BOX_LABEL.sub("", gap)
     words = _BOX_GAP_NOISE.sub(lambda m: f" {m.group(1)} " if m.group(1) else " ", gap).split()
-    return all(w.strip("()").lower() in _BOX_JOINERS or re.fullmatch(r"\(?[a-z]\)?", w) for w in words)
+    others = [
+        w for w in words if w.strip("()").lower() not in _BOX_JOINERS and not re.fullmatch(r"\(?[a-z]\)?", w)
+    ]
+    # "\\boxed{1} papers and \\boxed{2} bins": a unit word or two beside an "and" still joins two parts.
+    return not others or (len(others) <= 2 and any(w.lower() in ("and", "or") for w in words))
 
 
 def final_boxed(text: str) -> str | None:
@@ -89,8 +100,14 @@ def final_boxed(text: str) -> str | None:
         if not _joins(_gap(text, span, group[0])):
             break
         group.insert(0, span)
-    values = list(dict.fromkeys(text[a:b].strip() for a, b in group))
-    return ", ".join(v for v in values if v) if len(values) > 1 else text[group[0][0] : group[0][1]]
+    if len(group) == 1:
+        return text[group[0][0] : group[0][1]]
+    labels = [_BOX_LABEL.search(_BOXED_OPEN_END.sub("", text[max(0, a - 48) : a])) for a, _ in group]
+    if all(labels):  # "y_1 = \\boxed{A} and y_2 = \\boxed{B}": the answer is "y_1 = A, y_2 = B"
+        values = [f"{m.group(1)} = {text[a:b].strip()}" for m, (a, b) in zip(labels, group)]
+    else:
+        values = [text[a:b].strip() for a, b in group]
+    return ", ".join(v for v in dict.fromkeys(values) if v)
 
 
 def _gap(text: str, before: tuple[int, int], after: tuple[int, int]) -> str:
@@ -310,7 +327,9 @@ _CONCLUSION = re.compile(
 )
 _CUE = re.compile(r"\b(?:is|are|was|were|equals|be|becomes|gives|get|to|it's)(?!\w)", re.IGNORECASE)
 _OPENER = re.compile(r"(?:so|thus|therefore|hence|finally|then|in conclusion)", re.IGNORECASE)
-_SPLIT = re.compile(r"(?<=[.!?])\s+(?=\S)|\s+(?=(?:Therefore|Thus|Hence|So)\b)|;\s*|,\s+(?=(?!(?:and|or)\b)[A-Za-z]{2,}\b)")
+_SPLIT = re.compile(
+    r"(?<=[.!?])\s+(?=\S)|:\s+|\s+(?=(?:Therefore|Thus|Hence|So)\b)|;\s*|,\s+(?=(?!(?:and|or)\b)[A-Za-z]{2,}\b)"
+)
 _LIST_WORD = re.compile(r"\s+(?:and|or|&)\s+", re.IGNORECASE)
 _PLACEHOLDER = "\x00{}\x00"
 
@@ -408,8 +427,11 @@ def _clause_value(clause: str, segments: list[str]) -> str | None:
 def _formula_runs(text: str, first_only: bool = False) -> str | None:
     """Maximal runs of non-word tokens; a run with a digit or a LaTeX command beats a lone letter."""
     runs, current = [], []
-    for token in _LIST_WORD.sub(" , ", text).split():
-        if is_prose_word(token):
+    tokens = _LIST_WORD.sub(" , ", text).split()
+    for i, token in enumerate(tokens):
+        # "is a zero matrix": "a" before a word is the article, not the variable a
+        article = token in ("a", "A") and i + 1 < len(tokens) and is_prose_word(tokens[i + 1])
+        if article or is_prose_word(token):
             if current:
                 runs.append(" ".join(current))
                 current = []

@@ -191,7 +191,9 @@ def normalise_math(text: str) -> str:
 
 # Bare-letter unit tails after a number: letters, /, ^k, \mathrm{...}, \mu, \Omega, \odot, \AA, \%-free.
 _UNIT_TAIL = re.compile(
-    r"(?:\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\odot)"
+    r"(?:\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\odot"
+    # written without a space, only a common unit: "1000.99m^2", "12cm", "3kg"
+    r"|(?=(?:[kcm]?m|[km]?g|s|h|min|[mk]?L)(?:\^\s*\{?\s*\d\s*\}?)?$))"
     r"(?:[A-Za-z\u00b5\u03a9\u00c5/.\s{}()\-]|\\mathrm|\\text|\\mu|\\Omega|\\AA|\\odot|_|"
     r"\^\s*\{?\s*-?\d+\s*\}?|\\,|\\cdot)*"
 )
