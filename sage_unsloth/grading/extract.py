@@ -134,9 +134,11 @@ def extract_answer(completion: str | None) -> str | None:
         return None
     text = completion[-MAX_COMPLETION_CHARS:]
     turn_end = _END_OF_TURN.search(text)
-    if turn_end:  # the turn ended there; what follows is not the model's answer (unless nothing precedes)
-        answer = _answer_of(text[: turn_end.start()])
-        if answer:
+    if turn_end:  # the turn ended there: what follows is not the model's answer
+        head = text[: turn_end.start()]
+        answer = _answer_of(head)
+        # Unless the token lies inside a box, "\\boxed{... 2/3. <|im_start|>user}": that box is the answer.
+        if answer or len(_BOXED.findall(head)) == len(_box_spans(head)):
             return answer
     return _answer_of(text)
 
@@ -441,7 +443,8 @@ def _formula_runs(text: str, first_only: bool = False) -> str | None:
             current.append(token)
     if current:
         runs.append(" ".join(current))
-    runs = [re.sub(r"\s+,", ",", r).strip(" ,;:.") for r in runs if r.strip(" ,;:.")]
+    # "19, 46, and 82": the comma before "and" and the one standing for it are one separator
+    runs = [re.sub(r"(?:\s*,)+", ",", r).strip(" ,;:.") for r in runs if r.strip(" ,;:.")]
     strong = [r for r in runs if re.search(r"[\d\\]", r)]
     chosen = strong or runs
     if not chosen:

@@ -51,7 +51,7 @@ def _options(text: str) -> list[str]:
     if named:
         return named
     # Bare capitals, except "I" and "A" used as words ("I think", "A plane").
-    return re.findall(r"(?<![A-Za-z])(?!(?:I|A)\s+[a-z])([A-Z])(?![A-Za-z])", text)
+    return re.findall(r"(?<![A-Za-z])(?!(?:I|A)\s+[a-z])([A-Z])(?![A-Za-z'])", text)  # E' is no option
 
 
 def words_match(kind: str, gold: str, answer: str) -> bool:
