@@ -129,7 +129,7 @@ def solution_block(text: str) -> str | None:
 
 def extract_answer(completion: str | None) -> str | None:
     """The cleaned final answer of a completion: its last solution block, else its boxed answer
-    (``final_boxed``), else, when a "The final answer is" statement comes after the last box, that."""
+    (``final_boxed``), or a "The final answer is" statement written after the last box."""
     if not completion:
         return None
     text = completion[-MAX_COMPLETION_CHARS:]
@@ -151,7 +151,8 @@ def _answer_of(text: str) -> str | None:
             return answer
     spans = _box_spans(text)
     statements = list(_FINAL_ANSWER.finditer(text))
-    if statements and (not spans or statements[-1].start() > spans[-1][1]):
+    # (Without a box or a block there is no answer: the format is the model's to keep.)
+    if statements and spans and statements[-1].start() > spans[-1][1]:
         # "... = \\boxed{255}$. So ... Final Answer: The final answer is $10,455$.": the last word counts.
         return clean_answer(text[statements[-1].start() :]) or None
     boxed = final_boxed(text)
@@ -185,15 +186,16 @@ def clean_answer(text: str) -> str:
     if boxed is not None and boxed.strip():
         text = boxed
     text = _END_OF_TURN.split(text, maxsplit=1)[0]
-    statements = list(_FINAL_ANSWER.finditer(text))
-    if statements and statements[-1].start() > 0:  # a solution ending "Final Answer: The final answer is 7"
-        text = text[statements[-1].start() :]
-    text = _STATEMENT_END.split(text, maxsplit=1)[0] if statements else text
-    text = _HOPE.sub("", strip_markdown(text)).strip()
+    text = strip_markdown(text)
     # A sentence the model put in \text{} ("\text{The answer is } 721") is prose; "\text{ ergs}" is a unit.
     text = _TEXT_GROUP_INNER.sub(
         lambda m: m.group(1) if _is_sentence(m.group(1)) else m.group(0), text
     ).strip()
+    statements = list(_FINAL_ANSWER.finditer(text))
+    if statements and statements[-1].start() > 0:  # a solution ending "Final Answer: The final answer is 7"
+        text = text[statements[-1].start() :]
+    text = _STATEMENT_END.split(text, maxsplit=1)[0] if statements else text
+    text = _HOPE.sub("", text).strip()
     for _ in range(2):  # "Final Answer: The final answer is 7": two lead-ins
         lead = _LEAD_IN.match(text)
         if lead and lead.end() < len(text):
