@@ -150,10 +150,11 @@ def _answer_of(text: str) -> str | None:
         if answer:
             return answer
     spans = _box_spans(text)
-    statements = list(_FINAL_ANSWER.finditer(text))
-    # (Without a box or a block there is no answer: the format is the model's to keep.)
-    if statements and spans and statements[-1].start() > spans[-1][1]:
-        # "... = \\boxed{255}$. So ... Final Answer: The final answer is $10,455$.": the last word counts.
+    if not spans:
+        return None  # without a box or a block there is no answer: the format is the model's to keep
+    # "... = \\boxed{255}$. So ... Final Answer: The final answer is $10,455$.": the last word counts.
+    statements = list(_FINAL_ANSWER.finditer(text, spans[-1][1]))
+    if statements:
         return clean_answer(text[statements[-1].start() :]) or None
     boxed = final_boxed(text)
     return (clean_answer(boxed) or None) if boxed is not None else None
