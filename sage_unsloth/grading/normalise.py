@@ -48,7 +48,7 @@ def minerva_gold(solution: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- rules
-_THOUSANDS_EXPLICIT = r"(?:\{,\}|,\\!\s*|\\,|\\;|\\:|\\!|(?<!\\)\\ |~|\u2009|\u202f)"
+_THOUSANDS_EXPLICIT = r"(?:\s?\{\s*,\s*\}|,\\!\s*|\\,|\\;|\\:|\\!|(?<!\\)\\ |~|\u2009|\u202f)"
 _THOUSANDS = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_THOUSANDS_EXPLICIT}\d{{3}})+(?!\d)")
 _THOUSANDS_COMMA = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
 _E_NOTATION = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
@@ -64,16 +64,31 @@ _SUBSCRIPT_TEXT = re.compile(
 _PYTHON_PREFIX = re.compile(r"\b(?:np|numpy|math|sp|sympy)\.(?=[a-z]+\()")
 _PYTHON_FUNCTION = re.compile(r"(?<!\\)\b(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|exp|log|sqrt)\(")
 _TRAILING_DOT = re.compile(r"(\d)\.(?![\d.])")
-_TEXT_UNIT = re.compile(r"\s*\\(?:text|mbox|mathrm|textrm|rm)\s*\{\s*[^{}]*\}\s*(?:\^\s*\{?-?\d\}?)?\s*$")
+_TEXT_UNIT = re.compile(
+    r"\s*\\(?:text|textnormal|textup|textit|mbox|mathrm|textrm|rm)\s*\{\s*[^{}]*\}\s*(?:\^\s*\{?-?\d\}?)?\s*$"
+)
 _APPROX = re.compile(r"\\approx|\\simeq|\\sim(?![a-z])|≈")
 _SPACING = re.compile(r"(?<!\\)\\[,;:! ]|~|\\q?quad\b")  # not the "\\" of a matrix row
 _EULER_SUBSCRIPTED = re.compile(r"(?<![A-Za-z\\])([Ee])(?=\s*_)")  # E_{1} is a symbol, not Euler's e
 _SUBSCRIPT_COMMAND = re.compile(r"_\s*\{?\s*\\(odot|oplus|star|ast|bullet|earth|sun)\s*\}?")
+# "19, 46, and 82", "-1 \\text{ and } \\dfrac{15}{8}", "a \\quad\\text{or}\\quad b": a list, written with words.
+_LIST_WORDS = re.compile(
+    r"\s*,?\s*(?:\\q?quad\s*)?(?:\\text\s*\{\s*(?:and|or)\s*\}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z]))"
+    r"(?:\s*\\q?quad)?\s*"
+)
+# A prime is part of a name: E' is not E, f'(x) is not f(x); the parser drops it, so it becomes a subscript.
+_PRIMED = re.compile(r"(?<![A-Za-z\\])([A-Za-z])\s*((?:'|\^\s*\{?\s*\\prime\s*\}?)+)(?![A-Za-z])")
+# A mixed number with a space, "1 1/2" (a proper fraction after a whole number).
+_MIXED_SPACED = re.compile(r"(?<![\d.,/])(\d+)\s+(\d+)\s*/\s*(\d+)(?![\d./])")
+# Degrees inside a trigonometric function: \cos 60^\circ is cos(pi/3), not cos(60 radians).
+_TRIG_DEGREES = re.compile(
+    r"(\\(?:sin|cos|tan|cot|sec|csc))\s*(\(?)\s*(\d+(?:\.\d+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree)"
+)
 _SUBSCRIPT_BARE = re.compile(r"_\s*([A-Za-z0-9]|\\[A-Za-z]+)(?![A-Za-z0-9{])")
 
 
 def _currency(text: str) -> str:
-    text = text.replace("\\$", "")
+    text = re.sub(r"\\\$|€|£|\\euro\b|\\pounds\b", "", text)
     # A lone "$" (no closing one) before a number is a dollar sign; paired ones are math delimiters.
     if text.count("$") == 1:
         text = re.sub(r"\$(?=\s*[\d.])", "", text)
@@ -92,9 +107,62 @@ def _fix_fracs(text: str) -> str:
     return text
 
 
+def _primed(match: re.Match) -> str:
+    return f"{match.group(1)}_{{p{match.group(2).count(chr(39)) + match.group(2).count('prime')}}}"
+
+
+def _radians(match: re.Match) -> str:
+    function, paren, degrees = match.groups()
+    angle = f"\\frac{{{degrees}\\pi}}{{180}}"
+    return f"{function}({angle}" if paren else f"{function}({angle})"
+
+
+def _mixed(match: re.Match) -> str:
+    whole, num, den = match.groups()
+    if int(den) == 0 or int(num) >= int(den):
+        return match.group(0)
+    return f"{whole}\\frac{{{num}}}{{{den}}}"
+
+
+def _exact_before_approximation(text: str) -> str:
+    """``\\frac{14}{3} \\approx 4.67`` is the exact value 14/3; ``L \\approx 4.5e33`` (a name, or nothing,
+    before the sign) is the value after it."""
+    parts = _APPROX.split(text)
+    if len(parts) == 1:
+        return text
+    before = parts[0].strip()
+    if not before or re.fullmatch(r"(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[\w\\]+\}?)?\s*=?", before):
+        return parts[-1]
+    return before
+
+
+def _chain_ends(text: str) -> str:
+    """A chain of equalities states its last member (``5+5+1 = 11`` is 11), assigned to its first when that
+    is a name (``x = 5+5+1 = 1/3`` is ``x = 1/3``)."""
+    if text.count("=") < 2 or re.search(r"[<>]|\\[lg]eq?|\\neq|,", text):
+        return text
+    members, depth, start = [], 0, 0
+    for i, ch in enumerate(text):  # top-level "=" only: \sum_{k=0} is no member of the chain
+        depth += (ch in "({[") - (ch in ")}]")
+        if ch == "=" and depth == 0:
+            members.append(text[start:i].strip())
+            start = i + 1
+    members.append(text[start:].strip())
+    if len(members) < 3:
+        return text
+    if re.fullmatch(r"(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?[\w\\]+\}?)?", members[0]):
+        return f"{members[0]} = {members[-1]}"  # x = 5+5+1 = 1/3 assigns 1/3 to x
+    return members[-1]
+
+
 def normalise_math(text: str) -> str:
     """The rules of the module docstring, applied to a gold or to an answer's math."""
     text = _currency(text).replace("\u2212", "-").replace("\u00b7", "\\cdot ")  # unicode minus, middle dot
+    text = text.replace("\u00b2", "^2").replace("\u00b3", "^3")
+    text = _LIST_WORDS.sub(", ", text)
+    text = _TRIG_DEGREES.sub(_radians, text)
+    text = _PRIMED.sub(_primed, text)
+    text = _MIXED_SPACED.sub(_mixed, text)
     text = _FRAC_VARIANT.sub(r"\\frac", text)
     text = _THOUSANDS.sub(lambda m: re.sub(r"\D", "", m.group(0)), text)
     if not re.search(r"[(\[{]|\\begin", text):  # "(2,100)" is a pair, "2,100" outside brackets a number
@@ -111,9 +179,7 @@ def normalise_math(text: str) -> str:
     text = _PYTHON_FUNCTION.sub(r"\\\1(", text)
     text = _TRAILING_DOT.sub(r"\1", text)
     text = _fix_fracs(text)
-    approx = list(_APPROX.finditer(text))
-    if approx:  # "L \approx 4.5 \times 10^{33}": the value is what follows the last approximation sign
-        text = text[approx[-1].end() :]
+    text = _chain_ends(_exact_before_approximation(text))
     text = _SPACING.sub(" ", text)
     while True:  # a unit in \text{} after the value ("5.4 \text{ cents}", "864 \mbox{ inches}^2")
         stripped = _TEXT_UNIT.sub("", text)
@@ -125,7 +191,9 @@ def normalise_math(text: str) -> str:
 
 # Bare-letter unit tails after a number: letters, /, ^k, \mathrm{...}, \mu, \Omega, \odot, \AA, \%-free.
 _UNIT_TAIL = re.compile(
-    r"(?:\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\odot)"
+    r"(?:\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\odot"
+    # written without a space, only a common unit: "1000.99m^2", "12cm", "3kg"
+    r"|(?=(?:[kcm]?m|[km]?g|s|h|min|[mk]?L)(?:\^\s*\{?\s*\d\s*\}?)?$))"
     r"(?:[A-Za-z\u00b5\u03a9\u00c5/.\s{}()\-]|\\mathrm|\\text|\\mu|\\Omega|\\AA|\\odot|_|"
     r"\^\s*\{?\s*-?\d+\s*\}?|\\,|\\cdot)*"
 )

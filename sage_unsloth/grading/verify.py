@@ -51,7 +51,10 @@ STATUSES = (CORRECT, WRONG, NO_ANSWER, TIMEOUT)
 # CPU seconds of the grading thread per (gold, answer) pair; see the module docstring for where they come from.
 DEFAULT_TIMEOUT_S = 10.0
 RETRY_TIMEOUT_S = 60.0
-MAX_ANSWER_CHARS = 512  # longer "answers" are rambling, not a final answer
+MAX_ANSWER_CHARS = 512  # the math of an answer longer than this is rambling, not a final answer
+MAX_PROSE_CHARS = (
+    4_096  # an answer written as sentences, from which the math is read (extract.MAX_BLOCK_CHARS)
+)
 MAX_NESTING_DEPTH = 32  # brackets deeper than this never occur in a real final answer
 RANDOM_POINTS = 3
 
@@ -76,13 +79,23 @@ class GoldForm:
     number: Number | None = None  # when the gold is a plain number
 
 
+# A gold's unit written in words ("10 square units", "125 miles"); a lone letter ("\\frac{37}{4} m", "7.6 Z")
+# is a variable of the answer, not a unit.
+_UNIT_WORDS = re.compile(r"\d\s+[a-z]{2,}(?:\s+[a-z]{2,})*\s*$")
+
+
 @functools.lru_cache(maxsize=8192)
 def gold_form(gold: str) -> GoldForm:
     words = word_gold(gold)
     if words is not None:
         return GoldForm(gold, words)
     text = normalise_math(gold)
-    return GoldForm(text, None, parse_number(text))
+    number = parse_number(text)
+    if number is None and _UNIT_WORDS.search(text):  # "10 square units", "$125$ miles": unit in words
+        unitless = strip_unit_tail(text)
+        number = parse_number(unitless)
+        text = unitless if number is not None else text
+    return GoldForm(text, None, number)
 
 
 def _nesting_depth(text: str) -> int:
@@ -96,8 +109,21 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
-def _acceptable(text: str) -> bool:
-    return len(text) <= MAX_ANSWER_CHARS and "\x00" not in text and _nesting_depth(text) <= MAX_NESTING_DEPTH
+def _acceptable(text: str, limit: int = MAX_ANSWER_CHARS) -> bool:
+    return len(text) <= limit and "\x00" not in text and _nesting_depth(text) <= MAX_NESTING_DEPTH
+
+
+_ASSIGNED_NAME = re.compile(r"^\s*([^=<>]+?)\s*=")
+
+
+def _assignments_to_distinct_names(parts: list[str]) -> bool:
+    """ "m = 100, n = 13, m + n = 113" names three quantities (the last is the one asked for); "x = 1, x = 5"
+    is a list of candidate values for one unknown, graded as the list it is (a hedge, never the last one)."""
+    names = [_ASSIGNED_NAME.match(p) for p in parts]
+    if not all(names):
+        return False
+    keys = [re.sub(r"\s+", "", n.group(1)) for n in names]
+    return len(set(keys)) == len(keys)
 
 
 # Shapes whose evaluation explodes (power towers, huge exponents or factorials). Real golds rarely have them;
@@ -124,17 +150,17 @@ def judge(answer: str | None, gold, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
             return NO_ANSWER
         answer = str(answer).strip()
         gold = normalise_gold(gold)
-        if not gold or not _acceptable(gold) or not _acceptable(answer):
+        if not gold or not _acceptable(gold) or not _acceptable(answer, MAX_PROSE_CHARS):
             return WRONG
         form = gold_form(gold)
         if form.words is not None:
             return CORRECT if words_match(*form.words, answer) else WRONG
         candidate = math_candidate(answer)
-        if not candidate:
+        if not candidate or not _acceptable(candidate):
             return WRONG
         candidate = normalise_math(candidate)
         parts = top_level_parts(candidate)
-        if len(parts) > 1 and len(top_level_parts(form.text)) == 1 and all("=" in p for p in parts):
+        if len(parts) > 1 and len(top_level_parts(form.text)) == 1 and _assignments_to_distinct_names(parts):
             candidate = parts[-1]  # "m = 100, n = 13, m + n = 113": the last assignment is the one asked for
         if form.number is not None:
             candidate = strip_unit_tail(candidate)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 _TEXT_GOLD = re.compile(r"\s*\\(?:text|textbf|textrm|mathrm|mbox)\s*\{\s*([^{}]*?)\s*\}\s*")
+_BARE_LETTER = re.compile(r"\s*(\(?\s*[A-Z]\s*\)?)\s*")  # "C", "(C)": an option, not the variable C
 _LETTER = re.compile(r"\(?\s*([A-Z])\s*\)?")
 _WRAPPERS = re.compile(r"\\(?:text\w*|mathrm|mathbf|mbox|boxed)\s*\{([^{}]*)\}")
 _LEAD = re.compile(
@@ -26,14 +27,14 @@ _NEGATIONS = frozenset({"not", "no", "never", "isn't", "neither", "nor"})
 
 def word_gold(gold: str) -> tuple[str, str] | None:
     """("letter", "C") or ("words", "evelyn") when the gold is text, else None (a math gold)."""
-    match = _TEXT_GOLD.fullmatch(gold)
+    match = _TEXT_GOLD.fullmatch(gold) or _BARE_LETTER.fullmatch(gold)
     if not match:
         return None
     inner = match.group(1).strip()
     letter = _LETTER.fullmatch(inner)
     if letter and (inner.startswith("(") or len(inner) == 1):
         return "letter", letter.group(1)
-    words = _words(inner)
+    words = _words(_LEAD.sub("", inner))  # "The ..." loses its article as the answer does
     return ("words", " ".join(words)) if words else None
 
 
@@ -50,7 +51,7 @@ def _options(text: str) -> list[str]:
     if named:
         return named
     # Bare capitals, except "I" and "A" used as words ("I think", "A plane").
-    return re.findall(r"(?<![A-Za-z])(?!(?:I|A)\s+[a-z])([A-Z])(?![A-Za-z])", text)
+    return re.findall(r"(?<![A-Za-z])(?!(?:I|A)\s+[a-z])([A-Z])(?![A-Za-z'])", text)  # E' is no option
 
 
 def words_match(kind: str, gold: str, answer: str) -> bool:

@@ -25,9 +25,10 @@ from sage_unsloth import grading
 
 logger = logging.getLogger(__name__)
 
-# Gold answers of DAPO-Math are integers; MATH-style answers are short LaTeX. Anything longer is not a
-# final answer, and parsing it is where math-verify spends unbounded time.
-MAX_ANSWER_CHARS = grading.MAX_ANSWER_CHARS
+# Gold answers of DAPO-Math are integers; MATH-style answers are short LaTeX. An answer may be a sentence
+# ("Therefore, there are 12 sequences."): the grader reads its math, and refuses math longer than
+# grading.MAX_ANSWER_CHARS before parsing it (where math-verify spends unbounded time).
+MAX_ANSWER_CHARS = grading.MAX_PROSE_CHARS
 VERIFY_TIMEOUT_S = grading.DEFAULT_TIMEOUT_S  # CPU seconds of the grading thread per completion
 RETRY_TIMEOUT_S = grading.RETRY_TIMEOUT_S
 UNRESOLVED = {"count": 0}  # completions that ran out of both budgets (scored 0)
