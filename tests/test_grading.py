@@ -215,10 +215,23 @@ def test_text_and_letter_golds_are_compared_as_text():
     assert not verify_answer("C and D", "\\text{(C)}") and not verify_answer("(A) or (B)", "\\text{(B)}")
 
 
-def test_statuses_say_why():
+def test_statuses_say_why(monkeypatch):
+    from sage_unsloth.grading import verify
+
     assert judge(None, "5") == grading.NO_ANSWER and judge("  ", "5") == grading.NO_ANSWER
     assert judge("5", "5") == grading.CORRECT and judge("6", "5") == grading.WRONG
-    # Out of budget is not a verdict: its own status, which callers retry.
+    # Out of budget is not a verdict: its own status, which callers retry. The comparison is made to take 5 ms of
+    # CPU so that the budget runs out whatever is cached (a cached gold parse can otherwise finish inside the
+    # deadline's first 1 ms tick, and the verdict depended on which tests ran before).
+    compare = verify._symbolic_equal
+
+    def slow_compare(candidate, form):
+        end = time.thread_time() + 0.005
+        while time.thread_time() < end:
+            pass
+        return compare(candidate, form)
+
+    monkeypatch.setattr(verify, "_symbolic_equal", slow_compare)
     assert judge("x^2 + 2x + 1", "(x+1)^2", timeout_s=1e-6) == grading.TIMEOUT
     assert judge("x^2 + 2x + 1", "(x+1)^2") == grading.CORRECT
 
