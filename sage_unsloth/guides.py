@@ -315,8 +315,9 @@ def guide_args(value) -> dict:
     return dict(value)
 
 
-def resolve_guide(cfg) -> tuple[Entry, tuple[str, ...]]:
-    """The config's guide entry and its checked ``needs``; its arguments checked too (one line each)."""
+def resolve_guide(cfg, *, check_args: bool = False) -> tuple[Entry, tuple[str, ...]]:
+    """The config's guide entry and its checked ``needs``; with ``check_args`` its arguments too (a class guide is
+    built once to run its own checks). One line each, before any model loads."""
     entry = GUIDES.resolve(cfg.sage_guide)
     needs = check_needs(entry)
     args = guide_args(cfg.sage_guide_args)
@@ -326,8 +327,8 @@ def resolve_guide(cfg) -> tuple[Entry, tuple[str, ...]]:
             f"sage_guide_args: guide {entry.name!r} reads its parameters from "
             f"{', '.join(sorted(set(fields.values())))}: set those instead"
         )
-    if not fields:
-        GUIDES.check_args(entry, args)
+    if not fields and check_args:
+        GUIDES.bind(entry, args)  # checks the names against the signature; a class is built (its own checks)
     return entry, needs
 
 

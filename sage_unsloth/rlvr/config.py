@@ -220,7 +220,9 @@ class SageGRPOConfig(GRPOConfig):
 
         from sage_unsloth import guides
 
-        guides.resolve_guide(self)  # a known name or an importable guide, its needs and arguments checked
+        guides.resolve_guide(
+            self, check_args=True
+        )  # a known name or an importable guide, its needs and arguments checked
         self.sage_guide_args = guides.guide_args(self.sage_guide_args) or None
         for name, choices in (
             ("kl_estimator", KL_ESTIMATORS),
