@@ -182,6 +182,28 @@ def test_top2_margin_against_sorted_probabilities():
     torch.testing.assert_close(got, want)
 
 
+def test_a_logit_signal_by_import_path(tmp_path):
+    """A signal of one's own: named in needs by path, resolved with its uses_target flag, which decides whether
+    the guide's q can differ between candidate tokens (guide_effect)."""
+    plugin = tmp_path / "sig.py"
+    plugin.write_text(
+        "def target_prob(log_probs, targets):\n"
+        "    return log_probs.gather(-1, targets[:, None]).squeeze(-1).exp()\n"
+        "target_prob.uses_target = True\n"
+        "def guide(signals):\n"
+        f"    return 1 + signals.logits[{str(plugin) + ':target_prob'!r}]\n"
+        f"guide.needs = ({str(plugin) + ':target_prob'!r},)\n"
+    )
+    entry, needs = guides.resolve_guide(_config(tmp_path, sage_guide=f"{plugin}:guide"))
+    fns = guides.logit_signal_functions(needs)
+    log_probs = torch.log_softmax(torch.randn(5, 7), -1)
+    targets = torch.tensor([0, 3, 6, 2, 2])
+    torch.testing.assert_close(fns[needs[0]](log_probs, targets), log_probs.exp()[torch.arange(5), targets])
+    assert guides.token_dependent(needs) and not guides.token_dependent(("top2_margin",))
+    bounds = {"q_min": 0.6, "q_max": 1.4}
+    assert guides.guide_effect(entry, "k2", ratio=False, placement="loss", **bounds) is None
+
+
 def test_trl_label_mask_is_the_scored_positions():
     """compat.trl_label_mask: the completion tokens with attention, in TRL's (B, logits_to_keep) columns."""
     from sage_unsloth.compat import trl_label_mask
