@@ -12,6 +12,10 @@ pins                    the versions below are the installed and declared ones  
 triton_fallback         trl.trainer.utils._ChunkedLogProbFunction (None without   trl 1.15.0           test_triton_fallback_kernel;
                         Triton) is the kernel of TRL's fused LM head (SFT and                          test_sft.py::test_trl_backend_loss_is_
                         GRPO); :class:`TorchChunkedLogProb` stands in on CPU                           the_mean_nll_of_the_labelled_tokens
+logit_signal_tap        the same global, called once per scoring chunk with the   trl 1.15.0           test_logit_signal_tap; test_guide_plugins.py
+                        flat label-masked tokens, scattered by GRPOTrainer's                           ::test_example_guide_trains_through_the_
+                        labels (:class:`LogitSignalKernel`,                                            cli_on_trl
+                        :func:`trl_label_mask`)
 grpo_hooks              GRPOTrainer methods the SAGE trainer overrides, with      trl 1.15.0           test_grpo_hooks_exist_with_their_signatures
                         their parameters (:data:`GRPO_HOOKS`)
 grpo_attributes         attributes GRPOTrainer.__init__ sets that the trainer     trl 1.15.0           test_grpo_attributes_set_in_init

@@ -320,7 +320,7 @@ def resolve_guide(cfg, *, check_args: bool = False) -> tuple[Entry, tuple[str, .
     built once to run its own checks). One line each, before any model loads."""
     entry = GUIDES.resolve(cfg.sage_guide)
     needs = check_needs(entry)
-    args = guide_args(cfg.sage_guide_args)
+    args = guide_args(getattr(cfg, "sage_guide_args", None))
     fields = entry.meta.get("config_fields")
     if fields and args:
         raise ConfigError(
@@ -339,4 +339,4 @@ def build_guide(cfg):
     fields = entry.meta.get("config_fields")
     if fields:
         return lambda signals: entry.obj(signals, **{p: getattr(cfg, f) for p, f in fields.items()})
-    return GUIDES.bind(entry, guide_args(cfg.sage_guide_args))
+    return GUIDES.bind(entry, guide_args(getattr(cfg, "sage_guide_args", None)))

@@ -218,7 +218,7 @@ class SageTrainerMixin:
     def sage_guide(self):
         """(entry, needs, callable) of the configured guide, rebuilt only when sage_guide / its args change."""
         cfg = self.args
-        key = (cfg.sage_guide, repr(cfg.sage_guide_args))
+        key = (cfg.sage_guide, repr(getattr(cfg, "sage_guide_args", None)))
         cached = getattr(self, "_sage_guide_cache", None)
         if cached is None or cached[0] != key:
             entry, needs = guides.resolve_guide(cfg)
