@@ -41,6 +41,7 @@ sage_unsloth/compat.py; this module keeps the SAGE logic.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from contextlib import nullcontext
@@ -59,6 +60,8 @@ from sage_unsloth.compat import (
 from sage_unsloth.rlvr.config import unsloth_conflict
 from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SageGRPOTrainer",
@@ -207,6 +210,12 @@ class SageTrainerMixin:
                 "in the official code (num_iterations != 1 or steps_per_generation != "
                 "gradient_accumulation_steps)",
                 stacklevel=2,
+            )
+        entry, needs, _ = self.sage_guide()
+        if not (entry.registered and entry.name == "none"):
+            where = "in the loss" if self.sage_q_in_loss else "at rollout"
+            logger.info(
+                "SAGE guide %s (needs %s): q computed %s", entry.name, ", ".join(needs) or "nothing", where
             )
         self._sage_generator = torch.Generator(device="cpu")
         self._sage_last_step, self._sage_calls_in_step = -1, 0
