@@ -220,9 +220,8 @@ class SageGRPOConfig(GRPOConfig):
 
         from sage_unsloth import guides
 
-        guides.resolve_guide(
-            self, check_args=True
-        )  # a known name or an importable guide, its needs and arguments checked
+        # a known name or an importable guide, its needs and arguments checked
+        guides.resolve_guide(self, check_args=True)
         self.sage_guide_args = guides.guide_args(self.sage_guide_args) or None
         for name, choices in (
             ("kl_estimator", KL_ESTIMATORS),
@@ -308,9 +307,10 @@ class SageGRPOConfig(GRPOConfig):
 
     @property
     def expected_q_source(self) -> str:
-        """Where branch/token q will be computed: 'loss' on TRL's trainer; on Unsloth's patched one (GPU only)
-        'loss' for the branch guide (from the entropies its loss computes) and 'rollout' for the token guide.
-        The trainer re-checks this against the class it actually subclasses."""
+        """Where q will be computed (guides.q_source, from the guide's ``needs``): 'loss' on TRL's trainer for a
+        guide that reads the policy; on Unsloth's patched one (GPU only) 'loss' for an entropies-only guide (the
+        branch guide) and 'rollout' for the rest (the token guide, logit signals); 'rollout' for a guide that
+        reads no policy signal (the random guide). The trainer re-checks this against the class it subclasses."""
         from sage_unsloth import guides
 
         if self.sage_q_source != "auto":
