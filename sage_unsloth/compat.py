@@ -12,6 +12,10 @@ pins                    the versions below are the installed and declared ones  
 triton_fallback         trl.trainer.utils._ChunkedLogProbFunction (None without   trl 1.15.0           test_triton_fallback_kernel;
                         Triton) is the kernel of TRL's fused LM head (SFT and                          test_sft.py::test_trl_backend_loss_is_
                         GRPO); :class:`TorchChunkedLogProb` stands in on CPU                           the_mean_nll_of_the_labelled_tokens
+logit_signal_tap        the same global, called once per scoring chunk with the   trl 1.15.0           test_logit_signal_tap; test_guide_plugins.py
+                        flat label-masked tokens, scattered by GRPOTrainer's                           ::test_example_guide_trains_through_the_
+                        labels (:class:`LogitSignalKernel`,                                            cli_on_trl
+                        :func:`trl_label_mask`)
 grpo_hooks              GRPOTrainer methods the SAGE trainer overrides, with      trl 1.15.0           test_grpo_hooks_exist_with_their_signatures
                         their parameters (:data:`GRPO_HOOKS`)
 grpo_attributes         attributes GRPOTrainer.__init__ sets that the trainer     trl 1.15.0           test_grpo_attributes_set_in_init
@@ -371,9 +375,16 @@ ENTROPY_HOOK = "get_high_entropy_mask"
 
 
 def policy_logps_and_entropies(
-    model, input_ids, attention_mask, completion_len: int, temperature: float, rows_per_chunk: int = 1
+    model,
+    input_ids,
+    attention_mask,
+    completion_len: int,
+    temperature: float,
+    rows_per_chunk: int = 1,
+    logit_signals: dict | None = None,
 ):
-    """Plain no-grad forward: token logps and entropies (B, C) at temperature ``temperature``.
+    """Plain no-grad forward: token logps and entropies (B, C) at temperature ``temperature``; with
+    ``logit_signals`` (name -> fn(log_probs, targets)) also those signals, as a third element {name: (B, C)}.
 
     Used under Unsloth, whose scorer never returns entropies. If the (patched) model returns hidden
     states instead of logits, the output head is applied here.
@@ -381,6 +392,7 @@ def policy_logps_and_entropies(
     import torch
 
     logps, entropies = [], []
+    extras = {name: [] for name in logit_signals or {}}
     head = model.get_output_embeddings()
     with torch.no_grad():
         for start in range(0, input_ids.size(0), rows_per_chunk):
@@ -394,17 +406,152 @@ def policy_logps_and_entropies(
             outputs = out.logits[:, -(completion_len + 1) : -1, :]
             tokens = ids[:, -completion_len:]
             row_logps, row_entropies = [], []
+            row_extras = {name: [] for name in extras}
             # Position chunks keep the fp32 log-softmax at (rows, 1024, vocab) however long the completions are.
             for pos in range(0, completion_len, 1024):
                 logits = outputs[:, pos : pos + 1024]
                 if head is not None and logits.shape[-1] == head.weight.shape[1] != head.weight.shape[0]:
                     logits = head(logits)  # Unsloth returned hidden states
                 log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
-                row_logps.append(log_probs.gather(-1, tokens[:, pos : pos + 1024].unsqueeze(-1)).squeeze(-1))
+                targets = tokens[:, pos : pos + 1024]
+                row_logps.append(log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
                 row_entropies.append(-(log_probs.exp() * log_probs).sum(-1))
+                for name, fn in (logit_signals or {}).items():
+                    flat = fn(log_probs.reshape(-1, log_probs.size(-1)), targets.reshape(-1))
+                    row_extras[name].append(flat.float().reshape(targets.shape))
             logps.append(torch.cat(row_logps, 1))
             entropies.append(torch.cat(row_entropies, 1))
-    return torch.cat(logps), torch.cat(entropies)
+            for name, parts in row_extras.items():
+                extras[name].append(torch.cat(parts, 1))
+    if logit_signals is None:
+        return torch.cat(logps), torch.cat(entropies)
+    return torch.cat(logps), torch.cat(entropies), {name: torch.cat(v) for name, v in extras.items()}
+
+
+# --------------------------------------------------------------------------- logit_signal_tap
+
+# Rows of the flattened (completion tokens, vocab) logits evaluated at once by the tap: (1024, 152k) fp32 is
+# 0.6 GB for Qwen2.5's vocabulary, well under TRL's own chunk (32768 rows) which its kernel never materialises.
+LOGIT_SIGNAL_ROWS = 1024
+_LOGIT_TAP: dict = {"fns": None, "calls": []}
+
+
+class LogitSignalKernel:
+    """Wraps TRL 1.15's fused-LM-head kernel (``trl.trainer.utils._ChunkedLogProbFunction``: Triton's on a GPU,
+    :class:`TorchChunkedLogProb` on CPU). While :func:`logit_signal_tap` is open it also evaluates the requested
+    signals on the same hidden states, head and temperature the kernel receives (one extra no-grad head
+    projection per LOGIT_SIGNAL_ROWS tokens, no extra model forward) and records them with the kernel's
+    log-probs, flat over the label mask, in call order."""
+
+    inner = None
+
+    @classmethod
+    def apply(
+        cls,
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature,
+        chunk_size,
+        softcap=None,
+        scale=1.0,
+        outputs=("entropy",),
+    ):
+        import torch
+
+        result = cls.inner.apply(
+            hidden, weight, bias, targets, temperature, chunk_size, softcap, scale, outputs
+        )
+        fns = _LOGIT_TAP["fns"]
+        if fns:
+            values = {name: [] for name in fns}
+            with torch.no_grad():
+                for start in range(0, hidden.size(0), LOGIT_SIGNAL_ROWS):
+                    h = hidden[start : start + LOGIT_SIGNAL_ROWS].detach().float()
+                    logits = torch.nn.functional.linear(
+                        h, weight.float(), None if bias is None else bias.float()
+                    )
+                    logits = logits * scale
+                    if softcap is not None:
+                        logits = softcap * torch.tanh(logits / softcap)
+                    log_probs = torch.log_softmax(logits / temperature, dim=-1)
+                    for name, fn in fns.items():
+                        values[name].append(fn(log_probs, targets[start : start + LOGIT_SIGNAL_ROWS]).float())
+            _LOGIT_TAP["calls"].append(
+                (
+                    result[0].detach(),
+                    {n: torch.cat(v) if v else hidden.new_zeros(0) for n, v in values.items()},
+                )
+            )
+        return result
+
+
+def install_logit_signal_kernel() -> None:
+    """Put :class:`LogitSignalKernel` in front of whatever kernel TRL's fused LM head uses now (idempotent)."""
+    import trl.trainer.utils as trl_utils
+
+    install_cpu_logprob_fallback()
+    current = trl_utils._ChunkedLogProbFunction
+    if current is not LogitSignalKernel:
+        LogitSignalKernel.inner = current
+        trl_utils._ChunkedLogProbFunction = LogitSignalKernel
+
+
+def trl_label_mask(input_ids, attention_mask, logits_to_keep: int):
+    """The (B, logits_to_keep) positions TRL's ``_get_per_token_logps_and_entropies`` scores through the fused
+    head (its labels: attention mask and the last logits_to_keep tokens, shifted by one), in its column order."""
+    keep = attention_mask.clone().bool()
+    keep[:, : keep.size(1) - logits_to_keep] = False
+    return keep[:, 1:][:, -logits_to_keep:]
+
+
+@contextmanager
+def logit_signal_tap(fns: dict, input_ids, attention_mask, logits_to_keep: int, logps_out: dict):
+    """While open, TRL scoring calls also compute ``fns``; on exit ``logps_out`` gets {name: (B, logits_to_keep)}
+    placed through TRL's label mask. The kernel's own log-probs, placed the same way, must equal the logps TRL
+    returned (the trainer checks via :func:`check_tap_alignment`), so a change in TRL's layout fails loudly."""
+    import torch
+
+    install_logit_signal_kernel()
+    _LOGIT_TAP["fns"], _LOGIT_TAP["calls"] = dict(fns), []
+    try:
+        yield
+    finally:
+        calls, _LOGIT_TAP["fns"], _LOGIT_TAP["calls"] = _LOGIT_TAP["calls"], None, []
+    mask = trl_label_mask(input_ids, attention_mask, logits_to_keep).to(input_ids.device)
+    flat_logps = torch.cat([c[0] for c in calls]) if calls else torch.zeros(0)
+    logps_out["_kernel_logps"], logps_out["_mask"] = _place(flat_logps, mask), mask
+    for name in fns:
+        flat = torch.cat([c[1][name] for c in calls]) if calls else torch.zeros(0)
+        logps_out[name] = _place(flat, mask)
+
+
+def _place(flat, mask):
+    import torch
+
+    if flat.numel() != int(mask.sum()):
+        raise RuntimeError(
+            f"logit signal tap: TRL's fused head scored {flat.numel()} tokens, its label mask has {int(mask.sum())}; "
+            "the kit is pinned to trl 1.15.0 (compat.py, logit_signal_tap)"
+        )
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=flat.device)
+    out[mask.to(flat.device)] = flat.float()
+    return out
+
+
+def check_tap_alignment(tapped: dict, logps) -> None:
+    """The tap's placed kernel log-probs equal TRL's returned logps wherever TRL scored a token."""
+    import torch
+
+    kernel, scored = tapped.pop("_kernel_logps"), tapped.pop("_mask")
+    if kernel.shape != logps.shape or not torch.allclose(
+        kernel[scored], logps.detach().float()[scored], atol=1e-5
+    ):
+        raise RuntimeError(
+            "logit signal tap: the signals' token order differs from TRL's logps; the kit is pinned to trl 1.15.0 "
+            "(compat.py, logit_signal_tap)"
+        )
 
 
 # --------------------------------------------------------------------------- unsloth_vllm_lora

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Mutation testing of the SAGE math (sage_unsloth/anchor.py) and the trainer's SAGE methods: each mutant is a
 one-token (or one-factor) change to a guide, an estimator or the code that places them; the tests that cover it
-must fail. Not part of `make test`: each mutant re-runs a slice of the suite (all 43 and the baseline: about
+must fail. Not part of `make test`: each mutant re-runs a slice of the suite (all 46 and the baseline: about
 15 minutes on 2 cores).
 
     .venv/bin/python scripts/mutants.py            # every mutant, a table, exit 1 if one survives
@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 ANCHOR = "sage_unsloth/anchor.py"
 TRAINER = "sage_unsloth/rlvr/trainer.py"
 CONFIG = "sage_unsloth/rlvr/config.py"
+GUIDES = "sage_unsloth/guides.py"
 
 GUIDE_TESTS = ("tests/test_anchor.py",
                "tests/test_guides_oracle.py::test_token_guide_in_loss_matches_oracle_with_fixed_generator",
@@ -101,7 +102,14 @@ MUTANTS = [
            "output[\"ref_per_token_logps\"] = ref - log_q\n", TRAINER_ORACLE),
     Mutant("in-loss shift sign", TRAINER, "inputs[\"ref_per_token_logps\"] + anchor.log_q(q)",
            "inputs[\"ref_per_token_logps\"] - anchor.log_q(q)", TRAINER_ORACLE),
-    Mutant("branch tau from gamma", TRAINER, "tau=cfg.sage_tau", "tau=cfg.sage_gamma", TRAINER_ORACLE),
+    Mutant("branch tau from gamma", GUIDES, "\"tau\": \"sage_tau\"", "\"tau\": \"sage_gamma\"", TRAINER_ORACLE),
+    Mutant("guide q not 1 off the mask", GUIDES, "return torch.where(valid, q, torch.ones_like(q))", "return q",
+           ("tests/test_guide_plugins.py::test_every_guide_keeps_the_contract",)),
+    Mutant("top-2 margin second index", GUIDES, "return top[..., 0] - top[..., 1]", "return top[..., 0] - top[..., 0]",
+           ("tests/test_guide_plugins.py::test_top2_margin_against_sorted_probabilities",)),
+    Mutant("TRL label mask unshifted", "sage_unsloth/compat.py", "return keep[:, 1:][:, -logits_to_keep:]",
+           "return keep[:, :-1][:, -logits_to_keep:]",
+           ("tests/test_guide_plugins.py::test_trl_label_mask_is_the_scored_positions",)),
     Mutant("estimator correction sign", TRAINER, "wanted - trl_term, mask", "wanted + trl_term, mask",
            TRAINER_ORACLE + OFF_POLICY),
     Mutant("estimator correction old policy", TRAINER, "estimator=self.args.kl_estimator, old_logp=old)",

@@ -105,6 +105,52 @@ def test_triton_fallback_kernel(monkeypatch):
     assert top1.tolist() == (logits.argmax(-1) == targets).tolist()
 
 
+def test_logit_signal_tap(monkeypatch):
+    """The tap wraps the fused head's kernel: TRL's result passes through unchanged, the signals are evaluated on
+    the same logits (checked against a plain softmax), and the label mask is the one GRPOTrainer's scorer builds."""
+    import trl.trainer.grpo_trainer as grpo
+    import trl.trainer.utils as trl_utils
+
+    scorer = inspect.getsource(grpo.GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "labels = input_ids_batch.masked_fill(attention_mask_batch == 0, -100)" in scorer
+    assert (
+        "labels[:, :-logits_to_keep] = -100" in scorer and "outputs.log_probs[:, -logits_to_keep:]" in scorer
+    )
+    head = inspect.getsource(trl_utils.add_fused_lm_head)
+    assert "labels = labels[:, 1:]" in head and "masked_scatter(mask, x)" in head
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", compat.TorchChunkedLogProb)
+    compat.install_logit_signal_kernel()
+    assert trl_utils._ChunkedLogProbFunction is compat.LogitSignalKernel
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(5, 8, generator=gen), torch.randn(11, 8, generator=gen)
+    targets = torch.randint(0, 11, (5,), generator=gen)
+    # TRL's labels for logits_to_keep 3: the last 3 tokens where attended, shifted by one -> 3 + 2 scored tokens
+    attention = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    mask = compat.trl_label_mask(attention, attention, 3)
+    assert mask.tolist() == [[True, True, True], [True, True, False]]
+
+    def top1(log_probs, t):
+        return log_probs.max(-1).values
+
+    tapped: dict = {}
+    with compat.logit_signal_tap({"top1": top1}, attention, attention, 3, tapped):
+        logp = trl_utils._ChunkedLogProbFunction.apply(hidden, weight, None, targets, 0.7, 4, None, 1.0)[0]
+    log_probs = torch.log_softmax(hidden @ weight.T / 0.7, -1)
+    torch.testing.assert_close(logp, log_probs[torch.arange(5), targets])  # TRL's result untouched
+    placed = torch.zeros(mask.shape)
+    placed[mask] = log_probs.max(-1).values
+    torch.testing.assert_close(tapped["top1"], placed)
+    placed_logp = torch.zeros(mask.shape)
+    placed_logp[mask] = logp
+    compat.check_tap_alignment(tapped, placed_logp)  # the kernel's logps where TRL puts them
+    tapped = {}
+    with (
+        pytest.raises(RuntimeError, match="label mask has 5"),
+        compat.logit_signal_tap({"top1": top1}, attention, attention, 3, tapped),
+    ):
+        trl_utils._ChunkedLogProbFunction.apply(hidden[:4], weight, None, targets[:4], 0.7, 4, None, 1.0)
+
+
 def test_grpo_hooks_exist_with_their_signatures():
     from trl.trainer.grpo_trainer import GRPOTrainer
 

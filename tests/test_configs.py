@@ -16,8 +16,43 @@ from sage_unsloth.config_args import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-ALL_YAMLS = sorted(p.relative_to(REPO).as_posix() for p in CONFIGS.rglob("*.yaml"))
+# The kit's own config folders. A user's folder anywhere (configs/rlvr/mine/, ~/my-configs/) is theirs: these
+# tests check the kit's files only, so adding one never fails the suite (test_guide_plugins.py checks that a
+# user's folder works with every stage).
+KIT_FOLDERS = (
+    "accelerate",
+    "demo",
+    "eval",
+    "report",
+    "rlvr/qwen2.5-1.5b",
+    "rlvr/qwen2.5-3b",
+    "rlvr/qwen2.5-math-7b",
+    "rlvr/tiny-cpu",
+    "sft",
+    "sweep",
+)
+
+
+def kit_yamls(configs: Path) -> list[Path]:
+    """The YAML files directly in the kit's folders of ``configs``."""
+    return sorted(p for folder in KIT_FOLDERS for p in (configs / folder).glob("*.yaml"))
+
+
+ALL_YAMLS = [p.relative_to(REPO).as_posix() for p in kit_yamls(CONFIGS)]
 PAPER_RLVR = sorted((CONFIGS / "rlvr" / "qwen2.5-math-7b").glob("*.yaml"))
+KIT_RLVR_FOLDERS = [CONFIGS / f for f in KIT_FOLDERS if f.startswith("rlvr/")]
+
+
+def test_kit_yamls_are_every_kit_file_and_no_users(tmp_path):
+    """Every kit folder exists and holds configs; a user's folder beside them is not picked up."""
+    assert all(
+        (CONFIGS / folder).is_dir() and list((CONFIGS / folder).glob("*.yaml")) for folder in KIT_FOLDERS
+    )
+    (tmp_path / "rlvr" / "mine").mkdir(parents=True)
+    (tmp_path / "rlvr" / "mine" / "my_branch.yaml").write_text("sage_guide: branch\n")
+    (tmp_path / "rlvr" / "tiny-cpu").mkdir()
+    (tmp_path / "rlvr" / "tiny-cpu" / "grpo.yaml").write_text("base: _base.yaml\n")
+    assert kit_yamls(tmp_path) == [tmp_path / "rlvr" / "tiny-cpu" / "grpo.yaml"]
 
 
 def _stage_of(relative: str) -> str:
@@ -245,7 +280,9 @@ TINY_METHOD_KEYS = {
     "grpo_passk": {"advantage_estimator", "passk_k", "num_generations"},
 }
 NAMED_AFTER_THE_FILE = {"variant", "run_name", "output_dir", "logging_dir"}
-METHOD_FILES = sorted(p for p in (CONFIGS / "rlvr").glob("*/*.yaml") if p.stem not in ("_base", "grpo"))
+METHOD_FILES = sorted(
+    p for folder in KIT_RLVR_FOLDERS for p in folder.glob("*.yaml") if p.stem not in ("_base", "grpo")
+)
 
 
 @pytest.mark.parametrize("path", METHOD_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
@@ -269,7 +306,7 @@ def test_method_files_change_only_their_methods_keys(path):
 
 
 def test_each_rlvr_folder_shares_one_base_and_method_files_stay_short():
-    for folder in (CONFIGS / "rlvr").iterdir():
+    for folder in KIT_RLVR_FOLDERS:
         assert (folder / "_base.yaml").is_file(), folder
         for path in folder.glob("*.yaml"):
             if path.stem == "_base":

@@ -13,13 +13,13 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 from trl.trainer.grpo_config import GRPOConfig
 
 from sage_unsloth.config_args import ConfigError, check_training_fields, suggestion
 from sage_unsloth.rlvr.exploration import ExplorationArgs
 
-GUIDES = ("none", "branch", "token", "random")
 KL_ESTIMATORS = ("k3", "k2", "forward")
 TOKEN_NORMS = ("minmax", "rank", "zscore")
 BACKENDS = ("unsloth", "trl")
@@ -56,12 +56,10 @@ def unsloth_conflict(cfg, unsloth_patched: bool) -> str | None:
             "dynamic_sampling merges rollouts in TRL's layout, not Unsloth's: set backend=trl or "
             "dynamic_sampling=false"
         )
-    if cfg.sage_q_source == "loss" and cfg.sage_guide == "token":
-        return (
-            "sage_q_source='loss' with sage_guide='token' needs TRL's loss (Unsloth's patched loss hands out "
-            "entropies, not log-probs): use sage_q_source=rollout or auto, or backend=trl"
-        )
-    return None
+    from sage_unsloth import guides
+
+    _, needs = guides.resolve_guide(cfg)
+    return guides.unsloth_cannot(needs, requested=cfg.sage_q_source, guide=cfg.sage_guide)
 
 
 def _help(text: str) -> dict:
@@ -75,7 +73,20 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     ExplorationArgs (rlvr/exploration.py)."""
 
     # --- SAGE guide ---------------------------------------------------------------------------------
-    sage_guide: str = field(default="none", metadata=_help(f"Anchor guide q: one of {GUIDES}."))
+    sage_guide: str = field(
+        default="none",
+        metadata=_help(
+            "Anchor guide q: none, branch, token, random, or your own as 'package.module:function' / "
+            "'path/to/file.py:function' (docs/writing-a-guide.md)."
+        ),
+    )
+    sage_guide_args: dict[str, Any] | str | None = field(
+        default=None,
+        metadata=_help(
+            "Arguments of a plug-in guide (sage_guide: pkg.mod:fn), a mapping; JSON on the command line. The "
+            "built-in guides read their own fields (sage_gamma, sage_tau, ...)."
+        ),
+    )
     sage_q_min: float = field(default=0.6, metadata=_help("Lower clip of q (> 0)."))
     sage_q_max: float = field(default=1.4, metadata=_help("Upper clip of q (>= sage_q_min)."))
     sage_gamma: float = field(default=0.3, metadata=_help("Branch guide: q = 1 + gamma * relu(H - tau)."))
@@ -216,8 +227,12 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
         def fail(msg: str):
             raise ConfigError(msg)
 
+        from sage_unsloth import guides
+
+        # a known name or an importable guide, its needs and arguments checked
+        guides.resolve_guide(self, check_args=True)
+        self.sage_guide_args = guides.guide_args(self.sage_guide_args) or None
         for name, choices in (
-            ("sage_guide", GUIDES),
             ("kl_estimator", KL_ESTIMATORS),
             ("sage_token_norm", TOKEN_NORMS),
             ("sage_q_source", Q_SOURCES),
@@ -379,18 +394,26 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
 
     @property
     def expected_q_source(self) -> str:
-        """Where branch/token q will be computed: 'loss' on TRL's trainer; on Unsloth's patched one (GPU only)
-        'loss' for the branch guide (from the entropies its loss computes) and 'rollout' for the token guide.
-        The trainer re-checks this against the class it actually subclasses."""
+        """Where q will be computed (guides.q_source, from the guide's ``needs``): 'loss' on TRL's trainer for a
+        guide that reads the policy; on Unsloth's patched one (GPU only) 'loss' for an entropies-only guide (the
+        branch guide) and 'rollout' for the rest (the token guide, logit signals); 'rollout' for a guide that
+        reads no policy signal (the random guide). The trainer re-checks this against the class it subclasses."""
+        from sage_unsloth import guides
+
         if self.sage_q_source != "auto":
             return self.sage_q_source
+        _, needs = guides.resolve_guide(self)
         unsloth_patched = self.backend == "unsloth" and _cuda_available()
-        return "rollout" if unsloth_patched and self.sage_guide == "token" else "loss"
+        return guides.q_source(needs, requested="loss", unsloth_patched=unsloth_patched)
 
     def _warn_off_policy_q(self) -> None:
         # The random guide ignores the policy; branch/token q in the loss is the official code's own order.
+        from sage_unsloth import guides
+
+        _, needs = guides.resolve_guide(self)
         if (
-            self.sage_guide not in ("branch", "token")
+            guides.q_source(needs, requested="loss", unsloth_patched=False)
+            != "loss"  # reads no policy signal
             or self.sage_kl_placement == "reward"
             or self.expected_q_source == "loss"
         ):
@@ -399,16 +422,16 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             warnings.warn(
                 f"sage_guide={self.sage_guide!r} with num_iterations={self.num_iterations}, steps_per_generation="
                 f"{self.steps_per_generation}, gradient_accumulation_steps={self.gradient_accumulation_steps}: q is "
-                "computed from the rollout policy (sage_q_source rollout, or the token guide under Unsloth), not the "
+                "computed from the rollout policy (sage_q_source rollout, or a guide Unsloth's loss cannot feed), not the "
                 "in-loss policy as in the official code",
                 stacklevel=3,
             )
 
     def _warn_guide_without_effect(self) -> None:
-        from sage_unsloth.anchor import guide_effect
+        from sage_unsloth import guides
 
-        reason = guide_effect(
-            self.sage_guide,
+        reason = guides.guide_effect(
+            guides.resolve_guide(self)[0],
             self.kl_estimator,
             ratio=self.use_bias_correction_kl,
             placement=self.sage_kl_placement,

@@ -41,13 +41,14 @@ sage_unsloth/compat.py; this module keeps the SAGE logic.
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from contextlib import nullcontext
 
 import torch
 
-from sage_unsloth import anchor, compat
+from sage_unsloth import anchor, compat, guides
 from sage_unsloth.compat import (
     aggregate_like_trl,
     group_advantages,
@@ -60,6 +61,8 @@ from sage_unsloth.rlvr.config import unsloth_conflict
 from sage_unsloth.rlvr.exploration import ExplorationMixin
 from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SageGRPOTrainer",
@@ -159,6 +162,10 @@ def concat_rollouts(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -
     return merged
 
 
+def _detached(value):
+    return value.detach() if torch.is_tensor(value) else value
+
+
 # --------------------------------------------------------------------------- trainer mixin
 
 
@@ -196,7 +203,7 @@ class SageTrainerMixin:
             not self.sage_q_in_loss
             and cfg.expected_q_source == "loss"
             and self.sage_placement == "loss"
-            and cfg.sage_guide in ("branch", "token")
+            and guides.q_source(self.sage_guide_needs, requested="loss", unsloth_patched=False) == "loss"
             and (self.num_iterations != 1 or cfg.steps_per_generation != cfg.gradient_accumulation_steps)
         ):
             warnings.warn(
@@ -205,27 +212,11 @@ class SageTrainerMixin:
                 "gradient_accumulation_steps)",
                 stacklevel=2,
             )
-        self._sage_schedule = None
-        if cfg.sage_guide in ("token", "random"):
-            max_steps = max(1, int(self.args.max_steps if self.args.max_steps > 0 else 1000))
-            upper, lower, s_up, s_low = (
-                (cfg.sage_alpha_upper, cfg.sage_alpha_lower, cfg.sage_sigma_upper, cfg.sage_sigma_lower)
-                if cfg.sage_guide == "token"
-                else (
-                    cfg.sage_eps_upper,
-                    cfg.sage_eps_lower,
-                    cfg.sage_random_sigma_upper,
-                    cfg.sage_random_sigma_lower,
-                )
-            )
-            self._sage_schedule = anchor.CosineSchedule(
-                max_steps,
-                upper,
-                lower,
-                s_up,
-                s_low,
-                cycles=cfg.sage_schedule_cycles,
-                decay=cfg.sage_schedule_decay,
+        entry, needs, _ = self.sage_guide()
+        if not (entry.registered and entry.name == "none"):
+            where = "in the loss" if self.sage_q_in_loss else "at rollout"
+            logger.info(
+                "SAGE guide %s (needs %s): q computed %s", entry.name, ", ".join(needs) or "nothing", where
             )
         self._sage_generator = torch.Generator(device="cpu")
         self._sage_last_step, self._sage_calls_in_step = -1, 0
@@ -234,18 +225,30 @@ class SageTrainerMixin:
 
     # -- q ----------------------------------------------------------------------------------------------
 
+    def sage_guide(self):
+        """(entry, needs, callable) of the configured guide, rebuilt only when sage_guide / its args change."""
+        cfg = self.args
+        key = (cfg.sage_guide, repr(getattr(cfg, "sage_guide_args", None)))
+        cached = getattr(self, "_sage_guide_cache", None)
+        if cached is None or cached[0] != key:
+            entry, needs = guides.resolve_guide(cfg)
+            cached = self._sage_guide_cache = (key, entry, needs, guides.build_guide(cfg))
+        return cached[1:]
+
+    @property
+    def sage_guide_needs(self) -> tuple[str, ...]:
+        return self.sage_guide()[1]
+
     @property
     def sage_q_in_loss(self) -> bool:
-        """Branch/token q computed inside the loss from its own forward (no extra pass)? On TRL's trainer both
-        guides; under Unsloth's patched one the branch guide only (sage_unsloth/rlvr/unsloth_hooks.py)."""
-        source, guide = self.args.sage_q_source, self.args.sage_guide
-        in_loss = (
-            source in ("loss", "auto")
-            if guide == "branch"
-            else (source == "loss" or (source == "auto" and not self._sage_patched))
+        """q computed inside the loss from its own forward (no extra pass)? Whenever the guide reads the policy and
+        the loss has what it reads: every signal on TRL's trainer, the entropies only under Unsloth's patched one
+        (sage_unsloth/rlvr/unsloth_hooks.py). guides.q_source is the rule."""
+        source = guides.q_source(
+            self.sage_guide_needs, requested=self.args.sage_q_source, unsloth_patched=self._sage_patched
         )
         # The reward placement needs q when the reward is computed, i.e. at rollout.
-        return in_loss and guide in ("branch", "token") and self.sage_placement == "loss"
+        return source == "loss" and self.sage_placement == "loss"
 
     def _sage_old_logps_forward_planned(self) -> bool:
         """Will TRL's rollout score old_per_token_logps (a policy pass whose entropies q can reuse)?"""
@@ -255,13 +258,31 @@ class SageTrainerMixin:
         capture = self._sage_capture
         if capture is not None and not self._sage_patched:
             # The first scoring call of the rollout is TRL's old-logp pass of the policy: ask it for the
-            # entropies too, so the branch guide needs no extra forward.
+            # entropies (and the guide's logit signals) too, so the guide needs no extra forward.
             self._sage_capture = None
             kwargs["compute_entropy"] = kwargs.get("compute_entropy", False) or capture["need_entropy"]
-            result = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-            capture["logps"], capture["entropies"] = result[0], result[1]
+            result, logits = self._sage_score_with_signals(
+                super()._get_per_token_logps_and_entropies, model, args, kwargs
+            )
+            capture["logps"], capture["entropies"], capture["logits"] = result[0], result[1], logits
             return result
         return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+
+    def _sage_score_with_signals(self, score, model, args: tuple, kwargs: dict):
+        """TRL's scorer ``score`` called once; the guide's logit signals computed in the same chunked pass
+        (compat.logit_signal_tap). Returns (TRL's result, {signal: (B, C)})."""
+        fns = guides.logit_signal_functions(self.sage_guide_needs)
+        if not fns:
+            return score(model, *args, **kwargs), {}
+        names = ("input_ids", "attention_mask", "logits_to_keep")
+        bound = dict(zip(names, args)) | {k: kwargs[k] for k in names if k in kwargs}
+        tapped: dict = {}
+        with compat.logit_signal_tap(
+            fns, bound["input_ids"], bound["attention_mask"], bound["logits_to_keep"], tapped
+        ):
+            result = score(model, *args, **kwargs)
+        compat.check_tap_alignment(tapped, result[0])
+        return result, tapped
 
     def _sage_guide_step(self) -> int:
         step = int(self.state.global_step)
@@ -276,14 +297,16 @@ class SageTrainerMixin:
         )
         return step
 
-    def _sage_rollout_stats(self, output: dict, captured: dict | None, need_entropy: bool):
-        """(logps, entropies) of the rollout policy at the completion tokens, TRL layout (B, C)."""
+    def _sage_rollout_stats(self, output: dict, captured: dict | None, need_entropy: bool, logit_signals=()):
+        """(logps, entropies, {logit signal: values}) of the rollout policy at the completion tokens, TRL layout
+        (B, C): from ``captured`` (a pass TRL ran anyway) when it has them, else one no-grad pass of our own."""
         if (
             captured
             and captured.get("logps") is not None
             and (captured.get("entropies") is not None or not need_entropy)
+            and all(name in (captured.get("logits") or {}) for name in logit_signals)
         ):
-            return captured["logps"], captured.get("entropies")
+            return captured["logps"], captured.get("entropies"), captured.get("logits") or {}
         prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
@@ -293,48 +316,74 @@ class SageTrainerMixin:
         batch_size = (
             self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
         )
+        fns = {name: guides.LOGIT_SIGNALS.resolve(name).obj for name in logit_signals}
         if self._sage_patched:
-            return policy_logps_and_entropies(
-                self.model, input_ids, attention_mask, completion_len, self.temperature, rows_per_chunk=1
-            )
-        with torch.no_grad():
-            logps, entropies, _ = super()._get_per_token_logps_and_entropies(
+            # Unsloth's scorer returns neither entropies nor logits: the kit's own pass gives both.
+            logps, entropies, logits = policy_logps_and_entropies(
                 self.model,
                 input_ids,
                 attention_mask,
                 completion_len,
-                batch_size=batch_size,
-                compute_entropy=need_entropy,
+                self.temperature,
+                rows_per_chunk=1,
+                logit_signals=fns,
             )
-        return logps, entropies
+            return logps, entropies, logits
+        score = super()._get_per_token_logps_and_entropies
+        with torch.no_grad():
+            (logps, entropies, _), logits = self._sage_score_with_signals(
+                score,
+                self.model,
+                (input_ids, attention_mask, completion_len),
+                {"batch_size": batch_size, "compute_entropy": need_entropy},
+            )
+        return logps, entropies, logits
 
     def sage_compute_q(self, output: dict, captured: dict | None = None) -> torch.Tensor:
         """q (B, C) in TRL's layout for this batch; 1 on masked tokens. ``captured`` may hold the policy's
-        logps / entropies already computed by a forward TRL ran anyway."""
-        cfg = self.args
+        logps / entropies / logit signals already computed by a forward TRL ran anyway (or the loss's own)."""
         mask = output["completion_mask"]
         if "tool_mask" in output:
             mask = mask * output["tool_mask"]
-        bounds = {"q_min": cfg.sage_q_min, "q_max": cfg.sage_q_max}
-        if cfg.sage_guide == "none":
+        entry, needs, guide = self.sage_guide()
+        if entry.registered and entry.name == "none":
             return torch.ones_like(mask, dtype=torch.float32)
         step = self._sage_guide_step()
-        if cfg.sage_guide == "branch":
-            _, entropies = self._sage_rollout_stats(output, captured, need_entropy=True)
-            return anchor.branch_guide(entropies, mask, gamma=cfg.sage_gamma, tau=cfg.sage_tau, **bounds)
-        value, sigma = self._sage_schedule(step)
-        if cfg.sage_guide == "token":
-            logps, _ = self._sage_rollout_stats(output, captured, need_entropy=False)
-            return anchor.token_guide(
-                logps,
-                mask,
-                alpha=value,
-                sigma=sigma,
-                norm=cfg.sage_token_norm,
-                generator=self._sage_generator,
-                **bounds,
+        stats = {}
+        logit_signals = guides.logit_signal_names(needs)
+        if any(n in guides.POLICY_SIGNALS for n in needs) or logit_signals:
+            logps, entropies, logits = self._sage_rollout_stats(
+                output, captured, need_entropy="entropies" in needs, logit_signals=logit_signals
             )
-        return anchor.random_guide(mask, eps=value, sigma=sigma, generator=self._sage_generator, **bounds)
+            stats = {"logps": logps, "entropies": entropies, "logits": logits}
+        return self._sage_q_from(entry, guide, mask, step, output, stats, captured)
+
+    def _sage_q_from(self, entry, guide, mask, step, output, stats, captured) -> torch.Tensor:
+        """Run the guide on its Signals (no gradient) and let guides.finalise_q check, clip and mask its q."""
+        cfg = self.args
+        extra = captured or {}
+        signals = guides.Signals(
+            mask=mask,
+            step=step,
+            max_steps=guides.default_max_steps(cfg.max_steps),
+            generator=self._sage_generator,
+            rank=self.accelerator.process_index,
+            layout="trl",
+            entropies=_detached(stats.get("entropies")),
+            logps=_detached(stats.get("logps")),
+            ref_logps=_detached(extra.get("ref_logps", output.get("ref_per_token_logps")))
+            if "ref_logps" in entry.meta["needs"]
+            else None,
+            old_logps=_detached(output.get("old_per_token_logps"))
+            if "old_logps" in entry.meta["needs"]
+            else None,
+            prompt_ids=output.get("prompt_ids"),
+            completion_ids=output.get("completion_ids"),
+            logits=stats.get("logits") or {},
+        )
+        with torch.no_grad():
+            raw = guide(signals)
+        return guides.finalise_q(raw, signals, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
 
     def _sage_log_q_metrics(self, q: torch.Tensor, mask: torch.Tensor) -> None:
         mode = "train" if self.model.training else "eval"
@@ -401,13 +450,14 @@ class SageTrainerMixin:
 
     def _sage_rollout(self, inputs):
         """One TRL rollout with the anchor's q in place (shifted reference, or the pseudo-KL in the reward)."""
-        guide = self.args.sage_guide
+        entry, needs, _ = self.sage_guide()
         if self.sage_q_in_loss:  # q is computed in _compute_loss from the loss forward's own outputs
             return super()._generate_and_score_completions(inputs)
         captured = None
-        need_stats = guide in ("branch", "token") or self.sage_placement == "reward"
+        reads_policy = any(n in guides.POLICY_SIGNALS for n in needs) or guides.logit_signal_names(needs)
+        need_stats = reads_policy or self.sage_placement == "reward"
         if need_stats and not self._sage_patched and self._sage_old_logps_forward_planned():
-            captured = {"need_entropy": guide == "branch"}
+            captured = {"need_entropy": "entropies" in needs}
             self._sage_capture = captured
         try:
             output = super()._generate_and_score_completions(inputs)
@@ -423,7 +473,7 @@ class SageTrainerMixin:
             else output["completion_mask"]
         )
         self._sage_log_q_metrics(q, mask)
-        if guide != "none" and self.beta != 0.0:
+        if not (entry.registered and entry.name == "none") and self.beta != 0.0:
             self._shift_reference(output, q)
         return output
 
@@ -469,12 +519,18 @@ class SageTrainerMixin:
             if "tool_mask" in output
             else output["completion_mask"]
         )
-        logps, entropies = self._sage_rollout_stats(
-            output, captured, need_entropy=self.args.sage_guide == "branch"
+        _, needs, _ = self.sage_guide()
+        logit_signals = guides.logit_signal_names(needs)
+        logps, entropies, logits = self._sage_rollout_stats(
+            output, captured, need_entropy="entropies" in needs, logit_signals=logit_signals
         )
-        q = self.sage_compute_q(output, {"logps": logps, "entropies": entropies})
+        stats = {"logps": logps, "entropies": entropies, "logits": logits}
+        # TRL's own reference pass is off here (its beta is 0): a guide reading ref_logps gets the kit's.
+        ref = self._sage_reference_logps(output) if "ref_logps" in needs else None
+        q = self.sage_compute_q(output, {**stats, "ref_logps": ref})
         self._sage_log_q_metrics(q, mask)
-        ref = self._sage_reference_logps(output)
+        if ref is None:
+            ref = self._sage_reference_logps(output)
         seq_kl = anchor.sequence_pseudo_kl(logps.float(), ref.float(), anchor.log_q(q).to(logps.device), mask)
         all_seq_kl = self.accelerator.gather(seq_kl)
         rewards_per_func = self._sage_rewards_per_func
@@ -599,12 +655,18 @@ class SageTrainerMixin:
         captured = {}
         original = super()._get_per_token_logps_and_entropies
 
-        def capture_logps(*a, **kw):
-            result = original(*a, **kw)
-            if "logps" not in captured:  # the loss's own forward: TRL reads the reference only after it
-                captured["logps"] = result[0]
-                if q_in_loss:
-                    self._sage_shift_in_loss(inputs, result[0], result[1])
+        def capture_logps(model, *a, **kw):
+            if "logps" in captured:
+                return original(model, *a, **kw)
+            # the loss's own forward (TRL reads the reference only after it); the guide's logit signals come
+            # from its chunked pass
+            if q_in_loss:
+                result, logits = self._sage_score_with_signals(original, model, a, kw)
+            else:
+                result, logits = original(model, *a, **kw), {}
+            captured["logps"] = result[0]
+            if q_in_loss:
+                self._sage_shift_in_loss(inputs, result[0], result[1], logits)
             return result
 
         self._get_per_token_logps_and_entropies = capture_logps  # instance attribute: this call only
@@ -616,9 +678,15 @@ class SageTrainerMixin:
             return loss
         return loss + self._sage_kl_correction(inputs, captured["logps"])
 
-    def _sage_shift_in_loss(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor | None) -> None:
+    def _sage_shift_in_loss(
+        self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor | None, logits: dict | None = None
+    ) -> None:
         """The official code's order: q from the current policy's entropies / logps, no gradient."""
-        stats = {"logps": logps.detach(), "entropies": None if entropies is None else entropies.detach()}
+        stats = {
+            "logps": logps.detach(),
+            "entropies": None if entropies is None else entropies.detach(),
+            "logits": logits or {},
+        }
         q = self.sage_compute_q(inputs, stats)
         mask = (
             inputs["completion_mask"] * inputs["tool_mask"]

@@ -27,14 +27,16 @@ the entropy path in Unsloth 2026.10.9: its PrefixGrouper is skipped (it is off u
 log-probs go through its logit-recomputing kernel. A user's own top_entropy_quantile < 1 keeps working:
 then TRL's mask is returned as well.
 
-The token guide needs the in-loss log-probs, which this call does not receive, so it stays at rollout.
+Any guide that reads only the entropies (sage_unsloth/guides.py, ``needs``) runs here the same way. A guide that
+needs the in-loss log-probs (the token guide) or a logit signal does not: this call receives neither, so its q
+is computed at rollout from one extra no-grad pass (guides.q_source).
 """
 
 from __future__ import annotations
 
 import torch
 
-from sage_unsloth import anchor, compat
+from sage_unsloth import anchor, compat, guides
 
 # Any value below 1 switches Unsloth's in-loss entropies on; the hook ignores the threshold it implies.
 ENTROPY_TAP_QUANTILE = 0.5
@@ -45,7 +47,8 @@ class SageHookNotCalled(RuntimeError):
 
 
 class InUnslothLossBranchQ:
-    """Mixin for a trainer over Unsloth's patched GRPOTrainer: branch q from the loss's own entropies.
+    """Mixin for a trainer over Unsloth's patched GRPOTrainer: q of an entropy-only guide (the branch guide) from
+    the loss's own entropies.
 
     Needs the SageTrainerMixin interface (``sage_q_in_loss``, ``_sage_guide_step``, ``_sage_log_q_metrics``)
     and sits between SageTrainerMixin and the patched base in the MRO (see make_sage_trainer_class)."""
@@ -53,12 +56,9 @@ class InUnslothLossBranchQ:
     _sage_tap: dict | None = None
 
     def _sage_tap_wanted(self) -> bool:
-        return (
-            getattr(self, "_sage_patched", False)
-            and self.sage_q_in_loss
-            and self.args.sage_guide == "branch"
-            and self.beta != 0.0
-        )
+        # sage_q_in_loss under Unsloth means: the guide reads the entropies and nothing else the loss lacks
+        # (guides.q_source), so the tap has all it needs.
+        return getattr(self, "_sage_patched", False) and self.sage_q_in_loss and self.beta != 0.0
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         if not self._sage_tap_wanted() or inputs.get("ref_per_token_logps") is None:
@@ -109,14 +109,20 @@ class InUnslothLossBranchQ:
         return None  # Unsloth: no entropy mask, the policy term is left as plain GRPO's
 
     def sage_branch_q(self, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q = clip(1 + gamma * relu(H - tau)) in whatever layout ``entropies`` / ``mask`` come in."""
+        """The configured guide's q (the branch guide's, or any guide that reads only the entropies) in Unsloth's
+        layout: its Signals carry ``entropies`` and ``mask`` in that layout (``layout='unsloth'``)."""
+        entry, _, guide = self.sage_guide()
+        step = self._sage_guide_step()
         cfg = self.args
-        self._sage_guide_step()
-        return anchor.branch_guide(
-            entropies,
-            mask,
-            gamma=cfg.sage_gamma,
-            tau=cfg.sage_tau,
-            q_min=cfg.sage_q_min,
-            q_max=cfg.sage_q_max,
+        signals = guides.Signals(
+            mask=mask,
+            step=step,
+            max_steps=guides.default_max_steps(cfg.max_steps),
+            generator=self._sage_generator,
+            rank=self.accelerator.process_index,
+            layout="unsloth",
+            entropies=entropies.detach(),
         )
+        with torch.no_grad():
+            raw = guide(signals)
+        return guides.finalise_q(raw, signals, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)

@@ -1,0 +1,342 @@
+"""Guides as plug-ins: what a guide receives (:class:`Signals`), what it declares (``needs``), the registry of
+guides and of per-token logit signals, and everything the kit does around a guide's raw q.
+
+A guide is one function ``guide(signals, **args) -> q`` (or a class built with ``**args`` whose instances are
+called with ``signals``, for state such as a schedule), named in a config as ``sage_guide: <registered name>``
+or ``sage_guide: package.module:function`` / ``path/to/file.py:function`` with ``sage_guide_args: {...}``. It
+declares the signals it reads, as registration metadata or an attribute ``guide.needs = ("entropies", ...)``:
+
+- ``entropies``, ``logps``: the policy's token entropy / log-prob of the sampled token (B, T);
+- ``ref_logps``, ``old_logps``: the reference's and (where TRL scored it) the sampling policy's log-prob;
+- ``prompt_ids``, ``completion_ids``: the token ids;
+- any name of :data:`LOGIT_SIGNALS` (``top2_margin``) or an import path of a logit signal function
+  ``fn(log_probs (n, V), targets (n,)) -> (n,)``: computed from the full next-token distribution in the same
+  pass that produces the entropies (rlvr/trainer.py, compat.py's ``logit_signal_tap``).
+
+``mask``, ``step``, ``max_steps``, ``generator`` (seeded per step, call and process), ``rank`` and ``layout``
+are always there. The kit then (:func:`finalise_q`): runs the guide without gradient, checks q (shape, finite:
+one line naming the guide), clips it to [q_min, q_max], sets q = 1 off the mask; and the trainer logs the
+sage/q_* metrics, puts log q into the anchor (both placements, both backends' layouts) and decides where q is
+computed from ``needs`` and the backend (:func:`q_source`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sage_unsloth import anchor
+from sage_unsloth.config_args import ConfigError
+from sage_unsloth.registry import Entry, Registry
+
+__all__ = [
+    "GUIDES",
+    "LOGIT_SIGNALS",
+    "POLICY_SIGNALS",
+    "GuideError",
+    "Signals",
+    "finalise_q",
+    "guide_effect",
+    "logit_signal_names",
+    "q_source",
+    "unsloth_cannot",
+]
+
+# Signals read from the policy / batch (beyond mask, step, generator, rank which every call gets).
+POLICY_SIGNALS = ("entropies", "logps")
+BATCH_SIGNALS = ("ref_logps", "old_logps", "prompt_ids", "completion_ids")
+# Inside Unsloth's compiled loss the kit sees the entropies and the mask (the get_high_entropy_mask tap), nothing
+# else; at rollout its own no-grad pass gives entropies, logps and logit signals, and the ids in TRL's layout.
+UNSLOTH_IN_LOSS = ("entropies",)
+UNSLOTH_NEVER = ("ref_logps", "old_logps")  # stored in Unsloth's left-packed layout only
+
+GUIDES = Registry("guide", field="sage_guide", meta={"needs": (), "config_fields": None})
+LOGIT_SIGNALS = Registry("logit signal", field="sage_guide", meta={"uses_target": False})
+
+
+class GuideError(ValueError):
+    """A guide returned an unusable q: one line naming the guide."""
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What a guide sees for one batch. Per-token tensors are (B, T) in ``layout`` (``trl``: completion tokens
+    from column 0; ``unsloth``: its left-packed (B, C + max_left_pad) loss layout, only ``entropies`` and
+    ``mask`` are given there). A signal the guide did not declare in ``needs`` may be None."""
+
+    mask: torch.Tensor
+    step: int
+    max_steps: int
+    generator: torch.Generator
+    rank: int = 0
+    layout: str = "trl"
+    entropies: torch.Tensor | None = None
+    logps: torch.Tensor | None = None
+    ref_logps: torch.Tensor | None = None
+    old_logps: torch.Tensor | None = None
+    prompt_ids: torch.Tensor | None = None
+    completion_ids: torch.Tensor | None = None
+    logits: dict = field(default_factory=dict)  # logit signal name -> (B, T)
+
+    @property
+    def progress(self) -> float:
+        """Position in the run, step / max_steps in [0, 1]."""
+        return min(1.0, self.step / max(1, self.max_steps))
+
+
+# --------------------------------------------------------------------------------------------- declarations
+def logit_signal_names(needs) -> tuple[str, ...]:
+    """The entries of ``needs`` that are logit signals (everything but the policy and batch signals)."""
+    return tuple(n for n in needs if n not in POLICY_SIGNALS + BATCH_SIGNALS)
+
+
+def check_needs(entry: Entry) -> tuple[str, ...]:
+    """``needs`` of a guide, each a known signal or a resolvable logit signal; one line otherwise."""
+    needs = entry.meta.get("needs") or ()
+    if isinstance(needs, str):
+        needs = (needs,)
+    for name in logit_signal_names(needs):
+        try:
+            LOGIT_SIGNALS.resolve(name)
+        except ConfigError:
+            known = ", ".join(POLICY_SIGNALS + BATCH_SIGNALS + LOGIT_SIGNALS.names())
+            raise ConfigError(
+                f"sage_guide={entry.name!r} declares needs {name!r}, which is no signal (known: {known}, or a "
+                "logit signal 'package.module:function')"
+            ) from None
+    return tuple(needs)
+
+
+def q_source(needs, *, requested: str, unsloth_patched: bool) -> str:
+    """Where q is computed: 'loss' (from the loss forward's own outputs, no extra pass, current policy) or
+    'rollout' (once per rollout; a policy signal there costs one no-grad pass unless TRL scores old logps).
+
+    A guide that reads no policy signal is drawn once per rollout. On TRL's trainer every signal exists in the
+    loss; inside Unsloth's compiled loss only the entropies do."""
+    reads_policy = any(n in POLICY_SIGNALS for n in needs) or bool(logit_signal_names(needs))
+    if not reads_policy or requested == "rollout":
+        return "rollout"
+    in_loss_ok = not unsloth_patched or set(needs) <= set(UNSLOTH_IN_LOSS)
+    return "loss" if in_loss_ok else "rollout"
+
+
+def unsloth_cannot(needs, *, requested: str, guide: str) -> str | None:
+    """Why Unsloth's patched trainer cannot run this guide (None: it can), one line with the fix."""
+    never = [n for n in needs if n in UNSLOTH_NEVER]
+    if never:
+        return (
+            f"sage_guide={guide!r} needs {', '.join(never)}, which Unsloth's trainer keeps only in its own packed "
+            "layout: set backend=trl"
+        )
+    beyond = [n for n in needs if n not in UNSLOTH_IN_LOSS]
+    if requested == "loss" and beyond:
+        return (
+            f"sage_q_source='loss' with sage_guide={guide!r} needs {', '.join(beyond)} inside the loss; Unsloth's "
+            "patched loss hands out entropies only: use sage_q_source=rollout or auto, or backend=trl"
+        )
+    return None
+
+
+def token_dependent(needs) -> bool:
+    """Can q differ between candidate tokens at one position? Only through the sampled token's own signals."""
+    if any(n in ("logps", "completion_ids", "ref_logps", "old_logps") for n in needs):
+        return True
+    return any(LOGIT_SIGNALS.resolve(n).meta["uses_target"] for n in logit_signal_names(needs))
+
+
+def guide_effect(
+    entry: Entry, estimator: str, *, ratio: bool, placement: str, q_min: float, q_max: float
+) -> str | None:
+    """None if the guide changes the expected gradient here, else why not (anchor.guide_effect's rules, with
+    'q is the same for every candidate token at a position' read from the guide's ``needs``)."""
+    if entry.registered and entry.name in ("none", "branch", "token", "random"):
+        return anchor.guide_effect(
+            entry.name, estimator, ratio=ratio, placement=placement, q_min=q_min, q_max=q_max
+        )
+    if placement == "reward" or token_dependent(entry.meta.get("needs") or ()):
+        return None
+    # A position-constant q: the reverse-KL rows do not see it (anchor.py, "what the guide does").
+    return anchor.guide_effect(
+        "branch", estimator, ratio=ratio, placement=placement, q_min=q_min, q_max=q_max
+    )
+
+
+# --------------------------------------------------------------------------------------------- the kit's part
+def finalise_q(raw, signals: Signals, *, name: str, q_min: float, q_max: float) -> torch.Tensor:
+    """The guide's raw q checked (shape, floating, finite on the mask), clipped to [q_min, q_max], float32,
+    without gradient, and exactly 1 where the mask is 0."""
+    mask = signals.mask
+    if not torch.is_tensor(raw):
+        raise GuideError(
+            f"guide {name!r} returned {type(raw).__name__}, not a tensor of q per token {tuple(mask.shape)}"
+        )
+    if raw.shape != mask.shape:
+        raise GuideError(
+            f"guide {name!r} returned q of shape {tuple(raw.shape)}, expected {tuple(mask.shape)} (the mask's)"
+        )
+    if not raw.is_floating_point():
+        raise GuideError(f"guide {name!r} returned q of dtype {raw.dtype}: return a floating tensor")
+    q = raw.detach().float().to(mask.device)
+    valid = mask.bool()
+    if not torch.isfinite(q[valid]).all():
+        bad = int((~torch.isfinite(q[valid])).sum())
+        raise GuideError(
+            f"guide {name!r} returned {bad} non-finite q on completion tokens (step {signals.step})"
+        )
+    q = q.clamp(q_min, q_max)
+    return torch.where(valid, q, torch.ones_like(q))
+
+
+# --------------------------------------------------------------------------------------------- built-ins
+# The paper's guides, through the same interface: thin calls of anchor.py's formulas (the oracle tests' subject),
+# with their parameters read from their own config fields (config_fields: parameter -> SageGRPOConfig field).
+def _schedule(signals: Signals, upper, lower, sigma_upper, sigma_lower, cycles, decay):
+    return anchor.CosineSchedule(
+        signals.max_steps, upper, lower, sigma_upper, sigma_lower, cycles=cycles, decay=decay
+    )(signals.step)
+
+
+@GUIDES.register("none", needs=())
+def guide_none(signals: Signals) -> torch.Tensor:
+    """q = 1: plain GRPO's anchor."""
+    return torch.ones_like(signals.mask, dtype=torch.float32)
+
+
+@GUIDES.register(
+    "branch",
+    needs=("entropies",),
+    config_fields={"gamma": "sage_gamma", "tau": "sage_tau", "q_min": "sage_q_min", "q_max": "sage_q_max"},
+)
+def guide_branch(signals: Signals, *, gamma: float, tau: float, q_min: float, q_max: float) -> torch.Tensor:
+    """q = 1 + gamma * relu(H - tau)."""
+    return anchor.branch_guide(
+        signals.entropies, signals.mask, gamma=gamma, tau=tau, q_min=q_min, q_max=q_max
+    )
+
+
+@GUIDES.register(
+    "token",
+    needs=("logps",),
+    config_fields={
+        "alpha_upper": "sage_alpha_upper",
+        "alpha_lower": "sage_alpha_lower",
+        "sigma_upper": "sage_sigma_upper",
+        "sigma_lower": "sage_sigma_lower",
+        "norm": "sage_token_norm",
+        "cycles": "sage_schedule_cycles",
+        "decay": "sage_schedule_decay",
+        "q_min": "sage_q_min",
+        "q_max": "sage_q_max",
+    },
+)
+def guide_token(
+    signals: Signals, *, alpha_upper, alpha_lower, sigma_upper, sigma_lower, norm, cycles, decay, q_min, q_max
+):
+    """q = 1 + alpha * w + sigma * w * N(0, 1), w the normalised surprisal, alpha / sigma on the cosine schedule."""
+    alpha, sigma = _schedule(signals, alpha_upper, alpha_lower, sigma_upper, sigma_lower, cycles, decay)
+    return anchor.token_guide(
+        signals.logps,
+        signals.mask,
+        alpha=alpha,
+        sigma=sigma,
+        norm=norm,
+        q_min=q_min,
+        q_max=q_max,
+        generator=signals.generator,
+    )
+
+
+@GUIDES.register(
+    "random",
+    needs=(),
+    config_fields={
+        "eps_upper": "sage_eps_upper",
+        "eps_lower": "sage_eps_lower",
+        "sigma_upper": "sage_random_sigma_upper",
+        "sigma_lower": "sage_random_sigma_lower",
+        "cycles": "sage_schedule_cycles",
+        "decay": "sage_schedule_decay",
+        "q_min": "sage_q_min",
+        "q_max": "sage_q_max",
+    },
+)
+def guide_random(
+    signals: Signals, *, eps_upper, eps_lower, sigma_upper, sigma_lower, cycles, decay, q_min, q_max
+):
+    """q = 1 + sigma * N(0, 1) on a fraction eps of tokens, eps / sigma on the cosine schedule."""
+    eps, sigma = _schedule(signals, eps_upper, eps_lower, sigma_upper, sigma_lower, cycles, decay)
+    return anchor.random_guide(
+        signals.mask, eps=eps, sigma=sigma, q_min=q_min, q_max=q_max, generator=signals.generator
+    )
+
+
+# --------------------------------------------------------------------------------------------- logit signals
+@LOGIT_SIGNALS.register("top2_margin")
+def top2_margin(log_probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """p(1st) - p(2nd) of the next-token distribution (at the sampling temperature): 0 = a two-way branch."""
+    top = log_probs.topk(2, dim=-1).values.exp()
+    return top[..., 0] - top[..., 1]
+
+
+@LOGIT_SIGNALS.register("top1_prob")
+def top1_prob(log_probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """max_v p(v): the policy's confidence in its favourite token."""
+    return log_probs.max(dim=-1).values.exp()
+
+
+def logit_signal_functions(needs) -> dict:
+    """name -> fn for the logit signals in ``needs`` (the functions the chunked pass evaluates)."""
+    return {name: LOGIT_SIGNALS.resolve(name).obj for name in logit_signal_names(needs)}
+
+
+def default_max_steps(max_steps: int) -> int:
+    """The schedule's length: max_steps, or the paper's 1000 when training is set by epochs."""
+    return max(1, int(max_steps if max_steps > 0 else 1000))
+
+
+def guide_args(value) -> dict:
+    """sage_guide_args as a dict: a YAML mapping, a JSON string from the command line, or None."""
+    import json
+
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ConfigError(
+                f"sage_guide_args={value!r} is not a JSON object ({err.msg}): e.g. --sage_guide_args '{{\"k\": 2}}'"
+            ) from None
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"sage_guide_args must be a mapping of argument names to values, got {type(value).__name__}"
+        )
+    return dict(value)
+
+
+def resolve_guide(cfg, *, check_args: bool = False) -> tuple[Entry, tuple[str, ...]]:
+    """The config's guide entry and its checked ``needs``; with ``check_args`` its arguments too (a class guide is
+    built once to run its own checks). One line each, before any model loads."""
+    entry = GUIDES.resolve(cfg.sage_guide)
+    needs = check_needs(entry)
+    args = guide_args(getattr(cfg, "sage_guide_args", None))
+    fields = entry.meta.get("config_fields")
+    if fields and args:
+        raise ConfigError(
+            f"sage_guide_args: guide {entry.name!r} reads its parameters from "
+            f"{', '.join(sorted(set(fields.values())))}: set those instead"
+        )
+    if not fields and check_args:
+        GUIDES.bind(entry, args)  # checks the names against the signature; a class is built (its own checks)
+    return entry, needs
+
+
+def build_guide(cfg):
+    """The callable ``signals -> raw q`` for the config's guide. A built-in reads its config fields on every call
+    (so a config changed in place is seen); a plug-in's arguments are bound once (a class is built once)."""
+    entry, _ = resolve_guide(cfg)
+    fields = entry.meta.get("config_fields")
+    if fields:
+        return lambda signals: entry.obj(signals, **{p: getattr(cfg, f) for p, f in fields.items()})
+    return GUIDES.bind(entry, guide_args(getattr(cfg, "sage_guide_args", None)))

@@ -1,0 +1,195 @@
+"""Named extension points: a config names a registered entry (``branch``) or an import path
+(``pkg.module:function``, or ``path/to/file.py:function``) and the kit resolves it, checks the arguments the
+config gives it against its signature, and binds them. Every failure is one :class:`ConfigError` line naming
+the config field and the fix, raised before any model loads.
+
+    GUIDES = Registry("guide", field="sage_guide", args_field="sage_guide_args", meta={"needs": ()})
+
+    @GUIDES.register("branch", needs=("entropies",))
+    def branch(signals, *, gamma=0.3, tau=1.2): ...
+
+    entry = GUIDES.resolve(cfg.sage_guide)          # Entry(name, obj, meta)
+    fn = GUIDES.bind(entry, cfg.sage_guide_args)    # functools.partial(fn, **args), or Class(**args)
+
+``meta`` declares what an entry may say about itself and the defaults. A registered entry gives it at
+registration; an entry reached by import path gives it as attributes of the object (``fn.needs = (...)``),
+so an out-of-tree plug-in needs no kit import at all. Names are registered once: registering a name twice is
+an error (verl's rule), so a plug-in can never silently replace a built-in.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sage_unsloth.config_args import ConfigError, suggestion
+
+__all__ = ["Entry", "Registry", "import_object"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One resolved entry: its name (the registered name or the import path), the object, its metadata."""
+
+    name: str
+    obj: Any
+    meta: dict = field(default_factory=dict)
+    registered: bool = True
+
+
+def import_object(spec: str, field_name: str) -> Any:
+    """The object at ``module.path:attr`` or ``some/file.py:attr`` (relative to the working directory)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(
+            f"{field_name}={spec!r} is not a registered name nor an import path: use 'package.module:function' "
+            "or 'path/to/file.py:function'"
+        )
+    if module_name.endswith(".py") or "/" in module_name:
+        path = Path(module_name).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"{field_name}={spec!r}: no file {str(path)!r} (paths are relative to the working directory)"
+            )
+        key = f"_sage_plugin_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(key)
+        if module is None:
+            loader_spec = importlib.util.spec_from_file_location(key, path)
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[key] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except Exception:
+                del sys.modules[key]
+                raise
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            raise ConfigError(
+                f"{field_name}={spec!r}: cannot import module {module_name!r} ({err}); put its folder on "
+                "PYTHONPATH or name the file ('path/to/file.py:function')"
+            ) from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        public = [n for n in dir(module) if not n.startswith("_")]
+        raise ConfigError(
+            f"{field_name}={spec!r}: module {module_name!r} has no {attr!r}{suggestion(attr, public)}"
+        ) from None
+
+
+class Registry:
+    """Entries of one kind, resolved from a config field by name or import path."""
+
+    def __init__(self, kind: str, *, field: str, args_field: str | None = None, meta: dict | None = None):
+        self.kind = kind
+        self.field = field
+        self.args_field = args_field or f"{field}_args"
+        self.meta_defaults = dict(meta or {})
+        self._entries: dict[str, Entry] = {}
+
+    # -- registration ------------------------------------------------------------------------------
+    def register(self, name: str, **meta) -> Callable[[Any], Any]:
+        """Decorator: register the function or class under ``name`` with ``meta`` (keys declared at init)."""
+
+        def decorate(obj):
+            self.add(name, obj, **meta)
+            return obj
+
+        return decorate
+
+    def add(self, name: str, obj: Any, **meta) -> None:
+        if ":" in name or not name:
+            raise ValueError(
+                f"{self.kind} name {name!r} must be non-empty and have no ':' (that marks an import path)"
+            )
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is registered already ({self._entries[name].obj!r})")
+        unknown = set(meta) - set(self.meta_defaults)
+        if unknown:
+            raise ValueError(
+                f"{self.kind} {name!r}: unknown metadata {sorted(unknown)} (known: {sorted(self.meta_defaults)})"
+            )
+        self._entries[name] = Entry(name, obj, {**self.meta_defaults, **meta}, registered=True)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    # -- resolution ----------------------------------------------------------------------------------
+    def resolve(self, spec: str) -> Entry:
+        """The entry named ``spec``, or the object at the import path ``spec`` (meta from its attributes)."""
+        if not isinstance(spec, str) or not spec:
+            raise ConfigError(
+                f"{self.field}={spec!r} must be a {self.kind} name or 'package.module:function'"
+            )
+        if spec in self._entries:
+            return self._entries[spec]
+        if ":" not in spec:
+            raise ConfigError(
+                f"{self.field}={spec!r} is unknown{suggestion(spec, self._entries)} (use one of "
+                f"{', '.join(self._entries)}, or 'package.module:function')"
+            )
+        obj = import_object(spec, self.field)
+        if not callable(obj):
+            raise ConfigError(f"{self.field}={spec!r} is {type(obj).__name__}, not a function or class")
+        meta = {key: getattr(obj, key, default) for key, default in self.meta_defaults.items()}
+        return Entry(spec, obj, meta, registered=False)
+
+    # -- arguments -------------------------------------------------------------------------------------
+    def check_args(self, entry: Entry, args: dict | None, *, leading: int = 1) -> dict:
+        """``args`` checked against the entry's signature: for a function its parameters after the first
+        ``leading`` (the per-call inputs), for a class its constructor's. Unknown or missing names fail."""
+        args = dict(args or {})
+        obj = entry.obj
+        params = list(inspect.signature(obj).parameters.values())
+        if not inspect.isclass(obj):
+            params = params[leading:]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return args
+        accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        for key in args:
+            if key not in accepted:
+                known = ", ".join(sorted(accepted)) or "none"
+                raise ConfigError(
+                    f"{self.args_field}: {self.kind} {entry.name!r} has no argument {key!r}"
+                    f"{suggestion(key, accepted)} (it takes: {known})"
+                )
+        missing = [
+            p.name
+            for p in params
+            if p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in args
+        ]
+        if missing:
+            raise ConfigError(
+                f"{self.args_field}: {self.kind} {entry.name!r} needs {', '.join(map(repr, missing))}: "
+                f"e.g. {self.args_field}: {{{missing[0]}: ...}}"
+            )
+        return args
+
+    def bind(self, entry: Entry, args: dict | None, *, leading: int = 1) -> Callable:
+        """A function with ``args`` bound (functools.partial), or an instance of a class built with them."""
+        args = self.check_args(entry, args, leading=leading)
+        if inspect.isclass(entry.obj):
+            try:
+                return entry.obj(**args)
+            except (
+                TypeError,
+                ValueError,
+            ) as err:  # the class refused its arguments: say which field holds them
+                raise ConfigError(
+                    f"{self.args_field}: {self.kind} {entry.name!r} refused its arguments: {err}"
+                ) from None
+        return functools.partial(entry.obj, **args) if args else entry.obj
