@@ -225,7 +225,10 @@ def _config(**overrides):
         ({"policy_term": "clip_cov", "loss_type": "cispo"}, "policy_term='clip_cov' supports loss_type"),
         ({"policy_term": "kl_cov"}, "policy_term=kl_cov penalises |log pi - log pi_old|"),
         ({"policy_term": "klcov"}, "did you mean 'kl_cov'?"),
-        ({"policy_term": "nowhere.mod:fn"}, "cannot be imported"),
+        (
+            {"policy_term": "nowhere.mod:fn"},
+            "policy_term='nowhere.mod:fn': cannot import module 'nowhere.mod'",
+        ),
         ({"advantage_estimator": "pask"}, "did you mean 'passk'?"),
         ({"advantage_estimator": "passk", "passk_k": 9}, "passk_k=9 must be in [1, num_generations=8]"),
         (
@@ -256,3 +259,27 @@ def test_bad_exploration_settings_are_one_line_config_errors(overrides, message)
 )
 def test_combinations_that_compose_are_accepted(overrides):
     _config(**overrides)
+
+
+def test_plugin_estimators_and_terms_are_registry_entries_with_their_metadata(tmp_path):
+    """A file plug-in is resolved like a guide; what it declares (backends, recomputed) drives the checks."""
+    plugin = tmp_path / "my_baselines.py"
+    plugin.write_text(
+        "def mean_adv(rewards, num_generations, args):\n    return rewards - rewards.mean()\n"
+        "mean_adv.backends = ('trl',)\n"
+        "def trl_own(rewards, num_generations, args):\n    return rewards\n"
+        "trl_own.recomputed = False\n"
+        "def no_term(batch, args):\n    return None\n"
+    )
+    _config(advantage_estimator=f"{plugin}:mean_adv", policy_term=f"{plugin}:no_term")
+    with pytest.raises(ConfigError, match=r"supports backend in \('trl',\), got backend='unsloth'"):
+        _config(advantage_estimator=f"{plugin}:mean_adv", backend="unsloth")
+    with pytest.raises(ConfigError, match=r"my_baselines.py:mean_adv with sage_kl_placement=reward"):
+        _config(advantage_estimator=f"{plugin}:mean_adv", sage_kl_placement="reward", sage_guide="branch")
+    _config(advantage_estimator=f"{plugin}:trl_own", sage_kl_placement="reward", sage_guide="branch")
+    with pytest.raises(ConfigError, match=r"policy_term='.*:no_term' needs TRL's loss"):
+        _config(policy_term=f"{plugin}:no_term", backend="unsloth")
+    with pytest.raises(
+        ConfigError, match=r"module 'sage_unsloth.rlvr.policy_terms' has no 'clipcov'.*'clip_cov'"
+    ):
+        _config(policy_term="sage_unsloth.rlvr.policy_terms:clipcov")

@@ -3,8 +3,10 @@ Training's analytic advantage (Chen et al., arXiv 2508.10751).
 
 An estimator maps the rollout's summed rewards (N,) -- ordered group by group, every process's rows -- to
 one advantage per completion. ``advantage_estimator: grpo`` leaves TRL's own advantage in place (TRL computed
-exactly :func:`sage_unsloth.compat.group_advantages`); any other name, or ``package.module:function`` with
-the signature ``fn(rewards, num_generations, args) -> advantages``, replaces it after TRL's rollout.
+exactly :func:`sage_unsloth.compat.group_advantages`); any other name, or ``package.module:function`` /
+``path/to/file.py:function`` with the signature ``fn(rewards, num_generations, args) -> advantages``, replaces
+it after TRL's rollout. Estimators are entries of :data:`ADVANTAGE_ESTIMATORS`, a
+:class:`sage_unsloth.registry.Registry` like the guides; their settings stay flat config fields (``passk_k``).
 
 Pass@k Training rewards a group's k-subsets by their best member and credits each response with the mean
 normalised reward of the subsets that contain it. Enumerating the C(N, k) subsets is not needed: sorted
@@ -18,13 +20,11 @@ its maximum), which the kit's tiny tests use.
 
 from __future__ import annotations
 
-import importlib
 import math
-from collections.abc import Callable
 
 import torch
 
-from sage_unsloth.config_args import ConfigError, suggestion
+from sage_unsloth.registry import Registry
 
 # A group whose k-subset rewards all agree has no signal: advantage 0 (as GRPO's for a flat group).
 _FLAT = 1e-8
@@ -61,34 +61,22 @@ def passk_group_advantages(rewards: torch.Tensor, num_generations: int, k: int) 
     return advantages.view(-1).to(rewards.dtype)
 
 
+# ``recomputed``: False for the estimator TRL already computed (the trainer leaves TRL's advantage alone);
+# an import-path estimator says so with ``fn.recomputed = False`` (default True: it replaces TRL's).
+ADVANTAGE_ESTIMATORS = Registry(
+    "advantage estimator",
+    field="advantage_estimator",
+    meta={"backends": ("trl", "unsloth"), "recomputed": True},
+)
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo", recomputed=False)
 def _grpo(rewards, num_generations, args):
     from sage_unsloth.compat import group_advantages
 
     return group_advantages(rewards, num_generations, args.scale_rewards)
 
 
+@ADVANTAGE_ESTIMATORS.register("passk")
 def _passk(rewards, num_generations, args):
     return passk_group_advantages(rewards, num_generations, args.passk_k)
-
-
-# name -> estimator; "grpo" is TRL's own and is never recomputed (trainer: recompute only for the others).
-ADVANTAGE_ESTIMATORS: dict[str, Callable] = {"grpo": _grpo, "passk": _passk}
-
-
-def resolve(name: str, registry: dict[str, Callable], field: str) -> Callable:
-    """A registered name, or ``package.module:function``; a bad one is a ConfigError naming ``field``."""
-    if name in registry:
-        return registry[name]
-    if ":" not in name:
-        raise ConfigError(
-            f"{field}={name!r} is unknown{suggestion(name, registry)} (use one of {', '.join(registry)} "
-            "or package.module:function)"
-        )
-    module_name, _, attr = name.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{field}={name!r} cannot be imported ({exc}): fix the module path") from None
-    if not callable(fn):
-        raise ConfigError(f"{field}={name!r} is not a function: name a callable")
-    return fn

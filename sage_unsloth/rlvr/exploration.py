@@ -10,8 +10,8 @@ Which combinations compose: every SAGE guide composes with all of them (q reshap
 baselines reshape the advantage / the policy term or move the anchor). Refused in one line: a policy term
 under Unsloth (its compiled loss has no additive slot and no per-token advantage input), Pass@k with
 ``sage_kl_placement: reward`` (that placement recomputes GRPO's group advantage from the shaped reward, which
-would silently replace Pass@k's), a policy term with a loss type other than the four token-level ones,
-KL-Cov where every batch is used once (pi_old == pi, its penalty and gradient are 0), a reference reset
+would silently replace Pass@k's, or any other estimator's that replaces TRL's), a policy term with a loss type
+other than the four token-level ones, KL-Cov where every batch is used once (pi_old == pi, its penalty and gradient are 0), a reference reset
 without a KL anchor (beta 0).
 """
 
@@ -23,7 +23,7 @@ import torch
 
 from sage_unsloth import compat
 from sage_unsloth.config_args import ConfigError
-from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS, resolve
+from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
 from sage_unsloth.rlvr.policy_terms import POLICY_TERMS, TokenBatch
 
 TOKEN_LEVEL_LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
@@ -40,8 +40,8 @@ class ExplorationArgs:
     advantage_estimator: str = field(
         default="grpo",
         metadata=_help(
-            f"Sequence advantage: one of {tuple(ADVANTAGE_ESTIMATORS)} (passk: Pass@k Training, arXiv 2508.10751) "
-            "or package.module:function(rewards, num_generations, args)."
+            f"Sequence advantage: one of {ADVANTAGE_ESTIMATORS.names()} (passk: Pass@k Training, arXiv "
+            "2508.10751), package.module:function or file.py:function (rewards, num_generations, args)."
         ),
     )
     passk_k: int = field(
@@ -50,7 +50,8 @@ class ExplorationArgs:
     policy_term: str = field(
         default="none",
         metadata=_help(
-            f"Per-token policy term (TRL backend): none, one of {tuple(POLICY_TERMS)} or package.module:function."
+            f"Per-token policy term (TRL backend): none, one of {POLICY_TERMS.names()}, package.module:function "
+            "or file.py:function (batch, args)."
         ),
     )
     entropy_adv_alpha: float = field(
@@ -75,22 +76,25 @@ class ExplorationArgs:
 
     def validate_exploration(self) -> None:
         """One-line ConfigErrors naming the field and the fix; called before any model loads."""
-        advantage = resolve(self.advantage_estimator, ADVANTAGE_ESTIMATORS, "advantage_estimator")
-        if self.policy_term != "none":
-            resolve(self.policy_term, POLICY_TERMS, "policy_term")
+        advantage = ADVANTAGE_ESTIMATORS.resolve(self.advantage_estimator)
+        if self.backend not in advantage.meta["backends"]:
+            raise ConfigError(
+                f"advantage_estimator={self.advantage_estimator!r} supports backend in "
+                f"{tuple(advantage.meta['backends'])}, got backend={self.backend!r}: change one of them"
+            )
+        term = POLICY_TERMS.resolve(self.policy_term) if self.policy_term != "none" else None
         generations = self.num_generations or 0
-        if advantage is ADVANTAGE_ESTIMATORS["passk"]:
-            if not 1 <= self.passk_k <= generations:
-                raise ConfigError(
-                    f"passk_k={self.passk_k} must be in [1, num_generations={generations}]: lower passk_k"
-                )
-            if self.sage_kl_placement == "reward":
-                raise ConfigError(
-                    "advantage_estimator=passk with sage_kl_placement=reward: that placement recomputes GRPO's "
-                    "advantage from the shaped reward; use sage_kl_placement=loss"
-                )
-        if self.policy_term != "none":
-            if self.backend == "unsloth":
+        if advantage.name == "passk" and not 1 <= self.passk_k <= generations:
+            raise ConfigError(
+                f"passk_k={self.passk_k} must be in [1, num_generations={generations}]: lower passk_k"
+            )
+        if advantage.meta["recomputed"] and self.sage_kl_placement == "reward":
+            raise ConfigError(
+                f"advantage_estimator={advantage.name} with sage_kl_placement=reward: that placement recomputes "
+                "GRPO's advantage from the shaped reward; use sage_kl_placement=loss"
+            )
+        if term is not None:
+            if self.backend not in term.meta["backends"]:
                 raise ConfigError(
                     f"policy_term={self.policy_term!r} needs TRL's loss (Unsloth's compiled loss has no slot for "
                     "it): set backend=trl"
@@ -131,14 +135,9 @@ class ExplorationMixin:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         cfg = self.args
-        self._advantage_fn = (
-            None
-            if cfg.advantage_estimator == "grpo"
-            else resolve(cfg.advantage_estimator, ADVANTAGE_ESTIMATORS, "advantage_estimator")
-        )
-        self._policy_term = (
-            None if cfg.policy_term == "none" else resolve(cfg.policy_term, POLICY_TERMS, "policy_term")
-        )
+        advantage = ADVANTAGE_ESTIMATORS.resolve(cfg.advantage_estimator)
+        self._advantage_fn = advantage.obj if advantage.meta["recomputed"] else None
+        self._policy_term = None if cfg.policy_term == "none" else POLICY_TERMS.resolve(cfg.policy_term).obj
         if self._policy_term is not None and compat.is_unsloth_patched(type(self)):
             raise ValueError(
                 f"policy_term={cfg.policy_term!r} needs TRL's loss, not Unsloth's: set backend=trl"

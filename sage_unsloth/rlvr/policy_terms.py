@@ -5,7 +5,10 @@ the rollout policy's, the entropies, the advantages broadcast to (B, T), the los
 replacement per-token advantages and/or an added per-token loss term (:class:`TermOutput`). The trainer
 (rlvr/exploration.py) feeds the advantages to TRL's own loss, which accepts (B, T) advantages, and aggregates
 the added term exactly as TRL aggregates its loss; nothing else of TRL's loss changes. TRL backend only:
-Unsloth's compiled loss has no slot for either.
+Unsloth's compiled loss has no slot for either, so every term declares ``backends=("trl",)``. Terms are entries
+of :data:`POLICY_TERMS` (a :class:`sage_unsloth.registry.Registry`, resolved like the guides: a name,
+``package.module:function`` or ``path/to/file.py:function`` with the signature ``fn(batch, args) ->
+TermOutput``); their settings stay flat config fields (``clip_cov_ratio``, ...).
 
 - ``entropy_adv`` (Cheng et al., arXiv 2506.14758): A_t + min(alpha * H_t.detach(), |A_t| / kappa). The
   bonus is detached (it shapes the advantage, it is not an entropy gradient) and clipped by |A|/kappa, so it
@@ -19,10 +22,14 @@ Unsloth's compiled loss has no slot for either.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from sage_unsloth.registry import Registry
+
+# An import-path term may declare ``fn.backends``; the default is TRL only (see above).
+POLICY_TERMS = Registry("policy term", field="policy_term", meta={"backends": ("trl",)})
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ def covariance(batch: TokenBatch) -> torch.Tensor:
     return (adv - adv[valid].mean()) * (logp - logp[valid].mean())
 
 
+@POLICY_TERMS.register("entropy_adv")
 def entropy_advantage(batch: TokenBatch, args) -> TermOutput:
     adv = batch.advantages
     bonus = torch.minimum(
@@ -65,6 +73,7 @@ def entropy_advantage(batch: TokenBatch, args) -> TermOutput:
     )
 
 
+@POLICY_TERMS.register("clip_cov")
 def clip_cov(batch: TokenBatch, args) -> TermOutput:
     valid = batch.mask.bool()
     adv = batch.advantages
@@ -85,6 +94,7 @@ def clip_cov(batch: TokenBatch, args) -> TermOutput:
     )
 
 
+@POLICY_TERMS.register("kl_cov")
 def kl_cov(batch: TokenBatch, args) -> TermOutput:
     valid = batch.mask.bool()
     cov = covariance(batch).masked_fill(~valid, float("-inf"))
@@ -102,11 +112,3 @@ def kl_cov(batch: TokenBatch, args) -> TermOutput:
             "kl_cov/penalty_mean": (penalty.detach()[selected].float().mean().item() if count else 0.0),
         },
     )
-
-
-# name -> term; the config resolves the name (or package.module:function) with advantages.resolve.
-POLICY_TERMS: dict[str, Callable[[TokenBatch, object], TermOutput]] = {
-    "entropy_adv": entropy_advantage,
-    "clip_cov": clip_cov,
-    "kl_cov": kl_cov,
-}
