@@ -23,8 +23,8 @@ import pandas as pd
 from ..manifest import atomic_write_text
 from . import compare
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
-from .data import EVAL_FILE
-from .strategies import LABELS, RARE, markdown_table
+from .data import EVAL_FILE, SPEC_FILE
+from .strategies import LABELS, markdown_table
 from .task import COMMON, GAP_ONES_SUMS, STRATEGIES, parse_problem, plan_needs_gap
 
 BENCHMARK = "demo"
@@ -45,6 +45,12 @@ def check_complete(lab: compare.LabRuns, runs: list[str]) -> None:
     for run in runs:
         if len(lab.n[run]) == 0 or (lab.n[run] <= 0).any():
             raise ValueError(f"{run}: a problem has no graded samples (per_problem.csv n = 0)")
+
+
+def mix_text(spec_file: Path) -> str:
+    """The SFT plan prior as written beside the data: 'left 74%, right 9%, ...'."""
+    mix = json.loads(spec_file.read_text())["spec"]["mix"]
+    return ", ".join(f"{name} {share:.1%}".replace(".0%", "%") for name, share in mix)
 
 
 def gap_flags(eval_file: Path, problems: list[str]) -> np.ndarray:
@@ -307,6 +313,7 @@ def render(
     seeds,
     settings,
     resamples,
+    mix,
 ) -> tuple[str, str]:
     """(markdown section, console summary)."""
     m = methods.set_index(["method", "k"])
@@ -451,7 +458,7 @@ def render(
         "### Plans per run (rules: sage_unsloth/demo/task.py, label_strategy)",
         "",
         (
-            f"{COMMON} is the common plan (70% of the SFT data), {', '.join(RARE)} the rare ones (10/10/5/5%); "
+            f"The SFT data use the plans at {mix}; "
             "accuracy is within the plan's completions; 'solved by rare plans' is the share of problems with at "
             "least one correct rare-plan completion."
         ),
@@ -634,6 +641,7 @@ def _main(args) -> int:
         seeds=seeds,
         settings=branch_settings(Path(args.branch_config)),
         resamples=args.resamples,
+        mix=mix_text(Path(args.work) / "data" / SPEC_FILE),
     )
     atomic_write_text(out / "summary.txt", console)
     report = results / "report.md"

@@ -149,6 +149,7 @@ QUICK = DemoBudget(
     rl_steps=2,
     eval_problems=6,
     eval_n=4,
+    methods=tuple(m.name for m in METHODS),  # the smoke run checks that every method runs
     data=DemoDataSpec(n_eval=6, n_rl=32, n_sft=200),
     bootstrap_resamples=200,
 )
