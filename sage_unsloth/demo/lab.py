@@ -227,6 +227,12 @@ def movement(support: pd.DataFrame, kmax: int, labels) -> str:
     )
 
 
+def in_lab_order(names, labels: dict[str, str]) -> list[str]:
+    """The distinct method names of ``names`` in the order of ``labels`` (SFT, then the runner's METHODS)."""
+    present = set(names)
+    return [m for m in labels if m in present] + sorted(present - set(labels))
+
+
 def _method_colours(methods: list[str]) -> dict[str, str]:
     return {method: f"C{i % 10}" for i, method in enumerate(methods)}
 
@@ -238,8 +244,7 @@ def plot_headline(
     against SFT at k = kmax (lost, gained and net share of the problems, net with its CI)."""
     from ..report import plots
 
-    present = set(methods["method"])
-    order = [m for m in labels if m in present] + sorted(present - set(labels))  # SFT, then the lab's order
+    order = in_lab_order(methods["method"], labels)
     colours = _method_colours(order)
     fig, axes = plots._figure((1300, 560), ncols=2)
     ax = axes[0, 0]
@@ -350,7 +355,7 @@ def render(
         "|---|---|---|---|---|---|---|",
     ]
     plan_rows = plans.set_index(["method", "strategy"])
-    for method in dict.fromkeys(methods["method"]):
+    for method in in_lab_order(methods["method"], labels):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         rare = plan_rows.loc[(method, "rare")]
         method_runs = runs[runs["method"] == method]
@@ -391,12 +396,14 @@ def render(
             "| method | solved by SFT | solved by method | preserved | shrunk (lost) | expanded (gained) | net |",
             "|---|---|---|---|---|---|---|",
         ]
-        for _, r in support[support["k"] == kmax].iterrows():
+        at_kmax = support[support["k"] == kmax].set_index("method")
+        for method in in_lab_order(at_kmax.index, labels):
+            r = at_kmax.loc[method]
             cells = [
                 _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"], signed=n == "net")
                 for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded", "net")
             ]
-            lines.append(f"| {labels.get(r['method'], r['method'])} | " + " | ".join(cells) + " |")
+            lines.append(f"| {labels.get(method, method)} | " + " | ".join(cells) + " |")
         ks = sorted(support["k"].unique())
         lines += [
             "",
@@ -405,8 +412,8 @@ def render(
             "| method | " + " | ".join(f"k = {k}" for k in ks) + " |",
             "|---|" + "---|" * len(ks),
         ]
-        for method, frame in support.groupby("method", sort=False):
-            by_k = frame.set_index("k")
+        for method in in_lab_order(support["method"], labels):
+            by_k = support[support["method"] == method].set_index("k")
             cells = [
                 _fmt_ci(
                     by_k.loc[k, "net"], by_k.loc[k, "net_ci_low"], by_k.loc[k, "net_ci_high"], signed=True
@@ -429,7 +436,8 @@ def render(
             f"| method | problems | count | pass@1 | pass@{kmax} | pair-plan share | correct rare |",
             "|---|---|---|---|---|---|---|",
         ]
-        for _, r in gaps.iterrows():
+        ordered = pd.concat([gaps[gaps["method"] == m] for m in in_lab_order(gaps["method"], labels)])
+        for _, r in ordered.iterrows():
             cells = [
                 _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
                 for n in ("pass_at_1", f"pass_at_{kmax}", "pair_share", "correct_rare")
@@ -449,7 +457,7 @@ def render(
             "|---|---|" + "---|" * (len(LABELS) + 1),
         ]
         shares = plan_types.set_index(["method", "problems", "strategy"])["share"]
-        for method in dict.fromkeys(plan_types["method"]):
+        for method in in_lab_order(plan_types["method"], labels):
             for subset in subsets:
                 cells = [f"{shares.loc[(method, subset, name)]:.3f}" for name in [*LABELS, "rare"]]
                 lines.append(f"| {labels.get(method, method)} | {subset} | " + " | ".join(cells) + " |")
@@ -517,7 +525,7 @@ def render(
             diff = "" if pd.isna(r["diff"]) else f"{r['diff']:+.3f}"
             lines.append(f"| {r['run']} | {r['metric']} | {r['this_run']:.3f} | {theirs} | {diff} |")
     console = ["[demo] " + line for line in headline]
-    for method in dict.fromkeys(methods["method"]):
+    for method in in_lab_order(methods["method"], labels):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         console.append(
             f"[demo]   {labels.get(method, method):28s} pass@1 {one['pass_at_k']:.3f} "
