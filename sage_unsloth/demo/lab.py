@@ -290,9 +290,7 @@ def plot_headline(
     reach = max([abs(v) for v in ax.get_xlim()] + [0.01])
     ax.set_xlim(-reach, reach)
     ax.set_yticks(y, [labels.get(m, m) for m in rl], fontsize=8)
-    ax.set_xlabel(
-        f"share of problems at k = {kmax}: lost (left) / gained (right) vs SFT; diamond = net, 95% CI"
-    )
+    ax.set_xlabel("share of the problems: lost (left), gained (right); diamond: net with its 95% CI")
     ax.set_title(f"support movement against SFT at k = {kmax}")
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
