@@ -5,8 +5,9 @@ Steps (each a subprocess; stages 1-4 are the kit's own entry points with the con
 - ``model``: the random tiny Qwen2 (sage_unsloth.demo.model), pre-trained on worked problems and
   addition facts (sage_unsloth.demo.pretrain); ``data``: the SFT / RL / eval files (sage_unsloth.demo.data);
 - ``sft``: stage 1, LoRA SFT on the five plans at 74/9/5/3/9 (data.DEFAULT_MIX; ``--mix`` to change);
-- ``<method>_seed<s>``: stage 2 for every method of :data:`METHODS` and training seed, all from the same
-  SFT adapter with the same budget;
+- ``<method>_seed<s>``: stage 2 for every chosen method (``--methods``: :data:`DEFAULT_METHODS` by default,
+  ``all`` for every method of :data:`METHODS`) and training seed, all from the same SFT adapter with the
+  same budget;
 - ``eval_<run>``: stage 3 on the held-out demo problems, ``eval_n`` samples each (pass@k up to k = eval_n);
 - ``analysis``: plan frequencies per run and the branch point's entropy and q (sage_unsloth.demo.analysis);
 - ``report``: stage 4 (pass@k tables, paired differences, support against SFT, plots);
