@@ -105,3 +105,6 @@ def test_methods_select_runs_and_pairs_by_name():
     budget = DemoBudget(methods=select_methods("grpo_branch,grpo"), seeds=(0, 1))  # kept in METHODS order
     assert run_names(budget) == ["sft", "grpo_seed0", "grpo_seed1", "grpo_branch_seed0", "grpo_branch_seed1"]
     assert ("grpo_branch", "grpo") in lab_pairs(budget) and ("grpo_nokl", "grpo") not in lab_pairs(budget)
+    # a method PAIRS does not name (a new baseline) is compared with SFT and GRPO without another line
+    new = DemoBudget(methods=("grpo", "new"))
+    assert lab_pairs(new) == [("grpo", "sft"), ("new", "sft"), ("new", "grpo")]

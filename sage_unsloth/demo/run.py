@@ -166,9 +166,12 @@ def lab_methods(budget: DemoBudget) -> list[Method]:
 
 
 def lab_pairs(budget: DemoBudget) -> list[tuple[str, str]]:
-    """The PAIRS whose two sides both ran."""
+    """The PAIRS whose two sides both ran; a method PAIRS does not name (a newly added baseline) is compared
+    with SFT and with GRPO, so adding one takes no more than its line in METHODS."""
     ran = {SFT_RUN, *budget.methods}
-    return [(a, b) for a, b in PAIRS if a in ran and b in ran]
+    named = {a for a, _ in PAIRS}
+    extra = [(m, b) for m in budget.methods if m not in named for b in (SFT_RUN, "grpo") if b != m]
+    return [(a, b) for a, b in (*PAIRS, *extra) if a in ran and b in ran]
 
 
 def _rel(path: Path) -> str:
