@@ -60,14 +60,15 @@ test-quick: install
 
 # The whole recipe offline on CPU (sage_unsloth/demo): tiny model, synthetic task, 01 -> 02 -> 03 -> 04
 # into outputs/results/demo/ (work files in outputs/demo/), compared with the committed results/demo-reference/.
-# A rerun reuses the steps whose inputs did not change; DEMO_ARGS="--fresh" starts over, "--seeds 3" is the
-# full lab, "--quick" the CI smoke run (see README, "The offline demo").
+# A rerun reuses the steps whose inputs did not change; DEMO_ARGS="--fresh" starts over, "--seeds 3 --methods
+# all" is the full lab (the default: one seed of SFT, GRPO, no-KL and Branch), "--quick" the CI smoke run
+# (docs/lab.md).
 demo: install
 	$(BIN)/python -m sage_unsloth.demo $(DEMO_ARGS)
 
-# Regenerate the committed reference (the full lab, 3 seeds per method) from scratch.
+# Regenerate the committed reference (the full lab: every method, 3 seeds each) from scratch.
 demo-reference: install
-	$(BIN)/python -m sage_unsloth.demo --seeds 3 --fresh --reference "" \
+	$(BIN)/python -m sage_unsloth.demo --seeds 3 --methods all --fresh --reference "" \
 		--work-dir outputs/demo-reference --results-dir results/demo-reference
 
 lint: install

@@ -350,7 +350,9 @@ def test_bad_base_or_yaml_is_one_config_error(tmp_path, text, error):
 DEMO_METHOD_KEYS = {  # what each demo method file sets besides base: and variant
     "grpo": set(),
     "grpo_nokl": {"beta"},
+    "grpo_fkl": {"kl_estimator"},
     "grpo_branch": {"sage_guide", "sage_gamma", "sage_tau"},
+    "grpo_reward": {"sage_kl_placement"},
     "grpo_branch_reward": {"sage_kl_placement"},  # on top of grpo_branch.yaml
 }
 
@@ -365,7 +367,8 @@ def test_demo_methods_build_on_one_base_and_each_step_fingerprints_the_whole_cha
         own = {k for k in load_config_keys(demo / f"{name}.yaml")} - {"base", "variant"}
         assert own == keys, (name, own)
         assert config_files(demo / f"{name}.yaml")[-1] == demo / "_grpo_base.yaml"
-    steps = {s.name: s for s in build_steps(DemoBudget(), tmp_path / "w", tmp_path / "r", None)}
+    every = DemoBudget(methods=tuple(m.name for m in METHODS))
+    steps = {s.name: s for s in build_steps(every, tmp_path / "w", tmp_path / "r", None)}
     reward_run = next(s for name, s in steps.items() if name.startswith("grpo_branch_reward"))
     assert [p.name for p in reward_run.configs] == [
         "grpo_branch_reward.yaml",

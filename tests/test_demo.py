@@ -15,7 +15,7 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
     args = ["--quick", "--work-dir", str(work), "--results-dir", str(results), "--reference", ""]
     assert main(args) == 0
     runs = run_names(QUICK)
-    assert runs == ["sft", *[f"{m.name}_seed0" for m in METHODS]]
+    assert runs == ["sft", *[f"{m.name}_seed0" for m in METHODS]]  # the quick run has every method
 
     for run in runs:
         passk = list(csv.DictReader((results / MODEL_NAME / run / "passk.csv").open()))
@@ -52,6 +52,9 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
     assert {r["method"] for r in lab_methods} == {"sft", *(m.name for m in METHODS)}
     out = capsys.readouterr().out
     assert "q > 1 at" in out and "GRPO + Branch - GRPO" in out and "s CPU over all steps" in out
+    assert "Support against SFT at k = 4" in out and (results / "lab" / "headline.png").stat().st_size > 0
+    support = list(csv.DictReader((results / "lab" / "support.csv").open()))
+    assert {int(r["k"]) for r in support} == {1, 2, 4}  # support movement at every k of the lab
 
     timings = {r["step"]: r for r in csv.DictReader((results / "timings.csv").open())}
     assert set(timings) == {
@@ -82,3 +85,26 @@ def test_bad_budget_arguments_fail_in_one_line(capsys):
     for bad in (["--seeds", "0"], ["--rl-steps", "-1"]):
         assert main(["--quick", *bad]) == 2
         assert "at least 1" in capsys.readouterr().err
+    for bad, says in (
+        (["--methods", "grpo,nope"], "--methods: unknown ['nope']"),
+        (
+            ["--mix", "left=0.9,right=0.2,pairs=0,outer=0,middle=0"],
+            "mix: shares must be >= 0 and add up to 1",
+        ),
+        (["--mix", "left:1"], "--mix 'left:1': write plan=share pairs"),
+    ):
+        assert main(["--quick", *bad]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+
+
+def test_methods_select_runs_and_pairs_by_name():
+    from sage_unsloth.demo.run import DEFAULT_METHODS, DemoBudget, lab_pairs, select_methods
+
+    assert select_methods("default") == DEFAULT_METHODS and len(select_methods("all")) == len(METHODS)
+    budget = DemoBudget(methods=select_methods("grpo_branch,grpo"), seeds=(0, 1))  # kept in METHODS order
+    assert run_names(budget) == ["sft", "grpo_seed0", "grpo_seed1", "grpo_branch_seed0", "grpo_branch_seed1"]
+    assert ("grpo_branch", "grpo") in lab_pairs(budget) and ("grpo_nokl", "grpo") not in lab_pairs(budget)
+    # a method PAIRS does not name (a new baseline) is compared with SFT and GRPO without another line
+    new = DemoBudget(methods=("grpo", "new"))
+    assert lab_pairs(new) == [("grpo", "sft"), ("new", "sft"), ("new", "grpo")]

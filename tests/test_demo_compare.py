@@ -70,3 +70,25 @@ def test_method_table_averages_seeds_and_problems_at_each_k():
     support = C.support_method_table(runs, 4, resamples=300, seed=0, level=0.95).iloc[0]
     # grpo solves p0 in both seeds (SFT does not), p1 in seed 0 only (SFT does)
     assert (support["expanded"], support["shrunk"], support["preserved"]) == pytest.approx((0.5, 0.25, 0.25))
+
+
+def test_training_log_stats_average_the_first_token_q_over_training(tmp_path):
+    """The analysis reads TRL's logged dicts from an RL step's console log: means over the logged steps of
+    q at the first completion token and of the boosted shares, and the last logged q there."""
+    from sage_unsloth.demo.analysis import training_log_stats
+
+    log = tmp_path / "grpo_branch_seed0.log"
+    log.write_text(
+        "  3%|#  | 5/150 {'loss': '0.01', 'reward': '0.6', 'sage/frac_boosted': '0.04', "
+        "'sage/q_first_mean': '1.3', 'sage/first_boosted': '1', 'sage/later_boosted': '0.02'}\n"
+        "noise {'not': 'a log dict'}\n"
+        " 7%|##  | 10/150 {'loss': '-3.7e-09', 'reward': '0.9', 'sage/frac_boosted': '0.01', "
+        "'sage/q_first_mean': '1', 'sage/first_boosted': '0', 'sage/later_boosted': '0.004'}\n"
+    )
+    stats = training_log_stats(log)
+    assert stats["train_q_first_mean"] == pytest.approx(1.15) and stats["train_q_first_last"] == 1.0
+    assert stats["train_first_boosted_mean"] == pytest.approx(0.5)
+    assert stats["train_later_boosted_mean"] == pytest.approx(0.012)
+    assert stats["train_frac_boosted_mean"] == pytest.approx(0.025)
+    assert (stats["train_reward_first"], stats["train_reward_last"]) == (0.6, 0.9)
+    assert np.isnan(training_log_stats(tmp_path / "missing.log")["train_q_first_mean"])

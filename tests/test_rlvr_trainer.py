@@ -825,3 +825,31 @@ def test_canary_unsloth_patched_trainer_reads_the_shifted_reference(tiny_model_d
     is k3 of log 1.4 to 1e-4 (with the PrefixGrouper on, 0.106 instead of 0.0635). The in-loss branch q is
     tested in tests/test_unsloth_path.py."""
     run_forced_unsloth(CANARY, "canary.py", tiny_model_dir, tmp_path, timeout=600)
+
+
+def test_q_metrics_split_the_first_completion_token_from_the_later_ones():
+    """sage/q_first_mean, first_boosted and later_boosted (the demo's branch point is the first completion
+    token) on a hand-built q and mask, against values worked out by hand; no model needed."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from sage_unsloth.rlvr.trainer import SageTrainerMixin
+
+    class OneProcess:
+        def reduce(self, tensor, reduction):
+            return tensor
+
+        def gather(self, tensor):
+            return tensor
+
+    metrics = {"train": defaultdict(list)}
+    fake = SimpleNamespace(model=SimpleNamespace(training=True), accelerator=OneProcess(), _metrics=metrics)
+    q = torch.tensor([[1.4, 1.0, 1.2, 1.0], [1.0, 1.3, 1.0, 9.9], [9.9, 9.9, 9.9, 9.9], [1.2, 1.0, 1.0, 1.0]])
+    # the third completion is all padding (its q must not count), the second's last token too
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]])
+    SageTrainerMixin._sage_log_q_metrics(fake, q, mask)
+    log = metrics["train"]
+    assert log["sage/q_first_mean"] == [pytest.approx((1.4 + 1.0 + 1.2) / 3)]
+    assert log["sage/first_boosted"] == [pytest.approx(2 / 3)]  # 1.4 and 1.2 of the three first tokens
+    assert log["sage/later_boosted"] == [pytest.approx(2 / 6)]  # 1.2 and 1.3 of the six later tokens
+    assert log["sage/frac_boosted"] == [pytest.approx(4 / 9)]

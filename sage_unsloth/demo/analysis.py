@@ -59,6 +59,10 @@ BRANCH_COLUMNS = (
     "other_entropy_mean",
     "other_q_gt1_fraction",
     "train_frac_boosted_mean",
+    "train_q_first_mean",
+    "train_q_first_last",
+    "train_first_boosted_mean",
+    "train_later_boosted_mean",
     "train_reward_first",
     "train_reward_last",
 )
@@ -187,13 +191,23 @@ def other_token_stats(
 _LOGGED = re.compile(r"\{[^{}]*'reward'[^{}]*\}")
 
 
+# logged key -> the column of its mean over training
+TRAINING_Q_KEYS = {
+    "sage/frac_boosted": "train_frac_boosted_mean",
+    "sage/q_first_mean": "train_q_first_mean",
+    "sage/first_boosted": "train_first_boosted_mean",
+    "sage/later_boosted": "train_later_boosted_mean",
+}
+
+
 def training_log_stats(log_path: Path) -> dict:
-    """Mean sage/frac_boosted and the first / last logged reward of an RL step's log (TRL's log dicts)."""
-    out = {
-        "train_frac_boosted_mean": float("nan"),
-        "train_reward_first": float("nan"),
-        "train_reward_last": float("nan"),
-    }
+    """From an RL step's log (TRL's log dicts): the first / last logged reward and, for guided runs, the means
+    over training of sage/frac_boosted, of q at the first completion token (the demo's branch point; also its
+    last logged value) and of the shares of first and of later tokens with q > 1 (rlvr/trainer.py logs them)."""
+    out = {column: float("nan") for column in TRAINING_Q_KEYS.values()}
+    out.update(
+        train_q_first_last=float("nan"), train_reward_first=float("nan"), train_reward_last=float("nan")
+    )
     if not log_path.is_file():
         return out
     entries = []
@@ -201,11 +215,14 @@ def training_log_stats(log_path: Path) -> dict:
         values = dict(re.findall(r"'([\w/]+)': '?(-?[\d.]+(?:e-?\d+)?)'?", match.group(0)))
         entries.append({k: float(v) for k, v in values.items()})
     rewards = [e["reward"] for e in entries if "reward" in e]
-    boosted = [e["sage/frac_boosted"] for e in entries if "sage/frac_boosted" in e]
     if rewards:
         out.update(train_reward_first=rewards[0], train_reward_last=rewards[-1])
-    if boosted:
-        out["train_frac_boosted_mean"] = float(np.mean(boosted))
+    for key, column in TRAINING_Q_KEYS.items():
+        logged = [e[key] for e in entries if key in e]
+        if logged:
+            out[column] = float(np.mean(logged))
+            if key == "sage/q_first_mean":
+                out["train_q_first_last"] = logged[-1]
     return out
 
 

@@ -23,8 +23,8 @@ import pandas as pd
 from ..manifest import atomic_write_text
 from . import compare
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
-from .data import EVAL_FILE
-from .strategies import LABELS, RARE, markdown_table
+from .data import EVAL_FILE, SPEC_FILE
+from .strategies import LABELS, markdown_table
 from .task import COMMON, GAP_ONES_SUMS, STRATEGIES, parse_problem, plan_needs_gap
 
 BENCHMARK = "demo"
@@ -47,15 +47,28 @@ def check_complete(lab: compare.LabRuns, runs: list[str]) -> None:
             raise ValueError(f"{run}: a problem has no graded samples (per_problem.csv n = 0)")
 
 
+def mix_text(spec_file: Path) -> str:
+    """The SFT plan prior as written beside the data: 'left 74%, right 9%, ...'."""
+    mix = json.loads(spec_file.read_text())["spec"]["mix"]
+    return ", ".join(f"{name} {share:.1%}".replace(".0%", "%") for name, share in mix)
+
+
 def gap_flags(eval_file: Path, problems: list[str]) -> np.ndarray:
     """Per problem: does the common plan need an addition of the base model's gap (task.GAP_ONES_SUMS)?"""
     texts = {row["unique_id"]: row["problem"] for row in map(json.loads, eval_file.read_text().splitlines())}
     return np.array([plan_needs_gap(COMMON, parse_problem(texts[pid])) for pid in problems])
 
 
-def gap_table(lab: compare.LabRuns, gap: np.ndarray, correct_rare: dict[str, np.ndarray], kmax: int, **stats):
-    """Per method, on the problems where the common plan meets the gap and on the others: pass@1, pass@kmax
-    and the share of completions that are correct and follow a rare plan."""
+def gap_table(
+    lab: compare.LabRuns,
+    gap: np.ndarray,
+    correct_rare: dict[str, np.ndarray],
+    pair_share: dict[str, np.ndarray],
+    kmax: int,
+    **stats,
+):
+    """Per method, on the problems where the common plan meets the gap and on the others: pass@1, pass@kmax,
+    the share of completions that follow a pair plan and the share that are correct and follow a rare plan."""
     rows = []
     for method, runs in lab.methods.items():
         for subset, mask in (("gap", gap), ("no gap", ~gap)):
@@ -65,6 +78,7 @@ def gap_table(lab: compare.LabRuns, gap: np.ndarray, correct_rare: dict[str, np.
             values = {
                 "pass_at_1": np.stack([lab.passk(r, [1])[mask, 0] for r in runs]),
                 f"pass_at_{kmax}": np.stack([lab.passk(r, [kmax])[mask, 0] for r in runs]),
+                "pair_share": np.stack([pair_share[r][mask] for r in runs]),
                 "correct_rare": np.stack([correct_rare[r][mask] for r in runs]),
             }
             for name, array in values.items():
@@ -72,6 +86,28 @@ def gap_table(lab: compare.LabRuns, gap: np.ndarray, correct_rare: dict[str, np.
                 row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def plans_by_type(shares: dict[str, np.ndarray], gap: np.ndarray, **stats) -> pd.DataFrame:
+    """Plan shares per method on all problems, the gap problems and the others (CIs over seeds and problems)."""
+    frames = []
+    for subset, mask in (("all", np.ones_like(gap)), ("gap", gap), ("no gap", ~gap)):
+        if mask.any():
+            table = compare.strategy_method_table(
+                {run: value[mask] for run, value in shares.items()}, [*LABELS, "rare"], **stats
+            )
+            frames.append(table.assign(problems=subset))
+    return pd.concat(frames, ignore_index=True)
+
+
+def support_table(lab: compare.LabRuns, ks: list[int], **stats) -> pd.DataFrame:
+    """Support against SFT (preserved / shrunk / expanded / net) per method at every k of the lab."""
+    frames = [compare.support_method_table(lab, k, **stats) for k in ks]
+    return (
+        pd.concat([f for f in frames if not f.empty], ignore_index=True)
+        if any(not f.empty for f in frames)
+        else pd.DataFrame()
+    )
 
 
 def run_rows(
@@ -98,6 +134,9 @@ def run_rows(
                 "branch_q_gt1": b["branch_q_gt1_fraction"],
                 "other_q_gt1": b["other_q_gt1_fraction"],
                 "train_frac_boosted": b["train_frac_boosted_mean"],
+                "train_q_first": b.get("train_q_first_mean", math.nan),
+                "train_first_boosted": b.get("train_first_boosted_mean", math.nan),
+                "train_later_boosted": b.get("train_later_boosted_mean", math.nan),
             }
         )
     return pd.DataFrame(rows)
@@ -140,44 +179,120 @@ def plan_pair_table(lab: compare.LabRuns, shares: dict[str, np.ndarray], pairs, 
     return pd.DataFrame(rows)
 
 
-def verdict(pairs: pd.DataFrame, plan_pairs: pd.DataFrame, kmax: int, seeds: int) -> str:
-    """One plain sentence on GRPO + Branch against GRPO, read off the paired CIs."""
-    rows = pairs[(pairs["a"] == "grpo_branch") & (pairs["b"] == "grpo")]
+def _direction(low: float, high: float, more: str, less: str) -> str:
+    if low > 0:
+        return more
+    if high < 0:
+        return less
+    return "no difference this lab can detect (the CI includes 0)"
+
+
+def verdict(
+    pairs: pd.DataFrame, plan_pairs: pd.DataFrame, kmax: int, seeds: int, a: str, b: str, labels
+) -> str:
+    """One plain sentence on method A against method B (paired by seed), read off the paired CIs."""
+    name_a, name_b = labels.get(a, a), labels.get(b, b)
+    rows = pairs[(pairs["a"] == a) & (pairs["b"] == b)]
     if rows.empty:
-        return "GRPO + Branch against GRPO: not run."
-    plans = plan_pairs[(plan_pairs["a"] == "grpo_branch") & (plan_pairs["b"] == "grpo")]
+        return f"{name_a} - {name_b}: not run."
+    plans = plan_pairs[(plan_pairs["a"] == a) & (plan_pairs["b"] == b)]
     rows = pd.concat([rows, plans.assign(k=0)], ignore_index=True)
     parts = []
     for _, r in rows.iterrows():
         metric = "pair-plan share" if r["k"] == 0 else f"pass@{int(r['k'])}"
         what = f"{metric}: {_fmt_ci(r['diff'], r['ci_low'], r['ci_high'], signed=True)}"
-        if r["ci_low"] > 0:
-            parts.append(f"{what}, higher with Branch")
-        elif r["ci_high"] < 0:
-            parts.append(f"{what}, lower with Branch")
-        else:
-            parts.append(f"{what}, no difference this lab can detect (the CI includes 0)")
+        parts.append(
+            f"{what}, {_direction(r['ci_low'], r['ci_high'], f'higher with {name_a}', f'lower with {name_a}')}"
+        )
     scope = f"{seeds} seed{'s' if seeds > 1 else ''} x {int(rows['problems'].iloc[0])} problems"
-    return f"GRPO + Branch - GRPO ({scope}): " + "; ".join(parts) + "."
+    return f"{name_a} - {name_b} ({scope}): " + "; ".join(parts) + "."
 
 
-def plot_methods(methods: pd.DataFrame, labels: dict[str, str], path: Path) -> Path:
+def movement(support: pd.DataFrame, kmax: int, labels) -> str:
+    """One line: per method, the problems solved at k = kmax lost and gained against SFT, and the net."""
+    rows = support[support["k"] == kmax] if not support.empty else support
+    if rows.empty:
+        return "Support against SFT: no SFT run."
+    parts = []
+    for _, r in rows.iterrows():
+        net = _fmt_ci(r["net"], r["net_ci_low"], r["net_ci_high"], signed=True)
+        tag = "" if r["net_ci_low"] <= 0 <= r["net_ci_high"] else " *"
+        parts.append(
+            f"{labels.get(r['method'], r['method'])} {net}{tag} (lost {r['shrunk']:.3f}, gained {r['expanded']:.3f})"
+        )
+    return (
+        f"Support against SFT at k = {kmax} (net share of problems solved, * = CI excludes 0): "
+        + "; ".join(parts)
+        + "."
+    )
+
+
+def in_lab_order(names, labels: dict[str, str]) -> list[str]:
+    """The distinct method names of ``names`` in the order of ``labels`` (SFT, then the runner's METHODS)."""
+    present = set(names)
+    return [m for m in labels if m in present] + sorted(present - set(labels))
+
+
+def _method_colours(methods: list[str]) -> dict[str, str]:
+    return {method: f"C{i % 10}" for i, method in enumerate(methods)}
+
+
+def plot_headline(
+    methods: pd.DataFrame, support: pd.DataFrame, labels: dict[str, str], kmax: int, path: Path
+) -> Path:
+    """The lab in one figure: pass@k per method (seeds aggregated, CI bands) beside the support movement
+    against SFT at k = kmax (lost, gained and net share of the problems, net with its CI)."""
     from ..report import plots
 
-    fig, axes = plots._figure((900, 520))
+    order = in_lab_order(methods["method"], labels)
+    colours = _method_colours(order)
+    fig, axes = plots._figure((1300, 560), ncols=2)
     ax = axes[0, 0]
-    for i, (method, frame) in enumerate(methods.groupby("method", sort=False)):
-        frame = frame.sort_values("k")
+    for method in order:
+        frame = methods[methods["method"] == method].sort_values("k")
+        style = {"ls": "--", "lw": 2.2} if method == compare.REFERENCE_METHOD else {"lw": 1.6}
         ax.plot(
-            frame["k"], frame["pass_at_k"], marker="o", ms=3, color=f"C{i}", label=labels.get(method, method)
+            frame["k"],
+            frame["pass_at_k"],
+            marker="o",
+            ms=3,
+            color=colours[method],
+            label=labels.get(method, method),
+            **style,
         )
-        ax.fill_between(frame["k"], frame["ci_low"], frame["ci_high"], color=f"C{i}", alpha=0.15, lw=0)
+        ax.fill_between(
+            frame["k"], frame["ci_low"], frame["ci_high"], color=colours[method], alpha=0.12, lw=0
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (log2)")
     ax.set_ylabel("pass@k")
-    ax.set_title("Demo lab: pass@k per method (bands: CI over seeds and problems)")
+    ax.set_title("pass@k per method (bands: 95% CI over seeds and problems)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
+    ax = axes[0, 1]
+    rows = support[support["k"] == kmax].set_index("method") if not support.empty else pd.DataFrame()
+    rl = [m for m in order if m in rows.index]
+    y = np.arange(len(rl))[::-1]
+    for yi, method in zip(y, rl):
+        r = rows.loc[method]
+        ax.barh(yi, -r["shrunk"], color=colours[method], alpha=0.35, height=0.6)
+        ax.barh(yi, r["expanded"], color=colours[method], alpha=0.75, height=0.6)
+        ax.errorbar(
+            r["net"],
+            yi,
+            xerr=[[r["net"] - r["net_ci_low"]], [r["net_ci_high"] - r["net"]]],
+            fmt="D",
+            color="black",
+            ms=5,
+            capsize=3,
+        )
+    ax.axvline(0, color="grey", lw=1)
+    reach = max([abs(v) for v in ax.get_xlim()] + [0.01])
+    ax.set_xlim(-reach, reach)
+    ax.set_yticks(y, [labels.get(m, m) for m in rl], fontsize=8)
+    ax.set_xlabel("share of the problems: lost (left), gained (right); diamond: net with its 95% CI")
+    ax.set_title(f"support movement against SFT at k = {kmax}")
+    ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     return plots._save(fig, path)
 
@@ -191,6 +306,8 @@ def render(
     plans,
     runs,
     gaps,
+    plan_types,
+    compared,
     strategy_rows,
     branch,
     reference,
@@ -199,6 +316,7 @@ def render(
     seeds,
     settings,
     resamples,
+    mix,
 ) -> tuple[str, str]:
     """(markdown section, console summary)."""
     m = methods.set_index(["method", "k"])
@@ -212,7 +330,8 @@ def render(
             f"{sft_branch['branch_q_gt1_fraction']:.1%} of the branch-point tokens (RL prompts) and at "
             f"{sft_branch['other_q_gt1_fraction']:.1%} of the other completion tokens."
         ),
-        verdict(pairs, plan_pairs, kmax, seeds),
+        movement(support, kmax, labels),
+        *(verdict(pairs, plan_pairs, kmax, seeds, a, b, labels) for a, b in compared),
     ]
     lines = [
         (
@@ -234,7 +353,7 @@ def render(
         "|---|---|---|---|---|---|---|",
     ]
     plan_rows = plans.set_index(["method", "strategy"])
-    for method in dict.fromkeys(methods["method"]):
+    for method in in_lab_order(methods["method"], labels):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         rare = plan_rows.loc[(method, "rare")]
         method_runs = runs[runs["method"] == method]
@@ -247,7 +366,7 @@ def render(
         )
     lines += [
         "",
-        "![pass@k per method](lab/passk_methods.png)",
+        "![pass@k per method and support movement against SFT](lab/headline.png)",
         "",
         "### Paired differences (A - B, runs paired by seed)",
         "",
@@ -266,15 +385,40 @@ def render(
             "",
             f"### Support against SFT at k = {kmax} (report/support.py, across seeds and problems)",
             "",
-            "| method | solved by SFT | solved by method | preserved | shrunk (lost) | expanded (gained) |",
-            "|---|---|---|---|---|---|",
+            (
+                "Shares of the problems: a problem counts as solved at k with probability pass@k (the unbiased "
+                "estimate), so 'shrunk' is SFT solves it and the method does not, 'expanded' the reverse, and "
+                "net = expanded - shrunk = the pass@k difference."
+            ),
+            "",
+            "| method | solved by SFT | solved by method | preserved | shrunk (lost) | expanded (gained) | net |",
+            "|---|---|---|---|---|---|---|",
         ]
-        for _, r in support.iterrows():
+        at_kmax = support[support["k"] == kmax].set_index("method")
+        for method in in_lab_order(at_kmax.index, labels):
+            r = at_kmax.loc[method]
             cells = [
-                _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
-                for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded")
+                _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"], signed=n == "net")
+                for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded", "net")
             ]
-            lines.append(f"| {labels.get(r['method'], r['method'])} | " + " | ".join(cells) + " |")
+            lines.append(f"| {labels.get(method, method)} | " + " | ".join(cells) + " |")
+        ks = sorted(support["k"].unique())
+        lines += [
+            "",
+            "Net support movement against SFT at every k (shrunk / expanded per k: lab/support.csv):",
+            "",
+            "| method | " + " | ".join(f"k = {k}" for k in ks) + " |",
+            "|---|" + "---|" * len(ks),
+        ]
+        for method in in_lab_order(support["method"], labels):
+            by_k = support[support["method"] == method].set_index("k")
+            cells = [
+                _fmt_ci(
+                    by_k.loc[k, "net"], by_k.loc[k, "net_ci_low"], by_k.loc[k, "net_ci_high"], signed=True
+                )
+                for k in ks
+            ]
+            lines.append(f"| {labels.get(method, method)} | " + " | ".join(cells) + " |")
     if not gaps.empty:
         lines += [
             "",
@@ -287,25 +431,40 @@ def render(
                 "share of the completions that are correct and follow a rare plan."
             ),
             "",
-            f"| method | problems | count | pass@1 | pass@{kmax} | correct rare |",
-            "|---|---|---|---|---|---|",
+            f"| method | problems | count | pass@1 | pass@{kmax} | pair-plan share | correct rare |",
+            "|---|---|---|---|---|---|---|",
         ]
-        for _, r in gaps.iterrows():
+        ordered = pd.concat([gaps[gaps["method"] == m] for m in in_lab_order(gaps["method"], labels)])
+        for _, r in ordered.iterrows():
             cells = [
                 _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
-                for n in ("pass_at_1", f"pass_at_{kmax}", "correct_rare")
+                for n in ("pass_at_1", f"pass_at_{kmax}", "pair_share", "correct_rare")
             ]
             lines.append(
                 f"| {labels.get(r['method'], r['method'])} | {r['problems']} | {int(r['n_problems'])} | "
                 + " | ".join(cells)
                 + " |"
             )
+    if not plan_types.empty:
+        subsets = list(dict.fromkeys(plan_types["problems"]))
+        lines += [
+            "",
+            "### Plan shares per method and problem type (seeds aggregated; lab/plans_by_type.csv has the CIs)",
+            "",
+            "| method | problems | " + " | ".join([*LABELS, "rare"]) + " |",
+            "|---|---|" + "---|" * (len(LABELS) + 1),
+        ]
+        shares = plan_types.set_index(["method", "problems", "strategy"])["share"]
+        for method in in_lab_order(plan_types["method"], labels):
+            for subset in subsets:
+                cells = [f"{shares.loc[(method, subset, name)]:.3f}" for name in [*LABELS, "rare"]]
+                lines.append(f"| {labels.get(method, method)} | {subset} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "### Plans per run (rules: sage_unsloth/demo/task.py, label_strategy)",
         "",
         (
-            f"{COMMON} is the common plan (70% of the SFT data), {', '.join(RARE)} the rare ones (10/10/5/5%); "
+            f"The SFT data use the plans at {mix}; "
             "accuracy is within the plan's completions; 'solved by rare plans' is the share of problems with at "
             "least one correct rare-plan completion."
         ),
@@ -319,20 +478,32 @@ def render(
         (
             "Per run's final policy on the RL prompts: mean entropy of the first completion token (the plan "
             "word), share of prompts where the branch guide's q > 1, the policy's probability of each plan "
-            "there; q > 1 at the other completion tokens; mean sage/frac_boosted during training (Branch runs)."
+            "there; q > 1 at the other completion tokens. During training (guided runs, from the training log, "
+            "means over the logged steps): sage/frac_boosted (all completion tokens), the mean q at the first "
+            "completion token (the branch point) and the shares of first and of later tokens with q > 1."
         ),
         "",
         "| run | branch entropy | q > 1 (branch) | "
         + " | ".join(f"p({s})" for s in STRATEGIES)
-        + " | q > 1 (other tokens) | training frac_boosted |",
-        "|" + "---|" * (5 + len(STRATEGIES)),
+        + " | q > 1 (other tokens) | training: frac_boosted | q at branch | q > 1 branch | q > 1 other |",
+        "|" + "---|" * (8 + len(STRATEGIES)),
     ]
     for _, b in branch.iterrows():
-        boosted = "" if pd.isna(b["train_frac_boosted_mean"]) else f"{b['train_frac_boosted_mean']:.3f}"
+        trained = [
+            "" if pd.isna(b.get(c, math.nan)) else f"{b[c]:.3f}"
+            for c in (
+                "train_frac_boosted_mean",
+                "train_q_first_mean",
+                "train_first_boosted_mean",
+                "train_later_boosted_mean",
+            )
+        ]
         lines.append(
             f"| {b['run']} | {b['branch_entropy_mean']:.3f} | {b['branch_q_gt1_fraction']:.3f} | "
             + " | ".join(f"{b['p_' + s]:.3f}" for s in STRATEGIES)
-            + f" | {b['other_q_gt1_fraction']:.3f} | {boosted} |"
+            + f" | {b['other_q_gt1_fraction']:.3f} | "
+            + " | ".join(trained)
+            + " |"
         )
     if reference is not None and not reference.empty:
         lines += [
@@ -352,7 +523,7 @@ def render(
             diff = "" if pd.isna(r["diff"]) else f"{r['diff']:+.3f}"
             lines.append(f"| {r['run']} | {r['metric']} | {r['this_run']:.3f} | {theirs} | {diff} |")
     console = ["[demo] " + line for line in headline]
-    for method in dict.fromkeys(methods["method"]):
+    for method in in_lab_order(methods["method"], labels):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         console.append(
             f"[demo]   {labels.get(method, method):28s} pass@1 {one['pass_at_k']:.3f} "
@@ -406,6 +577,8 @@ def _main(args) -> int:
         if any((o < 0).any() for o in order.values()):
             raise ValueError("the analysis step labelled other problems than the eval step graded; rerun it")
         shares = {run: data[run][order[run]] for run in runs}
+        pair_columns = [[*LABELS, "rare"].index(name) for name in PAIR_PLANS]
+        pair_share = {run: shares[run][:, pair_columns].sum(axis=1) for run in runs}
         rare_column = [*LABELS, "rare"].index("rare")
         correct_rare = {run: data[f"{run}{CORRECT_SUFFIX}"][order[run], rare_column] for run in runs}
     gap = gap_flags(Path(args.work) / "data" / EVAL_FILE, lab.problems)
@@ -417,15 +590,25 @@ def _main(args) -> int:
 
     methods = compare.method_table(lab, ks, **stats)
     pair_frame = compare.pair_table(lab, pairs, sorted({1, kmax}), **stats)
-    support = compare.support_method_table(lab, kmax, **stats)
+    support = support_table(lab, ks, **stats)
     plans = compare.strategy_method_table(shares, [*LABELS, "rare"], **stats)
-    gaps = gap_table(lab, gap, correct_rare, kmax, **stats)
+    plan_types = plans_by_type(shares, gap, **stats)
+    gaps = gap_table(lab, gap, correct_rare, pair_share, kmax, **stats)
     plan_pairs = plan_pair_table(lab, shares, pairs, **stats)
     run_frame = run_rows(lab, runs, kmax, strategies, branch)
     for frame, what in ((methods, "pass@k"), (run_frame, "per-run")):
         # accuracies are undefined where a plan never occurs, frac_boosted outside Branch runs: not checked
         numeric = frame.select_dtypes("number").drop(
-            columns=["seed", "train_frac_boosted", "rare_accuracy", f"{COMMON}_accuracy"], errors="ignore"
+            columns=[
+                "seed",
+                "train_frac_boosted",
+                "train_q_first",
+                "train_first_boosted",
+                "train_later_boosted",
+                "rare_accuracy",
+                f"{COMMON}_accuracy",
+            ],
+            errors="ignore",
         )
         if frame.empty or numeric.isna().to_numpy().any():
             raise ValueError(f"the {what} table has empty or NaN values: a run produced no usable result")
@@ -439,11 +622,13 @@ def _main(args) -> int:
         ("plans", plans),
         ("runs", run_frame),
         ("gap", gaps),
+        ("plans_by_type", plan_types),
         ("reference", reference),
     ):
         if frame is not None:
             atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
-    plot_methods(methods, labels, out / "passk_methods.png")
+    plot_headline(methods, support, labels, kmax, out / "headline.png")
+    compared = [(a, b) for a, b in pairs if b != compare.REFERENCE_METHOD]
     markdown, console = render(
         methods=methods,
         pairs=pair_frame,
@@ -452,6 +637,8 @@ def _main(args) -> int:
         plans=plans,
         runs=run_frame,
         gaps=gaps,
+        plan_types=plan_types,
+        compared=compared,
         strategy_rows=strategies.to_dict("records"),
         branch=branch,
         reference=reference,
@@ -460,6 +647,7 @@ def _main(args) -> int:
         seeds=seeds,
         settings=branch_settings(Path(args.branch_config)),
         resamples=args.resamples,
+        mix=mix_text(Path(args.work) / "data" / SPEC_FILE),
     )
     atomic_write_text(out / "summary.txt", console)
     report = results / "report.md"

@@ -13,7 +13,7 @@ solution block, no system prompt); bare addition facts (``13+6=19``); and now an
 kit's format out of context (a marker, a solution block with a random number, a line of the system
 prompt). So the base model executes every plan equally well and has seen every token of the format, but
 has never closed the working out or answered: the SFT stage teaches that, and its data sets the
-70/10/10/5/5 prior over the plans. Worked problems come from the SFT pool only, never from the RL or
+prior over the plans (data.DEFAULT_MIX). Worked problems come from the SFT pool only, never from the RL or
 eval problems.
 """
 

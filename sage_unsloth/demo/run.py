@@ -4,9 +4,10 @@ Steps (each a subprocess; stages 1-4 are the kit's own entry points with the con
 
 - ``model``: the random tiny Qwen2 (sage_unsloth.demo.model), pre-trained on worked problems and
   addition facts (sage_unsloth.demo.pretrain); ``data``: the SFT / RL / eval files (sage_unsloth.demo.data);
-- ``sft``: stage 1, LoRA SFT on the five plans at 70/10/10/5/5;
-- ``<method>_seed<s>``: stage 2 for every method of :data:`METHODS` and training seed, all from the same
-  SFT adapter with the same budget;
+- ``sft``: stage 1, LoRA SFT on the five plans at 74/9/5/3/9 (data.DEFAULT_MIX; ``--mix`` to change);
+- ``<method>_seed<s>``: stage 2 for every chosen method (``--methods``: :data:`DEFAULT_METHODS` by default,
+  ``all`` for every method of :data:`METHODS`) and training seed, all from the same SFT adapter with the
+  same budget;
 - ``eval_<run>``: stage 3 on the held-out demo problems, ``eval_n`` samples each (pass@k up to k = eval_n);
 - ``analysis``: plan frequencies per run and the branch point's entropy and q (sage_unsloth.demo.analysis);
 - ``report``: stage 4 (pass@k tables, paired differences, support against SFT, plots);
@@ -49,27 +50,69 @@ class Method:
     """One RL method of the lab: a run folder name, its config in configs/demo/, a label for tables."""
 
     name: str
-    config: str
     label: str
 
+    @property
+    def config(self) -> str:
+        return f"{self.name}.yaml"
 
-# Adding a method = one config in configs/demo/ and one line here.
+
+# Adding a method = one config in configs/demo/<name>.yaml and one line here (then `--methods all` or
+# `--methods a,b` runs it).
 METHODS = (
-    Method("grpo", "grpo.yaml", "GRPO"),
-    Method("grpo_nokl", "grpo_nokl.yaml", "GRPO, no KL"),
-    Method("grpo_branch", "grpo_branch.yaml", "GRPO + Branch"),
-    Method("grpo_branch_reward", "grpo_branch_reward.yaml", "GRPO + Branch, pseudo-KL in the reward"),
+    Method("grpo", "GRPO"),
+    Method("grpo_nokl", "GRPO, no KL"),
+    Method("grpo_fkl", "GRPO, forward KL"),
+    Method("grpo_branch", "GRPO + Branch"),
+    Method("grpo_reward", "GRPO, KL in the reward"),
+    Method("grpo_branch_reward", "GRPO + Branch, KL in the reward"),
 )
-# A - B pairs of the comparison (per seed); "sft" is the one SFT model every RL run starts from.
+METHOD_BY_NAME = {m.name: m for m in METHODS}
+# The default `make demo` (one seed; under 10 minutes on an idle 2-core machine); the full lab runs them all.
+DEFAULT_METHODS = ("grpo", "grpo_nokl", "grpo_branch")
+# A - B pairs of the comparison (per seed); "sft" is the one SFT model every RL run starts from. A pair is
+# reported when both of its methods ran.
 PAIRS = (
-    ("grpo_branch", "grpo"),
     ("grpo", "sft"),
-    ("grpo_branch", "sft"),
     ("grpo_nokl", "sft"),
+    ("grpo_fkl", "sft"),
+    ("grpo_branch", "sft"),
+    ("grpo_reward", "sft"),
+    ("grpo_branch_reward", "sft"),
+    ("grpo_branch", "grpo"),
     ("grpo_nokl", "grpo"),
+    ("grpo_fkl", "grpo"),
+    ("grpo_reward", "grpo"),
     ("grpo_branch_reward", "grpo_branch"),
-    ("grpo_branch_reward", "grpo"),
+    ("grpo_branch_reward", "grpo_reward"),
 )
+
+
+def select_methods(spec: str) -> tuple[str, ...]:
+    """``--methods``: 'all', 'default', or names from METHODS separated by commas (in METHODS order)."""
+    if spec == "all":
+        return tuple(m.name for m in METHODS)
+    if spec == "default":
+        return DEFAULT_METHODS
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METHOD_BY_NAME]
+    if unknown or not names:
+        raise ValueError(
+            f"--methods: unknown {unknown or spec!r}; use 'all', 'default' or names from "
+            f"{', '.join(METHOD_BY_NAME)} (a new one: configs/demo/<name>.yaml and a line in run.METHODS)"
+        )
+    return tuple(m.name for m in METHODS if m.name in names)
+
+
+def parse_mix(spec: str) -> tuple[tuple[str, float], ...]:
+    """``--mix left=0.8,right=0.08,...``: the SFT plan prior (DemoDataSpec checks the names and the sum)."""
+    try:
+        pairs = [item.split("=") for item in spec.split(",")]
+        return tuple((name.strip(), float(share)) for name, share in pairs)
+    except ValueError:
+        raise ValueError(
+            f"--mix {spec!r}: write plan=share pairs separated by commas, e.g. left=0.8,..."
+        ) from None
 
 
 # The demo code each step runs (its fingerprint hashes these and the kit's top-level modules): editing the
@@ -95,6 +138,7 @@ class DemoBudget:
     eval_problems: int = 100
     eval_n: int = 64  # samples per problem = largest k
     seeds: tuple[int, ...] = (0,)  # RL training seeds
+    methods: tuple[str, ...] = DEFAULT_METHODS  # RL methods (names from METHODS)
     data: DemoDataSpec = field(default_factory=DemoDataSpec)
     bootstrap_resamples: int = 2000
 
@@ -106,6 +150,7 @@ QUICK = DemoBudget(
     rl_steps=2,
     eval_problems=6,
     eval_n=4,
+    methods=tuple(m.name for m in METHODS),  # the smoke run checks that every method runs
     data=DemoDataSpec(n_eval=6, n_rl=32, n_sft=200),
     bootstrap_resamples=200,
 )
@@ -113,7 +158,20 @@ QUICK = DemoBudget(
 
 def run_names(budget: DemoBudget) -> list[str]:
     """Every evaluated run: sft, then each method at each seed."""
-    return [SFT_RUN] + [f"{m.name}_seed{s}" for m in METHODS for s in budget.seeds]
+    return [SFT_RUN] + [f"{m}_seed{s}" for m in budget.methods for s in budget.seeds]
+
+
+def lab_methods(budget: DemoBudget) -> list[Method]:
+    return [METHOD_BY_NAME[name] for name in budget.methods]
+
+
+def lab_pairs(budget: DemoBudget) -> list[tuple[str, str]]:
+    """The PAIRS whose two sides both ran; a method PAIRS does not name (a newly added baseline) is compared
+    with SFT and with GRPO, so adding one takes no more than its line in METHODS."""
+    ran = {SFT_RUN, *budget.methods}
+    named = {a for a, _ in PAIRS}
+    extra = [(m, b) for m in budget.methods if m not in named for b in (SFT_RUN, "grpo") if b != m]
+    return [(a, b) for a, b in (*PAIRS, *extra) if a in ran and b in ran]
 
 
 def _rel(path: Path) -> str:
@@ -194,7 +252,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
             label=f"stage 1, {budget.sft_steps} steps",
         ),
     ]
-    for method in METHODS:
+    for method in lab_methods(budget):
         for seed in budget.seeds:
             run = f"{method.name}_seed{seed}"
             steps.append(
@@ -266,9 +324,8 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         )
     pairs = ",".join(
         f"{a}_seed{s}:{b if b == SFT_RUN else f'{b}_seed{s}'}"
-        for a, b in PAIRS
+        for a, b in lab_pairs(budget)
         for s in budget.seeds
-        if any(m.name == a for m in METHODS) and (b == SFT_RUN or any(m.name == b for m in METHODS))
     )
     steps += [
         Step(
@@ -318,9 +375,9 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         "sage_unsloth.demo.lab",
         *lab_inputs,
         "--methods",
-        json.dumps({m.name: m.label for m in METHODS}),
+        json.dumps({m.name: m.label for m in lab_methods(budget)}),
         "--pairs",
-        ",".join(f"{a}:{b}" for a, b in PAIRS),
+        ",".join(f"{a}:{b}" for a, b in lab_pairs(budget)),
         "--resamples",
         str(budget.bootstrap_resamples),
         "--branch-config",
@@ -389,6 +446,14 @@ def parse_args(argv: list[str] | None):
         default=None,
         help="torch threads per step (default: idle cores shared among the running steps)",
     )
+    parser.add_argument(
+        "--methods",
+        default=None,
+        help=f"RL methods: 'all', 'default' ({','.join(DEFAULT_METHODS)}) or names separated by commas",
+    )
+    parser.add_argument(
+        "--mix", default=None, help="SFT plan prior, e.g. left=0.8,right=0.08,... (default the lab's)"
+    )
     for name in ("pretrain-steps", "sft-steps", "rl-steps", "eval-n"):
         parser.add_argument(f"--{name}", type=int, default=None, help="override the budget")
     return parser.parse_args(argv)
@@ -403,6 +468,10 @@ def budget_from_args(args) -> DemoBudget:
     }
     if args.seeds is not None:
         overrides["seeds"] = tuple(range(args.seeds))
+    if args.methods is not None:
+        overrides["methods"] = select_methods(args.methods)
+    if args.mix is not None:
+        overrides["data"] = replace(budget.data, mix=parse_mix(args.mix))
     budget = replace(budget, **overrides)
     if min(budget.pretrain_steps, budget.sft_steps, budget.rl_steps, budget.eval_n, len(budget.seeds)) < 1:
         raise ValueError("--pretrain-steps, --sft-steps, --rl-steps, --eval-n and --seeds must be at least 1")

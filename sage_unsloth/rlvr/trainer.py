@@ -411,6 +411,24 @@ class SageTrainerMixin:
         log["sage/frac_boosted"].append((totals[1] / n).item())
         log["sage/q_min"].append(q_min if totals[2] > 0 else 1.0)
         log["sage/q_max"].append(q_max if totals[2] > 0 else 1.0)
+        # The first completion token apart (a task whose first token is its plan, like the demo's, has its
+        # branch point there): mean q there, and the share of first and of later tokens with q > 1.
+        first = valid[:, 0]
+        later = valid.clone()
+        later[:, 0] = False
+        split = torch.stack(
+            [
+                q[:, 0][first].float().sum(),
+                (q[:, 0][first] > 1.0).float().sum(),
+                first.float().sum(),
+                (q[later] > 1.0).float().sum(),
+                later.float().sum(),
+            ]
+        )
+        split = self.accelerator.reduce(split, reduction="sum")
+        log["sage/q_first_mean"].append((split[0] / split[2].clamp(min=1.0)).item())
+        log["sage/first_boosted"].append((split[1] / split[2].clamp(min=1.0)).item())
+        log["sage/later_boosted"].append((split[3] / split[4].clamp(min=1.0)).item())
 
     def _shift_reference(self, output: dict, q: torch.Tensor) -> None:
         """ref_per_token_logps <- ref + log q, in whichever layout the scorer produced."""
