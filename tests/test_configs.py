@@ -354,6 +354,12 @@ DEMO_METHOD_KEYS = {  # what each demo method file sets besides base: and varian
     "grpo_branch": {"sage_guide", "sage_gamma", "sage_tau"},
     "grpo_reward": {"sage_kl_placement"},
     "grpo_branch_reward": {"sage_kl_placement"},  # on top of grpo_branch.yaml
+    "grpo_entropy_adv": {"policy_term"},
+    "grpo_high_entropy": {"top_entropy_quantile"},
+    "grpo_clip_cov": {"policy_term"},
+    "grpo_kl_cov": {"policy_term", "per_device_train_batch_size"},
+    "grpo_passk": {"advantage_estimator", "passk_k"},
+    "grpo_ref_reset": {"ref_reset_steps"},
 }
 
 

@@ -66,6 +66,22 @@ METHODS = (
     Method("grpo_branch", "GRPO + Branch"),
     Method("grpo_reward", "GRPO, KL in the reward"),
     Method("grpo_branch_reward", "GRPO + Branch, KL in the reward"),
+    # the exploration baselines (docs/methods.md), each against GRPO and SFT
+    Method("grpo_entropy_adv", "GRPO + entropy advantage"),
+    Method("grpo_high_entropy", "GRPO, top-20% entropy tokens"),
+    Method("grpo_clip_cov", "GRPO + Clip-Cov"),
+    Method("grpo_kl_cov", "GRPO + KL-Cov"),
+    Method("grpo_passk", "Pass@k Training"),
+    Method("grpo_ref_reset", "GRPO + reference reset"),
+)
+# the exploration baselines from the literature (`--methods baselines` runs them beside GRPO)
+BASELINES = (
+    "grpo_entropy_adv",
+    "grpo_high_entropy",
+    "grpo_clip_cov",
+    "grpo_kl_cov",
+    "grpo_passk",
+    "grpo_ref_reset",
 )
 METHOD_BY_NAME = {m.name: m for m in METHODS}
 # The default `make demo` (one seed; under 10 minutes on an idle 2-core machine); the full lab runs them all.
@@ -85,20 +101,25 @@ PAIRS = (
     ("grpo_reward", "grpo"),
     ("grpo_branch_reward", "grpo_branch"),
     ("grpo_branch_reward", "grpo_reward"),
+    *((name, "sft") for name in BASELINES),
+    *((name, "grpo") for name in BASELINES),
 )
 
 
 def select_methods(spec: str) -> tuple[str, ...]:
-    """``--methods``: 'all', 'default', or names from METHODS separated by commas (in METHODS order)."""
+    """``--methods``: 'all', 'default', 'baselines' (GRPO and the exploration baselines), or names from METHODS
+    separated by commas (in METHODS order)."""
     if spec == "all":
         return tuple(m.name for m in METHODS)
     if spec == "default":
         return DEFAULT_METHODS
+    if spec == "baselines":
+        return ("grpo", *BASELINES)
     names = [n.strip() for n in spec.split(",") if n.strip()]
     unknown = [n for n in names if n not in METHOD_BY_NAME]
     if unknown or not names:
         raise ValueError(
-            f"--methods: unknown {unknown or spec!r}; use 'all', 'default' or names from "
+            f"--methods: unknown {unknown or spec!r}; use 'all', 'default', 'baselines' or names from "
             f"{', '.join(METHOD_BY_NAME)} (a new one: configs/demo/<name>.yaml and a line in run.METHODS)"
         )
     return tuple(m.name for m in METHODS if m.name in names)
@@ -449,7 +470,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument(
         "--methods",
         default=None,
-        help=f"RL methods: 'all', 'default' ({','.join(DEFAULT_METHODS)}) or names separated by commas",
+        help=f"RL methods: 'all', 'default' ({','.join(DEFAULT_METHODS)}), 'baselines' or names separated by commas",
     )
     parser.add_argument(
         "--mix", default=None, help="SFT plan prior, e.g. left=0.8,right=0.08,... (default the lab's)"
