@@ -243,6 +243,21 @@ def aggregate_like_trl(
     )
 
 
+def aggregate_like_trainer(trainer, per_token, mask, inputs: dict):
+    """:func:`aggregate_like_trl` with the settings of ``trainer`` (a GRPOTrainer) and its current loss call."""
+    return aggregate_like_trl(
+        per_token,
+        mask,
+        loss_type=trainer.loss_type,
+        max_completion_length=trainer.max_completion_length,
+        num_items_in_batch=inputs.get("num_items_in_batch"),
+        num_processes=trainer.accelerator.num_processes,
+        accumulation_steps=trainer.current_gradient_accumulation_steps,
+        steps_per_generation=trainer.args.steps_per_generation,
+        training=trainer.model.training,
+    )
+
+
 def group_advantages(rewards, num_generations: int, scale_rewards: str):
     """TRL 1.15's group advantage (multi_objective_aggregation "sum_then_normalize") of per-completion rewards
     (N,) ordered group by group; NaN rewards (unscorable completions) get advantage 0."""

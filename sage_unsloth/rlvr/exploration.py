@@ -245,14 +245,4 @@ class ExplorationMixin:
         term = out.loss
         if self.use_vllm and getattr(self, "vllm_importance_sampling_correction", False):
             term = term * inputs["importance_sampling_ratio"]  # as TRL weighs its policy term
-        return compat.aggregate_like_trl(
-            term,
-            mask,
-            loss_type=self.loss_type,
-            max_completion_length=self.max_completion_length,
-            num_items_in_batch=inputs.get("num_items_in_batch"),
-            num_processes=self.accelerator.num_processes,
-            accumulation_steps=self.current_gradient_accumulation_steps,
-            steps_per_generation=self.args.steps_per_generation,
-            training=training,
-        )
+        return compat.aggregate_like_trainer(self, term, mask, inputs)

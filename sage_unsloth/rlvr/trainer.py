@@ -50,7 +50,6 @@ import torch
 
 from sage_unsloth import anchor, compat, guides
 from sage_unsloth.compat import (
-    aggregate_like_trl,
     group_advantages,
     install_cpu_logprob_fallback,
     is_unsloth_patched,
@@ -734,17 +733,7 @@ class SageTrainerMixin:
                 log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
             trl_term = trl_term * torch.exp(log_ratio)
         training = self.model.training
-        correction = self.beta * aggregate_like_trl(
-            wanted - trl_term,
-            mask,
-            loss_type=self.loss_type,
-            max_completion_length=self.max_completion_length,
-            num_items_in_batch=inputs.get("num_items_in_batch"),
-            num_processes=self.accelerator.num_processes,
-            accumulation_steps=self.current_gradient_accumulation_steps,
-            steps_per_generation=self.args.steps_per_generation,
-            training=training,
-        )
+        correction = self.beta * compat.aggregate_like_trainer(self, wanted - trl_term, mask, inputs)
         mode = "train" if training else "eval"
         kl_log = compat.metrics(self, mode)["kl"]
         if (
