@@ -512,7 +512,7 @@ def render(
             "",
             (
                 "Same run names; the numbers agree exactly only on the same CPU type, library versions and "
-                "budget (README: how they vary)."
+                "budget (docs/lab.md: how they vary)."
             ),
             "",
             "| run | metric | this run | reference | difference |",
