@@ -359,14 +359,12 @@ class SageTrainerMixin:
 
     def _sage_q_from(self, entry, guide, mask, step, output, stats, captured) -> torch.Tensor:
         """Run the guide on its Signals (no gradient) and let guides.finalise_q check, clip and mask its q."""
-        cfg = self.args
         extra = captured or {}
-        signals = guides.Signals(
-            mask=mask,
-            step=step,
-            max_steps=guides.default_max_steps(cfg.max_steps),
-            generator=self._sage_generator,
-            rank=self.accelerator.process_index,
+        return self._sage_run_guide(
+            entry,
+            guide,
+            mask,
+            step,
             layout="trl",
             entropies=_detached(stats.get("entropies")),
             logps=_detached(stats.get("logps")),
@@ -380,9 +378,23 @@ class SageTrainerMixin:
             completion_ids=output.get("completion_ids"),
             logits=stats.get("logits") or {},
         )
+
+    def _sage_run_guide(self, entry, guide, mask, step, *, layout: str, **signals) -> torch.Tensor:
+        """The guide on its Signals (the per-step fields filled here, the per-layout ones given), no gradient,
+        then guides.finalise_q's checks, clipping and masking: one path for the TRL and Unsloth layouts."""
+        cfg = self.args
+        bundle = guides.Signals(
+            mask=mask,
+            step=step,
+            max_steps=guides.default_max_steps(cfg.max_steps),
+            generator=self._sage_generator,
+            rank=self.accelerator.process_index,
+            layout=layout,
+            **signals,
+        )
         with torch.no_grad():
-            raw = guide(signals)
-        return guides.finalise_q(raw, signals, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+            raw = guide(bundle)
+        return guides.finalise_q(raw, bundle, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
 
     def _sage_log_q_metrics(self, q: torch.Tensor, mask: torch.Tensor) -> None:
         mode = "train" if self.model.training else "eval"

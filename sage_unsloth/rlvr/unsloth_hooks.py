@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from sage_unsloth import anchor, compat, guides
+from sage_unsloth import anchor, compat
 
 # Any value below 1 switches Unsloth's in-loss entropies on; the hook ignores the threshold it implies.
 ENTROPY_TAP_QUANTILE = 0.5
@@ -113,16 +113,4 @@ class InUnslothLossBranchQ:
         layout: its Signals carry ``entropies`` and ``mask`` in that layout (``layout='unsloth'``)."""
         entry, _, guide = self.sage_guide()
         step = self._sage_guide_step()
-        cfg = self.args
-        signals = guides.Signals(
-            mask=mask,
-            step=step,
-            max_steps=guides.default_max_steps(cfg.max_steps),
-            generator=self._sage_generator,
-            rank=self.accelerator.process_index,
-            layout="unsloth",
-            entropies=entropies.detach(),
-        )
-        with torch.no_grad():
-            raw = guide(signals)
-        return guides.finalise_q(raw, signals, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+        return self._sage_run_guide(entry, guide, mask, step, layout="unsloth", entropies=entropies.detach())
