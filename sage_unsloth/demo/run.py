@@ -66,6 +66,7 @@ METHODS = (
     Method("grpo_branch", "GRPO + Branch"),
     Method("grpo_reward", "GRPO, KL in the reward"),
     Method("grpo_branch_reward", "GRPO + Branch, KL in the reward"),
+    Method("grpo_ref_branch", "GRPO + Branch on the reference entropy"),
     # the exploration baselines (docs/methods.md), each against GRPO and SFT
     Method("grpo_entropy_adv", "GRPO + entropy advantage"),
     Method("grpo_high_entropy", "GRPO, top-20% entropy tokens"),
@@ -101,6 +102,9 @@ PAIRS = (
     ("grpo_reward", "grpo"),
     ("grpo_branch_reward", "grpo_branch"),
     ("grpo_branch_reward", "grpo_reward"),
+    ("grpo_ref_branch", "sft"),
+    ("grpo_ref_branch", "grpo"),
+    ("grpo_ref_branch", "grpo_branch"),  # the reference's entropy against the policy's
     *((name, "sft") for name in BASELINES),
     *((name, "grpo") for name in BASELINES),
 )
