@@ -74,6 +74,11 @@ METHODS = (
     Method("grpo_kl_cov", "GRPO + KL-Cov"),
     Method("grpo_passk", "Pass@k Training"),
     Method("grpo_ref_reset", "GRPO + reference reset"),
+    # the positive control: GRPO's anchor strength (beta 0: grpo_nokl, 0.05: grpo)
+    Method("grpo_beta0.2", "GRPO, beta 0.2"),
+    Method("grpo_beta0.5", "GRPO, beta 0.5"),
+    Method("grpo_beta1", "GRPO, beta 1"),
+    Method("grpo_beta2", "GRPO, beta 2"),
 )
 # the exploration baselines from the literature (`--methods baselines` runs them beside GRPO)
 BASELINES = (
