@@ -96,6 +96,7 @@ METHODS = (
     Method("grpo_reward", "GRPO, KL in the reward"),
     Method("grpo_branch_reward", "GRPO + Branch, KL in the reward"),
     Method("grpo_ref_branch", "GRPO + Branch on the reference entropy"),
+    Method("grpo_branch_paper", "GRPO + Branch, paper shape"),
     # the exploration baselines (docs/methods.md), each against GRPO and SFT
     Method("grpo_entropy_adv", "GRPO + entropy advantage"),
     Method("grpo_high_entropy", "GRPO, top-20% entropy tokens"),
