@@ -361,6 +361,9 @@ DEMO_METHOD_KEYS = {  # what each demo method file sets besides base: and varian
     "grpo_kl_cov": {"policy_term", "per_device_train_batch_size"},
     "grpo_passk": {"advantage_estimator", "passk_k"},
     "grpo_ref_reset": {"ref_reset_steps"},
+    "grpo_branch_paper": {"sage_guide", "sage_gamma", "sage_tau", "sage_q_min", "sage_q_max"},
+    # the positive control's beta sweep (docs/lab.md)
+    **{f"grpo_beta{b}": {"beta"} for b in ("0.2", "0.5", "1", "2")},
 }
 
 
