@@ -57,7 +57,7 @@ LITERAL_WRITES = (
     re.compile(r"""metrics\([^)]*\)\s*\[\s*["']([^"']+)["']\s*\]"""),
     re.compile(r"""\b(?:log|metrics|kl_log)\s*\[\s*["']([^"']+)["']\s*\]"""),
 )
-TERM_METRICS = re.compile(r"metrics\s*=\s*\{(.*?)\}", re.S)
+TERM_METRICS = re.compile(r"metrics\s*=\s*\{(.*?)\}", re.DOTALL)
 DICT_KEY = re.compile(r"""["']([^"']+)["']\s*:""")
 
 
@@ -137,7 +137,12 @@ def logged(sft_dir, dapo_sample, tmp_path_factory):
 def test_every_key_a_tiny_run_logs_through_the_kit_is_documented(logged):
     touched, _ = logged
     # every path fired: the q statistics, the reward placement, dynamic sampling, a policy term
-    assert {"sage/later_boosted", "sage/kl_in_reward", "dynamic_sampling/rounds", "kl_cov/penalty_mean"} <= touched
+    assert {
+        "sage/later_boosted",
+        "sage/kl_in_reward",
+        "dynamic_sampling/rounds",
+        "kl_cov/penalty_mean",
+    } <= touched
     missing = sorted(touched - documented_keys())
     assert not missing, f"document these in {DOC.relative_to(REPO)}'s metrics table: {missing}"
 
