@@ -41,6 +41,8 @@ METHOD_COLOURS: dict[str, str] = {
     "dapo_branch": "#ff9896",
     "dapo_full": "#c5b0d5",
     "dapo_full_branch": "#c49c94",
+    "grpo_branch_paper": "#fc8d62",
+    "grpo_ref_branch": "#1b9e77",
     "grpo_beta0.2": "#9c9ede",
     "grpo_beta0.5": "#6b6ecf",
     "grpo_beta1": "#5254a3",
