@@ -22,8 +22,11 @@ export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM := false
 
-# Unsloth's light runtime needs; its heavy GPU ones (xformers, triton, bitsandbytes, torchvision) are
-# skipped on CPU because PyPI's builds break against the CPU torch wheel.
+# Unsloth's light runtime needs; its heavy GPU ones (xformers, triton, bitsandbytes, torchvision, diffusers,
+# torchao, cut_cross_entropy) are skipped on CPU because PyPI's builds break against the CPU torch wheel.
+# Unsloth itself goes in last, with --no-deps: pip checks requirements only on installs that resolve
+# dependencies, so installing anything after it would print pip's "ERROR: pip's dependency resolver ..."
+# about those skipped packages (harmless, but alarming). A re-run takes Unsloth out first for the same reason.
 UNSLOTH_CPU_DEPS := tyro protobuf sentencepiece hf_transfer typer pydantic json5 nest-asyncio structlog \
 	click msgspec pillow regex einops psutil wheel
 
@@ -33,10 +36,11 @@ install: $(STAMP) $(EVAL_STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	if $(BIN)/pip show -q unsloth unsloth_zoo >/dev/null 2>&1; then $(BIN)/pip uninstall -q -y unsloth unsloth_zoo; fi
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev]"
-	$(BIN)/pip install -q --no-deps unsloth==2026.10.9 unsloth_zoo==2026.10.9
 	$(BIN)/pip install -q $(UNSLOTH_CPU_DEPS)
+	$(BIN)/pip install -q --no-deps unsloth==2026.10.9 unsloth_zoo==2026.10.9
 	rm -f $(VENV)/.sage-installed-*
 	touch $(STAMP)
 

@@ -67,7 +67,7 @@ def test_method_of_strips_seed_suffixes_only():
 
 
 @pytest.mark.parametrize("n", [5, 13, 20, 21, 30])
-def test_palette_never_repeats_a_colour(n):
+def test_palette_gives_unknown_names_distinct_colours(n):
     colours = grouping.palette(f"method_{i}" for i in range(n))
     rgb = {matplotlib.colors.to_hex(c) for c in colours.values()}
     assert len(colours) == n and len(rgb) == n

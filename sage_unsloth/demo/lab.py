@@ -236,7 +236,11 @@ def in_lab_order(names, labels: dict[str, str]) -> list[str]:
 
 
 def _method_colours(methods: list[str]) -> dict[str, str]:
-    return {method: f"C{i % 10}" for i, method in enumerate(methods)}
+    """Each method's colour from the kit's palette (sage_unsloth/report/palette.py): the same as in the report's
+    plots, whatever else the lab holds."""
+    from ..report import palette
+
+    return palette.colours(methods)
 
 
 def plot_headline(

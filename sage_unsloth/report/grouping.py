@@ -2,8 +2,8 @@
 
 A run folder named ``<method>_seed<N>`` (the demo), ``<method>_s<N>`` (a sweep) or ``<method>-seed<N>`` is
 seed N of ``<method>``; any other name is a method of its own. Colours come from one palette keyed by the
-method (the report builds it once over all its runs), so a method keeps its colour across every plot of a
-report, and no two of up to 20 methods share one.
+method (sage_unsloth/report/palette.py), so a method keeps its colour in every plot of every report and in
+the demo lab, whatever else is plotted.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 _SEED_SUFFIX = re.compile(r"^(?P<method>.+?)[_-](?:seed|s)(?P<seed>\d+)$")
-DISTINCT_COLOURS = 20
 
 
 def method_of(run: str) -> str:
@@ -23,41 +22,19 @@ def method_of(run: str) -> str:
     return match["method"] if match else run
 
 
-def palette(names) -> dict[str, tuple[float, ...]]:
-    """A colour per name, in sorted order: tab10's ten, then tab20's ten lighter shades of them, so up to 20
-    names get 20 different colours (the strong ones first); more names take evenly spaced hues."""
-    names = sorted(set(names))
-    if len(names) <= DISTINCT_COLOURS:
-        import matplotlib
+def palette(names) -> dict[str, str]:
+    """{name: its method's colour} from the kit's one palette (sage_unsloth/report/palette.py): the colour
+    depends on the method alone, never on which other names are plotted."""
+    from sage_unsloth.report import palette as _palette
 
-        tab20 = matplotlib.colormaps["tab20"].colors
-        ordered = [tab20[i] for i in range(0, 20, 2)] + [tab20[i] for i in range(1, 20, 2)]
-        return dict(zip(names, ordered))
-    import matplotlib
-
-    hues = matplotlib.colormaps["hsv"](np.linspace(0, 1, len(names), endpoint=False))
-    return {name: tuple(colour) for name, colour in zip(names, hues)}
+    return _palette.colours(names)
 
 
 def colours_for(labels, given: dict | None = None) -> dict:
-    """``given`` (the report's palette over all its methods) for the labels it has; a palette of their own
-    for any it lacks (a plot called on its own)."""
+    """``given`` (explicit colours, e.g. the report's) for the labels it has; the palette's for the rest."""
     given = dict(given or {})
-    missing = sorted(set(labels) - set(given))
-    if missing:
-        given.update(palette(missing) if not given else {m: c for m, c in zip(missing, _spare(given))})
+    given.update({label: c for label, c in palette(labels).items() if label not in given})
     return given
-
-
-def _spare(used: dict):
-    """Colours of the 20-colour palette that ``used`` does not hold, then evenly spaced hues."""
-    import matplotlib
-
-    taken = set(used.values())
-    for colour in palette([f"{i:02d}" for i in range(DISTINCT_COLOURS)]).values():
-        if colour not in taken:
-            yield colour
-    yield from (tuple(c) for c in matplotlib.colormaps["hsv"](np.linspace(0, 1, 64, endpoint=False)))
 
 
 def seed_band(frame: pd.DataFrame, x: str, y: str, run: str = "run") -> pd.DataFrame:

@@ -45,6 +45,20 @@ DEFAULT_METHOD_PAIRS = (
     ("GRPO + Branch", "Base"),
 )
 REPO_PAPER_DIR = Path(__file__).resolve().parents[2] / "results" / "paper"
+# results/paper/*.csv: every row has ``source`` (a public address) and ``primary``: True when the number was
+# traced to a primary source (the paper, or the authors' repository README, at the place ``citation`` names),
+# False when it was not (``note`` starts with "untraced:" and says why). The report marks the latter beside
+# the number.
+UNTRACED_MARK = "†"
+UNTRACED_LEGEND = (
+    f"{UNTRACED_MARK} = not traced to a primary source (a partial quote attributed to the paper; "
+    "results/paper/*.csv, column primary, says why)"
+)
+
+
+def paper_number(value: float, primary) -> str:
+    """A paper value for the report, with the untraced mark when it has no primary source."""
+    return f"{value:.3f}" + ("" if bool(primary) else f" {UNTRACED_MARK}")
 
 
 @dataclass(frozen=True)
@@ -129,7 +143,7 @@ def load_published(paper_dir: str | Path | None = None) -> tuple[pd.DataFrame, p
     patterns = (
         pd.read_csv(patterns_path)
         if patterns_path.is_file()
-        else pd.DataFrame(columns=["model", "method", "pattern", "value", "source", "primary"])
+        else pd.DataFrame(columns=["model", "method", "pattern", "value", "source", "citation", "primary"])
     )
     return passk, patterns
 

@@ -1,7 +1,8 @@
 r"""Reasoning-pattern tagger: documented regex rules applied to completions, frequency per run.
 
-The paper (Table 2) reports how often completions show Constraint Setup, Structural Reasoning and Proof
-by Contradiction, without saying how it labelled them. These rules are ours, so the absolute rates are
+The paper reports how often completions show Constraint Setup, Structural Reasoning and Proof by
+Contradiction (attributed to its Table 2; not traced to the paper's text here, see results/paper/), without
+saying how it labelled them. These rules are ours, so the absolute rates are
 not comparable with the paper's; differences between runs tagged by the same rules are. A completion
 has a pattern when ANY of its rules matches (case-insensitive, on the completion text). For speed the
 rules of a pattern are joined into one alternation and run on the lower-cased text (about 3 ms for a

@@ -1,5 +1,7 @@
 """pass@k curves (one PNG per dataset) and training curves (log_history.jsonl), at a fixed pixel size; one
-line per method, its seeds folded into a band, one colour per method (sage_unsloth/report/grouping.py).
+line per method, its seeds folded into a band, one colour per method from the kit's palette
+(sage_unsloth/report/palette.py: a method has the same colour in every plot, whatever else is plotted; with
+several models in one plot, a model's lines share a line style).
 
 Figures are saved without bbox_inches="tight" so the PNG is exactly width x height pixels.
 """
@@ -16,7 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sage_unsloth.report import grouping
+from sage_unsloth.report import grouping, palette
 
 DEFAULT_SIZE = (960, 600)
 DPI = 100
@@ -26,6 +28,11 @@ TRAINING_ROW_HEIGHT = 220
 def _figure(size: tuple[int, int], nrows: int = 1, ncols: int = 1):
     width, height = size
     return plt.subplots(nrows, ncols, figsize=(width / DPI, height / DPI), dpi=DPI, squeeze=False)
+
+
+def integer_ticks(axis) -> None:
+    """Ticks at whole numbers only (training steps): a 2-step run gets 1 and 2, not 1.25, 1.5, ..."""
+    axis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
 
 def _save(fig, path: Path) -> Path:
@@ -60,13 +67,16 @@ def passk_curves(
         frame = frame.assign(method=frame["run"].map(grouping.method_of))
         groups = frame.groupby(["model", "method"], sort=True)
         colours = grouping.colours_for((f"{m}/{method}" for m, method in groups.groups), colours)
+        styles = palette.model_linestyles(frame["model"])
         for (model, method), group in groups:
             label = f"{model}/{method}"
             colour = colours[label]
             runs = sorted(group["run"].unique())
             if len(runs) == 1:
                 line = group.sort_values("k")
-                ax.plot(line["k"], line["value"], marker="o", ms=3, color=colour, label=label)
+                ax.plot(
+                    line["k"], line["value"], marker="o", ms=3, color=colour, ls=styles[model], label=label
+                )
                 band = line.dropna(subset=["ci_low", "ci_high"])
                 low, high = band["ci_low"], band["ci_high"]
             else:
@@ -77,6 +87,7 @@ def passk_curves(
                     marker="o",
                     ms=3,
                     color=colour,
+                    ls=styles[model],
                     label=f"{label} ({len(runs)} seeds)",
                 )
                 low, high = band["low"], band["high"]
@@ -137,6 +148,7 @@ def training_curves(
         label = f"{model}/{grouping.method_of(run)}" if model else grouping.method_of(run)
         methods.setdefault(label, {})[name] = hist
     colours = grouping.colours_for(methods, colours)
+    styles = palette.model_linestyles(label.rpartition("/")[0] for label in methods)
     ncols = 2 if len(present) > 1 else 1
     nrows = int(np.ceil(len(present) / ncols))
     fig, axes = _figure((size[0], max(size[1], TRAINING_ROW_HEIGHT * nrows)), nrows, ncols)
@@ -150,7 +162,13 @@ def training_curves(
             marker = "." if len(band) < 30 else None  # a short run's few points stay visible
             seeds = f" ({len(frames)} seeds)" if len(frames) > 1 else ""
             ax.plot(
-                band["step"], band["mean"], color=colours[label], label=label + seeds, lw=1, marker=marker
+                band["step"],
+                band["mean"],
+                color=colours[label],
+                ls=styles[label.rpartition("/")[0]],
+                label=label + seeds,
+                lw=1,
+                marker=marker,
             )
             if len(frames) > 1:
                 ax.fill_between(
@@ -159,6 +177,7 @@ def training_curves(
             plotted += [band["low"], band["high"]]
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step")
+        integer_ticks(ax.xaxis)
         grouping.floor_at_zero(ax, pd.concat(plotted) if plotted else [])
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6)

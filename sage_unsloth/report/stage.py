@@ -16,7 +16,14 @@ from sage_unsloth.report import grouping, plots, support, tables, training
 from sage_unsloth.report import patterns as pat
 from sage_unsloth.report.config import ReportArguments, parse_args
 from sage_unsloth.report.loading import discover_runs
-from sage_unsloth.report.paper import kl_placement, load_mapping, load_published, map_run
+from sage_unsloth.report.paper import (
+    UNTRACED_LEGEND,
+    kl_placement,
+    load_mapping,
+    load_published,
+    map_run,
+    paper_number,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +71,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 def _paper_cell(row) -> str:
     if pd.isna(row["paper"]):
         return ""
-    return fmt(row["paper"]) + ("" if row["paper_primary"] else " †")
+    return paper_number(row["paper"], row["paper_primary"])
 
 
 def dataset_section(comparison: pd.DataFrame, dataset: str) -> str:
@@ -133,8 +140,9 @@ def render_markdown(
             f"Generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')} from `{args.results}`. "
             "Point values: the eval stage's passk.csv (unbiased pass@k). "
             f"CIs: {int(args.level * 100)}% percentile bootstrap over problems ({args.resamples} resamples, "
-            f"seed {args.seed}); avg_paper resamples within each set. Paper values from results/paper/ "
-            '(† = not from a primary source). Δ = run − paper. "missing" = the run did not report that dataset or k.'
+            f"seed {args.seed}); avg_paper resamples within each set. Paper values from results/paper/, each "
+            f"with its source ({UNTRACED_LEGEND}). "
+            'Δ = run − paper. "missing" = the run did not report that dataset or k.'
         ),
         "## Runs",
     ]
@@ -245,13 +253,17 @@ def render_markdown(
                     & (published_patterns["method"] == row.method)
                     & (published_patterns["model"] == row.model)
                 ]
-                paper_txt = f" (paper {paper['value'].iloc[0]:.3f})" if not paper.empty else ""
+                paper_txt = (
+                    f" (paper {paper_number(paper['value'].iloc[0], paper['primary'].iloc[0])})"
+                    if not paper.empty
+                    else ""
+                )
                 cells.append(fmt(r[name]) + paper_txt)
             rows.append(cells)
         parts.append(md_table(["run", "completions", *pat.PATTERNS], rows))
         parts.append(
-            "The paper's labelling method is unknown, so its Table 2 values (in parentheses) are context, "
-            "not a like-for-like target; compare runs with each other."
+            "The paper's values (in parentheses) are context, not a like-for-like target (its labelling method "
+            f"is unknown); compare runs with each other. {UNTRACED_LEGEND}."
         )
     return "\n\n".join(parts) + "\n"
 

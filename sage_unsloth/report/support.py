@@ -245,25 +245,35 @@ def plot_support(
     size: tuple[int, int] = (960, 600),
     colours: dict | None = None,
 ) -> dict[str, Path]:
-    """Per benchmark, one line or bar group per method (a method's seeds averaged, grouping.method_of):
-    the shares at the largest k (bars; error bars are the 95% CI of a single run, or the range over seeds),
-    and expanded and shrunk against k (one panel each, one line per method)."""
+    """Per benchmark, one line or bar group per method (a method's seeds averaged, grouping.method_of), in the
+    method's colour from the kit's palette: the shares at the largest k (bars; error bars are the 95% CI of a
+    single run, or the range over seeds), and expanded and shrunk against k (one panel each, one line per
+    method)."""
     import matplotlib.ticker
 
-    from sage_unsloth.report import grouping, plots
+    from sage_unsloth.report import grouping, palette, plots
 
     written = {}
     for dataset, frame in table.groupby("dataset", sort=True):
         frame = frame.assign(method=frame["model"] + "/" + frame["run"].map(grouping.method_of))
         colours = grouping.colours_for(frame["method"], colours)
+        styles = palette.model_linestyles(frame["model"])
         fig, axes = plots._figure(size, 1, 3)
-        _support_bars(axes[0, 0], headline_rows(frame), dataset)
+        _support_bars(axes[0, 0], headline_rows(frame), dataset, colours)
         for ax, name in ((axes[0, 1], "expanded"), (axes[0, 2], "shrunk")):
             for method, group in frame.groupby("method", sort=True):
                 band = grouping.seed_band(group, "k", name)
                 seeds = group["run"].nunique()
                 label = f"{method} ({seeds} seeds)" if seeds > 1 else method
-                ax.plot(band["k"], band["mean"], color=colours[method], marker="o", ms=3, label=label)
+                ax.plot(
+                    band["k"],
+                    band["mean"],
+                    color=colours[method],
+                    ls=styles[method.rpartition("/")[0]],
+                    marker="o",
+                    ms=3,
+                    label=label,
+                )
                 if seeds > 1:
                     ax.fill_between(band["k"], band["low"], band["high"], color=colours[method], alpha=0.15)
             ax.set_xscale("log", base=2)
@@ -279,15 +289,26 @@ def plot_support(
     return written
 
 
-def _support_bars(ax, top: pd.DataFrame, dataset: str) -> None:
-    """Preserved / shrunk / expanded at the largest k, one group of bars per method."""
+# How each share's bar is drawn, in its method's colour: preserved filled, shrunk and expanded hatched.
+BAR_STYLES = {
+    "preserved": {"fill": True, "hatch": None},
+    "shrunk": {"fill": False, "hatch": "///"},
+    "expanded": {"fill": False, "hatch": "xxx"},
+}
+BAR_WIDTH = 0.27
+
+
+def _support_bars(ax, top: pd.DataFrame, dataset: str, colours: dict) -> None:
+    """Preserved / shrunk / expanded at the largest k, one group of bars per method in the method's colour
+    (the share told apart by its fill). A bar of height 0 is drawn as a thick mark on the axis, so an empty
+    share reads as 0 rather than as a missing bar."""
+    from matplotlib.patches import Patch
+
     from sage_unsloth.report import grouping
 
     methods = sorted(top["method"].unique())
     x = np.arange(len(methods))
-    for offset, (name, colour) in zip(
-        (-0.27, 0.0, 0.27), (("preserved", "tab:blue"), ("shrunk", "tab:red"), ("expanded", "tab:green"))
-    ):
+    for offset, name in zip((-BAR_WIDTH, 0.0, BAR_WIDTH), BAR_STYLES):
         values, low, high = [], [], []
         for method in methods:
             group = top[top["method"] == method]
@@ -300,11 +321,47 @@ def _support_bars(ax, top: pd.DataFrame, dataset: str) -> None:
                 values.append(band["mean"].iloc[0])
                 low.append(band["low"].iloc[0])
                 high.append(band["high"].iloc[0])
-        values = np.asarray(values)
+        values = np.asarray(values, dtype=float)
         err = np.stack([values - np.asarray(low), np.asarray(high) - values])
-        ax.bar(x + offset, values, width=0.27, color=colour, label=name, yerr=err, capsize=2)
+        style = BAR_STYLES[name]
+        method_colours = [colours[m] for m in methods]
+        ax.bar(
+            x + offset,
+            values,
+            width=BAR_WIDTH,
+            color=method_colours if style["fill"] else "white",
+            edgecolor=method_colours,
+            hatch=style["hatch"],
+            lw=1.2,
+            label=f"_{name}",
+            yerr=err,
+            capsize=2,
+            ecolor="black",
+        )
+        zero = np.isclose(values, 0.0)
+        for xi, c in zip((x + offset)[zero], np.asarray(method_colours)[zero]):
+            ax.plot(
+                [xi - BAR_WIDTH * 0.45, xi + BAR_WIDTH * 0.45],
+                [0, 0],
+                color=c,
+                lw=3,
+                solid_capstyle="butt",
+                clip_on=False,
+                zorder=5,
+                label="_zero",
+            )
     ax.set_xticks(x, methods, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("share of problems")
     ax.set_title(f"{dataset}: at the largest k (vs {', '.join(sorted(set(top['reference'])))})", fontsize=9)
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7)
+    handles = [
+        Patch(
+            facecolor="grey" if style["fill"] else "white",
+            edgecolor="grey",
+            hatch=style["hatch"],
+            label=name,
+        )
+        for name, style in BAR_STYLES.items()
+    ]
+    handles.append(Patch(facecolor="none", edgecolor="none", label="thick mark on the axis: 0"))
+    ax.legend(handles=handles, fontsize=7)
