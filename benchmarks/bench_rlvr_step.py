@@ -12,7 +12,8 @@ Tiny random Qwen2 + LoRA on CPU, transformers generation inside the trainer. Bac
 Variants per backend (``--variants sage``, the default): ``plain`` (sage_guide none), ``branch`` (the default q
 source: in the loss, from the entropies of the loss's own forward, on both backends), ``branch-rollout``
 (sage_q_source rollout: q from the rollout policy, one extra no-grad pass; what the Unsloth backend did before q
-went into its loss).
+went into its loss), ``ref_branch`` (the branch formula on the reference's entropy, an extension beyond the paper:
+its entropies come from the reference pass the KL runs anyway, so 0 extra passes; TRL only, Unsloth refuses it).
 
 ``--variants exploration`` (TRL backend; docs/methods.md): ``plain`` against the exploration baselines,
 ``entropy_adv``, ``high_entropy`` (top_entropy_quantile 0.2), ``clip_cov``, ``kl_cov``, ``passk`` (k 4 of 8),
@@ -53,6 +54,7 @@ VARIANT_SETS = {
         "plain": {},
         "branch": {"sage_guide": "branch"},
         "branch-rollout": {"sage_guide": "branch", "sage_q_source": "rollout"},
+        "ref_branch": {"sage_guide": "ref_branch"},
     },
     "exploration": {
         "plain": {},
@@ -65,6 +67,8 @@ VARIANT_SETS = {
     },
 }
 RATIO_TARGETS = {"branch": " (target <= 1.02 for branch)"}
+# Variants a backend refuses before loading (guides.unsloth_cannot): reported as refused, not run.
+REFUSED = {"unsloth": {"ref_branch": "its reference scorer returns no entropies"}}
 # Sequence packing off too: Unsloth re-verifies its packed forward with one extra forward per row whenever a
 # batch is longer than any verified before, so that count follows each variant's rollout lengths, not SAGE.
 UNSLOTH_CPU_ENV = {
@@ -216,6 +220,7 @@ def measure(backend: str, args) -> dict:
             variants = {
                 label: build(model_dir, Path(tmp), label, overrides, args, unsloth)
                 for label, overrides in VARIANT_SETS[args.variants].items()
+                if label not in REFUSED.get(backend, {})
             }
             for step in range(args.steps + 1):
                 for trainer, times, forwards in variants.values():
@@ -264,6 +269,9 @@ def report(backend: str, rows: dict) -> list[str]:
             f"{backend:>7} {label} / plain step-time ratio: {wall:.3f} wall, {cpu:.3f} CPU"
             + RATIO_TARGETS.get(label, "")
         )
+    for label, why in REFUSED.get(backend, {}).items():
+        if label in VARIANT_SETS["sage"] and label not in rows:
+            lines.append(f"{backend:>7} {label}: refused before loading ({why}), not run")
     return lines
 
 

@@ -23,8 +23,8 @@ grpo_attributes         attributes GRPOTrainer.__init__ sets that the trainer   
 rollout_batch           the rollout batch keys (:data:`ROLLOUT_KEYS`), scorer     trl 1.15.0           test_rollout_batch_keys; test_rlvr_trainer.py
                         returns (logps, entropies, aux)                                                ::test_rollout_batch_keys_and_shapes
 old_logps_condition     when TRL scores ``old_per_token_logps`` in the rollout    trl 1.15.0           test_old_logps_condition;
-                        (:func:`trl_scores_old_logps`)                                                 test_rlvr_trainer.py::test_old_logp_pass_
-                                                                                                       reused_for_entropies
+                        (:func:`trl_scores_old_logps`), and that its reference                         test_rlvr_trainer.py::test_old_logp_pass_
+                        pass comes next (:func:`trl_reference_scoring_index`)                          reused_for_entropies; test_ref_branch.py
 trl_formulas            TRL's loss aggregation per loss_type and group            trl 1.15.0           test_trl_formulas_in_the_source;
                         advantage (:func:`aggregate_like_trl`,                                         test_rlvr_trainer.py / test_placement.py
                         :func:`group_advantages`), ``trl.trainer.utils.
@@ -196,6 +196,15 @@ def trl_scores_old_logps(trainer) -> bool:
     return trainer.args.gradient_accumulation_steps % generate_every != 0 or bool(
         trainer.use_vllm and getattr(trainer, "vllm_importance_sampling_correction", False)
     )
+
+
+def trl_reference_scoring_index(trainer) -> int | None:
+    """Which scoring call (``_get_per_token_logps_and_entropies``) of TRL 1.15's _generate_and_score_completions
+    scores the reference: the one after the old-logp pass when that runs, else the first; None when TRL scores
+    no reference (beta 0)."""
+    if trainer.beta == 0.0:
+        return None
+    return 1 if trl_scores_old_logps(trainer) else 0
 
 
 def metrics(trainer, mode: str):

@@ -8,6 +8,9 @@ declares the signals it reads, as registration metadata or an attribute ``guide.
 
 - ``entropies``, ``logps``: the policy's token entropy / log-prob of the sampled token (B, T);
 - ``ref_logps``, ``old_logps``: the reference's and (where TRL scored it) the sampling policy's log-prob;
+- ``ref_entropies``: the reference model's token entropy (B, T), from the reference pass the KL already runs
+  (TRL's, or the kit's own in the reward placement): no extra forward pass. A guide that reads it gets q at
+  rollout (the reference does not change within a rollout); Unsloth's trainer refuses it before loading;
 - ``prompt_ids``, ``completion_ids``: the token ids;
 - any name of :data:`LOGIT_SIGNALS` (``top2_margin``) or an import path of a logit signal function
   ``fn(log_probs (n, V), targets (n,)) -> (n,)``: computed from the full next-token distribution in the same
@@ -45,11 +48,14 @@ __all__ = [
 
 # Signals read from the policy / batch (beyond mask, step, generator, rank which every call gets).
 POLICY_SIGNALS = ("entropies", "logps")
-BATCH_SIGNALS = ("ref_logps", "old_logps", "prompt_ids", "completion_ids")
+BATCH_SIGNALS = ("ref_logps", "ref_entropies", "old_logps", "prompt_ids", "completion_ids")
+# Signals of the reference pass (scored where the KL scores its reference; q then comes at rollout).
+REFERENCE_SIGNALS = ("ref_logps", "ref_entropies")
 # Inside Unsloth's compiled loss the kit sees the entropies and the mask (the get_high_entropy_mask tap), nothing
 # else; at rollout its own no-grad pass gives entropies, logps and logit signals, and the ids in TRL's layout.
 UNSLOTH_IN_LOSS = ("entropies",)
 UNSLOTH_NEVER = ("ref_logps", "old_logps")  # stored in Unsloth's left-packed layout only
+UNSLOTH_NO_REF_ENTROPY = ("ref_entropies",)  # Unsloth's reference scorer returns no entropies
 
 GUIDES = Registry("guide", field="sage_guide", meta={"needs": (), "config_fields": None})
 LOGIT_SIGNALS = Registry("logit signal", field="sage_guide", meta={"uses_target": False})
@@ -74,6 +80,7 @@ class Signals:
     entropies: torch.Tensor | None = None
     logps: torch.Tensor | None = None
     ref_logps: torch.Tensor | None = None
+    ref_entropies: torch.Tensor | None = None
     old_logps: torch.Tensor | None = None
     prompt_ids: torch.Tensor | None = None
     completion_ids: torch.Tensor | None = None
@@ -115,14 +122,20 @@ def q_source(needs, *, requested: str, unsloth_patched: bool) -> str:
     A guide that reads no policy signal is drawn once per rollout. On TRL's trainer every signal exists in the
     loss; inside Unsloth's compiled loss only the entropies do."""
     reads_policy = any(n in POLICY_SIGNALS for n in needs) or bool(logit_signal_names(needs))
-    if not reads_policy or requested == "rollout":
-        return "rollout"
+    if not reads_policy or requested == "rollout" or "ref_entropies" in needs:
+        return "rollout"  # the reference's entropies exist only in the rollout's reference pass
     in_loss_ok = not unsloth_patched or set(needs) <= set(UNSLOTH_IN_LOSS)
     return "loss" if in_loss_ok else "rollout"
 
 
 def unsloth_cannot(needs, *, requested: str, guide: str) -> str | None:
     """Why Unsloth's patched trainer cannot run this guide (None: it can), one line with the fix."""
+    no_entropy = [n for n in needs if n in UNSLOTH_NO_REF_ENTROPY]
+    if no_entropy:
+        return (
+            f"sage_guide={guide!r} needs {', '.join(no_entropy)}, which Unsloth's reference scorer does not "
+            "compute (its packed reference pass returns log-probs only): set backend=trl"
+        )
     never = [n for n in needs if n in UNSLOTH_NEVER]
     if never:
         return (
@@ -212,6 +225,23 @@ def guide_branch(signals: Signals, *, gamma: float, tau: float, q_min: float, q_
     """q = 1 + gamma * relu(H - tau)."""
     return anchor.branch_guide(
         signals.entropies, signals.mask, gamma=gamma, tau=tau, q_min=q_min, q_max=q_max
+    )
+
+
+@GUIDES.register(
+    "ref_branch",
+    needs=("ref_entropies",),
+    config_fields={"gamma": "sage_gamma", "tau": "sage_tau", "q_min": "sage_q_min", "q_max": "sage_q_max"},
+)
+def guide_ref_branch(
+    signals: Signals, *, gamma: float, tau: float, q_min: float, q_max: float
+) -> torch.Tensor:
+    """q = 1 + gamma * relu(H_ref - tau), H_ref the reference (SFT anchor) model's token entropy: an extension
+    beyond the paper (docs/methods.md). The anchor's entropy does not fall as the policy sharpens, so the guide
+    keeps acting at the positions where the SFT model branched (the policy-entropy branch guide switches itself
+    off once the policy is confident there)."""
+    return anchor.branch_guide(
+        signals.ref_entropies, signals.mask, gamma=gamma, tau=tau, q_min=q_min, q_max=q_max
     )
 
 

@@ -212,6 +212,26 @@ def test_old_logps_condition(accumulation, per_generation, iterations, vllm, exp
     )
     assert compat.trl_scores_old_logps(trainer) is expected
 
+    for beta, index in ((0.0, None), (0.05, 1 if expected else 0)):
+        trainer.beta = beta
+        assert compat.trl_reference_scoring_index(trainer) == index
+
+
+def test_reference_pass_is_the_scoring_call_after_the_old_logps():
+    """compat.trl_reference_scoring_index: the rollout scores the policy's old logps (when it does) and then, under
+    ``if self.beta != 0.0``, the reference, with no other scoring call in between or before."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    calls = [m.start() for m in re.finditer(r"self\._get_per_token_logps_and_entropies\(", source)]
+    old = source.index("old_per_token_logps, _, _ = self._get_per_token_logps_and_entropies(")
+    beta = source.index("if self.beta != 0.0:")
+    ref_call = r"ref_per_token_logps, _, _ = (self\._get_per_token_logps_and_entropies\()"
+    refs = [m.start(1) for m in re.finditer(ref_call, source)]
+    old += len("old_per_token_logps, _, _ = ")
+    assert calls == sorted([old, *refs]) and len(refs) == 2  # ref_model, or the adapter-disabled policy
+    assert old < beta < refs[0]
+
 
 def test_trl_formulas_in_the_source():
     from trl.trainer import utils as trl_utils

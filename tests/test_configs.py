@@ -354,6 +354,7 @@ DEMO_METHOD_KEYS = {  # what each demo method file sets besides base: and varian
     "grpo_branch": {"sage_guide", "sage_gamma", "sage_tau"},
     "grpo_reward": {"sage_kl_placement"},
     "grpo_branch_reward": {"sage_kl_placement"},  # on top of grpo_branch.yaml
+    "grpo_ref_branch": {"sage_guide", "sage_gamma", "sage_tau"},
     "grpo_entropy_adv": {"policy_term"},
     "grpo_high_entropy": {"top_entropy_quantile"},
     "grpo_clip_cov": {"policy_term"},

@@ -49,6 +49,8 @@ def _signals(seed=0, generator_seed=7, requires_grad=False):
         entropies=entropies,
         logps=logps,
         logits={"top2_margin": torch.rand(3, 9, generator=g)},
+        # its own generator, so the draws above stay as they were
+        ref_entropies=torch.rand(3, 9, generator=torch.Generator().manual_seed(seed + 100)) * 3,
     )
 
 

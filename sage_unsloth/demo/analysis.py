@@ -68,6 +68,14 @@ BRANCH_COLUMNS = (
 )
 
 
+def checkpoint_run(run: str) -> str:
+    """The stage folder a run's policy lives in: stage 1's for SFT's evaluations (``sft``, ``sft_seed<s>``),
+    else the run's own."""
+    from .compare import REFERENCE_METHOD, split_run
+
+    return layout.SFT_RUN if split_run(run)[0] == REFERENCE_METHOD else run
+
+
 def branch_settings(config_path: Path) -> dict:
     from sage_unsloth.config_args import load_config
 
@@ -265,17 +273,23 @@ def main(argv: list[str] | None = None) -> int:
         for row in (json.loads(line) for line in (work / "data" / EVAL_FILE).read_text().splitlines())
     }
     strategy_table, shares, branch_rows = [], {}, []
+    policies, branch_at = {}, {}
     for run in runs:
         records = read_completions(layout.completions_dir(work, MODEL_NAME, run), "demo")
         strategy_table += strategy_rows(run, records)  # raises on an empty run
         shares[run] = problem_shares(records)
         shares[f"{run}{CORRECT_SUFFIX}"] = problem_shares(records, correct_only=True)
         shares[f"{run}{IDS_SUFFIX}"] = np.array([r["problem_id"] for r in records])
-        model, tokenizer = load_policy(layout.run_dir(work, MODEL_NAME, run))
+        checkpoint = checkpoint_run(run)
+        if checkpoint not in policies:  # SFT's per-seed evaluations share one policy: loaded and scored once
+            model, tokenizer = load_policy(layout.run_dir(work, MODEL_NAME, checkpoint))
+            branch_at[checkpoint] = branch_point_stats(model, tokenizer, rl_problems, settings)
+            policies = {checkpoint: (model, tokenizer)}  # the last one only (RL runs are read once)
+        model, tokenizer = policies[checkpoint]
         row = {
             "run": run,
             **{k: settings[k] for k in ("temperature", "gamma", "tau")},
-            **branch_point_stats(model, tokenizer, rl_problems, settings),
+            **branch_at[checkpoint],
             **other_token_stats(model, tokenizer, eval_problems, records, settings, args.other_samples),
             **training_log_stats(work / "logs" / f"{run}.log"),
         }

@@ -1,7 +1,9 @@
 """The lab's comparison of methods across training seeds and problems.
 
-Runs are the eval stage's ``results/<model>/<method>_seed<s>/per_problem.csv`` (``sft`` has no seed: every
-RL run starts from it). Per run and problem the value is the unbiased pass@k (or a strategy share); a
+Runs are the eval stage's ``results/<model>/<method>_seed<s>/per_problem.csv``. SFT (every RL run starts
+from its adapter) is evaluated once per training seed, ``sft_seed<s>``, with that seed's sampling seed, so
+a seed-level paired difference has its own evaluation noise; result folders written before have one
+seedless ``sft`` run, which pairs with every seed (:func:`paired_runs`). Per run and problem the value is the unbiased pass@k (or a strategy share); a
 method's score is the mean over its seeds and the problems.
 
 CIs are a two-level percentile bootstrap: each resample draws the seeds with replacement and, independently,
@@ -10,7 +12,7 @@ see the same problems on both sides); the statistic is the mean over the drawn s
 seed this is the bootstrap over problems alone. With three seeds the seed level has only 3^3 = 27 distinct
 draws, so the interval says how far the seeds spread, not a calibrated 95%: read it with the per-seed values
 (``lab_runs.csv``). Paired differences A - B pair the runs by seed (the same training seed, hence the same
-initial rollouts); against ``sft`` every seed of A is paired with the one SFT model.
+initial rollouts, and the same evaluation seed); against a seedless ``sft`` every seed of A is paired with it.
 """
 
 from __future__ import annotations
@@ -117,17 +119,22 @@ def _stack(lab: LabRuns, runs: list[str], fn) -> np.ndarray:
     return np.stack([fn(run) for run in runs])
 
 
-def paired_values(lab: LabRuns, method_a: str, method_b: str, fn) -> np.ndarray:
-    """(seeds, problems) of fn(run_a) - fn(run_b), runs paired by seed (B may be the seedless SFT)."""
+def paired_runs(lab: LabRuns, method_a: str, method_b: str) -> list[tuple[str, str]]:
+    """(run of A, run of B) pairs by training seed. B's runs are either one per seed (``sft_seed<s>``: SFT
+    evaluated with seed s's sampling seed, or an RL method) or one seedless run (``sft`` in result folders
+    written before SFT was evaluated per seed), which pairs with every seed of A."""
     runs_a, runs_b = lab.methods[method_a], lab.methods[method_b]
     if len(runs_b) == 1 and split_run(runs_b[0])[1] is None:
-        pairs = [(a, runs_b[0]) for a in runs_a]
-    else:
-        by_seed = {split_run(r)[1]: r for r in runs_b}
-        if sorted(by_seed) != sorted(split_run(a)[1] for a in runs_a):
-            raise ValueError(f"{method_a} vs {method_b}: the runs do not share seeds ({runs_a} / {runs_b})")
-        pairs = [(a, by_seed[split_run(a)[1]]) for a in runs_a]
-    return np.stack([fn(a) - fn(b) for a, b in pairs])
+        return [(a, runs_b[0]) for a in runs_a]
+    by_seed = {split_run(r)[1]: r for r in runs_b}
+    if sorted(by_seed) != sorted(split_run(a)[1] for a in runs_a):
+        raise ValueError(f"{method_a} vs {method_b}: the runs do not share seeds ({runs_a} / {runs_b})")
+    return [(a, by_seed[split_run(a)[1]]) for a in runs_a]
+
+
+def paired_values(lab: LabRuns, method_a: str, method_b: str, fn) -> np.ndarray:
+    """(seeds, problems) of fn(run_a) - fn(run_b), runs paired by seed (:func:`paired_runs`)."""
+    return np.stack([fn(a) - fn(b) for a, b in paired_runs(lab, method_a, method_b)])
 
 
 # ------------------------------------------------------------------------------------------ tables
@@ -190,13 +197,14 @@ def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, lev
     """Per method: support shares at k against the SFT model (report/support.py), across seeds and problems."""
     if REFERENCE_METHOD not in lab.methods:
         return pd.DataFrame()
-    ref = lab.methods[REFERENCE_METHOD][0]
-    p_ref = lab.passk(ref, [k])[:, 0]
     rows = []
     for method, runs in lab.methods.items():
         if method == REFERENCE_METHOD:
             continue
-        shares = np.stack([per_problem_shares(p_ref, lab.passk(r, [k])[:, 0]) for r in runs])  # (S, N, Q)
+        pairs = paired_runs(lab, method, REFERENCE_METHOD)  # each run against its seed's SFT evaluation
+        shares = np.stack(
+            [per_problem_shares(lab.passk(ref, [k])[:, 0], lab.passk(r, [k])[:, 0]) for r, ref in pairs]
+        )  # (S, N, Q)
         row = {"method": method, "k": k, "seeds": len(runs)}
         for j, name in enumerate(SHARES):
             mean, low, high = ci(shares[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..manifest import atomic_write_text
-from . import compare
+from . import compare, dose_response
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
 from .data import EVAL_FILE, SPEC_FILE
 from .strategies import LABELS, markdown_table
@@ -151,6 +151,8 @@ def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFr
             continue
         for _, r in runs.iterrows():
             hit = ref[ref["run"] == r["run"]]
+            if hit.empty and compare.split_run(r["run"]) == (compare.REFERENCE_METHOD, 0):
+                hit = ref[ref["run"] == compare.REFERENCE_METHOD]  # a reference from before SFT ran per seed
             theirs = float(hit[metric].iloc[0]) if not hit.empty else math.nan
             rows.append(
                 {
@@ -320,7 +322,7 @@ def render(
 ) -> tuple[str, str]:
     """(markdown section, console summary)."""
     m = methods.set_index(["method", "k"])
-    sft_branch = branch[branch["run"] == compare.REFERENCE_METHOD].iloc[0]
+    sft_branch = branch[branch["run"].map(compare.split_run).str[0] == compare.REFERENCE_METHOD].iloc[0]
     sft_pass1 = m.loc[("sft", 1)]
     headline = [
         (
@@ -546,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--branch-config", required=True)
     parser.add_argument("--reference", default=None, help="results folder of the reference run")
     parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--kmax", type=int, default=None, help="largest k reported (default: samples / 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--level", type=float, default=0.95)
     args = parser.parse_args(argv)
@@ -567,7 +570,12 @@ def _main(args) -> int:
     )  # results/<model>/<run>/ (layout.results_dir)
     check_complete(lab, runs)
     lab = compare.LabRuns(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
-    kmax = int(min(n.min() for n in lab.n.values()))
+    n_min = int(min(n.min() for n in lab.n.values()))
+    kmax = args.kmax or max(1, n_min // 4)
+    if n_min < 4 * kmax:
+        raise ValueError(
+            f"--kmax {kmax} needs >= {4 * kmax} samples per problem (n >= 4k), the runs have {n_min}"
+        )
     ks = [k for k in (2**i for i in range(32)) if k <= kmax] + ([kmax] if kmax & (kmax - 1) else [])
     analysis = results / ANALYSIS_DIR
     strategies = pd.read_csv(analysis / "strategies.csv")
@@ -595,7 +603,8 @@ def _main(args) -> int:
     plan_types = plans_by_type(shares, gap, **stats)
     gaps = gap_table(lab, gap, correct_rare, pair_share, kmax, **stats)
     plan_pairs = plan_pair_table(lab, shares, pairs, **stats)
-    run_frame = run_rows(lab, runs, kmax, strategies, branch)
+    knobs = dose_response.run_knobs(Path(args.work), MODEL_NAME, runs)  # from each run's stage-2 manifest
+    run_frame = run_rows(lab, runs, kmax, strategies, branch).merge(knobs, on="run", how="left")
     for frame, what in ((methods, "pass@k"), (run_frame, "per-run")):
         # accuracies are undefined where a plan never occurs, frac_boosted outside Branch runs: not checked
         numeric = frame.select_dtypes("number").drop(
@@ -607,6 +616,7 @@ def _main(args) -> int:
                 "train_later_boosted",
                 "rare_accuracy",
                 f"{COMMON}_accuracy",
+                *dose_response.KNOBS,  # SFT has no knobs, GRPO no tau
             ],
             errors="ignore",
         )
@@ -628,6 +638,7 @@ def _main(args) -> int:
         if frame is not None:
             atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
     plot_headline(methods, support, labels, kmax, out / "headline.png")
+    dose = dose_response.write(out, lab, knobs, kmax, labels, pair_share=pair_share, **stats)
     compared = [(a, b) for a, b in pairs if b != compare.REFERENCE_METHOD]
     markdown, console = render(
         methods=methods,
@@ -649,6 +660,7 @@ def _main(args) -> int:
         resamples=args.resamples,
         mix=mix_text(Path(args.work) / "data" / SPEC_FILE),
     )
+    markdown = markdown.rstrip("\n") + "\n" + "\n".join(dose) + "\n"  # the dose-response section
     atomic_write_text(out / "summary.txt", console)
     report = results / "report.md"
     text = report.read_text()

@@ -1,4 +1,4 @@
-"""The whole recipe offline on CPU: ``python -m sage_unsloth.demo [--quick] [--seeds N] [--fresh]``.
+"""The whole recipe offline on CPU: ``python -m sage_unsloth.demo [--quick] [--seeds 0-2] [--fresh]``.
 
 Steps (each a subprocess; stages 1-4 are the kit's own entry points with the configs in configs/demo/):
 
@@ -6,9 +6,13 @@ Steps (each a subprocess; stages 1-4 are the kit's own entry points with the con
   addition facts (sage_unsloth.demo.pretrain); ``data``: the SFT / RL / eval files (sage_unsloth.demo.data);
 - ``sft``: stage 1, LoRA SFT on the five plans at 74/9/5/3/9 (data.DEFAULT_MIX; ``--mix`` to change);
 - ``<method>_seed<s>``: stage 2 for every chosen method (``--methods``: :data:`DEFAULT_METHODS` by default,
-  ``all`` for every method of :data:`METHODS`) and training seed, all from the same SFT adapter with the
-  same budget;
-- ``eval_<run>``: stage 3 on the held-out demo problems, ``eval_n`` samples each (pass@k up to k = eval_n);
+  ``all`` for every method of :data:`METHODS`, or config files anywhere: ``--methods grpo,path/to/mine.yaml``;
+  ``--grid`` adds knob settings of a method) and training seed (``--seeds 0-2``, ``0,5``, or a count ``3``),
+  all from the same SFT adapter with the same budget;
+- ``eval_<run>``: stage 3 on the held-out demo problems, ``eval_n`` samples each, with the evaluation's
+  sampling seed = the run's training seed; SFT is evaluated once per training seed as ``sft_seed<s>`` (so a
+  seed's SFT and RL runs are paired and each seed has its own evaluation noise). The lab reports pass@k up
+  to k = ``kmax`` (default eval_n / 4; eval_n >= 4 x kmax is required);
 - ``analysis``: plan frequencies per run and the branch point's entropy and q (sage_unsloth.demo.analysis);
 - ``report``: stage 4 (pass@k tables, paired differences, support against SFT, plots);
 - ``lab``: the comparison across seeds and problems, the comparison with the committed reference run
@@ -22,12 +26,17 @@ work and results folders first. Timings per step (wall and CPU seconds) go to ``
 from __future__ import annotations
 
 import argparse
+import hashlib
+import itertools
 import json
+import re
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -36,6 +45,7 @@ from ..config_args import config_files
 from ..layout import SFT_RUN
 from ..manifest import atomic_write_json, atomic_write_text
 from ..recipe import stage_command
+from .compare import split_run
 from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
 from .steps import REPO_ROOT, STAMP_DIR, Step, StepRecord, python, run_steps, usable_cores
 
@@ -43,18 +53,37 @@ CONFIG_DIR = REPO_ROOT / "configs" / "demo"
 MODEL_NAME = "demo-tiny"
 DEMO_BENCHMARK = "demo"
 REFERENCE_DIR = REPO_ROOT / "results" / "demo-reference"
+METHODS_DIR = "methods"  # <work>/methods/<name>.yaml: the resolved config of a method from a file or a --grid
+KIT_BASE_PREFIX = "demo:"  # in a method file outside the kit, base: demo:<file> names configs/demo/<file>
+MANIFEST_FILE = "demo_budget.json"  # the results folder's manifest (budget, seeds, n, kmax, methods, commit)
 
 
 @dataclass(frozen=True)
 class Method:
-    """One RL method of the lab: a run folder name, its config in configs/demo/, a label for tables."""
+    """One RL method of the lab: a run folder name, its config, a label for tables.
+
+    A built-in method's config is configs/demo/<name>.yaml. A method from a config file elsewhere
+    (``--methods path/to/mine.yaml``: ``source``) or a knob setting of another method (``--grid``:
+    ``overrides`` on top of its config) is written, resolved, to ``<work>/methods/<name>.yaml`` first
+    (:func:`materialise`)."""
 
     name: str
     label: str
+    source: str | None = None  # a YAML outside METHODS (absolute path); None: configs/demo/<name>.yaml
+    base_method: str | None = None  # --grid: the built-in method whose config the overrides apply to
+    overrides: tuple[tuple[str, Any], ...] = ()  # --grid: stage-2 keys and values set on top
 
     @property
     def config(self) -> str:
         return f"{self.name}.yaml"
+
+    @property
+    def builtin(self) -> bool:
+        return self.source is None and not self.overrides
+
+    def config_path(self, work: Path) -> Path:
+        """The YAML stage 2 reads for this method."""
+        return CONFIG_DIR / self.config if self.builtin else Path(work) / METHODS_DIR / self.config
 
 
 # Adding a method = one config in configs/demo/<name>.yaml and one line here (then `--methods all` or
@@ -66,6 +95,8 @@ METHODS = (
     Method("grpo_branch", "GRPO + Branch"),
     Method("grpo_reward", "GRPO, KL in the reward"),
     Method("grpo_branch_reward", "GRPO + Branch, KL in the reward"),
+    Method("grpo_ref_branch", "GRPO + Branch on the reference entropy"),
+    Method("grpo_branch_paper", "GRPO + Branch, paper shape"),
     # the exploration baselines (docs/methods.md), each against GRPO and SFT
     Method("grpo_entropy_adv", "GRPO + entropy advantage"),
     Method("grpo_high_entropy", "GRPO, top-20% entropy tokens"),
@@ -73,6 +104,11 @@ METHODS = (
     Method("grpo_kl_cov", "GRPO + KL-Cov"),
     Method("grpo_passk", "Pass@k Training"),
     Method("grpo_ref_reset", "GRPO + reference reset"),
+    # the positive control: GRPO's anchor strength (beta 0: grpo_nokl, 0.05: grpo)
+    Method("grpo_beta0.2", "GRPO, beta 0.2"),
+    Method("grpo_beta0.5", "GRPO, beta 0.5"),
+    Method("grpo_beta1", "GRPO, beta 1"),
+    Method("grpo_beta2", "GRPO, beta 2"),
 )
 # the exploration baselines from the literature (`--methods baselines` runs them beside GRPO)
 BASELINES = (
@@ -101,28 +137,158 @@ PAIRS = (
     ("grpo_reward", "grpo"),
     ("grpo_branch_reward", "grpo_branch"),
     ("grpo_branch_reward", "grpo_reward"),
+    ("grpo_ref_branch", "sft"),
+    ("grpo_ref_branch", "grpo"),
+    ("grpo_ref_branch", "grpo_branch"),  # the reference's entropy against the policy's
     *((name, "sft") for name in BASELINES),
     *((name, "grpo") for name in BASELINES),
 )
 
 
-def select_methods(spec: str) -> tuple[str, ...]:
-    """``--methods``: 'all', 'default', 'baselines' (GRPO and the exploration baselines), or names from METHODS
-    separated by commas (in METHODS order)."""
-    if spec == "all":
-        return tuple(m.name for m in METHODS)
-    if spec == "default":
-        return DEFAULT_METHODS
-    if spec == "baselines":
-        return ("grpo", *BASELINES)
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in METHOD_BY_NAME]
-    if unknown or not names:
+GROUPS = {
+    "all": lambda: tuple(m.name for m in METHODS),
+    "default": lambda: DEFAULT_METHODS,
+    "baselines": lambda: ("grpo", *BASELINES),
+}
+METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+
+
+def _is_config_path(item: str) -> bool:
+    return item.endswith((".yaml", ".yml")) or "/" in item
+
+
+def parse_methods(spec: str) -> tuple[tuple[str, ...], tuple[Method, ...]]:
+    """``--methods``: items separated by commas, each 'all', 'default', 'baselines' (GRPO and the
+    exploration baselines), a name from METHODS, or the path of a YAML config anywhere (the method is named by
+    the file's stem). Returns (names: the built-ins in METHODS order, then the files in the order given; the
+    methods from files)."""
+    items = [n.strip() for n in spec.split(",") if n.strip()]
+    builtin: set[str] = set()
+    files: list[Method] = []
+    unknown = []
+    for item in items:
+        if item in GROUPS:
+            builtin.update(GROUPS[item]())
+        elif item in METHOD_BY_NAME:
+            builtin.add(item)
+        elif _is_config_path(item):
+            path = Path(item).expanduser().resolve()
+            if not path.is_file():
+                raise ValueError(f"--methods: no config file {item!r} ({path}): give the path of a YAML file")
+            files.append(Method(path.stem, path.stem, source=str(path)))
+        else:
+            unknown.append(item)
+    if unknown or not items:
         raise ValueError(
-            f"--methods: unknown {unknown or spec!r}; use 'all', 'default', 'baselines' or names from "
-            f"{', '.join(METHOD_BY_NAME)} (a new one: configs/demo/<name>.yaml and a line in run.METHODS)"
+            f"--methods: unknown {unknown or spec!r}; use 'all', 'default', 'baselines', names from "
+            f"{', '.join(METHOD_BY_NAME)} or paths of YAML configs (docs/lab.md, 'A method of your own')"
         )
-    return tuple(m.name for m in METHODS if m.name in names)
+    names = tuple(m.name for m in METHODS if m.name in builtin)
+    check_new_methods(files, taken=names)
+    return names + tuple(m.name for m in files), tuple(files)
+
+
+def select_methods(spec: str) -> tuple[str, ...]:
+    """The method names ``--methods`` selects (see :func:`parse_methods`)."""
+    return parse_methods(spec)[0]
+
+
+def check_new_methods(methods, *, taken) -> None:
+    """Names of methods from files or a --grid: usable as run folder names, and each used once."""
+    seen = set(taken)
+    for method in methods:
+        where = method.source or method.base_method
+        if not METHOD_NAME.match(method.name) or method.name == SFT_RUN:
+            raise ValueError(
+                f"--methods {where}: {method.name!r} cannot name a method (letters, digits and _ . + = -, "
+                "not 'sft'): rename the file"
+            )
+        if method.name in METHOD_BY_NAME or method.name in seen:
+            raise ValueError(
+                f"--methods {where}: the method name {method.name!r} (the file's stem) is taken by "
+                f"{'a built-in method' if method.name in METHOD_BY_NAME else 'another method'}: rename the file"
+            )
+        seen.add(method.name)
+
+
+# --grid key names: the short names of the SAGE knobs (their runs' rows show them under these names)
+GRID_KEYS = {"tau": "sage_tau", "gamma": "sage_gamma", "q_max": "sage_q_max", "q_min": "sage_q_min"}
+
+
+def parse_grid(spec: str, files: tuple[Method, ...] = ()) -> tuple[Method, ...]:
+    """``--grid METHOD:key=v1,v2;key2=v3,...``: one method per combination of the values, each METHOD's config
+    (a name from METHODS or a YAML path) with those stage-2 keys set (tau, gamma, q_max, q_min stand for
+    sage_tau, ...). Named ``METHOD-key<v>-key2<v>``, e.g. ``grpo_branch-tau0.3-gamma2``."""
+    target, sep, body = spec.partition(":")
+    target = target.strip()
+    hint = "write METHOD:key=v1,v2;key2=v3, e.g. grpo:beta=0.2,0.5 or grpo_branch:tau=0.3,0.5;q_max=2,3"
+    if not sep or not target or not body.strip():
+        raise ValueError(f"--grid {spec!r}: {hint}")
+    if target in METHOD_BY_NAME:
+        base = {"base_method": target}
+        base_name, base_label = target, METHOD_BY_NAME[target].label
+    elif _is_config_path(target):
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"--grid {spec!r}: no config file {target!r} ({path})")
+        base = {"source": str(path)}
+        base_name = base_label = path.stem
+    else:
+        raise ValueError(
+            f"--grid {spec!r}: {target!r} is neither a method of METHODS nor a YAML path; {hint}"
+        )
+    axes = []
+    for part in body.split(";"):
+        key, eq, values = part.partition("=")
+        key = key.strip()
+        values = [v.strip() for v in values.split(",") if v.strip()]
+        if not eq or not key or not values or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"--grid {spec!r}: {part.strip()!r} is not key=v1,v2; {hint}")
+        if any(axis[0][1] == GRID_KEYS.get(key, key) for axis in axes):
+            raise ValueError(f"--grid {spec!r}: {key} is given twice; list its values once, key=v1,v2")
+        axes.append([(key, GRID_KEYS.get(key, key), v) for v in values])
+    methods = []
+    for combo in itertools.product(*axes):
+        tag = "-".join(re.sub(r"[^A-Za-z0-9_.+=]", "_", f"{short}{raw}") for short, _, raw in combo)
+        methods.append(
+            Method(
+                f"{base_name}-{tag}",
+                f"{base_label} ({', '.join(f'{short} {raw}' for short, _, raw in combo)})",
+                overrides=tuple((full, yaml.safe_load(raw)) for _, full, raw in combo),
+                **base,
+            )
+        )
+    return tuple(methods)
+
+
+def parse_seeds(spec: str) -> tuple[int, ...]:
+    """``--seeds``: a count (``3``: seeds 0, 1, 2, the old form), a list (``0,1,2``), a range (``10-19``), or
+    lists of both (``0-2,7``); returned sorted. One seed s > 0 alone: ``s-s`` or ``s,``."""
+    text = spec.strip()
+    if re.fullmatch(r"\d+", text):
+        return tuple(range(int(text)))
+    seeds: list[int] = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        span = re.fullmatch(r"(\d+)\s*-\s*(\d+)", item)
+        if span and int(span[1]) <= int(span[2]):
+            seeds += range(int(span[1]), int(span[2]) + 1)
+        elif item.isdigit():
+            seeds.append(int(item))
+        else:
+            raise ValueError(
+                f"--seeds {spec!r}: write a count (3: seeds 0-2), a list (0,1,2) or a range (10-19), "
+                "seeds >= 0, a range's first seed <= its last"
+            )
+    duplicates = sorted({s for s in seeds if seeds.count(s) > 1})
+    if duplicates or not seeds or max(seeds) >= 2**32:
+        raise ValueError(
+            f"--seeds {spec!r}: "
+            + (f"seed(s) {duplicates} listed twice" if duplicates else "seeds must be in [0, 2**32)")
+            + ": list each seed once"
+        )
+    return tuple(sorted(seeds))
 
 
 def parse_mix(spec: str) -> tuple[tuple[str, float], ...]:
@@ -147,6 +313,7 @@ LAB_CODE = (
     "demo/strategies.py",
     "demo/analysis.py",
     "demo/task.py",
+    "demo/dose_response.py",
     "report",
 )
 
@@ -157,11 +324,13 @@ class DemoBudget:
     sft_steps: int = 300
     rl_steps: int = 150
     eval_problems: int = 100
-    eval_n: int = 64  # samples per problem = largest k
-    seeds: tuple[int, ...] = (0,)  # RL training seeds
-    methods: tuple[str, ...] = DEFAULT_METHODS  # RL methods (names from METHODS)
+    eval_n: int = 64  # samples per problem
+    kmax: int = 16  # the largest k the lab reports: eval_n >= 4 x kmax (--kmax; default eval_n / 4)
+    seeds: tuple[int, ...] = (0,)  # RL training seeds (each run's evaluation is sampled with its seed)
+    methods: tuple[str, ...] = DEFAULT_METHODS  # RL methods (names from METHODS or of `extra`)
     data: DemoDataSpec = field(default_factory=DemoDataSpec)
     bootstrap_resamples: int = 2000
+    extra: tuple[Method, ...] = ()  # methods from config files (--methods PATH.yaml) and --grid cells
 
 
 FULL = DemoBudget()
@@ -170,29 +339,161 @@ QUICK = DemoBudget(
     sft_steps=4,
     rl_steps=2,
     eval_problems=6,
-    eval_n=4,
+    eval_n=8,
+    kmax=2,
     methods=tuple(m.name for m in METHODS),  # the smoke run checks that every method runs
     data=DemoDataSpec(n_eval=6, n_rl=32, n_sft=200),
     bootstrap_resamples=200,
 )
 
 
+def sft_run(seed: int) -> str:
+    """The run name of SFT's evaluation for training seed ``seed`` (sampled with that seed)."""
+    return f"{SFT_RUN}_seed{seed}"
+
+
 def run_names(budget: DemoBudget) -> list[str]:
-    """Every evaluated run: sft, then each method at each seed."""
-    return [SFT_RUN] + [f"{m}_seed{s}" for m in budget.methods for s in budget.seeds]
+    """Every evaluated run: SFT once per training seed, then each method at each seed."""
+    return [sft_run(s) for s in budget.seeds] + [f"{m}_seed{s}" for m in budget.methods for s in budget.seeds]
 
 
 def lab_methods(budget: DemoBudget) -> list[Method]:
-    return [METHOD_BY_NAME[name] for name in budget.methods]
+    extra = {m.name: m for m in budget.extra}
+    return [METHOD_BY_NAME.get(name) or extra[name] for name in budget.methods]
 
 
 def lab_pairs(budget: DemoBudget) -> list[tuple[str, str]]:
-    """The PAIRS whose two sides both ran; a method PAIRS does not name (a newly added baseline) is compared
-    with SFT and with GRPO, so adding one takes no more than its line in METHODS."""
+    """The PAIRS whose two sides both ran; a method PAIRS does not name (a newly added baseline, a method
+    from a config file, a --grid cell) is compared with SFT and with GRPO, so adding one takes no more than
+    its config."""
     ran = {SFT_RUN, *budget.methods}
     named = {a for a, _ in PAIRS}
     extra = [(m, b) for m in budget.methods if m not in named for b in (SFT_RUN, "grpo") if b != m]
     return [(a, b) for a, b in (*PAIRS, *extra) if a in ran and b in ran]
+
+
+# --------------------------------------------------------------------------------- methods from files
+def _kit_base(path: Path, base) -> Path:
+    """Where ``base:`` of the method file at ``path`` points: ``demo:<file>`` is configs/demo/<file>, an
+    absolute path is itself, anything else is relative to the file's folder (the kit's rule)."""
+    text = str(base)
+    if text.startswith(KIT_BASE_PREFIX):
+        target = CONFIG_DIR / text[len(KIT_BASE_PREFIX) :]
+    else:
+        target = Path(text).expanduser()
+        target = target if target.is_absolute() else path.parent / target
+    if not target.is_file():
+        raise ValueError(
+            f"{path}: base: {text} not found ({target}): give a path relative to the file's folder, an "
+            f"absolute path, or {KIT_BASE_PREFIX}<file> for the kit's configs/demo/<file> (e.g. "
+            f"{KIT_BASE_PREFIX}_grpo_base.yaml)"
+        )
+    return target
+
+
+def _guide_path(path: Path, guide) -> tuple[Any, list[Path]]:
+    """``sage_guide: file.py:fn`` of the YAML at ``path``: the file relative to the YAML's folder (else to the
+    project, where the stages run), made absolute so that stage 2 finds it from any working directory."""
+    if not isinstance(guide, str) or ":" not in guide:
+        return guide, []
+    module, _, fn = guide.partition(":")
+    if not (module.endswith(".py") or "/" in module):
+        return guide, []  # package.module:function, importable
+    file = Path(module).expanduser()
+    for candidate in [file] if file.is_absolute() else [path.parent / file, REPO_ROOT / file]:
+        if candidate.is_file():
+            return f"{candidate.resolve()}:{fn}", [candidate.resolve()]
+    raise ValueError(
+        f"{path}: sage_guide: {guide}: no file {module!r} next to the YAML ({path.parent / file}): give the "
+        "guide's path relative to the YAML's folder"
+    )
+
+
+def resolve_method_config(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, list[Path]]:
+    """(the merged stage-2 mapping, every file it read) of a method's YAML: its ``base:`` chain merged as the
+    kit merges it (this file's keys win; ``env`` merged key by key), ``base:`` and ``sage_guide`` paths
+    resolved as :func:`_kit_base` and :func:`_guide_path` say."""
+    path = Path(path)
+    if path.resolve() in chain:
+        raise ValueError(f"{chain[0]}: its base chain comes back to {path}: remove one of the base: lines")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ValueError(  # noqa: TRY004 (the runner's bad-input error is a ValueError: exit 2)
+            f"{path} must be a YAML mapping (key: value lines), not a {type(data).__name__}"
+        )
+    base = data.pop("base", None)
+    files = [path]
+    if "sage_guide" in data:
+        data["sage_guide"], guide_files = _guide_path(path, data["sage_guide"])
+        files += guide_files
+    if base is None:
+        return data, files
+    merged, base_files = resolve_method_config(_kit_base(path, base), (*chain, path.resolve()))
+    env = {**(merged.get("env") or {}), **(data.get("env") or {})}
+    merged.update(data)
+    if env:
+        merged["env"] = env
+    return merged, files + base_files
+
+
+def materialise(method: Method, work: Path) -> tuple[Path, tuple[Path, ...]]:
+    """(the config stage 2 reads for ``method``, the files it depends on: what its step's fingerprint hashes).
+    A built-in method's is configs/demo/<name>.yaml; any other's is written resolved (no base:, absolute guide
+    path, variant = its name) to ``<work>/methods/<name>.yaml``."""
+    if method.builtin:
+        path = CONFIG_DIR / method.config
+        return path, config_files(path)
+    source = Path(method.source) if method.source else CONFIG_DIR / f"{method.base_method}.yaml"
+    data, files = resolve_method_config(source)
+    data.update(dict(method.overrides))
+    data["variant"] = method.name
+    target = method.config_path(work)
+    set_keys = "".join(f", {k}: {v}" for k, v in method.overrides)
+    header = (
+        f"# {method.name}: written by sage_unsloth.demo.run from {_rel(source)}{set_keys} (base: chain merged, "
+        "guide path resolved); edit the source, not this file\n"
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(target, header + yaml.safe_dump(data, sort_keys=False))
+    return target, (target, *dict.fromkeys(f.resolve() for f in files))
+
+
+def check_stage2_configs(paths: list[str]) -> int:
+    """Parse each config as stage 2 will (``python -m sage_unsloth.demo.run --check-configs ...``): the first
+    bad one is one line on stderr and exit 2, before the lab trains anything."""
+    from ..rlvr.run import parse_args as rlvr_args
+
+    for path in paths:
+        try:
+            rlvr_args([path])
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"error: {Path(path).stem} ({path}): {str(exc).splitlines()[0]}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def preflight(budget: DemoBudget, work: Path) -> None:
+    """Write the configs of the methods from files and --grid cells, and have stage 2's parser check them (one
+    subprocess, only when there are such methods): a bad key is a ValueError now, not a failed step later."""
+    paths = [materialise(m, work)[0] for m in lab_methods(budget) if not m.builtin]
+    if not paths:
+        return
+    check = subprocess.run(
+        [python(), "-m", "sage_unsloth.demo.run", "--check-configs", *map(str, paths)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if check.returncode != 0:
+        lines = (check.stderr or check.stdout).strip().splitlines()
+        errors = [line for line in lines if line.startswith("error:")]
+        line = (errors or lines or [f"stage 2 refused a config (exit {check.returncode})"])[-1]
+        raise ValueError(line.removeprefix("error: "))
 
 
 def _rel(path: Path) -> str:
@@ -274,6 +575,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         ),
     ]
     for method in lab_methods(budget):
+        config, config_deps = materialise(method, work)
         for seed in budget.seeds:
             run = f"{method.name}_seed{seed}"
             steps.append(
@@ -281,7 +583,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                     run,
                     stage_command(
                         "rlvr",
-                        _rel(CONFIG_DIR / method.config),
+                        _rel(config),
                         "--sft_dir",
                         _rel(sft_dir),
                         "--output_root",
@@ -298,7 +600,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                     ),
                     outputs=(layout.rlvr_dir(work, MODEL_NAME, run),),
                     after=("sft",),
-                    configs=config_files(CONFIG_DIR / method.config),  # the file and its bases
+                    configs=config_deps,  # the file and its bases (and a plug-in guide's file)
                     code=("rlvr",),
                     label=f"stage 2, {method.label}, {budget.rl_steps} steps",
                 )
@@ -307,7 +609,9 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
     eval_chunk = int(yaml.safe_load((CONFIG_DIR / "eval.yaml").read_text())["problems_per_batch"])
     for run in run_names(budget):
         name = f"eval_{run}"
-        run_dir = layout.run_dir(work, MODEL_NAME, run)
+        method, seed = split_run(run)
+        trained = "sft" if method == SFT_RUN else run  # SFT's evaluations all read stage 1's adapter
+        run_dir = layout.run_dir(work, MODEL_NAME, SFT_RUN if method == SFT_RUN else run)
         completions = layout.completions_dir(work, MODEL_NAME, run)
         evals.append(name)
         steps.append(
@@ -318,6 +622,12 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                     _rel(CONFIG_DIR / "eval.yaml"),
                     "--checkpoints",
                     _rel(run_dir),
+                    "--run_name",
+                    run,
+                    "--seed",
+                    str(
+                        seed
+                    ),  # the evaluation's sampling seed is the training seed: seed s's runs are paired
                     "--results_dir",
                     _rel(results),
                     "--outputs_dir",
@@ -333,21 +643,17 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                     python=py,
                 ),
                 outputs=(layout.results_dir(results, MODEL_NAME, run), completions),
-                after=(run,),
+                after=(trained,),
                 configs=(CONFIG_DIR / "eval.yaml",),
                 code=("eval",),
-                label=f"stage 3, {budget.eval_problems} problems x {budget.eval_n} samples",
+                label=f"stage 3, {budget.eval_problems} problems x {budget.eval_n} samples, seed {seed}",
                 progress_files=(
                     str(completions / DEMO_BENCHMARK / "chunk_*.jsonl.gz"),
                     -(-budget.eval_problems // eval_chunk),
                 ),
             )
         )
-    pairs = ",".join(
-        f"{a}_seed{s}:{b if b == SFT_RUN else f'{b}_seed{s}'}"
-        for a, b in lab_pairs(budget)
-        for s in budget.seeds
-    )
+    pairs = ",".join(f"{a}_seed{s}:{b}_seed{s}" for a, b in lab_pairs(budget) for s in budget.seeds)
     steps += [
         Step(
             "analysis",
@@ -379,7 +685,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                 "--resamples",
                 str(budget.bootstrap_resamples),
                 "--support_reference",
-                SFT_RUN,
+                sft_run(budget.seeds[0]),
                 python=py,
             ),
             outputs=(layout.report_md(results), layout.report_dir(results)),
@@ -401,6 +707,8 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         ",".join(f"{a}:{b}" for a, b in lab_pairs(budget)),
         "--resamples",
         str(budget.bootstrap_resamples),
+        "--kmax",
+        str(budget.kmax),
         "--branch-config",
         _rel(CONFIG_DIR / "grpo_branch.yaml"),
     ]
@@ -443,7 +751,11 @@ def write_timings(results: Path, work: Path, records: list[StepRecord], wall: fl
 def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (the CI smoke run)")
-    parser.add_argument("--seeds", type=int, default=None, help="RL training seeds per method (default 1)")
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        help="RL training seeds: a list 0,1,2, a range 10-19, or a count 3 (= 0-2); default 0",
+    )
     parser.add_argument(
         "--fresh", action="store_true", help="delete this run's work and results folders first"
     )
@@ -470,8 +782,23 @@ def parse_args(argv: list[str] | None):
     parser.add_argument(
         "--methods",
         default=None,
-        help=f"RL methods: 'all', 'default' ({','.join(DEFAULT_METHODS)}), 'baselines' or names separated by commas",
+        help=f"RL methods separated by commas: 'all', 'default' ({','.join(DEFAULT_METHODS)}), 'baselines', "
+        "names, or paths of YAML configs (named by their stem)",
     )
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        help="knob settings as methods, e.g. 'grpo:beta=0.2,0.5' or 'grpo_branch:tau=0.3,0.5;q_max=2,3' "
+        "(every combination; repeatable)",
+    )
+    parser.add_argument(
+        "--kmax",
+        type=int,
+        default=None,
+        help="the largest k the lab reports; --eval-n must be >= 4 x kmax (default eval-n / 4)",
+    )
+    parser.add_argument("--check-configs", nargs="+", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--mix", default=None, help="SFT plan prior, e.g. left=0.8,right=0.08,... (default the lab's)"
     )
@@ -484,19 +811,68 @@ def budget_from_args(args) -> DemoBudget:
     budget = QUICK if args.quick else FULL
     overrides = {
         key: getattr(args, key)
-        for key in ("pretrain_steps", "sft_steps", "rl_steps", "eval_n")
+        for key in ("pretrain_steps", "sft_steps", "rl_steps", "eval_n", "kmax")
         if getattr(args, key) is not None
     }
+    if args.eval_n is not None and args.kmax is None:
+        overrides["kmax"] = max(1, args.eval_n // 4)
     if args.seeds is not None:
-        overrides["seeds"] = tuple(range(args.seeds))
+        overrides["seeds"] = parse_seeds(str(args.seeds))
     if args.methods is not None:
-        overrides["methods"] = select_methods(args.methods)
+        overrides["methods"], overrides["extra"] = parse_methods(args.methods)
+    grid = tuple(m for spec in args.grid for m in parse_grid(spec))
+    if grid:
+        methods = overrides.get("methods", budget.methods)
+        check_new_methods(grid, taken=methods)
+        overrides["methods"] = (*methods, *(m.name for m in grid))
+        overrides["extra"] = (*overrides.get("extra", budget.extra), *grid)
     if args.mix is not None:
         overrides["data"] = replace(budget.data, mix=parse_mix(args.mix))
     budget = replace(budget, **overrides)
     if min(budget.pretrain_steps, budget.sft_steps, budget.rl_steps, budget.eval_n, len(budget.seeds)) < 1:
         raise ValueError("--pretrain-steps, --sft-steps, --rl-steps, --eval-n and --seeds must be at least 1")
+    if budget.kmax < 1 or budget.eval_n < 4 * budget.kmax:
+        raise ValueError(
+            f"--eval-n {budget.eval_n} with --kmax {budget.kmax}: the lab reports pass@k up to kmax from "
+            f"n >= 4 x kmax samples per problem; raise --eval-n to {4 * max(budget.kmax, 1)} or lower --kmax "
+            f"to {max(budget.eval_n // 4, 1)} (kmax >= 1, default eval-n / 4)"
+        )
     return budget
+
+
+def config_sha256(budget: DemoBudget, work: Path) -> dict:
+    """Per method: the config stage 2 read and the sha256 of every file it depends on (bases, guide files)."""
+    out = {}
+    for method in lab_methods(budget):
+        config, files = materialise(method, work)
+        out[method.name] = {
+            "config": _rel(config),
+            "source": _rel(Path(method.source)) if method.source else None,
+            "overrides": dict(method.overrides),
+            "sha256": {_rel(f): hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files},
+        }
+    return out
+
+
+def write_manifest(budget: DemoBudget, work: Path, results: Path, *, finished: dict | None = None) -> Path:
+    """``<results>/demo_budget.json``: the budget (pre-training to bootstrap), the seeds, eval n and kmax, each
+    run's evaluation seed, the methods with their config files' sha256, the kit's commit, and once the lab
+    finished its wall / CPU time and each method's knob values as its trained runs recorded them."""
+    from ..manifest import git_commit
+    from .dose_response import method_knobs
+
+    manifest = {
+        **asdict(budget),
+        "eval_seeds": {run: split_run(run)[1] for run in run_names(budget)},
+        "method_configs": config_sha256(budget, work),
+        "commit": git_commit(REPO_ROOT),
+        "work_dir": _rel(work),
+    }
+    if finished is not None:
+        manifest["timings"] = finished
+        manifest["knobs"] = method_knobs(work, MODEL_NAME, run_names(budget))
+    results.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(results / MANIFEST_FILE, json.dumps(manifest, indent=2, default=str) + "\n")
 
 
 def default_dirs(*, quick: bool) -> tuple[Path, Path]:
@@ -507,27 +883,36 @@ def default_dirs(*, quick: bool) -> tuple[Path, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        budget = budget_from_args(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if args.check_configs:
+        return check_stage2_configs(args.check_configs)
     default_work, default_results = default_dirs(quick=args.quick)
     work = Path(args.work_dir or default_work).resolve()
     results = Path(args.results_dir or default_results).resolve()
+    try:
+        budget = budget_from_args(args)
+        if args.fresh:
+            for folder in (work, results):
+                if folder.exists():
+                    print(f"[demo] --fresh: deleting {_rel(folder)}")
+                    shutil.rmtree(folder)
+        preflight(budget, work)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     reference = Path(args.reference).resolve() if args.reference else None
     if reference is not None and not (reference / "lab" / "runs.csv").is_file():
         print(f"[demo] no reference results in {_rel(reference)}: the report will not compare with one")
         reference = None
-    if args.fresh:
-        for folder in (work, results):
-            if folder.exists():
-                print(f"[demo] --fresh: deleting {_rel(folder)}")
-                shutil.rmtree(folder)
-    print(f"[demo] budget: {json.dumps(asdict(budget))}", flush=True)
+    print(f"[demo] budget: {json.dumps(asdict(budget), default=str)}", flush=True)
+    print(
+        f"[demo] evaluation: {budget.eval_n} samples per problem, so the lab reports pass@k up to k = "
+        f"{budget.kmax} (n >= 4k){'' if budget.eval_n >= 256 else '; the confirmatory lab: --eval-n 256 (k up to 64)'}",
+        flush=True,
+    )
     started = time.perf_counter()
     try:
         steps = build_steps(budget, work, results, reference)
+        write_manifest(budget, work, results)
         records = run_steps(
             steps,
             work=work,
@@ -541,11 +926,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("[demo] interrupted; finished steps are kept (rerun to continue)", file=sys.stderr)
         return 130
-    atomic_write_text(results / "demo_budget.json", json.dumps(asdict(budget), indent=2) + "\n")
     total = write_timings(results, work, records, time.perf_counter() - started)
+    write_manifest(budget, work, results, finished=total)
     print((results / "lab" / "summary.txt").read_text().rstrip())
     wall = f"{total['wall_s']:.0f} s wall, " if total.get("wall_s") else ""
     print(
         f"[demo] finished: {wall}{total['cpu_s']:.0f} s CPU over all steps; report {_rel(results / 'report.md')}"
     )
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -220,6 +220,7 @@ class SageTrainerMixin:
         self._sage_generator = torch.Generator(device="cpu")
         self._sage_last_step, self._sage_calls_in_step = -1, 0
         self._sage_capture = None  # set while we want to see the next logps call's outputs
+        self._sage_ref_capture = None  # set while we want the entropies of TRL's reference pass too
         self.sage_forward_passes = 0  # extra no-grad policy forwards this trainer ran for q (for benchmarks)
 
     # -- q ----------------------------------------------------------------------------------------------
@@ -254,6 +255,19 @@ class SageTrainerMixin:
         return compat.trl_scores_old_logps(self)
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        ref_capture = self._sage_ref_capture
+        if ref_capture is not None:
+            if ref_capture["skip"]:
+                ref_capture["skip"] -= (
+                    1  # TRL's old-logp pass comes first (compat.trl_reference_scoring_index)
+                )
+            else:
+                # TRL's reference pass: the same call, asked for the reference's entropies as well.
+                self._sage_ref_capture = None
+                kwargs["compute_entropy"] = True
+                result = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+                ref_capture["ref_logps"], ref_capture["ref_entropies"] = result[0], result[1]
+                return result
         capture = self._sage_capture
         if capture is not None and not self._sage_patched:
             # The first scoring call of the rollout is TRL's old-logp pass of the policy: ask it for the
@@ -348,6 +362,10 @@ class SageTrainerMixin:
         if entry.registered and entry.name == "none":
             return torch.ones_like(mask, dtype=torch.float32)
         step = self._sage_guide_step()
+        if "ref_entropies" in needs and (captured or {}).get("ref_entropies") is None:
+            raise RuntimeError(  # the config refuses a guide without a KL anchor (beta 0), so a pass always runs
+                f"sage_guide={entry.name!r} needs ref_entropies, but no reference pass ran in this rollout"
+            )
         stats = {}
         logit_signals = guides.logit_signal_names(needs)
         if any(n in guides.POLICY_SIGNALS for n in needs) or logit_signals:
@@ -370,6 +388,9 @@ class SageTrainerMixin:
             logps=_detached(stats.get("logps")),
             ref_logps=_detached(extra.get("ref_logps", output.get("ref_per_token_logps")))
             if "ref_logps" in entry.meta["needs"]
+            else None,
+            ref_entropies=_detached(extra.get("ref_entropies"))
+            if "ref_entropies" in entry.meta["needs"]
             else None,
             old_logps=_detached(output.get("old_per_token_logps"))
             if "old_logps" in entry.meta["needs"]
@@ -488,10 +509,17 @@ class SageTrainerMixin:
         if need_stats and not self._sage_patched and self._sage_old_logps_forward_planned():
             captured = {"need_entropy": "entropies" in needs}
             self._sage_capture = captured
+        ref_captured = None
+        ref_index = compat.trl_reference_scoring_index(self)
+        if "ref_entropies" in needs and self.sage_placement == "loss" and ref_index is not None:
+            ref_captured = {"skip": ref_index}
+            self._sage_ref_capture = ref_captured
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
-            self._sage_capture = None
+            self._sage_capture = self._sage_ref_capture = None
+        if ref_captured is not None:
+            captured = {**(captured or {}), **self._sage_checked_reference(output, ref_captured)}
         if self.sage_placement == "reward":
             self._sage_kl_in_reward(output, captured)
             return output
@@ -508,9 +536,31 @@ class SageTrainerMixin:
 
     # -- the pseudo-KL in the reward (sage_kl_placement: reward) ----------------------------------------
 
-    @torch.no_grad()
+    @staticmethod
+    def _sage_checked_reference(output: dict, ref_captured: dict) -> dict:
+        """The reference logps / entropies captured from TRL's reference pass, checked to be that pass (its logps
+        are the batch's ref_per_token_logps), before log q shifts them."""
+        ref = output.get("ref_per_token_logps")
+        got = ref_captured.get("ref_logps")
+        if (
+            got is None
+            or ref_captured.get("ref_entropies") is None
+            or ref is None
+            or not torch.equal(got, ref)
+        ):
+            raise RuntimeError(
+                "SAGE ref_entropies: the scoring call taken for TRL's reference pass is not the one that produced "
+                "ref_per_token_logps; the kit is pinned to trl 1.15.0 (compat.py, old_logps_condition)"
+            )
+        return {"ref_logps": got, "ref_entropies": ref_captured["ref_entropies"]}
+
     def _sage_reference_logps(self, output: dict) -> torch.Tensor:
         """log pi_ref at the completion tokens (B, C), scored as TRL scores its reference."""
+        return self._sage_reference_scores(output)[0]
+
+    @torch.no_grad()
+    def _sage_reference_scores(self, output: dict, entropies: bool = False):
+        """(log pi_ref, H_ref or None) at the completion tokens (B, C), scored as TRL scores its reference."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         completion_len = output["completion_ids"].size(1)
@@ -522,18 +572,19 @@ class SageTrainerMixin:
             model = self.model
         with context:
             if self._sage_patched:
-                logps, _ = policy_logps_and_entropies(
+                logps, ent = policy_logps_and_entropies(
                     model, input_ids, attention_mask, completion_len, self.temperature, rows_per_chunk=1
                 )
-                return logps
-            logps, _, _ = super()._get_per_token_logps_and_entropies(
+                return logps, (ent if entropies else None)
+            logps, ent, _ = super()._get_per_token_logps_and_entropies(
                 model,
                 input_ids,
                 attention_mask,
                 completion_len,
                 batch_size=self.args.per_device_train_batch_size,
+                compute_entropy=entropies,
             )
-        return logps
+        return logps, ent
 
     def _sage_kl_in_reward(self, output: dict, captured: dict | None) -> None:
         """r~ = r - beta * sum_t [log pi - log pi_ref - log q_t] (rollout policy, no gradient), then TRL's group
@@ -554,9 +605,12 @@ class SageTrainerMixin:
             output, captured, need_entropy="entropies" in needs, logit_signals=logit_signals
         )
         stats = {"logps": logps, "entropies": entropies, "logits": logits}
-        # TRL's own reference pass is off here (its beta is 0): a guide reading ref_logps gets the kit's.
-        ref = self._sage_reference_logps(output) if "ref_logps" in needs else None
-        q = self.sage_compute_q(output, {**stats, "ref_logps": ref})
+        # TRL's own reference pass is off here (its beta is 0): a guide reading the reference gets the kit's, which
+        # the pseudo-KL needs anyway (with the entropies of the same pass for ref_entropies: no extra pass).
+        ref = ref_entropies = None
+        if any(n in guides.REFERENCE_SIGNALS for n in needs):
+            ref, ref_entropies = self._sage_reference_scores(output, entropies="ref_entropies" in needs)
+        q = self.sage_compute_q(output, {**stats, "ref_logps": ref, "ref_entropies": ref_entropies})
         self._sage_log_q_metrics(q, mask)
         if ref is None:
             ref = self._sage_reference_logps(output)
