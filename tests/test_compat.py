@@ -481,3 +481,25 @@ def test_vllm_tokenizer_probe_is_quiet(sft_dir, tiny_model_dir, tmp_path):
     assert f"Error parsing config for {view}" not in logged, logged[-3000:]
     from_adapter, from_view = out.stdout.strip().splitlines()
     assert from_adapter == from_view  # class, vocabulary size, eos and encoding alike
+
+
+def test_kv_cache_rows():
+    """A prefilled DynamicCache turned into preallocated rows decodes exactly as the growing one does."""
+    import torch
+    from transformers import DynamicCache
+
+    torch.manual_seed(0)
+    keys, values = torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 4)
+    grown, fixed = DynamicCache(), DynamicCache()
+    for cache in (grown, fixed):
+        cache.update(keys.clone(), values.clone(), 0)
+    grown.batch_repeat_interleave(3)
+    assert compat.preallocate_kv_cache(fixed, 3, capacity=8)
+    for _ in range(3):
+        k, v = torch.randn(6, 1, 1, 4), torch.randn(6, 1, 1, 4)
+        for a, b in zip(grown.update(k, v, 0), fixed.update(k, v, 0)):
+            assert torch.equal(a, b)
+    keep = torch.tensor([0, 4, 5])
+    grown.batch_select_indices(keep)
+    fixed.batch_select_indices(keep)
+    assert torch.equal(grown.layers[0].keys, fixed.layers[0].keys) and fixed.get_seq_length() == 8

@@ -438,3 +438,105 @@ def test_resume_regrades_chunks_of_another_grader_without_resampling(tmp_path, t
     manifest = json.loads((again / "manifest.json").read_text())
     assert manifest["grading"]["regraded_chunks"] == 4 and manifest["grading"]["grader"] == "a-newer-grader"
     assert (again / "per_problem.csv").read_text() == before
+
+
+# ------------------------------------------------------------------------------------------------ one writer
+def _argv(cfg, *extra):
+    argv = ["--checkpoints", *cfg.checkpoints, "--benchmarks", *cfg.benchmarks, "--limit", str(cfg.limit)]
+    argv += ["--n", str(cfg.n), "--seed", str(cfg.seed), "--problems_per_batch", str(cfg.problems_per_batch)]
+    argv += ["--results_dir", cfg.results_dir, "--outputs_dir", cfg.outputs_dir, "--backend", "hf", *extra]
+    return argv
+
+
+def _no_model(monkeypatch):
+    def no_model(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("sage_unsloth.eval.sampling.make_sampler", no_model)
+
+
+def test_a_folder_has_one_writer_and_a_dead_writers_lock_is_taken_over(
+    tmp_path, tiny_model_dir, capsys, caplog, monkeypatch
+):
+    import socket
+    import subprocess
+    import sys
+
+    from sage_unsloth import layout
+    from sage_unsloth.eval.lock import LOCK_NAME
+
+    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23"], limit=2)
+    _, checkpoints, _ = prepare(cfg)
+    completions = layout.completions_dir(cfg.outputs_dir, checkpoints[0].model, checkpoints[0].run)
+    completions.mkdir(parents=True)
+    lock = completions / LOCK_NAME
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": "then"}))
+        with monkeypatch.context() as m:
+            _no_model(m)
+            err = _main_error(capsys, _argv(cfg))
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in err and str(completions) in err
+        with pytest.raises(ValueError, match=f"pid {holder.pid}"):
+            _run(cfg)
+        assert not list(completions.rglob("chunk_*")) and not (completions / "sampling.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with caplog.at_level("WARNING"):
+        out, _, _ = _run(cfg)  # the holder is dead now: its lock is stale
+    assert f"taking over the lock of pid {holder.pid}" in caplog.text
+    assert (out / "per_problem.csv").is_file() and not lock.exists()  # released at the end
+
+
+def test_chunks_sampled_with_other_settings_are_refused(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    """The issue's case: a run with seed 11 is killed after one chunk; a second writer with seed 12 rewrote the
+    settings file. Resuming with seed 12 must not reuse the seed-11 chunk."""
+    from sage_unsloth import layout
+
+    cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23"], limit=4, backend="hf")  # two chunks
+    with pytest.raises(RuntimeError):
+        _run(cfg, fail_after=1)
+    other = replace(cfg, seed=12)
+    _, checkpoints, _ = prepare(other)
+    completions = layout.completions_dir(cfg.outputs_dir, checkpoints[0].model, checkpoints[0].run)
+    (completions / "sampling.json").write_text(
+        json.dumps(eval_run.sampling_fingerprint(other, checkpoints[0]), indent=2, sort_keys=True) + "\n"
+    )
+    with pytest.raises(ValueError) as caught:
+        _run(other)
+    message = str(caught.value)
+    assert "\n" not in message and "seed=11" in message and "seed=12" in message and "chunk_00000" in message
+    _no_model(monkeypatch)
+    err = _main_error(capsys, _argv(other))
+    assert "seed=11" in err and "seed=12" in err
+    results = Path(other.results_dir)
+    assert not list(results.rglob("per_problem.csv"))  # nothing written from mixed chunks
+    err = _main_error(capsys, _argv(replace(cfg, n=5)))  # the settings file is checked too
+    assert "other settings" in err and "n=4" in err and "n=5" in err
+
+
+def test_empty_benchmarks_and_unusable_output_folders_fail_in_one_line(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    _no_model(monkeypatch)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    common = ["--checkpoints", str(tiny_model_dir), "--backend", "hf"]
+    out = ["--results_dir", str(tmp_path / "r"), "--outputs_dir", str(tmp_path / "o")]
+    err = _main_error(capsys, [*common, "--local_benchmarks", f"mine={empty}", "--benchmarks", "mine", *out])
+    assert "'mine' has no problems" in err
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for field in ("results_dir", "outputs_dir"):
+        for target in (a_file, a_file / "below"):
+            argv = [*common, "--benchmarks", "amc23", "--limit", "1", *out, f"--{field}", str(target)]
+            err = _main_error(capsys, argv)
+            assert f"{field}=" in err and "is a file" in err
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        err = _main_error(
+            capsys, [*common, "--benchmarks", "amc23", *out, "--results_dir", str(locked / "r")]
+        )
+        assert "not writable" in err

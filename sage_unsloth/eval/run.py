@@ -75,18 +75,54 @@ def _grading_items(problems: list[Problem], samples) -> list[tuple[str, object]]
     return items
 
 
+def settings_difference(theirs: dict, ours: dict) -> tuple[str, str]:
+    """The sampling settings that differ, as ``key=value`` lists (theirs, ours)."""
+    keys = [k for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)]
+    return (
+        ", ".join(f"{k}={theirs.get(k)!r}" for k in keys),
+        ", ".join(f"{k}={ours.get(k)!r}" for k in keys),
+    )
+
+
+def check_chunk_settings(path: Path, records: list[dict], fingerprint: dict, completions: Path) -> None:
+    """Every record of a chunk names the settings it was sampled with; another setting is a one-line error.
+    (Chunks written before records carried them are checked through sampling.json only.)"""
+    for record in records:
+        theirs = record.get("sampling")
+        if theirs is not None and theirs != fingerprint:
+            was, now = settings_difference(theirs, fingerprint)
+            raise ValueError(
+                f"{path} was sampled with other settings ({was}); this run samples with {now}: results are "
+                f"never mixed, set run_name to a new name or delete {completions}"
+            )
+
+
 def check_completions_folder(cfg: EvalConfig, checkpoint) -> None:
-    """Refuse to mix completions: a folder whose chunks were sampled with other settings is an error (one
-    line). A folder with a fingerprint but no chunk (a run that stopped before its first chunk) is reused."""
+    """Refuse to mix completions: a folder another live process writes into, or whose chunks were sampled with
+    other settings, is an error (one line). A folder with a fingerprint but no chunk (a run that stopped before
+    its first chunk) is reused."""
+    from sage_unsloth.eval.lock import held_error, live_owner
+
     completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
+    owner = live_owner(completions)
+    if owner is not None:
+        raise ValueError(held_error(completions, owner))
+    fingerprint = sampling_fingerprint(cfg, checkpoint)
+    chunks = sorted(completions.glob("*/chunk_*.jsonl.gz"))
     fp_path = completions / "sampling.json"
-    if not fp_path.is_file() or json.loads(fp_path.read_text()) == sampling_fingerprint(cfg, checkpoint):
-        return
-    if any(completions.glob("*/chunk_*.jsonl.gz")):
-        raise ValueError(
-            f"{completions} holds completions sampled with other settings (see {fp_path}); "
-            "set run_name to a new name or delete that folder"
-        )
+    if fp_path.is_file() and chunks:
+        try:
+            theirs = json.loads(fp_path.read_text())
+        except ValueError:
+            theirs = None
+        if theirs != fingerprint:
+            was, now = settings_difference(theirs or {}, fingerprint)
+            raise ValueError(
+                f"{completions} holds completions sampled with other settings ({was}; see {fp_path}); this run "
+                f"samples with {now}: set run_name to a new name or delete that folder"
+            )
+    for path in chunks:
+        check_chunk_settings(path, read_chunk(path) or [], fingerprint, completions)
 
 
 def check_backend(cfg: EvalConfig) -> None:
@@ -107,7 +143,16 @@ def evaluate_checkpoint(
 
     Chunks already on disk are reused; those graded by another grader version are graded again from their
     saved completions (no resampling). Completions whose grading ran out of budget are retried serially with
-    the larger budget once every chunk is written; what stays unresolved is counted in the manifest."""
+    the larger budget once every chunk is written; what stays unresolved is counted in the manifest. The
+    completions folder is locked for the run (sage_unsloth.eval.lock): one writer at a time."""
+    from sage_unsloth.eval.lock import WriterLock
+
+    completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
+    with WriterLock(completions):  # one writer per folder, for the whole run
+        return _evaluate_locked(cfg, checkpoint, problem_sets, ks, sampler)
+
+
+def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler) -> Path:
     from sage_unsloth.eval.gradepool import GradingPool
     from sage_unsloth.eval.regrade import regrade_records, settle_timeouts
     from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
@@ -138,6 +183,7 @@ def evaluate_checkpoint(
                 if records is None:
                     pending.append((name, index, chunk))
                     continue
+                check_chunk_settings(path, records, fingerprint, completions)
                 if any(r.get("grader") != grader or "gold" not in r for r in records):
                     records = [{**r, "gold": stored_gold(p)} for r, p in zip(records, chunk)]
                     records, _ = regrade_records(records, pool, cfg.grading_retry_timeout_s)
@@ -171,7 +217,10 @@ def evaluate_checkpoint(
             def finish(job):
                 nonlocal written
                 (name, index, chunk, seeds, samples), future = job
-                records = build_records(chunk, seeds, samples, future.result(), grader)
+                records = [
+                    {**r, "sampling": fingerprint}
+                    for r in build_records(chunk, seeds, samples, future.result(), grader)
+                ]
                 path = chunk_path(completions, name, index)
                 write_chunk(path, records)
                 if status_counts(records)[grading.TIMEOUT]:
@@ -265,13 +314,33 @@ def prepare(cfg: EvalConfig):
     problem_sets: dict[str, list[Problem]] = {}  # keyed by the dataset results are written under
     for name in cfg.benchmarks:
         problems = load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source)
-        dataset = problems[0].dataset if problems else name
+        if not problems:
+            raise ValueError(
+                f"benchmarks: {name!r} has no problems (an empty file?); fix its file or drop it from benchmarks"
+            )
+        dataset = problems[0].dataset
         if dataset in problem_sets:
             raise ValueError(
                 f"benchmarks {cfg.benchmarks}: {name!r} is {dataset!r} again; list each set once"
             )
         problem_sets[dataset] = problems
+    check_output_folder(cfg.results_dir, "results_dir")
+    check_output_folder(cfg.outputs_dir, "outputs_dir")
     return ks, checkpoints, problem_sets
+
+
+def check_output_folder(folder: str, field_name: str) -> None:
+    """An output folder must be a folder (or not exist yet, below one) that this process can write into."""
+    path = Path(folder).expanduser().absolute()
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"{field_name}={folder}: {probe} is a file, not a folder; pick another {field_name}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{field_name}={folder}: {probe} is not writable; pick another {field_name}")
 
 
 def main(argv: list[str] | None = None) -> int:

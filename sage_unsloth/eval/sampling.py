@@ -122,6 +122,7 @@ def render_prompts(tokenizer, problems, user_template: str) -> list[list[int]]:
 class Sample:
     text: str
     tokens: int
+    token_ids: tuple[int, ...] = ()  # the generated ids (the HF sampler's; not written to the records)
 
 
 class VLLMSampler:
@@ -206,14 +207,85 @@ class VLLMSampler:
         return [[Sample(c.text, len(c.token_ids)) for c in o.outputs] for o in outs]
 
 
-class HFSampler:
-    """transformers ``generate`` fallback: one problem at a time, n return sequences, per-problem seed."""
+# ------------------------------------------------------------------------------------------------ HF sampler
+# Every random draw of the HF sampler is a uniform of (problem seed, sample index, step) from a counter-based
+# hash (splitmix64), so a completion depends on nothing but its problem, its index and the model: not on which
+# rows share a forward pass, how many there are, the thread count or what ran before.
+_GOLDEN = 0x9E3779B97F4A7C15
+_SPLIT_A, _SPLIT_B = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_SAMPLE_KEY = 0xD1B54A32D192ED03
+MIN_ROWS = 32  # a decode pass never runs fewer rows (CPU GEMMs take another code path, other rounding, below)
+MAX_ROWS = 2048  # rows (samples of problems with the same prompt length) decoded together, at most
+MEMORY_BUDGET = (
+    2 << 30
+)  # bytes a pass's KV cache and logits may take (sets the rows of a pass below MAX_ROWS)
 
-    def __init__(self, checkpoint: Checkpoint, cfg):
+
+def _mix64(z):
+    """splitmix64's finaliser on a numpy uint64 array (wrapping arithmetic)."""
+    import numpy as np
+
+    z = z ^ (z >> np.uint64(30))
+    z = z * np.uint64(_SPLIT_A)
+    z = z ^ (z >> np.uint64(27))
+    z = z * np.uint64(_SPLIT_B)
+    return z ^ (z >> np.uint64(31))
+
+
+def sample_uniforms(seed: int, samples, steps: int):
+    """float64 uniforms in [0, 1), shape (len(samples), steps): row i, column t is the draw of sample
+    ``samples[i]`` of the problem seeded ``seed`` at generation step t. 53 random bits each."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        key = _mix64(np.array([seed], dtype=np.uint64) + np.uint64(_GOLDEN))
+        rows = _mix64(key ^ (np.asarray(samples, dtype=np.uint64) * np.uint64(_SAMPLE_KEY)))
+        t = np.arange(1, steps + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
+        bits = _mix64(rows[:, None] + t[None, :]) >> np.uint64(11)
+    return bits.astype(np.float64) * (1.0 / (1 << 53))
+
+
+def sample_tokens(logits, uniforms, temperature: float, top_p: float = 1.0, min_p: float = 0.0):
+    """One token per row of ``logits`` (rows x vocab) by inverse-CDF sampling with the row's uniform: softmax at
+    ``temperature`` (0 = argmax), then top-p (the smallest set of most likely tokens holding ``top_p`` of the
+    mass), then min-p (tokens below ``min_p`` times the most likely one's probability dropped), renormalised.
+    Probabilities and the CDF are float64, so a zero-probability token is never drawn."""
+    import torch
+
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    order = None
+    if top_p < 1.0:
+        probs, order = probs.sort(dim=-1, descending=True, stable=True)
+        before = probs.cumsum(dim=-1) - probs  # mass of the more likely tokens
+        probs = probs.masked_fill(before >= top_p, 0.0)
+        probs[:, 0] = torch.where(probs[:, 0] > 0, probs[:, 0], 1.0)  # keep at least one token
+    if min_p > 0.0:
+        probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+    cdf = probs.cumsum(dim=-1)
+    target = uniforms.to(cdf.dtype).unsqueeze(1) * cdf[:, -1:]
+    picked = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
+    return picked if order is None else order.gather(1, picked.unsqueeze(1)).squeeze(1)
+
+
+class HFSampler:
+    """transformers models with the kit's own decode loop (the ``hf`` backend).
+
+    Problems whose prompts have the same token length are decoded together, every sample of a problem as one
+    row, up to ``rows_per_forward`` rows: each prompt is prefilled once and its KV cache repeated for its n
+    rows (the prefix is shared), one forward per new token for all rows, a row ends at EOS or a stop string
+    and finished rows leave the batch. Each row draws its tokens with :func:`sample_uniforms` of (problem seed,
+    sample index, step), and a row's logits do not depend on the other rows (no padding: rows of one pass have
+    the same length; passes keep >= ``MIN_ROWS`` rows), so completions are the same for any batching
+    (tests/test_eval_sampler.py)."""
+
+    def __init__(self, checkpoint: Checkpoint, cfg, rows_per_forward: int | None = None):
         import torch
         from transformers import AutoModelForCausalLM
 
         self.cfg = cfg
+        self.rows_per_forward = rows_per_forward
         self.tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
         dtype = getattr(torch, cfg.dtype) if cfg.dtype not in (None, "auto") else "auto"
         model = AutoModelForCausalLM.from_pretrained(
@@ -224,38 +296,113 @@ class HFSampler:
 
             model = PeftModel.from_pretrained(model, checkpoint.adapter_dir).merge_and_unload()
         self.model = model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_ids = sorted(set(eos))
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else -1
+        self.stop = None
+        if cfg.stop:
+            from transformers import StopStringCriteria
+
+            self.stop = StopStringCriteria(self.tokenizer, list(cfg.stop))
 
     def generate(self, prompts: list[list[int]], seeds: list[int]) -> list[list[Sample]]:
+        """``prompts``: token ids; ``seeds``: one per prompt (:func:`problem_seed`)."""
+        n = self.cfg.n
+        by_length: dict[int, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            by_length.setdefault(len(prompt), []).append(i)
+        results: list[list[Sample]] = [[] for _ in prompts]
+        for length, indices in by_length.items():
+            rows = self.rows_per_forward or self.rows_for(length + self.cfg.max_tokens)
+            rows = max(rows, MIN_ROWS)
+            per_pass = max(1, rows // n)
+            for start in range(0, len(indices), per_pass):
+                group = indices[start : start + per_pass]
+                for offset in range(0, n, rows):  # n larger than a pass: its samples in parts
+                    count = min(rows, n - offset)
+                    part = self._decode([prompts[i] for i in group], [seeds[i] for i in group], offset, count)
+                    for i, samples in zip(group, part):
+                        results[i].extend(samples)
+        return results
+
+    def rows_for(self, positions: int) -> int:
+        """Rows per pass: MAX_ROWS, or fewer when their KV cache (``positions`` each) and logits (float32, and
+        the float64 sampling copies) would pass MEMORY_BUDGET."""
+        config = self.model.config.get_text_config()
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        width = next(self.model.parameters()).element_size()
+        per_row = 2 * config.num_hidden_layers * heads * head_dim * positions * width + 28 * config.vocab_size
+        return max(1, min(MAX_ROWS, MEMORY_BUDGET // per_row))
+
+    def _decode(self, prompts, seeds, first_sample: int, count: int) -> list[list[Sample]]:
+        """Samples ``first_sample`` .. ``first_sample + count - 1`` of each prompt (all of the same length)."""
+        import numpy as np
         import torch
 
-        cfg, tok = self.cfg, self.tokenizer
+        from sage_unsloth.compat import preallocate_kv_cache
+
+        cfg, model, device = self.cfg, self.model, self.model.device
+        steps = cfg.max_tokens
+        per_prompt = max(count, -(-MIN_ROWS // len(prompts)))  # rows >= count are padding, never recorded
+        rows = len(prompts) * per_prompt
+        uniforms = np.concatenate(
+            [sample_uniforms(s, np.arange(first_sample, first_sample + per_prompt), steps) for s in seeds]
+        )
+        uniforms = torch.from_numpy(uniforms)
+        real = torch.from_numpy(np.tile(np.arange(per_prompt) < count, len(prompts)))
+        out = torch.full((rows, steps), self.pad_id, dtype=torch.long)
+        lengths = torch.zeros(rows, dtype=torch.long)
+        eos = torch.tensor(self.eos_ids, dtype=torch.long)
+        with torch.inference_mode():
+            ids = torch.tensor(prompts, dtype=torch.long, device=device)
+            prefill = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            cache = prefill.past_key_values
+            if not preallocate_kv_cache(cache, per_prompt, ids.shape[1] + steps):
+                cache.batch_repeat_interleave(per_prompt)
+            logits = prefill.logits[:, -1].float().repeat_interleave(per_prompt, dim=0)
+            slot = torch.arange(rows)  # batch position -> row
+            alive = real.clone()  # rows still generating (by row)
+            for t in range(steps):
+                token = sample_tokens(logits.cpu(), uniforms[slot, t], cfg.temperature, cfg.top_p, cfg.min_p)
+                live = alive[slot]
+                out[slot[live], t] = token[live]
+                lengths[slot[live]] = t + 1
+                done = torch.isin(token, eos)
+                if self.stop is not None:
+                    done |= self.stop(out[slot, : t + 1], None).cpu()
+                alive[slot[live & done]] = False
+                if t + 1 == steps or not alive.any():
+                    break
+                keep = alive[slot]
+                dead = int((~keep).sum())
+                if dead and slot.numel() > MIN_ROWS and 4 * dead >= slot.numel():
+                    position = torch.nonzero(keep).squeeze(1)
+                    if position.numel() < MIN_ROWS:  # pad with finished rows up to MIN_ROWS
+                        spare = torch.nonzero(~keep).squeeze(1)[: MIN_ROWS - position.numel()]
+                        position = torch.cat([position, spare]).sort().values
+                    cache.batch_select_indices(position.to(device))
+                    slot, token = slot[position], token[position]
+                step = model(input_ids=token.view(-1, 1).to(device), past_key_values=cache, use_cache=True)
+                logits = step.logits[:, -1].float()
+        return self._texts(out, lengths, real, len(prompts), per_prompt, count)
+
+    def _texts(self, out, lengths, real, n_prompts, per_prompt, count) -> list[list[Sample]]:
+        tok, cfg = self.tokenizer, self.cfg
         results = []
-        for prompt, seed in zip(prompts, seeds):
-            ids = torch.tensor([prompt], device=self.model.device)
-            enc = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-            torch.manual_seed(seed)
-            with torch.no_grad():
-                out = self.model.generate(
-                    **enc,
-                    do_sample=True,
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    min_p=cfg.min_p or None,
-                    max_new_tokens=cfg.max_tokens,
-                    num_return_sequences=cfg.n,
-                    stop_strings=list(cfg.stop) or None,
-                    tokenizer=tok,
-                    pad_token_id=tok.pad_token_id,
-                )
+        for p in range(n_prompts):
             samples = []
-            for row in out[:, enc["input_ids"].shape[1] :]:
-                ids = [t for t in row.tolist() if t != tok.pad_token_id]
+            for r in range(p * per_prompt, p * per_prompt + count):
+                ids = [t for t in out[r, : lengths[r]].tolist() if t != self.pad_id]
                 text = tok.decode(ids, skip_special_tokens=True)
                 for stop in cfg.stop:  # vLLM drops the stop string; do the same
                     cut = text.find(stop)
                     if cut >= 0:
                         text = text[:cut]
-                samples.append(Sample(text, len(ids)))
+                samples.append(Sample(text, len(ids), tuple(ids)))
             results.append(samples)
         return results
 
