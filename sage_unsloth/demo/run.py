@@ -109,10 +109,6 @@ METHODS = (
     Method("grpo_beta0.5", "GRPO, beta 0.5"),
     Method("grpo_beta1", "GRPO, beta 1"),
     Method("grpo_beta2", "GRPO, beta 2"),
-    Method("grpo_ref_branch_b0.05_t0.3_g4_q3", "GRPO + ref_branch, beta 0.05, tau 0.3, gamma 4, q_max 3"),
-    Method("grpo_branch_b0.05_t0.03_g0.3_q1.4", "GRPO + branch, beta 0.05, tau 0.03, gamma 0.3, q_max 1.4"),
-    Method("grpo_branch_b0.05_t0.3_g4_q3", "GRPO + branch, beta 0.05, tau 0.3, gamma 4, q_max 3"),
-    Method("grpo_branch_b0.05_t0.03_g10_q10", "GRPO + branch, beta 0.05, tau 0.03, gamma 10, q_max 10"),
 )
 # the exploration baselines from the literature (`--methods baselines` runs them beside GRPO)
 BASELINES = (
