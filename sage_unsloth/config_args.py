@@ -69,7 +69,9 @@ def _base_path(path: Path, base) -> Path | None:
     return None if base is None else path.parent / str(base)
 
 
-def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+def read_config_file(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping one YAML file writes itself (its ``base:`` key kept), refusing a ``base:`` chain that comes
+    back to a file of ``chain`` (the resolved files read so far, the first one first)."""
     import yaml
 
     if path.resolve() in chain:
@@ -81,6 +83,20 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a YAML mapping (key: value lines), not a {type(data).__name__}")
+    return data
+
+
+def merge_over_base(merged: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a file's own keys) over ``merged`` (its base's): this file's keys win, ``env`` key by key."""
+    env = {**(merged.get(ENV_KEY) or {}), **(data.get(ENV_KEY) or {})}
+    merged.update(data)
+    if env:
+        merged[ENV_KEY] = env
+    return merged
+
+
+def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    data = read_config_file(path, chain)
     base = data.pop(BASE_KEY, None)
     base_path = _base_path(path, base)
     if base_path is None:
@@ -89,12 +105,7 @@ def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         raise ConfigError(
             f"{path}: base: {base} not found ({base_path}): give a path relative to the YAML's folder"
         )
-    merged = _load_config(base_path, (*chain, path.resolve()))
-    env = {**(merged.get(ENV_KEY) or {}), **(data.get(ENV_KEY) or {})}
-    merged.update(data)
-    if env:
-        merged[ENV_KEY] = env
-    return merged
+    return merge_over_base(_load_config(base_path, (*chain, path.resolve())), data)
 
 
 def with_config_flag(argv: list[str], configs_dir: str) -> tuple[list[str], str | None]:

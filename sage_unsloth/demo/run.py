@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from .. import layout
-from ..config_args import config_files
+from ..config_args import config_files, merge_over_base, read_config_file
 from ..layout import SFT_RUN
 from ..manifest import atomic_write_json, atomic_write_text
 from ..recipe import stage_command
@@ -414,17 +414,7 @@ def resolve_method_config(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dic
     kit merges it (this file's keys win; ``env`` merged key by key), ``base:`` and ``sage_guide`` paths
     resolved as :func:`_kit_base` and :func:`_guide_path` say."""
     path = Path(path)
-    if path.resolve() in chain:
-        raise ValueError(f"{chain[0]}: its base chain comes back to {path}: remove one of the base: lines")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    data = {} if data is None else data
-    if not isinstance(data, dict):
-        raise ValueError(  # noqa: TRY004 (the runner's bad-input error is a ValueError: exit 2)
-            f"{path} must be a YAML mapping (key: value lines), not a {type(data).__name__}"
-        )
+    data = read_config_file(path, chain)  # its errors are ValueErrors (ConfigError): the runner's exit 2
     base = data.pop("base", None)
     files = [path]
     if "sage_guide" in data:
@@ -433,11 +423,7 @@ def resolve_method_config(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dic
     if base is None:
         return data, files
     merged, base_files = resolve_method_config(_kit_base(path, base), (*chain, path.resolve()))
-    env = {**(merged.get("env") or {}), **(data.get("env") or {})}
-    merged.update(data)
-    if env:
-        merged["env"] = env
-    return merged, files + base_files
+    return merge_over_base(merged, data), files + base_files
 
 
 def materialise(method: Method, work: Path) -> tuple[Path, tuple[Path, ...]]:
