@@ -76,3 +76,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every figure a report plot function saves, kept open for inspection instead of written (closed after)."""
+    import matplotlib.pyplot as plt
+
+    from sage_unsloth.report import plots
+
+    kept = []
+
+    def keep(fig, path):
+        kept.append(fig)
+        return Path(path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    yield kept
+    for fig in kept:
+        plt.close(fig)

@@ -40,23 +40,6 @@ def config_methods(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml") if p.stem not in NOT_METHODS)
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """Every figure a plot function saves, kept open for inspection instead of written."""
-    kept = []
-
-    def keep(fig, path):
-        kept.append(fig)
-        return Path(path)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    yield kept
-    import matplotlib.pyplot as plt
-
-    for fig in kept:
-        plt.close(fig)
-
-
 def method_colours_drawn(figs) -> dict[str, set[str]]:
     """{method: the colours its artists were drawn in} over every labelled line and every support bar."""
     drawn: dict[str, set[str]] = {}

@@ -19,19 +19,6 @@ PAPER_DIR = Path(__file__).resolve().parents[1] / "results" / "paper"
 METHODS = ("grpo", "grpo_branch", "grpo_nokl", "grpo_branch_reward")
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """Every figure a plot function saves, kept open for inspection instead of written."""
-    kept = []
-
-    def keep(fig, path):
-        kept.append(fig)
-        return Path(path)
-
-    monkeypatch.setattr(plots, "_save", keep)
-    return kept
-
-
 def labelled_lines(ax):
     return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
 
