@@ -12,7 +12,8 @@ import warnings
 
 import pytest
 import torch
-from test_rlvr_trainer import PROMPTS, TARGETS, TEMPERATURE, _config, _reward, _rollout
+from test_rlvr_trainer import TEMPERATURE, _config, _rollout
+from test_rlvr_trainer import _build as _build_trainer
 
 from sage_unsloth.config_args import ConfigError
 
@@ -23,28 +24,7 @@ LOGIT_SCALE = 3.0
 
 
 def _build(tiny_model_dir, args):
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sage_unsloth.rlvr.trainer import SageGRPOTrainer
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
-    # random non-zero LoRA B: the policy differs from the reference (the adapter-disabled base) from the start
-    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, init_lora_weights=False)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS] * 4)
-    return SageGRPOTrainer(
-        model=model,
-        reward_funcs=_reward,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=lora,
-    )
+    return _build_trainer(tiny_model_dir, args, logit_scale=LOGIT_SCALE)
 
 
 def _independent_q(model, batch, q_min=0.6, q_max=1.4):

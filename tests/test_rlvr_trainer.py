@@ -48,7 +48,7 @@ def _reward(completions, **kwargs):
     return [float(len(str(c)) % 5) for c in completions]
 
 
-def _build(tiny_model_dir, args):
+def _build(tiny_model_dir, args, logit_scale: float = LOGIT_SCALE):
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -59,7 +59,7 @@ def _build(tiny_model_dir, args):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():  # sharper logits: the random model is near-uniform, with entropies all ~6.5 nats
-        model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
+        model.get_output_embeddings().weight.mul_(logit_scale)
     # A new adapter (TRL wraps the model; the reference is the adapter-disabled base), with a random
     # non-zero LoRA B so that the policy differs from the reference from the first step.
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, init_lora_weights=False)
