@@ -23,7 +23,7 @@ import numpy as np
 from scipy import stats
 
 from ..manifest import atomic_write_text
-from .compare import load_lab_runs, split_run
+from .compare import load_lab_runs, paired_runs, split_run
 
 
 def estimator_variance(p: float, n: int, k: int) -> float:
@@ -58,18 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     lab = load_lab_runs(Path(args.results), args.dataset)
-    seeds = sorted(s for r in lab.n if (m_s := split_run(r))[0] == args.a and (s := m_s[1]) is not None)
-    if len(seeds) < 2:
+    pairs = paired_runs(lab, args.a, args.b)  # (run of A, run of B) by training seed
+    if len(pairs) < 2:
         raise SystemExit(
             f"error: --a {args.a}: needs runs at two training seeds or more under {args.results}"
         )
-
-    def run(method: str, seed: int) -> str:
-        return f"{method}_seed{seed}" if f"{method}_seed{seed}" in lab.n else method
+    seeds = [split_run(a)[1] for a, _ in pairs]
 
     diffs, noise = [], []
-    for seed in seeds:
-        a, b = run(args.a, seed), run(args.b, seed)
+    for a, b in pairs:
         diffs.append(float((lab.passk(a, [args.k])[:, 0] - lab.passk(b, [args.k])[:, 0]).mean()))
         noise.append(sum(eval_variance_of_mean(lab.n[r], lab.c[r], int(lab.n[r][0]), args.k) for r in (a, b)))
     diffs = np.array(diffs)
@@ -81,11 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         e_n = float(
             np.mean(
                 [
-                    sum(
-                        eval_variance_of_mean(lab.n[r], lab.c[r], samples, args.k)
-                        for r in (run(args.a, s), run(args.b, s))
-                    )
-                    for s in seeds
+                    sum(eval_variance_of_mean(lab.n[r], lab.c[r], samples, args.k) for r in pair)
+                    for pair in pairs
                 ]
             )
         )
@@ -97,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{s},{samples},{p},{se:.5f},{mde(se, s):.4f},{seed_spread:.3e},{e_n * problems / p:.3e}"
                 )
     header = (
-        f"# {args.a} - {args.b}, pass@{args.k}, from training seeds {seeds} at n = {int(lab.n[run(args.a, seeds[0])][0])}, "
+        f"# {args.a} - {args.b}, pass@{args.k}, from training seeds {seeds} at n = {int(lab.n[pairs[0][0]][0])}, "
         f"P = {problems}: seed-level differences {np.round(diffs, 4).tolist()}, variance {total:.3e} = evaluation "
         f"noise {eval_noise:.3e} + training-seed spread {seed_spread:.3e}"
     )
