@@ -8,25 +8,16 @@ the demo lab, whatever else is plotted.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
-_SEED_SUFFIX = re.compile(r"^(?P<method>.+?)[_-](?:seed|s)(?P<seed>\d+)$")
-
-
-def method_of(run: str) -> str:
-    """The method a run folder belongs to: its name without a trailing seed suffix."""
-    match = _SEED_SUFFIX.match(run)
-    return match["method"] if match else run
+from . import palette as _palette
+from .palette import method_of  # noqa: F401 (grouping.method_of: the reports' name for it)
 
 
 def palette(names) -> dict[str, str]:
     """{name: its method's colour} from the kit's one palette (sage_unsloth/report/palette.py): the colour
     depends on the method alone, never on which other names are plotted."""
-    from sage_unsloth.report import palette as _palette
-
     return _palette.colours(names)
 
 

@@ -13,6 +13,16 @@ from __future__ import annotations
 
 import colorsys
 import hashlib
+import re
+
+_SEED_SUFFIX = re.compile(r"^(?P<method>.+?)[_-](?:seed|s)(?P<seed>\d+)$")
+
+
+def method_of(run: str) -> str:
+    """The method a run folder belongs to: its name without a trailing seed suffix."""
+    match = _SEED_SUFFIX.match(run)
+    return match["method"] if match else run
+
 
 # The strong tab10 colours go to the methods the demo lab plots together (SFT, the GRPO variants, the
 # exploration baselines), the light tab20 shades to the tiny presets' BNPO / DAPO variants and SAGE's two
@@ -60,8 +70,6 @@ ALIASES: dict[str, str] = {
 def method_key(name: str) -> str:
     """The palette's key for a run or method name: ``model/run_seedN`` -> ``run``, lower-cased, aliases
     resolved."""
-    from sage_unsloth.report.grouping import method_of
-
     key = method_of(str(name).rpartition("/")[2]).strip().lower()
     return ALIASES.get(key, key)
 
