@@ -118,11 +118,16 @@ def two_level_ci(
     )
 
 
+SHARE = (0.0, 1.0)  # the range of a pass@k or a share of problems or completions
+DIFFERENCE = (-1.0, 1.0)
+
+
 def ci(
-    values: np.ndarray, *, resamples: int, seed: int, level: float, stream: str = ""
+    values: np.ndarray, *, resamples: int, seed: int, level: float, stream: str = "", bounds=None
 ) -> tuple[float, float, float]:
-    """(mean, low, high) of ``values`` (seeds, problems): the lab's interval (intervals.estimate)."""
-    return intervals.estimate(values, resamples=resamples, seed=seed, level=level).triple()
+    """(mean, low, high) of ``values`` (seeds, problems): the lab's interval (intervals.estimate). ``stream``
+    is the old bootstrap's and is unused."""
+    return intervals.estimate(values, resamples=resamples, seed=seed, level=level, bounds=bounds).triple()
 
 
 def _stack(lab: LabRuns, runs: list[str], fn) -> np.ndarray:
@@ -154,7 +159,9 @@ def method_table(lab: LabRuns, ks: list[int], *, resamples: int, seed: int, leve
     for method, runs in lab.methods.items():
         values = _stack(lab, runs, lambda r: lab.passk(r, ks))  # (S, N, K)
         for j, k in enumerate(ks):
-            est = intervals.estimate(values[:, :, j], resamples=resamples, seed=seed, level=level)
+            est = intervals.estimate(
+                values[:, :, j], resamples=resamples, seed=seed, level=level, bounds=SHARE
+            )
             rows.append(
                 {
                     "method": method,
@@ -210,7 +217,7 @@ def paired_row(
     """One row of a paired A - B table: the labels, the mean difference and its interval over the
     (seeds, problems) array ``diff`` (intervals.estimate), whether it excludes 0 and the paper's effect, the
     t-test's p, the MDE and the seeds that would detect the paper's effect, and the array's size."""
-    est = intervals.estimate(diff, **stats)
+    est = intervals.estimate(diff, bounds=DIFFERENCE, **stats)
     return {
         "a": a,
         "b": b,
@@ -243,7 +250,8 @@ def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, lev
         )  # (S, N, Q)
         row = {"method": method, "k": k, "seeds": len(runs)}
         for j, name in enumerate(SHARES):
-            est = intervals.estimate(shares[:, :, j], resamples=resamples, seed=seed, level=level)
+            bounds = DIFFERENCE if name == "net" else SHARE
+            est = intervals.estimate(shares[:, :, j], resamples=resamples, seed=seed, level=level, bounds=bounds)
             row.update({name: est.mean, f"{name}_ci_low": est.low, f"{name}_ci_high": est.high})
             if name == "net":  # the comparison with SFT: its test and power
                 net = est
@@ -275,7 +283,7 @@ def strategy_method_table(
     for method, runs in methods.items():
         values = np.stack([per_problem_shares_by_run[r] for r in runs])  # (S, N, L)
         for j, label in enumerate(labels):
-            mean, low, high = ci(values[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)
+            mean, low, high = ci(values[:, :, j], resamples=resamples, seed=seed, level=level, bounds=SHARE)
             rows.append(
                 {
                     "method": method,

@@ -19,7 +19,7 @@ draws around the estimand, and there are few of them, so
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats
@@ -90,10 +90,24 @@ def problem_bootstrap(row: np.ndarray, *, resamples: int, seed: int) -> np.ndarr
 
 
 def estimate(
-    values: np.ndarray, *, level: float = 0.95, resamples: int = 2000, seed: int = 0, **_
+    values: np.ndarray,
+    *,
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    bounds: tuple[float, float] | None = None,
+    **_,
 ) -> Estimate:
-    """The lab's interval of the mean of ``values`` (seeds, problems); see the module doc."""
-    values = np.asarray(values, dtype=np.float64)
+    """The lab's interval of the mean of ``values`` (seeds, problems); see the module doc. ``bounds``: the
+    quantity's range (a share: (0, 1)); the interval is cut to it (the truth lies inside, so coverage holds)."""
+    est = _estimate(np.asarray(values, dtype=np.float64), level, resamples, seed)
+    if bounds is None:
+        return est
+    low, high = bounds
+    return replace(est, low=min(max(est.low, low), high), high=max(min(est.high, high), low))
+
+
+def _estimate(values: np.ndarray, level: float, resamples: int, seed: int) -> Estimate:
     if values.ndim != 2 or values.size == 0:
         raise ValueError(f"estimate: values must be (seeds, problems) and non-empty, got shape {values.shape}")
     seeds = values.shape[0]
