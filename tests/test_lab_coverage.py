@@ -19,8 +19,8 @@ import pytest
 
 from sage_unsloth.demo import compare, intervals
 
-LABS, PROBLEMS, SAMPLES, K = 400, 100, 64, 16
-SEED_SD, INTERACTION_SD, RHO, EFFECT_SD = 0.5, 0.3, 0.5, 0.2
+LABS, PROBLEMS, SAMPLES, K = 600, 100, 64, 16
+SEED_SD, INTERACTION_SD, RHO, EFFECT_SD = 0.5, 0.5, 0.5, 0.3
 
 
 def passk_table(n: int, k: int) -> np.ndarray:
