@@ -9,9 +9,10 @@ E[pass@k(A) - pass@k(B)] over seeds and sampling, computed exactly by Gauss-Herm
 effect (E[unbiased pass@k | p] = 1 - (1 - p)^k).
 
 The old two-level bootstrap (compare.two_level_ci) is measured on the same labs by the slow test at the end
-(``pytest -m slow tests/test_lab_coverage.py -s`` prints its coverage).
+(``pytest -m slow tests/test_lab_coverage.py -s`` prints its coverage: 83.3% at 3 seeds, 95.3% at 10).
 """
 
+from functools import lru_cache
 from math import comb
 
 import numpy as np
@@ -35,6 +36,7 @@ def expected_passk(logits: np.ndarray, sd: float, k: int) -> np.ndarray:
     return (1.0 - (1.0 - p) ** k) @ (weights / weights.sum())
 
 
+@lru_cache(maxsize=4)  # the tests below share the simulated labs
 def simulate(seeds: int, effect: float, *, rng_seed: int = 0):
     """(labs, seeds, problems) per-problem pass@k differences A - B, and each lab's true mean difference."""
     rng = np.random.default_rng([rng_seed, seeds])
@@ -67,11 +69,12 @@ def bootstrap_interval(values):
 
 
 def test_the_simulated_labs_have_the_lab_s_shape():
-    """The seed-level differences spread by about what the pilot's did (sd 0.01-0.05) and the truth is a
-    real effect (a loss of a few points of pass@16), so the test is about the lab's regime."""
+    """The seed-level differences spread within what the beta pilot's pass@k differences did (sd 0.005 to
+    0.09, results/demo-pilot-beta/lab/pairs.csv) and the truth is a real effect (a loss of a few points of
+    pass@16), so the test is about the lab's regime."""
     diff, truth = simulate(10, -0.3)
     per_seed_sd = diff.mean(axis=2).std(axis=1, ddof=1)
-    assert 0.01 < np.median(per_seed_sd) < 0.05
+    assert 0.02 < np.median(per_seed_sd) < 0.1
     assert -0.08 < truth.mean() < -0.01
 
 
@@ -89,16 +92,18 @@ def test_a_z_interval_or_an_interval_without_the_seed_spread_undercovers():
         return d.mean(), d.mean() - half, d.mean() + half
 
     def problems_only(values):  # the seeds pooled, as if they were one run: the seed spread is dropped
-        return intervals.estimate(values.mean(axis=0, keepdims=True), level=0.95).triple()
+        return intervals.estimate(values.mean(axis=0, keepdims=True), level=0.95, resamples=300).triple()
 
     assert coverage(z_interval, 3) < 0.93
     assert coverage(problems_only, 3) < 0.93
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seeds", [3, 10])
-def test_the_old_two_level_bootstrap_undercovers(seeds, capsys):
-    value = coverage(bootstrap_interval, seeds)
+def test_the_old_two_level_bootstrap_undercovers_at_3_seeds(capsys):
+    """Measured, docs/lab.md "Intervals and power": 83.3% at 3 seeds; at 10 seeds 95.3% in this regime
+    (problem resampling adds about the width the seed level lacks; coverage(bootstrap_interval, 10) measures
+    it, minutes of CPU), so only 3 seeds is asserted."""
+    value = coverage(bootstrap_interval, 3)
     with capsys.disabled():
-        print(f"\n[coverage] two-level bootstrap, {seeds} seeds: {value:.1%} of {LABS} labs")
+        print(f"\n[coverage] two-level bootstrap, 3 seeds: {value:.1%} of {LABS} labs")
     assert value < 0.93

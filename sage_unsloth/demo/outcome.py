@@ -40,7 +40,7 @@ def _label(row, side: str) -> str:
 
 
 def _p(p: float) -> str:
-    return "n/a" if math.isnan(p) else ("< 0.001" if p < 0.001 else f"{p:.3f}")
+    return "n/a" if math.isnan(p) else ("< 1e-3" if p < 0.001 else f"{p:.3f}")
 
 
 def _seeds(value: float) -> str:
@@ -50,10 +50,13 @@ def _seeds(value: float) -> str:
 
 
 def reading(row) -> str:
-    """What the interval says: the sign when it excludes 0, else the largest gain it leaves possible."""
+    """What the interval says: the sign when it excludes 0, and for a pass@k whether it excludes the paper's
+    gain, else the largest gain it leaves possible."""
     low, high = row["ci_low"], row["ci_high"]
     if low > 0:
         return "excludes 0 (higher with A)"
+    if not _metric(row).startswith("pass@"):  # the paper's effect size is a pass@k gain
+        return "excludes 0 (lower with A)" if high < 0 else "includes 0"
     if high < 0:
         return f"excludes 0 (lower with A); excludes the paper's +{PAPER_EFFECT:g}"
     if high < PAPER_EFFECT:
