@@ -46,7 +46,9 @@ def test_the_mde_has_80_percent_power_by_the_noncentral_t(sd, seeds, tolerance):
 def test_seeds_to_detect_is_the_fewest_seeds_whose_mde_reaches_the_effect():
     for sd in (0.005, 0.02, 0.05):
         s = int(I.seeds_to_detect(sd, 0.015))
-        assert I.mde(sd / math.sqrt(s), s) <= 0.015 and (s == 2 or I.mde(sd / math.sqrt(s - 1), s - 1) > 0.015)
+        assert I.mde(sd / math.sqrt(s), s) <= 0.015 and (
+            s == 2 or I.mde(sd / math.sqrt(s - 1), s - 1) > 0.015
+        )
     # by hand at sd 0.02: n ~ ((1.96 + 0.84) 0.02 / 0.015)^2 = 13.9 by normal quantiles, t needs a few more
     assert 14 <= I.seeds_to_detect(0.02, 0.015) <= 17
     assert I.seeds_to_detect(0.0, 0.015) == 2
@@ -62,7 +64,9 @@ def test_holm_against_a_hand_computed_example():
 def lab(**c_by_run):
     problems = [f"p{i}" for i in range(len(next(iter(c_by_run.values()))))]
     return C.LabRuns(
-        problems, {r: np.full(len(problems), 4) for r in c_by_run}, {r: np.array(c) for r, c in c_by_run.items()}
+        problems,
+        {r: np.full(len(problems), 4) for r in c_by_run},
+        {r: np.array(c) for r, c in c_by_run.items()},
     )
 
 
@@ -71,7 +75,9 @@ def test_pair_rows_carry_the_interval_method_p_mde_and_seeds_for_the_paper_s_eff
         grpo_seed0=[4, 0], grpo_seed1=[2, 2], grpo_seed2=[0, 4],
         grpo_branch_seed0=[4, 2], grpo_branch_seed1=[4, 2], grpo_branch_seed2=[1, 4], sft=[2, 2],
     )  # fmt: skip
-    table = C.pair_table(runs, [("grpo_branch", "grpo"), ("grpo", "sft")], [1], resamples=200, seed=0, level=0.95)
+    table = C.pair_table(
+        runs, [("grpo_branch", "grpo"), ("grpo", "sft")], [1], resamples=200, seed=0, level=0.95
+    )
     row = table.iloc[0]
     d = np.array([0.25, 0.25, 0.125])  # per seed, the mean over problems of (c_branch - c_grpo) / 4
     se = d.std(ddof=1) / math.sqrt(3)

@@ -154,7 +154,7 @@ def paired_values(lab: LabRuns, method_a: str, method_b: str, fn) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------ tables
 def method_table(lab: LabRuns, ks: list[int], *, resamples: int, seed: int, level: float) -> pd.DataFrame:
-    """Per method and k: pass@k with the two-level CI, and the number of seeds and problems."""
+    """Per method and k: pass@k with the lab's interval (t over seeds; one seed: problem bootstrap), seeds, problems."""
     rows = []
     for method, runs in lab.methods.items():
         values = _stack(lab, runs, lambda r: lab.passk(r, ks))  # (S, N, K)
@@ -188,9 +188,16 @@ def pair_table(
             diff = paired_values(lab, a, b, lambda r, k=k: lab.passk(r, [k])[:, 0])
             rows.append(
                 paired_row(
-                    a, b, diff, {"k": k}, resamples=resamples, seed=seed, level=level, stream=f"{a}-{b}",
+                    a,
+                    b,
+                    diff,
+                    {"k": k},
+                    resamples=resamples,
+                    seed=seed,
+                    level=level,
+                    stream=f"{a}-{b}",
                     shared_b=shares_b(lab, a, b),
-                )  # fmt: skip
+                )
             )
     return pd.DataFrame(rows)
 
@@ -251,7 +258,9 @@ def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, lev
         row = {"method": method, "k": k, "seeds": len(runs)}
         for j, name in enumerate(SHARES):
             bounds = DIFFERENCE if name == "net" else SHARE
-            est = intervals.estimate(shares[:, :, j], resamples=resamples, seed=seed, level=level, bounds=bounds)
+            est = intervals.estimate(
+                shares[:, :, j], resamples=resamples, seed=seed, level=level, bounds=bounds
+            )
             row.update({name: est.mean, f"{name}_ci_low": est.low, f"{name}_ci_high": est.high})
             if name == "net":  # the comparison with SFT: its test and power
                 net = est

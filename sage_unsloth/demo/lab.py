@@ -4,10 +4,13 @@ reference, and a plain statement of what GRPO + Branch did against GRPO.
 ``python -m sage_unsloth.demo.lab --work W --results R --runs sft,grpo_seed0,... --methods grpo=GRPO,...
 --pairs grpo_branch:grpo,... [--reference results/demo-reference]`` reads the eval stage's per_problem.csv
 files and the analysis step's tables and writes ``R/lab/``: ``methods.csv`` (pass@k per method and k with
-CIs), ``pairs.csv`` (paired differences), ``support.csv`` (support against SFT per method), ``plans.csv``
-(plan shares per method), ``runs.csv`` (one row per run), ``reference.csv`` (this run against the
-reference) and ``summary.txt`` (the console lines); its section is appended to ``R/report.md``. Statistics:
-sage_unsloth.demo.compare. An empty or missing result is an error (exit 1), never a NaN row.
+intervals), ``pairs.csv`` (paired differences: the family of comparisons, with p_holm, mde and
+seeds_for_0.015), ``outcome.md`` (the outcome paragraph and table, from pairs.csv: demo/outcome.py),
+``support.csv`` (support against SFT per method), ``plans.csv`` (plan shares per method), ``runs.csv`` (one
+row per run), ``reference.csv`` (this run against the reference) and ``summary.txt`` (the console lines);
+its section is appended to ``R/report.md``. Statistics: sage_unsloth.demo.compare and
+sage_unsloth.demo.intervals (docs/lab.md, "Intervals and power"). An empty or missing result is an error
+(exit 1), never a NaN row.
 """
 
 from __future__ import annotations
@@ -245,7 +248,7 @@ def _method_colours(methods: list[str]) -> dict[str, str]:
 
 def interval_ks(ks, count: int = 3) -> list[int]:
     """The few k where the headline draws intervals: the smallest, the largest and one between (log scale)."""
-    ks = sorted(set(int(k) for k in ks))
+    ks = sorted({int(k) for k in ks})
     if len(ks) <= count:
         return ks
     return sorted({ks[0], ks[len(ks) // 2], ks[-1]})
@@ -375,7 +378,7 @@ def render(
                 f"CIs: 95% Student t with {seeds - 1} degrees of freedom over the {seeds} seed-level means "
                 "(paired differences: per seed, the mean over the problems of A - B); the estimand is the mean "
                 "over this problem set, in expectation over training seeds and evaluation sampling "
-                "(sage_unsloth/demo/intervals.py, docs/lab.md \"Intervals and power\")."
+                '(sage_unsloth/demo/intervals.py, docs/lab.md "Intervals and power").'
             )
             if seeds > 1
             else (
