@@ -86,3 +86,30 @@ def test_pair_rows_carry_the_interval_method_p_mde_and_seeds_for_the_paper_s_eff
     assert row["seeds_for_0.015"] == I.seeds_to_detect(d.std(ddof=1), 0.015)
     assert row["p"] == pytest.approx(2 * stats.t.sf(d.mean() / se, 2))
     assert table.iloc[1]["interval"] == "t(seed), B shared"  # every GRPO seed against one seedless SFT
+
+
+def test_a_lab_of_the_confirmatory_shape_gets_t_intervals_holm_and_an_outcome(tmp_path):
+    """10 seeds, SFT evaluated per seed (sft_seed<s>), n = 256, a --grid cell name with dots and dashes."""
+    from sage_unsloth.demo import lab as L
+    from sage_unsloth.demo import outcome
+
+    rng = np.random.default_rng(0)
+    methods = ["sft", "grpo", "grpo_branch_paper", "grpo_ref_branch-tau0.3-gamma4-q_max3"]
+    runs = {
+        f"{m}_seed{s}": rng.binomial(256, rng.uniform(0, 0.2, 30)) for m in methods for s in range(10, 20)
+    }
+    lab = C.LabRuns([f"p{i}" for i in range(30)], {r: np.full(30, 256) for r in runs}, runs)
+    pairs = [(m, b) for m in methods[1:] for b in ("sft", "grpo") if m != b]
+    table = C.pair_table(lab, pairs, [1, 64], resamples=100, seed=0, level=0.95)
+    family = L.adjust_family(table, {"grpo": "GRPO"})
+    assert len(family) == 10 and set(family["interval"]) == {"t(seed)"} and (family["seeds"] == 10).all()
+    assert (family["p_holm"] >= family["p"]).all() and family["family"].iloc[
+        0
+    ] == "pairs.csv: 10 comparisons, Holm"
+    support = C.support_method_table(lab, 64, resamples=100, seed=0, level=0.95)
+    assert {"mde", "seeds_for_0.015", "net_p"} <= set(support.columns) and set(support["interval"]) == {
+        "t(seed)"
+    }
+    family.to_csv(tmp_path / "pairs.csv", index=False)
+    text = outcome.outcome_block(tmp_path)
+    assert "10 training seeds x 30 problems" in text and "| GRPO - SFT | pass@64 |" in text

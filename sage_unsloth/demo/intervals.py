@@ -109,7 +109,9 @@ def estimate(
 
 def _estimate(values: np.ndarray, level: float, resamples: int, seed: int) -> Estimate:
     if values.ndim != 2 or values.size == 0:
-        raise ValueError(f"estimate: values must be (seeds, problems) and non-empty, got shape {values.shape}")
+        raise ValueError(
+            f"estimate: values must be (seeds, problems) and non-empty, got shape {values.shape}"
+        )
     seeds = values.shape[0]
     mean = float(values.mean())
     if seeds >= 2:

@@ -25,7 +25,9 @@ from .intervals import PAPER_EFFECT
 FILE = "outcome.md"
 BEGIN = "<!-- lab-outcome:begin {folder} -->"
 END = "<!-- lab-outcome:end -->"
-BLOCK = re.compile(r"<!-- lab-outcome:begin (?P<folder>\S+) -->\n(?P<body>.*?)<!-- lab-outcome:end -->", re.S)
+BLOCK = re.compile(
+    r"<!-- lab-outcome:begin (?P<folder>\S+) -->\n(?P<body>.*?)<!-- lab-outcome:end -->", re.DOTALL
+)
 SEEDS_FOR = f"seeds_for_{PAPER_EFFECT:g}"
 NEW_COLUMNS = ("interval", "p_holm", "mde", SEEDS_FOR)
 
@@ -84,8 +86,8 @@ def outcome_block(lab_dir: Path) -> str:
             f"{seeds} training seed{'s' if seeds > 1 else ''} x {problems} problems. Family: the "
             f"{len(pairs)} paired comparisons of lab/pairs.csv ({metrics}; A - B, runs paired by seed), "
             f"Holm-adjusted over the family. {len(zero)} of {len(pairs)} 95% intervals exclude 0, "
-            f"{len(held)} after Holm (p_holm < 0.05). Intervals: {kinds} (docs/lab.md, \"Intervals and "
-            f"power\"); MDE: the smallest effect each comparison detects with 80% power at two-sided 0.05; "
+            f'{len(held)} after Holm (p_holm < 0.05). Intervals: {kinds} (docs/lab.md, "Intervals and '
+            f'power"); MDE: the smallest effect each comparison detects with 80% power at two-sided 0.05; '
             f"'seeds for {PAPER_EFFECT:g}': the seeds that would detect the paper's effect at this spread."
         ),
         "",
@@ -122,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sage_unsloth.demo.outcome", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--update", nargs="+", metavar="FILE", help="rewrite the marked blocks of these files")
+    parser.add_argument(
+        "--update", nargs="+", metavar="FILE", help="rewrite the marked blocks of these files"
+    )
     parser.add_argument("--lab", help="print the outcome block of this <results>/lab folder")
     parser.add_argument("--root", default=".", help="where the blocks' results/<folder> paths start")
     args = parser.parse_args(argv)
