@@ -101,15 +101,13 @@ def test_a_lab_of_the_confirmatory_shape_gets_t_intervals_holm_and_an_outcome(tm
     lab = C.LabRuns([f"p{i}" for i in range(30)], {r: np.full(30, 256) for r in runs}, runs)
     pairs = [(m, b) for m in methods[1:] for b in ("sft", "grpo") if m != b]
     table = C.pair_table(lab, pairs, [1, 64], resamples=100, seed=0, level=0.95)
-    family = L.adjust_family(table, {"grpo": "GRPO"})
+    family = L.adjust_family(table, {"sft": "SFT", "grpo": "GRPO"})
     assert len(family) == 10 and set(family["interval"]) == {"t(seed)"} and (family["seeds"] == 10).all()
-    assert (family["p_holm"] >= family["p"]).all() and family["family"].iloc[
-        0
-    ] == "pairs.csv: 10 comparisons, Holm"
+    assert (family["p_holm"] >= family["p"]).all()
+    assert family["family"].iloc[0] == "pairs.csv: 10 comparisons, Holm"
     support = C.support_method_table(lab, 64, resamples=100, seed=0, level=0.95)
-    assert {"mde", "seeds_for_0.015", "net_p"} <= set(support.columns) and set(support["interval"]) == {
-        "t(seed)"
-    }
+    assert {"mde", "seeds_for_0.015", "net_p"} <= set(support.columns)
+    assert set(support["interval"]) == {"t(seed)"}
     family.to_csv(tmp_path / "pairs.csv", index=False)
     text = outcome.outcome_block(tmp_path)
     assert "10 training seeds x 30 problems" in text and "| GRPO - SFT | pass@64 |" in text
