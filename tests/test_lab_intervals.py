@@ -111,3 +111,39 @@ def test_a_lab_of_the_confirmatory_shape_gets_t_intervals_holm_and_an_outcome(tm
     family.to_csv(tmp_path / "pairs.csv", index=False)
     text = outcome.outcome_block(tmp_path)
     assert "10 training seeds x 30 problems" in text and "| GRPO - SFT | pass@64 |" in text
+
+
+def test_the_headline_draws_no_bands_and_intervals_at_three_k_only(figures, tmp_path):
+    """Issue 28 item 9: with every method the intervals must not hide the lines."""
+    import pandas as pd
+    from matplotlib.collections import PolyCollection
+
+    from sage_unsloth.demo import lab as L
+
+    methods = [
+        "sft",
+        "grpo",
+        "grpo_nokl",
+        "grpo_branch",
+        "grpo_fkl",
+        "grpo_reward",
+        "grpo_passk",
+        "grpo-beta2",
+    ]
+    ks = [1, 2, 4, 8, 16, 32, 64]
+    rows = [
+        {"method": m, "k": k, "pass_at_k": 0.5, "ci_low": 0.4, "ci_high": 0.6, "interval": "t(seed)"}
+        for m in methods
+        for k in ks
+    ]
+    support = pd.DataFrame(
+        [{"method": m, "k": 64, "shrunk": 0.1, "expanded": 0.0, "net": -0.1, "net_ci_low": -0.2,
+          "net_ci_high": 0.0} for m in methods[1:]]
+    )  # fmt: skip
+    L.plot_headline(pd.DataFrame(rows), support, {m: m for m in methods}, 64, tmp_path / "h.png")
+    (fig,) = figures
+    ax = fig.axes[0]
+    assert not [c for c in ax.collections if isinstance(c, PolyCollection)]  # no fill_between bands
+    bars = [c for c in ax.collections if c.__class__.__name__ == "LineCollection"]
+    assert len(bars) == len(methods) and all(len(c.get_segments()) == 3 for c in bars)  # k = 1, 8, 64
+    assert L.interval_ks(ks) == [1, 8, 64] and fig.legends  # the legend is the figure's, under both panels
