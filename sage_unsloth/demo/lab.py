@@ -294,8 +294,8 @@ def plot_headline(
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (log2)")
     ax.set_ylabel("pass@k")
-    kinds = "; ".join(sorted(set(methods["interval"]))) if "interval" in methods.columns else "95% CI"
-    ax.set_title(f"pass@k per method (bars at k = {', '.join(map(str, at))}: {kinds})", fontsize=10)
+    kinds = ", ".join(sorted(set(methods["interval"]))) if "interval" in methods.columns else "bootstrap"
+    ax.set_title(f"pass@k per method (bars at k = {', '.join(map(str, at))}: 95% CI, {kinds})", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax = axes[0, 1]
     rows = support[support["k"] == kmax].set_index("method") if not support.empty else pd.DataFrame()
