@@ -87,7 +87,7 @@ def figures(monkeypatch):
 
     kept = []
 
-    def keep(fig, path):
+    def keep(fig, path, **_):  # plots._save's options (tight=...) change nothing here
         kept.append(fig)
         return Path(path)
 

@@ -6,13 +6,13 @@ a seed-level paired difference has its own evaluation noise; result folders writ
 seedless ``sft`` run, which pairs with every seed (:func:`paired_runs`). Per run and problem the value is the unbiased pass@k (or a strategy share); a
 method's score is the mean over its seeds and the problems.
 
-CIs are a two-level percentile bootstrap: each resample draws the seeds with replacement and, independently,
-the problems with replacement (the same problem draw for every seed and every method, so paired differences
-see the same problems on both sides); the statistic is the mean over the drawn seeds and problems. With one
-seed this is the bootstrap over problems alone. With three seeds the seed level has only 3^3 = 27 distinct
-draws, so the interval says how far the seeds spread, not a calibrated 95%: read it with the per-seed values
-(``lab_runs.csv``). Paired differences A - B pair the runs by seed (the same training seed, hence the same
-initial rollouts, and the same evaluation seed); against a seedless ``sft`` every seed of A is paired with it.
+Intervals: sage_unsloth.demo.intervals (``ci`` below): a t-interval with S - 1 degrees of freedom over the
+seed-level means (for a paired A - B: the seed-level paired differences), a problem bootstrap with one seed;
+the ``interval`` column of every table names which. Paired differences A - B pair the runs by seed (the
+same training seed, hence the same initial rollouts, and the same evaluation seed); against a seedless
+``sft`` every seed of A is paired with it (its evaluation noise is then shared by every seed and is not in
+the interval: the ``interval`` column says ``t(seed), B shared``). :func:`two_level_ci` is the lab's
+earlier interval (a two-level percentile bootstrap), kept for tests/test_lab_coverage.py's comparison.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import pandas as pd
 
 from ..report.support import SHARES, per_problem_shares
 from ..results import pass_at_k_matrix
+from . import intervals
 
 SEED_SUFFIX = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)$")
 REFERENCE_METHOD = "sft"
@@ -103,9 +104,11 @@ def two_level_samples(values: np.ndarray, *, resamples: int, seed: int, stream: 
     return np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
 
 
-def ci(
+def two_level_ci(
     values: np.ndarray, *, resamples: int, seed: int, level: float, stream: str = ""
 ) -> tuple[float, float, float]:
+    """The lab's interval before issue 28: percentile of :func:`two_level_samples` (undercovers with few
+    seeds: tests/test_lab_coverage.py)."""
     samples = two_level_samples(values, resamples=resamples, seed=seed, stream=stream)
     alpha = (1.0 - level) / 2.0
     return (
@@ -113,6 +116,18 @@ def ci(
         float(np.quantile(samples, alpha)),
         float(np.quantile(samples, 1.0 - alpha)),
     )
+
+
+SHARE = (0.0, 1.0)  # the range of a pass@k or a share of problems or completions
+DIFFERENCE = (-1.0, 1.0)
+
+
+def ci(
+    values: np.ndarray, *, resamples: int, seed: int, level: float, stream: str = "", bounds=None
+) -> tuple[float, float, float]:
+    """(mean, low, high) of ``values`` (seeds, problems): the lab's interval (intervals.estimate). ``stream``
+    is the old bootstrap's and is unused."""
+    return intervals.estimate(values, resamples=resamples, seed=seed, level=level, bounds=bounds).triple()
 
 
 def _stack(lab: LabRuns, runs: list[str], fn) -> np.ndarray:
@@ -139,19 +154,22 @@ def paired_values(lab: LabRuns, method_a: str, method_b: str, fn) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------ tables
 def method_table(lab: LabRuns, ks: list[int], *, resamples: int, seed: int, level: float) -> pd.DataFrame:
-    """Per method and k: pass@k with the two-level CI, and the number of seeds and problems."""
+    """Per method and k: pass@k with the lab's interval (t over seeds; one seed: problem bootstrap), seeds, problems."""
     rows = []
     for method, runs in lab.methods.items():
         values = _stack(lab, runs, lambda r: lab.passk(r, ks))  # (S, N, K)
         for j, k in enumerate(ks):
-            mean, low, high = ci(values[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)
+            est = intervals.estimate(
+                values[:, :, j], resamples=resamples, seed=seed, level=level, bounds=SHARE
+            )
             rows.append(
                 {
                     "method": method,
                     "k": k,
-                    "pass_at_k": mean,
-                    "ci_low": low,
-                    "ci_high": high,
+                    "pass_at_k": est.mean,
+                    "ci_low": est.low,
+                    "ci_high": est.high,
+                    "interval": est.interval,
                     "seeds": len(runs),
                     "problems": len(lab.problems),
                 }
@@ -170,24 +188,56 @@ def pair_table(
             diff = paired_values(lab, a, b, lambda r, k=k: lab.passk(r, [k])[:, 0])
             rows.append(
                 paired_row(
-                    a, b, diff, {"k": k}, resamples=resamples, seed=seed, level=level, stream=f"{a}-{b}"
+                    a,
+                    b,
+                    diff,
+                    {"k": k},
+                    resamples=resamples,
+                    seed=seed,
+                    level=level,
+                    stream=f"{a}-{b}",
+                    shared_b=shares_b(lab, a, b),
                 )
             )
     return pd.DataFrame(rows)
 
 
-def paired_row(a: str, b: str, diff: np.ndarray, labels: dict, *, stream: str, **stats) -> dict:
-    """One row of a paired A - B table: the labels, the mean difference and its two-level CI over the
-    (seeds, problems) array ``diff``, whether the CI excludes 0, and the array's size."""
-    mean, low, high = ci(diff, stream=stream, **stats)
+def shares_b(lab: LabRuns, method_a: str, method_b: str) -> bool:
+    """True when every seed of A pairs with one seedless run of B (a result folder from before SFT was
+    evaluated per seed): B's evaluation noise is then common to every seed-level difference."""
+    pairs = paired_runs(lab, method_a, method_b)
+    return len(pairs) > 1 and len({b for _, b in pairs}) == 1
+
+
+def interval_label(estimate: intervals.Estimate, shared_b: bool) -> str:
+    return f"{estimate.interval}, B shared" if shared_b and estimate.seeds > 1 else estimate.interval
+
+
+def power_cells(estimate: intervals.Estimate) -> dict:
+    """The power columns of a comparison row: its MDE and the seeds that would detect the paper's effect."""
+    return {"mde": estimate.mde, f"seeds_for_{intervals.PAPER_EFFECT:g}": estimate.seeds_for_effect}
+
+
+def paired_row(
+    a: str, b: str, diff: np.ndarray, labels: dict, *, stream: str, shared_b: bool = False, **stats
+) -> dict:
+    """One row of a paired A - B table: the labels, the mean difference and its interval over the
+    (seeds, problems) array ``diff`` (intervals.estimate), whether it excludes 0 and the paper's effect, the
+    t-test's p, the MDE and the seeds that would detect the paper's effect, and the array's size."""
+    est = intervals.estimate(diff, bounds=DIFFERENCE, **stats)
     return {
         "a": a,
         "b": b,
         **labels,
-        "diff": mean,
-        "ci_low": low,
-        "ci_high": high,
-        "excludes_0": bool(low > 0 or high < 0),
+        "diff": est.mean,
+        "ci_low": est.low,
+        "ci_high": est.high,
+        "excludes_0": bool(est.low > 0 or est.high < 0),
+        "excludes_paper": bool(est.high < intervals.PAPER_EFFECT),
+        "interval": interval_label(est, shared_b),
+        "sd_seed": est.sd,
+        "p": est.p,
+        **power_cells(est),
         "seeds": diff.shape[0],
         "problems": diff.shape[1],
     }
@@ -207,8 +257,18 @@ def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, lev
         )  # (S, N, Q)
         row = {"method": method, "k": k, "seeds": len(runs)}
         for j, name in enumerate(SHARES):
-            mean, low, high = ci(shares[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)
-            row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
+            bounds = DIFFERENCE if name == "net" else SHARE
+            est = intervals.estimate(
+                shares[:, :, j], resamples=resamples, seed=seed, level=level, bounds=bounds
+            )
+            row.update({name: est.mean, f"{name}_ci_low": est.low, f"{name}_ci_high": est.high})
+            if name == "net":  # the comparison with SFT: its test and power
+                net = est
+        row.update(
+            interval=interval_label(net, shares_b(lab, method, REFERENCE_METHOD)),
+            net_p=net.p,
+            **power_cells(net),
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -232,7 +292,7 @@ def strategy_method_table(
     for method, runs in methods.items():
         values = np.stack([per_problem_shares_by_run[r] for r in runs])  # (S, N, L)
         for j, label in enumerate(labels):
-            mean, low, high = ci(values[:, :, j], resamples=resamples, seed=seed, level=level, stream=method)
+            mean, low, high = ci(values[:, :, j], resamples=resamples, seed=seed, level=level, bounds=SHARE)
             rows.append(
                 {
                     "method": method,

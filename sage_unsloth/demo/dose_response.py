@@ -9,7 +9,7 @@ a plug-in guide by its file and function name), ``tau`` and ``gamma`` (branch gu
 ``lab/dose_response.csv`` per method, ``lab/dose_response.png`` plots pass@1 against net support.
 
 Intervals: :func:`interval`, the one place that names the lab's interval function (today
-sage_unsloth.demo.compare.ci over (seeds, problems)); net support is paired by seed against SFT
+sage_unsloth.demo.intervals.estimate over (seeds, problems): Student t over the seed-level means); net support is paired by seed against SFT
 (compare.paired_values).
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .. import layout
-from . import compare
+from . import compare, intervals
 
 KNOBS = ("beta", "tau", "gamma", "q_max", "guide")
 EXTRA_KNOBS = ("kl_estimator", "kl_placement", "guide_args")
@@ -33,8 +33,9 @@ PNG = "dose_response.png"
 
 
 def interval(values: np.ndarray, *, stream: str, **stats) -> tuple[float, float, float]:
-    """(mean, low, high) of ``values`` (seeds, problems): the lab's interval (one line to change)."""
-    return compare.ci(values, stream=stream, **stats)
+    """(mean, low, high) of ``values`` (seeds, problems): the lab's interval (one line to change): the
+    t-interval over seeds, a problem bootstrap with one seed (sage_unsloth/demo/intervals.py)."""
+    return intervals.estimate(values, **stats).triple()
 
 
 def _guide_name(guide) -> str:
@@ -178,7 +179,7 @@ def plot(table: pd.DataFrame, labels: dict[str, str], kmax: int, path: Path) -> 
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_xlabel(f"net support against SFT at k = {kmax} (share of problems)")
     ax.set_ylabel("pass@1")
-    ax.set_title("pass@1 against net support per method (bars: 95% CI over seeds and problems)", fontsize=10)
+    ax.set_title("pass@1 against net support per method (bars: 95% CI, t over seeds)", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()

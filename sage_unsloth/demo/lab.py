@@ -4,10 +4,13 @@ reference, and a plain statement of what GRPO + Branch did against GRPO.
 ``python -m sage_unsloth.demo.lab --work W --results R --runs sft,grpo_seed0,... --methods grpo=GRPO,...
 --pairs grpo_branch:grpo,... [--reference results/demo-reference]`` reads the eval stage's per_problem.csv
 files and the analysis step's tables and writes ``R/lab/``: ``methods.csv`` (pass@k per method and k with
-CIs), ``pairs.csv`` (paired differences), ``support.csv`` (support against SFT per method), ``plans.csv``
-(plan shares per method), ``runs.csv`` (one row per run), ``reference.csv`` (this run against the
-reference) and ``summary.txt`` (the console lines); its section is appended to ``R/report.md``. Statistics:
-sage_unsloth.demo.compare. An empty or missing result is an error (exit 1), never a NaN row.
+intervals), ``pairs.csv`` (paired differences: the family of comparisons, with p_holm, mde and
+seeds_for_0.015), ``outcome.md`` (the outcome paragraph and table, from pairs.csv: demo/outcome.py),
+``support.csv`` (support against SFT per method), ``plans.csv`` (plan shares per method), ``runs.csv`` (one
+row per run), ``reference.csv`` (this run against the reference) and ``summary.txt`` (the console lines);
+its section is appended to ``R/report.md``. Statistics: sage_unsloth.demo.compare and
+sage_unsloth.demo.intervals (docs/lab.md, "Intervals and power"). An empty or missing result is an error
+(exit 1), never a NaN row.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..manifest import atomic_write_text
-from . import compare, dose_response
+from . import compare, dose_response, intervals, outcome
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
 from .data import EVAL_FILE, SPEC_FILE
 from .strategies import LABELS, markdown_table
@@ -82,7 +85,7 @@ def gap_table(
                 "correct_rare": np.stack([correct_rare[r][mask] for r in runs]),
             }
             for name, array in values.items():
-                mean, low, high = compare.ci(array, stream=f"{method}-{subset}", **stats)
+                mean, low, high = compare.ci(array, bounds=compare.SHARE, **stats)
                 row.update({name: mean, f"{name}_ci_low": low, f"{name}_ci_high": high})
             rows.append(row)
     return pd.DataFrame(rows)
@@ -181,31 +184,31 @@ def plan_pair_table(lab: compare.LabRuns, shares: dict[str, np.ndarray], pairs, 
     return pd.DataFrame(rows)
 
 
-def _direction(low: float, high: float, more: str, less: str) -> str:
-    if low > 0:
-        return more
-    if high < 0:
-        return less
-    return "no difference this lab can detect (the CI includes 0)"
+def adjust_family(pairs: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
+    """pairs.csv's rows are the lab's family of comparisons (every pair at pass@1, pass@kmax and the
+    pair-plan share): Holm-adjusted p over all of them, the family's size, and the methods' labels."""
+    out = pairs.copy()
+    out["p_holm"] = intervals.holm(out["p"].to_numpy())
+    out["family"] = f"pairs.csv: {int(out['p'].notna().sum())} comparisons, Holm"
+    out["a_label"] = out["a"].map(lambda m: labels.get(m, m))
+    out["b_label"] = out["b"].map(lambda m: labels.get(m, m))
+    return out
 
 
 def verdict(
     pairs: pd.DataFrame, plan_pairs: pd.DataFrame, kmax: int, seeds: int, a: str, b: str, labels
 ) -> str:
-    """One plain sentence on method A against method B (paired by seed), read off the paired CIs."""
+    """One plain sentence on method A against method B (paired by seed), read off the paired intervals
+    (``pairs``: the family, pass@k and pair-plan share rows; ``plan_pairs`` is in it)."""
     name_a, name_b = labels.get(a, a), labels.get(b, b)
     rows = pairs[(pairs["a"] == a) & (pairs["b"] == b)]
     if rows.empty:
         return f"{name_a} - {name_b}: not run."
-    plans = plan_pairs[(plan_pairs["a"] == a) & (plan_pairs["b"] == b)]
-    rows = pd.concat([rows, plans.assign(k=0)], ignore_index=True)
     parts = []
     for _, r in rows.iterrows():
-        metric = "pair-plan share" if r["k"] == 0 else f"pass@{int(r['k'])}"
-        what = f"{metric}: {_fmt_ci(r['diff'], r['ci_low'], r['ci_high'], signed=True)}"
-        parts.append(
-            f"{what}, {_direction(r['ci_low'], r['ci_high'], f'higher with {name_a}', f'lower with {name_a}')}"
-        )
+        metric = outcome._metric(r)
+        what = f"{metric}: {_fmt_ci(r['diff'], r['ci_low'], r['ci_high'], signed=True)} (MDE {r['mde']:.3f})"
+        parts.append(f"{what}, {outcome.reading(r)}")
     scope = f"{seeds} seed{'s' if seeds > 1 else ''} x {int(rows['problems'].iloc[0])} problems"
     return f"{name_a} - {name_b} ({scope}): " + "; ".join(parts) + "."
 
@@ -243,38 +246,57 @@ def _method_colours(methods: list[str]) -> dict[str, str]:
     return palette.colours(methods)
 
 
+def interval_ks(ks, count: int = 3) -> list[int]:
+    """The few k where the headline draws intervals: the smallest, the largest and one between (log scale)."""
+    ks = sorted({int(k) for k in ks})
+    if len(ks) <= count:
+        return ks
+    return sorted({ks[0], ks[len(ks) // 2], ks[-1]})
+
+
 def plot_headline(
     methods: pd.DataFrame, support: pd.DataFrame, labels: dict[str, str], kmax: int, path: Path
 ) -> Path:
-    """The lab in one figure: pass@k per method (seeds aggregated, CI bands) beside the support movement
-    against SFT at k = kmax (lost, gained and net share of the problems, net with its CI)."""
+    """The lab in one figure: pass@k per method (seeds aggregated; intervals at three k only, each method's
+    bar nudged sideways, so that no band hides a line) beside the support movement against SFT at k = kmax
+    (lost, gained and net share of the problems, net with its interval). The legend sits under both panels
+    and the canvas grows to hold every label (plots._save(tight=True))."""
     from ..report import plots
 
     order = in_lab_order(methods["method"], labels)
     colours = _method_colours(order)
     fig, axes = plots._figure((1300, 560), ncols=2)
     ax = axes[0, 0]
-    for method in order:
+    at = interval_ks(methods["k"])
+    for i, method in enumerate(order):
         frame = methods[methods["method"] == method].sort_values("k")
-        style = {"ls": "--", "lw": 2.2} if method == compare.REFERENCE_METHOD else {"lw": 1.6}
+        style = {"ls": "--", "lw": 2.0} if method == compare.REFERENCE_METHOD else {"lw": 1.3}
         ax.plot(
             frame["k"],
             frame["pass_at_k"],
             marker="o",
-            ms=3,
+            ms=2.5,
             color=colours[method],
             label=labels.get(method, method),
             **style,
         )
-        ax.fill_between(
-            frame["k"], frame["ci_low"], frame["ci_high"], color=colours[method], alpha=0.12, lw=0
+        bars = frame[frame["k"].isin(at)]
+        nudge = 2.0 ** (0.06 * (i - (len(order) - 1) / 2))  # side by side on the log axis
+        ax.errorbar(
+            bars["k"] * nudge,
+            bars["pass_at_k"],
+            yerr=[bars["pass_at_k"] - bars["ci_low"], bars["ci_high"] - bars["pass_at_k"]],
+            fmt="none",
+            ecolor=colours[method],
+            elinewidth=1.0,
+            capsize=2,
         )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (log2)")
     ax.set_ylabel("pass@k")
-    ax.set_title("pass@k per method (bands: 95% CI over seeds and problems)")
+    kinds = ", ".join(sorted(set(methods["interval"]))) if "interval" in methods.columns else "bootstrap"
+    ax.set_title(f"pass@k per method (bars at k = {', '.join(map(str, at))}: 95% CI, {kinds})", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
     ax = axes[0, 1]
     rows = support[support["k"] == kmax].set_index("method") if not support.empty else pd.DataFrame()
     rl = [m for m in order if m in rows.index]
@@ -289,7 +311,7 @@ def plot_headline(
             xerr=[[r["net"] - r["net_ci_low"]], [r["net_ci_high"] - r["net"]]],
             fmt="D",
             color="black",
-            ms=5,
+            ms=4,
             capsize=3,
         )
     ax.axvline(0, color="grey", lw=1)
@@ -297,10 +319,14 @@ def plot_headline(
     ax.set_xlim(-reach, reach)
     ax.set_yticks(y, [labels.get(m, m) for m in rl], fontsize=8)
     ax.set_xlabel("share of the problems: lost (left), gained (right); diamond: net with its 95% CI")
-    ax.set_title(f"support movement against SFT at k = {kmax}")
+    ax.set_title(f"support movement against SFT at k = {kmax}", fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
-    return plots._save(fig, path)
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    fig.legend(
+        handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(4, len(names)), fontsize=8
+    )
+    return plots._save(fig, path, tight=True)
 
 
 def render(
@@ -348,9 +374,17 @@ def render(
         *headline,
         "",
         (
-            "CIs: 95% two-level percentile bootstrap (seeds, then problems; "
-            f"{resamples} resamples; see sage_unsloth/demo/compare.py). With 3 seeds the seed level has few "
-            "distinct draws: read the per-run rows too."
+            (
+                f"CIs: 95% Student t with {seeds - 1} degrees of freedom over the {seeds} seed-level means "
+                "(paired differences: per seed, the mean over the problems of A - B); the estimand is the mean "
+                "over this problem set, in expectation over training seeds and evaluation sampling "
+                '(sage_unsloth/demo/intervals.py, docs/lab.md "Intervals and power").'
+            )
+            if seeds > 1
+            else (
+                f"CIs: 95% percentile bootstrap over the problems ({resamples} resamples): one seed, so the "
+                "intervals show this seed's evaluation precision and nothing of the seed-to-seed spread."
+            )
         ),
         "",
         "### pass@k per method",
@@ -376,15 +410,22 @@ def render(
         "",
         "### Paired differences (A - B, runs paired by seed)",
         "",
-        "| A | B | metric | A - B | 95% CI | CI excludes 0 | seeds | problems |",
-        "|---|---|---|---|---|---|---|---|",
+        (
+            "The family: every row below (lab/pairs.csv), p-values Holm-adjusted over it; MDE at 80% power, "
+            f"two-sided 0.05; 'seeds for {intervals.PAPER_EFFECT:g}': seeds that would detect the paper's "
+            "effect at this seed-level spread. lab/outcome.md reads each row."
+        ),
+        "",
+        "| A | B | metric | A - B | 95% CI | CI excludes 0 | p (Holm) | MDE | seeds for 0.015 | seeds | problems |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for _, r in pd.concat([pairs, plan_pairs], ignore_index=True).iterrows():
+    for _, r in pairs.iterrows():
         what = r["metric"] if isinstance(r.get("metric"), str) else f"pass@{int(r['k'])}"
         lines.append(
             f"| {labels.get(r['a'], r['a'])} | {labels.get(r['b'], r['b'])} | {what} | "
             f"{r['diff']:+.3f} | [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
-            f"{'yes' if r['excludes_0'] else 'no'} | {int(r['seeds'])} | {int(r['problems'])} |"
+            f"{'yes' if r['excludes_0'] else 'no'} | {outcome._p(r['p_holm'])} | {r['mde']:.3f} | "
+            f"{outcome._seeds(r[outcome.SEEDS_FOR])} | {int(r['seeds'])} | {int(r['problems'])} |"
         )
     if not support.empty:
         lines += [
@@ -627,11 +668,12 @@ def _main(args) -> int:
         if frame.empty or numeric.isna().to_numpy().any():
             raise ValueError(f"the {what} table has empty or NaN values: a run produced no usable result")
     reference = reference_table(run_frame, Path(args.reference), kmax) if args.reference else None
+    family = adjust_family(pd.concat([pair_frame, plan_pairs], ignore_index=True), labels)
     out = results / LAB_DIR
     out.mkdir(parents=True, exist_ok=True)
     for name, frame in (
         ("methods", methods),
-        ("pairs", pd.concat([pair_frame, plan_pairs], ignore_index=True)),
+        ("pairs", family),
         ("support", support),
         ("plans", plans),
         ("runs", run_frame),
@@ -642,11 +684,12 @@ def _main(args) -> int:
         if frame is not None:
             atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
     plot_headline(methods, support, labels, kmax, out / "headline.png")
+    outcome.write(out)  # lab/outcome.md: the outcome paragraph and table, from pairs.csv
     dose = dose_response.write(out, lab, knobs, kmax, labels, pair_share=pair_share, **stats)
     compared = [(a, b) for a, b in pairs if b != compare.REFERENCE_METHOD]
     markdown, console = render(
         methods=methods,
-        pairs=pair_frame,
+        pairs=family,
         plan_pairs=plan_pairs,
         support=support,
         plans=plans,

@@ -24,6 +24,7 @@ from scipy import stats
 
 from ..manifest import atomic_write_text
 from .compare import load_lab_runs, paired_runs, split_run
+from .intervals import mde  # the lab tables' MDE is this planner's
 
 
 def estimator_variance(p: float, n: int, k: int) -> float:
@@ -38,10 +39,6 @@ def estimator_variance(p: float, n: int, k: int) -> float:
 def eval_variance_of_mean(n: np.ndarray, c: np.ndarray, samples: int, k: int) -> float:
     rates = (c + 0.5) / (n + 1.0)
     return float(sum(estimator_variance(p, samples, k) for p in rates)) / len(rates) ** 2
-
-
-def mde(se: float, seeds: int) -> float:
-    return float((stats.t.ppf(0.975, seeds - 1) + stats.t.ppf(0.8, seeds - 1)) * se)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,11 +35,12 @@ def integer_ticks(axis) -> None:
     axis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
 
 
-def _save(fig, path: Path) -> Path:
-    """Atomic PNG write: render to a temp name, then rename."""
+def _save(fig, path: Path, *, tight: bool = False) -> Path:
+    """Atomic PNG write: render to a temp name, then rename. ``tight`` grows the canvas to every label and
+    legend outside the axes (bbox_inches='tight'), so none is clipped."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=DPI)
+    fig.savefig(tmp, dpi=DPI, **({"bbox_inches": "tight", "pad_inches": 0.15} if tight else {}))
     plt.close(fig)
     tmp.replace(path)
     return path
