@@ -32,10 +32,13 @@ CSV = "dose_response.csv"
 PNG = "dose_response.png"
 
 
-def interval(values: np.ndarray, *, stream: str, **stats) -> tuple[float, float, float]:
+def interval(
+    values: np.ndarray, *, stream: str, bounds: tuple[float, float] | None = None, **stats
+) -> tuple[float, float, float]:
     """(mean, low, high) of ``values`` (seeds, problems): the lab's interval (one line to change): the
-    t-interval over seeds, a problem bootstrap with one seed (sage_unsloth/demo/intervals.py)."""
-    return intervals.estimate(values, **stats).triple()
+    t-interval over seeds, a problem bootstrap with one seed (sage_unsloth/demo/intervals.py), kept inside
+    ``bounds`` (a share: [0, 1]; a difference of shares: [-1, 1])."""
+    return intervals.estimate(values, bounds=bounds, **stats).triple()
 
 
 def _guide_name(guide) -> str:
@@ -114,17 +117,27 @@ def dose_response_table(
         first = by_run.loc[runs[0]]
         row = {"method": method, **{k: first[k] for k in (*KNOBS, *EXTRA_KNOBS)}, "seeds": len(runs)}
         one = np.stack([lab.passk(r, [1])[:, 0] for r in runs])
-        row.update(_cells("pass_at_1", interval(one, stream=f"dose-{method}", **stats)))
+        row.update(_cells("pass_at_1", interval(one, stream=f"dose-{method}", bounds=compare.SHARE, **stats)))
         if method == compare.REFERENCE_METHOD:
             row.update(_cells(f"net_support_at_{kmax}", (0.0, 0.0, 0.0)))
         else:
             net = compare.paired_values(
                 lab, method, compare.REFERENCE_METHOD, lambda r: lab.passk(r, [kmax])[:, 0]
             )
-            row.update(_cells(f"net_support_at_{kmax}", interval(net, stream=f"dose-net-{method}", **stats)))
+            row.update(
+                _cells(
+                    f"net_support_at_{kmax}",
+                    interval(net, stream=f"dose-net-{method}", bounds=compare.DIFFERENCE, **stats),
+                )
+            )
         if pair_share is not None:
             shares = np.stack([pair_share[r] for r in runs])
-            row.update(_cells("pair_share", interval(shares, stream=f"dose-plans-{method}", **stats)))
+            row.update(
+                _cells(
+                    "pair_share",
+                    interval(shares, stream=f"dose-plans-{method}", bounds=compare.SHARE, **stats),
+                )
+            )
         rows.append(row)
     frame = pd.DataFrame(rows)
     return pd.concat(
