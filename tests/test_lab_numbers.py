@@ -21,6 +21,9 @@ from sage_unsloth.demo import outcome
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {"README.md": "## The offline demo", "docs/lab.md": "## Outcome"}
 NUMBER = re.compile(r"(?<![\w.^])(?P<sign>[-+\u2212]?)(?P<digits>\d+\.\d+)(?P<pct>%?)")
+# the lab's own tables only: per-problem files hold thousands of values, so any number would match one
+TABLE_DIRS = ("lab", "analysis")
+PER_RUN = ("runs.csv", "strategies.csv")  # one row per run: prose quotes methods, not single runs
 FOLDER = re.compile(r"results/(?P<name>[\w.-]+)/")
 
 
@@ -33,7 +36,12 @@ def section(text: str, heading: str) -> str:
 def csv_values(folders) -> np.ndarray:
     values = []
     for folder in folders:
-        for path in sorted((ROOT / "results" / folder).rglob("*.csv")):
+        for path in sorted(
+            p
+            for sub in TABLE_DIRS
+            for p in (ROOT / "results" / folder / sub).glob("*.csv")
+            if p.name not in PER_RUN
+        ):
             frame = pd.read_csv(path, comment="#")
             values.append(frame.select_dtypes("number").to_numpy(dtype=float).ravel())
     values = np.concatenate(values) if values else np.array([])
