@@ -92,7 +92,12 @@ class RLVRStageArgs:
         },
     )
     resume: bool = field(
-        default=False, metadata={"help": "Continue from the last checkpoint in the output folder."}
+        default=False,
+        metadata={"help": "Continue from the newest complete checkpoint in the output folder."},
+    )
+    restart: bool = field(
+        default=False,
+        metadata={"help": "Output folder holds only incomplete checkpoints: delete them and start over."},
     )
 
     def __post_init__(self):
@@ -207,7 +212,8 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     from sage_unsloth.backend import cuda_available
     from sage_unsloth.manifest import MANIFEST_NAME
     from sage_unsloth.models import model_short_name
-    from sage_unsloth.rlvr.resume import last_complete_checkpoint, logging_alignment_warning
+    from sage_unsloth.checkpoints import choose_checkpoint
+    from sage_unsloth.rlvr.resume import logging_alignment_warning
 
     if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
         raise ValueError(
@@ -245,17 +251,16 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
         if getattr(grpo_args, "output_dir_given", False)
         else layout.rlvr_dir(stage.output_root, short, variant)
     )
-    last = last_complete_checkpoint(output_dir)
-    if stage.resume and last is None:
-        raise FileNotFoundError(
-            f"--resume: no complete checkpoint-* folder in {output_dir}: start without --resume"
-        )
-    started = output_dir.is_dir() and any(output_dir.glob("checkpoint-*"))
-    if not stage.resume and (started or (output_dir / MANIFEST_NAME).is_file()):
+    if not stage.resume and (output_dir / MANIFEST_NAME).is_file():
         raise FileExistsError(
             f"{output_dir} already holds a run: pass --resume to continue it, or choose "
             "another --output_dir (or --variant / --output_root)"
         )
+    # The newest complete checkpoint (newer incomplete ones skipped with a notice); only incomplete ones: an
+    # error naming --restart true, which deletes them (sage_unsloth/checkpoints.py).
+    last = choose_checkpoint(output_dir, resume=stage.resume, restart=stage.restart, resume_flag="--resume")
+    if stage.resume and last is None:
+        raise FileNotFoundError(f"--resume: no checkpoint-* folder in {output_dir}: start without --resume")
     if grpo_args.backend == "unsloth" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logger.warning(
             "backend=unsloth on %s processes: not tested by this kit; backend=trl is (docs/scaling.md, "
