@@ -216,12 +216,21 @@ def _no_room(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("unexpected pos" in str(exc) or "file write failed" in str(exc))
 
 
-def save_failure(folder: Path, exc: BaseException) -> CheckpointSaveError:
+def save_failure(what: str, folder: Path, exc: BaseException) -> CheckpointSaveError:
+    reason = str(exc).splitlines()[0] if str(exc) else "no room"
     return CheckpointSaveError(
-        f"saving {folder.name} into {folder.parent} failed ({type(exc).__name__}: "
-        f"{str(exc).splitlines()[0] if str(exc) else 'no room'}); {free_space(folder.parent)} there "
+        f"saving {what}into {folder} failed ({type(exc).__name__}: {reason}); {free_space(folder)} there "
         "(or a file-size limit, ulimit -f): make room, then continue with the stage's resume flag"
     )
+
+
+def out_of_room_line(exc: BaseException, folder: str | os.PathLike | None) -> str | None:
+    """The one line for a training stage whose save failed for lack of room, or None for any other error."""
+    if isinstance(exc, CheckpointSaveError):
+        return str(exc)
+    if folder is not None and _no_room(exc):
+        return str(save_failure("", Path(folder), exc))
+    return None
 
 
 class AtomicCheckpointMixin:
@@ -256,7 +265,7 @@ class AtomicCheckpointMixin:
             if not _no_room(exc):
                 raise
             shutil.rmtree(staging, ignore_errors=True)
-            raise save_failure(final, exc) from None
+            raise save_failure(f"{name} ", run_dir, exc) from None
         finally:
             self._sage_staging = None
         self.accelerator.wait_for_everyone()  # every process wrote its RNG state into the staging folder

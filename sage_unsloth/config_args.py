@@ -337,7 +337,11 @@ def _stage_parser_class():
                 options = {o for a in self._actions for o in a.option_strings if o.startswith("--")}
                 hint = suggestion(name, options) or f" (sage-unsloth {self.stage} --help lists the fields)"
                 raise ConfigError(f"unknown {'flag' if flags else 'argument'} {name}{hint}")
-            return self.parse_args_into_dataclasses(args=argv)
+            parsed = self.parse_args_into_dataclasses(args=argv)
+            from sage_unsloth.credentials import move_secrets_to_environment
+
+            move_secrets_to_environment(*parsed)  # before anything can save, pickle or log the arguments
+            return parsed
 
         def _check_config(self, config: dict, path: str) -> None:
             for key, value in config.items():

@@ -198,3 +198,63 @@ def test_an_interrupted_save_leaves_no_checkpoint(finished, tmp_path, tiny_model
     message = str(caught.value)
     assert "checkpoint-1" in message and str(out) in message and "MiB free" in message and "\n" not in message
     assert not list(out.glob("checkpoint-*")) and not list(out.glob(f"{checkpoints.STAGING_PREFIX}*"))
+
+
+def test_a_file_size_limit_during_a_save_is_one_line_naming_the_folder(finished, tmp_path, tiny_model_dir):
+    """The issue's case through the CLI: under ``ulimit -f`` the save fails part-way (torch: "unexpected pos");
+    stage 1 prints one line naming the folder and its free space, exit 2, and leaves no checkpoint-N."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "sft"
+    argv = sft_argv(tiny_model_dir, finished.parent / "sft_rows.jsonl", out, *STEPS)
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "sage_unsloth.sft", *argv],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_file_size,
+        timeout=900,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert last.startswith("error: saving checkpoint-1 into ") and str(out) in last and "MiB free" in last, last
+    assert not list(out.glob("checkpoint-*")) and not list(out.glob(f"{checkpoints.STAGING_PREFIX}*"))
+
+
+def test_a_token_given_as_a_flag_reaches_no_written_file(finished, tmp_path, tiny_model_dir, monkeypatch):
+    """--hub_token SECRET123 (and the W&B run, offline): no file the run writes holds it, the pickled
+    training_args.bin of each checkpoint included; the token is in the environment for the Hub client."""
+    import os
+    import sys
+
+    from sage_unsloth.sft.run import run_sft
+
+    secret = "SECRET123"
+    out, wandb_dir = tmp_path / "sft", tmp_path / "wandb"
+    wandb_dir.mkdir()
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    argv = sft_argv(tiny_model_dir, finished.parent / "sft_rows.jsonl", out, *STEPS)
+    argv += ["--hub_token", secret, "--report_to", "wandb"]
+    monkeypatch.setattr(sys, "argv", ["sage-unsloth", "sft", *argv])  # what W&B records as the command
+    sft_args, model_args = parse_args(argv)
+    assert sft_args.hub_token is None and os.environ["HF_TOKEN"] == secret
+    run_sft(sft_args, model_args)
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "training_args.bin" for p in written) and any(p.suffix == ".wandb" for p in written)
+    leaks = [str(p) for p in written if secret.encode() in p.read_bytes()]
+    assert leaks == []

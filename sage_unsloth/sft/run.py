@@ -247,6 +247,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         run_sft(sft_args, model_args, plan)
+    except (OSError, RuntimeError) as exc:  # a save out of room: one line naming the folder and the free space
+        from ..checkpoints import out_of_room_line
+
+        if (line := out_of_room_line(exc, plan.out if plan else None)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
         from ..interrupt import interrupted_training
 
