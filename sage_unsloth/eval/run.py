@@ -35,6 +35,7 @@ from sage_unsloth.eval.records import (
     write_tables,
 )
 from sage_unsloth.eval.shard import chunk_keys, select_shard
+from sage_unsloth.input_checks import check_output_folder
 from sage_unsloth.manifest import atomic_write_text, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -327,20 +328,6 @@ def prepare(cfg: EvalConfig):
     check_output_folder(cfg.results_dir, "results_dir")
     check_output_folder(cfg.outputs_dir, "outputs_dir")
     return ks, checkpoints, problem_sets
-
-
-def check_output_folder(folder: str, field_name: str) -> None:
-    """An output folder must be a folder (or not exist yet, below one) that this process can write into."""
-    path = Path(folder).expanduser().absolute()
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise ValueError(f"{field_name}={folder}: {probe} is a file, not a folder; pick another {field_name}")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"{field_name}={folder}: {probe} is not writable; pick another {field_name}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,6 +95,10 @@ class RLVRStageArgs:
         default=False,
         metadata={"help": "Continue from the newest complete checkpoint in the output folder."},
     )
+    unsloth_without_gpu: bool = field(
+        default=False,
+        metadata={"help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway."},
+    )
     restart: bool = field(
         default=False,
         metadata={"help": "Output folder holds only incomplete checkpoints: delete them and start over."},
@@ -224,7 +228,13 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
         raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
     if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
         logger.warning("vllm_mode=%s: a vLLM server must already be running", grpo_args.vllm_mode)
+    from sage_unsloth.input_checks import check_adapter, check_data_file, check_output_folder, check_wandb
+
+    check_wandb(grpo_args.report_to)
+    if stage.dataset_path and Path(stage.dataset_path).is_file():
+        check_data_file(stage.dataset_path)  # unreadable, empty or truncated: one line naming the line
     sft_dir, sft_manifest, base = _resolve_sft(stage, model_args)
+    check_adapter(sft_dir, "sft_dir")
 
     context = stage.max_seq_length or model_context_length(
         base, model_args.model_revision, bool(grpo_args.trust_remote_code)
@@ -251,6 +261,7 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
         if getattr(grpo_args, "output_dir_given", False)
         else layout.rlvr_dir(stage.output_root, short, variant)
     )
+    check_output_folder(output_dir, "output_dir")
     if not stage.resume and (output_dir / MANIFEST_NAME).is_file():
         raise FileExistsError(
             f"{output_dir} already holds a run: pass --resume to continue it, or choose "
@@ -492,13 +503,20 @@ def _import_unsloth_early(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
+    from sage_unsloth.flag_catalogue import check_flags
+
+    if (code := check_flags("rlvr", argv)) is not None:  # a flag typo: one line before TRL is imported
+        return code
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     plan = None
     try:
         _import_unsloth_early(argv)
         try:
             grpo_args, stage, model_args, config_path = parse_args(argv)
+            from sage_unsloth.input_checks import check_unsloth_has_gpu
+
+            check_unsloth_has_gpu(grpo_args.backend, forced=stage.unsloth_without_gpu)
             plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
             built = build_stage(grpo_args, stage, model_args, config_path, plan)
         except (ValueError, FileNotFoundError, FileExistsError) as exc:

@@ -69,6 +69,10 @@ class SageSFTConfig(SFTConfig):
     resume: bool = field(
         default=False, metadata={"help": "Continue from the newest complete checkpoint in the output folder"}
     )
+    unsloth_without_gpu: bool = field(
+        default=False,
+        metadata={"help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway"},
+    )
     restart: bool = field(
         default=False,
         metadata={"help": "Output folder holds only incomplete checkpoints: delete them and start over"},
@@ -118,11 +122,15 @@ class SageSFTConfig(SFTConfig):
         if not model_args.model_name_or_path:
             raise ValueError("model_name_or_path is not set: set it in the YAML or pass --model_name_or_path")
         check_hub_model_cached(model_args.model_name_or_path, revision=model_args.model_revision)
+        from ..input_checks import check_data_file, check_wandb
+
+        check_wandb(self.report_to)
         if self.dataset_path:
             if not Path(self.dataset_path).is_file():
                 raise FileNotFoundError(
                     f"dataset_path {self.dataset_path} does not exist: fix it or unset it"
                 )
+            check_data_file(self.dataset_path)  # unreadable, empty or truncated: one line naming the line
         elif not self.dataset_name:
             raise ValueError("no dataset: set dataset_name (hub id) or dataset_path (local JSONL/parquet)")
         if not 0 < self.max_length_fraction <= 1:

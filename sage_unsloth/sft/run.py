@@ -62,6 +62,9 @@ def prepare_sft(sft_args, model_args) -> SFTPlan:
 
     sft_args.validate(model_args)
     out = sft_args.resolve_output_dir(model_args)
+    from ..input_checks import check_output_folder
+
+    check_output_folder(out, "output_dir")  # a file, or not writable: before the data and the model load
     config_record = _config_record(sft_args, model_args)  # as resolved, before the loader adjusts anything
     if sft_args.resume and (out / MANIFEST_NAME).is_file():
         logger.info("%s already holds a finished SFT run; nothing to resume", out)
@@ -226,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         if not argv:
             return 2
         parse_args(argv)  # prints the kit's fields (--help) or all of them (--help-all) and exits
+    from ..flag_catalogue import check_flags
+
+    if (code := check_flags("sft", argv)) is not None:  # a flag typo: one line before TRL is imported
+        return code
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ..config_args import requested_backend, with_config_flag
 
@@ -235,6 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     plan = None
+    if requested_backend(argv) == "unsloth":
+        from ..config_args import requested_flag
+        from ..input_checks import check_unsloth_has_gpu
+
+        try:  # before Unsloth is imported: on CPU it would load (slowly) and then train 6x slower
+            check_unsloth_has_gpu("unsloth", forced=requested_flag(argv, "unsloth_without_gpu"))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         if requested_backend(argv) == "unsloth":
             from ..backend import import_unsloth
