@@ -85,7 +85,8 @@ def unknown_flag(stage: str, argv: list[str]) -> str | None:
         if name not in flags:
             if name == "--output_dir":
                 return None  # the parser's own message names where that stage writes
-            return f"unknown flag {name}{suggestion(name, flags)} (sage-unsloth {stage} --help lists the fields)"
+            hint = suggestion(name, flags) or f" (sage-unsloth {stage} --help lists the fields)"
+            return f"unknown flag {name}{hint}"
     if config and Path(config).is_file():
         from sage_unsloth.config_args import BASE_KEY, ENV_KEY, ConfigError, load_config
 

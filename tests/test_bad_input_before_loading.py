@@ -23,6 +23,11 @@ TINY_SFT = "configs/sft/tiny-cpu.yaml"
 ROW = {"problem": "1+1?", "generated_solution": "2", "expected_answer": "2"}
 
 
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def _rows(path: Path, n: int = 3, cut: int = 0) -> Path:
     text = "".join(json.dumps(ROW) + "\n" for _ in range(n))
     path.write_text(text[: len(text) - cut] if cut else text)
@@ -33,10 +38,10 @@ def _rows(path: Path, n: int = 3, cut: int = 0) -> Path:
     "make, expected",
     [
         (lambda p: _rows(p, 3, cut=8), "line 3 is truncated"),  # the disk filled while it was written
-        (lambda p: p.write_text("") or p, "is empty"),
-        (lambda p: p.write_text("\n\n") or p, "is empty"),
-        (lambda p: p.write_text(json.dumps(ROW) + "\n[1, 2]\n") or p, "line 2 is not a JSON object"),
-        (lambda p: p.write_text(json.dumps(ROW) + "\n{oops\n" + json.dumps(ROW) + "\n") or p, "line 2 is not JSON"),
+        (lambda p: _write(p, ""), "is empty"),
+        (lambda p: _write(p, "\n\n"), "is empty"),
+        (lambda p: _write(p, json.dumps(ROW) + "\n[1, 2]\n"), "line 2 is not a JSON object"),
+        (lambda p: _write(p, json.dumps(ROW) + "\n{oops\n" + json.dumps(ROW) + "\n"), "line 2 is not JSON"),
     ],
 )
 def test_a_broken_data_file_is_named_with_its_line(make, expected, tmp_path):
