@@ -127,12 +127,8 @@ def _rlvr_plan(sft_dir, out_root, dataset, *extra):
 
 
 def _rlvr_output(sft_dir, out_root, dataset) -> Path:
-    from rlvr_scenario import rlvr_argv
-
-    from sage_unsloth.rlvr.run import parse_args as rlvr_parse
-
-    grpo, *_ = rlvr_parse(rlvr_argv("grpo", sft_dir, out_root, dataset))
-    return Path(grpo.output_dir)
+    """The output folder stage 2 plans for these arguments (nothing there yet)."""
+    return Path(_rlvr_plan(sft_dir, out_root, dataset).output_dir)
 
 
 @pytest.fixture(scope="module")
