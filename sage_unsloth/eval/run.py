@@ -351,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                 **os.environ,
                 QUIET_ENV: "1",
             }  # on Ctrl-C this process says how to continue, not each child
+            from sage_unsloth.lifeline import guard_descendants
+
+            guard_descendants()  # a kill -9 of this process ends each child and its engine too
             for spec in cfg.checkpoints:
                 command = [sys.executable, "-m", "sage_unsloth.eval", *argv, "--checkpoints", spec]
                 code = subprocess.call(command, env=env)
