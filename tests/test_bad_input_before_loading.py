@@ -147,7 +147,11 @@ def test_rlvr_output_dir_that_is_a_file_is_one_line(sft_dir, tmp_path, capsys, n
 # ------------------------------------------------------------------------------------------------ flag typos
 def test_the_flag_list_matches_the_parsers():
     """stage_flags.json is what the parsers accept (regenerate: python -m sage_unsloth.flag_catalogue --write)."""
-    assert json.loads(flag_catalogue.CATALOGUE.read_text()) == flag_catalogue.live_catalogue()
+    committed, live = json.loads(flag_catalogue.CATALOGUE.read_text()), flag_catalogue.live_catalogue()
+    for stage in sorted(set(committed) | set(live)):
+        for part in ("flags", "keys"):
+            ours, theirs = set(committed.get(stage, {}).get(part, ())), set(live.get(stage, {}).get(part, ()))
+            assert ours == theirs, (stage, part, "listed only:", ours - theirs, "parser only:", theirs - ours)
 
 
 TYPO = """
