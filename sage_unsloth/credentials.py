@@ -40,7 +40,9 @@ def move_secrets_to_environment(*parsed) -> list[str]:
             setattr(obj, field.name, None)
             moved.append(field.name)
             _redact_command_line(value)
-            logger.info("--%s: moved to the environment (%s) so that no written file holds it", field.name, variable)
+            logger.info(
+                "--%s: moved to the environment (%s) so that no written file holds it", field.name, variable
+            )
     return moved
 
 

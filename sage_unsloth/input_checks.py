@@ -30,7 +30,9 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_path") -> Non
     except FileNotFoundError:
         raise FileNotFoundError(f"{field}={path} does not exist: fix the path") from None
     except OSError as exc:
-        raise ValueError(f"{field}={path} cannot be read ({exc.strerror or exc}): fix its permissions") from None
+        raise ValueError(
+            f"{field}={path} cannot be read ({exc.strerror or exc}): fix its permissions"
+        ) from None
     if not data.strip():
         raise ValueError(f"{field}={path} is empty: point {field} to a file with rows")
     suffix = path.suffix.lower()
@@ -61,7 +63,9 @@ def _check_json_lines(data: bytes, path: Path, field: str) -> None:
                 "fix or remove that line"
             ) from None
         if not isinstance(row, dict):
-            raise ValueError(f"{field}={path} line {number} is not a JSON object (one row per line): fix it")
+            raise ValueError(  # noqa: TRY004  (bad input: the stages report ValueError in one line)
+                f"{field}={path} line {number} is not a JSON object (one row per line): fix it"
+            )
 
 
 # ---------------------------------------------------------------------------------------------- output folders
@@ -90,7 +94,9 @@ def wandb_has_key() -> bool:
         return True
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
     try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None  # where `wandb login` writes
+        return (
+            netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+        )  # where `wandb login` writes
     except (OSError, netrc.NetrcParseError):
         return False
 

@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_input_errors import TINY_GRPO, _one_line_error, no_model_loads  # noqa: F401  (a fixture)
+from test_input_errors import TINY_GRPO, _one_line_error, no_model_loads  # noqa: F401  (the fixture below)
 
 from sage_unsloth import flag_catalogue
 from sage_unsloth.doctor import speak_of_no_gpu
 from sage_unsloth.input_checks import check_data_file
 
+pytestmark = pytest.mark.usefixtures("no_model_loads")  # any model load fails the test
 REPO = Path(__file__).resolve().parents[1]
 TINY_SFT = "configs/sft/tiny-cpu.yaml"
 ROW = {"problem": "1+1?", "generated_solution": "2", "expected_answer": "2"}
@@ -67,10 +68,18 @@ def test_an_unreadable_data_file_is_named(tmp_path):
 
 
 def _sft(tiny_model_dir, tmp_path, *extra) -> list[str]:
-    return ["sft", TINY_SFT, "--model_name_or_path", str(tiny_model_dir), "--output_dir", str(tmp_path / "o"), *extra]
+    return [
+        "sft",
+        TINY_SFT,
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--output_dir",
+        str(tmp_path / "o"),
+        *extra,
+    ]
 
 
-def test_sft_data_and_output_errors_are_one_line_before_loading(tiny_model_dir, tmp_path, capsys, no_model_loads):
+def test_sft_data_and_output_errors_are_one_line_before_loading(tiny_model_dir, tmp_path, capsys):
     truncated = _rows(tmp_path / "cut.jsonl", 74, cut=10)
     line = _one_line_error(capsys, _sft(tiny_model_dir, tmp_path, "--dataset_path", str(truncated)))
     assert "line 74 is truncated" in line and str(truncated) in line, line
@@ -94,12 +103,23 @@ def no_wandb_key(monkeypatch, tmp_path):
 
 
 def test_wandb_without_key_or_offline_mode_is_one_line(
-    tiny_model_dir, sft_dir, tmp_path, capsys, no_model_loads, no_wandb_key, monkeypatch
+    tiny_model_dir, sft_dir, tmp_path, capsys, no_wandb_key, monkeypatch
 ):
     data = str(_rows(tmp_path / "ok.jsonl"))
-    line = _one_line_error(capsys, _sft(tiny_model_dir, tmp_path, "--dataset_path", data, "--report_to", "wandb"))
+    line = _one_line_error(
+        capsys, _sft(tiny_model_dir, tmp_path, "--dataset_path", data, "--report_to", "wandb")
+    )
     assert "`wandb login`" in line and "WANDB_MODE=offline" in line, line
-    rlvr = ["rlvr", TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(tmp_path / "r"), "--report_to", "wandb"]
+    rlvr = [
+        "rlvr",
+        TINY_GRPO,
+        "--sft_dir",
+        str(sft_dir),
+        "--output_root",
+        str(tmp_path / "r"),
+        "--report_to",
+        "wandb",
+    ]
     line = _one_line_error(capsys, rlvr)
     assert "`wandb login`" in line and "WANDB_MODE=offline" in line, line
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -108,16 +128,29 @@ def test_wandb_without_key_or_offline_mode_is_one_line(
     check_wandb("wandb")  # offline: no key needed
 
 
-def test_unsloth_without_a_gpu_is_refused_unless_forced(tiny_model_dir, sft_dir, tmp_path, capsys, monkeypatch):
+def test_unsloth_without_a_gpu_is_refused_unless_forced(
+    tiny_model_dir, sft_dir, tmp_path, capsys, monkeypatch
+):
     from sage_unsloth import backend
 
     monkeypatch.setattr(backend, "cuda_available", lambda: False)
     imported = []
     monkeypatch.setattr(backend, "import_unsloth", lambda: imported.append(1))
     data = str(_rows(tmp_path / "ok.jsonl"))
-    line = _one_line_error(capsys, _sft(tiny_model_dir, tmp_path, "--dataset_path", data, "--backend", "unsloth"))
+    line = _one_line_error(
+        capsys, _sft(tiny_model_dir, tmp_path, "--dataset_path", data, "--backend", "unsloth")
+    )
     assert "no GPU" in line and "--unsloth_without_gpu true" in line and not imported, line
-    rlvr = ["rlvr", TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(tmp_path / "r"), "--backend", "unsloth"]
+    rlvr = [
+        "rlvr",
+        TINY_GRPO,
+        "--sft_dir",
+        str(sft_dir),
+        "--output_root",
+        str(tmp_path / "r"),
+        "--backend",
+        "unsloth",
+    ]
     line = _one_line_error(capsys, rlvr)
     assert "no GPU" in line and "--unsloth_without_gpu true" in line, line
     from sage_unsloth.input_checks import check_unsloth_has_gpu
@@ -126,21 +159,25 @@ def test_unsloth_without_a_gpu_is_refused_unless_forced(tiny_model_dir, sft_dir,
     check_unsloth_has_gpu("trl", forced=False)
 
 
-def test_a_truncated_sft_adapter_is_named_before_loading(sft_dir, tmp_path, capsys, no_model_loads):
+def test_a_truncated_sft_adapter_is_named_before_loading(sft_dir, tmp_path, capsys):
     import shutil
 
     copy = tmp_path / "sft"
     shutil.copytree(sft_dir, copy)
     adapter = copy / "adapter_model.safetensors"
     adapter.write_bytes(adapter.read_bytes()[:-100])
-    line = _one_line_error(capsys, ["rlvr", TINY_GRPO, "--sft_dir", str(copy), "--output_root", str(tmp_path / "r")])
+    line = _one_line_error(
+        capsys, ["rlvr", TINY_GRPO, "--sft_dir", str(copy), "--output_root", str(tmp_path / "r")]
+    )
     assert "adapter_model.safetensors is truncated" in line and str(copy) in line, line
 
 
-def test_rlvr_output_dir_that_is_a_file_is_one_line(sft_dir, tmp_path, capsys, no_model_loads):
+def test_rlvr_output_dir_that_is_a_file_is_one_line(sft_dir, tmp_path, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
-    line = _one_line_error(capsys, ["rlvr", TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(a_file)])
+    line = _one_line_error(
+        capsys, ["rlvr", TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(a_file)]
+    )
     assert "is a file" in line, line
 
 
@@ -171,6 +208,7 @@ def test_a_flag_typo_fails_before_torch_is_imported(stage, config):
         [sys.executable, "-c", TYPO.format(stage=stage, config=config)],
         cwd=REPO,
         env=env,
+        check=False,
         capture_output=True,
         text=True,
         timeout=300,
@@ -183,11 +221,15 @@ def test_a_flag_typo_fails_before_torch_is_imported(stage, config):
 def test_a_yaml_key_typo_fails_before_torch_is_imported(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("lerning_rate: 1e-5\n")
-    assert flag_catalogue.unknown_flag("sft", [str(config)]).endswith("unknown key 'lerning_rate': did you mean 'learning_rate'?")
+    assert flag_catalogue.unknown_flag("sft", [str(config)]).endswith(
+        "unknown key 'lerning_rate': did you mean 'learning_rate'?"
+    )
     assert flag_catalogue.unknown_flag("sft", [TINY_SFT, "--max_steps", "3"]) is None
 
 
 def test_doctor_on_cpu_says_no_gpu():
-    line = "Unsloth: Model is in float32 and this GPU has no bfloat16 support, so training stays in float32.\n"
+    line = (
+        "Unsloth: Model is in float32 and this GPU has no bfloat16 support, so training stays in float32.\n"
+    )
     assert speak_of_no_gpu(line).startswith("no GPU on this machine")
     assert speak_of_no_gpu("step 1 loss 0.3\n") == "step 1 loss 0.3\n"

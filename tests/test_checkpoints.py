@@ -55,7 +55,10 @@ def _copy_checkpoints(finished: Path, into: Path, steps=(1, 2)) -> Path:
 
 
 def test_a_whole_checkpoint_is_complete_and_no_staging_folder_is_left(finished):
-    assert [p.name for p in checkpoints.checkpoints_newest_first(finished)] == ["checkpoint-2", "checkpoint-1"]
+    assert [p.name for p in checkpoints.checkpoints_newest_first(finished)] == [
+        "checkpoint-2",
+        "checkpoint-1",
+    ]
     for ckpt in checkpoints.checkpoints_newest_first(finished):
         assert checkpoints.checkpoint_problem(ckpt) is None, ckpt
     assert not list(finished.glob(f"{checkpoints.STAGING_PREFIX}*"))  # renamed when whole
@@ -79,7 +82,9 @@ def test_sft_resumes_from_the_newest_complete_checkpoint_and_says_what_it_skippe
     out = _copy_checkpoints(finished, tmp_path / "sft")
     DAMAGE[damage](out / "checkpoint-2")
     data = finished.parent / "sft_rows.jsonl"
-    with pytest.raises(FileExistsError, match="pass --resume true"):  # a complete one exists: resume is the advice
+    with pytest.raises(
+        FileExistsError, match="pass --resume true"
+    ):  # a complete one exists: resume is the advice
         prepare_sft(*parse_args(sft_argv(tiny_model_dir, data, out, *STEPS)))
     with caplog.at_level(logging.WARNING):
         plan = prepare_sft(*parse_args(sft_argv(tiny_model_dir, data, out, *STEPS, "--resume", "true")))
@@ -120,7 +125,8 @@ def test_an_sft_resume_past_a_truncated_checkpoint_trains_to_the_end(finished, t
 def _rlvr_plan(sft_dir, out_root, dataset, *extra):
     from rlvr_scenario import rlvr_argv
 
-    from sage_unsloth.rlvr.run import parse_args as rlvr_parse, plan_run
+    from sage_unsloth.rlvr.run import parse_args as rlvr_parse
+    from sage_unsloth.rlvr.run import plan_run
 
     grpo, stage, model, config = rlvr_parse(rlvr_argv("grpo", sft_dir, out_root, dataset, *extra))
     return plan_run(grpo, stage, model, config)
@@ -147,7 +153,9 @@ def rlvr_run(sft_dir, dapo_sample, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["trainer_state", "adapter"])
-def test_rlvr_resumes_from_the_newest_complete_checkpoint(damage, rlvr_run, sft_dir, dapo_sample, tmp_path, caplog):
+def test_rlvr_resumes_from_the_newest_complete_checkpoint(
+    damage, rlvr_run, sft_dir, dapo_sample, tmp_path, caplog
+):
     assert not list(rlvr_run.glob(f"{checkpoints.STAGING_PREFIX}*"))
     for ckpt in checkpoints.checkpoints_newest_first(rlvr_run):
         assert checkpoints.checkpoint_problem(ckpt) is None, ckpt
@@ -160,7 +168,9 @@ def test_rlvr_resumes_from_the_newest_complete_checkpoint(damage, rlvr_run, sft_
     assert "checkpoint-2 is incomplete" in caplog.text and REASON[damage] in caplog.text
 
 
-def test_rlvr_with_only_incomplete_checkpoints_is_restarted_with_one_flag(rlvr_run, sft_dir, dapo_sample, tmp_path):
+def test_rlvr_with_only_incomplete_checkpoints_is_restarted_with_one_flag(
+    rlvr_run, sft_dir, dapo_sample, tmp_path
+):
     out = _rlvr_output(sft_dir, tmp_path, dapo_sample)
     _copy_checkpoints(rlvr_run, out)
     for n in (1, 2):
@@ -218,6 +228,7 @@ def test_a_file_size_limit_during_a_save_is_one_line_naming_the_folder(finished,
         [sys.executable, "-m", "sage_unsloth.sft", *argv],
         cwd=repo,
         env=env,
+        check=False,
         capture_output=True,
         text=True,
         preexec_fn=limit_file_size,
@@ -226,7 +237,9 @@ def test_a_file_size_limit_during_a_save_is_one_line_naming_the_folder(finished,
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert last.startswith("error: saving checkpoint-1 into ") and str(out) in last and "MiB free" in last, last
+    assert last.startswith("error: saving checkpoint-1 into ") and str(out) in last and "MiB free" in last, (
+        last
+    )
     assert not list(out.glob("checkpoint-*")) and not list(out.glob(f"{checkpoints.STAGING_PREFIX}*"))
 
 

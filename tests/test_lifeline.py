@@ -22,7 +22,9 @@ LIFELINE = "sage_unsloth.lifeline"
 
 def _descendants(pid: int) -> list[psutil.Process]:
     try:
-        return [p for p in psutil.Process(pid).children(recursive=True) if LIFELINE not in " ".join(p.cmdline())]
+        return [
+            p for p in psutil.Process(pid).children(recursive=True) if LIFELINE not in " ".join(p.cmdline())
+        ]
     except psutil.NoSuchProcess:
         return []
 

@@ -49,9 +49,7 @@ def test_q_comes_from_the_loss_forward_of_the_current_policy(result):
         "AtomicCheckpointMixin",
         "ExactResumeMixin",
         "NoStepPastMaxStepsMixin",
-    ], run[
-        "mro"
-    ]
+    ], run["mro"]
     assert run["q_in_loss"] and run["extra_passes"] == 0  # no policy pass of the kit's own
     assert run["rollouts"] == 1 and len(run["calls"]) == 2  # num_iterations 2: one rollout, two losses
     for call in run["calls"]:

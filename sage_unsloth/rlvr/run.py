@@ -97,7 +97,9 @@ class RLVRStageArgs:
     )
     unsloth_without_gpu: bool = field(
         default=False,
-        metadata={"help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway."},
+        metadata={
+            "help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway."
+        },
     )
     restart: bool = field(
         default=False,
@@ -214,9 +216,9 @@ def _same_model(a: str, b: str) -> bool:
 def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRPlan:
     """Resolve and check every input of the stage; one-line errors, nothing loads a model."""
     from sage_unsloth.backend import cuda_available
+    from sage_unsloth.checkpoints import choose_checkpoint
     from sage_unsloth.manifest import MANIFEST_NAME
     from sage_unsloth.models import model_short_name
-    from sage_unsloth.checkpoints import choose_checkpoint
     from sage_unsloth.rlvr.resume import logging_alignment_warning
 
     if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
@@ -526,7 +528,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
             return 2
         built.train_and_save()
-    except (OSError, RuntimeError) as exc:  # a save out of room: one line naming the folder and the free space
+    except (
+        OSError,
+        RuntimeError,
+    ) as exc:  # a save out of room: one line naming the folder and the free space
         from sage_unsloth.checkpoints import out_of_room_line
 
         if (line := out_of_room_line(exc, plan.output_dir if plan else None)) is None:

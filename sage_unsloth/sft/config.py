@@ -20,8 +20,8 @@ from pathlib import Path
 from trl import SFTConfig
 
 from .. import layout
-from ..checkpoints import choose_checkpoint
 from ..backend import cuda_available
+from ..checkpoints import choose_checkpoint
 from ..config_args import ConfigError, check_hub_model_cached, check_training_fields
 from ..manifest import MANIFEST_NAME
 from ..models import BACKENDS, model_short_name
@@ -71,7 +71,9 @@ class SageSFTConfig(SFTConfig):
     )
     unsloth_without_gpu: bool = field(
         default=False,
-        metadata={"help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway"},
+        metadata={
+            "help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway"
+        },
     )
     restart: bool = field(
         default=False,
