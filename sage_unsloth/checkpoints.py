@@ -212,8 +212,12 @@ def free_space(folder: Path) -> str:
 def _no_room(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in NO_ROOM:
         return True
+    text = str(exc)
+    # safetensors' writer: SafetensorError("... I/O error: File too large (os error 27)")
+    if any(f"(os error {code})" in text for code in NO_ROOM):
+        return True
     # torch's zip writer reports a short write as RuntimeError("... unexpected pos N vs M")
-    return isinstance(exc, RuntimeError) and ("unexpected pos" in str(exc) or "file write failed" in str(exc))
+    return isinstance(exc, RuntimeError) and ("unexpected pos" in text or "file write failed" in text)
 
 
 def save_failure(what: str, folder: Path, exc: BaseException) -> CheckpointSaveError:
@@ -261,7 +265,7 @@ class AtomicCheckpointMixin:
         self._sage_staging = staging
         try:
             super()._save_checkpoint(model, trial)
-        except (OSError, RuntimeError) as exc:
+        except Exception as exc:  # OSError, torch's RuntimeError, safetensors' SafetensorError
             if not _no_room(exc):
                 raise
             shutil.rmtree(staging, ignore_errors=True)

@@ -267,3 +267,18 @@ def test_a_token_given_as_a_flag_reaches_no_written_file(finished, tmp_path, tin
     assert any(p.name == "training_args.bin" for p in written) and any(p.suffix == ".wandb" for p in written)
     leaks = [str(p) for p in written if secret.encode() in p.read_bytes()]
     assert leaks == []
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(28, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),  # torch.save
+        Exception("Error while serializing: I/O error: File too large (os error 27)"),  # safetensors
+    ],
+)
+def test_every_writer_s_out_of_room_error_is_recognised(error, tmp_path):
+    """The three ways the writers of a checkpoint report a full disk or ``ulimit -f`` (measured on their pins)."""
+    line = checkpoints.out_of_room_line(error, tmp_path)
+    assert line is not None and str(tmp_path) in line and "MiB free" in line
+    assert checkpoints.out_of_room_line(ValueError("a bug"), tmp_path) is None

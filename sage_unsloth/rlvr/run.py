@@ -528,10 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
             return 2
         built.train_and_save()
-    except (
-        OSError,
-        RuntimeError,
-    ) as exc:  # a save out of room: one line naming the folder and the free space
+    except Exception as exc:  # a save out of room (OSError, torch's RuntimeError, SafetensorError): one line
         from sage_unsloth.checkpoints import out_of_room_line
 
         if (line := out_of_room_line(exc, plan.output_dir if plan else None)) is None:

@@ -263,10 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         run_sft(sft_args, model_args, plan)
-    except (
-        OSError,
-        RuntimeError,
-    ) as exc:  # a save out of room: one line naming the folder and the free space
+    except Exception as exc:  # a save out of room (OSError, torch's RuntimeError, SafetensorError): one line
         from ..checkpoints import out_of_room_line
 
         if (line := out_of_room_line(exc, plan.out if plan else None)) is None:
