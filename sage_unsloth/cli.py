@@ -44,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sage-unsloth: unknown stage {stage!r}; choose one of {', '.join(STAGES)}", file=sys.stderr)
         return 2
     from sage_unsloth.config_args import ConfigError
+    from sage_unsloth.flag_catalogue import check_flags
 
+    if (code := check_flags(stage, rest)) is not None:  # a typo: one line before torch/TRL are imported
+        return code
     module = importlib.import_module(STAGES[stage][0])
     try:
         return int(module.main(rest) or 0)

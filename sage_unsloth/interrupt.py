@@ -47,7 +47,7 @@ def interrupted_training(
     stage: str, argv: list[str], output_dir: str | Path | None, resume_flag: tuple[str, ...]
 ) -> int:
     """Print the one line for a training stage stopped by Ctrl-C; returns the exit code."""
-    from sage_unsloth.rlvr.resume import last_complete_checkpoint  # torch is imported by then anyway
+    from sage_unsloth.checkpoints import last_complete_checkpoint
 
     last = last_complete_checkpoint(output_dir) if output_dir else None
     if last is None:

@@ -37,6 +37,11 @@ _SECRET_KEY = re.compile(r"^token$|(hub|hf|access|auth)_token$|api_?key|secret|p
 _SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")
 
 
+def is_secret_key(name: str) -> bool:
+    """Whether a field or key named ``name`` holds a credential (sage_unsloth/credentials.py uses it too)."""
+    return bool(_SECRET_KEY.search(str(name)))
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` via a temp file + rename, so a crash never leaves half a file."""
     path = Path(path)

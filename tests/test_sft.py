@@ -463,6 +463,7 @@ def test_unsloth_backend_trains_on_cpu_and_adapter_continues(tmp_path, tiny_mode
     argv = sft_argv(
         tiny_model_dir, data, out, "--backend", "unsloth", "--max_steps", 2, "--learning_rate", "5e-3"
     )
+    argv += ["--unsloth_without_gpu", "true"]  # on purpose: this tests Unsloth's CPU fallback
     env = {**os.environ, "UNSLOTH_SKIP_TORCHVISION_CHECK": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", UNSLOTH_SCRIPT, str(out), *argv],

@@ -44,9 +44,12 @@ def test_q_comes_from_the_loss_forward_of_the_current_policy(result):
     # and last-step mixins between)
     assert run["mro"][2] == "InUnslothLossBranchQ" and "UnslothGRPOTrainer" in run["mro"], run["mro"]
     base = run["mro"].index("UnslothGRPOTrainer")
-    assert run["mro"][3:base] == ["ExplorationMixin", "ExactResumeMixin", "NoStepPastMaxStepsMixin"], run[
-        "mro"
-    ]
+    assert run["mro"][3:base] == [
+        "ExplorationMixin",
+        "AtomicCheckpointMixin",
+        "ExactResumeMixin",
+        "NoStepPastMaxStepsMixin",
+    ], run["mro"]
     assert run["q_in_loss"] and run["extra_passes"] == 0  # no policy pass of the kit's own
     assert run["rollouts"] == 1 and len(run["calls"]) == 2  # num_iterations 2: one rollout, two losses
     for call in run["calls"]:

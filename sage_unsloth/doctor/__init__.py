@@ -116,6 +116,37 @@ def machine_checks(
     return checks
 
 
+# Library lines that speak of a GPU on a machine without one, and what the doctor prints instead.
+CPU_WORDING = {
+    "this GPU has no bfloat16 support": "no GPU on this machine: the self-test trains in float32 on CPU",
+}
+
+
+def speak_of_no_gpu(line: str) -> str:
+    """``line`` as printed on a CPU-only machine: a library's remark about "this GPU" becomes "no GPU"."""
+    for phrase, instead in CPU_WORDING.items():
+        if phrase in line:
+            return instead + "\n"
+    return line
+
+
+def _cuda_available() -> bool:
+    from sage_unsloth.backend import cuda_available
+
+    return cuda_available()
+
+
+def _run_passing_output(command: list[str], environ: dict, *, on_gpu: bool):
+    """Run the self-test with its output passed through line by line (reworded on a CPU-only machine)."""
+    with subprocess.Popen(
+        command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line if on_gpu else speak_of_no_gpu(line))
+            sys.stdout.flush()
+    return proc
+
+
 def selftest_checks(backend: str, workdir: str | None, quick: bool) -> list[Check]:
     """Run the self-test in a child process (Unsloth patches TRL for the rest of its process)."""
     with tempfile.TemporaryDirectory(prefix="sage-doctor-") as tmp:
@@ -140,7 +171,7 @@ def selftest_checks(backend: str, workdir: str | None, quick: bool) -> list[Chec
             WANDB_MODE="disabled",
             TOKENIZERS_PARALLELISM="false",
         )
-        done = subprocess.run(command, env=environ, check=False)
+        done = _run_passing_output(command, environ, on_gpu=_cuda_available())
         if not report.is_file():
             return [
                 Check(

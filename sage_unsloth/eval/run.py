@@ -35,6 +35,7 @@ from sage_unsloth.eval.records import (
     write_tables,
 )
 from sage_unsloth.eval.shard import chunk_keys, select_shard
+from sage_unsloth.input_checks import check_output_folder
 from sage_unsloth.manifest import atomic_write_text, write_manifest
 
 logger = logging.getLogger(__name__)
@@ -329,20 +330,6 @@ def prepare(cfg: EvalConfig):
     return ks, checkpoints, problem_sets
 
 
-def check_output_folder(folder: str, field_name: str) -> None:
-    """An output folder must be a folder (or not exist yet, below one) that this process can write into."""
-    path = Path(folder).expanduser().absolute()
-    probe = path
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise ValueError(f"{field_name}={folder}: {probe} is a file, not a folder; pick another {field_name}")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"{field_name}={folder}: {probe} is not writable; pick another {field_name}")
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -364,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                 **os.environ,
                 QUIET_ENV: "1",
             }  # on Ctrl-C this process says how to continue, not each child
+            from sage_unsloth.lifeline import guard_descendants
+
+            guard_descendants()  # a kill -9 of this process ends each child and its engine too
             for spec in cfg.checkpoints:
                 command = [sys.executable, "-m", "sage_unsloth.eval", *argv, "--checkpoints", spec]
                 code = subprocess.call(command, env=env)

@@ -159,6 +159,9 @@ class VLLMSampler:
             kwargs.update(enable_lora=True, max_lora_rank=max(8, int(rank)), max_loras=1)
             self.lora = LoRARequest(checkpoint.run, 1, checkpoint.adapter_dir)
         kwargs["tokenizer"] = self._tokenizer_folder(checkpoint)
+        from sage_unsloth.lifeline import guard_descendants
+
+        guard_descendants()  # the engine processes die with this one, kill -9 included (lifeline.py)
         self.llm = LLM(**kwargs)
 
     def _tokenizer_folder(self, checkpoint: Checkpoint) -> str:

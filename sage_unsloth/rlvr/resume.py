@@ -39,19 +39,17 @@ for its own adaptive-entropy state the same way).
 from __future__ import annotations
 
 import logging
-import os
-import re
 from pathlib import Path
 
 import torch
 from torch.utils.data import Sampler
 
+from sage_unsloth.checkpoints import last_complete_checkpoint  # noqa: F401  (the resume rule lives there)
+
 logger = logging.getLogger(__name__)
 
 RESUME_STATE_FILE = "sage_resume_state_{process}.pt"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
-TRAINER_STATE_FILE = "trainer_state.json"  # transformers writes it last: a checkpoint without it is partial
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 class EpochSeededSampler(Sampler):
@@ -124,22 +122,6 @@ class ExactResumeMixin:
         # torch.load knows "cuda:1" but not "cpu:0", the device name of a rank in multi-process CPU runs.
         state = torch.load(path, map_location="cpu" if device.type == "cpu" else device, weights_only=True)
         self._step, self._buffered_inputs = state["step"], state["buffered_inputs"]
-
-
-def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The newest ``checkpoint-N`` folder holding trainer_state.json; a half-written newer one is skipped."""
-    folder = Path(output_dir)
-    if not folder.is_dir():
-        return None
-    found = sorted(
-        ((int(m.group(1)), p) for p in folder.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))),
-        reverse=True,
-    )
-    for _, path in found:
-        if (path / TRAINER_STATE_FILE).is_file():
-            return path
-        logger.warning("%s has no %s (interrupted while saving): skipped", path, TRAINER_STATE_FILE)
-    return None
 
 
 def logging_alignment_warning(args) -> str | None:

@@ -92,7 +92,18 @@ class RLVRStageArgs:
         },
     )
     resume: bool = field(
-        default=False, metadata={"help": "Continue from the last checkpoint in the output folder."}
+        default=False,
+        metadata={"help": "Continue from the newest complete checkpoint in the output folder."},
+    )
+    unsloth_without_gpu: bool = field(
+        default=False,
+        metadata={
+            "help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway."
+        },
+    )
+    restart: bool = field(
+        default=False,
+        metadata={"help": "Output folder holds only incomplete checkpoints: delete them and start over."},
     )
 
     def __post_init__(self):
@@ -205,9 +216,10 @@ def _same_model(a: str, b: str) -> bool:
 def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRPlan:
     """Resolve and check every input of the stage; one-line errors, nothing loads a model."""
     from sage_unsloth.backend import cuda_available
+    from sage_unsloth.checkpoints import choose_checkpoint
     from sage_unsloth.manifest import MANIFEST_NAME
     from sage_unsloth.models import model_short_name
-    from sage_unsloth.rlvr.resume import last_complete_checkpoint, logging_alignment_warning
+    from sage_unsloth.rlvr.resume import logging_alignment_warning
 
     if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
         raise ValueError(
@@ -218,7 +230,13 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
         raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
     if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
         logger.warning("vllm_mode=%s: a vLLM server must already be running", grpo_args.vllm_mode)
+    from sage_unsloth.input_checks import check_adapter, check_data_file, check_output_folder, check_wandb
+
+    check_wandb(grpo_args.report_to)
+    if stage.dataset_path and Path(stage.dataset_path).is_file():
+        check_data_file(stage.dataset_path)  # unreadable, empty or truncated: one line naming the line
     sft_dir, sft_manifest, base = _resolve_sft(stage, model_args)
+    check_adapter(sft_dir, "sft_dir")
 
     context = stage.max_seq_length or model_context_length(
         base, model_args.model_revision, bool(grpo_args.trust_remote_code)
@@ -245,17 +263,17 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
         if getattr(grpo_args, "output_dir_given", False)
         else layout.rlvr_dir(stage.output_root, short, variant)
     )
-    last = last_complete_checkpoint(output_dir)
-    if stage.resume and last is None:
-        raise FileNotFoundError(
-            f"--resume: no complete checkpoint-* folder in {output_dir}: start without --resume"
-        )
-    started = output_dir.is_dir() and any(output_dir.glob("checkpoint-*"))
-    if not stage.resume and (started or (output_dir / MANIFEST_NAME).is_file()):
+    check_output_folder(output_dir, "output_dir")
+    if not stage.resume and (output_dir / MANIFEST_NAME).is_file():
         raise FileExistsError(
             f"{output_dir} already holds a run: pass --resume to continue it, or choose "
             "another --output_dir (or --variant / --output_root)"
         )
+    # The newest complete checkpoint (newer incomplete ones skipped with a notice); only incomplete ones: an
+    # error naming --restart true, which deletes them (sage_unsloth/checkpoints.py).
+    last = choose_checkpoint(output_dir, resume=stage.resume, restart=stage.restart, resume_flag="--resume")
+    if stage.resume and last is None:
+        raise FileNotFoundError(f"--resume: no checkpoint-* folder in {output_dir}: start without --resume")
     if grpo_args.backend == "unsloth" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logger.warning(
             "backend=unsloth on %s processes: not tested by this kit; backend=trl is (docs/scaling.md, "
@@ -487,13 +505,20 @@ def _import_unsloth_early(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
+    from sage_unsloth.flag_catalogue import check_flags
+
+    if (code := check_flags("rlvr", argv)) is not None:  # a flag typo: one line before TRL is imported
+        return code
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     plan = None
     try:
         _import_unsloth_early(argv)
         try:
             grpo_args, stage, model_args, config_path = parse_args(argv)
+            from sage_unsloth.input_checks import check_unsloth_has_gpu
+
+            check_unsloth_has_gpu(grpo_args.backend, forced=stage.unsloth_without_gpu)
             plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
             built = build_stage(grpo_args, stage, model_args, config_path, plan)
         except (ValueError, FileNotFoundError, FileExistsError) as exc:
@@ -503,6 +528,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
             return 2
         built.train_and_save()
+    except Exception as exc:  # a save out of room (OSError, torch's RuntimeError, SafetensorError): one line
+        from sage_unsloth.checkpoints import out_of_room_line
+
+        if (line := out_of_room_line(exc, plan.output_dir if plan else None)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
         from sage_unsloth.interrupt import interrupted_training
 

@@ -58,6 +58,7 @@ from sage_unsloth.compat import (
 )
 from sage_unsloth.rlvr.config import unsloth_conflict
 from sage_unsloth.rlvr.exploration import ExplorationMixin
+from sage_unsloth.checkpoints import AtomicCheckpointMixin
 from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
@@ -832,7 +833,8 @@ def make_sage_trainer_class(base: type | None = None) -> type:
         # Under Unsloth's patched loss, branch q comes from the entropies that loss computes (unsloth_hooks);
         # ExactResumeMixin saves and restores the state TRL's checkpoints lack (rlvr/resume.py);
         # ExplorationMixin runs the exploration baselines inside SAGE's hooks (rlvr/exploration.py);
-        # NoStepPastMaxStepsMixin: a resume from the last step's checkpoint trains nothing more.
+        # NoStepPastMaxStepsMixin: a resume from the last step's checkpoint trains nothing more;
+        # AtomicCheckpointMixin: a checkpoint appears only whole (sage_unsloth/checkpoints.py).
         hooks = (InUnslothLossBranchQ,) if is_unsloth_patched(base) else ()
         _CLASS_CACHE[base] = type(
             f"Sage{base.__name__}",
@@ -840,6 +842,7 @@ def make_sage_trainer_class(base: type | None = None) -> type:
                 SageTrainerMixin,
                 *hooks,
                 ExplorationMixin,
+                AtomicCheckpointMixin,  # outside ExactResumeMixin: its resume state goes to the staging folder too
                 ExactResumeMixin,
                 compat.NoStepPastMaxStepsMixin,
                 base,

@@ -17,11 +17,11 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig
 
 from .. import layout
 from ..backend import cuda_available
+from ..checkpoints import choose_checkpoint
 from ..config_args import ConfigError, check_hub_model_cached, check_training_fields
 from ..manifest import MANIFEST_NAME
 from ..models import BACKENDS, model_short_name
@@ -67,7 +67,17 @@ class SageSFTConfig(SFTConfig):
         default=False, metadata={"help": "Also write a merged 16-bit model to <out>/merged"}
     )
     resume: bool = field(
-        default=False, metadata={"help": "Continue from the last checkpoint in the output folder"}
+        default=False, metadata={"help": "Continue from the newest complete checkpoint in the output folder"}
+    )
+    unsloth_without_gpu: bool = field(
+        default=False,
+        metadata={
+            "help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway"
+        },
+    )
+    restart: bool = field(
+        default=False,
+        metadata={"help": "Output folder holds only incomplete checkpoints: delete them and start over"},
     )
 
     # --- official recipe as defaults (the YAML configs pin them again) ----------------------------------
@@ -114,11 +124,15 @@ class SageSFTConfig(SFTConfig):
         if not model_args.model_name_or_path:
             raise ValueError("model_name_or_path is not set: set it in the YAML or pass --model_name_or_path")
         check_hub_model_cached(model_args.model_name_or_path, revision=model_args.model_revision)
+        from ..input_checks import check_data_file, check_wandb
+
+        check_wandb(self.report_to)
         if self.dataset_path:
             if not Path(self.dataset_path).is_file():
                 raise FileNotFoundError(
                     f"dataset_path {self.dataset_path} does not exist: fix it or unset it"
                 )
+            check_data_file(self.dataset_path)  # unreadable, empty or truncated: one line naming the line
         elif not self.dataset_name:
             raise ValueError("no dataset: set dataset_name (hub id) or dataset_path (local JSONL/parquet)")
         if not 0 < self.max_length_fraction <= 1:
@@ -146,20 +160,14 @@ class SageSFTConfig(SFTConfig):
         return Path(self.output_dir)
 
     def resume_checkpoint(self) -> str | None:
-        """The checkpoint to resume from, or None to start fresh; a clear error instead of overwriting a run."""
+        """The checkpoint to resume from, or None to start fresh; a clear error instead of overwriting a run
+        (the rule, complete checkpoints only, is sage_unsloth/checkpoints.py's, shared with stage 2)."""
         out = Path(self.output_dir)
-        last = get_last_checkpoint(str(out)) if out.is_dir() else None
-        if self.resume:
-            if last is None:
-                logger.warning("resume: no checkpoint in %s, starting from scratch", out)
-            return last
-        if (out / MANIFEST_NAME).is_file():
+        if not self.resume and (out / MANIFEST_NAME).is_file():
             raise FileExistsError(
                 f"output_dir {out} already holds a finished SFT run: choose another output_dir or remove it"
             )
-        if last is not None:
-            raise FileExistsError(
-                f"output_dir {out} has checkpoints ({Path(last).name}): pass --resume true to "
-                "continue, or choose another output_dir"
-            )
-        return None
+        last = choose_checkpoint(out, resume=self.resume, restart=self.restart, resume_flag="--resume true")
+        if self.resume and last is None:
+            logger.warning("resume: no checkpoint in %s, starting from scratch", out)
+        return str(last) if last is not None else None

@@ -62,6 +62,9 @@ def prepare_sft(sft_args, model_args) -> SFTPlan:
 
     sft_args.validate(model_args)
     out = sft_args.resolve_output_dir(model_args)
+    from ..input_checks import check_output_folder
+
+    check_output_folder(out, "output_dir")  # a file, or not writable: before the data and the model load
     config_record = _config_record(sft_args, model_args)  # as resolved, before the loader adjusts anything
     if sft_args.resume and (out / MANIFEST_NAME).is_file():
         logger.info("%s already holds a finished SFT run; nothing to resume", out)
@@ -171,12 +174,16 @@ def sft_trainer_class():
     """``trl.SFTTrainer`` looked up now (after import_unsloth it is Unsloth's), with TRL's fused LM head given
     the kit's torch kernel where Triton is missing (sage_unsloth/compat.py, row ``triton_fallback``): the same
     loss, the mean NLL of the labelled tokens, on CPU as on a GPU."""
+    from ..checkpoints import AtomicCheckpointMixin
     from ..compat import NoStepPastMaxStepsMixin, current_sft_trainer_class, install_cpu_logprob_fallback
 
     install_cpu_logprob_fallback()
     base = current_sft_trainer_class()
-    if base not in _SFT_CLASSES:  # a resume from the last step's checkpoint trains nothing more
-        _SFT_CLASSES[base] = type(f"Sage{base.__name__}", (NoStepPastMaxStepsMixin, base), {})
+    if base not in _SFT_CLASSES:
+        # AtomicCheckpointMixin: a checkpoint appears only whole (sage_unsloth/checkpoints.py);
+        # NoStepPastMaxStepsMixin: a resume from the last step's checkpoint trains nothing more.
+        mixins = (AtomicCheckpointMixin, NoStepPastMaxStepsMixin)
+        _SFT_CLASSES[base] = type(f"Sage{base.__name__}", (*mixins, base), {})
     return _SFT_CLASSES[base]
 
 
@@ -222,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         if not argv:
             return 2
         parse_args(argv)  # prints the kit's fields (--help) or all of them (--help-all) and exits
+    from ..flag_catalogue import check_flags
+
+    if (code := check_flags("sft", argv)) is not None:  # a flag typo: one line before TRL is imported
+        return code
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ..config_args import requested_backend, with_config_flag
 
@@ -231,6 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     plan = None
+    if requested_backend(argv) == "unsloth":
+        from ..config_args import requested_flag
+        from ..input_checks import check_unsloth_has_gpu
+
+        try:  # before Unsloth is imported: on CPU it would load (slowly) and then train 6x slower
+            check_unsloth_has_gpu("unsloth", forced=requested_flag(argv, "unsloth_without_gpu"))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         if requested_backend(argv) == "unsloth":
             from ..backend import import_unsloth
@@ -243,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         run_sft(sft_args, model_args, plan)
+    except Exception as exc:  # a save out of room (OSError, torch's RuntimeError, SafetensorError): one line
+        from ..checkpoints import out_of_room_line
+
+        if (line := out_of_room_line(exc, plan.out if plan else None)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
         from ..interrupt import interrupted_training
 
