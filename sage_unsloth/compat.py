@@ -222,6 +222,11 @@ def pad_token_id(processing_class) -> int:
 # --------------------------------------------------------------------------- trl_formulas
 
 
+# TRL 1.15's loss types whose per-token aggregation aggregate_like_trl reproduces: a term added to TRL's loss
+# (a KL term other than the shifted reference, a policy term) supports these.
+TOKEN_LEVEL_LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+
+
 def aggregate_like_trl(
     per_token,
     mask,
@@ -235,8 +240,6 @@ def aggregate_like_trl(
     training: bool,
 ):
     """TRL 1.15's _compute_loss aggregation of a per-token loss (B, T) for the token-level loss types."""
-    from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
-
     per_token = per_token * mask
     accumulation = accumulation_steps if training else 1
     if loss_type == "grpo":
@@ -251,7 +254,7 @@ def aggregate_like_trl(
             normalizer = normalizer * accumulation_steps / steps_per_generation
         return per_token.sum() / normalizer
     raise ValueError(
-        f"loss-level KL terms support loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, got {loss_type!r}"
+        f"loss-level KL terms support loss_type in {TOKEN_LEVEL_LOSS_TYPES}, got {loss_type!r}"
     )
 
 

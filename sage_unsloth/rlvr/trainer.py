@@ -58,6 +58,7 @@ from sage_unsloth.compat import (
 )
 from sage_unsloth.rlvr.config import unsloth_conflict
 from sage_unsloth.rlvr.exploration import ExplorationMixin
+from sage_unsloth.rlvr.kl_terms import KL_TERMS, KLTokens
 from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
@@ -72,6 +73,10 @@ __all__ = [
     "make_sage_trainer_class",
 ]
 
+
+# Above this share of clipped q in a step the trainer warns (once per run): the guide asks for values the clip
+# range [sage_q_min, sage_q_max] does not allow.
+Q_CLIPPED_WARN_FRAC = 0.1
 
 # --------------------------------------------------------------------------- pure functions
 
@@ -415,7 +420,27 @@ class SageTrainerMixin:
         )
         with torch.no_grad():
             raw = guide(bundle)
-        return guides.finalise_q(raw, bundle, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+        q = guides.finalise_q(raw, bundle, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+        self._sage_log_q_clipping(guides.clipped_fraction_counts(raw, mask, cfg.sage_q_min, cfg.sage_q_max))
+        return q
+
+    def _sage_log_q_clipping(self, counts: torch.Tensor) -> None:
+        """sage/q_clipped_frac: the share of completion tokens (all processes) whose raw q was clipped to
+        [sage_q_min, sage_q_max]; one warning per run when it exceeds Q_CLIPPED_WARN_FRAC, because a guide
+        meant to reach a q outside the clip range is otherwise silently flattened."""
+        cfg = self.args
+        totals = self.accelerator.reduce(counts, reduction="sum")
+        fraction = (totals[0] / totals[1].clamp(min=1.0)).item()
+        mode = "train" if self.model.training else "eval"
+        compat.metrics(self, mode)["sage/q_clipped_frac"].append(fraction)
+        if fraction > Q_CLIPPED_WARN_FRAC and not getattr(self, "_sage_warned_q_clipped", False):
+            self._sage_warned_q_clipped = True
+            warnings.warn(
+                f"sage_guide={cfg.sage_guide!r}: {fraction:.0%} of the completion tokens' q were clipped to "
+                f"[sage_q_min={cfg.sage_q_min}, sage_q_max={cfg.sage_q_max}] at step {int(self.state.global_step)}; "
+                "widen sage_q_min / sage_q_max if the guide means those values (sage/q_clipped_frac)",
+                stacklevel=2,
+            )
 
     def _sage_log_q_metrics(self, q: torch.Tensor, mask: torch.Tensor) -> None:
         mode = "train" if self.model.training else "eval"
@@ -729,10 +754,22 @@ class SageTrainerMixin:
 
     # -- loss-level KL estimators (TRL path only) -----------------------------------------------------
 
+    def sage_kl_term(self):
+        """(entry, callable) of the configured KL term (rlvr/kl_terms.py), its kl_term_args bound; rebuilt only
+        when kl_estimator / kl_term_args change."""
+        cfg = self.args
+        key = (cfg.kl_estimator, repr(getattr(cfg, "kl_term_args", None)))
+        cached = getattr(self, "_sage_kl_term_cache", None)
+        if cached is None or cached[0] != key:
+            entry = KL_TERMS.resolve(cfg.kl_estimator)
+            bound = KL_TERMS.bind(entry, KL_TERMS.parse_args(getattr(cfg, "kl_term_args", None)))
+            cached = self._sage_kl_term_cache = (key, entry, bound)
+        return cached[1:]
+
     def _compute_loss(self, model, inputs):
-        estimator = self.args.kl_estimator
+        in_trl_loss = self.sage_kl_term()[0].meta["shifted_reference"] or self.beta == 0.0
         q_in_loss = self.sage_q_in_loss
-        if not q_in_loss and (estimator == "k3" or self.beta == 0.0):
+        if not q_in_loss and in_trl_loss:
             return super()._compute_loss(model, inputs)
         inputs = dict(inputs)  # the batch is reused across num_iterations: shift a copy, never the buffer
         captured = {}
@@ -757,7 +794,7 @@ class SageTrainerMixin:
             loss = super()._compute_loss(model, inputs)
         finally:
             del self._get_per_token_logps_and_entropies
-        if estimator == "k3" or self.beta == 0.0:
+        if in_trl_loss:
             return loss
         return loss + self._sage_kl_correction(inputs, captured["logps"])
 
@@ -781,7 +818,7 @@ class SageTrainerMixin:
             inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"] + anchor.log_q(q).to(logps.dtype)
 
     def _sage_kl_correction(self, inputs: dict, logps: torch.Tensor) -> torch.Tensor:
-        """beta * agg(term - TRL's k3 term): swaps TRL's k3 for the estimator's own term (anchor.kl_loss_term),
+        """beta * agg(term - TRL's k3 term): swaps TRL's k3 for the KL term's own (rlvr/kl_terms.py),
         leaving the rest of TRL's loss as it is."""
         ref = inputs["ref_per_token_logps"]  # already shifted by log q
         mask = (
@@ -790,7 +827,10 @@ class SageTrainerMixin:
             else inputs["completion_mask"] * inputs["tool_mask"]
         )
         old = inputs.get("old_per_token_logps")
-        wanted = anchor.kl_loss_term(logps, ref, estimator=self.args.kl_estimator, old_logp=old)
+        kl = self.sage_kl_term()[1](
+            KLTokens(logps=logps, ref_logps=ref, old_logps=old, ratio=self.args.use_bias_correction_kl)
+        )
+        wanted = kl.term
         # What TRL put in its loss: k3, times its importance weight (token or sequence level) if asked.
         trl_term = anchor.shaped_kl(logps, ref, 0.0, estimator="k3")
         if self.args.use_bias_correction_kl:
@@ -806,11 +846,7 @@ class SageTrainerMixin:
             kl_log
         ):  # TRL logged the k3 value; log the estimator actually in the loss instead (its plain value)
             kl_log.pop()
-            value = (
-                anchor.shaped_kl(logps, ref, 0.0, estimator="k2")
-                if self.args.kl_estimator == "k2"
-                else anchor.forward_kl(logps, ref)
-            ).detach()
+            value = kl.value.detach()
             totals = self.accelerator.reduce(
                 torch.stack([(value * mask).sum(), mask.sum().float()]), reduction="sum"
             )
