@@ -253,9 +253,7 @@ def aggregate_like_trl(
         if training:
             normalizer = normalizer * accumulation_steps / steps_per_generation
         return per_token.sum() / normalizer
-    raise ValueError(
-        f"loss-level KL terms support loss_type in {TOKEN_LEVEL_LOSS_TYPES}, got {loss_type!r}"
-    )
+    raise ValueError(f"loss-level KL terms support loss_type in {TOKEN_LEVEL_LOSS_TYPES}, got {loss_type!r}")
 
 
 def aggregate_like_trainer(trainer, per_token, mask, inputs: dict):

@@ -202,7 +202,9 @@ def finalise_q(raw, signals: Signals, *, name: str, q_min: float, q_max: float) 
     return torch.where(valid, q, torch.ones_like(q))
 
 
-def clipped_fraction_counts(raw: torch.Tensor, mask: torch.Tensor, q_min: float, q_max: float) -> torch.Tensor:
+def clipped_fraction_counts(
+    raw: torch.Tensor, mask: torch.Tensor, q_min: float, q_max: float
+) -> torch.Tensor:
     """(clipped, masked) token counts, float32: how many completion tokens' raw q fell outside [q_min, q_max]
     (so that :func:`finalise_q` clipped them), out of how many completion tokens. Call after finalise_q
     accepted ``raw`` (its shape and finiteness are checked there)."""

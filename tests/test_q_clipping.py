@@ -54,8 +54,7 @@ def _run(tmp_path, sft_dir, dapo_sample, name: str, extra: str):
         assert main([*argv, "--dataset_path", str(dapo_sample)]) == 0
     clipping = [w for w in caught if "were clipped to" in str(w.message)]
     logs = [
-        json.loads(line)
-        for line in next((mine / "out").rglob("log_history.jsonl")).read_text().splitlines()
+        json.loads(line) for line in next((mine / "out").rglob("log_history.jsonl")).read_text().splitlines()
     ]
     return [e["sage/q_clipped_frac"] for e in logs if "sage/q_clipped_frac" in e], logs, clipping
 

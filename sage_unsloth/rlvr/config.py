@@ -138,11 +138,15 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     )
     kl_term: str | None = field(
         default=None,
-        metadata=_help("The KL term, the same field as kl_estimator under the plug-in kinds' name (set one)."),
+        metadata=_help(
+            "The KL term, the same field as kl_estimator under the plug-in kinds' name (set one)."
+        ),
     )
     kl_term_args: dict[str, Any] | str | None = field(
         default=None,
-        metadata=_help("Arguments of the KL term (a plug-in's keyword arguments), a mapping; JSON on the command line."),
+        metadata=_help(
+            "Arguments of the KL term (a plug-in's keyword arguments), a mapping; JSON on the command line."
+        ),
     )
     sage_kl_placement: str = field(
         default="loss",

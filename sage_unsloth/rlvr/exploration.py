@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from sage_unsloth import compat
+from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
 from sage_unsloth.config_args import ConfigError
 from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
-from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
 from sage_unsloth.rlvr.policy_terms import POLICY_TERMS, TokenBatch
 
 # The per-call inputs of each kind, before its own keyword arguments: estimator(rewards, num_generations, args)
@@ -99,7 +99,9 @@ class ExplorationArgs:
         # <kind>_args checked against the function's signature after its per-call inputs, before any model loads
         self.advantage_estimator_args = (
             ADVANTAGE_ESTIMATORS.check_args(
-                advantage, ADVANTAGE_ESTIMATORS.parse_args(self.advantage_estimator_args), leading=ESTIMATOR_INPUTS
+                advantage,
+                ADVANTAGE_ESTIMATORS.parse_args(self.advantage_estimator_args),
+                leading=ESTIMATOR_INPUTS,
             )
             or None
         )
@@ -111,7 +113,9 @@ class ExplorationArgs:
         term = POLICY_TERMS.resolve(self.policy_term) if self.policy_term != "none" else None
         term_args = POLICY_TERMS.parse_args(self.policy_term_args)
         if term is None and term_args:
-            raise ConfigError("policy_term_args is set but policy_term=none: set policy_term or drop its args")
+            raise ConfigError(
+                "policy_term_args is set but policy_term=none: set policy_term or drop its args"
+            )
         if term is not None:
             term_args = POLICY_TERMS.check_args(term, term_args, leading=TERM_INPUTS)
         self.policy_term_args = term_args or None

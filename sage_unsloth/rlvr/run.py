@@ -505,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         built.train_and_save()
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
         from sage_unsloth.interrupt import interrupted_training
+        from sage_unsloth.rlvr.resume import last_complete_checkpoint
 
-        return interrupted_training("rlvr", argv, plan.output_dir if plan else None, ("--resume",))
+        return interrupted_training(
+            "rlvr", argv, plan.output_dir if plan else None, ("--resume",), last_complete_checkpoint
+        )
     return 0

@@ -245,8 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         run_sft(sft_args, model_args, plan)
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
         from ..interrupt import interrupted_training
+        from ..rlvr.resume import last_complete_checkpoint  # torch is imported by then anyway
 
-        return interrupted_training("sft", argv, plan.out if plan else None, ("--resume", "true"))
+        return interrupted_training(
+            "sft", argv, plan.out if plan else None, ("--resume", "true"), last_complete_checkpoint
+        )
     return 0
 
 
