@@ -190,6 +190,18 @@ ROLLOUT_KEYS = (
 )
 
 
+# The adapter names: TRL 1.15 scores the reference with use_adapter(model, "ref") whenever the model has an
+# adapter of that name; PEFT names the trained adapter "default".
+REF_ADAPTER, POLICY_ADAPTER = "ref", "default"
+
+
+def loss_mask(batch: dict):
+    """The tokens TRL's loss counts in a rollout batch: completion_mask, times tool_mask when the batch has one
+    (tool-call outputs are masked out of the loss in TRL 1.15). The one definition every kit path uses."""
+    mask = batch["completion_mask"]
+    return mask * batch["tool_mask"] if "tool_mask" in batch else mask
+
+
 def trl_scores_old_logps(trainer) -> bool:
     """TRL 1.15's condition for scoring old_per_token_logps in _generate_and_score_completions."""
     generate_every = trainer.args.steps_per_generation * trainer.num_iterations

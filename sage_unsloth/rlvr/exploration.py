@@ -264,11 +264,7 @@ class ExplorationMixin:
     def _apply_policy_term(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor | None):
         """Run the term on the loss forward's outputs: replace inputs['advantages'] and/or return the
         aggregated added loss (None when the term adds none)."""
-        mask = (
-            inputs["completion_mask"] * inputs["tool_mask"]
-            if "tool_mask" in inputs
-            else inputs["completion_mask"]
-        )
+        mask = compat.loss_mask(inputs)
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)

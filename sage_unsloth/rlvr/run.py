@@ -39,12 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from sage_unsloth import layout
+from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER
 
 logger = logging.getLogger(__name__)
 
 ANCHORS = ("sft", "base")
-REF_ADAPTER = "ref"
-POLICY_ADAPTER = "default"
 
 
 @dataclass

@@ -157,11 +157,7 @@ def concat_rollouts(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -
             extra = v.new_full((v.size(0), width - v.size(1)), fill)
             padded.append(torch.cat([extra, v] if side == "left" else [v, extra], dim=1))
         merged[key] = torch.cat(padded)
-    loss_mask = (
-        merged["completion_mask"] * merged["tool_mask"]
-        if "tool_mask" in merged
-        else merged["completion_mask"]
-    )
+    loss_mask = compat.loss_mask(merged)
     merged["num_items_in_batch"] = loss_mask.sum()
     return merged
 
@@ -360,9 +356,7 @@ class SageTrainerMixin:
     def sage_compute_q(self, output: dict, captured: dict | None = None) -> torch.Tensor:
         """q (B, C) in TRL's layout for this batch; 1 on masked tokens. ``captured`` may hold the policy's
         logps / entropies / logit signals already computed by a forward TRL ran anyway (or the loss's own)."""
-        mask = output["completion_mask"]
-        if "tool_mask" in output:
-            mask = mask * output["tool_mask"]
+        mask = compat.loss_mask(output)
         entry, needs, guide = self.sage_guide()
         if entry.registered and entry.name == "none":
             return torch.ones_like(mask, dtype=torch.float32)
@@ -549,11 +543,7 @@ class SageTrainerMixin:
             self._sage_kl_in_reward(output, captured)
             return output
         q = self.sage_compute_q(output, captured)
-        mask = (
-            output["completion_mask"] * output["tool_mask"]
-            if "tool_mask" in output
-            else output["completion_mask"]
-        )
+        mask = compat.loss_mask(output)
         self._sage_log_q_metrics(q, mask)
         if not (entry.registered and entry.name == "none") and self.beta != 0.0:
             self._shift_reference(output, q)
@@ -593,7 +583,8 @@ class SageTrainerMixin:
             model, context = self.ref_model, nullcontext()
         else:
             unwrapped = self.accelerator.unwrap_model(self.model)
-            context = compat.use_adapter(unwrapped, "ref" if "ref" in unwrapped.peft_config else None)
+            ref_adapter = compat.REF_ADAPTER if compat.REF_ADAPTER in unwrapped.peft_config else None
+            context = compat.use_adapter(unwrapped, ref_adapter)
             model = self.model
         with context:
             if self._sage_patched:
@@ -619,11 +610,7 @@ class SageTrainerMixin:
                 "sage_kl_placement=reward found no rewards from _calculate_rewards: check the pinned "
                 "trl/unsloth versions"
             )
-        mask = (
-            output["completion_mask"] * output["tool_mask"]
-            if "tool_mask" in output
-            else output["completion_mask"]
-        )
+        mask = compat.loss_mask(output)
         _, needs, _ = self.sage_guide()
         logit_signals = guides.logit_signal_names(needs)
         logps, entropies, logits = self._sage_rollout_stats(
@@ -727,11 +714,7 @@ class SageTrainerMixin:
     def _sage_log_importance_sampling(self, output: dict) -> None:
         """The fraction of vLLM importance ratios TRL truncates / masks (TRL logs their min / mean / max)."""
         old, sampling = output.get("old_per_token_logps"), output.get("sampling_per_token_logps")
-        mask = (
-            output["completion_mask"] * output["tool_mask"]
-            if "tool_mask" in output
-            else output["completion_mask"]
-        )
+        mask = compat.loss_mask(output)
         if (
             not (self.use_vllm and getattr(self, "vllm_importance_sampling_correction", False))
             or old is None
@@ -808,11 +791,7 @@ class SageTrainerMixin:
             "logits": logits or {},
         }
         q = self.sage_compute_q(inputs, stats)
-        mask = (
-            inputs["completion_mask"] * inputs["tool_mask"]
-            if "tool_mask" in inputs
-            else inputs["completion_mask"]
-        )
+        mask = compat.loss_mask(inputs)
         self._sage_log_q_metrics(q, mask)
         if self.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
             inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"] + anchor.log_q(q).to(logps.dtype)
@@ -821,11 +800,7 @@ class SageTrainerMixin:
         """beta * agg(term - TRL's k3 term): swaps TRL's k3 for the KL term's own (rlvr/kl_terms.py),
         leaving the rest of TRL's loss as it is."""
         ref = inputs["ref_per_token_logps"]  # already shifted by log q
-        mask = (
-            inputs["completion_mask"]
-            if "tool_mask" not in inputs
-            else inputs["completion_mask"] * inputs["tool_mask"]
-        )
+        mask = compat.loss_mask(inputs)
         old = inputs.get("old_per_token_logps")
         kl = self.sage_kl_term()[1](
             KLTokens(logps=logps, ref_logps=ref, old_logps=old, ratio=self.args.use_bias_correction_kl)
