@@ -63,6 +63,28 @@ def unsloth_conflict(cfg, unsloth_patched: bool) -> str | None:
     return guides.unsloth_cannot(needs, requested=cfg.sage_q_source, guide=cfg.sage_guide)
 
 
+def off_policy_q_warning(cfg, q_source: str) -> str | None:
+    """The one off-policy warning (None: nothing to say) when q is computed at ``q_source``: q from the rollout
+    policy while the loss reads a later one (num_iterations > 1, or steps_per_generation > gradient accumulation).
+    The config says it for the source it expects, the trainer only when the class it got moved q."""
+    from sage_unsloth import guides
+
+    _, needs = guides.resolve_guide(cfg)
+    if (
+        q_source == "loss"  # the official code's own order
+        or guides.q_source(needs, requested="loss", unsloth_patched=False) != "loss"  # reads no policy signal
+        or cfg.sage_kl_placement == "reward"  # q with the reward, at rollout, by definition
+        or (cfg.num_iterations == 1 and cfg.steps_per_generation == cfg.gradient_accumulation_steps)
+    ):
+        return None
+    return (
+        f"sage_guide={cfg.sage_guide!r} with num_iterations={cfg.num_iterations}, steps_per_generation="
+        f"{cfg.steps_per_generation}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}: q is "
+        "computed from the rollout policy (sage_q_source rollout, or a guide Unsloth's loss cannot feed), not the "
+        "in-loss policy as in the official code"
+    )
+
+
 def _help(text: str) -> dict:
     return {"help": text}
 
@@ -418,37 +440,20 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     @property
     def expected_q_source(self) -> str:
         """Where q will be computed (guides.q_source, from the guide's ``needs``): 'loss' on TRL's trainer for a
-        guide that reads the policy; on Unsloth's patched one (GPU only) 'loss' for an entropies-only guide (the
-        branch guide) and 'rollout' for the rest (the token guide, logit signals); 'rollout' for a guide that
-        reads no policy signal (the random guide). The trainer re-checks this against the class it subclasses."""
+        guide that reads the policy; on Unsloth's patched one (backend unsloth) 'loss' for an entropies-only guide
+        (the branch guide) and 'rollout' for the rest (the token guide, logit signals); 'rollout' for a guide that
+        reads no policy signal (the random guide). A function of the config alone, never of the machine: the
+        trainer re-checks it against the class it subclasses (on a CPU Unsloth leaves TRL's trainer in place)."""
         from sage_unsloth import guides
 
         if self.sage_q_source != "auto":
             return self.sage_q_source
         _, needs = guides.resolve_guide(self)
-        unsloth_patched = self.backend == "unsloth" and _cuda_available()
-        return guides.q_source(needs, requested="loss", unsloth_patched=unsloth_patched)
+        return guides.q_source(needs, requested="loss", unsloth_patched=self.backend == "unsloth")
 
     def _warn_off_policy_q(self) -> None:
-        # The random guide ignores the policy; branch/token q in the loss is the official code's own order.
-        from sage_unsloth import guides
-
-        _, needs = guides.resolve_guide(self)
-        if (
-            guides.q_source(needs, requested="loss", unsloth_patched=False)
-            != "loss"  # reads no policy signal
-            or self.sage_kl_placement == "reward"
-            or self.expected_q_source == "loss"
-        ):
-            return  # (the reward placement computes q with the reward, at rollout, by definition)
-        if self.num_iterations != 1 or self.steps_per_generation != self.gradient_accumulation_steps:
-            warnings.warn(
-                f"sage_guide={self.sage_guide!r} with num_iterations={self.num_iterations}, steps_per_generation="
-                f"{self.steps_per_generation}, gradient_accumulation_steps={self.gradient_accumulation_steps}: q is "
-                "computed from the rollout policy (sage_q_source rollout, or a guide Unsloth's loss cannot feed), not the "
-                "in-loss policy as in the official code",
-                stacklevel=3,
-            )
+        if (message := off_policy_q_warning(self, self.expected_q_source)) is not None:
+            warnings.warn(message, stacklevel=3)
 
     def _warn_guide_without_effect(self) -> None:
         from sage_unsloth import guides

@@ -56,7 +56,7 @@ from sage_unsloth.compat import (
     policy_logps_and_entropies,
     to_unsloth_layout,
 )
-from sage_unsloth.rlvr.config import unsloth_conflict
+from sage_unsloth.rlvr.config import off_policy_q_warning, unsloth_conflict
 from sage_unsloth.rlvr.exploration import ExplorationMixin
 from sage_unsloth.rlvr.kl_terms import KL_TERMS, KLTokens
 from sage_unsloth.rlvr.resume import ExactResumeMixin
@@ -199,19 +199,9 @@ class SageTrainerMixin:
         )
         # The config warned already when it expected q at rollout; warn here only when the class we got moved q
         # out of the loss against that expectation.
-        if (
-            not self.sage_q_in_loss
-            and cfg.expected_q_source == "loss"
-            and self.sage_placement == "loss"
-            and guides.q_source(self.sage_guide_needs, requested="loss", unsloth_patched=False) == "loss"
-            and (self.num_iterations != 1 or cfg.steps_per_generation != cfg.gradient_accumulation_steps)
-        ):
-            warnings.warn(
-                f"SAGE {cfg.sage_guide} q is computed from the rollout policy, not the in-loss policy as "
-                "in the official code (num_iterations != 1 or steps_per_generation != "
-                "gradient_accumulation_steps)",
-                stacklevel=2,
-            )
+        q_source = "loss" if self.sage_q_in_loss else "rollout"
+        if q_source != cfg.expected_q_source and (message := off_policy_q_warning(cfg, q_source)):
+            warnings.warn(message, stacklevel=2)
         entry, needs, _ = self.sage_guide()
         if not (entry.registered and entry.name == "none"):
             where = "in the loss" if self.sage_q_in_loss else "at rollout"
