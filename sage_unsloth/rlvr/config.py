@@ -17,12 +17,12 @@ from typing import Any
 
 from trl.trainer.grpo_config import GRPOConfig
 
+from sage_unsloth.anchor import TOKEN_NORMS
 from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
 from sage_unsloth.config_args import ConfigError, check_training_fields, suggestion
 from sage_unsloth.rlvr.exploration import ExplorationArgs
 from sage_unsloth.rlvr.kl_terms import KL_TERMS
 
-TOKEN_NORMS = ("minmax", "rank", "zscore")
 BACKENDS = ("unsloth", "trl")
 Q_SOURCES = ("auto", "loss", "rollout")
 PLACEMENTS = ("loss", "reward")
