@@ -231,10 +231,6 @@ def _config(**overrides):
         ),
         ({"advantage_estimator": "pask"}, "did you mean 'passk'?"),
         ({"advantage_estimator": "passk", "passk_k": 9}, "passk_k=9 must be in [1, num_generations=8]"),
-        (
-            {"advantage_estimator": "passk", "sage_kl_placement": "reward", "sage_guide": "branch"},
-            "advantage_estimator=passk with sage_kl_placement=reward",
-        ),
         ({"entropy_adv_kappa": 1.0, "policy_term": "entropy_adv"}, "entropy_adv_kappa=1.0 must be > 1"),
         ({"clip_cov_lb": 5.0}, "clip_cov_lb=5.0 must be < clip_cov_ub=5.0"),
         ({"ref_reset_steps": 10, "beta": 0.0}, "ref_reset_steps resets the KL anchor"),
@@ -253,6 +249,7 @@ def test_bad_exploration_settings_are_one_line_config_errors(overrides, message)
         {"policy_term": "entropy_adv", "sage_guide": "token", "kl_estimator": "k2"},
         {"advantage_estimator": "passk", "sage_guide": "branch", "backend": "unsloth"},
         {"ref_reset_steps": 5, "sage_guide": "branch", "sage_kl_placement": "reward"},
+        {"advantage_estimator": "passk", "sage_kl_placement": "reward", "sage_guide": "branch"},
         {"top_entropy_quantile": 0.2, "sage_guide": "branch", "backend": "unsloth"},
         {"policy_term": "sage_unsloth.rlvr.policy_terms:clip_cov"},
     ],

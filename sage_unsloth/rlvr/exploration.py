@@ -8,9 +8,7 @@ trainer hooks that run them (docs/methods.md says what each optimises).
 
 Which combinations compose: every SAGE guide composes with all of them (q reshapes the KL anchor, the
 baselines reshape the advantage / the policy term or move the anchor). Refused in one line: a policy term
-under Unsloth (its compiled loss has no additive slot and no per-token advantage input), Pass@k with
-``sage_kl_placement: reward`` (that placement recomputes GRPO's group advantage from the shaped reward, which
-would silently replace Pass@k's, or any other estimator's that replaces TRL's), a policy term with a loss type
+under Unsloth (its compiled loss has no additive slot and no per-token advantage input), a policy term with a loss type
 other than the four token-level ones, KL-Cov where every batch is used once (pi_old == pi, its penalty and gradient are 0), a reference reset
 without a KL anchor (beta 0).
 """
@@ -124,11 +122,6 @@ class ExplorationArgs:
             raise ConfigError(
                 f"passk_k={self.passk_k} must be in [1, num_generations={generations}]: lower passk_k"
             )
-        if advantage.meta["recomputed"] and self.sage_kl_placement == "reward":
-            raise ConfigError(
-                f"advantage_estimator={advantage.name} with sage_kl_placement=reward: that placement recomputes "
-                "GRPO's advantage from the shaped reward; use sage_kl_placement=loss"
-            )
         if term is not None:
             if self.backend not in term.meta["backends"]:
                 raise ConfigError(
@@ -205,7 +198,8 @@ class ExplorationMixin:
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        if self._advantage_fn is not None:
+        # The reward placement feeds its shaped reward to the estimator itself (SageTrainerMixin._sage_kl_in_reward).
+        if self._advantage_fn is not None and self.args.sage_kl_placement != "reward":
             self._replace_advantages(output)
         return output
 

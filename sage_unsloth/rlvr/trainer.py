@@ -550,7 +550,13 @@ class SageTrainerMixin:
         shaped = rewards - self.sage_beta * all_seq_kl.to(rewards.device)
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        advantages = group_advantages(shaped, num_generations, self.scale_rewards)
+        # the shaped reward feeds whichever estimator the config chose (GRPO's group advantage by default)
+        estimator = getattr(self, "_advantage_fn", None)
+        advantages = (
+            group_advantages(shaped, num_generations, self.scale_rewards)
+            if estimator is None
+            else estimator(shaped, num_generations, self.args)
+        )
         rows = output["completion_ids"].size(0)
         start = self.accelerator.process_index * rows
         output["advantages"] = advantages[start : start + rows].to(output["advantages"].device)
