@@ -92,10 +92,10 @@ ESTIMATOR = '''
 import json
 import torch
 
-def centred(rewards, num_generations, args, *, scale=1.0, log=""):
-    """scale * (r - group mean), NaN rewards as 0."""
+def centred(rewards, num_generations, args, *, scale=1.0, shift=0.0, log=""):
+    """scale * (r - group mean) + shift, NaN rewards as 0."""
     grouped = torch.nan_to_num(rewards, nan=0.0).view(-1, num_generations)
-    advantages = (scale * (grouped - grouped.mean(1, keepdim=True))).view(-1)
+    advantages = (scale * (grouped - grouped.mean(1, keepdim=True)) + shift).view(-1)
     with open(log, "a") as f:
         f.write(json.dumps({"scale": scale, "rewards": rewards.tolist(), "out": advantages.tolist()}) + "\\n")
     return advantages
@@ -126,7 +126,7 @@ def test_out_of_tree_estimator_and_term_train_through_the_cli(tmp_path, sft_dir,
     config.write_text(
         f"base: {REPO / 'configs' / 'rlvr' / 'tiny-cpu' / '_base.yaml'}\n"
         f"advantage_estimator: {mine / 'my_estimator.py'}:centred\n"
-        f"advantage_estimator_args: {{scale: 3.0, log: {est_log}}}\n"
+        f"advantage_estimator_args: {{scale: 3.0, shift: 0.25, log: {est_log}}}\n"
         f"policy_term: {mine / 'my_term.py'}:damped\n"
         f"policy_term_args: {{factor: 0.5, log: {term_log}}}\n"
         "max_steps: 1\nsave_strategy: 'no'\n"
@@ -138,11 +138,11 @@ def test_out_of_tree_estimator_and_term_train_through_the_cli(tmp_path, sft_dir,
     assert estimates and terms
     assert {e["scale"] for e in estimates} == {3.0} and {t["factor"] for t in terms} == {0.5}
     rewards = torch.nan_to_num(torch.tensor(estimates[0]["rewards"]), nan=0.0).view(-1, 2)
-    want = 3.0 * (rewards - rewards.mean(1, keepdim=True))
+    want = 3.0 * (rewards - rewards.mean(1, keepdim=True)) + 0.25
     torch.testing.assert_close(torch.tensor(estimates[0]["out"]).view(-1, 2), want)
     # the term saw the estimator's advantages (broadcast per token) and halved them
     seen = torch.tensor(terms[0]["in"])
-    assert seen.abs().sum() > 0, "the varied reward should give a non-zero advantage"
+    assert seen.abs().min() > 0  # the shift makes every advantage non-zero, so the halving is visible
     row_adv = torch.tensor(estimates[0]["out"])[: seen.size(0)]
     torch.testing.assert_close(seen, row_adv[:, None].expand_as(seen))
     torch.testing.assert_close(torch.tensor(terms[0]["out"]), 0.5 * seen)
