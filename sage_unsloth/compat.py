@@ -192,6 +192,18 @@ ROLLOUT_KEYS = (
 )
 
 
+# The adapter names: TRL 1.15 scores the reference with use_adapter(model, "ref") whenever the model has an
+# adapter of that name; PEFT names the trained adapter "default".
+REF_ADAPTER, POLICY_ADAPTER = "ref", "default"
+
+
+def loss_mask(batch: dict):
+    """The tokens TRL's loss counts in a rollout batch: completion_mask, times tool_mask when the batch has one
+    (tool-call outputs are masked out of the loss in TRL 1.15). The one definition every kit path uses."""
+    mask = batch["completion_mask"]
+    return mask * batch["tool_mask"] if "tool_mask" in batch else mask
+
+
 def trl_scores_old_logps(trainer) -> bool:
     """TRL 1.15's condition for scoring old_per_token_logps in _generate_and_score_completions."""
     generate_every = trainer.args.steps_per_generation * trainer.num_iterations
@@ -224,6 +236,11 @@ def pad_token_id(processing_class) -> int:
 # --------------------------------------------------------------------------- trl_formulas
 
 
+# TRL 1.15's loss types whose per-token aggregation aggregate_like_trl reproduces: a term added to TRL's loss
+# (a KL term other than the shifted reference, a policy term) supports these.
+TOKEN_LEVEL_LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+
+
 def aggregate_like_trl(
     per_token,
     mask,
@@ -237,8 +254,6 @@ def aggregate_like_trl(
     training: bool,
 ):
     """TRL 1.15's _compute_loss aggregation of a per-token loss (B, T) for the token-level loss types."""
-    from sage_unsloth.rlvr.config import LOSS_LEVEL_KL_LOSS_TYPES
-
     per_token = per_token * mask
     accumulation = accumulation_steps if training else 1
     if loss_type == "grpo":
@@ -252,9 +267,7 @@ def aggregate_like_trl(
         if training:
             normalizer = normalizer * accumulation_steps / steps_per_generation
         return per_token.sum() / normalizer
-    raise ValueError(
-        f"loss-level KL terms support loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, got {loss_type!r}"
-    )
+    raise ValueError(f"loss-level KL terms support loss_type in {TOKEN_LEVEL_LOSS_TYPES}, got {loss_type!r}")
 
 
 def aggregate_like_trainer(trainer, per_token, mask, inputs: dict):

@@ -39,6 +39,7 @@ __all__ = [
     "POLICY_SIGNALS",
     "GuideError",
     "Signals",
+    "clipped_fraction_counts",
     "finalise_q",
     "guide_effect",
     "logit_signal_names",
@@ -201,6 +202,18 @@ def finalise_q(raw, signals: Signals, *, name: str, q_min: float, q_max: float) 
     return torch.where(valid, q, torch.ones_like(q))
 
 
+def clipped_fraction_counts(
+    raw: torch.Tensor, mask: torch.Tensor, q_min: float, q_max: float
+) -> torch.Tensor:
+    """(clipped, masked) token counts, float32: how many completion tokens' raw q fell outside [q_min, q_max]
+    (so that :func:`finalise_q` clipped them), out of how many completion tokens. Call after finalise_q
+    accepted ``raw`` (its shape and finiteness are checked there)."""
+    valid = mask.bool()
+    values = raw.detach().float().to(mask.device)[valid]
+    clipped = ((values < q_min) | (values > q_max)).float().sum()
+    return torch.stack([clipped, valid.float().sum()])
+
+
 # --------------------------------------------------------------------------------------------- built-ins
 # The paper's guides, through the same interface: thin calls of anchor.py's formulas (the oracle tests' subject),
 # with their parameters read from their own config fields (config_fields: parameter -> SageGRPOConfig field).
@@ -327,22 +340,7 @@ def default_max_steps(max_steps: int) -> int:
 
 def guide_args(value) -> dict:
     """sage_guide_args as a dict: a YAML mapping, a JSON string from the command line, or None."""
-    import json
-
-    if value is None or value == "":
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ConfigError(
-                f"sage_guide_args={value!r} is not a JSON object ({err.msg}): e.g. --sage_guide_args '{{\"k\": 2}}'"
-            ) from None
-    if not isinstance(value, dict):
-        raise ConfigError(
-            f"sage_guide_args must be a mapping of argument names to values, got {type(value).__name__}"
-        )
-    return dict(value)
+    return GUIDES.parse_args(value)
 
 
 def resolve_guide(cfg, *, check_args: bool = False) -> tuple[Entry, tuple[str, ...]]:

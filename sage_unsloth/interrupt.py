@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
@@ -44,12 +45,15 @@ def _close_progress_bars() -> None:
 
 
 def interrupted_training(
-    stage: str, argv: list[str], output_dir: str | Path | None, resume_flag: tuple[str, ...]
+    stage: str,
+    argv: list[str],
+    output_dir: str | Path | None,
+    resume_flag: tuple[str, ...],
+    last_checkpoint: Callable[[str | Path], Path | None],
 ) -> int:
-    """Print the one line for a training stage stopped by Ctrl-C; returns the exit code."""
-    from sage_unsloth.checkpoints import last_complete_checkpoint
-
-    last = last_complete_checkpoint(output_dir) if output_dir else None
+    """Print the one line for a training stage stopped by Ctrl-C; returns the exit code. ``last_checkpoint``
+    finds the newest complete checkpoint in ``output_dir`` (the caller's: this module sits below the stages)."""
+    last = last_checkpoint(output_dir) if output_dir else None
     if last is None:
         where = f" in {output_dir}" if output_dir else ""
         what = f"no checkpoint yet{where}: run the same command to start over: {_command(stage, argv)}"

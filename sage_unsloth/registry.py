@@ -23,6 +23,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -147,6 +148,24 @@ class Registry:
         return Entry(spec, obj, meta, registered=False)
 
     # -- arguments -------------------------------------------------------------------------------------
+    def parse_args(self, value) -> dict:
+        """The ``<kind>_args`` field as a dict: a YAML mapping, a JSON string from the command line, or None."""
+        if value is None or value == "":
+            return {}
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ConfigError(
+                    f"{self.args_field}={value!r} is not a JSON object ({err.msg}): e.g. --{self.args_field} "
+                    "'{\"k\": 2}'"
+                ) from None
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{self.args_field} must be a mapping of argument names to values, got {type(value).__name__}"
+            )
+        return dict(value)
+
     def check_args(self, entry: Entry, args: dict | None, *, leading: int = 1) -> dict:
         """``args`` checked against the entry's signature: for a function its parameters after the first
         ``leading`` (the per-call inputs), for a class its constructor's. Unknown or missing names fail."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from sage_unsloth.report.paper import (
     map_run,
     paper_number,
 )
+from sage_unsloth.report.tables import fmt, fmt_ci, fmt_signed, md_table
 
 log = logging.getLogger(__name__)
 
@@ -44,30 +44,6 @@ class ReportResult:
 
 
 # ---------------------------------------------------------------- formatting
-def fmt(value, digits: int = 3) -> str:
-    return (
-        "missing"
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else f"{value:.{digits}f}"
-    )
-
-
-def fmt_ci(low, high) -> str:
-    if low is None or high is None or math.isnan(low) or math.isnan(high):
-        return "n/a"
-    return f"[{low:.3f}, {high:.3f}]"
-
-
-def fmt_signed(value) -> str:
-    return "" if value is None or math.isnan(value) else f"{value:+.3f}"
-
-
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def _paper_cell(row) -> str:
     if pd.isna(row["paper"]):
         return ""

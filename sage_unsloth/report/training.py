@@ -17,6 +17,7 @@ import pandas as pd
 
 from sage_unsloth.manifest import MANIFEST_NAME, read_manifest
 from sage_unsloth.report.loading import RunResults
+from sage_unsloth.report.tables import fmt, md_table
 from sage_unsloth.training_log import read_log_history
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,6 @@ def summary_table(histories: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def markdown_section(summary: pd.DataFrame, png_rel: str | None, csv_rel: str, notes: list[str]) -> str:
-    from sage_unsloth.report.stage import fmt, md_table
-
     parts = ["## Training curves (RLVR runs, from each run's log_history.jsonl)"]
     if summary.empty:
         parts.append(

@@ -17,19 +17,20 @@ from typing import Any
 
 from trl.trainer.grpo_config import GRPOConfig
 
+from sage_unsloth.anchor import TOKEN_NORMS
+from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
 from sage_unsloth.config_args import ConfigError, check_training_fields, suggestion
 from sage_unsloth.rlvr.exploration import ExplorationArgs
+from sage_unsloth.rlvr.kl_terms import KL_TERMS
 
-KL_ESTIMATORS = ("k3", "k2", "forward")
-TOKEN_NORMS = ("minmax", "rank", "zscore")
 BACKENDS = ("unsloth", "trl")
 Q_SOURCES = ("auto", "loss", "rollout")
 PLACEMENTS = ("loss", "reward")
 DAPO_NORMALIZERS = ("generation", "window")
-# TRL 1.15's loss types. SAGE only shifts the KL anchor, so any of them works with k3; the loss-level
-# k2 / forward terms re-aggregate the KL and know only the four token-level paper types.
+# TRL 1.15's loss types. SAGE only shifts the KL anchor, so any of them works with k3; a KL term added to the
+# loss (k2, forward: rlvr/kl_terms.py) re-aggregates the KL and knows only the token-level ones.
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
-LOSS_LEVEL_KL_LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+LOSS_LEVEL_KL_LOSS_TYPES = TOKEN_LEVEL_LOSS_TYPES
 
 
 def _cuda_available() -> bool:
@@ -46,7 +47,7 @@ def unsloth_conflict(cfg, unsloth_patched: bool) -> str | None:
     differs (a patched base built by hand)."""
     if not unsloth_patched:
         return None
-    if cfg.kl_estimator != "k3":
+    if "unsloth" not in KL_TERMS.resolve(cfg.kl_estimator).meta["backends"]:
         return (
             f"kl_estimator={cfg.kl_estimator!r} is not expressible as a shifted reference, which is all "
             "Unsloth's patched loss reads: set backend=trl or kl_estimator=k3"
@@ -60,6 +61,28 @@ def unsloth_conflict(cfg, unsloth_patched: bool) -> str | None:
 
     _, needs = guides.resolve_guide(cfg)
     return guides.unsloth_cannot(needs, requested=cfg.sage_q_source, guide=cfg.sage_guide)
+
+
+def off_policy_q_warning(cfg, q_source: str) -> str | None:
+    """The one off-policy warning (None: nothing to say) when q is computed at ``q_source``: q from the rollout
+    policy while the loss reads a later one (num_iterations > 1, or steps_per_generation > gradient accumulation).
+    The config says it for the source it expects, the trainer only when the class it got moved q."""
+    from sage_unsloth import guides
+
+    _, needs = guides.resolve_guide(cfg)
+    if (
+        q_source == "loss"  # the official code's own order
+        or guides.q_source(needs, requested="loss", unsloth_patched=False) != "loss"  # reads no policy signal
+        or cfg.sage_kl_placement == "reward"  # q with the reward, at rollout, by definition
+        or (cfg.num_iterations == 1 and cfg.steps_per_generation == cfg.gradient_accumulation_steps)
+    ):
+        return None
+    return (
+        f"sage_guide={cfg.sage_guide!r} with num_iterations={cfg.num_iterations}, steps_per_generation="
+        f"{cfg.steps_per_generation}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}: q is "
+        "computed from the rollout policy (sage_q_source rollout, or a guide Unsloth's loss cannot feed), not the "
+        "in-loss policy as in the official code"
+    )
 
 
 def _help(text: str) -> dict:
@@ -131,7 +154,20 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             "(0.5 d^2 times the stop-gradient ratio pi/pi_old: the reverse-KL gradient to q*pi_ref; "
             "use_bias_correction_kl does not apply; TRL backend only), 'forward' ((u log u - u + 1) times the "
             "ratio pi/pi_old, u = pi_ref/pi: the gradient of KL(pi_ref||pi) whatever use_bias_correction_kl "
-            "says; the forward-KL baseline; needs sage_guide='none'; TRL backend only)."
+            "says; the forward-KL baseline; needs sage_guide='none'; TRL backend only), or your own KL term as "
+            "'package.module:function' / 'path/to/file.py:function' (rlvr/kl_terms.py, docs/extending.md)."
+        ),
+    )
+    kl_term: str | None = field(
+        default=None,
+        metadata=_help(
+            "The KL term, the same field as kl_estimator under the plug-in kinds' name (set one)."
+        ),
+    )
+    kl_term_args: dict[str, Any] | str | None = field(
+        default=None,
+        metadata=_help(
+            "Arguments of the KL term (a plug-in's keyword arguments), a mapping; JSON on the command line."
         ),
     )
     sage_kl_placement: str = field(
@@ -232,8 +268,15 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
         # a known name or an importable guide, its needs and arguments checked
         guides.resolve_guide(self, check_args=True)
         self.sage_guide_args = guides.guide_args(self.sage_guide_args) or None
+        if self.kl_term is not None:  # kl_term and kl_estimator are one field under two names
+            if self.kl_estimator not in ("k3", self.kl_term):
+                fail(
+                    f"kl_term={self.kl_term!r} and kl_estimator={self.kl_estimator!r} name the same field: set one"
+                )
+            self.kl_estimator = self.kl_term
+        kl_term = KL_TERMS.resolve(self.kl_estimator)
+        self.kl_term_args = KL_TERMS.check_args(kl_term, KL_TERMS.parse_args(self.kl_term_args)) or None
         for name, choices in (
-            ("kl_estimator", KL_ESTIMATORS),
             ("sage_token_norm", TOKEN_NORMS),
             ("sage_q_source", Q_SOURCES),
             ("backend", BACKENDS),
@@ -285,17 +328,19 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             fail(
                 f"sage_q_min={self.sage_q_min} > sage_q_max={self.sage_q_max}: make sage_q_min <= sage_q_max"
             )
-        if self.kl_estimator == "forward" and self.sage_guide != "none":
+        if not kl_term.meta["guided"] and self.sage_guide != "none":
             fail(
-                "kl_estimator='forward' is the plain forward-KL baseline: set sage_guide=none or kl_estimator=k3"
+                f"kl_estimator={self.kl_estimator!r} has no q * pi_ref anchor (the plain forward-KL baseline): "
+                "set sage_guide=none or kl_estimator=k3"
             )
-        if self.kl_estimator != "k3" and self.beta == 0.0:
+        if not kl_term.meta["shifted_reference"] and self.beta == 0.0:
             fail(
                 f"kl_estimator={self.kl_estimator!r} has no effect with beta=0: set beta > 0 or kl_estimator=k3"
             )
-        if self.kl_estimator != "k3" and self.loss_type not in LOSS_LEVEL_KL_LOSS_TYPES:
+        loss_types = kl_term.meta["loss_types"]
+        if loss_types is not None and self.loss_type not in loss_types:
             fail(
-                f"kl_estimator={self.kl_estimator!r} supports loss_type in {LOSS_LEVEL_KL_LOSS_TYPES}, "
+                f"kl_estimator={self.kl_estimator!r} supports loss_type in {tuple(loss_types)}, "
                 f"got loss_type={self.loss_type!r}: change one of them"
             )
         if self.sage_schedule_cycles < 1:
@@ -305,7 +350,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
                 fail(
                     "sage_kl_placement=reward puts beta * pseudo-KL in the reward: set beta > 0 (paper: 0.05)"
                 )
-            if self.kl_estimator != "k3":
+            if not kl_term.meta["shifted_reference"]:
                 fail(
                     f"kl_estimator={self.kl_estimator!r} is a per-token loss term; sage_kl_placement=reward uses the "
                     "sequence log-ratio instead: set kl_estimator=k3 or sage_kl_placement=loss"
@@ -395,41 +440,26 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     @property
     def expected_q_source(self) -> str:
         """Where q will be computed (guides.q_source, from the guide's ``needs``): 'loss' on TRL's trainer for a
-        guide that reads the policy; on Unsloth's patched one (GPU only) 'loss' for an entropies-only guide (the
-        branch guide) and 'rollout' for the rest (the token guide, logit signals); 'rollout' for a guide that
-        reads no policy signal (the random guide). The trainer re-checks this against the class it subclasses."""
+        guide that reads the policy; on Unsloth's patched one (backend unsloth) 'loss' for an entropies-only guide
+        (the branch guide) and 'rollout' for the rest (the token guide, logit signals); 'rollout' for a guide that
+        reads no policy signal (the random guide). A function of the config alone, never of the machine: the
+        trainer re-checks it against the class it subclasses (on a CPU Unsloth leaves TRL's trainer in place)."""
         from sage_unsloth import guides
 
         if self.sage_q_source != "auto":
             return self.sage_q_source
         _, needs = guides.resolve_guide(self)
-        unsloth_patched = self.backend == "unsloth" and _cuda_available()
-        return guides.q_source(needs, requested="loss", unsloth_patched=unsloth_patched)
+        return guides.q_source(needs, requested="loss", unsloth_patched=self.backend == "unsloth")
 
     def _warn_off_policy_q(self) -> None:
-        # The random guide ignores the policy; branch/token q in the loss is the official code's own order.
-        from sage_unsloth import guides
-
-        _, needs = guides.resolve_guide(self)
-        if (
-            guides.q_source(needs, requested="loss", unsloth_patched=False)
-            != "loss"  # reads no policy signal
-            or self.sage_kl_placement == "reward"
-            or self.expected_q_source == "loss"
-        ):
-            return  # (the reward placement computes q with the reward, at rollout, by definition)
-        if self.num_iterations != 1 or self.steps_per_generation != self.gradient_accumulation_steps:
-            warnings.warn(
-                f"sage_guide={self.sage_guide!r} with num_iterations={self.num_iterations}, steps_per_generation="
-                f"{self.steps_per_generation}, gradient_accumulation_steps={self.gradient_accumulation_steps}: q is "
-                "computed from the rollout policy (sage_q_source rollout, or a guide Unsloth's loss cannot feed), not the "
-                "in-loss policy as in the official code",
-                stacklevel=3,
-            )
+        if (message := off_policy_q_warning(self, self.expected_q_source)) is not None:
+            warnings.warn(message, stacklevel=3)
 
     def _warn_guide_without_effect(self) -> None:
         from sage_unsloth import guides
 
+        if KL_TERMS.resolve(self.kl_estimator).meta["gradient"] is None:
+            return  # a plug-in KL term that does not say which KL's gradient it has: no claim either way
         reason = guides.guide_effect(
             guides.resolve_guide(self)[0],
             self.kl_estimator,

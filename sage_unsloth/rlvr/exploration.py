@@ -8,9 +8,7 @@ trainer hooks that run them (docs/methods.md says what each optimises).
 
 Which combinations compose: every SAGE guide composes with all of them (q reshapes the KL anchor, the
 baselines reshape the advantage / the policy term or move the anchor). Refused in one line: a policy term
-under Unsloth (its compiled loss has no additive slot and no per-token advantage input), Pass@k with
-``sage_kl_placement: reward`` (that placement recomputes GRPO's group advantage from the shaped reward, which
-would silently replace Pass@k's, or any other estimator's that replaces TRL's), a policy term with a loss type
+under Unsloth (its compiled loss has no additive slot and no per-token advantage input), a policy term with a loss type
 other than the four token-level ones, KL-Cov where every batch is used once (pi_old == pi, its penalty and gradient are 0), a reference reset
 without a KL anchor (beta 0).
 """
@@ -18,15 +16,20 @@ without a KL anchor (beta 0).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from sage_unsloth import compat
+from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
 from sage_unsloth.config_args import ConfigError
 from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
 from sage_unsloth.rlvr.policy_terms import POLICY_TERMS, TokenBatch
 
-TOKEN_LEVEL_LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo")
+# The per-call inputs of each kind, before its own keyword arguments: estimator(rewards, num_generations, args)
+# and term(batch, args), ``args`` the whole config (what the built-ins read their flat fields from).
+ESTIMATOR_INPUTS = 3
+TERM_INPUTS = 2
 
 
 def _help(text: str) -> dict:
@@ -44,6 +47,13 @@ class ExplorationArgs:
             "2508.10751), package.module:function or file.py:function (rewards, num_generations, args)."
         ),
     )
+    advantage_estimator_args: dict[str, Any] | str | None = field(
+        default=None,
+        metadata=_help(
+            "Keyword arguments of the advantage estimator (a plug-in's, after rewards, num_generations, args), a "
+            "mapping; JSON on the command line."
+        ),
+    )
     passk_k: int = field(
         default=4, metadata=_help("advantage_estimator=passk: k (1 <= k <= num_generations).")
     )
@@ -52,6 +62,13 @@ class ExplorationArgs:
         metadata=_help(
             f"Per-token policy term (TRL backend): none, one of {POLICY_TERMS.names()}, package.module:function "
             "or file.py:function (batch, args)."
+        ),
+    )
+    policy_term_args: dict[str, Any] | str | None = field(
+        default=None,
+        metadata=_help(
+            "Keyword arguments of the policy term (a plug-in's, after batch, args), a mapping; JSON on the "
+            "command line."
         ),
     )
     entropy_adv_alpha: float = field(
@@ -77,21 +94,33 @@ class ExplorationArgs:
     def validate_exploration(self) -> None:
         """One-line ConfigErrors naming the field and the fix; called before any model loads."""
         advantage = ADVANTAGE_ESTIMATORS.resolve(self.advantage_estimator)
+        # <kind>_args checked against the function's signature after its per-call inputs, before any model loads
+        self.advantage_estimator_args = (
+            ADVANTAGE_ESTIMATORS.check_args(
+                advantage,
+                ADVANTAGE_ESTIMATORS.parse_args(self.advantage_estimator_args),
+                leading=ESTIMATOR_INPUTS,
+            )
+            or None
+        )
         if self.backend not in advantage.meta["backends"]:
             raise ConfigError(
                 f"advantage_estimator={self.advantage_estimator!r} supports backend in "
                 f"{tuple(advantage.meta['backends'])}, got backend={self.backend!r}: change one of them"
             )
         term = POLICY_TERMS.resolve(self.policy_term) if self.policy_term != "none" else None
+        term_args = POLICY_TERMS.parse_args(self.policy_term_args)
+        if term is None and term_args:
+            raise ConfigError(
+                "policy_term_args is set but policy_term=none: set policy_term or drop its args"
+            )
+        if term is not None:
+            term_args = POLICY_TERMS.check_args(term, term_args, leading=TERM_INPUTS)
+        self.policy_term_args = term_args or None
         generations = self.num_generations or 0
         if advantage.name == "passk" and not 1 <= self.passk_k <= generations:
             raise ConfigError(
                 f"passk_k={self.passk_k} must be in [1, num_generations={generations}]: lower passk_k"
-            )
-        if advantage.meta["recomputed"] and self.sage_kl_placement == "reward":
-            raise ConfigError(
-                f"advantage_estimator={advantage.name} with sage_kl_placement=reward: that placement recomputes "
-                "GRPO's advantage from the shaped reward; use sage_kl_placement=loss"
             )
         if term is not None:
             if self.backend not in term.meta["backends"]:
@@ -136,8 +165,24 @@ class ExplorationMixin:
         super().__init__(*args, **kwargs)
         cfg = self.args
         advantage = ADVANTAGE_ESTIMATORS.resolve(cfg.advantage_estimator)
-        self._advantage_fn = advantage.obj if advantage.meta["recomputed"] else None
-        self._policy_term = None if cfg.policy_term == "none" else POLICY_TERMS.resolve(cfg.policy_term).obj
+        self._advantage_fn = (
+            ADVANTAGE_ESTIMATORS.bind(
+                advantage,
+                ADVANTAGE_ESTIMATORS.parse_args(getattr(cfg, "advantage_estimator_args", None)),
+                leading=ESTIMATOR_INPUTS,
+            )
+            if advantage.meta["recomputed"]
+            else None
+        )
+        self._policy_term = (
+            None
+            if cfg.policy_term == "none"
+            else POLICY_TERMS.bind(
+                POLICY_TERMS.resolve(cfg.policy_term),
+                POLICY_TERMS.parse_args(getattr(cfg, "policy_term_args", None)),
+                leading=TERM_INPUTS,
+            )
+        )
         if self._policy_term is not None and compat.is_unsloth_patched(type(self)):
             raise ValueError(
                 f"policy_term={cfg.policy_term!r} needs TRL's loss, not Unsloth's: set backend=trl"
@@ -153,7 +198,8 @@ class ExplorationMixin:
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
-        if self._advantage_fn is not None:
+        # The reward placement feeds its shaped reward to the estimator itself (SageTrainerMixin._sage_kl_in_reward).
+        if self._advantage_fn is not None and self.args.sage_kl_placement != "reward":
             self._replace_advantages(output)
         return output
 
@@ -212,11 +258,7 @@ class ExplorationMixin:
     def _apply_policy_term(self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor | None):
         """Run the term on the loss forward's outputs: replace inputs['advantages'] and/or return the
         aggregated added loss (None when the term adds none)."""
-        mask = (
-            inputs["completion_mask"] * inputs["tool_mask"]
-            if "tool_mask" in inputs
-            else inputs["completion_mask"]
-        )
+        mask = compat.loss_mask(inputs)
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)

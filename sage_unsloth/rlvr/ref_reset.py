@@ -14,9 +14,9 @@ import logging
 
 from transformers import TrainerCallback
 
-logger = logging.getLogger(__name__)
+from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER
 
-REF_ADAPTER, POLICY_ADAPTER = "ref", "default"
+logger = logging.getLogger(__name__)
 
 
 def copy_policy_into_reference(model) -> None:

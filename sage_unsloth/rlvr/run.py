@@ -39,12 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from sage_unsloth import layout
+from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER
 
 logger = logging.getLogger(__name__)
 
 ANCHORS = ("sft", "base")
-REF_ADAPTER = "ref"
-POLICY_ADAPTER = "default"
 
 
 @dataclass
@@ -536,7 +535,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
+        from sage_unsloth.checkpoints import last_complete_checkpoint
         from sage_unsloth.interrupt import interrupted_training
 
-        return interrupted_training("rlvr", argv, plan.output_dir if plan else None, ("--resume",))
+        return interrupted_training(
+            "rlvr", argv, plan.output_dir if plan else None, ("--resume",), last_complete_checkpoint
+        )
     return 0

@@ -14,20 +14,17 @@ term, so replacing it by ``ref + log q`` (q without gradient) *is* the SAGE obje
   gradient_accumulation_steps.
 - The random guide never needs the policy and is always drawn at rollout.
 
-The k2 and forward-KL estimators are not a shifted reference: they are a loss-level term on TRL's path
-(TRL's loss + beta * aggregate(term - TRL's k3 term), aggregated exactly as TRL aggregates its loss, the term
-from ``anchor.kl_loss_term``: forward always carries the ratio pi / pi_old, k2 its stop-gradient, so each has
-its KL's gradient whatever ``use_bias_correction_kl`` says) and an error on Unsloth's.
+The KL term (rlvr/kl_terms.py: k3, k2, forward, or a plug-in) other than TRL's own k3 is a loss-level term on
+TRL's path (TRL's loss + beta * aggregate(term - TRL's k3 term), aggregated exactly as TRL aggregates its loss:
+forward always carries the ratio pi / pi_old, k2 its stop-gradient, so each has its KL's gradient whatever
+``use_bias_correction_kl`` says) and an error on Unsloth's.
 
 ``sage_kl_placement: reward`` moves the sequence-level pseudo-KL into the reward instead: after TRL's rollout,
 r~ = r - beta * sum_t [log pi - log pi_ref - log q_t] (rollout policy, no gradient) and the group advantage is
 recomputed from r~ (TRL's formula, ``group_advantages``); TRL's own beta is set to 0 so its loss has no KL.
 
-Also here, for the DAPO recipes: dynamic sampling (groups whose first reward is all equal are dropped and
-refilled from the training set, TRL backend), TRL 0.23's "dapo" normaliser (``dapo_normalizer: generation``,
-by rescaling ``num_items_in_batch``, which TRL 1.15 and unsloth_zoo both divide by), DAPO's soft overlong
-punishment (TRL's own reward function, added by the factory), and the vLLM importance-sampling clipped
-fraction metric (TRL logs the ratio's min / mean / max itself).
+DAPO's pieces live in rlvr/dapo.py (dynamic sampling, TRL 0.23's "dapo" normaliser, the vLLM importance-sampling
+clipped fraction); DAPO's soft overlong punishment is TRL's own reward function, added by the factory.
 
 The GRPOTrainer base class is looked up when the trainer is built, not when this module is imported:
 after ``import unsloth`` on a GPU ``trl.GRPOTrainer`` is Unsloth's patched class, and a class frozen at
@@ -42,13 +39,13 @@ sage_unsloth/compat.py; this module keeps the SAGE logic.
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from contextlib import nullcontext
 
 import torch
 
 from sage_unsloth import anchor, compat, guides
+from sage_unsloth.checkpoints import AtomicCheckpointMixin
 from sage_unsloth.compat import (
     group_advantages,
     install_cpu_logprob_fallback,
@@ -56,9 +53,11 @@ from sage_unsloth.compat import (
     policy_logps_and_entropies,
     to_unsloth_layout,
 )
-from sage_unsloth.rlvr.config import unsloth_conflict
+from sage_unsloth.rlvr import dapo
+from sage_unsloth.rlvr.config import off_policy_q_warning, unsloth_conflict
+from sage_unsloth.rlvr.dapo import concat_rollouts, importance_sampling_clipped_fraction
 from sage_unsloth.rlvr.exploration import ExplorationMixin
-from sage_unsloth.checkpoints import AtomicCheckpointMixin
+from sage_unsloth.rlvr.kl_terms import KL_TERMS, KLTokens
 from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
@@ -74,6 +73,10 @@ __all__ = [
 ]
 
 
+# Above this share of clipped q in a step the trainer warns (once per run): the guide asks for values the clip
+# range [sage_q_min, sage_q_max] does not allow.
+Q_CLIPPED_WARN_FRAC = 0.1
+
 # --------------------------------------------------------------------------- pure functions
 
 
@@ -81,85 +84,6 @@ def guide_noise_seed(seed: int, step: int, call: int, process: int) -> int:
     """Seed of the token / random guide noise for one q computation: the call-th of optimizer step ``step`` on
     process ``process``. A pure function of these, so a resumed run draws exactly the same noise."""
     return seed * 1_000_003 + step * 1009 + call * 7 + process
-
-
-def importance_sampling_clipped_fraction(
-    old_logps: torch.Tensor,
-    sampling_logps: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    mode: str,
-    clip_min: float | None,
-    clip_max: float | None,
-) -> float:
-    """Fraction of the vLLM importance ratios exp(old - sampling) that TRL's ``mode`` truncates or masks:
-    per completion token for token_* modes, per sequence for sequence_* modes (ratio of the summed log-ratios)."""
-    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
-    if mode.startswith("sequence"):
-        ratio, valid = torch.exp(diff.sum(-1)), mask.sum(-1) > 0
-    else:
-        ratio, valid = torch.exp(diff), mask.bool()
-    low = -math.inf if clip_min is None else clip_min
-    high = math.inf if clip_max is None else clip_max
-    outside = ((ratio < low) | (ratio > high))[valid]
-    return outside.float().mean().item() if outside.numel() else 0.0
-
-
-# How each per-row tensor of a TRL rollout batch is padded when rollouts are concatenated (dynamic sampling).
-_LEFT_PADDED = {"prompt_ids": "pad", "prompt_mask": 0}
-_RIGHT_PADDED = {
-    "completion_ids": "pad",
-    "completion_mask": 0,
-    "tool_mask": 1,
-    "old_per_token_logps": 0.0,
-    "ref_per_token_logps": 0.0,
-    "sampling_per_token_logps": 0.0,
-    "importance_sampling_ratio": 0.0,
-}
-_PER_ROW_1D = ("advantages",)
-
-
-def concat_rollouts(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -> dict:
-    """Concatenate the rows ``index`` of several rollout batches (TRL's (B, P) / (B, C) layout) into one batch.
-
-    Prompts are re-padded on the left and completion-aligned tensors on the right to the widest part;
-    ``num_items_in_batch`` is recounted (one process). Keys this does not know (images, Unsloth's layout)
-    raise, rather than being merged wrongly.
-    """
-    keys = set(parts[0][0])
-    merged: dict = {}
-    for key in keys:
-        values = [
-            batch[key][index.to(batch[key].device)]
-            if torch.is_tensor(batch[key]) and batch[key].dim() > 0
-            else batch[key]
-            for batch, index in parts
-        ]
-        if key == "num_items_in_batch":
-            continue
-        if key in _PER_ROW_1D:
-            merged[key] = torch.cat(values)
-            continue
-        side = "left" if key in _LEFT_PADDED else "right" if key in _RIGHT_PADDED else None
-        if side is None:
-            raise ValueError(
-                f"dynamic sampling cannot merge rollout field {key!r} (text batches in TRL's layout only)"
-            )
-        fill = {**_LEFT_PADDED, **_RIGHT_PADDED}[key]
-        fill = pad_token_id if fill == "pad" else fill
-        width = max(v.size(1) for v in values)
-        padded = []
-        for v in values:
-            extra = v.new_full((v.size(0), width - v.size(1)), fill)
-            padded.append(torch.cat([extra, v] if side == "left" else [v, extra], dim=1))
-        merged[key] = torch.cat(padded)
-    loss_mask = (
-        merged["completion_mask"] * merged["tool_mask"]
-        if "tool_mask" in merged
-        else merged["completion_mask"]
-    )
-    merged["num_items_in_batch"] = loss_mask.sum()
-    return merged
 
 
 def _detached(value):
@@ -199,19 +123,9 @@ class SageTrainerMixin:
         )
         # The config warned already when it expected q at rollout; warn here only when the class we got moved q
         # out of the loss against that expectation.
-        if (
-            not self.sage_q_in_loss
-            and cfg.expected_q_source == "loss"
-            and self.sage_placement == "loss"
-            and guides.q_source(self.sage_guide_needs, requested="loss", unsloth_patched=False) == "loss"
-            and (self.num_iterations != 1 or cfg.steps_per_generation != cfg.gradient_accumulation_steps)
-        ):
-            warnings.warn(
-                f"SAGE {cfg.sage_guide} q is computed from the rollout policy, not the in-loss policy as "
-                "in the official code (num_iterations != 1 or steps_per_generation != "
-                "gradient_accumulation_steps)",
-                stacklevel=2,
-            )
+        q_source = "loss" if self.sage_q_in_loss else "rollout"
+        if q_source != cfg.expected_q_source and (message := off_policy_q_warning(cfg, q_source)):
+            warnings.warn(message, stacklevel=2)
         entry, needs, _ = self.sage_guide()
         if not (entry.registered and entry.name == "none"):
             where = "in the loss" if self.sage_q_in_loss else "at rollout"
@@ -356,9 +270,7 @@ class SageTrainerMixin:
     def sage_compute_q(self, output: dict, captured: dict | None = None) -> torch.Tensor:
         """q (B, C) in TRL's layout for this batch; 1 on masked tokens. ``captured`` may hold the policy's
         logps / entropies / logit signals already computed by a forward TRL ran anyway (or the loss's own)."""
-        mask = output["completion_mask"]
-        if "tool_mask" in output:
-            mask = mask * output["tool_mask"]
+        mask = compat.loss_mask(output)
         entry, needs, guide = self.sage_guide()
         if entry.registered and entry.name == "none":
             return torch.ones_like(mask, dtype=torch.float32)
@@ -416,7 +328,27 @@ class SageTrainerMixin:
         )
         with torch.no_grad():
             raw = guide(bundle)
-        return guides.finalise_q(raw, bundle, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+        q = guides.finalise_q(raw, bundle, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+        self._sage_log_q_clipping(guides.clipped_fraction_counts(raw, mask, cfg.sage_q_min, cfg.sage_q_max))
+        return q
+
+    def _sage_log_q_clipping(self, counts: torch.Tensor) -> None:
+        """sage/q_clipped_frac: the share of completion tokens (all processes) whose raw q was clipped to
+        [sage_q_min, sage_q_max]; one warning per run when it exceeds Q_CLIPPED_WARN_FRAC, because a guide
+        meant to reach a q outside the clip range is otherwise silently flattened."""
+        cfg = self.args
+        totals = self.accelerator.reduce(counts, reduction="sum")
+        fraction = (totals[0] / totals[1].clamp(min=1.0)).item()
+        mode = "train" if self.model.training else "eval"
+        compat.metrics(self, mode)["sage/q_clipped_frac"].append(fraction)
+        if fraction > Q_CLIPPED_WARN_FRAC and not getattr(self, "_sage_warned_q_clipped", False):
+            self._sage_warned_q_clipped = True
+            warnings.warn(
+                f"sage_guide={cfg.sage_guide!r}: {fraction:.0%} of the completion tokens' q were clipped to "
+                f"[sage_q_min={cfg.sage_q_min}, sage_q_max={cfg.sage_q_max}] at step {int(self.state.global_step)}; "
+                "widen sage_q_min / sage_q_max if the guide means those values (sage/q_clipped_frac)",
+                stacklevel=2,
+            )
 
     def _sage_log_q_metrics(self, q: torch.Tensor, mask: torch.Tensor) -> None:
         mode = "train" if self.model.training else "eval"
@@ -525,11 +457,7 @@ class SageTrainerMixin:
             self._sage_kl_in_reward(output, captured)
             return output
         q = self.sage_compute_q(output, captured)
-        mask = (
-            output["completion_mask"] * output["tool_mask"]
-            if "tool_mask" in output
-            else output["completion_mask"]
-        )
+        mask = compat.loss_mask(output)
         self._sage_log_q_metrics(q, mask)
         if not (entry.registered and entry.name == "none") and self.beta != 0.0:
             self._shift_reference(output, q)
@@ -569,7 +497,8 @@ class SageTrainerMixin:
             model, context = self.ref_model, nullcontext()
         else:
             unwrapped = self.accelerator.unwrap_model(self.model)
-            context = compat.use_adapter(unwrapped, "ref" if "ref" in unwrapped.peft_config else None)
+            ref_adapter = compat.REF_ADAPTER if compat.REF_ADAPTER in unwrapped.peft_config else None
+            context = compat.use_adapter(unwrapped, ref_adapter)
             model = self.model
         with context:
             if self._sage_patched:
@@ -595,11 +524,7 @@ class SageTrainerMixin:
                 "sage_kl_placement=reward found no rewards from _calculate_rewards: check the pinned "
                 "trl/unsloth versions"
             )
-        mask = (
-            output["completion_mask"] * output["tool_mask"]
-            if "tool_mask" in output
-            else output["completion_mask"]
-        )
+        mask = compat.loss_mask(output)
         _, needs, _ = self.sage_guide()
         logit_signals = guides.logit_signal_names(needs)
         logps, entropies, logits = self._sage_rollout_stats(
@@ -626,7 +551,13 @@ class SageTrainerMixin:
         shaped = rewards - self.sage_beta * all_seq_kl.to(rewards.device)
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        advantages = group_advantages(shaped, num_generations, self.scale_rewards)
+        # the shaped reward feeds whichever estimator the config chose (GRPO's group advantage by default)
+        estimator = getattr(self, "_advantage_fn", None)
+        advantages = (
+            group_advantages(shaped, num_generations, self.scale_rewards)
+            if estimator is None
+            else estimator(shaped, num_generations, self.args)
+        )
         rows = output["completion_ids"].size(0)
         start = self.accelerator.process_index * rows
         output["advantages"] = advantages[start : start + rows].to(output["advantages"].device)
@@ -634,106 +565,35 @@ class SageTrainerMixin:
             (self.sage_beta * all_seq_kl.float().mean()).item()
         )
 
-    # -- DAPO pieces ------------------------------------------------------------------------------------
-
-    def _sage_group_is_degenerate(self, num_groups: int) -> torch.Tensor:
-        """(groups,) True where the first reward function gave every completion of the group the same value."""
-        first = self._sage_rewards_per_func[:, 0].view(num_groups, -1)
-        spread = torch.nan_to_num(first, nan=0.0)
-        return (spread.max(dim=1).values - spread.min(dim=1).values) == 0
-
-    def _sage_refill_rows(self, num_prompts: int, round_index: int) -> list[dict]:
-        """Fresh prompts for dynamic sampling: a seeded draw from the training set, a pure function of
-        (seed, step, round), each prompt repeated num_generations times as TRL's sampler does."""
-        generator = torch.Generator().manual_seed(
-            self.args.seed * 7919 + int(self.state.global_step) * 31 + round_index
-        )
-        order = torch.randperm(len(self.train_dataset), generator=generator)[:num_prompts].tolist()
-        return [self.train_dataset[i] for i in order for _ in range(self.num_generations)]
+    # -- DAPO pieces (rlvr/dapo.py) ----------------------------------------------------------------------
 
     def _sage_dynamic_sampling(self, inputs):
-        """DAPO's dynamic sampling: keep groups whose first reward varies, refill from fresh prompts until the
-        batch has as many groups as asked, at most ``dynamic_sampling_max_rounds`` rollouts; past that the
-        batch is completed with degenerate groups (advantage 0) and the shortfall is logged."""
-        group = self.num_generations
-        wanted = len(inputs) // group
-        kept, degenerate, rounds = [], [], 0
-        batch_rows = list(inputs)
-        while True:
-            output = self._sage_rollout(batch_rows)
-            rounds += 1
-            flat = self._sage_group_is_degenerate(len(batch_rows) // group)
-            for g, is_flat in enumerate(flat.tolist()):
-                (degenerate if is_flat else kept).append((output, g))
-            if rounds == 1:
-                first_round_kept = len(kept) / wanted
-            if len(kept) >= wanted or rounds >= self.args.dynamic_sampling_max_rounds:
-                break
-            batch_rows = self._sage_refill_rows(wanted, rounds)
-        chosen = kept[:wanted]
-        short = wanted - len(chosen)
-        chosen += degenerate[:short]
-        parts: dict[int, tuple[dict, list[int]]] = {}
-        for batch, g in chosen:
-            parts.setdefault(id(batch), (batch, []))[1].extend(range(g * group, (g + 1) * group))
-        pad_id = compat.pad_token_id(self.processing_class)
-        merged = concat_rollouts([(b, torch.tensor(rows)) for b, rows in parts.values()], pad_id)
-        metrics = compat.metrics(self, "train")
-        metrics["dynamic_sampling/rounds"].append(float(rounds))
-        metrics["dynamic_sampling/kept_frac_first_round"].append(first_round_kept)
-        metrics["dynamic_sampling/degenerate_frac"].append(short / wanted)
-        return merged
+        return dapo.dynamic_sampling(self, inputs)
 
     def _sage_official_dapo_normaliser(self, output: dict) -> None:
-        """dapo_normalizer=generation: TRL 0.23's (the official code's) "dapo" normaliser, all completion tokens
-        of the generation batch. TRL 1.15 and unsloth_zoo divide num_items_in_batch by steps_per_generation /
-        gradient_accumulation_steps in training; scaling it by the inverse here cancels that on both backends."""
-        if self.loss_type != "dapo" or getattr(self.args, "dapo_normalizer", "window") != "generation":
-            return
-        if not self.model.training:
-            return  # eval: neither TRL version rescales
-        accumulation = (
-            getattr(self, "current_gradient_accumulation_steps", None)
-            or self.args.gradient_accumulation_steps
-        )
-        factor = self.args.steps_per_generation / accumulation
-        if factor != 1:
-            output["num_items_in_batch"] = output["num_items_in_batch"] * factor
+        dapo.official_normaliser(self, output)
 
     def _sage_log_importance_sampling(self, output: dict) -> None:
-        """The fraction of vLLM importance ratios TRL truncates / masks (TRL logs their min / mean / max)."""
-        old, sampling = output.get("old_per_token_logps"), output.get("sampling_per_token_logps")
-        mask = (
-            output["completion_mask"] * output["tool_mask"]
-            if "tool_mask" in output
-            else output["completion_mask"]
-        )
-        if (
-            not (self.use_vllm and getattr(self, "vllm_importance_sampling_correction", False))
-            or old is None
-            or sampling is None
-            or old.shape != mask.shape
-            or sampling.shape != mask.shape
-        ):
-            return  # no correction, or Unsloth's packed layout (its zoo loss computes the ratios itself)
-        setting = lambda name: getattr(self, name, getattr(self.args, name, None))  # TRL copies them to self
-        fraction = importance_sampling_clipped_fraction(
-            old,
-            sampling,
-            mask,
-            mode=setting("vllm_importance_sampling_mode"),
-            clip_min=setting("vllm_importance_sampling_clip_min"),
-            clip_max=setting("vllm_importance_sampling_clip_max"),
-        )
-        mode = "train" if self.model.training else "eval"
-        compat.metrics(self, mode)["sampling/importance_sampling_ratio/clipped_frac"].append(fraction)
+        dapo.log_importance_sampling(self, output)
 
     # -- loss-level KL estimators (TRL path only) -----------------------------------------------------
 
+    def sage_kl_term(self):
+        """(entry, callable) of the configured KL term (rlvr/kl_terms.py), its kl_term_args bound; rebuilt only
+        when kl_estimator / kl_term_args change."""
+        cfg = self.args
+        key = (cfg.kl_estimator, repr(getattr(cfg, "kl_term_args", None)))
+        cached = getattr(self, "_sage_kl_term_cache", None)
+        if cached is None or cached[0] != key:
+            entry = KL_TERMS.resolve(cfg.kl_estimator)
+            bound = KL_TERMS.bind(entry, KL_TERMS.parse_args(getattr(cfg, "kl_term_args", None)))
+            cached = self._sage_kl_term_cache = (key, entry, bound)
+        return cached[1:]
+
     def _compute_loss(self, model, inputs):
-        estimator = self.args.kl_estimator
+        in_trl_loss = self.sage_kl_term()[0].meta["shifted_reference"] or self.beta == 0.0
         q_in_loss = self.sage_q_in_loss
-        if not q_in_loss and (estimator == "k3" or self.beta == 0.0):
+        if not q_in_loss and in_trl_loss:
             return super()._compute_loss(model, inputs)
         inputs = dict(inputs)  # the batch is reused across num_iterations: shift a copy, never the buffer
         captured = {}
@@ -758,7 +618,7 @@ class SageTrainerMixin:
             loss = super()._compute_loss(model, inputs)
         finally:
             del self._get_per_token_logps_and_entropies
-        if estimator == "k3" or self.beta == 0.0:
+        if in_trl_loss:
             return loss
         return loss + self._sage_kl_correction(inputs, captured["logps"])
 
@@ -772,26 +632,21 @@ class SageTrainerMixin:
             "logits": logits or {},
         }
         q = self.sage_compute_q(inputs, stats)
-        mask = (
-            inputs["completion_mask"] * inputs["tool_mask"]
-            if "tool_mask" in inputs
-            else inputs["completion_mask"]
-        )
+        mask = compat.loss_mask(inputs)
         self._sage_log_q_metrics(q, mask)
         if self.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
             inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"] + anchor.log_q(q).to(logps.dtype)
 
     def _sage_kl_correction(self, inputs: dict, logps: torch.Tensor) -> torch.Tensor:
-        """beta * agg(term - TRL's k3 term): swaps TRL's k3 for the estimator's own term (anchor.kl_loss_term),
+        """beta * agg(term - TRL's k3 term): swaps TRL's k3 for the KL term's own (rlvr/kl_terms.py),
         leaving the rest of TRL's loss as it is."""
         ref = inputs["ref_per_token_logps"]  # already shifted by log q
-        mask = (
-            inputs["completion_mask"]
-            if "tool_mask" not in inputs
-            else inputs["completion_mask"] * inputs["tool_mask"]
-        )
+        mask = compat.loss_mask(inputs)
         old = inputs.get("old_per_token_logps")
-        wanted = anchor.kl_loss_term(logps, ref, estimator=self.args.kl_estimator, old_logp=old)
+        kl = self.sage_kl_term()[1](
+            KLTokens(logps=logps, ref_logps=ref, old_logps=old, ratio=self.args.use_bias_correction_kl)
+        )
+        wanted = kl.term
         # What TRL put in its loss: k3, times its importance weight (token or sequence level) if asked.
         trl_term = anchor.shaped_kl(logps, ref, 0.0, estimator="k3")
         if self.args.use_bias_correction_kl:
@@ -807,11 +662,7 @@ class SageTrainerMixin:
             kl_log
         ):  # TRL logged the k3 value; log the estimator actually in the loss instead (its plain value)
             kl_log.pop()
-            value = (
-                anchor.shaped_kl(logps, ref, 0.0, estimator="k2")
-                if self.args.kl_estimator == "k2"
-                else anchor.forward_kl(logps, ref)
-            ).detach()
+            value = kl.value.detach()
             totals = self.accelerator.reduce(
                 torch.stack([(value * mask).sum(), mask.sum().float()]), reduction="sum"
             )

@@ -271,9 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
+        from ..checkpoints import last_complete_checkpoint
         from ..interrupt import interrupted_training
 
-        return interrupted_training("sft", argv, plan.out if plan else None, ("--resume", "true"))
+        return interrupted_training(
+            "sft", argv, plan.out if plan else None, ("--resume", "true"), last_complete_checkpoint
+        )
     return 0
 
 
