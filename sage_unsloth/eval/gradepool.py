@@ -41,9 +41,10 @@ def _judge_many(pairs, timeout_s: float) -> list[str]:
         return [grading.judge_rest(a, g, timeout_s, None, spent) for a, g, spent in pairs]
 
 
-def _worker_main(conn, timeout_s: float) -> None:
+def _worker_main(conn, timeout_s: float, judge, warm: bool) -> None:
     """A worker: warm up, then judge each chunk it is sent, one message per verdict."""
-    grading.warm_up()
+    if warm:
+        grading.warm_up()
     conn.send(("ready", None))
     with deadline.armed(timeout_s):
         while True:
@@ -54,13 +55,13 @@ def _worker_main(conn, timeout_s: float) -> None:
             if chunk is None:
                 return
             for index, (answer, gold, spent) in chunk:
-                conn.send((index, grading.judge_rest(answer, gold, timeout_s, None, spent)))
+                conn.send((index, judge(answer, gold, timeout_s, None, spent)))
 
 
 class _Worker:
-    def __init__(self, ctx, timeout_s: float):
+    def __init__(self, ctx, timeout_s: float, judge, warm: bool):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, timeout_s), daemon=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, timeout_s, judge, warm), daemon=True)
         self.process.start()
         child.close()
         self.started = time.monotonic()
@@ -84,6 +85,8 @@ class GradingPool:
         chunk: int = 64,
         inline_threshold: int = INLINE_THRESHOLD,
         stuck_after_s: float | None = None,
+        judge=None,
+        warm_up: bool = True,
     ):
         self.workers = max(1, workers or (os.cpu_count() or 1))
         self.timeout_s = timeout_s
@@ -91,6 +94,8 @@ class GradingPool:
         self.inline_threshold = inline_threshold
         # How long a busy worker may stay silent: a pair's wall limit and some slack.
         self.stuck_after_s = stuck_after_s or deadline.wall_limit_s(timeout_s) + STUCK_SLACK_S
+        self._judge = judge or grading.judge_rest  # a picklable function: tests put a stuck one here
+        self._warm = warm_up
         self._workers: list[_Worker] = []
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -160,7 +165,7 @@ class GradingPool:
         if worker is not None:
             worker.kill()
             self._workers.remove(worker)
-        fresh = _Worker(self._ctx, self.timeout_s)
+        fresh = _Worker(self._ctx, self.timeout_s, self._judge, self._warm)
         self._workers.append(fresh)
         return fresh
 

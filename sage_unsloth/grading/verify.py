@@ -217,8 +217,9 @@ _DANGLING = re.compile(r"(?:\s*(?:[-+*/=^,;:.]|\\cdot|\\times))+$")
 
 
 def _split_parts(text: str) -> list[str]:
-    """The top-level comma parts of ``text`` that hold a value (a trailing "," or "7 +" alone is no part)."""
-    return [p for p in top_level_parts(text) if p.strip(" +-*/=.,;:")]
+    """The top-level comma (or semicolon) parts of ``text`` that hold a value (a trailing "," or "7 +" alone is no part)."""
+    parts = [q for p in top_level_parts(text) for q in top_level_parts(p, ";")]
+    return [p for p in parts if p.strip(" +-*/=.,;:")]
 
 
 def _cheap_verdict(answer: str, gold: str):
