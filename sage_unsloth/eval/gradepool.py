@@ -218,7 +218,9 @@ class GradingPool:
             statuses[index] = grading.TIMEOUT
             lost = 1
             queued[:0] = worker.chunk[1:]
-            logger.warning("grading worker %s on %r (gold %r): killed, pair graded timeout", why, answer[:80], gold)
+            logger.warning(
+                "grading worker %s on %r (gold %r): killed, pair graded timeout", why, answer[:80], gold
+            )
         worker.chunk = []
         self._replace(worker)
         return lost

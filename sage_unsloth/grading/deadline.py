@@ -67,7 +67,9 @@ def _check(signum, frame):
 
 def _arm(tick: float):
     previous = {sig: signal.signal(sig, _check) for sig in (signal.SIGPROF, signal.SIGALRM)}
-    timers = {timer: signal.setitimer(timer, tick, tick) for timer in (signal.ITIMER_PROF, signal.ITIMER_REAL)}
+    timers = {
+        timer: signal.setitimer(timer, tick, tick) for timer in (signal.ITIMER_PROF, signal.ITIMER_REAL)
+    }
     return previous, timers
 
 

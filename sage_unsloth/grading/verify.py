@@ -134,7 +134,9 @@ _EXPLOSIVE = re.compile(r"\^\s*\{?\s*-?\d{5,}|\d{4,}\s*\)?\s*!(?!=)|[)}\]]\s*!(?
 # An exponent holding another power, a factorial or an exponential is a tower.
 _GROWS = re.compile(r"\^|\*\*|!(?!=)|\\exp(?![A-Za-z])|\\[dt]?binom(?![A-Za-z])|\\choose(?![A-Za-z])")
 # Functions whose value at a huge argument is computed exactly (in C) by sympy.
-_HUGE_FUNCTION = re.compile(r"\\(?:Gamma|[dt]?binom|choose)(?![A-Za-z])|\\operatorname\s*\{\s*(?:[Gg]amma|factorial)|factorial\s*\(")
+_HUGE_FUNCTION = re.compile(
+    r"\\(?:Gamma|[dt]?binom|choose)(?![A-Za-z])|\\operatorname\s*\{\s*(?:[Gg]amma|factorial)|factorial\s*\("
+)
 _HUGE_ARGUMENT = re.compile(r"\^|\*\*|\d{6,}|(?:\\cdot|\\times|\*)\s*10")
 _OPENERS, _CLOSERS = "({[", ")}]"
 
@@ -343,9 +345,7 @@ def _grade_kk(completion, gold, timeout_s: float, wall_s: float | None) -> Grade
     if not completion or len(solution) != len(names) or not names:
         return Grade(None, NO_ANSWER)
     try:
-        with (
-            cpu_deadline(timeout_s, wall_s) if can_interrupt() else contextlib.nullcontext()
-        ):
+        with cpu_deadline(timeout_s, wall_s) if can_interrupt() else contextlib.nullcontext():
             said = kk_assignments(kk_answer_text(completion), names)
     except GradingTimeout:
         return Grade(None, TIMEOUT)

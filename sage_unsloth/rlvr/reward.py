@@ -47,7 +47,9 @@ def take_timeouts() -> int:
 def _timed_out() -> None:
     _TIMEOUTS["count"] += 1
     _TIMEOUTS["total"] += 1
-    logger.warning("reward: a completion ran out of its grading budget; scoring 0 (%d so far)", _TIMEOUTS["total"])
+    logger.warning(
+        "reward: a completion ran out of its grading budget; scoring 0 (%d so far)", _TIMEOUTS["total"]
+    )
 
 
 def completion_text(completion: Any) -> str:
