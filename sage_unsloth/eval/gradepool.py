@@ -10,7 +10,8 @@ CPU time of the grading thread, not wall time; a pair that runs out of budget is
 Nothing is awaited forever. A worker reports each verdict as it is reached; a worker that reports nothing
 for longer than a pair's wall limit (``deadline.wall_limit_s`` of the budget, plus ``STUCK_SLACK_S``) is
 stuck in code no signal reaches: it is killed, the pair it was on is ``timeout``, a fresh worker takes its
-place and the rest of its chunk. Extraction runs here, under the same per-pair budget as in ``grade``.
+place and the rest of its chunk. Extraction runs here, under the same per-pair budget as in ``grade``,
+once per distinct completion text.
 """
 
 from __future__ import annotations
@@ -110,12 +111,18 @@ class GradingPool:
         slots: list[Grade | tuple[str, str]] = []
         pending: dict[tuple[str, str], tuple[float, float]] = {}
         known: dict[tuple[str, str], str] = {}
+        extracted: dict[str, tuple] = {}  # identical completions (sampling repeats itself) are read once
         with deadline.armed(self.timeout_s):
             for completion, gold in items:
                 if grading.is_kk_gold(gold):  # Knights-and-Knaves: a bounded regex reading, done here
                     slots.append(grading.grade(completion, gold, timeout_s=self.timeout_s))
                     continue
-                answer, cpu, wall = grading.extract_within(completion, timeout_s=self.timeout_s)
+                if not isinstance(completion, str):
+                    answer, cpu, wall = grading.extract_within(completion, timeout_s=self.timeout_s)
+                else:
+                    if completion not in extracted:
+                        extracted[completion] = grading.extract_within(completion, timeout_s=self.timeout_s)
+                    answer, cpu, wall = extracted[completion]
                 gold_text = grading.normalise_gold(gold)
                 if answer == grading.TIMEOUT_ANSWER:
                     slots.append(Grade(None, grading.TIMEOUT))
