@@ -118,10 +118,14 @@ class GradingPool:
                     slots.append(grading.grade(completion, gold, timeout_s=self.timeout_s))
                     continue
                 if not isinstance(completion, str):
-                    answer, cpu, wall = grading.extract_within(completion, timeout_s=self.timeout_s)
+                    answer, cpu, wall = grading.extract_within(
+                        completion, timeout_s=self.timeout_s, extract=grading.extract_answer
+                    )
                 else:
                     if completion not in extracted:
-                        extracted[completion] = grading.extract_within(completion, timeout_s=self.timeout_s)
+                        extracted[completion] = grading.extract_within(
+                            completion, timeout_s=self.timeout_s, extract=grading.extract_answer
+                        )
                     answer, cpu, wall = extracted[completion]
                 gold_text = grading.normalise_gold(gold)
                 if answer == grading.TIMEOUT_ANSWER:

@@ -302,16 +302,17 @@ def is_kk_gold(gold) -> bool:
     return isinstance(gold, (tuple, list)) and len(gold) == 2 and not isinstance(gold[0], str)
 
 
-def extract_within(completion: str | None, *, timeout_s: float, wall_s: float | None = None):
-    """(answer, CPU seconds spent, wall seconds spent) of ``extract_answer`` under the pair's budget; the
-    answer is ``TIMEOUT_ANSWER`` when extraction ran out of it."""
+def extract_within(completion: str | None, *, timeout_s: float, wall_s: float | None = None, extract=None):
+    """(answer, CPU seconds spent, wall seconds spent) of ``extract`` (default ``extract_answer``) under the
+    pair's budget; the answer is ``TIMEOUT_ANSWER`` when extraction ran out of it."""
+    read = extract or extract_answer
     cpu0, wall0 = time.thread_time(), time.monotonic()
     try:
         if not can_interrupt():
-            answer = extract_answer(completion)
+            answer = read(completion)
         else:
             with cpu_deadline(timeout_s, wall_limit_s(timeout_s) if wall_s is None else wall_s):
-                answer = extract_answer(completion)
+                answer = read(completion)
     except GradingTimeout:
         answer = TIMEOUT_ANSWER
     return answer, time.thread_time() - cpu0, time.monotonic() - wall0
