@@ -123,7 +123,9 @@ def cpu_deadline(budget_s: float, wall_s: float | None = None):
     wall = wall_limit_s(budget_s) if wall_s is None else max(wall_s, 0.0)
     window = _Window(time.thread_time() + budget_s, time.monotonic() + wall)
     tick = max(min(budget_s, wall) / TICKS_PER_BUDGET, 0.001)
-    state = None if _armed_tick is not None and _armed_tick <= tick else _arm(tick)
+    # The held timers serve when they tick at least twice as often as this window needs (what is left of a
+    # pair's budget after extraction still qualifies); else this window arms its own.
+    state = None if _armed_tick is not None and _armed_tick <= 2 * tick else _arm(tick)
     outer, _window = _window, window
     try:
         yield

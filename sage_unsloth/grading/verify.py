@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from sage_unsloth.grading.deadline import GradingTimeout, can_interrupt, cpu_deadline, wall_limit_s
+from sage_unsloth.grading.deadline import GradingTimeout, armed, can_interrupt, cpu_deadline, wall_limit_s
 from sage_unsloth.grading.extract import extract_answer, math_candidate, top_level_parts
 from sage_unsloth.grading.kk import format_assignments, kk_answer_text, kk_assignments
 from sage_unsloth.grading.normalise import normalise_gold, normalise_math, strip_unit_tail
@@ -336,8 +336,9 @@ def grade(
     and judgement under one budget (``judge``)."""
     if is_kk_gold(gold):
         return _grade_kk(completion, gold, timeout_s, wall_s)
-    answer, cpu, wall = extract_within(completion, timeout_s=timeout_s, wall_s=wall_s)
-    status = judge_rest(answer, gold, timeout_s, wall_s, (cpu, wall))
+    with armed(timeout_s):  # one arming for the pair's two or three deadlines
+        answer, cpu, wall = extract_within(completion, timeout_s=timeout_s, wall_s=wall_s)
+        status = judge_rest(answer, gold, timeout_s, wall_s, (cpu, wall))
     return Grade(None if answer == TIMEOUT_ANSWER else answer, status)
 
 
