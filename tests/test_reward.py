@@ -106,12 +106,14 @@ def test_reward_is_the_eval_graders_verdict_and_settles_timeouts_deterministical
         assert score_completion(case["completion"], gold) == float(
             grading.grade(case["completion"], gold).correct
         )
-    # Out of the first budget: graded again at once with the retry budget, the same reward as unhurried.
+    # Out of budget: 0 at once and counted, never graded again inside training (no retry).
     from sage_unsloth.grading import verify
 
     compare = verify._symbolic_equal
+    calls = []
 
     def slow_compare(candidate, form):  # 5 ms of CPU more per comparison: over a 1 us budget, always
+        calls.append(candidate)
         end = time.thread_time() + 0.005
         while time.thread_time() < end:
             pass
@@ -119,9 +121,9 @@ def test_reward_is_the_eval_graders_verdict_and_settles_timeouts_deterministical
 
     monkeypatch.setattr(verify, "_symbolic_equal", slow_compare)
     text, gold = format_completion("w", "(x+1)^2"), "x^2 + 2x + 1"
-    assert score_completion(text, gold, timeout_s=1e-6) == score_completion(text, gold) == 1.0
-    before = reward.UNRESOLVED["count"]
-    assert (
-        score_completion(text, gold, timeout_s=1e-6, retry_timeout_s=1e-6) == 0.0
-    )  # out of both: 0, counted
-    assert reward.UNRESOLVED["count"] == before + 1
+    assert score_completion(text, gold) == 1.0
+    reward.take_timeouts()
+    calls.clear()
+    assert score_completion(text, gold, timeout_s=1e-6) == 0.0
+    assert len(calls) <= 1, "graded again after running out of budget"
+    assert reward.take_timeouts() == 1

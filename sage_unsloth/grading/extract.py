@@ -2,7 +2,7 @@
 
 ``extract_answer`` takes the last ``<SOLUTION>`` block (the closing tag may be missing: vLLM drops stop
 strings), else the last ``\\boxed{}``, and cleans what the model wrapped around the answer: markdown
-emphasis (``**902**`` is bold, not a power tower), a leading "The final answer is", math-verify's "I hope
+emphasis (``**902**`` is bold, not a power tower; ``2**10`` is a power), a leading "The final answer is", math-verify's "I hope
 it is correct", a sentence-final full stop.
 
 ``math_candidate`` reads a cleaned answer that is a sentence rather than a formula ("The answer is not 5,
@@ -161,7 +161,9 @@ def _answer_of(text: str) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------- cleaning
-_BOLD = re.compile(r"\*\*|(?<![\w\\])__|__(?![\w])")
+# Bold is "**" opening before a word or closing after one ("**902**", "The answer is **5**."); between two
+# operands ("2**10", "(a+b)**2") it is a power and stays.
+_BOLD = re.compile(r"(?<![\w)}\]])\*\*|\*\*(?![\w({\[\\])|(?<![\w\\])__|__(?![\w])")
 _EMPHASIS = re.compile(r"(?<![\w*\\^_])\*(?=[^\s*])([^*\n]+?)(?<=[^\s*])\*(?![\w*])")
 _LINE_MARKER = re.compile(r"(?m)^[ \t]*(?:#{1,6}[ \t]+|>[ \t]*|[*+][ \t]+|-[ \t]+(?=[A-Za-z*]))")
 _HOPE = re.compile(r"\s*I hope it is correct\.?\s*$", re.IGNORECASE)

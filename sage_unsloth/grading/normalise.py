@@ -87,6 +87,17 @@ _TRIG_DEGREES = re.compile(
 _SUBSCRIPT_BARE = re.compile(r"_\s*([A-Za-z0-9]|\\[A-Za-z]+)(?![A-Za-z0-9{])")
 
 
+_POWER_OPERAND = re.compile(r"\*\*\s*(-?\d+(?:\.\d+)?|[A-Za-z])")
+
+
+def _python_power(text: str) -> str:
+    """Inside math ``**`` is a power (``2**10`` is 1024; extraction already dropped markdown bold): a
+    number or a letter after it becomes a braced exponent (``2^10`` in LaTeX would be 2^1 * 0)."""
+    if "**" not in text:
+        return text
+    return _POWER_OPERAND.sub(r"^{\1}", text).replace("**", "^")
+
+
 def _currency(text: str) -> str:
     text = re.sub(r"\\\$|€|£|\\euro\b|\\pounds\b", "", text)
     # A lone "$" (no closing one) before a number is a dollar sign; paired ones are math delimiters.
@@ -159,6 +170,7 @@ def normalise_math(text: str) -> str:
     """The rules of the module docstring, applied to a gold or to an answer's math."""
     text = _currency(text).replace("\u2212", "-").replace("\u00b7", "\\cdot ")  # unicode minus, middle dot
     text = text.replace("\u00b2", "^2").replace("\u00b3", "^3")
+    text = _python_power(text)
     text = _LIST_WORDS.sub(", ", text)
     text = _TRIG_DEGREES.sub(_radians, text)
     text = _PRIMED.sub(_primed, text)
@@ -191,12 +203,14 @@ def normalise_math(text: str) -> str:
 
 # Bare-letter unit tails after a number: letters, /, ^k, \mathrm{...}, \mu, \Omega, \odot, \AA, \%-free.
 _UNIT_TAIL = re.compile(
-    r"(?:\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\odot"
+    r"(?>\s+|\\mathrm\s*\{|\\text\s*\{|\\mu|\\Omega|\\AA|\\odot"
     # written without a space, only a common unit: "1000.99m^2", "12cm", "3kg"
     r"|(?=(?:[kcm]?m|[km]?g|s|h|min|[mk]?L)(?:\^\s*\{?\s*\d\s*\}?)?$))"
     r"(?:[A-Za-z\u00b5\u03a9\u00c5/.\s{}()\-]|\\mathrm|\\text|\\mu|\\Omega|\\AA|\\odot|_|"
-    r"\^\s*\{?\s*-?\d+\s*\}?|\\,|\\cdot)*"
-)
+    r"\^\s*\{?\s*-?\d+\s*\}?|\\,|\\cdot)*+"
+)  # possessive (*+): the space after "^ 1" fits the exponent and the letters alike, and backtracking over
+# that choice was exponential ("5 m^ 1 ^ 1 ... +": 56 s of CPU at 14 repeats); every character of a tail
+# has one alternative that takes it, so the greedy reading is the only one and nothing is lost.
 _NOT_UNITS = frozenset(
     ["i", "e", "x", "y", "z", "n", "k", "t", "c"]
 )  # letters that are math, never a unit, after a number

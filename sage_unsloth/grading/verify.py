@@ -34,11 +34,12 @@ import math
 import random
 import re
 import threading
+import time
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from sage_unsloth.grading.deadline import WALL_FACTOR, GradingTimeout, can_interrupt, cpu_deadline
+from sage_unsloth.grading.deadline import GradingTimeout, armed, can_interrupt, cpu_deadline, wall_limit_s
 from sage_unsloth.grading.extract import extract_answer, math_candidate, top_level_parts
 from sage_unsloth.grading.kk import format_assignments, kk_answer_text, kk_assignments
 from sage_unsloth.grading.normalise import normalise_gold, normalise_math, strip_unit_tail
@@ -126,13 +127,81 @@ def _assignments_to_distinct_names(parts: list[str]) -> bool:
     return len(set(keys)) == len(keys)
 
 
-# Shapes whose evaluation explodes (power towers, huge exponents or factorials). Real golds rarely have them;
-# when the gold has none, such an answer cannot equal it, so we skip the budget it would burn.
-_EXPLOSIVE = re.compile(r"\^\s*\{[^{}]*\^|\*\*[^*]*\*\*|\^\s*\{?\s*-?\d{5,}|\d{4,}\s*\)?\s*!|\)\s*!")
+# Shapes whose evaluation explodes (power towers, huge exponents, factorials or binomials of huge numbers):
+# sympy evaluates them in C (an integer power, a factorial), where no deadline signal reaches it. Real golds
+# have none; when the gold has none, such an answer cannot equal it, so it is refused before parsing.
+_EXPLOSIVE = re.compile(r"\^\s*\{?\s*-?\d{5,}|\d{4,}\s*\)?\s*!(?!=)|[)}\]]\s*!(?!=)|\*\*[^*]*\*\*")
+# An exponent holding another power, a factorial or an exponential is a tower.
+_GROWS = re.compile(r"\^|\*\*|!(?!=)|\\exp(?![A-Za-z])|\\[dt]?binom(?![A-Za-z])|\\choose(?![A-Za-z])")
+# Functions whose value at a huge argument is computed exactly (in C) by sympy.
+_HUGE_FUNCTION = re.compile(
+    r"\\(?:Gamma|[dt]?binom|choose)(?![A-Za-z])|\\operatorname\s*\{\s*(?:[Gg]amma|factorial)|factorial\s*\("
+)
+_HUGE_ARGUMENT = re.compile(r"\^|\*\*|\d{6,}|(?:\\cdot|\\times|\*)\s*10")
+_OPENERS, _CLOSERS = "({[", ")}]"
+
+
+def _operand_after(text: str, i: int) -> str:
+    """The operand starting at ``text[i]``: a bracketed group (``{...}``, ``(...)``, ``\\left(...``) with
+    its brackets, else a run of digits, a letter or a command; '' at the end."""
+    n = len(text)
+    while i < n and text[i].isspace():
+        i += 1
+    if text.startswith("\\left", i):
+        i += 5
+        while i < n and text[i].isspace():
+            i += 1
+    if i >= n:
+        return ""
+    if text[i] in _OPENERS:
+        depth, j = 0, i
+        while j < n:
+            if text[j] in _OPENERS:
+                depth += 1
+            elif text[j] in _CLOSERS:
+                depth -= 1
+                if depth == 0:
+                    return text[i : j + 1]
+            j += 1
+        return text[i:]
+    j = i + 1
+    if text[i] == "\\":
+        while j < n and text[j].isalpha():
+            j += 1
+    elif text[i].isdigit():
+        while j < n and (text[j].isdigit() or text[j] == "."):
+            j += 1
+    return text[i:j]
 
 
 def _explosive(text: str) -> bool:
-    return _EXPLOSIVE.search(text) is not None
+    """Whether ``text`` has a shape whose exact evaluation explodes (linear scans over a capped answer)."""
+    if _EXPLOSIVE.search(text):
+        return True
+    for match in re.finditer(r"\^|\*\*", text):  # a tower: 9^(9^9), 10^{10^{10}}, e^{e^{10}}, 2^{3}^{4}
+        exponent = _operand_after(text, match.end())
+        after = match.end() + _gap(text, match.end()) + len(exponent)
+        if _GROWS.search(exponent) or _GROWS.match(text, after + _gap(text, after)):
+            return True
+    for match in _HUGE_FUNCTION.finditer(text):  # \Gamma(10^{10}), \binom{10^{10}}{5\cdot 10^9}
+        rest = text[match.end() :]
+        first = _operand_after(rest, 0)
+        second = _operand_after(rest, _gap(rest, 0) + len(first))
+        if _HUGE_ARGUMENT.search(first + second):
+            return True
+    return False
+
+
+def _gap(text: str, i: int) -> int:
+    """How many spaces (and a ``\\left``) stand at ``text[i]`` before the operand."""
+    j = i
+    while j < len(text) and text[j].isspace():
+        j += 1
+    if text.startswith("\\left", j):
+        j += 5
+        while j < len(text) and text[j].isspace():
+            j += 1
+    return j - i
 
 
 def _same_spelling(a: str, b: str) -> bool:
@@ -143,41 +212,79 @@ def _same_spelling(a: str, b: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- verdicts
-def judge(answer: str | None, gold, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
-    """The status of ``answer`` against ``gold`` (a math gold); never raises."""
+_SYMBOLIC = object()  # the cheap checks could not decide: math-verify and sympy must
+
+
+_DANGLING = re.compile(r"(?:\s*(?:[-+*/=^,;:.]|\\cdot|\\times))+$")
+
+
+def _split_parts(text: str) -> list[str]:
+    """The top-level comma (or semicolon) parts of ``text`` that hold a value (a trailing "," or "7 +" alone is no part)."""
+    parts = [q for p in top_level_parts(text) for q in top_level_parts(p, ";")]
+    return [p for p in parts if p.strip(" +-*/=.,;:")]
+
+
+def _cheap_verdict(answer: str, gold: str):
+    """Every check before sympy: a status, or (candidate, form) for the symbolic comparison. The regular
+    expressions here are linear or run on capped text (``MAX_PROSE_CHARS``, ``MAX_ANSWER_CHARS``)."""
+    if not gold or not _acceptable(gold) or not _acceptable(answer, MAX_PROSE_CHARS):
+        return WRONG
+    form = gold_form(gold)
+    if form.words is not None:
+        return CORRECT if words_match(*form.words, answer) else WRONG
+    candidate = math_candidate(answer)
+    if not candidate or not _acceptable(candidate):
+        return WRONG
+    candidate = normalise_math(candidate)
+    parts = _split_parts(candidate)
+    if len(parts) > 1:
+        # A dangling operator ends no part: "5, 7 +" is the list 5, 7 (math-verify read it as 7).
+        parts = [_DANGLING.sub("", p) for p in parts]
+        candidate = ", ".join(parts)
+        if len(_split_parts(form.text)) <= 1:
+            if _assignments_to_distinct_names(parts):
+                candidate = parts[-1]  # "m = 100, n = 13, m + n = 113": the last assignment is asked for
+            elif form.number is not None:
+                return WRONG  # several values against one number: a hedge ("5 or 7", "x = 5, x = 7")
+    if form.number is not None:
+        candidate = strip_unit_tail(candidate)
+    if not candidate:
+        return WRONG
+    if _same_spelling(candidate, form.text):
+        return CORRECT
+    if form.number is not None:
+        number = parse_number(candidate)
+        if number is not None:
+            return CORRECT if numbers_equal(form.number, number) else WRONG
+    if _explosive(candidate) and not _explosive(form.text):
+        return WRONG
+    return _SYMBOLIC, candidate, form
+
+
+def judge(
+    answer: str | None, gold, *, timeout_s: float = DEFAULT_TIMEOUT_S, wall_s: float | None = None
+) -> str:
+    """The status of ``answer`` against ``gold`` (a math gold); never raises. Every step runs under one
+    budget: ``timeout_s`` CPU seconds of the grading thread and ``wall_s`` wall seconds (default
+    ``deadline.wall_limit_s(timeout_s)``); a pair over it is ``timeout``."""
     try:
         if answer is None or not str(answer).strip():
             return NO_ANSWER
         answer = str(answer).strip()
         gold = normalise_gold(gold)
-        if not gold or not _acceptable(gold) or not _acceptable(answer, MAX_PROSE_CHARS):
-            return WRONG
-        form = gold_form(gold)
-        if form.words is not None:
-            return CORRECT if words_match(*form.words, answer) else WRONG
-        candidate = math_candidate(answer)
-        if not candidate or not _acceptable(candidate):
-            return WRONG
-        candidate = normalise_math(candidate)
-        parts = top_level_parts(candidate)
-        if len(parts) > 1 and len(top_level_parts(form.text)) == 1 and _assignments_to_distinct_names(parts):
-            candidate = parts[-1]  # "m = 100, n = 13, m + n = 113": the last assignment is the one asked for
-        if form.number is not None:
-            candidate = strip_unit_tail(candidate)
-        if not candidate:
-            return WRONG
-        if _same_spelling(candidate, form.text):
-            return CORRECT
-        if form.number is not None:
-            number = parse_number(candidate)
-            if number is not None:
-                return CORRECT if numbers_equal(form.number, number) else WRONG
-        if _explosive(candidate) and not _explosive(form.text):
-            return WRONG
-        if not can_interrupt():
-            return _judge_in_helper_process(answer, gold, timeout_s)
-        warm_up()
-        with cpu_deadline(timeout_s):
+        if not can_interrupt():  # no signal reaches this thread: the cheap checks are bounded by the caps
+            verdict = _cheap_verdict(answer, gold)
+            return verdict if isinstance(verdict, str) else _judge_in_helper_process(answer, gold, timeout_s)
+        wall_s = wall_limit_s(timeout_s) if wall_s is None else wall_s
+        cpu0, wall0 = time.thread_time(), time.monotonic()
+        with cpu_deadline(timeout_s, wall_s):
+            verdict = _cheap_verdict(answer, gold)
+        if isinstance(verdict, str):
+            return verdict
+        warm_up()  # once per process, outside any budget: a cold process must not spend it on imports
+        _, candidate, form = verdict
+        spent_cpu, spent_wall = time.thread_time() - cpu0, time.monotonic() - wall0
+        with cpu_deadline(max(timeout_s - spent_cpu, 0.0), max(wall_s - spent_wall, 0.0)):
             return CORRECT if _symbolic_equal(candidate, form) else WRONG
     except GradingTimeout:
         return TIMEOUT
@@ -195,19 +302,59 @@ def is_kk_gold(gold) -> bool:
     return isinstance(gold, (tuple, list)) and len(gold) == 2 and not isinstance(gold[0], str)
 
 
-def grade(completion: str | None, gold, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Grade:
-    """Extract the final answer of ``completion`` and grade it against ``gold`` (math or K&K)."""
+def extract_within(completion: str | None, *, timeout_s: float, wall_s: float | None = None, extract=None):
+    """(answer, CPU seconds spent, wall seconds spent) of ``extract`` (default ``extract_answer``) under the
+    pair's budget; the answer is ``TIMEOUT_ANSWER`` when extraction ran out of it."""
+    read = extract or extract_answer
+    cpu0, wall0 = time.thread_time(), time.monotonic()
+    try:
+        if not can_interrupt():
+            answer = read(completion)
+        else:
+            with cpu_deadline(timeout_s, wall_limit_s(timeout_s) if wall_s is None else wall_s):
+                answer = read(completion)
+    except GradingTimeout:
+        answer = TIMEOUT_ANSWER
+    return answer, time.thread_time() - cpu0, time.monotonic() - wall0
+
+
+TIMEOUT_ANSWER = "\x00timeout\x00"  # extract_within's answer for an extraction over budget (never a real one)
+
+
+def judge_rest(answer, gold, timeout_s: float, wall_s: float | None, spent: tuple[float, float]) -> str:
+    """``judge`` of an answer ``extract_within`` returned, with what extraction spent taken off the budget."""
+    if answer == TIMEOUT_ANSWER:
+        return TIMEOUT
+    wall_s = wall_limit_s(timeout_s) if wall_s is None else wall_s
+    return judge(answer, gold, timeout_s=max(timeout_s - spent[0], 0.0), wall_s=max(wall_s - spent[1], 0.0))
+
+
+def grade(
+    completion: str | None, gold, *, timeout_s: float = DEFAULT_TIMEOUT_S, wall_s: float | None = None
+) -> Grade:
+    """Extract the final answer of ``completion`` and grade it against ``gold`` (math or K&K), extraction
+    and judgement under one budget (``judge``)."""
     if is_kk_gold(gold):
-        solution, names = gold
-        if not completion or len(solution) != len(names) or not names:
-            return Grade(None, NO_ANSWER)
-        said = kk_assignments(kk_answer_text(completion), names)
-        if not said:
-            return Grade(None, NO_ANSWER)
-        right = all(said.get(n) is bool(k) for n, k in zip(names, solution))
-        return Grade(format_assignments(said, names), CORRECT if right else WRONG)
-    answer = extract_answer(completion)
-    return Grade(answer, judge(answer, gold, timeout_s=timeout_s))
+        return _grade_kk(completion, gold, timeout_s, wall_s)
+    with armed(timeout_s):  # one arming for the pair's two or three deadlines
+        answer, cpu, wall = extract_within(completion, timeout_s=timeout_s, wall_s=wall_s)
+        status = judge_rest(answer, gold, timeout_s, wall_s, (cpu, wall))
+    return Grade(None if answer == TIMEOUT_ANSWER else answer, status)
+
+
+def _grade_kk(completion, gold, timeout_s: float, wall_s: float | None) -> Grade:
+    solution, names = gold
+    if not completion or len(solution) != len(names) or not names:
+        return Grade(None, NO_ANSWER)
+    try:
+        with cpu_deadline(timeout_s, wall_s) if can_interrupt() else contextlib.nullcontext():
+            said = kk_assignments(kk_answer_text(completion), names)
+    except GradingTimeout:
+        return Grade(None, TIMEOUT)
+    if not said:
+        return Grade(None, NO_ANSWER)
+    right = all(said.get(n) is bool(k) for n, k in zip(names, solution))
+    return Grade(format_assignments(said, names), CORRECT if right else WRONG)
 
 
 def grade_completion(completion: str | None, gold, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
@@ -514,7 +661,7 @@ def _judge_in_helper_process(answer: str, gold: str, timeout_s: float) -> str:
         pool = _helper_pool
     try:
         return pool.submit(judge, answer, gold, timeout_s=timeout_s).result(
-            timeout=timeout_s * WALL_FACTOR + 60
+            timeout=wall_limit_s(timeout_s) + 60
         )
     except Exception:  # noqa: BLE001 - a lost helper is not a verdict
         return TIMEOUT

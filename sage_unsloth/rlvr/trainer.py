@@ -416,7 +416,13 @@ class SageTrainerMixin:
         output["ref_per_token_logps"] = ref + mapped.to(ref.device)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        from sage_unsloth.rlvr import reward
+
+        reward.take_timeouts()  # count only this batch's pairs
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        mode = "train" if self.model.training else "eval"
+        # Pairs the grader ran out of budget on (scored 0): a policy that learns to stall the grader shows here.
+        compat.metrics(self, mode)["reward/grading_timeouts"].append(float(reward.take_timeouts()))
         self._sage_rewards_per_func = (
             rewards_per_func  # (N all processes, reward funcs): placement, dynamic sampling
         )
