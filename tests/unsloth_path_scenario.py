@@ -186,7 +186,7 @@ def in_loss_training(model_dir):
         "rollouts": len(rollouts),
         "extra_passes": trainer.sage_forward_passes,
         "q_in_loss": trainer.sage_q_in_loss,
-        "mro": [k.__name__ for k in type(trainer).__mro__[:7]],
+        "mro": [k.__name__ for k in type(trainer).__mro__],
     }
 
 
