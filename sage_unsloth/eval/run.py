@@ -218,8 +218,6 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
         )
 
         if pending:
-            if cfg.problems_per_batch * cfg.n >= pool.inline_threshold:  # else every chunk is graded inline
-                pool.start()  # workers warm up (niced) while the engine loads and samples the first chunk
             tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
             sampler = sampler or make_sampler(checkpoint, cfg)
             bar = _progress(
