@@ -58,7 +58,9 @@ def test_forced_gpu_resumed_missing_vllm_and_unknown_size():
 
 
 def test_measured_constants_pick_hf_for_the_walkthrough_and_vllm_for_a_7b_job():
-    tiny = 12 * 4 * 32  # configs/eval/tiny-cpu.yaml: 3 benchmarks x 4 problems, n 4, 32 new tokens
+    tiny = (
+        12 * 32 * 32
+    )  # configs/eval/tiny-cpu.yaml: 3 benchmarks x 4 problems, max(n 4, 32 rows), 32 new tokens
     tiny_bytes = bc.CPU_COSTS.reference_weight_bytes
     walk = bc.choose_backend(
         "auto", cuda=False, vllm_installed=True, completion_tokens=tiny, weight_bytes=tiny_bytes
@@ -69,6 +71,13 @@ def test_measured_constants_pick_hf_for_the_walkthrough_and_vllm_for_a_7b_job():
         "auto", cuda=False, vllm_installed=True, completion_tokens=big, weight_bytes=15 << 30
     )
     assert seven_b.backend == "vllm", seven_b.reason
+    larger = 500 * 32 * 1024  # all of MATH-500 at n 32 and 1024 tokens: vLLM even on the tiny model
+    assert (
+        bc.choose_backend(
+            "auto", cuda=False, vllm_installed=True, completion_tokens=larger, weight_bytes=tiny_bytes
+        ).backend
+        == "vllm"
+    )
 
 
 def test_config_keeps_auto_and_rejects_other_names(monkeypatch):

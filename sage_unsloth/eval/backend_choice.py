@@ -5,17 +5,20 @@ The rule (:func:`choose_backend`, a pure function of what :func:`resolve_backend
 
 1. ``vllm`` or ``hf`` in the config or on the command line: that one.
 2. A resumed run: the backend its chunks on disk were sampled with (completions are never mixed).
-3. A GPU: vLLM (when it is installed).
-4. No GPU, or vLLM not installed: vLLM only if it is installed and its estimated time is lower:
-   ``vllm = start-up + tokens * per-token cost`` against ``hf = start-up + tokens * per-token cost``, with
-   ``tokens = problems * n * max_tokens`` (an upper bound; both sample the same distribution, so they stop at
-   the same rate) and the per-token costs scaled by the model's weight bytes over the tiny model's they were
-   measured on (never below 1). An unknown model size picks vLLM, the backend whose cost is known to stay low.
+3. vLLM not installed in this interpreter: hf. A GPU: vLLM.
+4. CPU: the lower estimate of CPU seconds, ``start-up + decoded tokens * seconds per token`` for each backend,
+   ``decoded tokens = problems * max(n, MIN_ROWS) * max_tokens`` (an upper bound: the hf loop decodes at least
+   MIN_ROWS rows per pass, and rows stop early at EOS or a stop string), the per-token costs scaled by the
+   model's weight bytes over the tiny model's they were measured on (never below 1). A model whose size is
+   unknown (not on disk) picks vLLM.
+
+vLLM's per-token cost is 0 in :data:`CPU_COSTS` (its most favourable case: its CPU throughput is not measured
+yet), so on CPU ``hf`` is picked only where its whole run costs less than vLLM's start-up alone.
 
 Both backends are exact: they sample the configured distribution (temperature, top-p, min-p, stop strings);
-neither is an approximation of the other, but they draw different samples (the hf sampler's completions do not
-depend on batching, vLLM's are not bit-identical to them), so the choice is part of the sampling fingerprint.
-The CPU constants are measured by benchmarks/bench_backend_choice.py (figures in docs/benchmarks.md).
+neither approximates the other, but they draw different samples (the hf sampler's completions do not depend on
+batching, vLLM's are not bit-identical to them), so the choice is part of the sampling fingerprint.
+The constants and how they were measured: docs/benchmarks.md (benchmarks/bench_backend_choice.py).
 """
 
 from __future__ import annotations
@@ -31,19 +34,20 @@ BACKENDS = ("vllm", "hf")
 class CpuCosts:
     """Measured on a 2-core CPU, tiny model + LoRA adapter (benchmarks/bench_backend_choice.py)."""
 
-    vllm_startup_s: float  # import vllm + build the engine, per process (one process per checkpoint)
-    hf_startup_s: float  # load the model, merge the adapter
-    vllm_s_per_token: float  # wall seconds per generated token, the pipeline's chunking
-    hf_s_per_token: float
+    vllm_startup_s: float  # CPU s: import vllm + build the engine, per process (one process per checkpoint)
+    hf_startup_s: float  # CPU s: load the model and tokenizer, merge the adapter
+    vllm_s_per_token: float  # CPU s per decoded token
+    hf_s_per_token: float  # CPU s per decoded token (rows x steps, padding rows included)
     reference_weight_bytes: int  # the tiny model's weights (float32) the costs were measured on
 
 
 CPU_COSTS = CpuCosts(
-    vllm_startup_s=40.0,
-    hf_startup_s=5.0,
-    vllm_s_per_token=1e-4,
-    hf_s_per_token=2e-4,
-    reference_weight_bytes=1 << 20,
+    # docs/benchmarks.md, "Stage 3 on CPU": two figures recorded there before, one measured with this rule
+    vllm_startup_s=22.0,  # the walk-through's stage 3 with vLLM: 68 CPU s over three checkpoints (an upper bound)
+    hf_startup_s=5.2,  # bench_backend_choice.py: load the tiny model, merge its LoRA adapter (load average 36)
+    vllm_s_per_token=0.0,  # not measured yet: vLLM's most favourable case
+    hf_s_per_token=3.9e-5,  # the HF sampler's recorded 1.41 CPU s for 10 problems x n 64 x 56 tokens (35,840)
+    reference_weight_bytes=1_547_416,  # the tiny model's model.safetensors (float32)
 )
 
 
@@ -93,7 +97,7 @@ def choose_backend(
     backend = "hf" if estimate["hf"] < estimate["vllm"] else "vllm"
     other = "vllm" if backend == "hf" else "hf"
     reason = (
-        f"auto: no GPU; {completion_tokens} tokens at most, model {weight_bytes / 2**20:.1f} MiB: estimated "
+        f"auto: no GPU; {completion_tokens} decoded tokens at most, model {weight_bytes / 2**20:.1f} MiB: estimated "
         f"{estimate[backend]:.0f} s with {backend} against {estimate[other]:.0f} s with {other} (vLLM start-up "
         f"{costs.vllm_startup_s:.0f} s)"
     )
@@ -152,7 +156,9 @@ def resolve_backend(cfg, checkpoint, problem_sets: dict) -> tuple[object, Backen
             cfg.backend, cuda=False, vllm_installed=True, completion_tokens=0, weight_bytes=0
         )
     completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
-    tokens = sum(len(p) for p in problem_sets.values()) * cfg.n * cfg.max_tokens
+    from sage_unsloth.eval.sampling import MIN_ROWS
+
+    tokens = sum(len(p) for p in problem_sets.values()) * max(cfg.n, MIN_ROWS) * cfg.max_tokens
     choice = choose_backend(
         AUTO,
         cuda=cuda_available(),
