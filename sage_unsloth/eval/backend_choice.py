@@ -42,11 +42,11 @@ class CpuCosts:
 
 
 CPU_COSTS = CpuCosts(
-    # docs/benchmarks.md, "Stage 3 on CPU": two figures recorded there before, one measured with this rule
-    vllm_startup_s=22.0,  # the walk-through's stage 3 with vLLM: 68 CPU s over three checkpoints (an upper bound)
-    hf_startup_s=5.2,  # bench_backend_choice.py: load the tiny model, merge its LoRA adapter (load average 36)
+    # docs/benchmarks.md, "Stage 3 on CPU": start-ups measured by bench_backend_choice.py (load average 17-36)
+    vllm_startup_s=13.5,  # import vllm, build the engine (engine core in-process) for the tiny model + adapter
+    hf_startup_s=5.2,  # load the tiny model, merge its LoRA adapter
     vllm_s_per_token=0.0,  # not measured yet: vLLM's most favourable case
-    hf_s_per_token=3.9e-5,  # the HF sampler's recorded 1.41 CPU s for 10 problems x n 64 x 56 tokens (35,840)
+    hf_s_per_token=3.9e-5,  # recorded: 1.41 CPU s for 10 problems x n 64 x 56 tokens (35,840), one torch thread
     reference_weight_bytes=1_547_416,  # the tiny model's model.safetensors (float32)
 )
 
