@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sage_unsloth import grading, layout
+from sage_unsloth.eval.backend_choice import AUTO, BACKENDS
 from sage_unsloth.eval.benchmarks import (
     DEFAULT_BENCHMARKS,
     check_benchmark_names,
@@ -53,7 +54,13 @@ class EvalConfig:
     user_template: str = field(
         default=EVAL_USER_TEMPLATE, metadata={"help": "user turn; {problem} is replaced"}
     )
-    backend: str = field(default="vllm", metadata={"help": "vllm | hf"})
+    backend: str = field(
+        default="auto",
+        metadata={
+            "help": "auto | vllm | hf; auto: vLLM on a GPU, else the faster of the two for this job "
+            "(the rule: sage_unsloth/eval/backend_choice.py), decided at run time and recorded in the manifest"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "sampling seed; each problem's seed derives from it"})
     source: str = field(
         default="bundled",
@@ -153,8 +160,8 @@ def check_fields(cfg: EvalConfig) -> None:
             f"max_tokens={cfg.max_tokens}, max_model_len={cfg.max_model_len}: need 1 <= max_tokens < "
             "max_model_len (the prompt needs room too)"
         )
-    if cfg.backend not in ("vllm", "hf"):
-        raise ValueError(f"backend={cfg.backend!r}: choose 'vllm' or 'hf'")
+    if cfg.backend not in (AUTO, *BACKENDS):
+        raise ValueError(f"backend={cfg.backend!r}: choose 'auto', 'vllm' or 'hf'")
     if cfg.run_name and len(cfg.checkpoints) > 1:
         raise ValueError("run_name names one checkpoint's results; drop it or evaluate one checkpoint")
     if cfg.limit is not None and cfg.limit < 1:

@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 INLINE_THRESHOLD = 48  # fewer unique pairs than this: not worth a round trip to the pool
 STUCK_SLACK_S = 30.0  # beyond a pair's own wall limit, before its worker counts as stuck
 READY_TIMEOUT_S = 1800.0  # a worker's warm-up (imports, parser tables): minutes on a loaded machine
+# Workers run this much nicer than the process that starts them: on a CPU machine the engine's threads sample on
+# the same cores, and a grading worker that takes a core from them stalls all of them at their next barrier
+# (benchmarks/bench_eval_pipeline.py). Verdicts do not move: the budget is the worker's own CPU time.
+WORKER_NICE = 10
 
 
 def _judge_many(pairs, timeout_s: float) -> list[str]:
@@ -42,8 +46,10 @@ def _judge_many(pairs, timeout_s: float) -> list[str]:
         return [grading.judge_rest(a, g, timeout_s, None, spent) for a, g, spent in pairs]
 
 
-def _worker_main(conn, timeout_s: float, judge, warm: bool) -> None:
-    """A worker: warm up, then judge each chunk it is sent, one message per verdict."""
+def _worker_main(conn, timeout_s: float, judge, warm: bool, nice: int = 0) -> None:
+    """A worker: lower its priority, warm up, then judge each chunk it is sent, one message per verdict."""
+    if nice:
+        os.nice(nice)
     if warm:
         grading.warm_up()
     conn.send(("ready", None))
@@ -60,9 +66,11 @@ def _worker_main(conn, timeout_s: float, judge, warm: bool) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, timeout_s: float, judge, warm: bool):
+    def __init__(self, ctx, timeout_s: float, judge, warm: bool, nice: int = 0):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, timeout_s, judge, warm), daemon=True)
+        self.process = ctx.Process(
+            target=_worker_main, args=(child, timeout_s, judge, warm, nice), daemon=True
+        )
         self.process.start()
         child.close()
         self.started = time.monotonic()
@@ -88,8 +96,10 @@ class GradingPool:
         stuck_after_s: float | None = None,
         judge=None,
         warm_up: bool = True,
+        nice: int | None = None,
     ):
         self.workers = max(1, workers or (os.cpu_count() or 1))
+        self.nice = WORKER_NICE if nice is None else nice
         self.timeout_s = timeout_s
         self.chunk = chunk
         self.inline_threshold = inline_threshold
@@ -176,7 +186,7 @@ class GradingPool:
         if worker is not None:
             worker.kill()
             self._workers.remove(worker)
-        fresh = _Worker(self._ctx, self.timeout_s, self._judge, self._warm)
+        fresh = _Worker(self._ctx, self.timeout_s, self._judge, self._warm, self.nice)
         self._workers.append(fresh)
         return fresh
 

@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sage_unsloth import grading, layout
+from sage_unsloth.eval.backend_choice import resolve_backend
 from sage_unsloth.eval.benchmarks import Problem, load_benchmark
 from sage_unsloth.eval.config import EvalConfig, parse_args, validate
 from sage_unsloth.eval.records import (
@@ -128,9 +129,9 @@ def check_completions_folder(cfg: EvalConfig, checkpoint) -> None:
 
 def check_backend(cfg: EvalConfig) -> None:
     """The vLLM backend needs vllm importable here: on CPU it lives in .venv-eval, not in the training env."""
-    import importlib.util
+    from sage_unsloth.eval.backend_choice import vllm_installed
 
-    if cfg.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+    if cfg.backend == "vllm" and not vllm_installed():
         raise ValueError(
             f"backend=vllm: vllm is not installed in {sys.executable}; on CPU run stage 3 with "
             ".venv-eval/bin/sage-unsloth eval or scripts/03_eval.sh (make installs both), or pass --backend hf"
@@ -138,9 +139,18 @@ def check_backend(cfg: EvalConfig) -> None:
 
 
 def evaluate_checkpoint(
-    cfg: EvalConfig, checkpoint, problem_sets: dict[str, list[Problem]], ks: list[int], sampler=None
+    cfg: EvalConfig,
+    checkpoint,
+    problem_sets: dict[str, list[Problem]],
+    ks: list[int],
+    sampler=None,
+    backend_choice=None,
 ) -> Path:
     """Sample, grade and write one checkpoint's results; returns results/<model>/<run>.
+
+    ``backend_choice``: what :func:`~sage_unsloth.eval.backend_choice.resolve_backend` made of ``cfg.backend``
+    (``cfg`` then holds the concrete backend); without it, it is resolved here. Printed in one line and recorded
+    in the manifest.
 
     Chunks already on disk are reused; those graded by another grader version are graded again from their
     saved completions (no resampling). Completions whose grading ran out of budget are retried serially with
@@ -148,12 +158,15 @@ def evaluate_checkpoint(
     completions folder is locked for the run (sage_unsloth.eval.lock): one writer at a time."""
     from sage_unsloth.eval.lock import WriterLock
 
+    if backend_choice is None:
+        cfg, backend_choice = resolve_backend(cfg, checkpoint, problem_sets)
+    print(backend_choice.line(), flush=True)
     completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
     with WriterLock(completions):  # one writer per folder, for the whole run
-        return _evaluate_locked(cfg, checkpoint, problem_sets, ks, sampler)
+        return _evaluate_locked(cfg, checkpoint, problem_sets, ks, sampler, backend_choice)
 
 
-def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler) -> Path:
+def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, backend_choice) -> Path:
     from sage_unsloth.eval.gradepool import GradingPool
     from sage_unsloth.eval.regrade import regrade_records, settle_timeouts
     from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
@@ -300,6 +313,7 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler) -> 
         datasets=list(problem_sets),
         problems={name: len(p) for name, p in problem_sets.items()},
         grading=grading_stats,
+        backend_choice=backend_choice.as_dict(),
         timings={k: round(v, 3) for k, v in timings.items()},
     )
     return results
@@ -336,9 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         ks, checkpoints, problem_sets = prepare(cfg)
-        check_backend(cfg)
-        for checkpoint in checkpoints:
-            check_completions_folder(cfg, checkpoint)
+        # `auto` becomes a backend per checkpoint (each runs in its own process below and says its choice)
+        choices = [resolve_backend(cfg, checkpoint, problem_sets) for checkpoint in checkpoints]
+        for (resolved, _), checkpoint in zip(choices, checkpoints):
+            check_backend(resolved)
+            check_completions_folder(resolved, checkpoint)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -362,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                 if code:
                     return code
             return 0
-        out = evaluate_checkpoint(cfg, checkpoints[0], problem_sets, ks)
+        resolved, choice = choices[0]
+        out = evaluate_checkpoint(resolved, checkpoints[0], problem_sets, ks, backend_choice=choice)
     except KeyboardInterrupt:
         return interrupted_eval(argv)
     print(f"results written to {out}")

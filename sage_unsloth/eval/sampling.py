@@ -410,9 +410,11 @@ class HFSampler:
         return results
 
 
+SAMPLERS = {"vllm": VLLMSampler, "hf": HFSampler}  # backend name -> sampler class (backend_choice.BACKENDS)
+
+
 def make_sampler(checkpoint: Checkpoint, cfg):
-    if cfg.backend == "vllm":
-        return VLLMSampler(checkpoint, cfg)
-    if cfg.backend == "hf":
-        return HFSampler(checkpoint, cfg)
-    raise ValueError(f"backend={cfg.backend!r}: choose 'vllm' or 'hf'")
+    """The sampler of ``cfg.backend``, a concrete backend (``auto`` is resolved before, in backend_choice)."""
+    if cfg.backend not in SAMPLERS:
+        raise ValueError(f"backend={cfg.backend!r}: resolve it first (backend_choice.resolve_backend)")
+    return SAMPLERS[cfg.backend](checkpoint, cfg)
