@@ -122,7 +122,7 @@ def test_a_missing_optional_dependency_is_one_line_naming_the_extra(
         (
             ["--executor", "slurm", "--slurm", "{partion: gpu}"],
             "slurm.partion is not a setting of executor slurm; did you mean partition?",
-        ),  # fmt: skip
+        ),
         (["--executor", "slurm", "--slurm", "{time_min: 0}"], "slurm.time_min=0: must be an integer >= 1"),
         (["--executor", "ray", "--ray", "[GPU]"], "ray=['GPU']: a mapping"),
         (["--executor", "ray", "--ray", "{resources: {GPU: x}}"], "ray.resources={'GPU': 'x'}: a mapping"),
