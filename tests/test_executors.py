@@ -253,3 +253,47 @@ def test_a_multinode_job_needs_whole_nodes():
     with pytest.raises(ValueError, match=r"gpus_per_job=12 spans nodes of slurm.gpus_per_node=8 GPUs"):
         slurm.check_gpus(slurm.SlurmSettings(gpus_per_node=8), 12)
     slurm.check_gpus(slurm.SlurmSettings(gpus_per_node=8), 16)
+
+
+# ---------------------------------------------------------------------------------------- the lab's runner
+def test_the_lab_runner_runs_its_steps_through_an_executor(tmp_path):
+    """sage_unsloth/demo/steps.py run_steps with submitit's local executor: steps in dependency order, the
+    same stamps (a rerun reuses both), and a failing step is an error naming its log."""
+    from sage_unsloth.demo import run as lab
+    from sage_unsloth.demo.steps import Step, run_steps
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    write_a = f"import pathlib; pathlib.Path({str(a)!r}).write_text('1')"
+    write_b = f"import pathlib; p = pathlib.Path({str(a)!r}); pathlib.Path({str(b)!r}).write_text(p.read_text() + '2')"
+    steps = [
+        Step("a", [sys.executable, "-c", write_a], (a,), light=True),
+        Step("b", [sys.executable, "-c", write_b], (b,), after=("a",), light=True),
+    ]
+    args = lab.parse_args(["--executor", "slurm", "--executor-settings", "{cluster: local, cpus_per_job: 1}"])
+    executor = lab._executor(args, tmp_path / "work")
+    records = run_steps(
+        steps, work=tmp_path / "work", jobs=2, threads=1, echo=lambda line: None, executor=executor
+    )
+    assert [r.status for r in records] == ["ran", "ran"] and b.read_text() == "12"
+    assert list(
+        (tmp_path / "work" / "executor" / "slurm").glob("*/*_submitted.pkl")
+    )  # it went through submitit
+    records = run_steps(
+        steps, work=tmp_path / "work", jobs=2, threads=1, echo=lambda line: None, executor=executor
+    )
+    assert [r.status for r in records] == ["reused", "reused"]
+
+    failing = [Step("c", [sys.executable, "-c", "raise SystemExit(3)"], (tmp_path / "c.txt",), light=True)]
+    with pytest.raises(RuntimeError, match=r"\[demo\] c failed \(exit 3\); last lines of .*c\.log"):
+        run_steps(
+            failing, work=tmp_path / "work", jobs=1, threads=1, echo=lambda line: None, executor=executor
+        )
+
+
+def test_a_bad_lab_executor_is_one_line(tmp_path):
+    from sage_unsloth.demo import run as lab
+
+    with pytest.raises(ValueError, match=r"^executor='pbs' is unknown: choose one of local, ray, slurm$"):
+        lab._executor(lab.parse_args(["--executor", "pbs"]), tmp_path)
+    with pytest.raises(ValueError, match=r"^--executor-settings '\[1\]': a YAML mapping"):
+        lab._executor(lab.parse_args(["--executor", "ray", "--executor-settings", "[1]"]), tmp_path)
