@@ -48,9 +48,14 @@ def run_command(task: Task, argv: list[str] | None = None, log: Path | None = No
         except ProcessLookupError:
             pass
 
+    previous = {}
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
         try:
-            signal.signal(signum, forward)
+            previous[signum] = signal.signal(signum, forward)
         except ValueError:  # not the main thread (a Ray worker may call us from another thread)
             pass
-    return proc.wait()
+    try:
+        return proc.wait()
+    finally:  # a Ray worker runs other tasks after this one, and must still stop on its own SIGTERM
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
