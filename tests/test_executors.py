@@ -40,6 +40,21 @@ def _summary(root: Path) -> dict[str, dict]:
         return {row.pop("run"): row for row in csv.DictReader(fh) if row.pop("status") is not None}
 
 
+def _adapter(root: Path, run: str) -> bytes:
+    (path,) = (root / "outputs" / "tiny-cpu").glob(f"*/{run}/adapter_model.safetensors")
+    return path.read_bytes()
+
+
+def _completions(root: Path, run: str) -> list[list[str]]:
+    import gzip
+    import json
+
+    (folder,) = (root / "outputs" / "tiny-cpu").glob(f"*/eval/{run}/amc23")
+    chunks = sorted(folder.glob("chunk_*.jsonl.gz"))
+    rows = [json.loads(line) for c in chunks for line in gzip.decompress(c.read_bytes()).splitlines()]
+    return [[c["text"] for c in row["completions"]] for row in rows]
+
+
 def _kill_after_first_checkpoint(run_dir: Path, marker: str, stop: threading.Event, killed: list):
     """SIGKILL the training process writing ``run_dir`` once its checkpoint-1 is complete (a pre-empted or
     OOM-killed job): found by its command line, wherever the executor started it."""
@@ -96,6 +111,12 @@ def test_executor_runs_the_tiny_sweep_resumes_a_killed_job_and_matches_local(
     assert (tmp_path / "results" / "tiny-cpu" / "report.md").is_file()
     ours, local = _summary(tmp_path), _summary(local_root)
     assert ours == local and len(ours) == 5 + 2  # every run and both means, number for number
+    # the tiny model scores 0 everywhere, so the numbers alone would not tell runs apart: the trained
+    # adapters are the local run's byte for byte (the killed run resumed exactly), and so are the samples
+    for run in ("grpo_s3407", "grpo_s1", "grpo_branch_s3407", "grpo_branch_s1"):
+        assert _adapter(tmp_path, run) == _adapter(local_root, run), run
+    for run in ("sft", "grpo_s1", "grpo_branch_s1"):
+        assert _completions(tmp_path, run) == _completions(local_root, run), run
 
     assert sweep.main([*argv, "--rlvr_args", "--max_steps 3"]) == 2  # a folder written with other arguments
     assert "was written with" in capsys.readouterr().err
