@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sage_unsloth import layout
+from sage_unsloth.executors.base import ExecutorUnavailable
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
 from sage_unsloth.recipe import finished, write_record
 
@@ -528,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ExecutorUnavailable as exc:  # jobs already running were cancelled; a rerun continues
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(table, end="")
     failed = sorted(name for name, state in status.items() if state in ("failed", "blocked"))
     if failed:

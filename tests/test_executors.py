@@ -136,6 +136,23 @@ def test_a_missing_optional_dependency_is_one_line_naming_the_extra(
     )
 
 
+def test_an_executor_that_cannot_start_is_one_line_and_exit_1(sft_dir, tmp_path, monkeypatch, capsys):
+    import ray
+
+    def init(**kwargs):
+        raise Exception("The current node timed out during startup. This could happen because ...")  # noqa: TRY002
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)  # what Ray 2.60 raises when its raylet is not up within 30 s
+    assert sweep.main(tiny_sweep_argv(sft_dir, tmp_path, *EXECUTOR_ARGS["ray"])) == 1
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == "error: executor ray: could not start Ray here: The current node timed out during startup. "
+        + ("This could happen because ...")
+    )
+
+
 @pytest.mark.parametrize(
     "override, needle",
     [

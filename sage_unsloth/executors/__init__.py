@@ -10,6 +10,7 @@ from sage_unsloth.executors import local, ray_tasks, slurm  # noqa: F401  (regis
 from sage_unsloth.executors.base import (
     EXECUTORS,
     Executor,
+    ExecutorUnavailable,
     Handle,
     MissingExtra,
     Task,
@@ -23,6 +24,7 @@ from sage_unsloth.executors.base import (
 __all__ = [
     "EXECUTORS",
     "Executor",
+    "ExecutorUnavailable",
     "Handle",
     "MissingExtra",
     "Task",

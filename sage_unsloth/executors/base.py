@@ -39,6 +39,10 @@ class Handle(Protocol):
         """Stop the job (a driver interrupted by Ctrl-C stops what it started)."""
 
 
+class ExecutorUnavailable(RuntimeError):
+    """The executor cannot take jobs: Ray did not start or is unreachable, sbatch refused a job (one line)."""
+
+
 class MissingExtra(ValueError):
     """An executor's optional library is not installed (one line naming the extra)."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_unsloth.executors.base import Executor, Task, register, require
+from sage_unsloth.executors.base import Executor, ExecutorUnavailable, Task, register, require
 from sage_unsloth.executors.command import run_command
 
 
@@ -89,13 +89,18 @@ class RayExecutor(Executor):
             return
         if not self.ray.is_initialized():
             local = self.settings.address == "local"
-            self.ray.init(
-                address=None if local else self.settings.address,
-                num_cpus=self.settings.num_cpus if local else None,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+            try:
+                self.ray.init(
+                    address=None if local else self.settings.address,
+                    num_cpus=self.settings.num_cpus if local else None,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception when its node does not start
+                how = "start Ray here" if local else f"reach the Ray cluster at {self.settings.address}"
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ExecutorUnavailable(f"executor ray: could not {how}: {first}") from None
             self._started = True
         self._remote = self.ray.remote(max_retries=0)(run_command)
 

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_unsloth.executors.base import Executor, Task, register, require
+from sage_unsloth.executors.base import Executor, ExecutorUnavailable, Task, register, require
 from sage_unsloth.executors.command import run_command
 
 CLUSTERS = (None, "slurm", "local", "debug")
@@ -213,11 +213,17 @@ class SlurmExecutor(Executor):
                 else (run_command, (t,))
                 for t in group
             ]
-            if len(group) == 1:
-                jobs = [ex.submit(calls[0][0], *calls[0][1])]
-            else:
-                with ex.batch():
-                    jobs = [ex.submit(fn, *args) for fn, args in calls]
+            try:
+                if len(group) == 1:
+                    jobs = [ex.submit(calls[0][0], *calls[0][1])]
+                else:
+                    with ex.batch():
+                        jobs = [ex.submit(fn, *args) for fn, args in calls]
+            except Exception as exc:  # noqa: BLE001 - submitit's FailedSubmissionError, sbatch's own message
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ExecutorUnavailable(
+                    f"executor slurm: submitting {group[0].name} failed: {first}"
+                ) from None
             for task, job in zip(group, jobs):
                 handles[id(task)] = SubmititHandle(job, task)
         return [handles[id(t)] for t in tasks]
