@@ -9,11 +9,20 @@ a job asks for the sweep's ``gpus_per_job`` GPUs (none on CPU) and one CPU.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sage_unsloth.executors.base import Executor, ExecutorUnavailable, Task, register, require
 from sage_unsloth.executors.command import run_command
+
+# A Ray worker's environment is its node's, not the driver's (unlike a SLURM job's, which sbatch copies):
+# what the stages read from the environment travels with each task.
+FORWARDED_ENV = ("HF_", "WANDB_", "SAGE_", "UNSLOTH_", "TRANSFORMERS_", "TOKENIZERS_", "PYTHONPATH")
+
+
+def forwarded_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
 
 
 @dataclass
@@ -108,6 +117,7 @@ class RayExecutor(Executor):
         self._connect()
         handles = []
         for task in tasks:
+            task.env = {**forwarded_env(), **task.env}
             options = task_options(self.settings, task)
             if task.gpus == 0:  # what a local CPU slot sets: torch threads = the CPUs Ray gave the task
                 task.env.setdefault("OMP_NUM_THREADS", str(max(1, int(options["num_cpus"]))))
