@@ -100,7 +100,7 @@ class RayExecutor(Executor):
             local = self.settings.address == "local"
             try:
                 self.ray.init(
-                    address=None if local else self.settings.address,
+                    address=self.settings.address,  # Ray's "local": a new instance even beside a running one
                     num_cpus=self.settings.num_cpus if local else None,
                     include_dashboard=False,
                     log_to_driver=False,
