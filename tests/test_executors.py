@@ -95,7 +95,7 @@ def test_executor_runs_the_tiny_sweep_resumes_a_killed_job_and_matches_local(
         stop.set()
         watcher.join()
     out, err = capsys.readouterr()
-    assert killed, "the training job was not caught between its checkpoints"
+    assert killed, f"the training job was not caught between its checkpoints; the sweep said:\n{out}\n{err}"
     assert first == 1
     log = tmp_path / "outputs" / "tiny-cpu" / "logs" / "grpo_s1.log"
     assert f"grpo_s1: FAILED (exit -{int(signal.SIGKILL)}), see {log}" in out
