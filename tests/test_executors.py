@@ -65,7 +65,8 @@ def _kill_after_first_checkpoint(run_dir: Path, marker: str, stop: threading.Eve
                     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if b"sage_unsloth.rlvr" in argv and marker.encode() in b" ".join(argv):
+                variant = argv[argv.index(b"--variant") + 1] if b"--variant" in argv else None
+                if variant == run_dir.name.encode() and marker.encode() in b" ".join(argv):
                     os.kill(int(pid), signal.SIGKILL)
                     killed.append(int(pid))
             return
