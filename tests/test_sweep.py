@@ -54,7 +54,7 @@ def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
     assert (
         rows["grpo_branch_s3407"]["config"] == "grpo_branch" and rows["grpo_branch_s3407"]["seed"] == "3407"
     )
-    run_dirs = sorted(p.name for p in (root / "outputs" / "tiny-cpu").glob("*/*_s*"))
+    run_dirs = sorted(p.name for p in (root / "outputs" / "tiny-cpu").glob("*/*_s*") if p.is_dir())
     assert run_dirs == ["grpo_branch_s1", "grpo_branch_s3407", "grpo_s1", "grpo_s3407"]
     mean = rows["grpo (mean of 2 seeds)"]  # over the two seeds' rows, recomputed here
     pair = [float(rows[r]["amc23 pass@1"]) for r in ("grpo_s3407", "grpo_s1")]
