@@ -4,9 +4,10 @@
 Each job is the kit's own stage command in a subprocess: ``python -m sage_unsloth.rlvr`` (``accelerate
 launch --config_file configs/accelerate/ddp.yaml --num_processes K -m sage_unsloth.rlvr`` when
 ``gpus_per_job`` K > 1), ``sage_unsloth.eval``, ``sage_unsloth.report``. Jobs wait for their inputs and
-take a free slot: a group of ``gpus_per_job`` GPUs (``CUDA_VISIBLE_DEVICES`` set per job) or, without
-GPUs, one of ``jobs`` CPU slots. That is all the scheduling there is; for a cluster, submit one sweep per
-node or one job per stage command.
+then go to the sweep's executor (sage_unsloth/executors): ``local`` (the default) gives each a free slot, a
+group of ``gpus_per_job`` GPUs (``CUDA_VISIBLE_DEVICES`` set per job) or, without GPUs, one of ``jobs`` CPU
+slots; ``slurm`` submits it through submitit (``slurm:`` settings), ``ray`` runs it as a Ray task (``ray:``
+settings). What is finished, resumed or refused is decided here, the same for every executor.
 
 Layout (``name`` = the sweep's name):
 
@@ -35,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sage_unsloth import layout
+from sage_unsloth.executors.base import ExecutorUnavailable
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
-from sage_unsloth.recipe import finished, start, write_record
+from sage_unsloth.recipe import finished, write_record
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,17 @@ class SweepConfig:
     accelerate_config: str = field(
         default="configs/accelerate/ddp.yaml", metadata={"help": "accelerate config for gpus_per_job > 1"}
     )
+    executor: str = field(
+        default="local", metadata={"help": "where jobs run: local (this machine's slots), slurm or ray"}
+    )
+    # str | None for the parser: a YAML mapping is kept as it is, a flag's text is read as a YAML mapping
+    slurm: str | None = field(
+        default=None,
+        metadata={"help": "slurm settings, e.g. '{partition: gpu, time_min: 600}' (docs/scaling.md)"},
+    )
+    ray: str | None = field(
+        default=None, metadata={"help": "ray settings, e.g. '{address: auto, resources: {GPU: 1}}'"}
+    )
 
     def __post_init__(self):
         """The fields' own checks, one line each; files and folders are checked by :func:`validate`."""
@@ -86,6 +99,28 @@ class SweepConfig:
             raise ValueError(f"gpus_per_job={self.gpus_per_job}, jobs={self.jobs}: both must be >= 1")
         if str(self.gpus).strip().lower() not in ("auto", "none"):
             gpu_ids(self)  # the id list's format (auto asks torch, so it is resolved when the sweep runs)
+        from sage_unsloth.executors import check_name, parse_settings
+
+        check_name(self.executor)
+        for name in ("slurm", "ray"):
+            setattr(self, name, _mapping(name, getattr(self, name)))
+        parse_settings(self.executor, getattr(self, self.executor, None))  # its settings, one line each
+
+
+def _mapping(name: str, value) -> dict:
+    """An executor's section: a YAML mapping, or a flag's text holding one."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        import yaml
+
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}={value!r}: a mapping, e.g. --{name} '{{key: value}}'")  # noqa: TRY004 - the CLI's one-line path
+    return value
 
 
 @dataclass
@@ -111,7 +146,13 @@ class Job:
 def parse_args(argv: list[str]) -> SweepConfig:
     from sage_unsloth.config_args import parse_stage_args
 
-    (cfg,), _ = parse_stage_args((SweepConfig,), argv, stage="sweep", configs_dir="configs/sweep/")
+    (cfg,), path = parse_stage_args((SweepConfig,), argv, stage="sweep", configs_dir="configs/sweep/")
+    if path:  # --slurm '{time_min: 60}' changes that key; the YAML's other settings stay
+        from sage_unsloth.config_args import load_config
+
+        for name in ("slurm", "ray"):
+            if f"--{name}" in argv:
+                setattr(cfg, name, {**_mapping(name, load_config(path).get(name)), **getattr(cfg, name)})
     return cfg
 
 
@@ -141,7 +182,14 @@ def validate(cfg: SweepConfig) -> str:
         raise FileNotFoundError(
             f"sft_dir={cfg.sft_dir} does not exist: run stage 1 first or point sft_dir to it"
         )
-    gpu_ids(cfg)
+    from sage_unsloth.executors import parse_settings
+    from sage_unsloth.executors.slurm import check_gpus
+
+    settings = parse_settings(cfg.executor, getattr(cfg, cfg.executor, None))  # again: a flag merged in
+    if cfg.executor == "local":
+        gpu_ids(cfg)  # the driver's GPUs matter only where it runs the jobs itself
+    elif cfg.executor == "slurm":
+        check_gpus(settings, cfg.gpus_per_job)
     return _model_short(Path(cfg.sft_dir))
 
 
@@ -305,12 +353,30 @@ def _argv(job: Job, slot: Slot, cfg: SweepConfig) -> list[str]:
     return [sys.executable, "-m", job.module, *args]
 
 
-def run_jobs(jobs: list[Job], slots: list[Slot], cfg: SweepConfig) -> dict[str, str]:
-    """Run every job whose inputs are done on a free slot; returns job -> done | skipped | failed | blocked."""
+def executor_slots(cfg: SweepConfig, executor) -> list[Slot]:
+    """The local executor's slots are this machine's (:func:`make_slots`); any other executor's scheduler
+    places jobs itself, and its slots only cap the jobs in flight and say how many GPUs each asks for."""
+    if executor.uses_local_slots:
+        return make_slots(cfg)
+    cpu = str(cfg.gpus).strip().lower() == "none"
+    env = {"CUDA_VISIBLE_DEVICES": ""} if cpu else {}
+    n_jobs = len(cfg.configs) * len(cfg.seeds) * 2 + 2
+    return [
+        Slot(f"{executor.name}{i}", env, 0 if cpu else cfg.gpus_per_job)
+        for i in range(executor.capacity(n_jobs))
+    ]
+
+
+def run_jobs(jobs: list[Job], slots: list[Slot], cfg: SweepConfig, executor=None) -> dict[str, str]:
+    """Run every job whose inputs are done on a free slot of ``executor`` (default: local); returns
+    job -> done | skipped | failed | blocked. A failed job blocks only what reads it."""
+    from sage_unsloth.executors import Task, make_executor
+
     sweep = Path(cfg.output_root) / cfg.name
     records, logs = sweep / "jobs", sweep / "logs"
     records.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
+    executor = executor or make_executor("local", None, sweep / "local")
     status: dict[str, str] = {}
     for job in jobs:  # in dependency order: a job is skipped only if everything it reads is unchanged
         done = finished(job.manifest_dir, job.stage, job.command, records / f"{job.name}.json")
@@ -319,35 +385,51 @@ def run_jobs(jobs: list[Job], slots: list[Slot], cfg: SweepConfig) -> dict[str, 
             print(f"[sweep] {job.name}: finished before, skipped", flush=True)
     pending = [j for j in jobs if j.name not in status]
     free, running = list(slots), {}
-    while pending or running:
-        for job in list(pending):
-            if any(status.get(a) in ("failed", "blocked") for a in job.after):
-                pending.remove(job)
-                status[job.name] = "blocked"
-                print(f"[sweep] {job.name}: not run, an input failed", flush=True)
-            elif free and all(status.get(a) in ("done", "skipped") for a in job.after):
-                pending.remove(job)
-                slot = free.pop(0)
-                write_record(records / f"{job.name}.json", job.command)
-                log = logs / f"{job.name}.log"
-                env = {**os.environ, **slot.env, "PYTHONUNBUFFERED": "1"}
-                proc = start(_argv(job, slot, cfg), log, env=env)
-                running[job.name] = (proc, slot, time.perf_counter(), log)
-                print(f"[sweep] {job.name}: started on {slot.name}, log {log}", flush=True)
-        time.sleep(0.2)
-        for name, (proc, slot, started, log) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            del running[name]
-            free.append(slot)
-            job = next(j for j in jobs if j.name == name)
-            ok = proc.returncode == 0 and (job.manifest_dir / MANIFEST_NAME).is_file()
-            status[name] = "done" if ok else "failed"
-            print(
-                f"[sweep] {name}: {'done' if ok else f'FAILED (exit {proc.returncode}), see {log}'} "
-                f"after {time.perf_counter() - started:.0f} s",
-                flush=True,
-            )
+    try:
+        while pending or running:
+            ready = []
+            for job in list(pending):
+                if any(status.get(a) in ("failed", "blocked") for a in job.after):
+                    pending.remove(job)
+                    status[job.name] = "blocked"
+                    print(f"[sweep] {job.name}: not run, an input failed", flush=True)
+                elif free and all(status.get(a) in ("done", "skipped") for a in job.after):
+                    pending.remove(job)
+                    slot = free.pop(0)
+                    write_record(records / f"{job.name}.json", job.command)
+                    log = logs / f"{job.name}.log"
+                    env = {**slot.env, "PYTHONUNBUFFERED": "1"}
+                    argv = _argv(job, slot, cfg)
+                    ready.append(
+                        (
+                            job,
+                            slot,
+                            log,
+                            Task(job.name, argv, log.resolve(), env, kind=job.kind, gpus=slot.gpus),
+                        )
+                    )
+            if ready:  # submitted together: the slurm executor makes one job array of them
+                for (job, slot, log, _), handle in zip(ready, executor.submit([r[-1] for r in ready])):
+                    running[job.name] = (handle, slot, time.perf_counter(), log)
+                    print(f"[sweep] {job.name}: started on {slot.name}, log {log}", flush=True)
+            time.sleep(0.2)
+            for name, (handle, slot, started, log) in list(running.items()):
+                code = handle.poll()
+                if code is None:
+                    continue
+                del running[name]
+                free.append(slot)
+                job = next(j for j in jobs if j.name == name)
+                ok = code == 0 and (job.manifest_dir / MANIFEST_NAME).is_file()
+                status[name] = "done" if ok else "failed"
+                print(
+                    f"[sweep] {name}: {'done' if ok else f'FAILED (exit {code}), see {log}'} "
+                    f"after {time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
+    finally:
+        for handle, *_ in running.values():  # interrupted: stop what this sweep started (a rerun resumes)
+            handle.cancel()
     return status
 
 
@@ -417,15 +499,23 @@ def write_summary(rows: list[dict], out_dir: Path) -> str:
 
 
 def run(cfg: SweepConfig) -> tuple[dict[str, str], str]:
+    from sage_unsloth.executors import make_executor
+
     model = validate(cfg)
     jobs = build_jobs(cfg, model)
-    slots = make_slots(cfg)
+    executor = make_executor(
+        cfg.executor, getattr(cfg, cfg.executor, None), Path(cfg.output_root) / cfg.name / cfg.executor
+    )
+    slots = executor_slots(cfg, executor)
     print(
         f"[sweep] {cfg.name}: {len(cfg.configs)} config(s) x {len(cfg.seeds)} seed(s), {len(jobs)} jobs on "
-        f"{len(slots)} slot(s) ({', '.join(s.name for s in slots)})",
+        f"{executor.describe()}, {len(slots)} at once ({', '.join(s.name for s in slots)})",
         flush=True,
     )
-    status = run_jobs(jobs, slots, cfg)
+    try:
+        status = run_jobs(jobs, slots, cfg, executor)
+    finally:
+        executor.close()
     table = write_summary(summary_rows(jobs, status), Path(cfg.results_dir) / cfg.name)
     return status, table
 
@@ -439,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ExecutorUnavailable as exc:  # jobs already running were cancelled; a rerun continues
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(table, end="")
     failed = sorted(name for name, state in status.items() if state in ("failed", "blocked"))
     if failed:

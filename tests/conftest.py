@@ -55,6 +55,40 @@ def sft_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return build_sft_dir(tiny_model_dir, tmp_path_factory.mktemp("stage1") / "sft")
 
 
+TINY_SWEEP = REPO_ROOT / "configs" / "sweep" / "tiny-cpu.yaml"
+TINY_SWEEP_SEEDS = ("3407", "1")  # 2 configs x 2 seeds: a mean and sd per config in the summary
+
+
+def tiny_sweep_argv(sft_dir: Path, root: Path, *extra: str) -> list[str]:
+    """The tiny sweep (configs/sweep/tiny-cpu.yaml, 2 configs x 2 seeds) into ``root``."""
+    return [
+        str(TINY_SWEEP),
+        "--sft_dir",
+        str(sft_dir),
+        "--seeds",
+        *TINY_SWEEP_SEEDS,
+        "--output_root",
+        str(root / "outputs"),
+        "--results_dir",
+        str(root / "results"),
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(sft_dir, tmp_path_factory):
+    """The tiny sweep run once on the local executor, shared by tests/test_sweep.py (which reruns, kills
+    and re-checks it) and tests/test_executors.py (whose other executors must give its summary numbers)."""
+    from sage_unsloth import sweep
+
+    root = tmp_path_factory.mktemp("sweep")
+    argv = tiny_sweep_argv(sft_dir, root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO_ROOT)  # the sweep config names the kit's configs relative to the repository
+        assert sweep.main(argv) == 0
+    return root, argv
+
+
 @pytest.fixture
 def varied_reward(monkeypatch):
     """Swap the RLVR reward for one that differs between completions (see rlvr_scenario.text_reward)."""
@@ -69,7 +103,7 @@ def varied_reward(monkeypatch):
 # A test that needs the tiny model (directly or through the SFT fixture) loads and trains it: slow by rule,
 # so a new test cannot slip into the quick tier by forgetting its marker. Other expensive tests say so with
 # @pytest.mark.slow themselves.
-MODEL_FIXTURES = {"tiny_model_dir", "sft_dir"}
+MODEL_FIXTURES = {"tiny_model_dir", "sft_dir", "tiny_sweep"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,4 @@
-"""The sweep runner end to end on CPU (configs/sweep/tiny-cpu.yaml): 2 RLVR configs x 1 seed, their
+"""The sweep runner end to end on CPU (configs/sweep/tiny-cpu.yaml): 2 RLVR configs x 2 seeds, their
 evaluations and the SFT baseline's, the report and the summary table; a rerun skips every finished job,
 a killed job is redone (an RLVR run with --resume) with what reads it, and changed arguments never reuse
 a finished folder."""
@@ -15,7 +15,7 @@ from sage_unsloth import sweep
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "sweep" / "tiny-cpu.yaml"
-RUNS = ["sft", "grpo_s3407", "grpo_branch_s3407"]
+RUNS = ["sft", "grpo_s3407", "grpo_branch_s3407", "grpo_s1", "grpo_branch_s1"]
 
 
 def _passk(path):
@@ -23,22 +23,9 @@ def _passk(path):
         return {(r["dataset"], int(r["k"])): float(r["pass_at_k"]) for r in csv.DictReader(fh)}
 
 
-@pytest.fixture(scope="module")
-def swept(sft_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("sweep")
-    argv = [
-        str(CONFIG),
-        "--sft_dir",
-        str(sft_dir),
-        "--output_root",
-        str(root / "outputs"),
-        "--results_dir",
-        str(root / "results"),
-    ]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(REPO)  # the sweep config names the kit's configs relative to the repository
-        assert sweep.main(argv) == 0
-    return root, argv
+@pytest.fixture
+def swept(tiny_sweep):
+    return tiny_sweep  # tests/conftest.py: run once on the local executor, shared with test_executors.py
 
 
 @pytest.fixture(autouse=True)
@@ -56,8 +43,9 @@ def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
     assert (results / "report.md").is_file()
     with open(results / "summary.csv") as fh:
         rows = {r["run"]: r for r in csv.DictReader(fh)}
-    assert sorted(rows) == sorted(RUNS)
-    for run, row in rows.items():
+    assert sorted(rows) == sorted([*RUNS, "grpo (mean of 2 seeds)", "grpo_branch (mean of 2 seeds)"])
+    for run in RUNS:
+        row = rows[run]
         scores = _passk(next(results.glob(f"*/{run}/passk.csv")))
         assert float(row["amc23 pass@1"]) == round(scores[("amc23", 1)], 4)
         assert float(row["amc23 pass@2"]) == round(scores[("amc23", 2)], 4)
@@ -66,8 +54,11 @@ def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
     assert (
         rows["grpo_branch_s3407"]["config"] == "grpo_branch" and rows["grpo_branch_s3407"]["seed"] == "3407"
     )
-    run_dirs = sorted(p.name for p in (root / "outputs" / "tiny-cpu").glob("*/*_s3407"))
-    assert run_dirs == ["grpo_branch_s3407", "grpo_s3407"]
+    run_dirs = sorted(p.name for p in (root / "outputs" / "tiny-cpu").glob("*/*_s*") if p.is_dir())
+    assert run_dirs == ["grpo_branch_s1", "grpo_branch_s3407", "grpo_s1", "grpo_s3407"]
+    mean = rows["grpo (mean of 2 seeds)"]  # over the two seeds' rows, recomputed here
+    pair = [float(rows[r]["amc23 pass@1"]) for r in ("grpo_s3407", "grpo_s1")]
+    assert float(mean["amc23 pass@1"]) == round((pair[0] + pair[1]) / 2, 4)
     assert (results / "summary.md").read_text().startswith("| run | config | seed | status |")
 
 
@@ -76,7 +67,7 @@ def test_a_rerun_skips_every_finished_job(swept, monkeypatch, capsys):
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail(f"started {a[0]}"))
     assert sweep.main(argv) == 0
     out = capsys.readouterr().out
-    assert out.count("finished before, skipped") == 2 * 2 + 1 + 1  # runs + their evals, the SFT eval, report
+    assert out.count("finished before, skipped") == 2 * 2 * 2 + 1 + 1  # runs + evals, the SFT eval, report
 
 
 def test_a_killed_run_resumes_and_what_reads_it_is_redone(swept, capsys):
@@ -95,7 +86,7 @@ def test_a_killed_run_resumes_and_what_reads_it_is_redone(swept, capsys):
     assert sweep.main(argv) == 0
     out = capsys.readouterr().out
     assert "eval_grpo_s3407: started" in out and "report: started" in out  # it, and what reads it
-    for name in ("grpo_s3407", "grpo_branch_s3407", "eval_grpo_branch_s3407", "eval_sft"):
+    for name in ("grpo_s3407", "grpo_branch_s3407", "eval_grpo_branch_s3407", "eval_grpo_s1", "eval_sft"):
         assert f"{name}: finished before, skipped" in out
     log = (root / "outputs" / "tiny-cpu" / "logs" / "eval_grpo_s3407.log").read_text()
     assert (

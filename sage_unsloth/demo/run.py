@@ -784,6 +784,16 @@ def parse_args(argv: list[str] | None):
         default=None,
         help="the largest k the lab reports; --eval-n must be >= 4 x kmax (default eval-n / 4)",
     )
+    parser.add_argument(
+        "--executor",
+        default="local",
+        help="where steps run: local (here), slurm or ray (docs/scaling.md); --jobs caps those in flight",
+    )
+    parser.add_argument(
+        "--executor-settings",
+        default="",
+        help="the executor's settings as a YAML mapping, e.g. '{partition: gpu, time_min: 120}'",
+    )
     parser.add_argument("--check-configs", nargs="+", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--mix", default=None, help="SFT plan prior, e.g. left=0.8,right=0.08,... (default the lab's)"
@@ -867,6 +877,20 @@ def default_dirs(*, quick: bool) -> tuple[Path, Path]:
     return REPO_ROOT / layout.OUTPUTS / f"demo{suffix}", REPO_ROOT / layout.RESULTS / f"demo{suffix}"
 
 
+def _executor(args, work: Path):
+    """``--executor NAME --executor-settings '{...}'`` (sage_unsloth/executors); bad ones are one line."""
+    import yaml
+
+    from ..executors import make_executor
+
+    settings = yaml.safe_load(args.executor_settings) if args.executor_settings else {}
+    if not isinstance(settings, dict):
+        raise ValueError(  # noqa: TRY004 - main's one-line error path catches ValueError
+            f"--executor-settings {args.executor_settings!r}: a YAML mapping, e.g. '{{key: value}}'"
+        )
+    return make_executor(args.executor, settings, work / "executor" / args.executor)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.check_configs:
@@ -876,6 +900,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results_dir or default_results).resolve()
     try:
         budget = budget_from_args(args)
+        executor = _executor(args, work)  # before --fresh deletes anything
         if args.fresh:
             for folder in (work, results):
                 if folder.exists():
@@ -905,6 +930,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs=args.jobs or usable_cores(),
             threads=args.threads,
             echo=lambda line: print(line, flush=True),
+            executor=executor,
         )
     except (RuntimeError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
@@ -912,6 +938,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("[demo] interrupted; finished steps are kept (rerun to continue)", file=sys.stderr)
         return 130
+    finally:
+        executor.close()
     total = write_timings(results, work, records, time.perf_counter() - started)
     write_manifest(budget, work, results, finished=total)
     print((results / "lab" / "summary.txt").read_text().rstrip())

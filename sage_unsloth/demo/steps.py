@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..executors import Executor, Task
 from ..manifest import atomic_write_json
 from ..recipe import start
 
@@ -240,7 +241,7 @@ def _tail(path: Path, size: int = 20000) -> str:
 @dataclass
 class _Running:
     step: Step
-    proc: subprocess.Popen
+    proc: subprocess.Popen | object  # a child process, or an executor's handle (poll / cancel)
     started: float
     threads: int
     log: Path
@@ -276,8 +277,13 @@ def run_steps(
     threads: int | None = None,
     progress_every: float = 20.0,
     echo=print,
+    executor: Executor | None = None,
 ) -> list[StepRecord]:
-    """Run every step that is not done; returns one record per step (measured now or read from its stamp)."""
+    """Run every step that is not done; returns one record per step (measured now or read from its stamp).
+    ``executor`` (sage_unsloth/executors; None or local: child processes here) runs each step elsewhere, at
+    most ``jobs`` at once, with the same stamps; its CPU time is not measured (recorded as 0)."""
+    if executor is not None and executor.uses_local_slots:
+        executor = None  # today's path: children of this process, their CPU time from os.wait4
     stamps, logs = work / STAMP_DIR, work / "logs"
     stamps.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
@@ -326,19 +332,30 @@ def run_steps(
                     f"[demo] {step.name}: start{' (' + step.label + ')' if step.label else ''}, "
                     f"{n_threads} thread(s), log {_display(log)}"
                 )
-                proc = start(step.argv, log, cwd=REPO_ROOT, env=child_env(n_threads), new_session=True)
+                if executor is None:
+                    proc = start(step.argv, log, cwd=REPO_ROOT, env=child_env(n_threads), new_session=True)
+                else:  # the executor's worker has its own environment: send what child_env changes
+                    env = {k: v for k, v in child_env(n_threads).items() if os.environ.get(k) != v}
+                    task = Task(step.name, step.argv, log.resolve(), env, cwd=str(REPO_ROOT), kind="step")
+                    (proc,) = executor.submit([task])
                 running[step.name] = _Running(step, proc, time.perf_counter(), n_threads, log)
             if not running and pending:
                 raise RuntimeError(f"[demo] cannot schedule {[s.name for s in pending]}: unmet dependencies")
             time.sleep(0.25)
             for name, item in list(running.items()):
-                pid, status, usage = os.wait4(item.proc.pid, os.WNOHANG)
-                if pid == 0:
-                    continue
-                item.proc.returncode = code = os.waitstatus_to_exitcode(status)
+                if isinstance(item.proc, subprocess.Popen):
+                    pid, status, usage = os.wait4(item.proc.pid, os.WNOHANG)
+                    if pid == 0:
+                        continue
+                    item.proc.returncode = code = os.waitstatus_to_exitcode(status)
+                    cpu = round(usage.ru_utime + usage.ru_stime, 1)
+                else:
+                    code = item.proc.poll()
+                    if code is None:
+                        continue
+                    cpu = 0.0
                 del running[name]
                 wall = round(time.perf_counter() - item.started, 1)
-                cpu = round(usage.ru_utime + usage.ru_stime, 1)
                 missing = [p for p in item.step.outputs if not p.exists()]
                 if code != 0 or missing:
                     tail = "".join(_tail(item.log).splitlines(keepends=True)[-30:])
@@ -369,6 +386,9 @@ def run_steps(
                     echo(f"[demo]   {name}: {line or 'running'} ({time.perf_counter() - item.started:.0f} s)")
     finally:
         for item in running.values():  # a failure or Ctrl-C: stop the other steps (their whole process group)
+            if not isinstance(item.proc, subprocess.Popen):
+                item.proc.cancel()
+                continue
             try:
                 os.killpg(item.proc.pid, signal.SIGTERM)
                 item.proc.wait(timeout=30)

@@ -1,0 +1,36 @@
+"""Executors: where the jobs of a multi-job command (``sage-unsloth sweep``, the lab's runner) run.
+
+``executor: local`` (the default) runs each job as a child process on this machine's GPU or CPU slots,
+``slurm`` submits it through submitit, ``ray`` as a Ray task. Each is a registration
+(:func:`~sage_unsloth.executors.base.register`); the optional libraries are imported only when their
+executor is chosen, and a missing one is one line naming the extra to install.
+"""
+
+from sage_unsloth.executors import local, ray_tasks, slurm  # noqa: F401  (registrations)
+from sage_unsloth.executors.base import (
+    EXECUTORS,
+    Executor,
+    ExecutorUnavailable,
+    Handle,
+    MissingExtra,
+    Task,
+    check_name,
+    make_executor,
+    parse_settings,
+    register,
+    require,
+)
+
+__all__ = [
+    "EXECUTORS",
+    "Executor",
+    "ExecutorUnavailable",
+    "Handle",
+    "MissingExtra",
+    "Task",
+    "check_name",
+    "make_executor",
+    "parse_settings",
+    "register",
+    "require",
+]

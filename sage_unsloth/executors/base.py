@@ -1,0 +1,126 @@
+"""What every executor shares: a :class:`Task` (one stage command, its log, its environment), the
+:class:`Executor` interface (submit tasks, poll their handles) and the registry that ``executor: NAME``
+picks from.
+
+An executor only decides *where* a command runs. Which jobs run, in which order, what counts as finished
+(the stage manifest), resume and the summary stay in the driver (sage_unsloth/sweep.py,
+sage_unsloth/demo/steps.py), so the semantics are the same on every executor.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+
+@dataclass
+class Task:
+    """One job as an executor sees it: run ``argv`` in ``cwd`` with ``env`` over the worker's environment,
+    stdout and stderr to ``log`` (truncated at start, like a local job's)."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = field(default_factory=os.getcwd)
+    kind: str = ""  # rlvr | eval | report | step: the slurm executor spreads only training over nodes
+    gpus: int = 0  # GPUs the job asks its executor for
+
+
+class Handle(Protocol):
+    def poll(self) -> int | None:
+        """None while the job runs, then its exit status (negative: killed by that signal)."""
+
+    def cancel(self) -> None:
+        """Stop the job (a driver interrupted by Ctrl-C stops what it started)."""
+
+
+class ExecutorUnavailable(RuntimeError):
+    """The executor cannot take jobs: Ray did not start or is unreachable, sbatch refused a job (one line)."""
+
+
+class MissingExtra(ValueError):
+    """An executor's optional library is not installed (one line naming the extra)."""
+
+
+def require(module: str, *, executor: str, extra: str):
+    """``import module``, or one line saying which extra of the kit installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(
+            f"executor: {executor} needs {module}, which is not installed: pip install 'sage-unsloth[{extra}]' "
+            f"(or choose executor: local)"
+        ) from None
+
+
+class Executor:
+    """Runs tasks somewhere. Subclasses register under a name and declare their settings (a dataclass)."""
+
+    name: ClassVar[str] = ""
+    settings_class: ClassVar[type | None] = None
+    # True: the driver's own slots (GPU groups / CPU slots) decide where and how many; False: the executor's
+    # scheduler places jobs and the driver keeps at most capacity() of them in flight
+    uses_local_slots: ClassVar[bool] = False
+
+    def __init__(self, settings: Any, folder: Path):
+        self.settings = settings
+        self.folder = Path(folder)  # the executor's own bookkeeping (submitit's pickles, ...)
+
+    def capacity(self, n_jobs: int) -> int:
+        return n_jobs
+
+    def describe(self) -> str:
+        return self.name
+
+    def submit(self, tasks: list[Task]) -> list[Handle]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the executor started (a Ray cluster it started itself)."""
+
+
+EXECUTORS: dict[str, type[Executor]] = {}
+
+
+def register(name: str):
+    def add(cls: type[Executor]) -> type[Executor]:
+        if name in EXECUTORS:
+            raise ValueError(f"executor {name!r} is registered twice")
+        cls.name = name
+        EXECUTORS[name] = cls
+        return cls
+
+    return add
+
+
+def check_name(name: str) -> str:
+    if name not in EXECUTORS:
+        raise ValueError(f"executor={name!r} is unknown: choose one of {', '.join(sorted(EXECUTORS))}")
+    return name
+
+
+def parse_settings(name: str, mapping: dict | None) -> Any:
+    """The executor's settings from its config section (``slurm: {...}``), checked field by field: an
+    unknown key is one line with "did you mean"."""
+    cls = EXECUTORS[check_name(name)].settings_class
+    mapping = dict(mapping or {})
+    if cls is None:
+        if mapping:
+            raise ValueError(f"{name}: executor {name} takes no settings; remove {sorted(mapping)}")
+        return None
+    known = [f.name for f in fields(cls)]
+    for key in mapping:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(known)}"
+            raise ValueError(f"{name}.{key} is not a setting of executor {name}{hint}")
+    return cls(**mapping)
+
+
+def make_executor(name: str, mapping: dict | None, folder: Path) -> Executor:
+    return EXECUTORS[check_name(name)](parse_settings(name, mapping), folder)
