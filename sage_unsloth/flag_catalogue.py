@@ -18,30 +18,20 @@ from functools import cache
 from pathlib import Path
 
 CATALOGUE = Path(__file__).with_name("stage_flags.json")
-# stage -> (module, attribute): the dataclass types its parser is built over (imported only by --write).
+# stage -> the (module, class) of each dataclass its parser is built over, by name: only `--write` imports them,
+# so the stages can import this module (to check their flags) without this module importing the stages.
 STAGE_TYPES = {
-    "sft": ("sage_unsloth.flag_catalogue", "_sft_types"),
-    "rlvr": ("sage_unsloth.flag_catalogue", "_rlvr_types"),
-    "eval": ("sage_unsloth.eval.config", "EvalConfig"),
-    "report": ("sage_unsloth.report.config", "ReportArguments"),
-    "sweep": ("sage_unsloth.sweep", "SweepConfig"),
+    "sft": (("sage_unsloth.sft.config", "SageSFTConfig"), ("sage_unsloth.model_config", "SageModelConfig")),
+    "rlvr": (
+        ("sage_unsloth.rlvr.config", "SageGRPOConfig"),
+        ("sage_unsloth.rlvr.run", "RLVRStageArgs"),
+        ("sage_unsloth.model_config", "SageModelConfig"),
+    ),
+    "eval": (("sage_unsloth.eval.config", "EvalConfig"),),
+    "report": (("sage_unsloth.report.config", "ReportArguments"),),
+    "sweep": (("sage_unsloth.sweep", "SweepConfig"),),
 }
 ALWAYS = {"--config", "--help", "-h", "--help-all"}
-
-
-def _sft_types():
-    from sage_unsloth.model_config import SageModelConfig
-    from sage_unsloth.sft.config import SageSFTConfig
-
-    return (SageSFTConfig, SageModelConfig)
-
-
-def _rlvr_types():
-    from sage_unsloth.model_config import SageModelConfig
-    from sage_unsloth.rlvr.config import SageGRPOConfig
-    from sage_unsloth.rlvr.run import RLVRStageArgs
-
-    return (SageGRPOConfig, RLVRStageArgs, SageModelConfig)
 
 
 def live_catalogue() -> dict[str, dict[str, list[str]]]:
@@ -49,9 +39,8 @@ def live_catalogue() -> dict[str, dict[str, list[str]]]:
     from sage_unsloth.config_args import stage_parser
 
     out = {}
-    for stage, (module, name) in STAGE_TYPES.items():
-        found = getattr(importlib.import_module(module), name)
-        types = found() if callable(found) and not isinstance(found, type) else (found,)
+    for stage, named in STAGE_TYPES.items():
+        types = tuple(getattr(importlib.import_module(module), name) for module, name in named)
         parser = stage_parser(types, stage)
         options = sorted({o for a in parser._actions for o in a.option_strings if o.startswith("--")})
         out[stage] = {"flags": options, "keys": sorted(parser.fields)}
