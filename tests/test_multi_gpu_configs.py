@@ -74,6 +74,8 @@ def test_unsloth_with_a_vllm_server_is_refused_before_loading(sft_dir, tmp_path,
         "true",
         "--vllm_mode",
         "server",
+        "--unsloth_without_gpu",  # past the no-GPU refusal, which comes first on this CPU machine
+        "true",
     )
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

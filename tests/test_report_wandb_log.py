@@ -15,6 +15,9 @@ from sage_unsloth.report import wandb_log
 
 @pytest.mark.slow
 def test_log_report_to_an_offline_run(tmp_path, monkeypatch):
+    import wandb
+
+    wandb.teardown()  # an earlier in-process run (tests/test_checkpoints.py's) leaves wandb's settings, WANDB_DIR too
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
