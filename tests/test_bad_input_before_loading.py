@@ -79,6 +79,10 @@ def _sft(tiny_model_dir, tmp_path, *extra) -> list[str]:
     ]
 
 
+def _rlvr(sft_dir, tmp_path, *extra) -> list[str]:
+    return ["rlvr", TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(tmp_path / "r"), *extra]
+
+
 def test_sft_data_and_output_errors_are_one_line_before_loading(tiny_model_dir, tmp_path, capsys):
     truncated = _rows(tmp_path / "cut.jsonl", 74, cut=10)
     line = _one_line_error(capsys, _sft(tiny_model_dir, tmp_path, "--dataset_path", str(truncated)))
@@ -110,17 +114,7 @@ def test_wandb_without_key_or_offline_mode_is_one_line(
         capsys, _sft(tiny_model_dir, tmp_path, "--dataset_path", data, "--report_to", "wandb")
     )
     assert "`wandb login`" in line and "WANDB_MODE=offline" in line, line
-    rlvr = [
-        "rlvr",
-        TINY_GRPO,
-        "--sft_dir",
-        str(sft_dir),
-        "--output_root",
-        str(tmp_path / "r"),
-        "--report_to",
-        "wandb",
-    ]
-    line = _one_line_error(capsys, rlvr)
+    line = _one_line_error(capsys, _rlvr(sft_dir, tmp_path, "--report_to", "wandb"))
     assert "`wandb login`" in line and "WANDB_MODE=offline" in line, line
     monkeypatch.setenv("WANDB_MODE", "offline")
     from sage_unsloth.input_checks import check_wandb
@@ -141,17 +135,7 @@ def test_unsloth_without_a_gpu_is_refused_unless_forced(
         capsys, _sft(tiny_model_dir, tmp_path, "--dataset_path", data, "--backend", "unsloth")
     )
     assert "no GPU" in line and "--unsloth_without_gpu true" in line and not imported, line
-    rlvr = [
-        "rlvr",
-        TINY_GRPO,
-        "--sft_dir",
-        str(sft_dir),
-        "--output_root",
-        str(tmp_path / "r"),
-        "--backend",
-        "unsloth",
-    ]
-    line = _one_line_error(capsys, rlvr)
+    line = _one_line_error(capsys, _rlvr(sft_dir, tmp_path, "--backend", "unsloth"))
     assert "no GPU" in line and "--unsloth_without_gpu true" in line, line
     from sage_unsloth.input_checks import check_unsloth_has_gpu
 
@@ -166,9 +150,7 @@ def test_a_truncated_sft_adapter_is_named_before_loading(sft_dir, tmp_path, caps
     shutil.copytree(sft_dir, copy)
     adapter = copy / "adapter_model.safetensors"
     adapter.write_bytes(adapter.read_bytes()[:-100])
-    line = _one_line_error(
-        capsys, ["rlvr", TINY_GRPO, "--sft_dir", str(copy), "--output_root", str(tmp_path / "r")]
-    )
+    line = _one_line_error(capsys, _rlvr(copy, tmp_path))
     assert "adapter_model.safetensors is truncated" in line and str(copy) in line, line
 
 

@@ -2,17 +2,9 @@
 
 import numpy as np
 import pytest
+from lab_runs import lab
 
 from sage_unsloth.demo import compare as C
-
-
-def lab(**c_by_run):
-    problems = [f"p{i}" for i in range(len(next(iter(c_by_run.values()))))]
-    return C.LabRuns(
-        problems,
-        {r: np.full(len(problems), 4) for r in c_by_run},
-        {r: np.array(c) for r, c in c_by_run.items()},
-    )
 
 
 def test_run_names_split_into_method_and_seed():

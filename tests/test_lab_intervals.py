@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from lab_runs import lab
 from scipy import stats
 
 from sage_unsloth.demo import compare as C
@@ -59,15 +60,6 @@ def test_holm_against_a_hand_computed_example():
     adjusted = I.holm([0.01, 0.04, 0.03, 0.005, math.nan])
     assert adjusted[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02]) and math.isnan(adjusted[4])
     assert I.holm([0.6, 0.9]).tolist() == [1.0, 1.0]  # capped at 1
-
-
-def lab(**c_by_run):
-    problems = [f"p{i}" for i in range(len(next(iter(c_by_run.values()))))]
-    return C.LabRuns(
-        problems,
-        {r: np.full(len(problems), 4) for r in c_by_run},
-        {r: np.array(c) for r, c in c_by_run.items()},
-    )
 
 
 def test_pair_rows_carry_the_interval_method_p_mde_and_seeds_for_the_paper_s_effect():

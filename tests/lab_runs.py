@@ -1,0 +1,15 @@
+"""A small lab of runs for the lab-statistics tests (sage_unsloth.demo.compare.LabRuns): each run's solved
+counts per problem out of 4 samples."""
+
+import numpy as np
+
+from sage_unsloth.demo import compare as C
+
+
+def lab(**c_by_run) -> C.LabRuns:
+    problems = [f"p{i}" for i in range(len(next(iter(c_by_run.values()))))]
+    return C.LabRuns(
+        problems,
+        {r: np.full(len(problems), 4) for r in c_by_run},
+        {r: np.array(c) for r, c in c_by_run.items()},
+    )
