@@ -364,9 +364,7 @@ def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(
     # what counts as a complete checkpoint is tests/test_checkpoints.py's subject; here checkpoint-2 is one
     from sage_unsloth import checkpoints
 
-    monkeypatch.setattr(
-        checkpoints, "last_complete_checkpoint", lambda folder: Path(folder) / "checkpoint-2"
-    )
+    monkeypatch.setattr(checkpoints, "last_complete_checkpoint", lambda folder: Path(folder) / "checkpoint-2")
     monkeypatch.setattr(sft_run, "run_sft", interrupted)
     assert sft_run.main(argv) == 130
     err = capsys.readouterr().err
