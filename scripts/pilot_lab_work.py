@@ -23,11 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from sage_unsloth.demo.compare import REFERENCE_METHOD, split_run
+from sage_unsloth.demo.run import CONFIG_DIR, MODEL_NAME, resolve_method_config
 
-from sage_unsloth.demo.compare import REFERENCE_METHOD, split_run  # noqa: E402
-from sage_unsloth.demo.run import CONFIG_DIR, MODEL_NAME, resolve_method_config  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:
@@ -42,8 +41,15 @@ def main(argv=None) -> int:
     budget = json.loads((results / "demo_budget.json").read_text())
     spec = budget["data"]
     subprocess.run(
-        [sys.executable, "-m", "sage_unsloth.demo.data", "--out", str(work / "data"), "--spec",
-         json.dumps(spec, sort_keys=True)],
+        [
+            sys.executable,
+            "-m",
+            "sage_unsloth.demo.data",
+            "--out",
+            str(work / "data"),
+            "--spec",
+            json.dumps(spec, sort_keys=True),
+        ],
         check=True,
         cwd=REPO,
     )
@@ -54,7 +60,9 @@ def main(argv=None) -> int:
         cell = Path(args.cells) / f"{method}.yaml" if args.cells else None
         source = cell if cell is not None and cell.is_file() else CONFIG_DIR / f"{method}.yaml"
         if not source.is_file():
-            raise SystemExit(f"{run_dir.name}: no config {source}; pass --cells with the pilot's method YAMLs")
+            raise SystemExit(
+                f"{run_dir.name}: no config {source}; pass --cells with the pilot's method YAMLs"
+            )
         training, _ = resolve_method_config(source)
         training.pop("env", None)
         target = work / MODEL_NAME / run_dir.name / "manifest.json"
@@ -63,7 +71,9 @@ def main(argv=None) -> int:
             f"rebuilt by scripts/pilot_lab_work.py from {source.relative_to(REPO) if source.is_relative_to(REPO) else source}"
             " (the pilot's work folder was not kept); only config.training, for the lab's knob columns"
         )
-        target.write_text(json.dumps({"note": note, "run": run_dir.name, "config": {"training": training}}, indent=1))
+        target.write_text(
+            json.dumps({"note": note, "run": run_dir.name, "config": {"training": training}}, indent=1)
+        )
     print(f"wrote {work}")
     return 0
 
