@@ -30,7 +30,8 @@ from rlvr_scenario import (
     train,
 )
 
-from sage_unsloth.rlvr.resume import RESUME_STATE_FILE, EpochSeededSampler, last_complete_checkpoint
+from sage_unsloth.checkpoints import last_complete_checkpoint
+from sage_unsloth.rlvr.resume import RESUME_STATE_FILE, EpochSeededSampler
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("varied_reward")]
 VARIANT = "grpo_token"

@@ -44,8 +44,6 @@ from pathlib import Path
 import torch
 from torch.utils.data import Sampler
 
-from sage_unsloth.checkpoints import last_complete_checkpoint  # noqa: F401  (the resume rule lives there)
-
 logger = logging.getLogger(__name__)
 
 RESUME_STATE_FILE = "sage_resume_state_{process}.pt"
