@@ -360,10 +360,11 @@ def resolve_guide(cfg, *, check_args: bool = False) -> tuple[Entry, tuple[str, .
     return entry, needs
 
 
-def build_guide(cfg):
-    """The callable ``signals -> raw q`` for the config's guide. A built-in reads its config fields on every call
-    (so a config changed in place is seen); a plug-in's arguments are bound once (a class is built once)."""
-    entry, _ = resolve_guide(cfg)
+def build_guide(cfg, entry: Entry | None = None):
+    """The callable ``signals -> raw q`` for the config's guide (``entry``: its resolved entry, if the caller has it).
+    A built-in reads its config fields on every call (so a config changed in place is seen); a plug-in's arguments
+    are bound once (a class is built once)."""
+    entry = entry or resolve_guide(cfg)[0]
     fields = entry.meta.get("config_fields")
     if fields:
         return lambda signals: entry.obj(signals, **{p: getattr(cfg, f) for p, f in fields.items()})

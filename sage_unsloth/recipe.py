@@ -78,7 +78,11 @@ def start(
     env: dict[str, str] | None = None,
     new_session: bool = False,
 ) -> subprocess.Popen:
-    """Start a stage with its stdout + stderr written to ``log`` (parallel drivers poll it)."""
+    """Start a stage with its stdout + stderr written to ``log`` (parallel drivers poll it). The stage dies with
+    this driver (the sweep's local executor, the demo), kill -9 included: sage_unsloth/lifeline.py."""
+    from sage_unsloth.lifeline import guard_descendants
+
+    guard_descendants()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as fh:
         return subprocess.Popen(

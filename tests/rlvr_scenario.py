@@ -196,13 +196,13 @@ def fixed_batch_step(argv: list[str]) -> dict:
     }
     trainer._generate_and_score_completions = lambda inputs: dict(batch)  # instead of sampling
     local = {}
-    log_q = trainer._sage_log_q_metrics
+    log_q = trainer.sage_log_q
 
     def record_local(q, mask):
         local["q_mean"] = q[mask.bool()].float().mean().item()
         return log_q(q, mask)
 
-    trainer._sage_log_q_metrics = record_local
+    trainer.sage_log_q = record_local
     grads = {}
 
     class Gradients(TrainerCallback):
@@ -227,20 +227,20 @@ def guide_noise(trainer, batch: dict) -> dict:
     generator at step 0 (the counters are put back: the run itself is not disturbed)."""
     from sage_unsloth import anchor
 
-    saved = trainer._sage_last_step, trainer._sage_calls_in_step
+    noise = trainer._sage_noise["guide"]
+    saved = noise.last_step, noise.calls
     try:
         token = trainer.sage_compute_q(batch)  # the run's own guide (grpo_token)
-        trainer._sage_guide_step()
         random = anchor.random_guide(
             batch["completion_mask"],
             eps=0.5,
             sigma=0.15,
-            generator=trainer._sage_generator,
+            generator=trainer.sage_noise("guide", trainer.args.guide_seed),
             q_min=0.6,
             q_max=1.4,
         )
     finally:
-        trainer._sage_last_step, trainer._sage_calls_in_step = saved
+        noise.last_step, noise.calls = saved
     return {"token": token.cpu(), "random": random.cpu()}
 
 

@@ -84,7 +84,7 @@ def test_soft_overlong_punishment_is_trls_reward_after_the_task_reward(dapo_trai
     # DAPO eq. 13 with L_max = max_completion_length = 12, L_cache = 4
     want = [0.0 if n <= 8 else (8 - n) / 4 if n <= 12 else -1.0 for n in lengths]
     assert any(w < 0 for w in want), "some completions should reach the punished zone"
-    assert trainer._sage_rewards_per_func[:, 1].tolist() == pytest.approx(want)
+    assert trainer.last_rollout.rewards_per_func[:, 1].tolist() == pytest.approx(want)
 
 
 def test_dynamic_sampling_drops_and_refills_degenerate_groups(dapo_trainer):

@@ -221,8 +221,8 @@ def test_doctor_fails_when_the_hook_drops_q(tmp_path):
     script = tmp_path / "broken.py"
     script.write_text(
         "import sys, torch\n"
-        "from sage_unsloth.rlvr import unsloth_hooks\n"
-        "unsloth_hooks.InUnslothLossBranchQ.sage_branch_q = lambda self, entropies, mask: torch.ones_like(entropies)\n"
+        "from sage_unsloth.rlvr import trainer\n"
+        "trainer.SageTrainerMixin.sage_unsloth_q = lambda self, entropies, mask: torch.ones_like(entropies)\n"
         "from sage_unsloth.doctor.selftest import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )

@@ -2,7 +2,7 @@
 policy term reaches TRL's loss (composed with SAGE's in-loss q), and a run resumed across a reference reset
 equals the uninterrupted one.
 
-Checked by breaking on purpose: dropping the re-sync of SAGE's shifted reference in ExplorationMixin's
+Checked by breaking on purpose: dropping the re-sync of SAGE's shifted reference in the trainer's
 _compute_loss, or the advantage replacement, fails test_policy_term_reaches_trls_loss_with_sage_q; the
 resume test carries its own negative control (a checkpoint whose ``ref`` is the SFT adapter resumes
 differently), and fails if the callback copies nothing.

@@ -13,7 +13,8 @@ import pytest
 import torch
 from test_rlvr_trainer import PROMPTS, _build, _config, _lora_params, _policy_forward, _rollout
 
-from sage_unsloth.rlvr.trainer import guide_noise_seed
+from sage_unsloth.rlvr import dapo
+from sage_unsloth.rlvr.taps import step_seed
 
 SEED = 3407
 BETA = 0.05
@@ -118,12 +119,17 @@ def test_token_guide_in_loss_matches_oracle_with_fixed_generator(tiny_model_dir,
     )
     batch = _rollout(trainer)
     step = 3  # mid-cycle of the second cosine cycle (cycle length 16 // 8 = 2)
-    trainer.state.global_step, trainer._sage_last_step = step, -1  # the first q of this step: call 0
+    trainer.state.global_step, trainer._sage_noise["guide"].last_step = (
+        step,
+        -1,
+    )  # the first q of this step: call 0
     params, loss, grads, raw_ref, logp, _ = _kit_and_oracle_forwards(trainer, batch)
     mask = batch["completion_mask"]
     alpha, sigma = _schedule(step, 16, 0.3, 0.1, 0.25, 0.1)
     w = _minmax_surprisal(logp.detach(), mask)
-    noise = torch.randn(w.shape, generator=torch.Generator().manual_seed(guide_noise_seed(SEED, step, 0, 0)))
+    noise = torch.randn(
+        w.shape, generator=torch.Generator().manual_seed(step_seed(SEED, step, 0, 0, stream="guide"))
+    )
     q = torch.where(mask.bool(), (1 + alpha * w + sigma * w * noise).clamp(0.6, 1.4), torch.ones_like(w))
     on = q[mask.bool()]
     assert ((on > 1.02) & (on < 1.38)).sum() > 5  # q spread over the range, not stuck at a clip
@@ -152,7 +158,7 @@ def test_random_guide_at_rollout_matches_oracle_with_fixed_generator(tiny_model_
             sage_random_sigma_lower=sig_low,
         ),
     )
-    trainer.state.global_step, trainer._sage_last_step = step, -1
+    trainer.state.global_step, trainer._sage_noise["guide"].last_step = step, -1
     batch = _rollout(trainer)
     mask = batch["completion_mask"].bool()
     with torch.no_grad():
@@ -160,7 +166,7 @@ def test_random_guide_at_rollout_matches_oracle_with_fixed_generator(tiny_model_
     log_q = torch.where(mask, batch["ref_per_token_logps"] - raw_ref, torch.zeros_like(raw_ref))
 
     eps, sigma = _schedule(step, 16, eps_up, eps_low, sig_up, sig_low)
-    generator = torch.Generator().manual_seed(guide_noise_seed(SEED, step, 0, 0))
+    generator = torch.Generator().manual_seed(step_seed(SEED, step, 0, 0, stream="guide"))
     chosen = torch.rand(mask.shape, generator=generator) < eps
     noise = torch.randn(mask.shape, generator=generator)
     q = torch.where(chosen & mask, (1 + sigma * noise).clamp(0.6, 1.4), torch.ones(mask.shape))
@@ -255,7 +261,7 @@ def test_off_policy_micro_batch_matches_oracle(
     inputs = dict(second)
     if dapo_normalizer:  # what the rollout hook does for this loss type (the rollout itself ran as grpo)
         monkeypatch.setattr(trainer.args, "dapo_normalizer", dapo_normalizer)
-        trainer._sage_official_dapo_normaliser(inputs)
+        dapo.official_normaliser(trainer, inputs)
     params, loss, grads, raw_ref, logp, log_probs = _kit_and_oracle_forwards(trainer, inputs)
     mask = second["completion_mask"]
     q = _branch_q(log_probs.detach(), mask) if estimator != "forward" else torch.ones_like(logp)
@@ -287,7 +293,7 @@ def test_official_dapo_normaliser_halves_the_loss_at_two_steps_per_generation(
     for name in ("generation", "window"):
         monkeypatch.setattr(trainer.args, "dapo_normalizer", name)
         inputs = dict(second)
-        trainer._sage_official_dapo_normaliser(inputs)
+        dapo.official_normaliser(trainer, inputs)
         with torch.no_grad():
             losses[name] = trainer.compute_loss(trainer.model, inputs).item()
     assert losses["generation"] / losses["window"] == pytest.approx(0.5, rel=1e-6)
@@ -295,7 +301,7 @@ def test_official_dapo_normaliser_halves_the_loss_at_two_steps_per_generation(
     try:
         inputs = dict(second)
         monkeypatch.setattr(trainer.args, "dapo_normalizer", "generation")
-        trainer._sage_official_dapo_normaliser(inputs)
+        dapo.official_normaliser(trainer, inputs)
         assert inputs["num_items_in_batch"] is second["num_items_in_batch"]
     finally:
         trainer.model.train()

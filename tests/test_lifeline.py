@@ -69,6 +69,31 @@ def test_forked_and_spawned_children_die_with_a_sigkilled_parent(tmp_path):
     _kill_and_expect_none_left(proc, _descendants(proc.pid), within_s=30)
 
 
+DRIVER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from sage_unsloth.recipe import start
+
+start([sys.executable, "-c", "import time; time.sleep(300)"], Path({log!r}))
+time.sleep(300)
+"""
+
+
+def test_a_sigkilled_sweep_or_demo_driver_leaves_no_stage_running(tmp_path):
+    """recipe.start is how the sweep's local executor and the demo start their stages: a driver killed by
+    SIGKILL takes its stages with it."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(repo=str(REPO), log=str(tmp_path / "stage.log")))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not _descendants(proc.pid):
+        assert time.monotonic() < deadline and proc.poll() is None, "the stage did not start"
+        time.sleep(0.2)
+    time.sleep(2 * 0.5 + 0.5)  # the lifeline notes it at its next look
+    _kill_and_expect_none_left(proc, _descendants(proc.pid), within_s=30)
+
+
 def _vllm_python() -> str:
     from test_eval_backends import vllm_python
 

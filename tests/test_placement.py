@@ -20,14 +20,12 @@ BETA = 0.05
 def reward_trainer(tiny_model_dir, tmp_path_factory):
     trainer = _build(tiny_model_dir, _config(tmp_path_factory.mktemp("reward"), sage_kl_placement="reward"))
     seen = {}
-    kl_in_reward = trainer._sage_kl_in_reward
 
-    def spy(output, captured):  # TRL's own advantages, before the placement replaces them
-        seen["trl_advantages"] = output["advantages"].clone()
-        kl_in_reward(output, captured)
+    def spy(trainer, rollout):  # TRL's own advantages, before the placement replaces them
+        seen["trl_advantages"] = rollout.output["advantages"].clone()
 
-    trainer._sage_kl_in_reward = spy
-    trainer._sage_seen = seen
+    trainer.rollout_steps = (spy, *trainer.rollout_steps)
+    trainer.seen_by_test = seen
     return trainer
 
 
@@ -59,7 +57,7 @@ def test_reward_placement_matches_the_formula(reward_trainer, reward_batch):
     on = q[mask.bool()]
     assert (on == 1).any() and ((on > 1) & (on < 1.4)).any(), "the guide should move some tokens"
     seq_kl = ((logp - raw_ref - torch.log(q)) * mask).sum(1)
-    rewards = trainer._sage_rewards_per_func.sum(1)  # one reward function, weight 1
+    rewards = trainer.last_rollout.rewards_per_func.sum(1)  # one reward function, weight 1
     want = _oracle_advantages(rewards - BETA * seq_kl, trainer.num_generations)
     torch.testing.assert_close(batch["advantages"], want, atol=2e-4, rtol=1e-4)
     # The pseudo-KL really moves the advantages (it is not lost in the std scaling).
@@ -92,9 +90,9 @@ def test_group_advantage_contact_point(reward_trainer, reward_batch):
     from sage_unsloth.compat import group_advantages
 
     trainer = reward_trainer
-    rewards = trainer._sage_rewards_per_func.sum(1)
+    rewards = trainer.last_rollout.rewards_per_func.sum(1)
     got = group_advantages(rewards, trainer.num_generations, trainer.scale_rewards)
-    torch.testing.assert_close(got, trainer._sage_seen["trl_advantages"], atol=0, rtol=0)
+    torch.testing.assert_close(got, trainer.seen_by_test["trl_advantages"], atol=0, rtol=0)
     nan_row = rewards.clone()
     nan_row[0] = float("nan")
     assert group_advantages(nan_row, trainer.num_generations, "group")[0] == 0  # unscorable: no signal
@@ -169,9 +167,8 @@ trainer = SageGRPOTrainer(model=model, reward_funcs=lambda completions, **k: [fl
 assert type(trainer).__bases__[-1].__name__ == "UnslothGRPOTrainer", type(trainer).__mro__
 assert trainer.beta == 0.0 and trainer.sage_beta == 0.05
 checked, seen = {}, {}
-kl_in_reward = trainer._sage_kl_in_reward
-def check_rollout(output, captured):
-    kl_in_reward(output, captured)
+def check_rollout(trainer, rollout):  # after the placement and the advantages (rlvr/taps.py)
+    output = rollout.output
     # Independently, at the rollout weights: plain forwards, q = 1.4 (tau = 0 and entropies > 1.4 / 0.3).
     ids = torch.cat([output["prompt_ids"], output["completion_ids"]], 1)
     attention = torch.cat([output["prompt_mask"], output["completion_mask"]], 1)
@@ -185,12 +182,12 @@ def check_rollout(output, captured):
     (logp, log_probs), (ref, _) = forward(False), forward(True)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
     assert (entropy[mask.bool()] > 1.4 / 0.3).all()
-    shaped = trainer._sage_rewards_per_func.sum(1) - 0.05 * ((logp - ref - math.log(1.4)) * mask).sum(1)
+    shaped = rollout.rewards_per_func.sum(1) - 0.05 * ((logp - ref - math.log(1.4)) * mask).sum(1)
     grouped = shaped.view(-1, 4)
     want = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).reshape(-1)
     checked["max_diff"] = (output["advantages"] - want).abs().max().item()
     checked["max_adv"] = output["advantages"].abs().max().item()
-trainer._sage_kl_in_reward = check_rollout
+trainer.rollout_steps = (*trainer.rollout_steps, check_rollout)
 patched_compute_loss = trainer.compute_loss
 def spy(model, inputs, *a, **k):
     seen.update(inputs)

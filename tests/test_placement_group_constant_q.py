@@ -7,8 +7,8 @@ those of q = 1 at that position. In the demo lab the branch point is completion 
 (and so the branch guide's q there) depends only on the prompt, shared by the group: the branch-point part of
 grpo_branch_reward is a no-op there (docs/theory.md, "The reward placement and group-constant q").
 
-Checked through the kit's code path (SageGRPOTrainer._sage_kl_in_reward: the guide, finalise_q, the
-sequence pseudo-KL, the shaped reward and compat.group_advantages) on a hand-made batch whose log-probs,
+Checked through the kit's code path (the trainer's steps after the rollout, rlvr/taps.py: the guide, finalise_q,
+the sequence pseudo-KL, the shaped reward and GRPO's group advantage) on a hand-made batch whose log-probs,
 rewards and beta are dyadic and whose log q values are exactly +-0.25 in float32, so that every sum is exact
 and the claim is exact equality (torch.equal), not closeness; then a control whose q differs inside a group
 (the advantages must move) and the same cancellation at a later position.
@@ -84,14 +84,22 @@ def _batch():
     return output, logps, ref, rewards
 
 
+def run_rollout_steps(trainer, output: dict, rewards: torch.Tensor) -> None:
+    """The trainer's steps after a rollout (rlvr/taps.py) on a hand-made TRL batch with these rewards."""
+    from sage_unsloth.rlvr.taps import Rollout
+
+    rollout = Rollout(output=output, rewards_per_func=rewards)
+    for step in trainer.rollout_steps:
+        step(trainer, rollout)
+
+
 def _advantages(trainer, guide: str, position: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, q) from the kit's reward placement for the hand-made batch, with ``guide``."""
     output, logps, ref, rewards = _batch()
     trainer.args.sage_guide = guide
     trainer.args.sage_guide_args = None if guide == "none" else {"position": position}
-    trainer._sage_rewards_per_func = rewards
-    trainer._sage_rollout_stats = lambda output, captured, need_entropy, logit_signals=(): (logps, None, {})
-    trainer._sage_reference_logps = lambda output: ref
+    trainer.sage_policy_stats = lambda output, captured: (logps, None, {})
+    trainer.sage_reference_scores = lambda output, entropies=False: (ref, None)
     seen = {}
     compute_q = type(trainer).sage_compute_q
 
@@ -100,7 +108,7 @@ def _advantages(trainer, guide: str, position: int = 0) -> tuple[torch.Tensor, t
         return seen["q"]
 
     trainer.sage_compute_q = spy
-    trainer._sage_kl_in_reward(output, None)
+    run_rollout_steps(trainer, output, rewards)
     return output["advantages"].clone(), seen["q"]
 
 

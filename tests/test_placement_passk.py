@@ -1,6 +1,6 @@
 """Pass@k Training composes with the reward placement: the shaped reward r~_i = r_i - beta * sum_t [log pi -
 log pi_ref - log q_t]_i feeds Pass@k's estimator instead of the raw reward. Checked through the kit's code path
-(SageGRPOTrainer._sage_kl_in_reward) on the hand-made batch of tests/test_placement_group_constant_q.py against
+(the trainer's steps after the rollout, rlvr/taps.py) on the hand-made batch of tests/test_placement_group_constant_q.py against
 Pass@k by enumerating every k-subset (tests/test_exploration.py's brute force) of the shaped rewards computed here
 from the definition."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_exploration import _passk_by_enumeration
-from test_placement_group_constant_q import GENERATIONS, GROUPS, _batch
+from test_placement_group_constant_q import GENERATIONS, GROUPS, _batch, run_rollout_steps
 from test_rlvr_trainer import _build, _config
 
 BETA, K = 0.125, 2
@@ -33,10 +33,9 @@ def trainer(tiny_model_dir, tmp_path_factory):
 
 def test_passk_with_the_reward_placement_is_passk_of_the_shaped_reward(trainer):
     output, logps, ref, rewards = _batch()
-    trainer._sage_rewards_per_func = rewards
-    trainer._sage_rollout_stats = lambda output, captured, need_entropy, logit_signals=(): (logps, None, {})
-    trainer._sage_reference_logps = lambda output: ref
-    trainer._sage_kl_in_reward(output, None)
+    trainer.sage_policy_stats = lambda output, captured: (logps, None, {})
+    trainer.sage_reference_scores = lambda output, entropies=False: (ref, None)
+    run_rollout_steps(trainer, output, rewards)
     mask = output["completion_mask"].float()
     shaped = rewards[:, 0] - BETA * ((logps - ref) * mask).sum(-1)  # q = 1 (no guide): log q = 0
     want = [

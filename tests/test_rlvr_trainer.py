@@ -10,6 +10,9 @@ import pytest
 import torch
 from unsloth_cpu import run_forced_unsloth
 
+from sage_unsloth import compat
+from sage_unsloth.rlvr import taps
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TEMPERATURE = 0.8
 LOGIT_SCALE = 8.0
@@ -182,7 +185,7 @@ def test_rollout_batch_keys_and_shapes(branch_trainer, branch_batch):
         assert key in branch_batch, key
     assert branch_batch["ref_per_token_logps"].shape == (b, c)
     assert "old_per_token_logps" not in branch_batch  # on-policy: TRL skips the old-logp forward
-    assert not branch_trainer._sage_old_logps_forward_planned()
+    assert not compat.trl_scores_old_logps(branch_trainer)
     lengths = branch_batch["completion_mask"].sum(1)
     assert lengths.min() < lengths.max(), "stop tokens should give completions of different lengths"
     assert (branch_batch["prompt_mask"] == 0).any(), "prompts of different lengths should be left-padded"
@@ -220,7 +223,7 @@ def test_old_logp_pass_reused_for_entropies(tiny_model_dir, tmp_path):
             tmp_path, per_device_train_batch_size=4, steps_per_generation=2, sage_q_source="rollout"
         )
     trainer = _build(tiny_model_dir, args)
-    assert trainer._sage_old_logps_forward_planned()
+    assert compat.trl_scores_old_logps(trainer)
     batch = _rollout(trainer)
     assert "old_per_token_logps" in batch and trainer.sage_forward_passes == 0
     with torch.no_grad():
@@ -349,7 +352,7 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
         ("forward", lambda: anchor.kl_loss_term(logp, ref, estimator="forward")),
     ):
         monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
-        got = trainer._sage_kl_correction(branch_batch, logp)
+        got, _ = taps.kl_correction(trainer, branch_batch, logp)
         want = (
             trainer.beta
             * ((fn() - anchor.shaped_kl(logp, ref, estimator="k3")) * mask).sum(1).div(mask.sum(1)).mean()
@@ -378,7 +381,9 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
 def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
     import trl
 
+    from sage_unsloth.checkpoints import CheckpointMixin
     from sage_unsloth.compat import is_unsloth_patched
+    from sage_unsloth.rlvr.resume import ExactResumeMixin
     from sage_unsloth.rlvr.trainer import SageTrainerMixin, make_sage_trainer_class
 
     class UnslothGRPOTrainer(trl.GRPOTrainer):  # stands in for the class `import unsloth` installs on a GPU
@@ -386,21 +391,39 @@ def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
 
     UnslothGRPOTrainer.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
     monkeypatch.setattr(trl, "GRPOTrainer", UnslothGRPOTrainer)
-    from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
 
     cls = make_sage_trainer_class()
-    # Over Unsloth's class the branch-q hook sits between the mixin and the base (before the resume mixin);
-    # TRL's class has no hook.
-    assert (
-        cls.__mro__[1:3] == (SageTrainerMixin, InUnslothLossBranchQ)
-        and cls.__bases__[-1] is UnslothGRPOTrainer
-    )
+    # The same kit classes over Unsloth's class as over TRL's: the Unsloth tap is part of the one trainer class.
+    kit = (SageTrainerMixin, ExactResumeMixin, CheckpointMixin)
+    assert cls.__mro__[1:4] == kit and cls.__bases__[-1] is UnslothGRPOTrainer
     plain = make_sage_trainer_class(trl.trainer.GRPOTrainer)
-    assert (
-        is_unsloth_patched(cls)
-        and not is_unsloth_patched(plain)
-        and InUnslothLossBranchQ not in plain.__mro__
-    )
+    assert plain.__mro__[1:4] == kit and plain.__bases__[-1] is trl.trainer.GRPOTrainer
+    assert is_unsloth_patched(cls) and not is_unsloth_patched(plain)
+
+
+def test_trainer_mro_holds_four_kit_classes_none_overriding_what_another_does():
+    """One trainer class of the kit over TRL's GRPOTrainer (the generated class, the SAGE trainer, the two
+    checkpoint mixins): at most 4 classes of the kit, and no method defined by two of them (a call-flow trace
+    can tell which one runs)."""
+    import inspect
+
+    import trl
+
+    from sage_unsloth.rlvr.trainer import make_sage_trainer_class
+
+    cls = make_sage_trainer_class(trl.trainer.GRPOTrainer)
+    kit = [k for k in cls.__mro__ if k.__module__.startswith("sage_unsloth")]
+    assert len(kit) <= 4, [k.__name__ for k in kit]
+    owners: dict[str, str] = {}
+    for klass in kit:
+        for name, value in vars(klass).items():
+            if name.startswith("__") or not (inspect.isfunction(value) or isinstance(value, property)):
+                continue
+            assert name not in owners, f"{name} is defined by {owners[name]} and {klass.__name__}"
+            owners[name] = klass.__name__
+    # the TRL methods the kit overrides, each once
+    for name in ("_generate_and_score_completions", "_compute_loss", "_save_checkpoint", "_run_epoch"):
+        assert name in owners, name
 
 
 def test_config_pins_paper_defaults(tmp_path):
@@ -787,12 +810,12 @@ def spy(model, inputs, *a, **k):
     seen.update({key: value.clone() if torch.is_tensor(value) else value for key, value in inputs.items()})
     return patched_compute_loss(model, inputs, *a, **k)
 trainer.compute_loss = spy
-shift = trainer._shift_reference
+shift = trainer.sage_shift_reference
 def spy_shift(output, q):
     before_shift.update(ref=output["ref_per_token_logps"].clone(), ids=output["completion_ids"].clone())
     shift(output, q)
     before_shift["shifted"] = output["ref_per_token_logps"].clone()
-trainer._shift_reference = spy_shift
+trainer.sage_shift_reference = spy_shift
 trainer.train()
 
 b = seen
@@ -833,7 +856,7 @@ def test_q_metrics_split_the_first_completion_token_from_the_later_ones():
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from sage_unsloth.rlvr.trainer import SageTrainerMixin
+    from sage_unsloth.rlvr.trainer import log_q_metrics
 
     class OneProcess:
         def reduce(self, tensor, reduction):
@@ -847,7 +870,7 @@ def test_q_metrics_split_the_first_completion_token_from_the_later_ones():
     q = torch.tensor([[1.4, 1.0, 1.2, 1.0], [1.0, 1.3, 1.0, 9.9], [9.9, 9.9, 9.9, 9.9], [1.2, 1.0, 1.0, 1.0]])
     # the third completion is all padding (its q must not count), the second's last token too
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]])
-    SageTrainerMixin._sage_log_q_metrics(fake, q, mask)
+    log_q_metrics(fake, q, mask)
     log = metrics["train"]
     assert log["sage/q_first_mean"] == [pytest.approx((1.4 + 1.0 + 1.2) / 3)]
     assert log["sage/first_boosted"] == [pytest.approx(2 / 3)]  # 1.4 and 1.2 of the three first tokens

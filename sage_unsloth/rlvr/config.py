@@ -22,6 +22,7 @@ from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
 from sage_unsloth.config_args import ConfigError, check_training_fields, suggestion
 from sage_unsloth.rlvr.exploration import ExplorationArgs
 from sage_unsloth.rlvr.kl_terms import KL_TERMS
+from sage_unsloth.rlvr.plan import MethodPlan, build_plan, plan_key
 
 BACKENDS = ("unsloth", "trl")
 Q_SOURCES = ("auto", "loss", "rollout")
@@ -39,7 +40,7 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def unsloth_conflict(cfg, unsloth_patched: bool) -> str | None:
+def unsloth_conflict(cfg, unsloth_patched: bool, guide_needs: tuple[str, ...] | None = None) -> str | None:
     """What ``cfg`` asks that Unsloth's patched GRPOTrainer cannot do (None: nothing), as one line with the fix.
 
     The one definition of these checks: the config makes them in __post_init__ (patched = backend unsloth, on
@@ -59,7 +60,10 @@ def unsloth_conflict(cfg, unsloth_patched: bool) -> str | None:
         )
     from sage_unsloth import guides
 
-    _, needs = guides.resolve_guide(cfg)
+    if guide_needs is None:  # a SageGRPOConfig has its plan; anything else with the same fields is resolved here
+        plan = getattr(cfg, "method_plan", None)
+        guide_needs = plan.guide_needs if plan is not None else guides.resolve_guide(cfg)[1]
+    needs = guide_needs
     return guides.unsloth_cannot(needs, requested=cfg.sage_q_source, guide=cfg.sage_guide)
 
 
@@ -67,12 +71,11 @@ def off_policy_q_warning(cfg, q_source: str) -> str | None:
     """The one off-policy warning (None: nothing to say) when q is computed at ``q_source``: q from the rollout
     policy while the loss reads a later one (num_iterations > 1, or steps_per_generation > gradient accumulation).
     The config says it for the source it expects, the trainer only when the class it got moved q."""
-    from sage_unsloth import guides
-
-    _, needs = guides.resolve_guide(cfg)
+    plan = cfg.method_plan
     if (
         q_source == "loss"  # the official code's own order
-        or guides.q_source(needs, requested="loss", unsloth_patched=False) != "loss"  # reads no policy signal
+        or not plan.reads_policy
+        or "ref_entropies" in plan.guide_needs  # q at rollout by definition (the reference pass)
         or cfg.sage_kl_placement == "reward"  # q with the reward, at rollout, by definition
         or (cfg.num_iterations == 1 and cfg.steps_per_generation == cfg.gradient_accumulation_steps)
     ):
@@ -254,6 +257,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             self.bf16 = False  # TRL turns None into True, which transformers rejects on a CPU-only machine
         super().__post_init__()
         self.validate_exploration()  # the exploration baselines (rlvr/exploration.py); needs steps_per_generation
+        self.method_plan  # noqa: B018 -- resolved once, here: the trainer only reads it (rlvr/plan.py)
         self._warn_off_policy_q()
         self._warn_guide_without_effect()
 
@@ -266,7 +270,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
         from sage_unsloth import guides
 
         # a known name or an importable guide, its needs and arguments checked
-        guides.resolve_guide(self, check_args=True)
+        _, guide_needs = guides.resolve_guide(self, check_args=True)
         self.sage_guide_args = guides.guide_args(self.sage_guide_args) or None
         if self.kl_term is not None:  # kl_term and kl_estimator are one field under two names
             if self.kl_estimator not in ("k3", self.kl_term):
@@ -365,7 +369,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
                 f"dapo_normalizer={self.dapo_normalizer!r} is unknown: use one of {', '.join(DAPO_NORMALIZERS)}"
             )
         # Refused on CPU too (where Unsloth would leave TRL's trainer in place): a config means one thing.
-        if (conflict := unsloth_conflict(self, self.backend == "unsloth")) is not None:
+        if (conflict := unsloth_conflict(self, self.backend == "unsloth", guide_needs)) is not None:
             fail(conflict)
         if self.dynamic_sampling_max_rounds < 1:
             fail(f"dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be >= 1")
@@ -438,18 +442,29 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             raise ConfigError(f"beta={self.beta} must be finite (paper: 0.05)")
 
     @property
+    def method_plan(self) -> MethodPlan:
+        """The frozen method plan (rlvr/plan.py), built in __post_init__; rebuilt only when a field it was built
+        from changes."""
+        key = plan_key(self)
+        cached = self.__dict__.get("_method_plan")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_method_plan"] = (key, build_plan(self))
+        return cached[1]
+
+    def __getstate__(self):
+        # The plan holds callables (a built-in guide is a closure over this config): rebuilt after unpickling.
+        state = dict(self.__dict__)
+        state.pop("_method_plan", None)
+        return state
+
+    @property
     def expected_q_source(self) -> str:
         """Where q will be computed (guides.q_source, from the guide's ``needs``): 'loss' on TRL's trainer for a
         guide that reads the policy; on Unsloth's patched one (backend unsloth) 'loss' for an entropies-only guide
         (the branch guide) and 'rollout' for the rest (the token guide, logit signals); 'rollout' for a guide that
         reads no policy signal (the random guide). A function of the config alone, never of the machine: the
         trainer re-checks it against the class it subclasses (on a CPU Unsloth leaves TRL's trainer in place)."""
-        from sage_unsloth import guides
-
-        if self.sage_q_source != "auto":
-            return self.sage_q_source
-        _, needs = guides.resolve_guide(self)
-        return guides.q_source(needs, requested="loss", unsloth_patched=self.backend == "unsloth")
+        return self.method_plan.expected_q_source
 
     def _warn_off_policy_q(self) -> None:
         if (message := off_policy_q_warning(self, self.expected_q_source)) is not None:
@@ -458,10 +473,10 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     def _warn_guide_without_effect(self) -> None:
         from sage_unsloth import guides
 
-        if KL_TERMS.resolve(self.kl_estimator).meta["gradient"] is None:
+        if self.method_plan.kl_term.meta["gradient"] is None:
             return  # a plug-in KL term that does not say which KL's gradient it has: no claim either way
         reason = guides.guide_effect(
-            guides.resolve_guide(self)[0],
+            self.method_plan.guide,
             self.kl_estimator,
             ratio=self.use_bias_correction_kl,
             placement=self.sage_kl_placement,

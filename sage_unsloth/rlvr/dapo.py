@@ -4,8 +4,9 @@ first reward is all equal are dropped and refilled from the training set), TRL 0
 by), and the vLLM importance-sampling clipped-fraction metric (TRL logs the ratio's min / mean / max itself).
 DAPO's soft overlong punishment is TRL's own reward function, added by the trainer factory.
 
-Functions of the trainer (they read its settings and its last rollout's rewards, ``_sage_rewards_per_func``) and
-pure helpers (``concat_rollouts``, ``importance_sampling_clipped_fraction``), tested in tests/test_dapo.py.
+Functions of the trainer (they read its settings; dynamic sampling reads each rollout record's rewards, see
+rlvr/taps.py) and pure helpers (``concat_rollouts``, ``importance_sampling_clipped_fraction``), tested in
+tests/test_dapo.py.
 """
 
 from __future__ import annotations
@@ -92,9 +93,9 @@ def concat_rollouts(parts: list[tuple[dict, torch.Tensor]], pad_token_id: int) -
     return merged
 
 
-def group_is_degenerate(trainer, num_groups: int) -> torch.Tensor:
+def group_is_degenerate(rewards_per_func: torch.Tensor, num_groups: int) -> torch.Tensor:
     """(groups,) True where the first reward function gave every completion of the group the same value."""
-    first = trainer._sage_rewards_per_func[:, 0].view(num_groups, -1)
+    first = rewards_per_func[:, 0].view(num_groups, -1)
     spread = torch.nan_to_num(first, nan=0.0)
     return (spread.max(dim=1).values - spread.min(dim=1).values) == 0
 
@@ -109,18 +110,20 @@ def refill_rows(trainer, num_prompts: int, round_index: int) -> list[dict]:
     return [trainer.train_dataset[i] for i in order for _ in range(trainer.num_generations)]
 
 
-def dynamic_sampling(trainer, inputs):
+def dynamic_sampling(trainer, inputs, rollout):
     """DAPO's dynamic sampling: keep groups whose first reward varies, refill from fresh prompts until the
     batch has as many groups as asked, at most ``dynamic_sampling_max_rounds`` rollouts; past that the
-    batch is completed with degenerate groups (advantage 0) and the shortfall is logged."""
+    batch is completed with degenerate groups (advantage 0) and the shortfall is logged. ``rollout(rows)`` runs
+    one rollout with the per-rollout steps (rlvr/taps.py) and returns its record; the merged batch is returned."""
     group = trainer.num_generations
     wanted = len(inputs) // group
     kept, degenerate, rounds = [], [], 0
     batch_rows = list(inputs)
     while True:
-        output = trainer._sage_rollout(batch_rows)
+        record = rollout(batch_rows)
+        output = record.output
         rounds += 1
-        flat = group_is_degenerate(trainer, len(batch_rows) // group)
+        flat = group_is_degenerate(record.rewards_per_func, len(batch_rows) // group)
         for g, is_flat in enumerate(flat.tolist()):
             (degenerate if is_flat else kept).append((output, g))
         if rounds == 1:

@@ -21,10 +21,14 @@ forward always carries the ratio pi / pi_old, k2 its stop-gradient, so each has 
 
 ``sage_kl_placement: reward`` moves the sequence-level pseudo-KL into the reward instead: after TRL's rollout,
 r~ = r - beta * sum_t [log pi - log pi_ref - log q_t] (rollout policy, no gradient) and the group advantage is
-recomputed from r~ (TRL's formula, ``group_advantages``); TRL's own beta is set to 0 so its loss has no KL.
+recomputed from r~ by the configured estimator (GRPO's group advantage by default, TRL's formula); TRL's own
+beta is set to 0 so its loss has no KL.
 
-DAPO's pieces live in rlvr/dapo.py (dynamic sampling, TRL 0.23's "dapo" normaliser, the vLLM importance-sampling
-clipped fraction); DAPO's soft overlong punishment is TRL's own reward function, added by the factory.
+The method (guide, advantage estimator, policy term, KL term, placement) is the config's frozen plan
+(rlvr/plan.py); the steps that run it are plain functions at TRL's two interception points, in the order
+rlvr/taps.py lists them: after the rollout and in the loss. This class owns the interception and the q
+machinery the steps call; DAPO's pieces live in rlvr/dapo.py; DAPO's soft overlong punishment is TRL's own
+reward function, added by the factory.
 
 The GRPOTrainer base class is looked up when the trainer is built, not when this module is imported:
 after ``import unsloth`` on a GPU ``trl.GRPOTrainer`` is Unsloth's patched class, and a class frozen at
@@ -45,21 +49,18 @@ from contextlib import nullcontext
 import torch
 
 from sage_unsloth import anchor, compat, guides
-from sage_unsloth.checkpoints import AtomicCheckpointMixin
+from sage_unsloth.checkpoints import CheckpointMixin
 from sage_unsloth.compat import (
-    group_advantages,
     install_cpu_logprob_fallback,
     is_unsloth_patched,
     policy_logps_and_entropies,
     to_unsloth_layout,
 )
-from sage_unsloth.rlvr import dapo
+from sage_unsloth.rlvr import dapo, taps, unsloth_hooks
 from sage_unsloth.rlvr.config import off_policy_q_warning, unsloth_conflict
 from sage_unsloth.rlvr.dapo import concat_rollouts, importance_sampling_clipped_fraction
-from sage_unsloth.rlvr.exploration import ExplorationMixin
-from sage_unsloth.rlvr.kl_terms import KL_TERMS, KLTokens
 from sage_unsloth.rlvr.resume import ExactResumeMixin
-from sage_unsloth.rlvr.unsloth_hooks import InUnslothLossBranchQ
+from sage_unsloth.rlvr.taps import LossBatch, Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +68,8 @@ __all__ = [
     "SageGRPOTrainer",
     "SageTrainerMixin",
     "concat_rollouts",
-    "guide_noise_seed",
     "importance_sampling_clipped_fraction",
+    "log_q_metrics",
     "make_sage_trainer_class",
 ]
 
@@ -77,129 +78,99 @@ __all__ = [
 # range [sage_q_min, sage_q_max] does not allow.
 Q_CLIPPED_WARN_FRAC = 0.1
 
-# --------------------------------------------------------------------------- pure functions
-
-
-def guide_noise_seed(seed: int, step: int, call: int, process: int) -> int:
-    """Seed of the token / random guide noise for one q computation: the call-th of optimizer step ``step`` on
-    process ``process``. A pure function of these, so a resumed run draws exactly the same noise."""
-    return seed * 1_000_003 + step * 1009 + call * 7 + process
-
 
 def _detached(value):
     return value.detach() if torch.is_tensor(value) else value
 
 
-# --------------------------------------------------------------------------- trainer mixin
+# --------------------------------------------------------------------------- the trainer
 
 
 class SageTrainerMixin:
-    """Put the SAGE guide into GRPO's KL anchor. Mix in front of a GRPOTrainer class (see the factory)."""
+    """GRPO with the SAGE anchor and the kit's methods, mixed in front of a GRPOTrainer class (see the factory).
+
+    It overrides TRL's two interception points and runs rlvr/taps.py's steps there:
+    ``_generate_and_score_completions`` (with ``_calculate_rewards`` and the scoring calls of the rollout) and
+    ``_compute_loss`` (with the loss forward's scoring call); under Unsloth's patched loss ``compute_loss`` and
+    ``get_high_entropy_mask`` (rlvr/unsloth_hooks.py)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         cfg = self.args
-        if not hasattr(cfg, "sage_guide"):
+        if not hasattr(cfg, "method_plan"):
             raise TypeError(
                 f"SAGE trainers need a SageGRPOConfig (sage_unsloth.rlvr.config), got {type(cfg).__name__}"
             )
         self._sage_patched = is_unsloth_patched(type(self))
         # The config checked these for the class it expected (rlvr/config.py); this is the class we got.
-        if (conflict := unsloth_conflict(cfg, self._sage_patched)) is not None:
+        if (conflict := unsloth_conflict(cfg, self._sage_patched, self.sage_plan.guide_needs)) is not None:
             raise ValueError(conflict)
-        self.sage_placement = getattr(cfg, "sage_kl_placement", "loss")
+        plan = self.sage_plan
         # The KL coefficient SAGE uses: in the reward placement TRL's own beta becomes 0 (no KL in its loss,
         # no reference pass of its own) and this one weighs the pseudo-KL in the reward.
         self.sage_beta = self.beta
-        if self.sage_placement == "reward":
+        if plan.placement == "reward":
             self.beta = 0.0
         if getattr(cfg, "dynamic_sampling", False) and self.accelerator.num_processes != 1:
             raise ValueError(
                 "dynamic_sampling drops whole groups, which needs every group on one process: "
                 "run on one process or set dynamic_sampling=false"
             )
-        self._sage_rewards_per_func = (
-            None  # the last rollout's rewards (TRL's _calculate_rewards), all processes
-        )
-        # The config warned already when it expected q at rollout; warn here only when the class we got moved q
+        if plan.policy_term is not None and self._sage_patched:
+            raise ValueError(
+                f"policy_term={cfg.policy_term!r} needs TRL's loss, not Unsloth's: set backend=trl"
+            )
+        # The config warned already for the q source it expected; warn here only when the class we got moved q
         # out of the loss against that expectation.
         q_source = "loss" if self.sage_q_in_loss else "rollout"
-        if q_source != cfg.expected_q_source and (message := off_policy_q_warning(cfg, q_source)):
+        if q_source != plan.expected_q_source and (message := off_policy_q_warning(cfg, q_source)):
             warnings.warn(message, stacklevel=2)
-        entry, needs, _ = self.sage_guide()
-        if not (entry.registered and entry.name == "none"):
+        if plan.guided:
             where = "in the loss" if self.sage_q_in_loss else "at rollout"
-            logger.info(
-                "SAGE guide %s (needs %s): q computed %s", entry.name, ", ".join(needs) or "nothing", where
-            )
-        self._sage_generator = torch.Generator(device="cpu")
-        self._sage_last_step, self._sage_calls_in_step = -1, 0
-        self._sage_capture = None  # set while we want to see the next logps call's outputs
-        self._sage_ref_capture = None  # set while we want the entropies of TRL's reference pass too
+            needs = ", ".join(plan.guide_needs) or "nothing"
+            logger.info("SAGE guide %s (needs %s): q computed %s", plan.guide.name, needs, where)
+        if cfg.ref_reset_steps:
+            from sage_unsloth.rlvr.ref_reset import ReferenceReset
+
+            self.add_callback(ReferenceReset(cfg.ref_reset_steps, cfg.ref_reset_optimizer))
+        # The steps at the two interception points, in rlvr/taps.py's order (an instance may insert its own).
+        self.rollout_steps, self.batch_steps = taps.AFTER_EACH_ROLLOUT, taps.AFTER_THE_BATCH
+        self.loss_steps = taps.IN_THE_LOSS
+        self._sage_noise = {stream: taps.StepNoise(stream) for stream in taps.SEED_STREAMS}
+        self._sage_open_rollout: Rollout | None = None  # the rollout TRL is producing now
+        self._sage_open_loss: LossBatch | None = None  # the loss call TRL / Unsloth is computing now
+        self.last_rollout: Rollout | None = None  # the last finished rollout (tests, debugging)
         self.sage_forward_passes = 0  # extra no-grad policy forwards this trainer ran for q (for benchmarks)
 
-    # -- q ----------------------------------------------------------------------------------------------
-
-    def sage_guide(self):
-        """(entry, needs, callable) of the configured guide, rebuilt only when sage_guide / its args change."""
-        cfg = self.args
-        key = (cfg.sage_guide, repr(getattr(cfg, "sage_guide_args", None)))
-        cached = getattr(self, "_sage_guide_cache", None)
-        if cached is None or cached[0] != key:
-            entry, needs = guides.resolve_guide(cfg)
-            cached = self._sage_guide_cache = (key, entry, needs, guides.build_guide(cfg))
-        return cached[1:]
+    # -- the plan ----------------------------------------------------------------------------------------
 
     @property
-    def sage_guide_needs(self) -> tuple[str, ...]:
-        return self.sage_guide()[1]
+    def sage_plan(self):
+        """The config's frozen method plan (rlvr/plan.py)."""
+        return self.args.method_plan
 
     @property
     def sage_q_in_loss(self) -> bool:
         """q computed inside the loss from its own forward (no extra pass)? Whenever the guide reads the policy and
         the loss has what it reads: every signal on TRL's trainer, the entropies only under Unsloth's patched one
-        (sage_unsloth/rlvr/unsloth_hooks.py). guides.q_source is the rule."""
-        source = guides.q_source(
-            self.sage_guide_needs, requested=self.args.sage_q_source, unsloth_patched=self._sage_patched
-        )
-        # The reward placement needs q when the reward is computed, i.e. at rollout.
-        return source == "loss" and self.sage_placement == "loss"
+        (rlvr/unsloth_hooks.py). MethodPlan.q_source is the rule."""
+        return self.sage_plan.q_source(unsloth_patched=self._sage_patched) == "loss"
 
-    def _sage_old_logps_forward_planned(self) -> bool:
-        """Will TRL's rollout score old_per_token_logps (a policy pass whose entropies q can reuse)?"""
-        return compat.trl_scores_old_logps(self)
+    @property
+    def sage_mode(self) -> str:
+        return "train" if self.model.training else "eval"
 
-    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        ref_capture = self._sage_ref_capture
-        if ref_capture is not None:
-            if ref_capture["skip"]:
-                ref_capture["skip"] -= (
-                    1  # TRL's old-logp pass comes first (compat.trl_reference_scoring_index)
-                )
-            else:
-                # TRL's reference pass: the same call, asked for the reference's entropies as well.
-                self._sage_ref_capture = None
-                kwargs["compute_entropy"] = True
-                result = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-                ref_capture["ref_logps"], ref_capture["ref_entropies"] = result[0], result[1]
-                return result
-        capture = self._sage_capture
-        if capture is not None and not self._sage_patched:
-            # The first scoring call of the rollout is TRL's old-logp pass of the policy: ask it for the
-            # entropies (and the guide's logit signals) too, so the guide needs no extra forward.
-            self._sage_capture = None
-            kwargs["compute_entropy"] = kwargs.get("compute_entropy", False) or capture["need_entropy"]
-            result, logits = self._sage_score_with_signals(
-                super()._get_per_token_logps_and_entropies, model, args, kwargs
-            )
-            capture["logps"], capture["entropies"], capture["logits"] = result[0], result[1], logits
-            return result
-        return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+    def sage_noise(self, stream: str, seed: int) -> torch.Generator:
+        """The generator of one noise stream, seeded for this draw (taps.step_seed)."""
+        step = int(self.state.global_step)
+        return self._sage_noise[stream].draw(seed, step, self.accelerator.process_index)
+
+    # -- q ----------------------------------------------------------------------------------------------
 
     def _sage_score_with_signals(self, score, model, args: tuple, kwargs: dict):
         """TRL's scorer ``score`` called once; the guide's logit signals computed in the same chunked pass
         (compat.logit_signal_tap). Returns (TRL's result, {signal: (B, C)})."""
-        fns = guides.logit_signal_functions(self.sage_guide_needs)
+        fns = guides.logit_signal_functions(self.sage_plan.guide_needs)
         if not fns:
             return score(model, *args, **kwargs), {}
         names = ("input_ids", "attention_mask", "logits_to_keep")
@@ -212,22 +183,11 @@ class SageTrainerMixin:
         compat.check_tap_alignment(tapped, result[0])
         return result, tapped
 
-    def _sage_guide_step(self) -> int:
-        step = int(self.state.global_step)
-        if step != self._sage_last_step:
-            self._sage_last_step, self._sage_calls_in_step = step, 0
-        else:
-            self._sage_calls_in_step += 1
-        self._sage_generator.manual_seed(
-            guide_noise_seed(
-                self.args.guide_seed, step, self._sage_calls_in_step, self.accelerator.process_index
-            )
-        )
-        return step
-
-    def _sage_rollout_stats(self, output: dict, captured: dict | None, need_entropy: bool, logit_signals=()):
+    def sage_policy_stats(self, output: dict, captured: dict | None):
         """(logps, entropies, {logit signal: values}) of the rollout policy at the completion tokens, TRL layout
         (B, C): from ``captured`` (a pass TRL ran anyway) when it has them, else one no-grad pass of our own."""
+        needs = self.sage_plan.guide_needs
+        need_entropy, logit_signals = "entropies" in needs, self.sage_plan.logit_signals
         if (
             captured
             and captured.get("logps") is not None
@@ -240,14 +200,15 @@ class SageTrainerMixin:
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         completion_len = completion_ids.size(1)
         self.sage_forward_passes += 1
-        mode = "train" if self.model.training else "eval"
         batch_size = (
-            self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+            self.args.per_device_train_batch_size
+            if self.sage_mode == "train"
+            else self.args.per_device_eval_batch_size
         )
         fns = {name: guides.LOGIT_SIGNALS.resolve(name).obj for name in logit_signals}
         if self._sage_patched:
             # Unsloth's scorer returns neither entropies nor logits: the kit's own pass gives both.
-            logps, entropies, logits = policy_logps_and_entropies(
+            return policy_logps_and_entropies(
                 self.model,
                 input_ids,
                 attention_mask,
@@ -256,7 +217,6 @@ class SageTrainerMixin:
                 rows_per_chunk=1,
                 logit_signals=fns,
             )
-            return logps, entropies, logits
         score = super()._get_per_token_logps_and_entropies
         with torch.no_grad():
             (logps, entropies, _), logits = self._sage_score_with_signals(
@@ -271,26 +231,25 @@ class SageTrainerMixin:
         """q (B, C) in TRL's layout for this batch; 1 on masked tokens. ``captured`` may hold the policy's
         logps / entropies / logit signals already computed by a forward TRL ran anyway (or the loss's own)."""
         mask = compat.loss_mask(output)
-        entry, needs, guide = self.sage_guide()
-        if entry.registered and entry.name == "none":
+        plan = self.sage_plan
+        if not plan.guided:
             return torch.ones_like(mask, dtype=torch.float32)
-        step = self._sage_guide_step()
+        needs = plan.guide_needs
+        step = int(self.state.global_step)
         if "ref_entropies" in needs and (captured or {}).get("ref_entropies") is None:
             raise RuntimeError(  # the config refuses a guide without a KL anchor (beta 0), so a pass always runs
-                f"sage_guide={entry.name!r} needs ref_entropies, but no reference pass ran in this rollout"
+                f"sage_guide={plan.guide.name!r} needs ref_entropies, but no reference pass ran in this rollout"
             )
         stats = {}
-        logit_signals = guides.logit_signal_names(needs)
-        if any(n in guides.POLICY_SIGNALS for n in needs) or logit_signals:
-            logps, entropies, logits = self._sage_rollout_stats(
-                output, captured, need_entropy="entropies" in needs, logit_signals=logit_signals
-            )
+        if plan.reads_policy:
+            logps, entropies, logits = self.sage_policy_stats(output, captured)
             stats = {"logps": logps, "entropies": entropies, "logits": logits}
-        return self._sage_q_from(entry, guide, mask, step, output, stats, captured)
+        return self._sage_q_from(plan.guide, plan.guide_fn, mask, step, output, stats, captured)
 
     def _sage_q_from(self, entry, guide, mask, step, output, stats, captured) -> torch.Tensor:
         """Run the guide on its Signals (no gradient) and let guides.finalise_q check, clip and mask its q."""
         extra = captured or {}
+        needs = entry.meta["needs"]
         return self._sage_run_guide(
             entry,
             guide,
@@ -300,17 +259,22 @@ class SageTrainerMixin:
             entropies=_detached(stats.get("entropies")),
             logps=_detached(stats.get("logps")),
             ref_logps=_detached(extra.get("ref_logps", output.get("ref_per_token_logps")))
-            if "ref_logps" in entry.meta["needs"]
+            if "ref_logps" in needs
             else None,
-            ref_entropies=_detached(extra.get("ref_entropies"))
-            if "ref_entropies" in entry.meta["needs"]
-            else None,
-            old_logps=_detached(output.get("old_per_token_logps"))
-            if "old_logps" in entry.meta["needs"]
-            else None,
+            ref_entropies=_detached(extra.get("ref_entropies")) if "ref_entropies" in needs else None,
+            old_logps=_detached(output.get("old_per_token_logps")) if "old_logps" in needs else None,
             prompt_ids=output.get("prompt_ids"),
             completion_ids=output.get("completion_ids"),
             logits=stats.get("logits") or {},
+        )
+
+    def sage_unsloth_q(self, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The configured guide's q (the branch guide's, or any guide that reads only the entropies) in Unsloth's
+        layout: its Signals carry ``entropies`` and ``mask`` in that layout (``layout='unsloth'``)."""
+        plan = self.sage_plan
+        step = int(self.state.global_step)
+        return self._sage_run_guide(
+            plan.guide, plan.guide_fn, mask, step, layout="unsloth", entropies=entropies.detach()
         )
 
     def _sage_run_guide(self, entry, guide, mask, step, *, layout: str, **signals) -> torch.Tensor:
@@ -321,7 +285,7 @@ class SageTrainerMixin:
             mask=mask,
             step=step,
             max_steps=guides.default_max_steps(cfg.max_steps),
-            generator=self._sage_generator,
+            generator=self.sage_noise("guide", cfg.guide_seed),
             rank=self.accelerator.process_index,
             layout=layout,
             **signals,
@@ -339,8 +303,7 @@ class SageTrainerMixin:
         cfg = self.args
         totals = self.accelerator.reduce(counts, reduction="sum")
         fraction = (totals[0] / totals[1].clamp(min=1.0)).item()
-        mode = "train" if self.model.training else "eval"
-        compat.metrics(self, mode)["sage/q_clipped_frac"].append(fraction)
+        compat.metrics(self, self.sage_mode)["sage/q_clipped_frac"].append(fraction)
         if fraction > Q_CLIPPED_WARN_FRAC and not getattr(self, "_sage_warned_q_clipped", False):
             self._sage_warned_q_clipped = True
             warnings.warn(
@@ -350,52 +313,10 @@ class SageTrainerMixin:
                 stacklevel=2,
             )
 
-    def _sage_log_q_metrics(self, q: torch.Tensor, mask: torch.Tensor) -> None:
-        mode = "train" if self.model.training else "eval"
-        valid = mask.bool()
-        values = q[valid].float()
-        count = torch.tensor([values.numel()], device=q.device, dtype=torch.float32)
-        stats = (
-            torch.stack([values.sum(), (values > 1.0).float().sum()]) if values.numel() else q.new_zeros(2)
-        )
-        totals = self.accelerator.reduce(torch.cat([stats.float(), count]), reduction="sum")
-        # A rank without completion tokens must not pull the global min / max to its placeholder.
-        lo = values.min() if values.numel() else q.new_tensor(float("inf"))
-        hi = values.max() if values.numel() else q.new_tensor(float("-inf"))
-        n = totals[2].clamp(min=1.0)
-        # Mean over completions of the sequence-level log q(y) = sum_t log q_t (what the reward placement adds).
-        seq_log_q = (anchor.log_q(q.float()) * mask).sum(-1)
-        seq_totals = self.accelerator.reduce(
-            torch.stack([seq_log_q.sum(), q.new_tensor(float(q.size(0)))]).float(), reduction="sum"
-        )
-        log = compat.metrics(self, mode)
-        log["sage/seq_log_q"].append((seq_totals[0] / seq_totals[1].clamp(min=1.0)).item())
-        q_min = self.accelerator.gather(lo.float().reshape(1)).min().item()
-        q_max = self.accelerator.gather(hi.float().reshape(1)).max().item()
-        log["sage/q_mean"].append((totals[0] / n).item())
-        log["sage/frac_boosted"].append((totals[1] / n).item())
-        log["sage/q_min"].append(q_min if totals[2] > 0 else 1.0)
-        log["sage/q_max"].append(q_max if totals[2] > 0 else 1.0)
-        # The first completion token apart (a task whose first token is its plan, like the demo's, has its
-        # branch point there): mean q there, and the share of first and of later tokens with q > 1.
-        first = valid[:, 0]
-        later = valid.clone()
-        later[:, 0] = False
-        split = torch.stack(
-            [
-                q[:, 0][first].float().sum(),
-                (q[:, 0][first] > 1.0).float().sum(),
-                first.float().sum(),
-                (q[later] > 1.0).float().sum(),
-                later.float().sum(),
-            ]
-        )
-        split = self.accelerator.reduce(split, reduction="sum")
-        log["sage/q_first_mean"].append((split[0] / split[2].clamp(min=1.0)).item())
-        log["sage/first_boosted"].append((split[1] / split[2].clamp(min=1.0)).item())
-        log["sage/later_boosted"].append((split[3] / split[4].clamp(min=1.0)).item())
+    def sage_log_q(self, q: torch.Tensor, mask: torch.Tensor) -> None:
+        log_q_metrics(self, q, mask)
 
-    def _shift_reference(self, output: dict, q: torch.Tensor) -> None:
+    def sage_shift_reference(self, output: dict, q: torch.Tensor) -> None:
         """ref_per_token_logps <- ref + log q, in whichever layout the scorer produced."""
         ref = output.get("ref_per_token_logps")
         if ref is None:
@@ -415,86 +336,8 @@ class SageTrainerMixin:
             )
         output["ref_per_token_logps"] = ref + mapped.to(ref.device)
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        from sage_unsloth.rlvr import reward
-
-        reward.take_timeouts()  # count only this batch's pairs
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        mode = "train" if self.model.training else "eval"
-        # Pairs the grader ran out of budget on (scored 0): a policy that learns to stall the grader shows here.
-        compat.metrics(self, mode)["reward/grading_timeouts"].append(float(reward.take_timeouts()))
-        self._sage_rewards_per_func = (
-            rewards_per_func  # (N all processes, reward funcs): placement, dynamic sampling
-        )
-        return rewards_per_func
-
-    def _generate_and_score_completions(self, inputs):
-        if getattr(self.args, "dynamic_sampling", False) and self.model.training:
-            output = self._sage_dynamic_sampling(inputs)
-        else:
-            output = self._sage_rollout(inputs)
-        self._sage_log_importance_sampling(output)
-        self._sage_official_dapo_normaliser(output)
-        return output
-
-    def _sage_rollout(self, inputs):
-        """One TRL rollout with the anchor's q in place (shifted reference, or the pseudo-KL in the reward)."""
-        entry, needs, _ = self.sage_guide()
-        if self.sage_q_in_loss:  # q is computed in _compute_loss from the loss forward's own outputs
-            return super()._generate_and_score_completions(inputs)
-        captured = None
-        reads_policy = any(n in guides.POLICY_SIGNALS for n in needs) or guides.logit_signal_names(needs)
-        need_stats = reads_policy or self.sage_placement == "reward"
-        if need_stats and not self._sage_patched and self._sage_old_logps_forward_planned():
-            captured = {"need_entropy": "entropies" in needs}
-            self._sage_capture = captured
-        ref_captured = None
-        ref_index = compat.trl_reference_scoring_index(self)
-        if "ref_entropies" in needs and self.sage_placement == "loss" and ref_index is not None:
-            ref_captured = {"skip": ref_index}
-            self._sage_ref_capture = ref_captured
-        try:
-            output = super()._generate_and_score_completions(inputs)
-        finally:
-            self._sage_capture = self._sage_ref_capture = None
-        if ref_captured is not None:
-            captured = {**(captured or {}), **self._sage_checked_reference(output, ref_captured)}
-        if self.sage_placement == "reward":
-            self._sage_kl_in_reward(output, captured)
-            return output
-        q = self.sage_compute_q(output, captured)
-        mask = compat.loss_mask(output)
-        self._sage_log_q_metrics(q, mask)
-        if not (entry.registered and entry.name == "none") and self.beta != 0.0:
-            self._shift_reference(output, q)
-        return output
-
-    # -- the pseudo-KL in the reward (sage_kl_placement: reward) ----------------------------------------
-
-    @staticmethod
-    def _sage_checked_reference(output: dict, ref_captured: dict) -> dict:
-        """The reference logps / entropies captured from TRL's reference pass, checked to be that pass (its logps
-        are the batch's ref_per_token_logps), before log q shifts them."""
-        ref = output.get("ref_per_token_logps")
-        got = ref_captured.get("ref_logps")
-        if (
-            got is None
-            or ref_captured.get("ref_entropies") is None
-            or ref is None
-            or not torch.equal(got, ref)
-        ):
-            raise RuntimeError(
-                "SAGE ref_entropies: the scoring call taken for TRL's reference pass is not the one that produced "
-                "ref_per_token_logps; the kit is pinned to trl 1.15.0 (compat.py, old_logps_condition)"
-            )
-        return {"ref_logps": got, "ref_entropies": ref_captured["ref_entropies"]}
-
-    def _sage_reference_logps(self, output: dict) -> torch.Tensor:
-        """log pi_ref at the completion tokens (B, C), scored as TRL scores its reference."""
-        return self._sage_reference_scores(output)[0]
-
     @torch.no_grad()
-    def _sage_reference_scores(self, output: dict, entropies: bool = False):
+    def sage_reference_scores(self, output: dict, entropies: bool = False):
         """(log pi_ref, H_ref or None) at the completion tokens (B, C), scored as TRL scores its reference."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
@@ -522,158 +365,191 @@ class SageTrainerMixin:
             )
         return logps, ent
 
-    def _sage_kl_in_reward(self, output: dict, captured: dict | None) -> None:
-        """r~ = r - beta * sum_t [log pi - log pi_ref - log q_t] (rollout policy, no gradient), then TRL's group
-        advantage of r~ replaces the batch's advantages."""
-        if self._sage_rewards_per_func is None:
-            raise RuntimeError(
-                "sage_kl_placement=reward found no rewards from _calculate_rewards: check the pinned "
-                "trl/unsloth versions"
-            )
-        mask = compat.loss_mask(output)
-        _, needs, _ = self.sage_guide()
-        logit_signals = guides.logit_signal_names(needs)
-        logps, entropies, logits = self._sage_rollout_stats(
-            output, captured, need_entropy="entropies" in needs, logit_signals=logit_signals
-        )
-        stats = {"logps": logps, "entropies": entropies, "logits": logits}
-        # TRL's own reference pass is off here (its beta is 0): a guide reading the reference gets the kit's, which
-        # the pseudo-KL needs anyway (with the entropies of the same pass for ref_entropies: no extra pass).
-        ref = ref_entropies = None
-        if any(n in guides.REFERENCE_SIGNALS for n in needs):
-            ref, ref_entropies = self._sage_reference_scores(output, entropies="ref_entropies" in needs)
-        q = self.sage_compute_q(output, {**stats, "ref_logps": ref, "ref_entropies": ref_entropies})
-        self._sage_log_q_metrics(q, mask)
-        if ref is None:
-            ref = self._sage_reference_logps(output)
-        seq_kl = anchor.sequence_pseudo_kl(logps.float(), ref.float(), anchor.log_q(q).to(logps.device), mask)
-        all_seq_kl = self.accelerator.gather(seq_kl)
-        rewards_per_func = self._sage_rewards_per_func
-        unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(
-            dim=1
-        )
-        rewards[unscorable] = torch.nan
-        shaped = rewards - self.sage_beta * all_seq_kl.to(rewards.device)
-        mode = "train" if self.model.training else "eval"
-        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        # the shaped reward feeds whichever estimator the config chose (GRPO's group advantage by default)
-        estimator = getattr(self, "_advantage_fn", None)
-        advantages = (
-            group_advantages(shaped, num_generations, self.scale_rewards)
-            if estimator is None
-            else estimator(shaped, num_generations, self.args)
-        )
-        rows = output["completion_ids"].size(0)
-        start = self.accelerator.process_index * rows
-        output["advantages"] = advantages[start : start + rows].to(output["advantages"].device)
-        compat.metrics(self, mode)["sage/kl_in_reward"].append(
-            (self.sage_beta * all_seq_kl.float().mean()).item()
-        )
+    # -- interception point 1: after the rollout ---------------------------------------------------------
 
-    # -- DAPO pieces (rlvr/dapo.py) ----------------------------------------------------------------------
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        score = super()._get_per_token_logps_and_entropies
+        loss = self._sage_open_loss
+        if loss is not None and loss.layout == "trl" and loss.logps is None:
+            return self._sage_loss_forward(loss, score, model, args, kwargs)
+        rollout = self._sage_open_rollout
+        if rollout is None:
+            return score(model, *args, **kwargs)
+        want = rollout.want_reference
+        if want is not None:
+            if want["skip"]:
+                want["skip"] -= 1  # TRL's old-logp pass comes first (compat.trl_reference_scoring_index)
+            else:
+                # TRL's reference pass: the same call, asked for the reference's entropies as well.
+                rollout.want_reference = None
+                kwargs["compute_entropy"] = True
+                result = score(model, *args, **kwargs)
+                rollout.reference = {"ref_logps": result[0], "ref_entropies": result[1]}
+                return result
+        want = rollout.want_policy
+        if want is not None and not self._sage_patched:
+            # The first scoring call of the rollout is TRL's old-logp pass of the policy: ask it for the
+            # entropies (and the guide's logit signals) too, so the guide needs no extra forward.
+            rollout.want_policy = None
+            kwargs["compute_entropy"] = kwargs.get("compute_entropy", False) or want["need_entropy"]
+            result, logits = self._sage_score_with_signals(score, model, args, kwargs)
+            rollout.policy = {"logps": result[0], "entropies": result[1], "logits": logits}
+            return result
+        return score(model, *args, **kwargs)
 
-    def _sage_dynamic_sampling(self, inputs):
-        return dapo.dynamic_sampling(self, inputs)
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        from sage_unsloth.rlvr import reward
 
-    def _sage_official_dapo_normaliser(self, output: dict) -> None:
-        dapo.official_normaliser(self, output)
+        reward.take_timeouts()  # count only this batch's pairs
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        # Pairs the grader ran out of budget on (scored 0): a policy that learns to stall the grader shows here.
+        compat.metrics(self, self.sage_mode)["reward/grading_timeouts"].append(float(reward.take_timeouts()))
+        if self._sage_open_rollout is not None:
+            self._sage_open_rollout.rewards_per_func = rewards_per_func  # (N all processes, reward funcs)
+        return rewards_per_func
 
-    def _sage_log_importance_sampling(self, output: dict) -> None:
-        dapo.log_importance_sampling(self, output)
+    def _generate_and_score_completions(self, inputs):
+        if getattr(self.args, "dynamic_sampling", False) and self.model.training:
+            batch = Rollout(output=dapo.dynamic_sampling(self, inputs, self.sage_rollout))
+        else:
+            batch = self.sage_rollout(inputs)
+        for step in self.batch_steps:
+            step(self, batch)
+        return batch.output
 
-    # -- loss-level KL estimators (TRL path only) -----------------------------------------------------
+    def sage_rollout(self, inputs) -> Rollout:
+        """One TRL rollout, then taps.AFTER_EACH_ROLLOUT on it."""
+        plan = self.sage_plan
+        rollout = Rollout()
+        if not self.sage_q_in_loss:
+            # Ask TRL's own scoring passes for what q reads, so that it costs no forward of its own.
+            needs = plan.guide_needs
+            if (
+                (plan.reads_policy or plan.placement == "reward")
+                and not self._sage_patched
+                and compat.trl_scores_old_logps(self)
+            ):
+                rollout.want_policy = {"need_entropy": "entropies" in needs}
+            ref_index = compat.trl_reference_scoring_index(self)
+            if "ref_entropies" in needs and plan.placement == "loss" and ref_index is not None:
+                rollout.want_reference = {"skip": ref_index}
+        asked_reference = rollout.want_reference is not None
+        self._sage_open_rollout = rollout
+        try:
+            rollout.output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._sage_open_rollout = None
+            rollout.want_policy = rollout.want_reference = None
+        if asked_reference:
+            rollout.reference = _checked_reference(rollout.output, rollout.reference)
+        for step in self.rollout_steps:
+            step(self, rollout)
+        self.last_rollout = rollout
+        return rollout
 
-    def sage_kl_term(self):
-        """(entry, callable) of the configured KL term (rlvr/kl_terms.py), its kl_term_args bound; rebuilt only
-        when kl_estimator / kl_term_args change."""
-        cfg = self.args
-        key = (cfg.kl_estimator, repr(getattr(cfg, "kl_term_args", None)))
-        cached = getattr(self, "_sage_kl_term_cache", None)
-        if cached is None or cached[0] != key:
-            entry = KL_TERMS.resolve(cfg.kl_estimator)
-            bound = KL_TERMS.bind(entry, KL_TERMS.parse_args(getattr(cfg, "kl_term_args", None)))
-            cached = self._sage_kl_term_cache = (key, entry, bound)
-        return cached[1:]
+    # -- interception point 2: the loss ------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
-        in_trl_loss = self.sage_kl_term()[0].meta["shifted_reference"] or self.beta == 0.0
-        q_in_loss = self.sage_q_in_loss
-        if not q_in_loss and in_trl_loss:
+        plan = self.sage_plan
+        in_trl_loss = plan.kl_in_trl_loss or self.beta == 0.0
+        if in_trl_loss and not self.sage_q_in_loss and plan.policy_term_fn is None:
             return super()._compute_loss(model, inputs)
-        inputs = dict(inputs)  # the batch is reused across num_iterations: shift a copy, never the buffer
-        captured = {}
-        original = super()._get_per_token_logps_and_entropies
-
-        def capture_logps(model, *a, **kw):
-            if "logps" in captured:
-                return original(model, *a, **kw)
-            # the loss's own forward (TRL reads the reference only after it); the guide's logit signals come
-            # from its chunked pass
-            if q_in_loss:
-                result, logits = self._sage_score_with_signals(original, model, a, kw)
-            else:
-                result, logits = original(model, *a, **kw), {}
-            captured["logps"] = result[0]
-            if q_in_loss:
-                self._sage_shift_in_loss(inputs, result[0], result[1], logits)
-            return result
-
-        self._get_per_token_logps_and_entropies = capture_logps  # instance attribute: this call only
+        # The batch is reused across num_iterations: the steps change a copy, never the buffer.
+        loss = self._sage_open_loss = LossBatch(batch=dict(inputs))
         try:
-            loss = super()._compute_loss(model, inputs)
+            value = super()._compute_loss(model, loss.batch)
         finally:
-            del self._get_per_token_logps_and_entropies
-        if in_trl_loss:
-            return loss
-        return loss + self._sage_kl_correction(inputs, captured["logps"])
+            self._sage_open_loss = None
+        if loss.logged_kl is not None:
+            kl_log = compat.metrics(self, self.sage_mode)["kl"]
+            if kl_log:  # TRL logged its k3 value; log the KL term actually in the loss instead
+                kl_log[-1] = loss.logged_kl
+        for added in loss.added:
+            value = value + added
+        return value
 
-    def _sage_shift_in_loss(
-        self, inputs: dict, logps: torch.Tensor, entropies: torch.Tensor | None, logits: dict | None = None
-    ) -> None:
-        """The official code's order: q from the current policy's entropies / logps, no gradient."""
-        stats = {
-            "logps": logps.detach(),
-            "entropies": None if entropies is None else entropies.detach(),
-            "logits": logits or {},
-        }
-        q = self.sage_compute_q(inputs, stats)
-        mask = compat.loss_mask(inputs)
-        self._sage_log_q_metrics(q, mask)
-        if self.beta != 0.0 and inputs.get("ref_per_token_logps") is not None:
-            inputs["ref_per_token_logps"] = inputs["ref_per_token_logps"] + anchor.log_q(q).to(logps.dtype)
+    def _sage_loss_forward(self, loss: LossBatch, score, model, args: tuple, kwargs: dict):
+        """The loss's own forward (TRL reads the advantages and the reference only after it): record its
+        outputs, with the guide's logit signals from its chunked pass, and run taps.IN_THE_LOSS."""
+        if self.sage_q_in_loss:
+            result, logits = self._sage_score_with_signals(score, model, args, kwargs)
+        else:
+            result, logits = score(model, *args, **kwargs), {}
+        loss.logps, loss.entropies, loss.logits = result[0], result[1], logits
+        for step in self.loss_steps:
+            step(self, loss)
+        return result
 
-    def _sage_kl_correction(self, inputs: dict, logps: torch.Tensor) -> torch.Tensor:
-        """beta * agg(term - TRL's k3 term): swaps TRL's k3 for the KL term's own (rlvr/kl_terms.py),
-        leaving the rest of TRL's loss as it is."""
-        ref = inputs["ref_per_token_logps"]  # already shifted by log q
-        mask = compat.loss_mask(inputs)
-        old = inputs.get("old_per_token_logps")
-        kl = self.sage_kl_term()[1](
-            KLTokens(logps=logps, ref_logps=ref, old_logps=old, ratio=self.args.use_bias_correction_kl)
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        if not (self._sage_patched and self.sage_q_in_loss and self.beta != 0.0):
+            return super().compute_loss(model, inputs, *args, **kwargs)
+        return unsloth_hooks.compute_loss_with_q(self, super().compute_loss, model, inputs, args, kwargs)
+
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float):
+        loss = self._sage_open_loss
+        if loss is None or loss.layout != "unsloth":
+            return super().get_high_entropy_mask(entropies, mask, threshold)
+        return unsloth_hooks.entropies_handed_over(
+            self, loss, super().get_high_entropy_mask, entropies, mask, threshold
         )
-        wanted = kl.term
-        # What TRL put in its loss: k3, times its importance weight (token or sequence level) if asked.
-        trl_term = anchor.shaped_kl(logps, ref, 0.0, estimator="k3")
-        if self.args.use_bias_correction_kl:
-            log_ratio = logps - (logps.detach() if old is None else old)
-            if self.importance_sampling_level == "sequence":
-                log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-            trl_term = trl_term * torch.exp(log_ratio)
-        training = self.model.training
-        correction = self.beta * compat.aggregate_like_trainer(self, wanted - trl_term, mask, inputs)
-        mode = "train" if training else "eval"
-        kl_log = compat.metrics(self, mode)["kl"]
-        if (
-            kl_log
-        ):  # TRL logged the k3 value; log the estimator actually in the loss instead (its plain value)
-            kl_log.pop()
-            value = kl.value.detach()
-            totals = self.accelerator.reduce(
-                torch.stack([(value * mask).sum(), mask.sum().float()]), reduction="sum"
-            )
-            kl_log.append((totals[0] / totals[1].clamp(min=1.0)).item())
-        return correction
+
+
+def _checked_reference(output: dict, captured: dict) -> dict:
+    """The reference logps / entropies captured from TRL's reference pass, checked to be that pass (its logps
+    are the batch's ref_per_token_logps), before log q shifts them."""
+    ref = output.get("ref_per_token_logps")
+    got = captured.get("ref_logps")
+    if got is None or captured.get("ref_entropies") is None or ref is None or not torch.equal(got, ref):
+        raise RuntimeError(
+            "SAGE ref_entropies: the scoring call taken for TRL's reference pass is not the one that produced "
+            "ref_per_token_logps; the kit is pinned to trl 1.15.0 (compat.py, old_logps_condition)"
+        )
+    return {"ref_logps": got, "ref_entropies": captured["ref_entropies"]}
+
+
+def log_q_metrics(trainer, q: torch.Tensor, mask: torch.Tensor) -> None:
+    """sage/q_mean, q_min, q_max, frac_boosted, seq_log_q and the first-token split, over all processes."""
+    accelerator = trainer.accelerator
+    valid = mask.bool()
+    values = q[valid].float()
+    count = torch.tensor([values.numel()], device=q.device, dtype=torch.float32)
+    stats = torch.stack([values.sum(), (values > 1.0).float().sum()]) if values.numel() else q.new_zeros(2)
+    totals = accelerator.reduce(torch.cat([stats.float(), count]), reduction="sum")
+    # A rank without completion tokens must not pull the global min / max to its placeholder.
+    lo = values.min() if values.numel() else q.new_tensor(float("inf"))
+    hi = values.max() if values.numel() else q.new_tensor(float("-inf"))
+    n = totals[2].clamp(min=1.0)
+    # Mean over completions of the sequence-level log q(y) = sum_t log q_t (what the reward placement adds).
+    seq_log_q = (anchor.log_q(q.float()) * mask).sum(-1)
+    seq_totals = accelerator.reduce(
+        torch.stack([seq_log_q.sum(), q.new_tensor(float(q.size(0)))]).float(), reduction="sum"
+    )
+    log = compat.metrics(trainer, "train" if trainer.model.training else "eval")
+    log["sage/seq_log_q"].append((seq_totals[0] / seq_totals[1].clamp(min=1.0)).item())
+    q_min = accelerator.gather(lo.float().reshape(1)).min().item()
+    q_max = accelerator.gather(hi.float().reshape(1)).max().item()
+    log["sage/q_mean"].append((totals[0] / n).item())
+    log["sage/frac_boosted"].append((totals[1] / n).item())
+    log["sage/q_min"].append(q_min if totals[2] > 0 else 1.0)
+    log["sage/q_max"].append(q_max if totals[2] > 0 else 1.0)
+    # The first completion token apart (a task whose first token is its plan, like the demo's, has its
+    # branch point there): mean q there, and the share of first and of later tokens with q > 1.
+    first = valid[:, 0]
+    later = valid.clone()
+    later[:, 0] = False
+    split = torch.stack(
+        [
+            q[:, 0][first].float().sum(),
+            (q[:, 0][first] > 1.0).float().sum(),
+            first.float().sum(),
+            (q[later] > 1.0).float().sum(),
+            later.float().sum(),
+        ]
+    )
+    split = accelerator.reduce(split, reduction="sum")
+    log["sage/q_first_mean"].append((split[0] / split[2].clamp(min=1.0)).item())
+    log["sage/first_boosted"].append((split[1] / split[2].clamp(min=1.0)).item())
+    log["sage/later_boosted"].append((split[3] / split[4].clamp(min=1.0)).item())
 
 
 # --------------------------------------------------------------------------- factory
@@ -682,28 +558,17 @@ _CLASS_CACHE: dict[type, type] = {}
 
 
 def make_sage_trainer_class(base: type | None = None) -> type:
-    """SageTrainerMixin (and the exact-resume state, rlvr/resume.py) over ``base`` (default: whatever
-    ``trl.GRPOTrainer`` is at this moment)."""
+    """SageTrainerMixin and the checkpoint mixins over ``base`` (default: whatever ``trl.GRPOTrainer`` is at this
+    moment). Three classes of the kit, none overriding a method another overrides (tests/test_rlvr_trainer.py)."""
     base = base or compat.current_grpo_trainer_class()
     install_cpu_logprob_fallback()
     if base not in _CLASS_CACHE:
-        # Under Unsloth's patched loss, branch q comes from the entropies that loss computes (unsloth_hooks);
         # ExactResumeMixin saves and restores the state TRL's checkpoints lack (rlvr/resume.py);
-        # ExplorationMixin runs the exploration baselines inside SAGE's hooks (rlvr/exploration.py);
-        # NoStepPastMaxStepsMixin: a resume from the last step's checkpoint trains nothing more;
-        # AtomicCheckpointMixin: a checkpoint appears only whole (sage_unsloth/checkpoints.py).
-        hooks = (InUnslothLossBranchQ,) if is_unsloth_patched(base) else ()
+        # CheckpointMixin: a checkpoint appears only whole, with the resume state inside, and a resume from the
+        # last step's checkpoint trains nothing more (sage_unsloth/checkpoints.py).
         _CLASS_CACHE[base] = type(
             f"Sage{base.__name__}",
-            (
-                SageTrainerMixin,
-                *hooks,
-                ExplorationMixin,
-                AtomicCheckpointMixin,  # outside ExactResumeMixin: its resume state goes to the staging folder too
-                ExactResumeMixin,
-                compat.NoStepPastMaxStepsMixin,
-                base,
-            ),
+            (SageTrainerMixin, ExactResumeMixin, CheckpointMixin, base),
             {"__module__": __name__},
         )
     return _CLASS_CACHE[base]

@@ -1,0 +1,139 @@
+"""The method plan: what one SageGRPOConfig asks the trainer to run, resolved once.
+
+A config names up to four plug-ins -- the guide (``sage_guide``), the advantage estimator, the policy term and
+the KL term -- each a registered name, ``package.module:function`` or ``file.py:function`` with its
+``<kind>_args``. :func:`build_plan` resolves and binds all four (sage_unsloth/registry.py checks each argument
+against the function's signature) and decides where q is computed and where the KL goes. The trainer
+(rlvr/trainer.py) and its steps (rlvr/taps.py) only read the plan; none of them resolves a name again.
+
+The plan is frozen. ``SageGRPOConfig.method_plan`` builds it in ``__post_init__`` and builds a new one only when a
+field it was built from changes (a test or the doctor's self-test switching the guide on a live trainer); it is
+never pickled with the config (a built-in guide reads its config fields through a closure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sage_unsloth import guides
+from sage_unsloth.registry import Entry
+from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
+from sage_unsloth.rlvr.kl_terms import KL_TERMS
+from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
+
+# The per-call inputs of each kind, before its own keyword arguments: estimator(rewards, num_generations, args)
+# and term(batch, args), ``args`` the whole config (what the built-ins read their flat fields from).
+ESTIMATOR_INPUTS = 3
+TERM_INPUTS = 2
+
+# The config fields a plan is built from: a change to any of them builds a new plan.
+PLAN_FIELDS = (
+    "sage_guide",
+    "sage_guide_args",
+    "sage_q_source",
+    "sage_kl_placement",
+    "backend",
+    "advantage_estimator",
+    "advantage_estimator_args",
+    "policy_term",
+    "policy_term_args",
+    "kl_estimator",
+    "kl_term_args",
+)
+
+
+@dataclass(frozen=True)
+class MethodPlan:
+    """One run's method: the four plug-ins (entry, and the callable with its arguments bound) and the placement."""
+
+    guide: Entry
+    guide_needs: tuple[str, ...]
+    guide_fn: Callable  # Signals -> raw q
+    q_source_requested: str  # sage_q_source: auto, loss or rollout
+    expected_q_source: (
+        str  # where q goes for the backend the config names (the trainer checks the class it got)
+    )
+    placement: str  # sage_kl_placement: loss or reward
+    estimator: Entry
+    estimator_fn: Callable | None  # None: TRL's own group advantage stands (the grpo estimator)
+    policy_term: Entry | None
+    policy_term_fn: Callable | None
+    kl_term: Entry
+    kl_term_fn: Callable
+
+    @property
+    def guided(self) -> bool:
+        """Does the anchor differ from pi_ref at all (any guide but the registered 'none')?"""
+        return not (self.guide.registered and self.guide.name == "none")
+
+    @property
+    def reads_policy(self) -> bool:
+        """Does the guide read a signal of the policy (entropies, log-probs or a logit signal)?"""
+        needs = self.guide_needs
+        return any(n in guides.POLICY_SIGNALS for n in needs) or bool(guides.logit_signal_names(needs))
+
+    @property
+    def logit_signals(self) -> tuple[str, ...]:
+        return guides.logit_signal_names(self.guide_needs)
+
+    @property
+    def kl_in_trl_loss(self) -> bool:
+        """Is the KL term TRL's own k3 against the shifted reference (no loss-level correction)?"""
+        return bool(self.kl_term.meta["shifted_reference"])
+
+    def q_source(self, *, unsloth_patched: bool) -> str:
+        """'loss' or 'rollout' on the class the trainer really subclasses (guides.q_source is the rule); the reward
+        placement needs q when the reward is computed, i.e. at rollout."""
+        source = guides.q_source(
+            self.guide_needs, requested=self.q_source_requested, unsloth_patched=unsloth_patched
+        )
+        return source if self.placement == "loss" else "rollout"
+
+
+def plan_key(cfg) -> tuple:
+    return tuple(repr(getattr(cfg, name, None)) for name in PLAN_FIELDS)
+
+
+def build_plan(cfg) -> MethodPlan:
+    """Resolve and bind the config's four plug-ins (one line naming the field on bad input)."""
+    guide, needs = guides.resolve_guide(cfg)
+    estimator = ADVANTAGE_ESTIMATORS.resolve(cfg.advantage_estimator)
+    estimator_fn = (
+        ADVANTAGE_ESTIMATORS.bind(
+            estimator,
+            ADVANTAGE_ESTIMATORS.parse_args(cfg.advantage_estimator_args),
+            leading=ESTIMATOR_INPUTS,
+        )
+        if estimator.meta["recomputed"]
+        else None
+    )
+    policy_term = None if cfg.policy_term == "none" else POLICY_TERMS.resolve(cfg.policy_term)
+    policy_term_fn = (
+        None
+        if policy_term is None
+        else POLICY_TERMS.bind(
+            policy_term, POLICY_TERMS.parse_args(cfg.policy_term_args), leading=TERM_INPUTS
+        )
+    )
+    kl_term = KL_TERMS.resolve(cfg.kl_estimator)
+    requested = cfg.sage_q_source
+    expected = (
+        requested
+        if requested != "auto"
+        else guides.q_source(needs, requested="loss", unsloth_patched=cfg.backend == "unsloth")
+    )
+    return MethodPlan(
+        guide=guide,
+        guide_needs=needs,
+        guide_fn=guides.build_guide(cfg, guide),
+        q_source_requested=requested,
+        expected_q_source=expected,
+        placement=cfg.sage_kl_placement,
+        estimator=estimator,
+        estimator_fn=estimator_fn,
+        policy_term=policy_term,
+        policy_term_fn=policy_term_fn,
+        kl_term=kl_term,
+        kl_term_fn=KL_TERMS.bind(kl_term, KL_TERMS.parse_args(cfg.kl_term_args)),
+    )
