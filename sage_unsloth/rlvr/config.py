@@ -60,7 +60,9 @@ def unsloth_conflict(cfg, unsloth_patched: bool, guide_needs: tuple[str, ...] | 
         )
     from sage_unsloth import guides
 
-    if guide_needs is None:  # a SageGRPOConfig has its plan; anything else with the same fields is resolved here
+    if (
+        guide_needs is None
+    ):  # a SageGRPOConfig has its plan; anything else with the same fields is resolved here
         plan = getattr(cfg, "method_plan", None)
         guide_needs = plan.guide_needs if plan is not None else guides.resolve_guide(cfg)[1]
     needs = guide_needs
