@@ -390,3 +390,29 @@ def test_an_optional_integer_in_a_yaml_is_type_checked_against_its_file(tmp_path
         parse_args([str(config)])
     config.write_text("checkpoints: [a/b]\nlimit: none\n")  # TRL's spelling of None, as on the CLI
     assert parse_args([str(config)]).limit is None
+
+
+def test_the_training_stages_share_their_run_flags(capsys):
+    """resume, restart and unsloth_without_gpu: one declaration (sage_unsloth/training_cli.py), listed by
+    both stages' --help with the same text."""
+    import dataclasses
+
+    from sage_unsloth.rlvr.run import RLVRStageArgs
+    from sage_unsloth.sft.config import SageSFTConfig
+    from sage_unsloth.training_cli import StageRunArgs
+
+    shared = [f.name for f in dataclasses.fields(StageRunArgs)]
+    assert shared == ["resume", "unsloth_without_gpu", "restart"]
+    assert issubclass(SageSFTConfig, StageRunArgs) and issubclass(RLVRStageArgs, StageRunArgs)
+    helps = {}
+    for stage in ("sft", "rlvr"):
+        with pytest.raises(SystemExit):
+            cli.main([stage, "--help"])
+        out = capsys.readouterr().out
+        helps[stage] = [
+            " ".join(line.split()[2:])
+            for line in out.splitlines()
+            if line.split()[:1] in ([f"--{n}"] for n in shared)
+        ]
+        assert len(helps[stage]) == len(shared), out
+    assert helps["sft"] == helps["rlvr"]

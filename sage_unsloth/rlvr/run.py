@@ -40,6 +40,7 @@ from typing import Any
 
 from sage_unsloth import layout
 from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER
+from sage_unsloth.training_cli import StageRunArgs
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,9 @@ ANCHORS = ("sft", "base")
 
 
 @dataclass
-class RLVRStageArgs:
-    """Stage I/O of RLVR (the training hyper-parameters live in SageGRPOConfig)."""
+class RLVRStageArgs(StageRunArgs):
+    """Stage I/O of RLVR (the training hyper-parameters live in SageGRPOConfig); ``resume``, ``restart`` and
+    ``unsloth_without_gpu`` are stage 1's too (sage_unsloth/training_cli.py)."""
 
     sft_dir: str | None = field(
         default=None,
@@ -89,20 +91,6 @@ class RLVRStageArgs:
         metadata={
             "help": "Model context in tokens. Default: max_position_embeddings of the model's config.json."
         },
-    )
-    resume: bool = field(
-        default=False,
-        metadata={"help": "Continue from the newest complete checkpoint in the output folder."},
-    )
-    unsloth_without_gpu: bool = field(
-        default=False,
-        metadata={
-            "help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway."
-        },
-    )
-    restart: bool = field(
-        default=False,
-        metadata={"help": "Output folder holds only incomplete checkpoints: delete them and start over."},
     )
 
     def __post_init__(self):
