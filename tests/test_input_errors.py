@@ -9,6 +9,8 @@ from sage_unsloth import cli
 from sage_unsloth.config_args import ConfigError
 
 TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
+# past the no-GPU refusal of backend=unsloth, which comes first (before parsing) on a CPU-only machine
+PAST_NO_GPU = ("--unsloth_without_gpu", "true")
 
 
 @pytest.fixture
@@ -40,11 +42,11 @@ def _one_line_error(capsys, argv) -> str:
             "model_name_or_path='/nonexistent/model' is neither an existing",
         ),
         (
-            ["--kl_estimator", "k2", "--backend", "unsloth"],
+            ["--kl_estimator", "k2", "--backend", "unsloth", *PAST_NO_GPU],
             "kl_estimator='k2' is not expressible as a shifted reference",
         ),
         (
-            ["--dynamic_sampling", "true", "--backend", "unsloth"],
+            ["--dynamic_sampling", "true", "--backend", "unsloth", *PAST_NO_GPU],
             "dynamic_sampling merges rollouts in TRL's layout",
         ),
         (["--beta", "abc"], "--beta abc: not a number; e.g. --beta 0.05"),
