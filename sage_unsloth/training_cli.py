@@ -25,9 +25,12 @@ logger = logging.getLogger(__name__)
 INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
-@dataclass
+@dataclass(kw_only=True)  # keyword-only: the positional order of the stage classes' own fields stays theirs
 class StageRunArgs:
-    """How a training stage treats its output folder, and whether Unsloth may run without a GPU."""
+    """How a training stage treats its output folder, and whether Unsloth may run without a GPU.
+
+    ``unsloth_without_gpu`` is read before the stage parses (:func:`refuse_before_parsing`); it is a field so that
+    the parser accepts it and ``--help`` lists it."""
 
     resume: bool = field(
         default=False, metadata={"help": "Continue from the newest complete checkpoint in the output folder"}
