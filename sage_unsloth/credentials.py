@@ -57,3 +57,23 @@ def _redact_command_line(value: str) -> None:
 
 
 REDACTED = "<redacted>"
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the value of each credential flag (``--hub_token VALUE``, ``--hub-token=VALUE``, any name
+    :func:`~sage_unsloth.manifest.is_secret_key` calls a credential) replaced by ``<redacted>``: for a command
+    line the kit prints (the Ctrl-C line), which must not echo a token."""
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next and not arg.startswith("--"):
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        name, eq, _ = arg.partition("=")
+        secret = arg.startswith("--") and is_secret_key(name[2:].replace("-", "_"))
+        if secret and eq:
+            arg = f"{name}={REDACTED}"
+        hide_next = secret and not eq
+        out.append(arg)
+    return out

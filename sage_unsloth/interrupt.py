@@ -20,7 +20,11 @@ QUIET_ENV = "SAGE_UNSLOTH_QUIET_INTERRUPT"  # set for a child stage process: its
 
 
 def _command(stage: str, argv: list[str], extra: tuple[str, ...] = ()) -> str:
-    return shlex.join(["sage-unsloth", stage, *argv, *extra])
+    """The command line to show: a credential flag's value (``--hub_token VALUE``) is redacted (the stage's
+    ``argv`` is its own copy of the command line, which the parser's redaction of ``sys.argv`` does not reach)."""
+    from sage_unsloth.credentials import redact_argv
+
+    return shlex.join(["sage-unsloth", stage, *redact_argv([*argv, *extra])])
 
 
 def _without(argv: list[str], flag: str, takes_value: bool) -> list[str]:

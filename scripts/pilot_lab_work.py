@@ -20,11 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from sage_unsloth.demo.compare import REFERENCE_METHOD, split_run
-from sage_unsloth.demo.run import CONFIG_DIR, MODEL_NAME, resolve_method_config
+from sage_unsloth.demo.run import CONFIG_DIR, MODEL_NAME, data_command, resolve_method_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,19 +39,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--work {work}: exists; give a new folder")
     budget = json.loads((results / "demo_budget.json").read_text())
     spec = budget["data"]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sage_unsloth.demo.data",
-            "--out",
-            str(work / "data"),
-            "--spec",
-            json.dumps(spec, sort_keys=True),
-        ],
-        check=True,
-        cwd=REPO,
-    )
+    subprocess.run(data_command(spec, work / "data"), check=True, cwd=REPO)
     for run_dir in sorted((results / MODEL_NAME).iterdir()):
         method, _ = split_run(run_dir.name)
         if not run_dir.is_dir() or method == REFERENCE_METHOD or method.startswith("sft"):

@@ -143,6 +143,59 @@ def test_unsloth_without_a_gpu_is_refused_unless_forced(
     check_unsloth_has_gpu("trl", forced=False)
 
 
+@pytest.mark.parametrize("stage", ["sft", "rlvr"])
+def test_both_stages_refuse_unsloth_without_a_gpu_before_parsing(
+    stage, tiny_model_dir, sft_dir, tmp_path, capsys, monkeypatch
+):
+    """One check for both stages (sage_unsloth/training_cli.py), made from the command line and the YAML before
+    the stage parses (stage 1 imports Unsloth before parsing): a config error behind it is not reached."""
+    from sage_unsloth import backend
+
+    monkeypatch.setattr(backend, "cuda_available", lambda: False)
+    imported = []
+    monkeypatch.setattr(backend, "import_unsloth", lambda: imported.append(1))
+    bad = ("--learning_rate", "-1", "--backend", "unsloth")  # refused by the parser, after the no-GPU check
+    argv = _sft(tiny_model_dir, tmp_path, *bad) if stage == "sft" else _rlvr(sft_dir, tmp_path, *bad)
+    line = _one_line_error(capsys, argv)
+    assert "no GPU" in line and "--unsloth_without_gpu true" in line and not imported, line
+    line = _one_line_error(capsys, [*argv, "--unsloth_without_gpu", "true"])
+    assert "learning_rate=-1.0 must be > 0" in line, line
+
+
+@pytest.mark.parametrize(
+    "stage, config",
+    [("sft", "configs/sft/qwen2.5-math-7b.yaml"), ("rlvr", "configs/rlvr/qwen2.5-math-7b/grpo.yaml")],
+)
+def test_help_after_an_unsloth_config_is_shown_without_a_gpu(stage, config, capsys, monkeypatch):
+    from sage_unsloth import backend, cli
+
+    monkeypatch.setattr(backend, "cuda_available", lambda: False)
+    imported = []
+    monkeypatch.setattr(backend, "import_unsloth", lambda: imported.append(1))
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([stage, config, "--help"])
+    out = capsys.readouterr().out
+    assert stopped.value.code == 0 and f"usage: sage-unsloth {stage} CONFIG.yaml" in out and not imported
+
+
+@pytest.mark.parametrize("stage", ["sft", "rlvr"])
+def test_an_input_error_of_several_lines_is_its_first_line(
+    stage, tiny_model_dir, sft_dir, tmp_path, capsys, monkeypatch
+):
+    """Both stages end an input error the same way (sage_unsloth/training_cli.py, run_training_stage)."""
+    import sage_unsloth.rlvr.run as rlvr_run
+    import sage_unsloth.sft.run as sft_run
+
+    def refuse(*args, **kwargs):
+        raise ValueError("what is wrong and the fix\n  details a library added")
+
+    monkeypatch.setattr(*((sft_run, "prepare_sft") if stage == "sft" else (rlvr_run, "plan_run")), refuse)
+    argv = _sft(tiny_model_dir, tmp_path, "--dataset_path", str(_rows(tmp_path / "ok.jsonl")))
+    assert _one_line_error(capsys, argv if stage == "sft" else _rlvr(sft_dir, tmp_path)) == (
+        "error: what is wrong and the fix"
+    )
+
+
 def test_a_truncated_sft_adapter_is_named_before_loading(sft_dir, tmp_path, capsys):
     import shutil
 

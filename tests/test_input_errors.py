@@ -9,6 +9,8 @@ from sage_unsloth import cli
 from sage_unsloth.config_args import ConfigError
 
 TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
+# past the no-GPU refusal of backend=unsloth, which comes first (before parsing) on a CPU-only machine
+PAST_NO_GPU = ("--unsloth_without_gpu", "true")
 
 
 @pytest.fixture
@@ -40,11 +42,11 @@ def _one_line_error(capsys, argv) -> str:
             "model_name_or_path='/nonexistent/model' is neither an existing",
         ),
         (
-            ["--kl_estimator", "k2", "--backend", "unsloth"],
+            ["--kl_estimator", "k2", "--backend", "unsloth", *PAST_NO_GPU],
             "kl_estimator='k2' is not expressible as a shifted reference",
         ),
         (
-            ["--dynamic_sampling", "true", "--backend", "unsloth"],
+            ["--dynamic_sampling", "true", "--backend", "unsloth", *PAST_NO_GPU],
             "dynamic_sampling merges rollouts in TRL's layout",
         ),
         (["--beta", "abc"], "--beta abc: not a number; e.g. --beta 0.05"),
@@ -390,3 +392,29 @@ def test_an_optional_integer_in_a_yaml_is_type_checked_against_its_file(tmp_path
         parse_args([str(config)])
     config.write_text("checkpoints: [a/b]\nlimit: none\n")  # TRL's spelling of None, as on the CLI
     assert parse_args([str(config)]).limit is None
+
+
+def test_the_training_stages_share_their_run_flags(capsys):
+    """resume, restart and unsloth_without_gpu: one declaration (sage_unsloth/training_cli.py), listed by
+    both stages' --help with the same text."""
+    import dataclasses
+
+    from sage_unsloth.rlvr.run import RLVRStageArgs
+    from sage_unsloth.sft.config import SageSFTConfig
+    from sage_unsloth.training_cli import StageRunArgs
+
+    shared = [f.name for f in dataclasses.fields(StageRunArgs)]
+    assert shared == ["resume", "unsloth_without_gpu", "restart"]
+    assert issubclass(SageSFTConfig, StageRunArgs) and issubclass(RLVRStageArgs, StageRunArgs)
+    helps = {}
+    for stage in ("sft", "rlvr"):
+        with pytest.raises(SystemExit):
+            cli.main([stage, "--help"])
+        out = capsys.readouterr().out
+        helps[stage] = [
+            " ".join(line.split()[2:])
+            for line in out.splitlines()
+            if line.split()[:1] in ([f"--{n}"] for n in shared)
+        ]
+        assert len(helps[stage]) == len(shared), out
+    assert helps["sft"] == helps["rlvr"]

@@ -491,6 +491,14 @@ def _rel(path: Path) -> str:
         return str(Path(path).resolve())
 
 
+def data_command(spec: dict[str, Any], out: str | Path, *, python: str | None = None) -> list[str]:
+    """The data step's command: write the demo's data files for ``spec`` (a :class:`DemoDataSpec` as a dict) to
+    ``out``. Deterministic: the same spec writes the same bytes, so scripts/pilot_lab_work.py rebuilds a committed
+    pilot's data with it."""
+    spec_json = json.dumps(spec, sort_keys=True)
+    return [python or sys.executable, "-m", "sage_unsloth.demo.data", "--out", str(out), "--spec", spec_json]
+
+
 def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path | None) -> list[Step]:
     py = python()
     data, model_dir = work / "data", work / "model" / MODEL_NAME
@@ -526,15 +534,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         ),
         Step(
             "data",
-            [
-                py,
-                "-m",
-                "sage_unsloth.demo.data",
-                "--out",
-                _rel(data),
-                "--spec",
-                json.dumps(asdict(spec), sort_keys=True),
-            ],
+            data_command(asdict(spec), _rel(data), python=py),
             outputs=(data,),
             code=DATA_CODE,
             light=True,

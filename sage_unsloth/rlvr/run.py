@@ -40,6 +40,7 @@ from typing import Any
 
 from sage_unsloth import layout
 from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER
+from sage_unsloth.training_cli import StageRunArgs
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,9 @@ ANCHORS = ("sft", "base")
 
 
 @dataclass
-class RLVRStageArgs:
-    """Stage I/O of RLVR (the training hyper-parameters live in SageGRPOConfig)."""
+class RLVRStageArgs(StageRunArgs):
+    """Stage I/O of RLVR (the training hyper-parameters live in SageGRPOConfig); ``resume``, ``restart`` and
+    ``unsloth_without_gpu`` are stage 1's too (sage_unsloth/training_cli.py)."""
 
     sft_dir: str | None = field(
         default=None,
@@ -89,20 +91,6 @@ class RLVRStageArgs:
         metadata={
             "help": "Model context in tokens. Default: max_position_embeddings of the model's config.json."
         },
-    )
-    resume: bool = field(
-        default=False,
-        metadata={"help": "Continue from the newest complete checkpoint in the output folder."},
-    )
-    unsloth_without_gpu: bool = field(
-        default=False,
-        metadata={
-            "help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway."
-        },
-    )
-    restart: bool = field(
-        default=False,
-        metadata={"help": "Output folder holds only incomplete checkpoints: delete them and start over."},
     )
 
     def __post_init__(self):
@@ -493,7 +481,7 @@ def run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = N
 
 
 def _import_unsloth_early(argv: list[str]) -> None:
-    """On a GPU, import Unsloth before TRL so its patches (GRPOTrainer, kernels) see a clean slate."""
+    """On a GPU, import Unsloth before TRL's trainer so its patches (GRPOTrainer, kernels) see a clean slate."""
     from sage_unsloth.backend import cuda_available
     from sage_unsloth.config_args import requested_backend
 
@@ -510,35 +498,17 @@ def main(argv: list[str] | None = None) -> int:
     if (code := check_flags("rlvr", argv)) is not None:  # a flag typo: one line before TRL is imported
         return code
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    plan = None
-    try:
+    from sage_unsloth.training_cli import refuse_before_parsing, run_training_stage
+
+    if (code := refuse_before_parsing(argv, "configs/rlvr/")) is not None:  # as stage 1: before parsing
+        return code
+
+    def prepare(settle):
+        # Everything here is input checking (config, folders, data, loader and trainer arguments): one line.
         _import_unsloth_early(argv)
-        try:
-            grpo_args, stage, model_args, config_path = parse_args(argv)
-            from sage_unsloth.input_checks import check_unsloth_has_gpu
+        grpo_args, stage, model_args, config_path = parse_args(argv)
+        plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
+        settle(plan.output_dir)
+        return build_stage(grpo_args, stage, model_args, config_path, plan).train_and_save
 
-            check_unsloth_has_gpu(grpo_args.backend, forced=stage.unsloth_without_gpu)
-            plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
-            built = build_stage(grpo_args, stage, model_args, config_path, plan)
-        except (ValueError, FileNotFoundError, FileExistsError) as exc:
-            # Everything up to here is input checking (config, folders, data, loader and trainer arguments);
-            # the traceback stays available at DEBUG level.
-            logger.debug("RLVR input error", exc_info=True)
-            print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
-            return 2
-        built.train_and_save()
-    except Exception as exc:  # a save out of room (OSError, torch's RuntimeError, SafetensorError): one line
-        from sage_unsloth.checkpoints import out_of_room_line
-
-        if (line := out_of_room_line(exc, plan.output_dir if plan else None)) is None:
-            raise
-        print(f"error: {line}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
-        from sage_unsloth.checkpoints import last_complete_checkpoint
-        from sage_unsloth.interrupt import interrupted_training
-
-        return interrupted_training(
-            "rlvr", argv, plan.output_dir if plan else None, ("--resume",), last_complete_checkpoint
-        )
-    return 0
+    return run_training_stage("rlvr", argv, prepare, resume_flag=("--resume",))

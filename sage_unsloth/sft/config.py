@@ -25,13 +25,14 @@ from ..checkpoints import choose_checkpoint
 from ..config_args import ConfigError, check_hub_model_cached, check_training_fields
 from ..manifest import MANIFEST_NAME
 from ..models import BACKENDS, model_short_name
+from ..training_cli import StageRunArgs
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SageSFTConfig(SFTConfig):
-    # --- kit fields -------------------------------------------------------------------------------------
+class SageSFTConfig(StageRunArgs, SFTConfig):
+    # --- kit fields (resume, restart, unsloth_without_gpu: StageRunArgs, shared with stage 2) ------------
     backend: str = field(
         default="unsloth", metadata={"help": "unsloth (FastLanguageModel) or trl (transformers+peft)"}
     )
@@ -66,20 +67,6 @@ class SageSFTConfig(SFTConfig):
     save_merged: bool = field(
         default=False, metadata={"help": "Also write a merged 16-bit model to <out>/merged"}
     )
-    resume: bool = field(
-        default=False, metadata={"help": "Continue from the newest complete checkpoint in the output folder"}
-    )
-    unsloth_without_gpu: bool = field(
-        default=False,
-        metadata={
-            "help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway"
-        },
-    )
-    restart: bool = field(
-        default=False,
-        metadata={"help": "Output folder holds only incomplete checkpoints: delete them and start over"},
-    )
-
     # --- official recipe as defaults (the YAML configs pin them again) ----------------------------------
     learning_rate: float = field(default=2e-4, metadata={"help": "Official SFT: 2e-4"})
     num_train_epochs: float = field(default=2.0, metadata={"help": "Official SFT: 2"})

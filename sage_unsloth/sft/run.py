@@ -223,7 +223,7 @@ def save_merged_16bit(
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "--help-all"):
+    if not argv or {"-h", "--help", "--help-all"} & set(argv):  # after a CONFIG too: help imports no Unsloth
         print(__doc__)
         if not argv:
             return 2
@@ -233,50 +233,23 @@ def main(argv: list[str] | None = None) -> int:
     if (code := check_flags("sft", argv)) is not None:  # a flag typo: one line before TRL is imported
         return code
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from ..config_args import requested_backend, with_config_flag
+    from ..config_args import requested_backend
+    from ..training_cli import refuse_before_parsing, run_training_stage
 
-    try:
-        with_config_flag(argv, "configs/sft/")  # a missing CONFIG is reported before Unsloth is imported
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    plan = None
-    if requested_backend(argv) == "unsloth":
-        from ..config_args import requested_flag
-        from ..input_checks import check_unsloth_has_gpu
+    if (code := refuse_before_parsing(argv, "configs/sft/")) is not None:  # before Unsloth is imported, below
+        return code
 
-        try:  # before Unsloth is imported: on CPU it would load (slowly) and then train 6x slower
-            check_unsloth_has_gpu("unsloth", forced=requested_flag(argv, "unsloth_without_gpu"))
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    try:
+    def prepare(settle):
         if requested_backend(argv) == "unsloth":
             from ..backend import import_unsloth
 
             import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
-        try:
-            sft_args, model_args = parse_args(argv)
-            plan = prepare_sft(sft_args, model_args)  # every input error surfaces here, before a model loads
-        except (ValueError, FileNotFoundError, FileExistsError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        run_sft(sft_args, model_args, plan)
-    except Exception as exc:  # a save out of room (OSError, torch's RuntimeError, SafetensorError): one line
-        from ..checkpoints import out_of_room_line
+        sft_args, model_args = parse_args(argv)
+        plan = prepare_sft(sft_args, model_args)  # every input error surfaces here, before a model loads
+        settle(plan.out)
+        return lambda: run_sft(sft_args, model_args, plan)
 
-        if (line := out_of_room_line(exc, plan.out if plan else None)) is None:
-            raise
-        print(f"error: {line}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
-        from ..checkpoints import last_complete_checkpoint
-        from ..interrupt import interrupted_training
-
-        return interrupted_training(
-            "sft", argv, plan.out if plan else None, ("--resume", "true"), last_complete_checkpoint
-        )
-    return 0
+    return run_training_stage("sft", argv, prepare, resume_flag=("--resume", "true"))
 
 
 if __name__ == "__main__":

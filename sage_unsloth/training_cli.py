@@ -1,0 +1,116 @@
+"""What the two training stages (``sage-unsloth sft``, ``sage-unsloth rlvr``) share on the command line.
+
+- :class:`StageRunArgs`: the run-control fields ``resume``, ``restart`` and ``unsloth_without_gpu``, one
+  declaration that SageSFTConfig (sage_unsloth/sft/config.py) and RLVRStageArgs (sage_unsloth/rlvr/run.py)
+  build on;
+- :func:`refuse_before_parsing`: a missing CONFIG, and ``backend=unsloth`` on a machine without a GPU unless
+  ``unsloth_without_gpu`` is set (read from the command line and the YAML), refused in one line before the
+  stage imports Unsloth or parses (which imports TRL and transformers);
+- :func:`run_training_stage`: a stage's ``main`` around its planning and training: an input error is one line,
+  exit 2; a save out of room is one line, exit 2; Ctrl-C is the one line of sage_unsloth/interrupt.py, exit 130.
+
+Importing this module imports neither torch nor TRL.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
+
+
+@dataclass(kw_only=True)  # keyword-only: the positional order of the stage classes' own fields stays theirs
+class StageRunArgs:
+    """How a training stage treats its output folder, and whether Unsloth may run without a GPU.
+
+    ``unsloth_without_gpu`` is read before the stage parses (:func:`refuse_before_parsing`); it is a field so that
+    the parser accepts it and ``--help`` lists it."""
+
+    resume: bool = field(
+        default=False, metadata={"help": "Continue from the newest complete checkpoint in the output folder"}
+    )
+    unsloth_without_gpu: bool = field(
+        default=False,
+        metadata={
+            "help": "backend=unsloth on a machine without a GPU: run Unsloth's slow CPU fallback anyway"
+        },
+    )
+    restart: bool = field(
+        default=False,
+        metadata={"help": "Output folder holds only incomplete checkpoints: delete them and start over"},
+    )
+
+
+def refuse_before_parsing(argv: list[str], configs_dir: str) -> int | None:
+    """Print one line and return 2 for what must be refused before the stage parses, else None:
+
+    - a ``CONFIG`` file that does not exist (naming ``configs_dir``, where the stage's configs live);
+    - ``backend=unsloth`` without a GPU and without ``unsloth_without_gpu``. Both fields are read as the parser
+      will (flag, else YAML, else the default) but without TRL: stage 1 imports Unsloth before parsing whenever
+      ``backend=unsloth`` (Unsloth must come before TRL), and on a CPU that would load it, slowly, only to
+      train several times slower. ``--help`` is never refused (the parser prints it)."""
+    from sage_unsloth.config_args import HELP_ALL, requested_backend, requested_flag, with_config_flag
+
+    try:
+        with_config_flag(argv, configs_dir)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if {"-h", "--help", HELP_ALL} & set(argv) or requested_backend(argv) != "unsloth":
+        return None
+    from sage_unsloth.input_checks import check_unsloth_has_gpu
+
+    try:
+        check_unsloth_has_gpu("unsloth", forced=requested_flag(argv, "unsloth_without_gpu"))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return None
+
+
+def run_training_stage(
+    stage: str,
+    argv: list[str],
+    prepare: Callable[[Callable[[str | Path], None]], Callable[[], object]],
+    resume_flag: tuple[str, ...],
+) -> int:
+    """Run a training stage; returns its exit code.
+
+    ``prepare(settle)`` parses and checks every input and builds what trains, calling ``settle(output_dir)`` as
+    soon as the output folder is known; it returns the call that trains and saves. An input error raised by
+    ``prepare`` (ValueError, FileNotFoundError, FileExistsError) is printed as one line, exit 2 (the traceback
+    at DEBUG level); a save out of room while training is one line naming the folder, exit 2; Ctrl-C at any
+    point prints how to continue (``resume_flag`` is the stage's way of saying ``resume``), exit 130."""
+    output_dir: Path | None = None
+
+    def settle(path: str | Path) -> None:
+        nonlocal output_dir
+        output_dir = Path(path)
+
+    try:
+        try:
+            train = prepare(settle)
+        except INPUT_ERRORS as exc:
+            logger.debug("%s input error", stage, exc_info=True)
+            print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+            return 2
+        train()
+    except Exception as exc:  # a save out of room (OSError, torch's RuntimeError, SafetensorError): one line
+        from sage_unsloth.checkpoints import out_of_room_line
+
+        if (line := out_of_room_line(exc, output_dir)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
+        from sage_unsloth.checkpoints import last_complete_checkpoint
+        from sage_unsloth.interrupt import interrupted_training
+
+        return interrupted_training(stage, argv, output_dir, resume_flag, last_complete_checkpoint)
+    return 0

@@ -1,0 +1,87 @@
+"""Ctrl-C during a stage (sage_unsloth/interrupt.py): the one line names the command that continues the run, and
+never a credential given on the command line (``--hub_token SECRET``): the value is redacted there too."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from sage_unsloth import interrupt
+from sage_unsloth.credentials import REDACTED
+
+SECRET = "SECRET123"
+TINY_SFT = "configs/sft/tiny-cpu.yaml"
+TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
+
+
+@pytest.mark.parametrize(
+    "given, shown",
+    [
+        (["--hub_token", SECRET], ["--hub_token", REDACTED]),
+        ([f"--hub_token={SECRET}"], [f"--hub_token={REDACTED}"]),
+        (["--hub-token", SECRET], ["--hub-token", REDACTED]),
+        (["--wandb_api_key", SECRET], ["--wandb_api_key", REDACTED]),
+    ],
+)
+def test_the_ctrl_c_line_redacts_a_token_flag(given, shown, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(interrupt.QUIET_ENV, raising=False)
+    argv = [TINY_SFT, *given, "--max_steps", "3"]
+    kept = tmp_path / "checkpoint-2"
+    assert interrupt.interrupted_training("sft", argv, tmp_path, ("--resume", "true"), lambda _: kept) == 130
+    assert interrupt.interrupted_training("rlvr", argv, tmp_path, ("--resume",), lambda _: None) == 130
+    assert interrupt.interrupted_eval(argv) == 130
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 3 and SECRET not in captured.err + captured.out, captured.err
+    for line, stage, extra in zip(lines, ("sft", "rlvr", "eval"), (["--resume", "true"], [], [])):
+        expected = shlex.join(["sage-unsloth", stage, TINY_SFT, *shown, "--max_steps", "3", *extra])
+        assert line.endswith(expected), line
+
+
+def test_a_value_equal_to_a_flag_name_is_not_redacted(capsys, monkeypatch):
+    """Only the value after a credential flag goes: the rest of the command is the user's, unchanged."""
+    monkeypatch.delenv(interrupt.QUIET_ENV, raising=False)
+    interrupt.interrupted_eval(["x.yaml", "--hub_token", "--limit", "2", "--run_name", "token"])
+    line = capsys.readouterr().err.strip()
+    assert line.endswith("sage-unsloth eval x.yaml --hub_token --limit 2 --run_name token"), line
+
+
+def _stage_argv(stage: str, tmp_path: Path, tiny_model_dir: Path, sft_dir: Path) -> list[str]:
+    if stage == "sft":
+        data = tmp_path / "rows.jsonl"
+        data.write_text('{"problem": "1+1?", "generated_solution": "2", "expected_answer": "2"}\n' * 3)
+        return [TINY_SFT, "--model_name_or_path", str(tiny_model_dir), "--dataset_path", str(data)] + [
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    return [TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(tmp_path / "r")]
+
+
+@pytest.mark.parametrize("stage", ["sft", "rlvr"])
+def test_ctrl_c_in_a_stage_started_with_a_hub_token_prints_no_token(
+    stage, tmp_path, capsys, monkeypatch, request, tiny_model_dir
+):
+    """The stage's own main, Ctrl-C while training: its argv (a copy of the command line) held the token."""
+    import sage_unsloth.rlvr.run as rlvr_run
+    import sage_unsloth.sft.run as sft_run
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # the parser moves the token there; restored afterwards
+    monkeypatch.delenv(interrupt.QUIET_ENV, raising=False)
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if stage == "sft":
+        monkeypatch.setattr(sft_run, "run_sft", ctrl_c)
+        main, sft_dir = sft_run.main, None
+    else:
+        monkeypatch.setattr(rlvr_run, "build_stage", ctrl_c)
+        main, sft_dir = rlvr_run.main, request.getfixturevalue("sft_dir")
+    argv = [*_stage_argv(stage, tmp_path, tiny_model_dir, sft_dir), "--hub_token", SECRET]
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    line = captured.err.strip().splitlines()[-1]
+    assert line.startswith(f"sage-unsloth {stage}: interrupted (Ctrl-C); "), captured.err[-2000:]
+    assert f"--hub_token '{REDACTED}'" in line and SECRET not in captured.err + captured.out, line
