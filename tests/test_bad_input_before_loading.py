@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from subprocess_run import env_with_repo, run_python
 from test_input_errors import TINY_GRPO, _one_line_error, no_model_loads  # noqa: F401  (the fixture below)
 
 from sage_unsloth import flag_catalogue
@@ -238,15 +237,8 @@ print(code, time.perf_counter() - started, ",".join(heavy))
 
 @pytest.mark.parametrize("stage, config", [("sft", TINY_SFT), ("rlvr", TINY_GRPO)])
 def test_a_flag_typo_fails_before_torch_is_imported(stage, config):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, "-c", TYPO.format(stage=stage, config=config)],
-        cwd=REPO,
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_python(
+        ["-c", TYPO.format(stage=stage, config=config)], cwd=REPO, env=env_with_repo(), timeout=300
     )
     code, _seconds, heavy = (done.stdout.strip().splitlines()[-1].split(" ") + [""])[:3]
     assert code == "2" and heavy == "", done.stdout + done.stderr

@@ -5,11 +5,10 @@ broken on purpose (a wrong pinned version reported, or a hook that drops q)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from subprocess_run import run_python
 
 from sage_unsloth import doctor
 from sage_unsloth.doctor import env, memory
@@ -174,16 +173,7 @@ def test_memory_estimate_parts_follow_the_config():
 
 # ----------------------------------------------------------------------------------------------- whole doctor
 def _run(args, cwd):
-    env_vars = dict(os.environ, HF_HUB_OFFLINE="1")
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=env_vars,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return run_python(args, cwd=cwd, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=900)
 
 
 @pytest.mark.slow
