@@ -171,20 +171,17 @@ def load_for_training(
     use_4bit = _check_args(model_args, backend, fast_inference)
     if adapter_path:
         _check_adapter(model_args, str(adapter_path))
+    both = (model_args, seed, adapter_path, use_4bit, trust_remote_code)  # what either backend loads with
     if backend == "unsloth":
         model, tokenizer = _load_unsloth(
-            model_args,
-            max_seq_length,
-            seed,
-            adapter_path,
-            use_4bit,
-            fast_inference,
-            gpu_memory_utilization,
-            gradient_checkpointing,
-            trust_remote_code,
+            *both,
+            max_seq_length=max_seq_length,
+            fast_inference=fast_inference,
+            gpu_memory_utilization=gpu_memory_utilization,
+            gradient_checkpointing=gradient_checkpointing,
         )
     else:
-        model, tokenizer = _load_trl(model_args, seed, adapter_path, use_4bit, trust_remote_code)
+        model, tokenizer = _load_trl(*both)
     prepare_tokenizer(tokenizer)
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
@@ -193,14 +190,15 @@ def load_for_training(
 
 def _load_unsloth(
     model_args,
-    max_seq_length,
     seed,
     adapter_path,
     use_4bit,
+    trust_remote_code,
+    *,
+    max_seq_length,
     fast_inference,
     gpu_memory_utilization,
     gradient_checkpointing,
-    trust_remote_code,
 ):
     import_unsloth()
     from unsloth import FastLanguageModel

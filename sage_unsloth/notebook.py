@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sage_unsloth import layout
+from sage_unsloth.doctor.env import nvidia_smi
 from sage_unsloth.recipe import StageFailed, run_stage, stage_command
 
 __all__ = ["StageFailed", "run_stage"]  # re-exported: notebooks call nb.run_stage / catch nb.StageFailed
@@ -118,25 +119,10 @@ class GPU:
 
 def gpu_info() -> list[GPU]:
     """The visible NVIDIA GPUs from ``nvidia-smi`` (no torch import in the notebook kernel); [] if none."""
-    try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=name,memory.total,compute_cap,driver_version",
-                "--format=csv,noheader,nounits",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in out.strip().splitlines():
-        name, memory, capability, driver = (part.strip() for part in line.split(","))
-        gpus.append(GPU(name, int(float(memory)), float(capability), driver))
-    return gpus
+    rows = nvidia_smi("name,memory.total,compute_cap,driver_version")
+    return [
+        GPU(name, int(float(memory)), float(capability), driver) for name, memory, capability, driver in rows
+    ]
 
 
 def platform_problems(gpus: list[GPU]) -> list[str]:

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_input_errors import TINY_GRPO, _one_line_error, no_model_loads  # noqa: F401  (the fixture below)
+from subprocess_run import env_with_repo, run_python
+from test_input_errors import (  # noqa: F401  (no_model_loads: the fixture below)
+    TINY_GRPO,
+    TINY_SFT,
+    _one_line_error,
+    no_model_loads,
+    sft_argv,
+)
 
 from sage_unsloth import flag_catalogue
 from sage_unsloth.doctor import speak_of_no_gpu
@@ -20,7 +25,6 @@ from sage_unsloth.input_checks import check_data_file
 
 pytestmark = pytest.mark.usefixtures("no_model_loads")  # any model load fails the test
 REPO = Path(__file__).resolve().parents[1]
-TINY_SFT = "configs/sft/tiny-cpu.yaml"
 ROW = {"problem": "1+1?", "generated_solution": "2", "expected_answer": "2"}
 
 
@@ -68,15 +72,7 @@ def test_an_unreadable_data_file_is_named(tmp_path):
 
 
 def _sft(tiny_model_dir, tmp_path, *extra) -> list[str]:
-    return [
-        "sft",
-        TINY_SFT,
-        "--model_name_or_path",
-        str(tiny_model_dir),
-        "--output_dir",
-        str(tmp_path / "o"),
-        *extra,
-    ]
+    return sft_argv(tiny_model_dir, tmp_path / "o", *extra)
 
 
 def _rlvr(sft_dir, tmp_path, *extra) -> list[str]:
@@ -238,15 +234,8 @@ print(code, time.perf_counter() - started, ",".join(heavy))
 
 @pytest.mark.parametrize("stage, config", [("sft", TINY_SFT), ("rlvr", TINY_GRPO)])
 def test_a_flag_typo_fails_before_torch_is_imported(stage, config):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, "-c", TYPO.format(stage=stage, config=config)],
-        cwd=REPO,
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_python(
+        ["-c", TYPO.format(stage=stage, config=config)], cwd=REPO, env=env_with_repo(), timeout=300
     )
     code, _seconds, heavy = (done.stdout.strip().splitlines()[-1].split(" ") + [""])[:3]
     assert code == "2" and heavy == "", done.stdout + done.stderr

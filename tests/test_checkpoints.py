@@ -209,13 +209,11 @@ def test_an_interrupted_save_leaves_no_checkpoint(finished, tmp_path, tiny_model
 def test_a_file_size_limit_during_a_save_is_one_line_naming_the_folder(finished, tmp_path, tiny_model_dir):
     """The issue's case through the CLI: under ``ulimit -f`` the save fails part-way (torch: "unexpected pos");
     stage 1 prints one line naming the folder and its free space, exit 2, and leaves no checkpoint-N."""
-    import os
     import resource
     import signal
-    import subprocess
-    import sys
 
-    repo = Path(__file__).resolve().parents[1]
+    from subprocess_run import REPO, env_with_repo, run_python
+
     out = tmp_path / "sft"
     argv = sft_argv(tiny_model_dir, finished.parent / "sft_rows.jsonl", out, *STEPS)
 
@@ -223,14 +221,10 @@ def test_a_file_size_limit_during_a_save_is_one_line_naming_the_folder(finished,
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
         resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, "-m", "sage_unsloth.sft", *argv],
-        cwd=repo,
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
+    done = run_python(
+        ["-m", "sage_unsloth.sft", *argv],
+        cwd=REPO,
+        env=env_with_repo(),
         preexec_fn=limit_file_size,
         timeout=900,
     )

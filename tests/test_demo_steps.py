@@ -8,9 +8,14 @@ import pytest
 from sage_unsloth.demo import steps as S
 
 
+def python_step(name, code, *outputs, **kw):
+    """A step that runs ``code`` in this interpreter and is done when ``outputs`` exist."""
+    return S.Step(name, [sys.executable, "-c", code], outputs=outputs, **kw)
+
+
 def write_step(name, out, *, text="x", after=(), configs=(), extra_code=""):
     code = f"import pathlib; {extra_code}pathlib.Path({str(out)!r}).write_text({text!r})"
-    return S.Step(name, [sys.executable, "-c", code], outputs=(out,), after=after, configs=configs)
+    return python_step(name, code, out, after=after, configs=configs)
 
 
 def names_ran(records):
@@ -64,15 +69,8 @@ def test_a_missing_output_or_stamp_reruns_the_step(tmp_path):
 
 def test_outputs_of_a_rerun_step_are_deleted_before_it_runs(tmp_path):
     folder = tmp_path / "out"
-    step = S.Step(
-        "s",
-        [
-            sys.executable,
-            "-c",
-            (f"import pathlib; p = pathlib.Path({str(folder)!r}); p.mkdir(); (p / 'new').write_text('1')"),
-        ],
-        outputs=(folder,),
-    )
+    code = f"import pathlib; p = pathlib.Path({str(folder)!r}); p.mkdir(); (p / 'new').write_text('1')"
+    step = python_step("s", code, folder)
     folder.mkdir()
     (folder / "stale").write_text("old")
     run([step], tmp_path)
@@ -80,12 +78,10 @@ def test_outputs_of_a_rerun_step_are_deleted_before_it_runs(tmp_path):
 
 
 def test_a_failing_step_stops_the_run_with_its_log_and_a_missing_output_is_a_failure(tmp_path):
-    bad = S.Step(
-        "bad", [sys.executable, "-c", "print('boom here'); raise SystemExit(3)"], outputs=(tmp_path / "x",)
-    )
+    bad = python_step("bad", "print('boom here'); raise SystemExit(3)", tmp_path / "x")
     with pytest.raises(RuntimeError, match=r"(?s)bad failed \(exit 3\).*boom here"):
         run([bad], tmp_path)
-    silent = S.Step("silent", [sys.executable, "-c", "pass"], outputs=(tmp_path / "y",))
+    silent = python_step("silent", "pass", tmp_path / "y")
     with pytest.raises(RuntimeError, match="silent failed .no .*y"):
         run([silent], tmp_path)
     assert not (tmp_path / "work" / "steps" / "silent.json").exists()
@@ -93,19 +89,12 @@ def test_a_failing_step_stops_the_run_with_its_log_and_a_missing_output_is_a_fai
 
 def test_cpu_time_is_measured_and_threads_reach_the_step(tmp_path):
     out = tmp_path / "threads.txt"
-    busy = S.Step(
-        "busy",
-        [
-            sys.executable,
-            "-c",
-            (
-                "import os, pathlib, time\nt = time.process_time()\n"
-                "while time.process_time() - t < 0.6: pass\n"
-                f"pathlib.Path({str(out)!r}).write_text(os.environ['OMP_NUM_THREADS'])"
-            ),
-        ],
-        outputs=(out,),
+    code = (
+        "import os, pathlib, time\nt = time.process_time()\n"
+        "while time.process_time() - t < 0.6: pass\n"
+        f"pathlib.Path({str(out)!r}).write_text(os.environ['OMP_NUM_THREADS'])"
     )
+    busy = python_step("busy", code, out)
     records = S.run_steps([busy], work=tmp_path / "work", jobs=1, threads=3, echo=lambda _: None)
     assert records[0].cpu_s >= 0.5 and records[0].threads == 3 and out.read_text() == "3"
 
@@ -161,7 +150,7 @@ def test_the_first_heavy_step_gets_every_idle_core_when_only_light_steps_start_b
         out = tmp_path / f"{name}.txt"
         seen[name] = out
         code = f"import os, pathlib; pathlib.Path({str(out)!r}).write_text(os.environ['OMP_NUM_THREADS'])"
-        return S.Step(name, [sys.executable, "-c", code], outputs=(out,), **kw)
+        return python_step(name, code, out, **kw)
 
     steps = [
         thread_step("model"),

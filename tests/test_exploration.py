@@ -84,15 +84,9 @@ def _batch(seed: int = 0, rows: int = 4, width: int = 12, spread: float = 3.0) -
     mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
     advantages = torch.tensor([2.0, -1.5, 0.7, -0.2][:rows])[:, None].expand(rows, width)
     entropies = 2.5 * torch.rand(rows, width, generator=generator)
+    settings = {"epsilon_low": 0.2, "epsilon_high": 0.2, "generator": torch.Generator().manual_seed(7)}
     return TokenBatch(
-        logps=logps,
-        old_logps=old,
-        entropies=entropies,
-        advantages=advantages,
-        mask=mask,
-        epsilon_low=0.2,
-        epsilon_high=0.2,
-        generator=torch.Generator().manual_seed(7),
+        logps=logps, old_logps=old, entropies=entropies, advantages=advantages, mask=mask, **settings
     )
 
 

@@ -9,6 +9,7 @@ from sage_unsloth import cli
 from sage_unsloth.config_args import ConfigError
 
 TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
+TINY_SFT = "configs/sft/tiny-cpu.yaml"
 # past the no-GPU refusal of backend=unsloth, which comes first (before parsing) on a CPU-only machine
 PAST_NO_GPU = ("--unsloth_without_gpu", "true")
 
@@ -23,6 +24,11 @@ def no_model_loads(monkeypatch):
 
     monkeypatch.setattr(models, "load_for_training", tripwire)
     monkeypatch.setattr(models, "load_tokenizer", tripwire)
+
+
+def sft_argv(model, out, *extra) -> list[str]:
+    """`sage-unsloth sft` of the tiny config on ``model`` into ``out``, then ``extra``."""
+    return ["sft", TINY_SFT, "--model_name_or_path", str(model), "--output_dir", str(out), *extra]
 
 
 def _one_line_error(capsys, argv) -> str:
@@ -144,34 +150,12 @@ def test_rlvr_bad_yaml_is_one_line(yaml_text, expected, sft_dir, tmp_path, capsy
 
 
 def test_sft_nonexistent_model_is_one_line(tmp_path, capsys, no_model_loads):
-    line = _one_line_error(
-        capsys,
-        [
-            "sft",
-            "configs/sft/tiny-cpu.yaml",
-            "--model_name_or_path",
-            "/nonexistent/m",
-            "--output_dir",
-            str(tmp_path / "out"),
-        ],
-    )
+    line = _one_line_error(capsys, sft_argv("/nonexistent/m", tmp_path / "out"))
     assert "model_name_or_path='/nonexistent/m' is neither an existing folder nor a hub id" in line
 
 
 def test_sft_negative_learning_rate_is_one_line(tiny_model_dir, tmp_path, capsys, no_model_loads):
-    line = _one_line_error(
-        capsys,
-        [
-            "sft",
-            "configs/sft/tiny-cpu.yaml",
-            "--model_name_or_path",
-            str(tiny_model_dir),
-            "--learning_rate",
-            "-1",
-            "--output_dir",
-            str(tmp_path / "out"),
-        ],
-    )
+    line = _one_line_error(capsys, sft_argv(tiny_model_dir, tmp_path / "out", "--learning_rate", "-1"))
     assert "learning_rate=-1.0 must be > 0" in line
 
 
@@ -190,8 +174,7 @@ def test_sft_negative_learning_rate_is_one_line(tiny_model_dir, tmp_path, capsys
 def test_sft_trainer_and_lora_fields_are_one_line(
     extra, expected, tiny_model_dir, tmp_path, capsys, no_model_loads
 ):
-    argv = ["sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_model_dir)]
-    line = _one_line_error(capsys, [*argv, "--output_dir", str(tmp_path / "out"), *extra])
+    line = _one_line_error(capsys, sft_argv(tiny_model_dir, tmp_path / "out", *extra))
     assert line.startswith("error: ") and expected in line, line
     assert not (tmp_path / "out").exists()
 
@@ -359,8 +342,7 @@ def test_stages_without_an_output_dir_refuse_it_naming_theirs(argv, expected, tm
 
 
 def test_sft_with_nothing_to_train_is_one_line(tiny_model_dir, tmp_path, capsys, no_model_loads):
-    argv = ["sft", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_model_dir)]
-    argv += ["--num_train_epochs", "-1", "--max_steps", "-1", "--output_dir", str(tmp_path / "out")]
+    argv = sft_argv(tiny_model_dir, tmp_path / "out", "--num_train_epochs", "-1", "--max_steps", "-1")
     assert "max_steps=-1, num_train_epochs=-1.0: nothing to train" in _one_line_error(capsys, argv)
     assert not (tmp_path / "out").exists()
 

@@ -11,6 +11,7 @@ import matplotlib.colors
 import numpy as np
 import pandas as pd
 import pytest
+from test_report_palette import support_rows
 
 from sage_unsloth.report import grouping, plots, support
 
@@ -113,21 +114,8 @@ def test_training_curves_fold_seeds_and_keep_an_all_zero_metric_above_zero(figur
 
 
 def test_support_plot_has_one_line_per_method_in_each_panel(figures):
-    rows = []
-    for run in [f"{m}_seed{s}" for m in METHODS for s in range(3)]:
-        for k in (1, 4):
-            row = {
-                "model": "tiny",
-                "run": run,
-                "reference": "sft",
-                "dataset": "demo",
-                "k": k,
-                "n_problems": 10,
-            }
-            for name in support.SHARES:
-                row |= {name: 0.0, f"{name}_ci_low": 0.0, f"{name}_ci_high": 0.0}
-            rows.append(row)
-    support.plot_support(pd.DataFrame(rows), "unused")
+    runs = [f"{m}_seed{s}" for m in METHODS for s in range(3)]
+    support.plot_support(support_rows(dict.fromkeys(support.SHARES, 0.0), runs), "unused")
     (fig,) = figures
     bars, expanded, shrunk = fig.axes[:3]
     for panel in (expanded, shrunk):

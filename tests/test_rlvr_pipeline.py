@@ -135,23 +135,13 @@ def test_every_variant_trains_two_steps_and_moves_its_lora(
 @pytest.mark.slow
 def test_script_fails_in_one_line_on_a_missing_stage1_folder(tmp_path, dapo_sample):
     """scripts/02_rlvr.sh -> python -m sage_unsloth.rlvr -> main(): exit code 2 and a one-line error."""
-    import subprocess
     import sys
 
+    from subprocess_run import run
+
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    result = subprocess.run(
-        [
-            "bash",
-            str(REPO / "scripts" / "02_rlvr.sh"),
-            *_argv("grpo", tmp_path / "nope", tmp_path, dapo_sample),
-        ],
-        check=False,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    script = [str(REPO / "scripts" / "02_rlvr.sh"), *_argv("grpo", tmp_path / "nope", tmp_path, dapo_sample)]
+    result = run(["bash", *script], cwd=REPO, env=env, timeout=300)
     assert result.returncode == 2
     assert (
         result.stderr.strip()

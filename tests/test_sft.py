@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from subprocess_run import run, run_python
 
 from sage_unsloth.prompts import CHAT_TEMPLATE, SYSTEM_PROMPT
 from sage_unsloth.sft.data import (
@@ -327,11 +326,8 @@ def test_missing_fields_give_one_clear_error(tmp_path, tiny_model_dir):
 
 def test_script_reports_input_errors_in_one_line_before_loading(tmp_path, tiny_model_dir):
     data = write_jsonl([{"problem": "1+1?", "answer": "2"}], tmp_path / "bad.jsonl")
-    proc = subprocess.run(
+    proc = run(
         [str(REPO / "scripts/01_sft.sh"), *sft_argv(tiny_model_dir, data, tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        check=False,
         cwd=REPO,
         timeout=120,
     )
@@ -469,15 +465,7 @@ def test_unsloth_backend_trains_on_cpu_and_adapter_continues(tmp_path, tiny_mode
     )
     argv += ["--unsloth_without_gpu", "true"]  # on purpose: this tests Unsloth's CPU fallback
     env = {**os.environ, "UNSLOTH_SKIP_TORCHVISION_CHECK": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", UNSLOTH_SCRIPT, str(out), *argv],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    proc = run_python(["-c", UNSLOTH_SCRIPT, str(out), *argv], cwd=REPO, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {

@@ -39,19 +39,26 @@ class GpuFacts:
     driver: str | None = None  # NVIDIA driver version from nvidia-smi
 
 
-def _nvidia_smi_driver() -> str | None:
+def nvidia_smi(fields: str) -> list[list[str]]:
+    """``nvidia-smi --query-gpu=FIELDS`` (comma-separated): each visible GPU's values, stripped, without units;
+    [] without nvidia-smi or a driver. Needs neither torch nor a GPU-enabled Python stack (the notebook uses it
+    before installing anything)."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=30,
             check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [line.strip() for line in out.splitlines() if line.strip()]
-    return lines[0] if lines else None
+        return []
+    return [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def _nvidia_smi_driver() -> str | None:
+    rows = nvidia_smi("driver_version")
+    return rows[0][0] if rows else None
 
 
 def collect_gpu_facts() -> GpuFacts:

@@ -75,23 +75,14 @@ def passk_curves(
             runs = sorted(group["run"].unique())
             if len(runs) == 1:
                 line = group.sort_values("k")
-                ax.plot(
-                    line["k"], line["value"], marker="o", ms=3, color=colour, ls=styles[model], label=label
-                )
+                ks, values = line["k"], line["value"]
                 band = line.dropna(subset=["ci_low", "ci_high"])
                 low, high = band["ci_low"], band["ci_high"]
             else:
                 band = grouping.seed_band(group, "k", "value")
-                ax.plot(
-                    band["k"],
-                    band["mean"],
-                    marker="o",
-                    ms=3,
-                    color=colour,
-                    ls=styles[model],
-                    label=f"{label} ({len(runs)} seeds)",
-                )
+                ks, values, label = band["k"], band["mean"], f"{label} ({len(runs)} seeds)"
                 low, high = band["low"], band["high"]
+            ax.plot(ks, values, marker="o", ms=3, color=colour, ls=styles[model], label=label)
             if not band.empty:
                 ax.fill_between(band["k"], low, high, color=colour, alpha=0.15, lw=0)
             paper = comparison[
