@@ -7,6 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # as sage_unsloth/__init__.py, before any test imports torch
 
 from pathlib import Path
 
