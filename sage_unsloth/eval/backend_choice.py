@@ -12,8 +12,8 @@ The rule (:func:`choose_backend`, a pure function of what :func:`resolve_backend
    model's weight bytes over the tiny model's they were measured on (never below 1). A model whose size is
    unknown (not on disk) picks vLLM.
 
-vLLM's per-token cost is 0 in :data:`CPU_COSTS` (its most favourable case: its CPU throughput is not measured
-yet), so on CPU ``hf`` is picked only where its whole run costs less than vLLM's start-up alone.
+The constants of :data:`CPU_COSTS` were measured side by side on an idle 2-core machine: vLLM starts 2.8x slower
+and decodes a token 15% cheaper, so on CPU ``hf`` wins small jobs (the README walk-through) and vLLM long ones.
 
 Both backends are exact: they sample the configured distribution (temperature, top-p, min-p, stop strings);
 neither approximates the other, but they draw different samples (the hf sampler's completions do not depend on
@@ -42,11 +42,12 @@ class CpuCosts:
 
 
 CPU_COSTS = CpuCosts(
-    # docs/benchmarks.md, "Stage 3 on CPU": start-ups measured by bench_backend_choice.py (load average 17-36)
-    vllm_startup_s=13.5,  # import vllm, build the engine (engine core in-process) for the tiny model + adapter
-    hf_startup_s=5.2,  # load the tiny model, merge its LoRA adapter
-    vllm_s_per_token=0.0,  # not measured yet: vLLM's most favourable case
-    hf_s_per_token=3.9e-5,  # recorded: 1.41 CPU s for 10 problems x n 64 x 56 tokens (35,840), one torch thread
+    # docs/benchmarks.md, "Stage 3 on CPU": bench_backend_choice.py on the idle machine (load 0.3-0.9), 2026-12-02;
+    # per token: the larger job's CPU s over its 30 x max(16, 32) x 64 = 61,440 decoded tokens as the rule counts
+    vllm_startup_s=11.9,  # import vllm, build the engine (engine core in-process) for the tiny model + adapter
+    hf_startup_s=4.3,  # load the tiny model, merge its LoRA adapter
+    vllm_s_per_token=1.8e-4,  # 11.12 CPU s
+    hf_s_per_token=2.1e-4,  # 13.04 CPU s (two torch threads, the stage's default)
     reference_weight_bytes=1_547_416,  # the tiny model's model.safetensors (float32)
 )
 
