@@ -479,3 +479,16 @@ def test_unsloth_backend_trains_on_cpu_and_adapter_continues(tmp_path, tiny_mode
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["backend"] == "unsloth" and manifest["train"]["global_step"] == 2
     assert "Unsloth" in proc.stdout + proc.stderr  # the CPU fallback really ran
+
+
+def test_a_relative_model_folder_is_recorded_absolute(tmp_path, tiny_model_dir, monkeypatch):
+    """Stage 1 records the base model in its manifest and adapter config, which stages 2 and 3 read from any
+    working directory: a local folder given relative to stage 1's must be stored as an absolute path."""
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "tiny")
+    data = write_jsonl(
+        [{"problem": "1+1?", "generated_solution": "2", "expected_answer": "2"}], tmp_path / "d.jsonl"
+    )
+    monkeypatch.chdir(tmp_path)
+    sft_args, model_args = parse_args(sft_argv("models/tiny", data, tmp_path / "out"))
+    sft_args.validate(model_args)
+    assert model_args.model_name_or_path == str((tmp_path / "models" / "tiny").resolve())

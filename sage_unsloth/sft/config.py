@@ -111,6 +111,11 @@ class SageSFTConfig(StageRunArgs, SFTConfig):
         if not model_args.model_name_or_path:
             raise ValueError("model_name_or_path is not set: set it in the YAML or pass --model_name_or_path")
         check_hub_model_cached(model_args.model_name_or_path, revision=model_args.model_revision)
+        local = Path(model_args.model_name_or_path).expanduser()
+        if local.is_dir():
+            # Recorded in the manifest and the adapter's config, which stages 2 and 3 read from any working
+            # directory: a relative path would only resolve from the folder stage 1 ran in.
+            model_args.model_name_or_path = str(local.resolve())
         from ..input_checks import check_data_file, check_wandb
 
         check_wandb(self.report_to)
