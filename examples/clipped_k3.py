@@ -6,7 +6,8 @@ dominate the KL's gradient.
 
 Per token, with d_t = log(q_t pi_ref(y_t)) - log pi(y_t) (the anchor already shaped by the guide's q):
 term_t = exp(c_t) - c_t - 1 with c_t = clamp(d_t, -clip, clip); its gradient is k3's where |d_t| <= clip and 0
-outside. Per sequence it is aggregated as TRL aggregates its loss; beta weighs it as it weighs k3.
+outside. With ``use_bias_correction_kl`` (``tokens.ratio``) it is weighted by pi / pi_old as TRL weighs k3. Per
+sequence it is aggregated as TRL aggregates its loss; beta weighs it as it weighs k3.
 
 The contract (docs/extending.md): ``fn(tokens, **kl_term_args) -> KLOutput``. ``tokens`` is a
 sage_unsloth.rlvr.kl_terms.KLTokens (logps with gradient, the shifted ref_logps, old_logps, TRL's
@@ -22,8 +23,12 @@ from sage_unsloth.rlvr.kl_terms import KLOutput
 
 def clipped_k3(tokens, *, clip=2.0):
     d = (tokens.ref_logps - tokens.logps).clamp(-clip, clip)
-    term = torch.exp(d) - d - 1.0
-    return KLOutput(term=term, value=term.detach())
+    value = torch.exp(d) - d - 1.0
+    term = value
+    if tokens.ratio:  # pi / pi_old, with the gradient of pi (on-policy: old = sg(pi), a ratio of 1)
+        old = tokens.logps.detach() if tokens.old_logps is None else tokens.old_logps
+        term = value * torch.exp(tokens.logps - old)
+    return KLOutput(term=term, value=value.detach())
 
 
 clipped_k3.backends = ("trl",)

@@ -67,6 +67,14 @@ def test_clipped_k3_is_k3_inside_the_clip_and_flat_outside():
     # d(exp(d) - d - 1)/dlogp = -(exp(d) - 1) inside the clip, 0 where clipped
     assert grad[0].tolist() == pytest.approx([-(math.exp(-0.5) - 1), -(math.exp(0.8) - 1), 0.0])
     assert fn.backends == ("trl",) and fn.gradient is None
+    # use_bias_correction_kl: weighted by pi / pi_old (value unchanged), as TRL weighs k3
+    old = torch.tensor([[-1.2, -0.8, -1.0]])
+    weighted = fn(KLTokens(logps=logps, ref_logps=ref, old_logps=old, ratio=True), clip=2.0)
+    ratio = [math.exp(-1.0 + 1.2), math.exp(-1.0 + 0.8), 1.0]
+    assert weighted.term.detach()[0].tolist() == pytest.approx(
+        [(math.exp(x) - x - 1) * r for x, r in zip(d, ratio)]
+    )
+    assert weighted.value[0].tolist() == pytest.approx([math.exp(x) - x - 1 for x in d])
 
 
 def test_my_methods_trains_all_three_plug_ins_through_the_cli(

@@ -129,6 +129,14 @@ class SageTrainerMixin:
             where = "in the loss" if self.sage_q_in_loss else "at rollout"
             needs = ", ".join(plan.guide_needs) or "nothing"
             logger.info("SAGE guide %s (needs %s): q computed %s", plan.guide.name, needs, where)
+        logger.info(
+            "method: advantage estimator %s, policy term %s, KL term %s (%s), KL in the %s",
+            plan.estimator.name,
+            "none" if plan.policy_term is None else plan.policy_term.name,
+            plan.kl_term.name,
+            "TRL's own k3" if plan.kl_in_trl_loss else "added to TRL's loss",
+            plan.placement,
+        )
         if cfg.ref_reset_steps:
             from sage_unsloth.rlvr.ref_reset import ReferenceReset
 
