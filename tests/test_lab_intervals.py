@@ -139,3 +139,19 @@ def test_the_headline_draws_no_bands_and_intervals_at_three_k_only(figures, tmp_
     bars = [c for c in ax.collections if c.__class__.__name__ == "LineCollection"]
     assert len(bars) == len(methods) and all(len(c.get_segments()) == 3 for c in bars)  # k = 1, 8, 64
     assert L.interval_ks(ks) == [1, 8, 64] and fig.legends  # the legend is the figure's, under both panels
+
+
+def test_the_reading_of_each_interval_shape():
+    """outcome.reading, case by case; an interval of width 0 (a quick one-seed run whose every value is 0) claims
+    nothing, where it used to read as excluding the paper's gain."""
+    from sage_unsloth.demo.outcome import reading
+
+    def row(low, high, metric="pass@16"):
+        return {"ci_low": low, "ci_high": high, "metric": metric}
+
+    assert reading(row(0.0, 0.0)) == "no spread (an interval of width 0): no verdict"
+    assert reading(row(0.01, 0.05)) == "excludes 0 (higher with A)"
+    assert reading(row(-0.05, -0.01)).startswith("excludes 0 (lower with A); excludes the paper's")
+    assert "a gain above +0.010 is excluded" in reading(row(-0.05, 0.01))
+    assert reading(row(-0.05, 0.08)).startswith("includes 0 and the paper's")
+    assert reading(row(-0.05, 0.08, metric="pair-plan share")) == "includes 0"

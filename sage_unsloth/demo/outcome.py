@@ -55,6 +55,8 @@ def reading(row) -> str:
     """What the interval says: the sign when it excludes 0, and for a pass@k whether it excludes the paper's
     gain, else the largest gain it leaves possible."""
     low, high = row["ci_low"], row["ci_high"]
+    if not high > low:  # every resample gave the same difference (e.g. all 0 in a quick run): nothing to read
+        return "no spread (an interval of width 0): no verdict"
     if low > 0:
         return "excludes 0 (higher with A)"
     if not _metric(row).startswith("pass@"):  # the paper's effect size is a pass@k gain
