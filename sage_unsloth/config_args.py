@@ -320,8 +320,37 @@ def _stage_parser_class():
                 )
             return formatter.format_help()
 
+        def _aliases(self) -> dict[str, str]:
+            """alias -> field, from each dataclass's FIELD_ALIASES (e.g. kl_term -> kl_estimator)."""
+            return {
+                a: f for cls in self.dataclass_types for a, f in getattr(cls, "FIELD_ALIASES", {}).items()
+            }
+
+        def _unalias(self, config: dict, argv: list[str], path: str | None) -> list[str]:
+            """A YAML key or a flag spelled by its alias becomes the field itself, so that the command line's
+            flag overrides the file's key whichever name each uses (and --help shows the file's value)."""
+            for alias, name in self._aliases().items():
+                if alias in config:
+                    value = config.pop(alias)
+                    if name in config and config[name] != value:
+                        raise ConfigError(
+                            f"{path}: {alias}={value!r} and {name}={config[name]!r} name the same field: set one"
+                        )
+                    config[name] = value
+                spellings = {f"--{alias}", f"--{alias.replace('_', '-')}"}
+                own = {f"--{name}", f"--{name.replace('_', '-')}"}
+                flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+                if flags & spellings and flags & own:
+                    raise ConfigError(f"--{alias} and --{name} name the same field: pass one")
+                argv = [
+                    f"--{name}" + a[len(a.split("=", 1)[0]) :] if a.split("=", 1)[0] in spellings else a
+                    for a in argv
+                ]
+            return argv
+
         def parse(self, argv: list[str]):
             argv = list(argv)
+            argv = self._unalias({}, argv, None)
             if "--config" in argv:
                 at = argv.index("--config")
                 if at + 1 >= len(argv):
@@ -329,6 +358,7 @@ def _stage_parser_class():
                 config_path = argv[at + 1]
                 del argv[at : at + 2]
                 config = load_config(config_path)
+                self._unalias(config, [], config_path)
                 for key, value in (config.pop(ENV_KEY, None) or {}).items():
                     os.environ[key] = str(value)
                 self._check_config(config, config_path)

@@ -146,3 +146,26 @@ def test_out_of_tree_estimator_and_term_train_through_the_cli(tmp_path, sft_dir,
     row_adv = torch.tensor(estimates[0]["out"])[: seen.size(0)]
     torch.testing.assert_close(seen, row_adv[:, None].expand_as(seen))
     torch.testing.assert_close(torch.tensor(terms[0]["out"]), 0.5 * seen)
+
+
+def test_the_command_line_overrides_a_yaml_key_under_either_name(tmp_path, capsys):
+    """kl_term in the YAML and --kl_estimator on the command line (or the reverse): the flag wins, as for any
+    field, and --help shows the file's value under the field's own name."""
+    from sage_unsloth.rlvr.run import parse_args
+
+    base = REPO / "configs" / "rlvr" / "tiny-cpu" / "_base.yaml"
+    config = tmp_path / "mine.yaml"
+    config.write_text(f"base: {base}\nkl_term: k2\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert parse_args([str(config)])[0].kl_estimator == "k2"
+        assert parse_args([str(config), "--kl_estimator", "k3"])[0].kl_estimator == "k3"
+        other = tmp_path / "other.yaml"
+        other.write_text(f"base: {base}\nkl_estimator: k2\n")
+        assert parse_args([str(other), "--kl_term=k3"])[0].kl_estimator == "k3"
+        with pytest.raises(ConfigError, match="name the same field"):
+            parse_args([str(config), "--kl_term", "k2", "--kl_estimator", "k3"])
+        with pytest.raises(SystemExit):
+            parse_args([str(config), "--help-all"])
+    assert "kl_estimator" in capsys.readouterr().out
+    assert parse_args([str(other), "--kl-term", "k3"])[0].kl_estimator == "k3"

@@ -13,7 +13,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from trl.trainer.grpo_config import GRPOConfig
 
@@ -99,6 +99,9 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     """GRPO arguments for SAGE (q * pi_ref anchor). See sage_unsloth/anchor.py for the guide formulas; the
     exploration baselines' fields (Pass@k, entropy advantage, Clip-Cov, KL-Cov, reference reset) come from
     ExplorationArgs (rlvr/exploration.py)."""
+
+    # A YAML key or flag under an alias is read as the field itself (config_args.StageParser).
+    FIELD_ALIASES: ClassVar[dict[str, str]] = {"kl_term": "kl_estimator"}
 
     # --- SAGE guide ---------------------------------------------------------------------------------
     sage_guide: str = field(
