@@ -458,10 +458,8 @@ def _stage_parser_class():
     def _own_fields(cls) -> list[str]:
         """The kit's fields of a dataclass, its own first: every field of a plain kit dataclass (RLVRStageArgs);
         of a subclass of an upstream config, those declared in its class body (SageGRPOConfig's SAGE fields and
-        pinned defaults) and, where it is built on it, StageRunArgs' (SageSFTConfig); other kit bases' fields
-        (ExplorationArgs') are listed by --help-all."""
-        from sage_unsloth.training_cli import StageRunArgs
-
+        pinned defaults) and those of a kit base that asks for it (``SHORT_HELP = True``: StageRunArgs, in
+        SageSFTConfig); other kit bases' fields (ExplorationArgs') are listed by --help-all."""
         upstream = any(
             hasattr(b, "__dataclass_fields__") and not b.__module__.startswith("sage_unsloth")
             for b in cls.__mro__[1:]
@@ -469,7 +467,8 @@ def _stage_parser_class():
         shown = [
             b
             for b in cls.__mro__
-            if b.__module__.startswith("sage_unsloth") and (not upstream or b in (cls, StageRunArgs))
+            if b.__module__.startswith("sage_unsloth")
+            and (not upstream or b is cls or vars(b).get("SHORT_HELP", False))
         ]
         names = [name for b in shown for name in vars(b).get("__annotations__", {})]
         return [name for name in dict.fromkeys(names) if name in cls.__dataclass_fields__]

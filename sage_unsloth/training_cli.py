@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ class StageRunArgs:
 
     ``unsloth_without_gpu`` is read before the stage parses (:func:`refuse_before_parsing`); it is a field so that
     the parser accepts it and ``--help`` lists it."""
+
+    # config_args lists these fields in a stage's short --help even under an upstream config (SageSFTConfig).
+    SHORT_HELP: ClassVar[bool] = True
 
     resume: bool = field(
         default=False, metadata={"help": "Continue from the newest complete checkpoint in the output folder"}
