@@ -116,14 +116,18 @@ def check_needs(entry: Entry) -> tuple[str, ...]:
     return tuple(needs)
 
 
+def reads_policy(needs) -> bool:
+    """Does a guide with these ``needs`` read a signal of the policy (entropies, log-probs or a logit signal)?"""
+    return any(n in POLICY_SIGNALS for n in needs) or bool(logit_signal_names(needs))
+
+
 def q_source(needs, *, requested: str, unsloth_patched: bool) -> str:
     """Where q is computed: 'loss' (from the loss forward's own outputs, no extra pass, current policy) or
     'rollout' (once per rollout; a policy signal there costs one no-grad pass unless TRL scores old logps).
 
     A guide that reads no policy signal is drawn once per rollout. On TRL's trainer every signal exists in the
     loss; inside Unsloth's compiled loss only the entropies do."""
-    reads_policy = any(n in POLICY_SIGNALS for n in needs) or bool(logit_signal_names(needs))
-    if not reads_policy or requested == "rollout" or "ref_entropies" in needs:
+    if not reads_policy(needs) or requested == "rollout" or "ref_entropies" in needs:
         return "rollout"  # the reference's entropies exist only in the rollout's reference pass
     in_loss_ok = not unsloth_patched or set(needs) <= set(UNSLOTH_IN_LOSS)
     return "loss" if in_loss_ok else "rollout"

@@ -58,6 +58,15 @@ def unsloth_conflict(cfg, unsloth_patched: bool, guide_needs: tuple[str, ...] | 
             "dynamic_sampling merges rollouts in TRL's layout, not Unsloth's: set backend=trl or "
             "dynamic_sampling=false"
         )
+    term = getattr(cfg, "policy_term", "none")
+    if term != "none":
+        from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
+
+        if "unsloth" not in POLICY_TERMS.resolve(term).meta["backends"]:
+            return (
+                f"policy_term={term!r} needs TRL's loss (Unsloth's compiled loss has no slot for "
+                "it): set backend=trl"
+            )
     from sage_unsloth import guides
 
     if (
@@ -65,8 +74,7 @@ def unsloth_conflict(cfg, unsloth_patched: bool, guide_needs: tuple[str, ...] | 
     ):  # a SageGRPOConfig has its plan; anything else with the same fields is resolved here
         plan = getattr(cfg, "method_plan", None)
         guide_needs = plan.guide_needs if plan is not None else guides.resolve_guide(cfg)[1]
-    needs = guide_needs
-    return guides.unsloth_cannot(needs, requested=cfg.sage_q_source, guide=cfg.sage_guide)
+    return guides.unsloth_cannot(guide_needs, requested=cfg.sage_q_source, guide=cfg.sage_guide)
 
 
 def off_policy_q_warning(cfg, q_source: str) -> str | None:

@@ -70,8 +70,7 @@ class MethodPlan:
     @property
     def reads_policy(self) -> bool:
         """Does the guide read a signal of the policy (entropies, log-probs or a logit signal)?"""
-        needs = self.guide_needs
-        return any(n in guides.POLICY_SIGNALS for n in needs) or bool(guides.logit_signal_names(needs))
+        return guides.reads_policy(self.guide_needs)
 
     @property
     def logit_signals(self) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sage_unsloth import anchor, compat
+from sage_unsloth import anchor, compat, guides
 from sage_unsloth.rlvr import dapo
 from sage_unsloth.rlvr.kl_terms import KLTokens
 from sage_unsloth.rlvr.policy_terms import TokenBatch
@@ -90,7 +90,6 @@ class LossBatch:
     logits: dict = field(default_factory=dict)  # the guide's logit signals, from the same chunked pass
     mask: torch.Tensor | None = None  # Unsloth's layout only: its loss mask
     user_quantile: float | None = None  # Unsloth's layout only: the user's own top_entropy_quantile
-    q: torch.Tensor | None = None
     added: list = field(default_factory=list)  # losses added to TRL's (policy term, KL correction)
     logged_kl: float | None = None  # the KL term's value, logged in place of TRL's k3
 
@@ -124,7 +123,7 @@ def reward_placement(trainer, rollout: Rollout) -> None:
     # TRL's own reference pass is off here (its beta is 0): a guide reading the reference gets the kit's, which
     # the pseudo-KL needs anyway (with the entropies of the same pass for ref_entropies: no extra pass).
     ref = ref_entropies = None
-    if any(n in ("ref_logps", "ref_entropies") for n in plan.guide_needs):
+    if any(n in guides.REFERENCE_SIGNALS for n in plan.guide_needs):
         ref, ref_entropies = trainer.sage_reference_scores(
             output, entropies="ref_entropies" in plan.guide_needs
         )
@@ -202,7 +201,6 @@ def q_in_the_loss(trainer, loss: LossBatch) -> None:
         trainer.sage_log_q(q, loss.mask)
         ref = batch["ref_per_token_logps"]
         ref.add_(anchor.log_q(q).to(device=ref.device, dtype=ref.dtype))
-        loss.q = q
         return
     stats = {
         "logps": loss.logps.detach(),
@@ -211,7 +209,6 @@ def q_in_the_loss(trainer, loss: LossBatch) -> None:
     }
     q = trainer.sage_compute_q(batch, stats)
     trainer.sage_log_q(q, compat.loss_mask(batch))
-    loss.q = q
     if trainer.beta != 0.0 and batch.get("ref_per_token_logps") is not None:
         batch["ref_per_token_logps"] = batch["ref_per_token_logps"] + anchor.log_q(q).to(loss.logps.dtype)
 

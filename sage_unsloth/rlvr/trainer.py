@@ -102,10 +102,10 @@ class SageTrainerMixin:
                 f"SAGE trainers need a SageGRPOConfig (sage_unsloth.rlvr.config), got {type(cfg).__name__}"
             )
         self._sage_patched = is_unsloth_patched(type(self))
-        # The config checked these for the class it expected (rlvr/config.py); this is the class we got.
-        if (conflict := unsloth_conflict(cfg, self._sage_patched, self.sage_plan.guide_needs)) is not None:
-            raise ValueError(conflict)
         plan = self.sage_plan
+        # The config checked these for the class it expected (rlvr/config.py); this is the class we got.
+        if (conflict := unsloth_conflict(cfg, self._sage_patched, plan.guide_needs)) is not None:
+            raise ValueError(conflict)
         # The KL coefficient SAGE uses: in the reward placement TRL's own beta becomes 0 (no KL in its loss,
         # no reference pass of its own) and this one weighs the pseudo-KL in the reward.
         self.sage_beta = self.beta
@@ -115,10 +115,6 @@ class SageTrainerMixin:
             raise ValueError(
                 "dynamic_sampling drops whole groups, which needs every group on one process: "
                 "run on one process or set dynamic_sampling=false"
-            )
-        if plan.policy_term is not None and self._sage_patched:
-            raise ValueError(
-                f"policy_term={cfg.policy_term!r} needs TRL's loss, not Unsloth's: set backend=trl"
             )
         # The config warned already for the q source it expected; warn here only when the class we got moved q
         # out of the loss against that expectation.
