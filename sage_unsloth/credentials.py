@@ -39,21 +39,14 @@ def move_secrets_to_environment(*parsed) -> list[str]:
             os.environ[variable] = value  # the flag wins over an older value, as it would have as a field
             setattr(obj, field.name, None)
             moved.append(field.name)
-            _redact_command_line(value)
             logger.info(
                 "--%s: moved to the environment (%s) so that no written file holds it", field.name, variable
             )
+    if moved:
+        # W&B records sys.argv in its run metadata: the flags' values go from there too (not from /proc, which
+        # no file is written from).
+        sys.argv[1:] = redact_argv(sys.argv[1:])
     return moved
-
-
-def _redact_command_line(value: str) -> None:
-    # W&B records sys.argv in its run metadata: the flag's value goes from there too (not from /proc, which no
-    # file is written from).
-    for at, arg in enumerate(sys.argv):
-        if arg == value:
-            sys.argv[at] = REDACTED
-        elif arg.startswith("--") and arg.endswith("=" + value):
-            sys.argv[at] = arg[: -len(value)] + REDACTED
 
 
 REDACTED = "<redacted>"

@@ -67,7 +67,9 @@ def test_ctrl_c_in_a_stage_started_with_a_hub_token_prints_no_token(
     import sage_unsloth.rlvr.run as rlvr_run
     import sage_unsloth.sft.run as sft_run
 
-    monkeypatch.delenv("HF_TOKEN", raising=False)  # the parser moves the token there; restored afterwards
+    monkeypatch.setenv(
+        "HF_TOKEN", "before"
+    )  # restored at teardown: the moved value does not leak  # the parser moves the token there; restored afterwards
     monkeypatch.delenv(interrupt.QUIET_ENV, raising=False)
 
     def ctrl_c(*args, **kwargs):
@@ -85,3 +87,23 @@ def test_ctrl_c_in_a_stage_started_with_a_hub_token_prints_no_token(
     line = captured.err.strip().splitlines()[-1]
     assert line.startswith(f"sage-unsloth {stage}: interrupted (Ctrl-C); "), captured.err[-2000:]
     assert f"--hub_token '{REDACTED}'" in line and SECRET not in captured.err + captured.out, line
+
+
+def test_moving_a_secret_also_redacts_it_from_sys_argv(monkeypatch):
+    """W&B records sys.argv: once a credential flag's value is moved to the environment, sys.argv holds it no
+    more, in either spelling, and the other arguments are left as they were."""
+    import dataclasses
+    import sys
+
+    from sage_unsloth.credentials import REDACTED, move_secrets_to_environment
+
+    @dataclasses.dataclass
+    class Args:
+        hub_token: str | None = None
+        output_dir: str = "out"
+
+    argv = ["prog", "cfg.yaml", "--hub_token", SECRET, "--wandb-api-key=" + SECRET, "--output_dir", "out"]
+    monkeypatch.setattr(sys, "argv", list(argv))
+    monkeypatch.setenv("HF_TOKEN", "before")  # restored at teardown: the moved value does not leak
+    assert move_secrets_to_environment(Args(hub_token=SECRET)) == ["hub_token"]
+    assert sys.argv == [*argv[:3], REDACTED, "--wandb-api-key=" + REDACTED, "--output_dir", "out"]
