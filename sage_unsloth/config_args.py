@@ -326,17 +326,21 @@ def _stage_parser_class():
                 a: f for cls in self.dataclass_types for a, f in getattr(cls, "FIELD_ALIASES", {}).items()
             }
 
-        def _unalias(self, config: dict, argv: list[str], path: str | None) -> list[str]:
-            """A YAML key or a flag spelled by its alias becomes the field itself, so that the command line's
-            flag overrides the file's key whichever name each uses (and --help shows the file's value)."""
+        # A YAML key or a flag spelled by its alias becomes the field itself, so that the command line's flag
+        # overrides the file's key whichever name each uses (and --help shows the file's value).
+        def _unalias_config(self, config: dict, path: str) -> None:
             for alias, name in self._aliases().items():
-                if alias in config:
-                    value = config.pop(alias)
-                    if name in config and config[name] != value:
-                        raise ConfigError(
-                            f"{path}: {alias}={value!r} and {name}={config[name]!r} name the same field: set one"
-                        )
-                    config[name] = value
+                if alias not in config:
+                    continue
+                value = config.pop(alias)
+                if name in config and config[name] != value:
+                    raise ConfigError(
+                        f"{path}: {alias}={value!r} and {name}={config[name]!r} name the same field: set one"
+                    )
+                config[name] = value
+
+        def _unalias_argv(self, argv: list[str]) -> list[str]:
+            for alias, name in self._aliases().items():
                 spellings = {f"--{alias}", f"--{alias.replace('_', '-')}"}
                 own = {f"--{name}", f"--{name.replace('_', '-')}"}
                 flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
@@ -349,8 +353,7 @@ def _stage_parser_class():
             return argv
 
         def parse(self, argv: list[str]):
-            argv = list(argv)
-            argv = self._unalias({}, argv, None)
+            argv = self._unalias_argv(list(argv))
             if "--config" in argv:
                 at = argv.index("--config")
                 if at + 1 >= len(argv):
@@ -358,7 +361,7 @@ def _stage_parser_class():
                 config_path = argv[at + 1]
                 del argv[at : at + 2]
                 config = load_config(config_path)
-                self._unalias(config, [], config_path)
+                self._unalias_config(config, config_path)
                 for key, value in (config.pop(ENV_KEY, None) or {}).items():
                     os.environ[key] = str(value)
                 self._check_config(config, config_path)
