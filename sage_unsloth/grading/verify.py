@@ -41,9 +41,10 @@ from pathlib import Path
 
 from sage_unsloth.grading.deadline import GradingTimeout, armed, can_interrupt, cpu_deadline, wall_limit_s
 from sage_unsloth.grading.extract import extract_answer, math_candidate, top_level_parts
-from sage_unsloth.grading.kk import format_assignments, kk_answer_text, kk_assignments
+from sage_unsloth.grading.kk import format_assignments, kk_read
 from sage_unsloth.grading.normalise import normalise_gold, normalise_math, strip_unit_tail
 from sage_unsloth.grading.numbers import Number, compact, numbers_equal, parse_number, value_equal
+from sage_unsloth.grading.visible import visible
 from sage_unsloth.grading.words import word_gold, words_match
 
 CORRECT, WRONG, NO_ANSWER, TIMEOUT = "correct", "wrong", "no_answer", "timeout"
@@ -229,6 +230,9 @@ def _cheap_verdict(answer: str, gold: str):
     expressions here are linear or run on capped text (``MAX_PROSE_CHARS``, ``MAX_ANSWER_CHARS``)."""
     if not gold or not _acceptable(gold) or not _acceptable(answer, MAX_PROSE_CHARS):
         return WRONG
+    answer = visible(answer).strip()  # an answer handed in directly: its hidden parts are not read either
+    if not answer:
+        return NO_ANSWER
     form = gold_form(gold)
     if form.words is not None:
         return CORRECT if words_match(*form.words, answer) else WRONG
@@ -348,7 +352,7 @@ def _grade_kk(completion, gold, timeout_s: float, wall_s: float | None) -> Grade
         return Grade(None, NO_ANSWER)
     try:
         with cpu_deadline(timeout_s, wall_s) if can_interrupt() else contextlib.nullcontext():
-            said = kk_assignments(kk_answer_text(completion), names)
+            said = kk_read(completion, names)
     except GradingTimeout:
         return Grade(None, TIMEOUT)
     if not said:
