@@ -559,7 +559,7 @@ def render(
             "",
             (
                 "Same run names; the numbers agree exactly only on the same CPU type, library versions and "
-                "budget (docs/lab.md: how they vary)."
+                "budget (docs/stages.md, \"The demo runner\")."
             ),
             "",
             "| run | metric | this run | reference | difference |",
