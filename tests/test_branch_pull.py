@@ -92,7 +92,7 @@ def test_the_branch_guide_multiplies_the_k3_pull_by_q_and_leaves_the_reverse_kl_
 
 
 def test_where_the_entropy_is_below_tau_the_guide_does_nothing_and_it_never_weakens_the_pull():
-    theta, ref = _position(7, temperature=0.2)  # a sharp policy: entropy below tau
+    theta, _ = _position(7, temperature=0.2)  # a sharp policy: entropy below tau
     assert _entropy(theta) < TAU and _branch_q(theta) == 1.0
     entropies = torch.linspace(0.0, 6.0, 301, dtype=torch.float32).reshape(1, -1)
     q = branch_guide(entropies, torch.ones_like(entropies), gamma=GAMMA, tau=TAU, q_min=Q_MIN, q_max=Q_MAX)

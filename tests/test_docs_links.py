@@ -105,7 +105,9 @@ def _code_texts(path: Path) -> list[str]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.JoinedStr):
             texts.append(
-                "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values if v is not None)
+                "".join(
+                    v.value if isinstance(v, ast.Constant) else "{}" for v in node.values if v is not None
+                )
             )
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             texts.append(node.value)
