@@ -16,9 +16,11 @@ ratio to the naive loop:
   (answer, gold) pair judged once, worker processes), per worker: completions / s / workers, and completions
   per CPU second of the parent and the workers together.
 
-The CPU figures do not depend on the machine's load; the wall figures do, and the pool's workers run
-``--worker-nice`` (default: the eval pool's own, ``gradepool.WORKER_NICE``) above this process, so on a loaded
-machine its wall figure falls behind its CPU figure.
+The CPU figures do not depend on the machine's load; the wall figures do. The pool's workers run at this
+process's priority (``--worker-nice 0``), so that a worker and the naive loop compete for the cores alike; the
+eval stage runs them ``gradepool.WORKER_NICE`` (10) above the process that starts them, to leave a sampling
+engine its cores, which on a loaded machine lowers their wall throughput without changing their work
+(``--worker-nice 10`` measures that).
 
 Budget (``--budget``): the CPU time (grading thread, ``time.thread_time``) of every bundled math gold
 against typical answers (the gold in another spelling, and wrong answers of the same shape), each gold met
@@ -270,7 +272,10 @@ def main() -> None:
     ap.add_argument("--serial-sample", type=int, default=600)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument(
-        "--worker-nice", type=int, default=WORKER_NICE, help="the pool workers' niceness above this process"
+        "--worker-nice",
+        type=int,
+        default=0,
+        help=f"the pool workers' niceness above this process (the eval stage's: {WORKER_NICE})",
     )
     ap.add_argument("--budget", action="store_true", help="measure the cost distribution behind the budget")
     ap.add_argument("--cold", type=int, default=0, help="with --budget: fresh processes to time cold")

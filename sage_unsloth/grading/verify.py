@@ -413,7 +413,40 @@ def _symbolic_equal(candidate: str, form: GoldForm) -> bool:
     by_value = _equal_by_value(_first_expr(gold_parsed), _first_expr(parsed))
     if by_value is not None:
         return by_value
+    if _surely_different(gold_parsed, parsed):
+        return False
     return bool(verify(gold_parsed, parsed, timeout_seconds=None))
+
+
+_VARIABLE = re.compile(r"[A-Za-z]+(?:_\{?[A-Za-z0-9]+\}?)?")  # x, p, alpha, r_0, E_{1}: a variable's name
+
+
+def _surely_different(gold_parsed, parsed) -> bool:
+    """Whether the gold and the answer, each one expression, cannot be equal: two constants whose values differ
+    by more than 1e-6 of their size (math-verify's numeric test rounds to 6 places, and simplify does not change
+    a value), or a constant against an expression that takes two different values at two points (no constant).
+    Then math-verify's verdict is wrong without its simplify, which took half the CPU of the symbolic pairs of
+    benchmarks/bench_grading.py (profiled; 138 ms for 478 against p - q). Expressions over the same variables
+    were decided by ``_equal_by_value`` already; tests/test_grading_shortcut.py checks that no verdict moves."""
+    import sympy
+
+    gold = [g for g in gold_parsed if isinstance(g, sympy.Basic)]
+    answer = [a for a in parsed if isinstance(a, sympy.Basic)]
+    if len(gold) != 1 or len(answer) != 1:
+        return False
+    gold, answer = gold[0], answer[0]
+    if not (isinstance(gold, sympy.Expr) and isinstance(answer, sympy.Expr)):
+        return False
+    if gold.free_symbols and answer.free_symbols:
+        return False
+    if gold.free_symbols or answer.free_symbols:  # a constant against an expression: is the expression one?
+        varying = gold if gold.free_symbols else answer
+        if not all(_VARIABLE.fullmatch(s.name) for s in varying.free_symbols):
+            return False  # \textbf{113} parses as a symbol named 113, which math-verify equates with 113
+        first, second = (_value(varying, point) for point in _points(varying.free_symbols, 2))
+        return first is not None and second is not None and abs(first - second) > 1e-6 * max(1.0, abs(first))
+    g, a = _value(gold, {}), _value(answer, {})
+    return g is not None and a is not None and abs(g - a) > 1e-6 * max(1.0, abs(g), abs(a))
 
 
 def _aligned(gold_parsed: list, parsed: list) -> tuple[list, list]:
