@@ -157,3 +157,20 @@ def test_knights_and_knaves_contradictions_outside_a_block():
         "<SOLUTION>Alice is a knight and a knave. Bob is a knight.</SOLUTION>", ([True, True], NAMES)
     )
     assert record.answer == "Alice=both, Bob=knight"
+
+
+# ----------------------------------------------------------------------------------------------- products
+@pytest.mark.parametrize(
+    "answer, gold, expected",
+    [
+        ("2\\left(5\\right)", "10", "correct"),  # read as 2 + 5 = 7 before (found by the throughput profile)
+        ("2\\left(5\\right)", "7", "wrong"),
+        ("2(5)", "10", "correct"),
+        ("3(x+1)", "3x+3", "correct"),
+        ("f(5)", "f(5)", "correct"),  # a function's value stays one
+        ("x_{1}(t)", "x_1(t)", "correct"),
+        ("(2, 3)", "(2,3)", "correct"),
+    ],
+)
+def test_a_number_against_a_bracket_multiplies_it(answer, gold, expected):
+    assert grade(f"\\boxed{{{answer}}}", gold).status == expected

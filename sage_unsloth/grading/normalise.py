@@ -84,6 +84,9 @@ _MIXED_SPACED = re.compile(r"(?<![\d.,/])(\d+)\s+(\d+)\s*/\s*(\d+)(?![\d./])")
 _TRIG_DEGREES = re.compile(
     r"(\\(?:sin|cos|tan|cot|sec|csc))\s*(\(?)\s*(\d+(?:\.\d+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree)"
 )
+# A number written against an opening bracket multiplies it ("2(5)", "3\\left(x + 1\\right)"); latex2sympy
+# read "2(5)" as 7. Not after a letter (f(5) is a function's value) or inside a subscript (x_{1}(t)).
+_NUMBER_BRACKET = re.compile(r"(?<![\w.^_{])(\d+(?:\.\d+)?)\s*(\\left\s*\(|\()")
 _SUBSCRIPT_BARE = re.compile(r"_\s*([A-Za-z0-9]|\\[A-Za-z]+)(?![A-Za-z0-9{])")
 
 
@@ -218,6 +221,7 @@ def normalise_math(text: str) -> str:
     text = _SUBSCRIPT_COMMAND.sub(r"_{\1}", text)  # L_{\odot}: the parser takes no symbol command there
     text = _SUBSCRIPT_BARE.sub(r"_{\1}", text)  # E_1 and E_{1} are one symbol
     text = _EULER_SUBSCRIPTED.sub(r"\\mathrm{\1}", text)
+    text = _NUMBER_BRACKET.sub(r"\1 \\cdot \2", text)  # 2(5) is 10: the parser read it as 2 + 5
     text = _PYTHON_PREFIX.sub("", text)
     text = _PYTHON_FUNCTION.sub(r"\\\1(", text)
     text = _TRAILING_DOT.sub(r"\1", text)
