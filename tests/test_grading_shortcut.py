@@ -3,7 +3,7 @@ differ, or a constant against an expression that varies, cannot be equal) change
 the throughput benchmark's corpus and a set of edge cases get the same status with the shortcut as without it.
 """
 
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,7 @@ import pytest
 from sage_unsloth import grading
 from sage_unsloth.grading import verify
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_grading.py"
 
 EDGES = [
     ("\\textbf{(113) }", "113", "correct"),  # a symbol named 113: math-verify's, not a variable
@@ -34,8 +34,9 @@ EDGES = [
 
 
 def _pairs():
-    import bench_grading
-
+    spec = importlib.util.spec_from_file_location("bench_grading", BENCH)
+    bench_grading = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_grading)
     pairs = {}
     for completion, gold in bench_grading.corpus(100, 16):
         answer = grading.extract_answer(completion)
