@@ -1,12 +1,26 @@
 """Grading throughput and the grading budget, on the bundled benchmarks.
 
 Throughput (default): realistic MATH-500 completions (a long working-out, then the answer in the formats
-and mistakes models make: ``<SOLUTION>``, ``\\boxed{}``, ``$...$``, prose, wrong values, no answer), 256
-samples per problem repeating a handful of distinct completions with Zipf-like frequencies, as sampling
-does. Printed side by side in one run: the eval grader's pool (extract once, dedup (answer, gold), worker
-processes) as completions/s in all and per worker, the same grader serially in this process, and a naive
-serial loop (math-verify parse+verify of every full completion, as the official evaluator does; timed on a
-random subsample and extrapolated, said so in the output).
+and mistakes models make: ``<SOLUTION>``, ``\\boxed{}``, ``$...$``, prose, wrong values, no answer), a number
+of samples per problem that repeat a handful of distinct completions with Zipf-like frequencies, as sampling
+does. The corpus states how much it deduplicates (completions, distinct completions, distinct (answer, gold)
+pairs). Side by side in one run, each as completions per second of wall time and per CPU second, and as a
+ratio to the naive loop:
+
+- naive: math-verify's parse + verify of every full completion, serially, as the official evaluator does
+  (timed on a random subsample);
+- grader without deduplication: every completion of a random subsample extracted and judged on its own,
+  serially in this process with the budget armed (a pool worker's loop without its shared work; only each
+  gold's parse is cached, as every sample of a problem shares its gold);
+- grader with deduplication: the eval grader's pool (each distinct completion extracted once, each distinct
+  (answer, gold) pair judged once, worker processes), per worker: completions / s / workers, and completions
+  per CPU second of the parent and the workers together.
+
+The CPU figures do not depend on the machine's load; the wall figures do. The pool's workers run at this
+process's priority (``--worker-nice 0``), so that a worker and the naive loop compete for the cores alike; the
+eval stage runs them ``gradepool.WORKER_NICE`` (10) above the process that starts them, to leave a sampling
+engine its cores, which on a loaded machine lowers their wall throughput without changing their work
+(``--worker-nice 10`` measures that).
 
 Budget (``--budget``): the CPU time (grading thread, ``time.thread_time``) of every bundled math gold
 against typical answers (the gold in another spelling, and wrong answers of the same shape), each gold met
@@ -14,7 +28,7 @@ for the first time in a warmed-up process (its parse is not cached: the worst ca
 the labelled cases of ``tests/fixtures/grading_cases.jsonl``. Prints the distribution per benchmark and
 the ratio of the default budget to the largest cost; ``--cold`` adds fresh processes without warm-up.
 
-    python benchmarks/bench_grading.py [--problems 500] [--per-problem 256] [--workers N]
+    python benchmarks/bench_grading.py [--problems 100] [--per-problem 128] [--workers N] [--worker-nice K]
     python benchmarks/bench_grading.py --budget [--cold 6]
 """
 
@@ -30,7 +44,8 @@ from pathlib import Path
 
 from sage_unsloth import grading
 from sage_unsloth.eval.benchmarks import load_benchmark
-from sage_unsloth.eval.gradepool import GradingPool
+from sage_unsloth.eval.gradepool import WORKER_NICE, GradingPool
+from sage_unsloth.grading import deadline
 
 CASES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "grading_cases.jsonl"
 THOUGHTS = (
@@ -75,50 +90,98 @@ def naive(items):
     return [bool(verify(parse(f"\\boxed{{{g}}}"), parse(c))) for c, g in items]
 
 
+def _process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) of another process so far, from /proc; None where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed_run(fn):
+    """(result, wall seconds, CPU seconds of this process) of ``fn()``."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - wall0, time.process_time() - cpu0
+
+
+def _line(name: str, n: int, wall: float, cpu: float | None, base: tuple[float, float] | None, note: str):
+    rate, cpu_rate = n / wall, (n / cpu if cpu else None)
+    text = f"{name:34s} {rate:9.1f} /s wall"
+    text += f" {cpu_rate:9.1f} /CPU-s" if cpu_rate else "       n/a /CPU-s"
+    if base:
+        text += f"   = {rate / base[0]:6.1f}x wall"
+        text += f" {cpu_rate / base[1]:6.1f}x CPU" if cpu_rate else ""
+    print(f"{text}   ({note})")
+    return rate, cpu_rate
+
+
 def throughput(args) -> None:
     items = corpus(args.problems, args.per_problem)
+    distinct = {c for c, _ in items}
+    extracted = {c: grading.extract_answer(c) for c in distinct}
+    pairs = {(extracted[c], grading.normalise_gold(g)) for c, g in items if extracted[c]}
     print(
-        f"corpus: {len(items)} MATH-500 completions ({args.problems} problems x {args.per_problem}), "
-        f"mean {statistics.mean(len(c) for c, _ in items):.0f} characters"
+        f"corpus: {len(items)} MATH-500 completions ({args.problems} problems x {args.per_problem}), mean "
+        f"{statistics.mean(len(c) for c, _ in items):.0f} characters; {len(distinct)} distinct completions, "
+        f"{len(pairs)} distinct (answer, gold) pairs with an answer: deduplication leaves "
+        f"{len(distinct) / len(items):.3f} of the extractions and {len(pairs) / len(items):.3f} of the judgements"
     )
+    print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     sample = random.Random(1).sample(items, args.naive_sample)
     naive(sample[:5])  # warm math-verify's imports and grammar outside the timing
-    t0 = time.perf_counter()
-    naive(sample)
-    naive_rate = len(sample) / (time.perf_counter() - t0)
+    _, naive_wall, naive_cpu = _timed_run(lambda: naive(sample))
+    base = (len(sample) / naive_wall, len(sample) / naive_cpu)
 
     grading.warm_up()
     serial_sample = random.Random(2).sample(items, args.serial_sample)
-    t0 = time.perf_counter()
-    serial = [grading.grade(c, g) for c, g in serial_sample]
-    serial_rate = len(serial_sample) / (time.perf_counter() - t0)
 
-    with GradingPool(workers=args.workers) as pool:
-        pool.grade(items[:2000])  # start and warm the workers outside the timing
+    def one_by_one():
+        with deadline.armed(grading.DEFAULT_TIMEOUT_S):  # as a pool worker holds the timers
+            return [grading.grade(c, g) for c, g in serial_sample]
+
+    serial, serial_wall, serial_cpu = _timed_run(one_by_one)
+
+    with GradingPool(workers=args.workers, nice=args.worker_nice) as pool:
+        pool.grade(corpus(args.problems, 16, seed=99))  # start and warm the workers outside the timing
         pool.stats = dict.fromkeys(pool.stats, 0)
-        t0 = time.perf_counter()
-        grades = pool.grade(items)
-        pool_s = time.perf_counter() - t0
+        pids = [w.process.pid for w in pool._workers]
+        before = [_process_cpu(pid) for pid in pids]
+        grades, pool_wall, parent_cpu = _timed_run(lambda: pool.grade(items))
+        after = [_process_cpu(pid) for pid in pids]
         stats = dict(pool.stats)
+    workers_cpu = None if None in before + after else sum(a - b for a, b in zip(after, before))
+    pool_cpu = None if workers_cpu is None else parent_cpu + workers_cpu
     index = {id(x): i for i, x in enumerate(items)}
     agree = sum(g == grades[index[id(x)]] for g, x in zip(serial, serial_sample)) / len(serial_sample)
-    pool_rate = len(items) / pool_s
-    print(f"naive serial parse+verify : {naive_rate:9.1f} completions/s (subsample of {len(sample)})")
-    print(f"grader, serial in-process : {serial_rate:9.1f} completions/s (subsample of {len(serial_sample)})")
-    print(
-        f"grader, pool of {args.workers} workers : {pool_rate:9.1f} completions/s = "
-        f"{pool_rate / args.workers:.1f} per worker ({len(items)} completions in {pool_s:.1f} s; "
-        f"{stats['unique_pairs']} unique (answer, gold) pairs, {stats['verified']} judged, "
-        f"{stats['timeouts']} timeouts)"
+
+    _line(
+        "naive serial parse+verify", len(sample), naive_wall, naive_cpu, None, f"subsample of {len(sample)}"
+    )
+    _line(
+        "grader, without deduplication",
+        len(serial_sample),
+        serial_wall,
+        serial_cpu,
+        base,
+        f"subsample of {len(serial_sample)}, one by one in this process",
+    )
+    _line(
+        "grader, with deduplication",
+        len(items),
+        pool_wall * args.workers,
+        pool_cpu,
+        base,
+        f"pool of {args.workers} workers at nice +{pool.nice}, per worker: {len(items)} completions in "
+        f"{pool_wall:.1f} s; {stats['unique_pairs']} distinct pairs, {stats['verified']} judged, "
+        f"{stats['timeouts']} timeouts",
     )
     print(
-        f"correct: {sum(g.correct for g in grades) / len(grades):.3f}; serial and pool verdicts agree on "
-        f"{agree:.3f} of the subsample"
+        f"correct: {sum(g.correct for g in grades) / len(grades):.3f}; verdicts without and with deduplication "
+        f"agree on {agree:.3f} of the subsample"
     )
-    print(
-        f"RATIO pool / naive = {pool_rate / naive_rate:.1f}x; per worker / naive = "
-        f"{pool_rate / args.workers / naive_rate:.1f}x"
-    )
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 # ------------------------------------------------------------------------------------------------ budget
@@ -203,11 +266,17 @@ def budget(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--problems", type=int, default=500)
-    ap.add_argument("--per-problem", type=int, default=256)
-    ap.add_argument("--naive-sample", type=int, default=300)
-    ap.add_argument("--serial-sample", type=int, default=3000)
+    ap.add_argument("--problems", type=int, default=100)
+    ap.add_argument("--per-problem", type=int, default=128)
+    ap.add_argument("--naive-sample", type=int, default=150)
+    ap.add_argument("--serial-sample", type=int, default=600)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument(
+        "--worker-nice",
+        type=int,
+        default=0,
+        help=f"the pool workers' niceness above this process (the eval stage's: {WORKER_NICE})",
+    )
     ap.add_argument("--budget", action="store_true", help="measure the cost distribution behind the budget")
     ap.add_argument("--cold", type=int, default=0, help="with --budget: fresh processes to time cold")
     args = ap.parse_args()

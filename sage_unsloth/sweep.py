@@ -358,6 +358,10 @@ def executor_slots(cfg: SweepConfig, executor) -> list[Slot]:
     places jobs itself, and its slots only cap the jobs in flight and say how many GPUs each asks for."""
     if executor.uses_local_slots:
         return make_slots(cfg)
+    if (
+        executor.runs_here
+    ):  # submitit's local cluster: this machine's slots bound it, as they bound local jobs
+        executor.share_this_machine(len(make_slots(cfg)))
     cpu = str(cfg.gpus).strip().lower() == "none"
     env = {"CUDA_VISIBLE_DEVICES": ""} if cpu else {}
     n_jobs = len(cfg.configs) * len(cfg.seeds) * 2 + 2

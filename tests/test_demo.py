@@ -57,7 +57,7 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
 
     plans = list(csv.DictReader((results / "analysis" / "strategies.csv").open()))
     for run in runs:
-        shares = [float(r["fraction"]) for r in plans if r["run"] == run and r["strategy"] != "rare"]
+        shares = [float(r["fraction"]) for r in plans if r["run"] == run and r["strategy"] != "minority"]
         assert sum(shares) == pytest.approx(1.0, abs=1e-3)
     branch = {r["run"]: r for r in csv.DictReader((results / "analysis" / "branch.csv").open())}
     assert set(branch) == set(runs) and all(

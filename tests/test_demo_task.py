@@ -187,14 +187,14 @@ def test_strategy_rows_count_shares_accuracy_and_coverage():
         {"problem_id": "p1", "completions": [left_bad, left_bad, junk, junk]},
     ]
     rows = {r["strategy"]: r for r in strategy_rows("grpo", records)}
-    assert [rows[s]["completions"] for s in ("left", "outer", "other", "rare")] == [4, 1, 3, 1]
+    assert [rows[s]["completions"] for s in ("left", "outer", "other", "minority")] == [4, 1, 3, 1]
     assert rows["left"]["fraction"] == 0.5 and rows["outer"]["fraction"] == 0.125
     assert (
         rows["left"]["accuracy"] == 0.25
         and rows["outer"]["accuracy"] == 1.0
         and rows["other"]["accuracy"] == 0.0
     )
-    assert rows["rare"]["problems_solved_fraction"] == 0.5 and np.isnan(rows["right"]["accuracy"])
+    assert rows["minority"]["problems_solved_fraction"] == 0.5 and np.isnan(rows["right"]["accuracy"])
     shares = problem_shares(records)
     assert shares.shape == (2, 7) and shares[0].tolist() == [0.5, 0, 0, 0.25, 0, 0.25, 0.25]
     table = markdown_table(list(rows.values()))

@@ -340,3 +340,25 @@ def test_a_bad_lab_executor_is_one_line(tmp_path):
         lab._executor(lab.parse_args(["--executor", "pbs"]), tmp_path)
     with pytest.raises(ValueError, match=r"^--executor-settings '\[1\]': a YAML mapping"):
         lab._executor(lab.parse_args(["--executor", "ray", "--executor-settings", "[1]"]), tmp_path)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_slurm_on_this_machine_honours_jobs_and_shares_the_cores(jobs, monkeypatch, tmp_path, capsys):
+    """Issue 41: `slurm: {cluster: local}` announced 8 CPUs a job and 6 jobs at once on 2 cores, ignoring
+    `jobs: 2`. Now the machine's slots bound it as they bound local jobs: `jobs` at once, cores // jobs each
+    (OMP_NUM_THREADS of the jobs too); a real cluster keeps its own settings."""
+    monkeypatch.setattr(slurm.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(sweep.os, "cpu_count", lambda: 2)
+    argv = [str(TINY_SWEEP), "--sft_dir", "sft", "--output_root", str(tmp_path), "--jobs", str(jobs)]
+    cfg = sweep.parse_args([*argv, "--executor", "slurm", "--slurm", "{cluster: local}"])
+    executor = make_executor("slurm", cfg.slurm, tmp_path / "submitit")
+    slots = sweep.executor_slots(cfg, executor)
+    assert len(slots) == jobs and executor.capacity(6) == jobs
+    assert f"{2 // jobs} CPUs" in executor.describe()
+    assert (
+        slurm.job_parameters(executor.settings, Task("x", [], tmp_path / "x.log"))["cpus_per_task"]
+        == 2 // jobs
+    )
+    cluster = sweep.parse_args([*argv, "--executor", "slurm", "--slurm", "{partition: cpu}"])
+    remote = make_executor("slurm", cluster.slurm, tmp_path / "submitit2")
+    assert len(sweep.executor_slots(cluster, remote)) == 6 and "8 CPUs" in remote.describe()

@@ -252,3 +252,88 @@ def test_training_steps_get_integer_ticks(figures, steps):
     low, high = ax.get_xlim()
     ticks = [t for t in ax.get_xticks() if low <= t <= high]
     assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def _lch(colour) -> tuple[float, float, float]:
+    """CIE L*, C*, h (degrees) of a colour, written from the sRGB and CIELAB definitions (D65)."""
+    rgb = np.asarray(matplotlib.colors.to_rgb(colour))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    f = lambda t: np.where(t > 216 / 24389, np.cbrt(t), (24389 / 27 * t + 16) / 116)
+    fx, fy, fz = f(xyz / np.array([0.9505, 1.0, 1.089]))
+    lightness, a, b = 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+    return float(lightness), float(np.hypot(a, b)), float(np.degrees(np.arctan2(b, a)) % 360)
+
+
+def implied_pair(a: str, b: str) -> bool:
+    """Two colours that read as shades of one hue (tab20's light/dark pairs): both coloured (chroma >= 15) and
+    less than 12 degrees of hue apart."""
+    (_, ca, ha), (_, cb, hb) = _lch(a), _lch(b)
+    gap = abs(ha - hb) % 360
+    return ca >= 15 and cb >= 15 and min(gap, 360 - gap) < 12
+
+
+def test_no_two_unrelated_methods_that_share_a_plot_share_a_hue():
+    """Issue 41 item 7: tab20's paired colours suggested links between unrelated arms (BNPO a light GRPO, DAPO a
+    light no-KL, the token guide a light Pass@k, Branch-in-the-reward a dark Forward-KL). Among the methods that
+    are plotted together (the lab's, each preset folder's), only the members of one family share a hue."""
+    assert implied_pair("#1f77b4", "#aec7e8") and not implied_pair("#1f77b4", "#ff7f0e")  # tab20's first pair
+    assert not implied_pair("#000000", "#7f7f7f")  # greys have no hue
+
+    def related(a, b):
+        return any(a in family and b in family for family in palette.FAMILIES)
+
+    groups = {"demo": {"sft", *config_methods(REPO / "configs" / "demo")}}
+    for folder in sorted((REPO / "configs" / "rlvr").iterdir()):
+        groups[folder.name] = {"sft", "base", *config_methods(folder)} - set(palette.ALIASES)
+    for name, methods in groups.items():
+        pairs = [
+            (a, b)
+            for a, b in itertools.combinations(sorted(methods), 2)
+            if not related(a, b) and implied_pair(palette.colour(a), palette.colour(b))
+        ]
+        assert not pairs, (name, pairs)
+
+
+def test_the_dose_response_legend_sits_under_the_plot_and_each_arm_has_its_colour(figures):
+    """Issue 41 item 7: dose_response.png spent half its width on a legend beside the axes, in tab20 colours
+    paired by position. Now the legend is under the axes (the plot keeps the width) and each arm is drawn in
+    its palette colour: distinct arms, a --grid setting in its method's hue."""
+    from sage_unsloth.demo import dose_response
+
+    methods = [
+        "sft",
+        "grpo",
+        "grpo_nokl",
+        "grpo_branch_paper",
+        "grpo_beta1",
+        "grpo_ref_branch-tau0.3-gamma4-q_max3",
+    ]
+    rows = []
+    for i, m in enumerate(methods):
+        row = {"method": m, "beta": 0.05, "tau": np.nan, "gamma": np.nan, "q_max": np.nan, "guide": "none"}
+        for name, value in (("pass_at_1", 0.6 + 0.02 * i), ("net_support_at_64", -0.01 * i)):
+            row.update({name: value, f"{name}_ci_low": value - 0.02, f"{name}_ci_high": value + 0.02})
+        rows.append(row)
+    long = {
+        m: f"{m} with a long descriptive label of the kind the lab writes for a grid cell" for m in methods
+    }
+    dose_response.plot(pd.DataFrame(rows), long, 64, Path("unused.png"))
+    (fig,) = figures
+    renderer = fig.canvas.get_renderer()
+    ax, (legend,) = fig.axes[0], fig.legends
+    whole, plot, key = (
+        fig.get_tightbbox(renderer),
+        ax.get_tightbbox(renderer),
+        legend.get_window_extent(renderer),
+    )
+    assert ax.get_window_extent(renderer).width >= 0.8 * whole.width  # the axes keep the figure's width
+    assert key.y1 <= plot.y0 + 1  # the legend is under the axes and their labels, not beside them
+    drawn = {}
+    for container in ax.containers:
+        line = container.lines[0]
+        drawn[container.get_label().split(" with ")[0]] = hex_of(line.get_color())
+    assert drawn == {m: palette.colour(m) for m in methods}
+    assert len(set(drawn.values())) == len(methods)
+    cell, base = _lch(drawn["grpo_ref_branch-tau0.3-gamma4-q_max3"]), _lch(palette.colour("grpo_ref_branch"))
+    assert abs(cell[2] - base[2]) < 12 and abs(cell[0] - base[0]) > 5  # its method's hue, another lightness

@@ -37,8 +37,8 @@ EVAL_FILE = "demo.jsonl"
 SPEC_FILE = "demo_data.json"
 # The SFT prior over the plans: one common running total, two rare ones and the two pair plans (the only
 # ones that avoid the base model's gap, task.GAP_ONES_SUMS) rarest, 8% together, so that 64 samples of the
-# SFT policy sometimes miss them on the gap problems and RL can lose or keep them (docs/lab.md: the pilot
-# that chose it; at 70/10/10/5/5 the SFT model solved every problem within 64 samples).
+# SFT policy sometimes miss them on the gap problems and RL can lose or keep them (docs/lab.md, "The regime
+# and the pilot that chose it": at 70/10/10/5/5 the SFT model solved every problem within 64 samples).
 DEFAULT_MIX = (("left", 0.74), ("right", 0.09), ("pairs", 0.05), ("outer", 0.03), ("middle", 0.09))
 
 

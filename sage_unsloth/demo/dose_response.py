@@ -168,42 +168,43 @@ MARKERS = "osD^v<>Pp*hX"
 
 
 def plot(table: pd.DataFrame, labels: dict[str, str], kmax: int, path: Path) -> Path:
-    """pass@1 against net support at kmax, one point per method with its intervals in both directions."""
-    from ..report import plots
+    """pass@1 against net support at kmax, one point per method with its intervals in both directions; each
+    method in its palette colour (report/palette.py: the same in every plot, no implied pairs), the legend
+    under the axes so that the plot keeps the figure's width."""
+    import textwrap
 
-    fig, axes = plots._figure((1400, 720))
+    from ..report import palette, plots
+
+    fig, axes = plots._figure((1100, 640))
     ax = axes[0, 0]
     net = f"net_support_at_{kmax}"
     for i, (_, r) in enumerate(table.iterrows()):
         sft = r["method"] == compare.REFERENCE_METHOD
         setting = setting_text(r)
+        label = labels.get(r["method"], r["method"]) + (f": {setting}" if setting else "")
         ax.errorbar(
             r[net],
             r["pass_at_1"],
             xerr=[[r[net] - r[f"{net}_ci_low"]], [r[f"{net}_ci_high"] - r[net]]],
             yerr=[[r["pass_at_1"] - r["pass_at_1_ci_low"]], [r["pass_at_1_ci_high"] - r["pass_at_1"]]],
             fmt="s" if sft else MARKERS[(i - 1) % len(MARKERS)],
-            color="black" if sft else plt_colour(i - 1),
+            color=palette.colour(r["method"]),
             ms=6,
             lw=1,
             capsize=2,
-            label=labels.get(r["method"], r["method"]) + (f": {setting}" if setting else ""),
+            label=textwrap.fill(label, 70),
         )
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_xlabel(f"net support against SFT at k = {kmax} (share of problems)")
     ax.set_ylabel("pass@1")
     ax.set_title("pass@1 against net support per method (bars: 95% CI, t over seeds)", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
-    return plots._save(fig, path)
-
-
-def plt_colour(i: int):
-    """One of 20 distinguishable colours (tab20), so that 12+ methods do not share one."""
-    from matplotlib import colormaps
-
-    return colormaps["tab20"](i % 20)
+    handles, names = ax.get_legend_handles_labels()
+    fig.legend(
+        handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False
+    )
+    return plots._save(fig, path, tight=True)
 
 
 def write(

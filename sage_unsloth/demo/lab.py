@@ -27,11 +27,10 @@ from ..manifest import atomic_write_text
 from . import compare, dose_response, intervals, outcome
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
 from .data import EVAL_FILE, SPEC_FILE
-from .strategies import LABELS, markdown_table
+from .strategies import GROUPS, LABELS, MINORITY, PAIR_PLANS, PLAN_METRICS, markdown_table
 from .task import COMMON, GAP_ONES_SUMS, STRATEGIES, parse_problem, plan_needs_gap
 
 BENCHMARK = "demo"
-PAIR_PLANS = ("pairs", "outer")
 LAB_DIR = "lab"
 MARKER = "\n## The lab: "
 
@@ -65,13 +64,13 @@ def gap_flags(eval_file: Path, problems: list[str]) -> np.ndarray:
 def gap_table(
     lab: compare.LabRuns,
     gap: np.ndarray,
-    correct_rare: dict[str, np.ndarray],
+    correct_minority: dict[str, np.ndarray],
     pair_share: dict[str, np.ndarray],
     kmax: int,
     **stats,
 ):
     """Per method, on the problems where the common plan meets the gap and on the others: pass@1, pass@kmax,
-    the share of completions that follow a pair plan and the share that are correct and follow a rare plan."""
+    the pair-plan share and the share of completions that are correct and follow a minority plan."""
     rows = []
     for method, runs in lab.methods.items():
         for subset, mask in (("gap", gap), ("no gap", ~gap)):
@@ -82,7 +81,7 @@ def gap_table(
                 "pass_at_1": np.stack([lab.passk(r, [1])[mask, 0] for r in runs]),
                 f"pass_at_{kmax}": np.stack([lab.passk(r, [kmax])[mask, 0] for r in runs]),
                 "pair_share": np.stack([pair_share[r][mask] for r in runs]),
-                "correct_rare": np.stack([correct_rare[r][mask] for r in runs]),
+                "correct_minority": np.stack([correct_minority[r][mask] for r in runs]),
             }
             for name, array in values.items():
                 mean, low, high = compare.ci(array, bounds=compare.SHARE, **stats)
@@ -97,7 +96,7 @@ def plans_by_type(shares: dict[str, np.ndarray], gap: np.ndarray, **stats) -> pd
     for subset, mask in (("all", np.ones_like(gap)), ("gap", gap), ("no gap", ~gap)):
         if mask.any():
             table = compare.strategy_method_table(
-                {run: value[mask] for run, value in shares.items()}, [*LABELS, "rare"], **stats
+                {run: value[mask] for run, value in shares.items()}, list(GROUPS), **stats
             )
             frames.append(table.assign(problems=subset))
     return pd.concat(frames, ignore_index=True)
@@ -128,8 +127,8 @@ def run_rows(
                 "seed": compare.split_run(run)[1],
                 "pass_at_1": values[0],
                 f"pass_at_{kmax}": values[1],
-                "rare_share": plans.loc["rare", "fraction"],
-                "rare_accuracy": plans.loc["rare", "accuracy"],
+                "minority_share": plans.loc[MINORITY, "fraction"],
+                "minority_accuracy": plans.loc[MINORITY, "accuracy"],
                 f"{COMMON}_share": plans.loc[COMMON, "fraction"],
                 f"{COMMON}_accuracy": plans.loc[COMMON, "accuracy"],
                 "other_share": plans.loc["other", "fraction"],
@@ -147,9 +146,9 @@ def run_rows(
 
 def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFrame:
     """This run's per-run numbers beside the reference's (same run names), with the difference."""
-    ref = pd.read_csv(reference / LAB_DIR / "runs.csv")
-    rows = []
-    for metric in ("pass_at_1", f"pass_at_{kmax}", "rare_share"):
+    ref = pd.read_csv(reference / LAB_DIR / "runs.csv").rename(columns={"rare_share": "minority_share"})
+    rows = []  # (a reference written before the minority plans had their name called their share rare_share)
+    for metric in ("pass_at_1", f"pass_at_{kmax}", "minority_share"):
         if metric not in ref.columns:
             continue
         for _, r in runs.iterrows():
@@ -172,7 +171,7 @@ def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFr
 def plan_pair_table(lab: compare.LabRuns, shares: dict[str, np.ndarray], pairs, **stats) -> pd.DataFrame:
     """A - B of the share of completions that follow a pair plan (pairs, outer: the plans the gap spares),
     runs paired by seed: the guide's direct target is the plan prior at the branch point."""
-    columns = [[*LABELS, "rare"].index(name) for name in PAIR_PLANS]
+    columns = [list(GROUPS).index(name) for name in PAIR_PLANS]
     rows = []
     for a, b in pairs:
         if a not in lab.methods or b not in lab.methods:
@@ -389,20 +388,20 @@ def render(
         "",
         "### pass@k per method",
         "",
-        f"| method | seeds | pass@1 | pass@{kmax} | rare-plan share | {COMMON} accuracy | rare accuracy |",
+        f"| method | seeds | pass@1 | pass@{kmax} | minority-plan share | {COMMON} accuracy | minority-plan accuracy |",
         "|---|---|---|---|---|---|---|",
     ]
     plan_rows = plans.set_index(["method", "strategy"])
     for method in in_lab_order(methods["method"], labels):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
-        rare = plan_rows.loc[(method, "rare")]
+        minority = plan_rows.loc[(method, MINORITY)]
         method_runs = runs[runs["method"] == method]
         lines.append(
             f"| {labels.get(method, method)} | {int(one['seeds'])} | "
             f"{_fmt_ci(one['pass_at_k'], one['ci_low'], one['ci_high'])} | "
             f"{_fmt_ci(big['pass_at_k'], big['ci_low'], big['ci_high'])} | "
-            f"{_fmt_ci(rare['share'], rare['ci_low'], rare['ci_high'])} | "
-            f"{method_runs[f'{COMMON}_accuracy'].mean():.3f} | {method_runs['rare_accuracy'].mean():.3f} |"
+            f"{_fmt_ci(minority['share'], minority['ci_low'], minority['ci_high'])} | "
+            f"{method_runs[f'{COMMON}_accuracy'].mean():.3f} | {method_runs['minority_accuracy'].mean():.3f} |"
         )
     lines += [
         "",
@@ -474,18 +473,19 @@ def render(
             (
                 f"The pre-training never showed a two-digit plus one-digit addition whose ones digits add up "
                 f"to {' or '.join(map(str, GAP_ONES_SUMS))}, and SFT never used a plan where it needs one; {COMMON} (and the other "
-                "running totals) need one on the 'gap' problems, the pair plans never do. 'correct rare' = "
-                "share of the completions that are correct and follow a rare plan."
+                "running totals) need one on the 'gap' problems, the pair plans never do. Pair-plan share: "
+                f"{PLAN_METRICS['pair-plan share']}; 'correct minority': share of the completions that are correct "
+                "and follow a minority plan (any but the common one)."
             ),
             "",
-            f"| method | problems | count | pass@1 | pass@{kmax} | pair-plan share | correct rare |",
+            f"| method | problems | count | pass@1 | pass@{kmax} | pair-plan share | correct minority |",
             "|---|---|---|---|---|---|---|",
         ]
         ordered = pd.concat([gaps[gaps["method"] == m] for m in in_lab_order(gaps["method"], labels)])
         for _, r in ordered.iterrows():
             cells = [
                 _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
-                for n in ("pass_at_1", f"pass_at_{kmax}", "pair_share", "correct_rare")
+                for n in ("pass_at_1", f"pass_at_{kmax}", "pair_share", "correct_minority")
             ]
             lines.append(
                 f"| {labels.get(r['method'], r['method'])} | {r['problems']} | {int(r['n_problems'])} | "
@@ -498,13 +498,13 @@ def render(
             "",
             "### Plan shares per method and problem type (seeds aggregated; lab/plans_by_type.csv has the CIs)",
             "",
-            "| method | problems | " + " | ".join([*LABELS, "rare"]) + " |",
+            "| method | problems | " + " | ".join(list(GROUPS)) + " |",
             "|---|---|" + "---|" * (len(LABELS) + 1),
         ]
         shares = plan_types.set_index(["method", "problems", "strategy"])["share"]
         for method in in_lab_order(plan_types["method"], labels):
             for subset in subsets:
-                cells = [f"{shares.loc[(method, subset, name)]:.3f}" for name in [*LABELS, "rare"]]
+                cells = [f"{shares.loc[(method, subset, name)]:.3f}" for name in list(GROUPS)]
                 lines.append(f"| {labels.get(method, method)} | {subset} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -512,8 +512,9 @@ def render(
         "",
         (
             f"The SFT data use the plans at {mix}; "
-            "accuracy is within the plan's completions; 'solved by rare plans' is the share of problems with at "
-            "least one correct rare-plan completion."
+            "accuracy is within the plan's completions; minority-plan share: "
+            f"{PLAN_METRICS['minority-plan share']}; 'solved by minority plans' is the share of problems with at "
+            "least one correct minority-plan completion."
         ),
         "",
         markdown_table(strategy_rows),
@@ -559,7 +560,7 @@ def render(
             "",
             (
                 "Same run names; the numbers agree exactly only on the same CPU type, library versions and "
-                "budget (docs/lab.md: how they vary)."
+                'budget (docs/stages.md, "The demo runner").'
             ),
             "",
             "| run | metric | this run | reference | difference |",
@@ -575,8 +576,9 @@ def render(
         console.append(
             f"[demo]   {labels.get(method, method):28s} pass@1 {one['pass_at_k']:.3f} "
             f"[{one['ci_low']:.3f}, {one['ci_high']:.3f}]  pass@{kmax} {big['pass_at_k']:.3f} "
-            f"[{big['ci_low']:.3f}, {big['ci_high']:.3f}]  rare plans "
-            f"{plan_rows.loc[(method, 'rare'), 'share']:.3f}"
+            f"[{big['ci_low']:.3f}, {big['ci_high']:.3f}]  pair-plan share "
+            f"{sum(plan_rows.loc[(method, p), 'share'] for p in PAIR_PLANS):.3f}  minority-plan share "
+            f"{plan_rows.loc[(method, MINORITY), 'share']:.3f}"
         )
     return "\n".join(lines) + "\n", "\n".join(console) + "\n"
 
@@ -630,10 +632,10 @@ def _main(args) -> int:
         if any((o < 0).any() for o in order.values()):
             raise ValueError("the analysis step labelled other problems than the eval step graded; rerun it")
         shares = {run: data[run][order[run]] for run in runs}
-        pair_columns = [[*LABELS, "rare"].index(name) for name in PAIR_PLANS]
+        pair_columns = [list(GROUPS).index(name) for name in PAIR_PLANS]
         pair_share = {run: shares[run][:, pair_columns].sum(axis=1) for run in runs}
-        rare_column = [*LABELS, "rare"].index("rare")
-        correct_rare = {run: data[f"{run}{CORRECT_SUFFIX}"][order[run], rare_column] for run in runs}
+        minority_column = list(GROUPS).index(MINORITY)
+        correct_minority = {run: data[f"{run}{CORRECT_SUFFIX}"][order[run], minority_column] for run in runs}
     gap = gap_flags(Path(args.work) / "data" / EVAL_FILE, lab.problems)
     seeds = (
         max(len(v) for m, v in lab.methods.items() if m != compare.REFERENCE_METHOD)
@@ -644,9 +646,9 @@ def _main(args) -> int:
     methods = compare.method_table(lab, ks, **stats)
     pair_frame = compare.pair_table(lab, pairs, sorted({1, kmax}), **stats)
     support = support_table(lab, ks, **stats)
-    plans = compare.strategy_method_table(shares, [*LABELS, "rare"], **stats)
+    plans = compare.strategy_method_table(shares, list(GROUPS), **stats)
     plan_types = plans_by_type(shares, gap, **stats)
-    gaps = gap_table(lab, gap, correct_rare, pair_share, kmax, **stats)
+    gaps = gap_table(lab, gap, correct_minority, pair_share, kmax, **stats)
     plan_pairs = plan_pair_table(lab, shares, pairs, **stats)
     knobs = dose_response.run_knobs(Path(args.work), MODEL_NAME, runs)  # from each run's stage-2 manifest
     run_frame = run_rows(lab, runs, kmax, strategies, branch).merge(knobs, on="run", how="left")
@@ -659,7 +661,7 @@ def _main(args) -> int:
                 "train_q_first",
                 "train_first_boosted",
                 "train_later_boosted",
-                "rare_accuracy",
+                "minority_accuracy",
                 f"{COMMON}_accuracy",
                 *dose_response.KNOBS,  # SFT has no knobs, GRPO no tau
             ],

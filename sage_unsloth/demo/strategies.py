@@ -22,7 +22,20 @@ from .task import COMMON, OTHER, STRATEGIES, label_strategy
 
 COLUMNS = ("run", "strategy", "completions", "fraction", "accuracy", "problems_solved_fraction")
 LABELS = (*STRATEGIES, OTHER)
-RARE = tuple(s for s in STRATEGIES if s != COMMON)
+# The two plan groups the lab reports, each with one name and one definition (console, CSVs, report, docs):
+# - the minority plans (row and key "minority", "minority-plan share"): every plan but the common one;
+# - the pair plans ("pair-plan share"): pairs and outer, the two plans the base model's gap spares.
+MINORITY = "minority"
+MINORITY_PLANS = tuple(s for s in STRATEGIES if s != COMMON)
+PAIR_PLANS = ("pairs", "outer")
+PLAN_METRICS = {
+    "minority-plan share": f"share of the completions whose plan is not the common one ({COMMON}): "
+    + ", ".join(MINORITY_PLANS),
+    "pair-plan share": "share of the completions whose plan is "
+    + " or ".join(PAIR_PLANS)
+    + " (the plans the base model's gap spares)",
+}
+GROUPS = (*LABELS, MINORITY)  # the columns of a run's per-problem shares
 
 
 def read_completions(run_dir: Path, dataset: str = "demo") -> list[dict]:
@@ -39,13 +52,13 @@ def labelled(records: list[dict]) -> list[list[tuple[str, bool]]]:
 
 
 def strategy_rows(run: str, records: list[dict]) -> list[dict]:
-    """One row per label for one run (fractions over all its completions), plus a "rare" row (all rare
-    plans together). An empty run is an error: its shares would be undefined."""
+    """One row per label for one run (fractions over all its completions), plus a "minority" row (every plan
+    but the common one, together). An empty run is an error: its shares would be undefined."""
     problems = labelled(records)
     total = sum(len(p) for p in problems)
     if not total:
         raise ValueError(f"{run}: no completions to label (did the eval step write its chunks?)")
-    groups = {label: (label,) for label in LABELS} | {"rare": RARE}
+    groups = {label: (label,) for label in LABELS} | {MINORITY: MINORITY_PLANS}
     rows = []
     for name, members in groups.items():
         hits = [(lab, ok) for problem in problems for lab, ok in problem if lab in members]
@@ -63,15 +76,13 @@ def strategy_rows(run: str, records: list[dict]) -> list[dict]:
     return rows
 
 
-def problem_shares(
-    records: list[dict], labels=(*LABELS, "rare"), *, correct_only: bool = False
-) -> np.ndarray:
-    """(problems, labels) share of each problem's completions per label ("rare" = all rare plans); with
+def problem_shares(records: list[dict], labels=GROUPS, *, correct_only: bool = False) -> np.ndarray:
+    """(problems, labels) share of each problem's completions per label ("minority" = every plan but the common one); with
     ``correct_only``, the share of its completions that have the label and are correct."""
     out = np.zeros((len(records), len(labels)))
     for i, problem in enumerate(labelled(records)):
         for j, label in enumerate(labels):
-            members = RARE if label == "rare" else (label,)
+            members = MINORITY_PLANS if label == MINORITY else (label,)
             hits = sum(lab in members and (ok or not correct_only) for lab, ok in problem)
             out[i, j] = hits / max(len(problem), 1)
     return out
@@ -115,7 +126,7 @@ def plot_strategies(rows: list[dict], path: Path) -> Path:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """Per run: share of each plan, share and accuracy of the rare plans, accuracy of the common plan."""
+    """Per run: share of each plan, share and accuracy of the minority plans, accuracy of the common plan."""
 
     def cell(run, label, key):
         value = next(r[key] for r in rows if r["run"] == run and r["strategy"] == label)
@@ -124,18 +135,18 @@ def markdown_table(rows: list[dict]) -> str:
     header = [
         "run",
         *[f"{s} share" for s in LABELS],
-        "rare share",
+        "minority-plan share",
         f"{COMMON} accuracy",
-        "rare accuracy",
-        "solved by rare plans",
+        "minority-plan accuracy",
+        "solved by minority plans",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in dict.fromkeys(r["run"] for r in rows):
         cells = [cell(run, s, "fraction") for s in LABELS] + [
-            cell(run, "rare", "fraction"),
+            cell(run, MINORITY, "fraction"),
             cell(run, COMMON, "accuracy"),
-            cell(run, "rare", "accuracy"),
-            cell(run, "rare", "problems_solved_fraction"),
+            cell(run, MINORITY, "accuracy"),
+            cell(run, MINORITY, "problems_solved_fraction"),
         ]
         lines.append("| " + " | ".join([run, *cells]) + " |")
     return "\n".join(lines)

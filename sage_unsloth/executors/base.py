@@ -74,6 +74,15 @@ class Executor:
     def capacity(self, n_jobs: int) -> int:
         return n_jobs
 
+    @property
+    def runs_here(self) -> bool:
+        """Whether the jobs run on this machine though the executor's own scheduler starts them (submitit's
+        local cluster): then the driver's slots (``jobs``, the GPU groups) bound them as they bound local jobs."""
+        return False
+
+    def share_this_machine(self, slots: int) -> None:
+        """Keep at most ``slots`` jobs at once and give each its share of this machine's cores (``runs_here``)."""
+
     def describe(self) -> str:
         return self.name
 

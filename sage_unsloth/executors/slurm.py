@@ -178,6 +178,17 @@ class SlurmExecutor(Executor):
     def capacity(self, n_jobs: int) -> int:
         return max(1, min(n_jobs, self.settings.array_parallelism))
 
+    @property
+    def runs_here(self) -> bool:
+        return self.settings.cluster in ("local", "debug")
+
+    def share_this_machine(self, slots: int) -> None:
+        """``cluster: local`` / ``debug`` run every job here: at most ``slots`` at once (the sweep's ``jobs``), each
+        with its share of the cores; a cluster's defaults (8 CPUs a job, 64 at once) would oversubscribe them."""
+        s, slots = self.settings, max(1, slots)
+        s.array_parallelism = min(s.array_parallelism, slots)
+        s.cpus_per_job = min(s.cpus_per_job, max(1, (os.cpu_count() or 1) // slots))
+
     def describe(self) -> str:
         s = self.settings
         where = s.cluster or "slurm"

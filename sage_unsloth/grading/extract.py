@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 
+from sage_unsloth.grading.visible import visible
 from sage_unsloth.prompts import SOLUTION_END, SOLUTION_START
 
 MAX_COMPLETION_CHARS = 32_768  # only the tail is examined: the answer comes last
@@ -129,10 +130,11 @@ def solution_block(text: str) -> str | None:
 
 def extract_answer(completion: str | None) -> str | None:
     """The cleaned final answer of a completion: its last solution block, else its boxed answer
-    (``final_boxed``), or a "The final answer is" statement written after the last box."""
+    (``final_boxed``), or a "The final answer is" statement written after the last box. Only what a reader
+    sees counts: comments and invisible boxes are removed first (``visible``)."""
     if not completion:
         return None
-    text = completion[-MAX_COMPLETION_CHARS:]
+    text = visible(completion[-MAX_COMPLETION_CHARS:])
     turn_end = _END_OF_TURN.search(text)
     if turn_end:  # the turn ended there: what follows is not the model's answer
         head = text[: turn_end.start()]

@@ -14,7 +14,15 @@ An answer that never says knight or knave may say truth-teller / truthful and li
 
 The link between a name and its role is short, stays within one sentence and names nobody else (so
 "Amelia said that Evelyn is a knave" says nothing about Amelia). Statements inside "if/assume/suppose"
-clauses are hypotheses, not answers. The last statement about each name counts; every name must have one.
+clauses are hypotheses, not answers. Every name must have a role, and one only:
+
+- a statement giving a name both roles ("Amelia is a knight and a knave", "either a knight or a knave",
+  "Amelia and Evelyn are knights and knaves") gives it none;
+- in an answer block (``<SOLUTION>``) every statement is final, so two that disagree about a name
+  contradict each other and the name has no role; in a completion without a block the reasoning comes
+  first, so the last statement about each name counts ("Ann is a knave. Wait, no: Ann is a knight.").
+
+Comments and invisible boxes are removed first (``visible``): only what a reader sees is an answer.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import re
 from collections.abc import Sequence
 
 from sage_unsloth.grading.extract import MAX_COMPLETION_CHARS, solution_block, strip_markdown
+from sage_unsloth.grading.visible import visible
 
 KK_MAX_CHARS = 8_192
 _ROLE = r"(knights?|knaves?)"
@@ -53,14 +62,30 @@ def _clean(text: str) -> str:
     return text
 
 
-def kk_assignments(text: str, names: Sequence[str]) -> dict[str, bool]:
-    """{name: is_knight} from the statements in ``text`` (the last one about each name wins)."""
+# What may follow a role to give the same name the other role too: "a knight and a knave", "knight or
+# knave", "knight/knave", "a knight but also a knave" (a negated second role is the first: "a knight, not
+# a knave" agrees with itself).
+_SECOND_ROLE = re.compile(
+    rf"\s*,?\s*(?:and|or|/|&|but)\s*(?:also\s+)?(not\s+)?(?:(?:a|an)\s+)?{_ROLE}\b", re.IGNORECASE
+)
+
+
+def _both_roles(text: str, end: int, knight: bool) -> bool:
+    """Whether the role ending at ``end`` is followed by the other role for the same subject."""
+    second = _SECOND_ROLE.match(text, end)
+    return bool(second) and (second.group(2).lower().startswith("knight") != bool(second.group(1))) != knight
+
+
+def kk_assignments(text: str, names: Sequence[str], *, final: bool = False) -> dict[str, bool | None]:
+    """{name: is_knight} from the statements in ``text``; None for a name given both roles (module
+    docstring). ``final``: ``text`` is an answer block, where statements that disagree contradict each
+    other; otherwise the last statement about each name wins."""
     text = _clean(text)
     name_alt = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
     if not name_alt:
         return {}
     other_name = re.compile(rf"\b(?:{name_alt})\b")
-    found: list[tuple[int, str, bool]] = []
+    found: list[tuple[int, str, bool | None]] = []
     others: list[tuple[int, bool]] = []  # (position, role) for the inhabitants no statement names
 
     def hypothetical(start: int) -> bool:
@@ -76,8 +101,10 @@ def kk_assignments(text: str, names: Sequence[str]) -> dict[str, bool]:
         if hypothetical(m.start()):
             continue
         knight = m.group(3).lower().startswith("knight") != bool(_NEGATED.search(link))
-        found.append((m.start(), _canonical(m.group(1), names), knight))
-        if re.search(r"\bonly\b", link + " " + text[max(0, m.start() - 12) : m.start()], re.IGNORECASE):
+        both = _both_roles(text, m.end(), knight)
+        found.append((m.start(), _canonical(m.group(1), names), None if both else knight))
+        before = text[max(0, m.start() - 12) : m.start()]
+        if not both and re.search(r"\bonly\b", f"{link} {before}", re.IGNORECASE):
             others.append((m.start(), not knight))  # "Evelyn is the only knave": the rest are knights
     name_list = rf"((?:\b(?:{name_alt})\b\s*(?:,|\band\b|&)?\s*)+)"
     for pattern, role_group, list_group in (
@@ -88,15 +115,18 @@ def kk_assignments(text: str, names: Sequence[str]) -> dict[str, bool]:
             if hypothetical(m.start()):
                 continue
             knight = m.group(role_group).lower().startswith("knight")
+            role = None if _both_roles(text, m.end(role_group), knight) else knight
             for n in re.finditer(rf"\b({name_alt})\b", m.group(list_group)):
-                found.append((m.start(list_group) + n.start(), _canonical(n.group(1), names), knight))
+                found.append((m.start(list_group) + n.start(), _canonical(n.group(1), names), role))
     others += [
         (m.start(), m.group(1).lower().startswith("knight"))
         for m in _OTHERS.finditer(text)
         if not hypothetical(m.start())
     ]
-    result: dict[str, bool] = {}
+    result: dict[str, bool | None] = {}
     for _, name, knight in sorted(found, key=lambda f: f[0]):
+        if final and name in result and result[name] != knight:
+            knight = None  # two final statements disagree (or one gave both roles): no role
         result[name] = knight
     if others and result:
         rest = max(others)[1]
@@ -108,23 +138,35 @@ def _canonical(name: str, names: Sequence[str]) -> str:
     return next((n for n in names if n.lower() == name.lower()), name)
 
 
-def kk_answer_text(completion: str) -> str:
-    text = completion[-MAX_COMPLETION_CHARS:]
+def kk_answer(completion: str) -> tuple[str, bool]:
+    """(the text the roles are read from, whether it is an answer block): the visible text of the last
+    ``<SOLUTION>`` block, else of the completion's tail."""
+    text = visible(completion[-MAX_COMPLETION_CHARS:])
     block = solution_block(text)
-    return (text if block is None or not block.strip() else block)[-KK_MAX_CHARS:]
+    final = block is not None and bool(block.strip())
+    return (block if final else text)[-KK_MAX_CHARS:], final
+
+
+def kk_read(completion: str, names: Sequence[str]) -> dict[str, bool | None]:
+    """The roles a completion's answer gives (``kk_assignments`` of ``kk_answer``)."""
+    text, final = kk_answer(completion)
+    return kk_assignments(text, names, final=final)
 
 
 def grade_kk(completion: str | None, solution_booleans: Sequence[bool], names: Sequence[str]) -> bool:
-    """True when the completion's answer names every inhabitant with the right role (True = knight)."""
+    """True when the completion's answer names every inhabitant with the right role (True = knight), one
+    role each."""
     try:
         if not completion or len(solution_booleans) != len(names) or not names:
             return False
-        said = kk_assignments(kk_answer_text(completion), names)
+        said = kk_read(completion, names)
         return all(said.get(n) is bool(k) for n, k in zip(names, solution_booleans))
     except Exception:  # noqa: BLE001 - a grader never raises; an unreadable answer is a wrong answer
         return False
 
 
 def format_assignments(said: dict[str, bool], names: Sequence[str]) -> str:
-    """The parsed answer, for the saved record: "Amelia=knight, Penelope=knight, Evelyn=?"."""
-    return ", ".join(f"{n}={'knight' if said[n] else 'knave'}" if n in said else f"{n}=?" for n in names)
+    """The parsed answer, for the saved record: "Amelia=knight, Penelope=both, Evelyn=?" (both: given both
+    roles; ?: given none)."""
+    roles = {True: "knight", False: "knave", None: "both"}
+    return ", ".join(f"{n}={roles[said[n]]}" if n in said else f"{n}=?" for n in names)

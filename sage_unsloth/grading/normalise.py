@@ -84,6 +84,9 @@ _MIXED_SPACED = re.compile(r"(?<![\d.,/])(\d+)\s+(\d+)\s*/\s*(\d+)(?![\d./])")
 _TRIG_DEGREES = re.compile(
     r"(\\(?:sin|cos|tan|cot|sec|csc))\s*(\(?)\s*(\d+(?:\.\d+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree)"
 )
+# A number written against an opening bracket multiplies it ("2(5)", "3\\left(x + 1\\right)"); latex2sympy
+# read "2(5)" as 7. Not after a letter (f(5) is a function's value) or inside a subscript (x_{1}(t)).
+_NUMBER_BRACKET = re.compile(r"(?<![\w.^_{])(\d+(?:\.\d+)?)\s*(\\left\s*\(|\()")
 _SUBSCRIPT_BARE = re.compile(r"_\s*([A-Za-z0-9]|\\[A-Za-z]+)(?![A-Za-z0-9{])")
 
 
@@ -166,10 +169,41 @@ def _chain_ends(text: str) -> str:
     return members[-1]
 
 
+# Every Unicode character that is a minus sign (or a hyphen-minus, as ASCII "-" is) reads as "-": the minus
+# sign U+2212, full-width and small hyphen-minus (U+FF0D, U+FE63), the heavy minus U+2796, the modifier minus
+# U+02D7, the hyphens U+2010 and U+2011.
+_MINUS_SIGNS = "\u2212\uff0d\ufe63\u2796\u02d7\u2010\u2011"
+_MINUS_TABLE = str.maketrans(dict.fromkeys(_MINUS_SIGNS, "-"))
+# The figure dash and the en dash (U+2012, U+2013) stand for a minus everywhere except directly between two
+# operands, where they are a range ("1", en dash, "5": one to five); the em dash is punctuation, never a minus.
+_DASH_AS_MINUS = re.compile(r"(?<![\w)\]}])[\u2012\u2013]|[\u2012\u2013](?![\w(\[{\\])")
+# A run of superscript characters is an exponent (10 with superscript minus three is 10^{-3}; x with a
+# superscript two is x^2): its minus is the same minus.
+_SUPERSCRIPTS = dict(
+    zip(
+        "\u207a\u207b\u207c\u207d\u207e\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079",
+        "+-=()0123456789",
+    )
+)
+_SUPERSCRIPT_RUN = re.compile(f"[{''.join(_SUPERSCRIPTS)}]+")
+
+
+def minus_signs(text: str) -> str:
+    """``text`` with every Unicode minus written "-" (the rule above) and superscript runs as exponents."""
+    if text.isascii():
+        return text
+    text = _DASH_AS_MINUS.sub("-", text.translate(_MINUS_TABLE))
+    return _SUPERSCRIPT_RUN.sub(_exponent, text)
+
+
+def _exponent(match: re.Match) -> str:
+    exponent = "".join(_SUPERSCRIPTS[c] for c in match.group(0))
+    return f"^{exponent}" if len(exponent) == 1 else f"^{{{exponent}}}"  # x^2 keeps "1,000 m^2" a number
+
+
 def normalise_math(text: str) -> str:
     """The rules of the module docstring, applied to a gold or to an answer's math."""
-    text = _currency(text).replace("\u2212", "-").replace("\u00b7", "\\cdot ")  # unicode minus, middle dot
-    text = text.replace("\u00b2", "^2").replace("\u00b3", "^3")
+    text = minus_signs(_currency(text)).replace("\u00b7", "\\cdot ")  # every minus sign, middle dot
     text = _python_power(text)
     text = _LIST_WORDS.sub(", ", text)
     text = _TRIG_DEGREES.sub(_radians, text)
@@ -187,6 +221,7 @@ def normalise_math(text: str) -> str:
     text = _SUBSCRIPT_COMMAND.sub(r"_{\1}", text)  # L_{\odot}: the parser takes no symbol command there
     text = _SUBSCRIPT_BARE.sub(r"_{\1}", text)  # E_1 and E_{1} are one symbol
     text = _EULER_SUBSCRIPTED.sub(r"\\mathrm{\1}", text)
+    text = _NUMBER_BRACKET.sub(r"\1 \\cdot \2", text)  # 2(5) is 10: the parser read it as 2 + 5
     text = _PYTHON_PREFIX.sub("", text)
     text = _PYTHON_FUNCTION.sub(r"\\\1(", text)
     text = _TRAILING_DOT.sub(r"\1", text)

@@ -41,9 +41,10 @@ from pathlib import Path
 
 from sage_unsloth.grading.deadline import GradingTimeout, armed, can_interrupt, cpu_deadline, wall_limit_s
 from sage_unsloth.grading.extract import extract_answer, math_candidate, top_level_parts
-from sage_unsloth.grading.kk import format_assignments, kk_answer_text, kk_assignments
+from sage_unsloth.grading.kk import format_assignments, kk_read
 from sage_unsloth.grading.normalise import normalise_gold, normalise_math, strip_unit_tail
 from sage_unsloth.grading.numbers import Number, compact, numbers_equal, parse_number, value_equal
+from sage_unsloth.grading.visible import visible
 from sage_unsloth.grading.words import word_gold, words_match
 
 CORRECT, WRONG, NO_ANSWER, TIMEOUT = "correct", "wrong", "no_answer", "timeout"
@@ -229,6 +230,9 @@ def _cheap_verdict(answer: str, gold: str):
     expressions here are linear or run on capped text (``MAX_PROSE_CHARS``, ``MAX_ANSWER_CHARS``)."""
     if not gold or not _acceptable(gold) or not _acceptable(answer, MAX_PROSE_CHARS):
         return WRONG
+    answer = visible(answer).strip()  # an answer handed in directly: its hidden parts are not read either
+    if not answer:
+        return NO_ANSWER
     form = gold_form(gold)
     if form.words is not None:
         return CORRECT if words_match(*form.words, answer) else WRONG
@@ -348,7 +352,7 @@ def _grade_kk(completion, gold, timeout_s: float, wall_s: float | None) -> Grade
         return Grade(None, NO_ANSWER)
     try:
         with cpu_deadline(timeout_s, wall_s) if can_interrupt() else contextlib.nullcontext():
-            said = kk_assignments(kk_answer_text(completion), names)
+            said = kk_read(completion, names)
     except GradingTimeout:
         return Grade(None, TIMEOUT)
     if not said:
@@ -409,7 +413,40 @@ def _symbolic_equal(candidate: str, form: GoldForm) -> bool:
     by_value = _equal_by_value(_first_expr(gold_parsed), _first_expr(parsed))
     if by_value is not None:
         return by_value
+    if _surely_different(gold_parsed, parsed):
+        return False
     return bool(verify(gold_parsed, parsed, timeout_seconds=None))
+
+
+_VARIABLE = re.compile(r"[A-Za-z]+(?:_\{?[A-Za-z0-9]+\}?)?")  # x, p, alpha, r_0, E_{1}: a variable's name
+
+
+def _surely_different(gold_parsed, parsed) -> bool:
+    """Whether the gold and the answer, each one expression, cannot be equal: two constants whose values differ
+    by more than 1e-6 of their size (math-verify's numeric test rounds to 6 places, and simplify does not change
+    a value), or a constant against an expression that takes two different values at two points (no constant).
+    Then math-verify's verdict is wrong without its simplify, which took half the CPU of the symbolic pairs of
+    benchmarks/bench_grading.py (profiled; 138 ms for 478 against p - q). Expressions over the same variables
+    were decided by ``_equal_by_value`` already; tests/test_grading_shortcut.py checks that no verdict moves."""
+    import sympy
+
+    gold = [g for g in gold_parsed if isinstance(g, sympy.Basic)]
+    answer = [a for a in parsed if isinstance(a, sympy.Basic)]
+    if len(gold) != 1 or len(answer) != 1:
+        return False
+    gold, answer = gold[0], answer[0]
+    if not (isinstance(gold, sympy.Expr) and isinstance(answer, sympy.Expr)):
+        return False
+    if gold.free_symbols and answer.free_symbols:
+        return False
+    if gold.free_symbols or answer.free_symbols:  # a constant against an expression: is the expression one?
+        varying = gold if gold.free_symbols else answer
+        if not all(_VARIABLE.fullmatch(s.name) for s in varying.free_symbols):
+            return False  # \textbf{113} parses as a symbol named 113, which math-verify equates with 113
+        first, second = (_value(varying, point) for point in _points(varying.free_symbols, 2))
+        return first is not None and second is not None and abs(first - second) > 1e-6 * max(1.0, abs(first))
+    g, a = _value(gold, {}), _value(answer, {})
+    return g is not None and a is not None and abs(g - a) > 1e-6 * max(1.0, abs(g), abs(a))
 
 
 def _aligned(gold_parsed: list, parsed: list) -> tuple[list, list]:

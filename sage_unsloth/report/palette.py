@@ -5,8 +5,9 @@ The key is the method: a name's model prefix (``tiny/``) and seed suffix (``_see
 dropped, so every seed of a method shares its colour. The kit's methods (the configs in configs/rlvr/*/ and
 configs/demo/, plus ``sft`` and ``base``) have fixed colours below; any other name gets a colour from a
 stable hash of it (blake2b, never Python's salted ``hash()``), so it too keeps its colour from run to run and
-plot to plot. Two unknown names can land on similar hues; give a method of your own a line in
-:data:`METHOD_COLOURS` to pin it.
+plot to plot; a knob setting of a kit method (the lab's ``--grid`` names, ``grpo_branch-tau0.3``) keeps its
+method's hue at a lightness of its own. Two unknown names can land on similar hues; give a method of your own a
+line in :data:`METHOD_COLOURS` to pin it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,15 @@ def method_of(run: str) -> str:
     return match["method"] if match else run
 
 
-# The strong tab10 colours go to the methods the demo lab plots together (SFT, the GRPO variants, the
-# exploration baselines), the light tab20 shades to the tiny presets' BNPO / DAPO variants and SAGE's two
-# control guides, dark tab20b shades to the rest. The GRPO beta sweep (the lab's positive control) is an
-# indigo ramp, light to dark as beta grows.
+# One colour per arm, with no implied pairs: no two methods that can be plotted together (the demo lab's
+# methods, configs/demo/; the 7B and tiny presets, configs/rlvr/*/) share a hue at another lightness, as tab20's
+# light/dark pairs did (BNPO beside GRPO, DAPO beside no-KL, the token guide beside Pass@k), which suggested links
+# between unrelated arms. The tab10 colours stay with the methods the lab has always drawn in them; the others
+# were chosen by a greedy search over sRGB for the largest smallest CIELAB distance to every colour they can be
+# plotted with, at least 12 degrees of hue away from each of them (tests/test_report_palette.py checks both).
+# Families share a hue, because they are one method at several settings: GRPO's beta sweep (the lab's positive
+# control; an indigo ramp, light to dark as beta grows) and the lab's branch-guide shapes (oranges: the paper's
+# shape darker, the reference-entropy guide lighter) (FAMILIES).
 METHOD_COLOURS: dict[str, str] = {
     "sft": "#000000",
     "base": "#7f7f7f",
@@ -36,28 +42,33 @@ METHOD_COLOURS: dict[str, str] = {
     "grpo_nokl": "#2ca02c",
     "grpo_fkl": "#d62728",
     "grpo_reward": "#9467bd",
-    "grpo_branch_reward": "#8c564b",
+    "grpo_branch_reward": "#ee00ff",
     "grpo_passk": "#e377c2",
     "grpo_entropy_adv": "#bcbd22",
     "grpo_high_entropy": "#17becf",
-    "grpo_clip_cov": "#637939",
-    "grpo_kl_cov": "#8c6d31",
-    "grpo_ref_reset": "#7b4173",
-    "grpo_token": "#f7b6d2",
-    "grpo_random": "#9edae5",
-    "bnpo": "#aec7e8",
-    "bnpo_branch": "#ffbb78",
-    "dapo": "#98df8a",
-    "dapo_branch": "#ff9896",
-    "dapo_full": "#c5b0d5",
-    "dapo_full_branch": "#c49c94",
-    "grpo_branch_paper": "#fc8d62",
-    "grpo_ref_branch": "#1b9e77",
+    "grpo_clip_cov": "#775500",
+    "grpo_kl_cov": "#883344",
+    "grpo_ref_reset": "#00ddaa",
+    "grpo_token": "#0055ee",
+    "grpo_random": "#5500ff",
+    "bnpo": "#ff0088",
+    "bnpo_branch": "#115533",
+    "dapo": "#bbcc88",
+    "dapo_branch": "#0088ff",
+    "dapo_full": "#00bbff",
+    "dapo_full_branch": "#009988",
+    "grpo_branch_paper": "#a04a00",
+    "grpo_ref_branch": "#ffb266",
     "grpo_beta0.2": "#9c9ede",
     "grpo_beta0.5": "#6b6ecf",
     "grpo_beta1": "#5254a3",
     "grpo_beta2": "#393b79",
 }
+# Methods that are one method at several settings of a knob: they may share a hue (and only they).
+FAMILIES: tuple[frozenset[str], ...] = (
+    frozenset({"grpo", "grpo_beta0.2", "grpo_beta0.5", "grpo_beta1", "grpo_beta2"}),
+    frozenset({"grpo_branch", "grpo_branch_paper", "grpo_ref_branch"}),
+)
 # Names that are one of the methods above run another way (the 7B presets' vLLM-server variants): the
 # method's colour, as seeds share it.
 ALIASES: dict[str, str] = {
@@ -85,10 +96,29 @@ def hashed_colour(key: str) -> str:
     return "#{:02x}{:02x}{:02x}".format(*(round(c * 255) for c in (r, g, b)))
 
 
+def setting_colour(base: str, key: str) -> str:
+    """A knob setting of a method (the lab's ``--grid`` names ``METHOD-key<v>...``): the method's hue, so that the
+    relation shows, at a lightness of its own from a stable hash of the full name (never the method's own)."""
+    r, g, b = (int(base[i : i + 2], 16) / 255 for i in (1, 3, 5))
+    hue, lightness, saturation = colorsys.rgb_to_hls(r, g, b)
+    digest = int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "big")
+    shift = 0.12 + 0.18 * (digest & 0xFF) / 0xFF  # 0.12 to 0.30 away from the method's lightness
+    lightness = lightness + shift if lightness + shift <= 0.82 else lightness - shift
+    r, g, b = colorsys.hls_to_rgb(hue, min(max(lightness, 0.18), 0.82), saturation)
+    return "#{:02x}{:02x}{:02x}".format(*(round(c * 255) for c in (r, g, b)))
+
+
 def colour(name: str) -> str:
-    """The colour (hex) of ``name``'s method: its fixed one, else one from a stable hash of the method."""
+    """The colour (hex) of ``name``'s method: its fixed one; for a knob setting of a method with one
+    (``grpo_branch-tau0.3``), that method's hue at another lightness; else one from a stable hash of the
+    method."""
     key = method_key(name)
-    return METHOD_COLOURS.get(key) or hashed_colour(key)
+    if key in METHOD_COLOURS:
+        return METHOD_COLOURS[key]
+    base = key.split("-", 1)[0]
+    if "-" in key and base in METHOD_COLOURS:
+        return setting_colour(METHOD_COLOURS[base], key)
+    return hashed_colour(key)
 
 
 def colours(names) -> dict[str, str]:
