@@ -13,10 +13,17 @@
 ``outputs/results`` (relative to the working directory); each stage takes its own root as a flag. A user's
 results sit inside ``outputs/``, which git ignores: the committed ``results/`` holds only reference numbers
 (``results/paper``, the paper's; ``results/demo-reference``, the demo's reference run).
+
+Names that become one folder (a run or variant, a model's short name, a benchmark, a sweep, a lab method) are
+checked by :func:`check_name` before anything is written: one path component of letters, digits and
+``. _ - + =``, starting with a letter or digit, at most 128 characters. So ``../x``, ``/abs``, ``a/b`` and
+shell metacharacters (spaces, quotes, ``; | & $ * ?``) are refused with one line, and every folder stays
+inside the root it was given.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 OUTPUTS = "outputs"
@@ -27,6 +34,21 @@ SFT_RUN = "sft"  # stage 1's folder name, and the run name its evaluation is rep
 EVAL = "eval"
 REPORT_MD = "report.md"
 REPORT_DIR = "report"
+FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]{0,127}")
+FOLDER_NAME_RULE = "letters, digits and . _ - + =, starting with a letter or digit, at most 128 characters"
+
+
+def check_name(value: object, field: str, example: str = "grpo_s1") -> str:
+    """``value`` when it can name one folder (:data:`FOLDER_NAME`), else ValueError naming ``field`` and the
+    rule, in one line."""
+    text = str(value)
+    if FOLDER_NAME.fullmatch(text) is None:
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise ValueError(
+            f"{field}={shown!r} cannot name a folder: use one name of {FOLDER_NAME_RULE} (no '/', no '..'), "
+            f"e.g. {example}"
+        )
+    return text
 
 
 def sft_dir(outputs: str | Path, model: str) -> Path:

@@ -127,6 +127,24 @@ def write_manifest(
     return atomic_write_json(Path(out_dir) / MANIFEST_NAME, manifest)
 
 
+def read_json_file(path: str | Path, *, what: str) -> dict[str, Any]:
+    """A JSON object read from ``path``; a damaged file (invalid UTF-8, not JSON, not an object) is a ValueError
+    naming the file, the line and the fix, in one line."""
+    path = Path(path)
+    fix = "re-run the stage that wrote it, or restore the file"
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not valid UTF-8 (byte {exc.start}): {fix}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path} line {exc.lineno} is not JSON ({exc.msg}, column {exc.colno}): {fix}"
+        ) from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path} is a JSON {type(obj).__name__}, not {what}: {fix}")  # noqa: TRY004
+    return obj
+
+
 def read_manifest(stage_dir: str | Path, *, expect_stage: str | None = None) -> dict[str, Any]:
     """Read a stage folder's manifest; one clear error when the folder or manifest is missing."""
     path = Path(stage_dir) / MANIFEST_NAME
@@ -134,7 +152,7 @@ def read_manifest(stage_dir: str | Path, *, expect_stage: str | None = None) -> 
         raise FileNotFoundError(
             f"{path} not found: run the previous stage first, or point to its output folder"
         )
-    manifest = json.loads(path.read_text())
+    manifest = read_json_file(path, what="a stage manifest")
     if expect_stage and manifest.get("stage") != expect_stage:
         raise ValueError(f"{path} is a '{manifest.get('stage')}' manifest, expected '{expect_stage}'")
     return manifest

@@ -22,6 +22,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
+from sage_unsloth.folder_lock import LOCK_NAME
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
 
 STAGE_MODULES = {
@@ -48,12 +49,21 @@ def finished(manifest_dir: Path, stage: str, command: list[str], record: Path | 
     ``command`` (without the interpreter) wrote it. A folder with output of another (or an unknown) command
     raises ValueError: its contents are never silently reused or overwritten. ``record=None``: the manifest
     alone decides (a folder filled by hand, e.g. a notebook rerun after the record was lost)."""
+    from sage_unsloth.credentials import redact_argv
+
     manifest = Path(manifest_dir) / MANIFEST_NAME
+    command = redact_argv(command)  # records hold commands without credentials (write_record)
     if record is not None:
-        recorded = json.loads(record.read_text())["command"] if record.is_file() else None
-        has_output = Path(manifest_dir).is_dir() and any(Path(manifest_dir).iterdir())
+        recorded = read_record(record) if record.is_file() else None
+        has_output = Path(manifest_dir).is_dir() and any(  # a killed stage's lock file is no output
+            p.name != LOCK_NAME for p in Path(manifest_dir).iterdir()
+        )
         if has_output and recorded != command:
-            how = "by another driver or by hand" if recorded is None else f"with {shlex.join(recorded)}"
+            how = (
+                "by another driver or by hand"
+                if recorded is None
+                else f"with {shlex.join(redact_argv(recorded))}"
+            )
             raise ValueError(
                 f"{manifest_dir} was written {how}, not by {shlex.join(command)}: delete it or "
                 "choose another output folder"
@@ -64,10 +74,29 @@ def finished(manifest_dir: Path, stage: str, command: list[str], record: Path | 
     return True
 
 
+def read_record(record: Path) -> list[str]:
+    """The command a record names; a damaged record is one line naming the file and the fix."""
+    try:
+        command = json.loads(record.read_text(encoding="utf-8"))["command"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        where = f" line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise ValueError(
+            f"{record}{where} is damaged ({type(exc).__name__}): delete it and the stage folder it names, then rerun"
+        ) from None
+    if not isinstance(command, list):
+        raise ValueError(  # noqa: TRY004 - a damaged file, reported on the stages' one-line ValueError path
+            f"{record} is damaged (no command list): delete it and the stage folder it names, then rerun"
+        )
+    return command
+
+
 def write_record(record: Path, command: list[str]) -> None:
-    """Say which command fills a stage folder (before it starts: a killed stage is recognised on rerun)."""
+    """Say which command fills a stage folder (before it starts: a killed stage is recognised on rerun). A
+    credential flag's value is never recorded (credentials.redact_argv)."""
+    from sage_unsloth.credentials import redact_argv
+
     record.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(record, json.dumps({"command": command}, indent=1) + "\n")
+    atomic_write_text(record, json.dumps({"command": redact_argv(command)}, indent=1) + "\n")
 
 
 def start(
@@ -151,7 +180,9 @@ def run_stage(
         return False
     if record is not None:
         write_record(record, recorded)
-    print("$ " + shlex.join(["python", *command[1:]]), file=out, flush=True)
+    from sage_unsloth.credentials import redact_argv
+
+    print("$ " + shlex.join(["python", *redact_argv(command[1:])]), file=out, flush=True)
     code, tail = stream(command, cwd=cwd, env=env, tail_lines=tail_lines, out=out)
     if code != 0:
         name = command[2] if len(command) > 2 else command[0]

@@ -89,12 +89,23 @@ class SweepConfig:
     )
 
     def __post_init__(self):
-        """The fields' own checks, one line each; files and folders are checked by :func:`validate`."""
+        """The fields' own checks, one line each; files and folders are checked by :func:`validate`. A credential
+        flag in rlvr_args / eval_args / report_args (``--hub_token VALUE``) moves into the environment here, so no
+        job record, log or executor submission holds it (sage_unsloth/credentials.py)."""
+        from sage_unsloth.credentials import move_secret_flags
+
+        for name in ("rlvr_args", "eval_args", "report_args"):
+            setattr(self, name, move_secret_flags(getattr(self, name) or "", name))
+        layout.check_name(self.name, "name", example="tiny-cpu")
         stems = [Path(p).stem for p in self.configs]
         if len(set(stems)) != len(stems):
             raise ValueError(f"configs {self.configs} share a file name: runs are named by it, rename one")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds={self.seeds}: give at least one seed, each once")
+        for config in self.configs:  # each run's folder is <config stem>_s<seed>
+            layout.check_name(
+                f"{Path(config).stem}_s{self.seeds[0]}", f"configs ({config}): a run", "grpo_s1"
+            )
         if self.gpus_per_job < 1 or self.jobs < 1:
             raise ValueError(f"gpus_per_job={self.gpus_per_job}, jobs={self.jobs}: both must be >= 1")
         if str(self.gpus).strip().lower() not in ("auto", "none"):
@@ -442,8 +453,23 @@ def _passk(results: Path) -> dict[tuple[str, int], float]:
     path = results / "passk.csv"
     if not path.is_file():
         return {}
-    with path.open() as fh:
-        return {(row["dataset"], int(row["k"])): float(row["pass_at_k"]) for row in csv.DictReader(fh)}
+    scores, reader = {}, None
+    try:
+        with path.open(encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            for row in reader:
+                scores[(row["dataset"], int(row["k"]))] = float(row["pass_at_k"] or "nan")
+    except (ValueError, KeyError, TypeError, csv.Error) as exc:  # UnicodeDecodeError is a ValueError
+        line = f" line {reader.line_num}" if reader is not None and reader.line_num else ""
+        raise ValueError(
+            f"{path}{line} is damaged ({type(exc).__name__}): delete {results} and rerun the sweep, which "
+            "evaluates that run again"
+        ) from None
+    if not scores:
+        raise ValueError(
+            f"{path} holds no row: delete {results} and rerun the sweep, which evaluates that run again"
+        )
+    return scores
 
 
 def summary_rows(jobs: list[Job], status: dict[str, str]) -> list[dict]:
@@ -503,9 +529,22 @@ def write_summary(rows: list[dict], out_dir: Path) -> str:
 
 
 def run(cfg: SweepConfig) -> tuple[dict[str, str], str]:
-    from sage_unsloth.executors import make_executor
+    """Run the sweep; its two folders (``<output_root>/<name>``, ``<results_dir>/<name>``) are locked for the
+    whole run (sage_unsloth/folder_lock.py): a second sweep of the same name stops in one line."""
+    from sage_unsloth.folder_lock import FolderLock
 
     model = validate(cfg)
+    fix = "give this sweep another name (--name)"
+    with (
+        FolderLock(Path(cfg.output_root) / cfg.name, fix=fix),
+        FolderLock(Path(cfg.results_dir) / cfg.name, fix=fix),
+    ):
+        return _run_locked(cfg, model)
+
+
+def _run_locked(cfg: SweepConfig, model: str) -> tuple[dict[str, str], str]:
+    from sage_unsloth.executors import make_executor
+
     jobs = build_jobs(cfg, model)
     executor = make_executor(
         cfg.executor, getattr(cfg, cfg.executor, None), Path(cfg.output_root) / cfg.name / cfg.executor

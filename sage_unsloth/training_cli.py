@@ -6,8 +6,10 @@
 - :func:`refuse_before_parsing`: a missing CONFIG, and ``backend=unsloth`` on a machine without a GPU unless
   ``unsloth_without_gpu`` is set (read from the command line and the YAML), refused in one line before the
   stage imports Unsloth or parses (which imports TRL and transformers);
-- :func:`run_training_stage`: a stage's ``main`` around its planning and training: an input error is one line,
-  exit 2; a save out of room is one line, exit 2; Ctrl-C is the one line of sage_unsloth/interrupt.py, exit 130.
+- :func:`run_training_stage`: a stage's ``main`` around its planning and training: the output folder is locked
+  for the run (one writer per folder, sage_unsloth/folder_lock.py; rank 0 of a multi-process run holds it) before
+  anything in it is read or changed; an input error is one line, exit 2; a save out of room is one line, exit 2;
+  Ctrl-C is the one line of sage_unsloth/interrupt.py, exit 130.
 
 Importing this module imports neither torch nor TRL.
 """
@@ -87,15 +89,21 @@ def run_training_stage(
     """Run a training stage; returns its exit code.
 
     ``prepare(settle)`` parses and checks every input and builds what trains, calling ``settle(output_dir)`` as
-    soon as the output folder is known; it returns the call that trains and saves. An input error raised by
+    soon as the output folder is known and before it reads or changes anything in it (``settle`` takes the
+    folder's lock: another writer is one line naming it, exit 2); it returns the call that trains and saves. An input error raised by
     ``prepare`` (ValueError, FileNotFoundError, FileExistsError) is printed as one line, exit 2 (the traceback
     at DEBUG level); a save out of room while training is one line naming the folder, exit 2; Ctrl-C at any
     point prints how to continue (``resume_flag`` is the stage's way of saying ``resume``), exit 130."""
+    from sage_unsloth.folder_lock import FolderLock
+
     output_dir: Path | None = None
+    lock: FolderLock | None = None
 
     def settle(path: str | Path) -> None:
-        nonlocal output_dir
+        nonlocal output_dir, lock
         output_dir = Path(path)
+        if lock is None and writes_outputs():
+            lock = FolderLock(output_dir, fix="choose another --output_dir").acquire()
 
     try:
         try:
@@ -117,4 +125,15 @@ def run_training_stage(
         from sage_unsloth.interrupt import interrupted_training
 
         return interrupted_training(stage, argv, output_dir, resume_flag, last_complete_checkpoint)
+    finally:
+        if lock is not None:
+            lock.release()
     return 0
+
+
+def writes_outputs() -> bool:
+    """Whether this process is the one that holds the output folder: rank 0 of an ``accelerate launch`` (every
+    rank runs the stage; RANK is the global rank over nodes), or a single process."""
+    import os
+
+    return os.environ.get("RANK", "0") in ("", "0")

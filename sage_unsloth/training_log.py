@@ -39,13 +39,17 @@ def read_log_history(path: str | os.PathLike) -> list[dict]:
         raise FileNotFoundError(
             f"{path} not found: the stage wrote no training log (re-run it with this kit)"
         )
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_bytes().splitlines()
     entries = []
     for number, line in enumerate(lines, start=1):
         try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
+            entry = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if number == len(lines):
                 break
-            raise ValueError(f"{path}:{number}: not a JSON object; the log is damaged") from None
+            what = "not valid UTF-8" if isinstance(exc, UnicodeDecodeError) else "not a JSON object"
+            raise ValueError(f"{path}:{number}: {what}; the log is damaged") from None
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}:{number}: not a JSON object; the log is damaged")  # noqa: TRY004
+        entries.append(entry)
     return entries

@@ -58,10 +58,15 @@ def sft_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 TINY_SWEEP = REPO_ROOT / "configs" / "sweep" / "tiny-cpu.yaml"
 TINY_SWEEP_SEEDS = ("3407", "1")  # 2 configs x 2 seeds: a mean and sd per config in the summary
+# Credentials every tiny sweep carries (a flag in rlvr_args, a key in the environment: sweep_credentials) and
+# that no file it writes may hold (files_holding): tests/test_sweep.py, tests/test_executors.py.
+HUB_TOKEN = "hf_SweepTokenThatNoFileMayHold0123456789"
+WANDB_KEY = "wandb-key-that-no-file-may-hold-0123456789"
 
 
 def tiny_sweep_argv(sft_dir: Path, root: Path, *extra: str) -> list[str]:
-    """The tiny sweep (configs/sweep/tiny-cpu.yaml, 2 configs x 2 seeds) into ``root``."""
+    """The tiny sweep (configs/sweep/tiny-cpu.yaml, 2 configs x 2 seeds) into ``root``, with a Hub token among
+    its RLVR flags (what the config's rlvr_args say, plus ``--hub_token``)."""
     return [
         str(TINY_SWEEP),
         "--sft_dir",
@@ -72,8 +77,39 @@ def tiny_sweep_argv(sft_dir: Path, root: Path, *extra: str) -> list[str]:
         str(root / "outputs"),
         "--results_dir",
         str(root / "results"),
+        "--rlvr_args",
+        f"--max_steps 2 --save_steps 1 --hub_token {HUB_TOKEN}",
         *extra,
     ]
+
+
+def sweep_credentials(patch: pytest.MonkeyPatch) -> None:
+    """A W&B key in the environment of a sweep (the Hub token comes as a flag); both leave with ``patch``."""
+    patch.delenv("HF_TOKEN", raising=False)  # the sweep moves --hub_token here: gone again after the test
+    patch.setenv("WANDB_API_KEY", WANDB_KEY)
+
+
+def files_holding(root: Path, *secrets: str) -> list[str]:
+    """Every file under ``root`` holding one of ``secrets``, read as bytes, gzip members decompressed and zip
+    members (torch's .bin / .pt) read one by one."""
+    import gzip
+    import zipfile
+
+    needles = [s.encode() for s in secrets]
+    found = []
+    for path in sorted(p for p in Path(root).rglob("*") if p.is_file() and not p.is_symlink()):
+        try:
+            blobs = [path.read_bytes()]
+        except OSError:
+            continue
+        if path.suffix == ".gz":
+            blobs.append(gzip.decompress(blobs[0]))
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                blobs += [archive.read(name) for name in archive.namelist()]
+        if any(n in blob for n in needles for blob in blobs):
+            found.append(str(path))
+    return found
 
 
 @pytest.fixture(scope="session")
@@ -86,6 +122,7 @@ def tiny_sweep(sft_dir, tmp_path_factory):
     argv = tiny_sweep_argv(sft_dir, root)
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(REPO_ROOT)  # the sweep config names the kit's configs relative to the repository
+        sweep_credentials(patch)
         assert sweep.main(argv) == 0
     return root, argv
 

@@ -463,7 +463,7 @@ def test_a_folder_has_one_writer_and_a_dead_writers_lock_is_taken_over(
     import sys
 
     from sage_unsloth import layout
-    from sage_unsloth.eval.lock import LOCK_NAME
+    from sage_unsloth.folder_lock import LOCK_NAME
 
     cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23"], limit=2)
     _, checkpoints, _ = prepare(cfg)

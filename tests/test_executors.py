@@ -19,7 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, TINY_SWEEP, tiny_sweep_argv
+from conftest import (
+    HUB_TOKEN,
+    REPO_ROOT,
+    TINY_SWEEP,
+    WANDB_KEY,
+    files_holding,
+    sweep_credentials,
+    tiny_sweep_argv,
+)
 
 from sage_unsloth import sweep
 from sage_unsloth.executors import EXECUTORS, Task, make_executor, slurm
@@ -37,6 +45,9 @@ EXECUTOR_ARGS = {
 @pytest.fixture(autouse=True)
 def in_repo(monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
+    sweep_credentials(
+        monkeypatch
+    )  # a Hub token in rlvr_args, a W&B key in the environment: no file holds them
 
 
 def _summary(root: Path) -> dict[str, dict]:
@@ -125,6 +136,16 @@ def test_executor_runs_the_tiny_sweep_resumes_a_killed_job_and_matches_local(
 
     assert sweep.main([*argv, "--rlvr_args", "--max_steps 3"]) == 2  # a folder written with other arguments
     assert "was written with" in capsys.readouterr().err
+    # No credential in any file either run wrote: job records, logs, submitit's pickles (slurm/), the runs'
+    # training_args.bin, results; nor in Ray's session files (task specs, worker logs) for the ray executor.
+    assert files_holding(tmp_path, HUB_TOKEN, WANDB_KEY) == []
+    if name == "slurm":
+        assert list(
+            (tmp_path / "outputs" / "tiny-cpu" / "slurm").rglob("*_submitted.pkl")
+        )  # what was grepped
+    session = Path("/tmp/ray/session_latest")
+    if name == "ray" and session.exists():
+        assert files_holding(session.resolve(), HUB_TOKEN, WANDB_KEY) == []
 
 
 # --------------------------------------------------------------------------------------------- one line

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import HUB_TOKEN, WANDB_KEY, files_holding, sweep_credentials
 
 from sage_unsloth import sweep
 
@@ -31,6 +32,7 @@ def swept(tiny_sweep):
 @pytest.fixture(autouse=True)
 def in_repo(monkeypatch):
     monkeypatch.chdir(REPO)
+    sweep_credentials(monkeypatch)  # the reruns' credentials, as the first run's (tests/conftest.py)
 
 
 def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
@@ -60,6 +62,15 @@ def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
     pair = [float(rows[r]["amc23 pass@1"]) for r in ("grpo_s3407", "grpo_s1")]
     assert float(mean["amc23 pass@1"]) == round((pair[0] + pair[1]) / 2, 4)
     assert (results / "summary.md").read_text().startswith("| run | config | seed | status |")
+
+
+def test_no_credential_reaches_any_file_the_sweep_wrote(swept):
+    """The tiny sweep carries a Hub token in rlvr_args and a W&B key in its environment (tests/conftest.py): no
+    job record, log, run folder, result or report holds either (issue 42: the token was in jobs/<job>.json)."""
+    root, _ = swept
+    assert files_holding(root, HUB_TOKEN, WANDB_KEY) == []
+    record = json.loads((root / "outputs" / "tiny-cpu" / "jobs" / "grpo_s1.json").read_text())
+    assert "--hub_token" not in record["command"] and "--max_steps" in record["command"]
 
 
 def test_a_rerun_skips_every_finished_job(swept, monkeypatch, capsys):

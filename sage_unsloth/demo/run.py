@@ -26,6 +26,7 @@ work and results folders first. Timings per step (wall and CPU seconds) go to ``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import json
@@ -42,6 +43,7 @@ import yaml
 
 from .. import layout
 from ..config_args import config_files, merge_over_base, read_config_file
+from ..folder_lock import LOCK_NAME, FolderLock
 from ..layout import SFT_RUN
 from ..manifest import atomic_write_json, atomic_write_text
 from ..recipe import stage_command
@@ -150,7 +152,7 @@ GROUPS = {
     "default": lambda: DEFAULT_METHODS,
     "baselines": lambda: ("grpo", *BASELINES),
 }
-METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+METHOD_NAME = layout.FOLDER_NAME  # a method names run folders (sage_unsloth/layout.py, check_name)
 
 
 def _is_config_path(item: str) -> bool:
@@ -198,7 +200,7 @@ def check_new_methods(methods, *, taken) -> None:
     seen = set(taken)
     for method in methods:
         where = method.source or method.base_method
-        if not METHOD_NAME.match(method.name) or method.name == SFT_RUN:
+        if not METHOD_NAME.fullmatch(method.name) or method.name == SFT_RUN:
             raise ValueError(
                 f"--methods {where}: {method.name!r} cannot name a method (letters, digits and _ . + = -, "
                 "not 'sft'): rename the file"
@@ -892,6 +894,11 @@ def _executor(args, work: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
+    with contextlib.ExitStack() as held:  # the work and results folders' locks, held to the last write
+        return _main(argv, held)
+
+
+def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     args = parse_args(argv)
     if args.check_configs:
         return check_stage2_configs(args.check_configs)
@@ -901,11 +908,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         budget = budget_from_args(args)
         executor = _executor(args, work)  # before --fresh deletes anything
+        for folder in dict.fromkeys((work, results)):  # one lab per folder (sage_unsloth/folder_lock.py)
+            held.enter_context(FolderLock(folder, fix="pass another --work-dir and --results-dir"))
         if args.fresh:
             for folder in (work, results):
-                if folder.exists():
-                    print(f"[demo] --fresh: deleting {_rel(folder)}")
-                    shutil.rmtree(folder)
+                print(f"[demo] --fresh: deleting {_rel(folder)}")
+                for path in folder.iterdir():  # all but the locks this run holds
+                    if any(f == path or f.is_relative_to(path) for f in (work, results)):
+                        continue  # the other folder, inside this one: emptied on its own turn
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    elif path.name != LOCK_NAME:
+                        path.unlink()
         preflight(budget, work)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -92,6 +92,9 @@ def register_local_benchmarks(specs) -> list[str]:
         name, path = name.strip(), path.strip()
         if not sep or not name or not path:
             raise ValueError(f"local_benchmarks entry {spec!r}: write it as name=path/to/file.jsonl")
+        from sage_unsloth.layout import check_name
+
+        check_name(name, "local_benchmarks name", example="mybench")  # results are written under it
         known = BENCHMARKS.get(name)
         if known is not None and (known.hub_id or name in KK_BENCHMARKS or name in KK_VARIANTS):
             raise ValueError(

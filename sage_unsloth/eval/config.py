@@ -162,6 +162,8 @@ def check_fields(cfg: EvalConfig) -> None:
         )
     if cfg.backend not in (AUTO, *BACKENDS):
         raise ValueError(f"backend={cfg.backend!r}: choose 'auto', 'vllm' or 'hf'")
+    if cfg.run_name is not None:
+        layout.check_name(cfg.run_name, "run_name", example="grpo_branch")
     if cfg.run_name and len(cfg.checkpoints) > 1:
         raise ValueError("run_name names one checkpoint's results; drop it or evaluate one checkpoint")
     if cfg.limit is not None and cfg.limit < 1:

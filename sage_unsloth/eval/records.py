@@ -19,6 +19,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,28 +38,89 @@ def chunk_files(completions_dir: Path, dataset: str) -> list[Path]:
 
 
 def write_chunk(path: Path, records: list[dict]) -> None:
+    """Write a chunk atomically (temp file + rename); a write that fails (a full disk) leaves no temp file."""
     buffer = io.BytesIO()
     with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
         for record in records:
             gz.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(buffer.getvalue())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(buffer.getvalue())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class CorruptChunk(ValueError):
+    """A chunk file that cannot be read back: the message names the file, the line and what is wrong."""
+
+
+# What every record of a chunk must hold (the rest is checked where it is used).
+CHUNK_KEYS = ("problem_id", "n", "c", "completions")
+
+
+def _record_problem(record) -> str | None:
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record"
+    missing = [k for k in CHUNK_KEYS if k not in record]
+    if missing:
+        return f"a record without {', '.join(missing)}"
+    completions = record["completions"]
+    if not isinstance(completions, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("text"), str) for c in completions
+    ):
+        return "a record whose completions are not a list of {text, ...}"
+    if len(completions) != record["n"]:
+        return f"a record with n={record['n']!r} but {len(completions)} completions"
+    return None
 
 
 def read_chunk(path: Path, expected_ids: Sequence[str] | None = None) -> list[dict] | None:
-    """The chunk's records, or None when absent, unreadable or (given ``expected_ids``) for other problems."""
+    """The chunk's records; None when absent or (given ``expected_ids``) for other problems. A file that cannot
+    be read back (not gzip, torn, invalid UTF-8, a line that is not a whole record) raises :class:`CorruptChunk`
+    naming the file and the line."""
     if not path.is_file():
         return None
     try:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            records = [json.loads(line) for line in fh]
-    except (OSError, EOFError, json.JSONDecodeError):
-        return None
+        with gzip.open(path, "rb") as fh:
+            lines = fh.read().split(b"\n")
+    except (OSError, EOFError, zlib.error) as exc:
+        raise CorruptChunk(f"{path} is not a whole gzip file ({type(exc).__name__}: {exc})") from None
+    if lines and lines[-1] == b"":
+        lines.pop()
+    records = []
+    for number, raw in enumerate(lines, start=1):
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise CorruptChunk(f"{path} line {number} is not valid UTF-8 (byte {exc.start})") from None
+        except json.JSONDecodeError as exc:
+            raise CorruptChunk(f"{path} line {number} is not JSON ({exc.msg}, column {exc.colno})") from None
+        if (why := _record_problem(record)) is not None:
+            raise CorruptChunk(f"{path} line {number} is {why}")
+        records.append(record)
+    if not records:
+        raise CorruptChunk(f"{path} holds no record")
     if expected_ids is not None and [r.get("problem_id") for r in records] != list(expected_ids):
         return None
     return records
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a corrupt chunk out of the run (``<name>.corrupt``, ``<name>.corrupt-2``, ...: kept for a look, never
+    read again); returns the new path."""
+    target = path.with_name(f"{path.name}.corrupt")
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.corrupt-{number}")
+    os.replace(path, target)
+    return target
 
 
 def summary(record: dict) -> dict:

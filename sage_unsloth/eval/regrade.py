@@ -145,9 +145,19 @@ def regrade(
     retry_timeout_s: float | None = None,
 ) -> dict:
     """Grade a run's saved completions again and rewrite its CSVs and manifest; returns the grading stats."""
+    from sage_unsloth.folder_lock import FolderLock
+
     results = Path(results_dir)
     manifest = read_eval_manifest(results)
     completions = resolve_completions_dir(results, manifest, completions_dir)
+    fix = "let that evaluation finish first"
+    with FolderLock(completions, fix=fix), FolderLock(results, fix=fix):  # no writer beside a regrade
+        return _regrade_locked(results, manifest, completions, workers, timeout_s, retry_timeout_s)
+
+
+def _regrade_locked(
+    results: Path, manifest: dict, completions: Path, workers, timeout_s, retry_timeout_s
+) -> dict:
     config = manifest.get("config") or {}
     timeout_s = timeout_s or config.get("grading_timeout_s") or grading.DEFAULT_TIMEOUT_S
     retry_timeout_s = retry_timeout_s or config.get("grading_retry_timeout_s") or grading.RETRY_TIMEOUT_S

@@ -63,6 +63,22 @@ def sampling_fingerprint(cfg: EvalConfig, checkpoint) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ one checkpoint
+def read_kept_chunk(path: Path, expected_ids: list[str]) -> list[dict] | None:
+    """A chunk on disk to reuse, or None to sample it (absent, for other problems, or corrupt: then it is set
+    aside as ``<name>.corrupt``, kept, with a warning naming the file and the line)."""
+    from sage_unsloth.eval.records import CorruptChunk, set_aside
+
+    try:
+        return read_chunk(path, expected_ids)
+    except CorruptChunk as exc:
+        try:
+            kept = set_aside(path)
+        except FileNotFoundError:  # a sibling shard set it aside first
+            return None
+        logger.warning("%s: set aside as %s, its problems are sampled again", exc, kept.name)
+        return None
+
+
 def _progress(total: int, desc: str):
     from tqdm.auto import tqdm
 
@@ -99,32 +115,104 @@ def check_chunk_settings(path: Path, records: list[dict], fingerprint: dict, com
             )
 
 
-def check_completions_folder(cfg: EvalConfig, checkpoint) -> None:
+LOCK_FIX = "set run_name to a new name (or pass another --outputs_dir / --results_dir)"
+SAMPLING_FILE = "sampling.json"
+
+
+def _read_sampling_file(path: Path) -> tuple[dict | None, str | None]:
+    """(the settings sampling.json records, None) or (None, what is wrong with it: missing, not JSON, ...)."""
+    try:
+        theirs = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, "missing"
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 (byte {exc.start})"
+    except json.JSONDecodeError as exc:
+        return None, f"damaged (line {exc.lineno} is not JSON: {exc.msg})"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    if not isinstance(theirs, dict):
+        return None, f"damaged (a JSON {type(theirs).__name__}, not the settings)"
+    return theirs, None
+
+
+def check_completions_folder(cfg: EvalConfig, checkpoint, *, repair: bool = False) -> None:
     """Refuse to mix completions: a folder another live process writes into, or whose chunks were sampled with
     other settings, is an error (one line). A folder with a fingerprint but no chunk (a run that stopped before
-    its first chunk) is reused."""
-    from sage_unsloth.eval.lock import held_error, live_owner
+    its first chunk) is reused. A chunk that cannot be read is left to the run, which sets it aside.
+
+    A damaged or missing ``sampling.json`` beside chunks is repaired (``repair``, under the folder's lock): the
+    chunks whose records name this run's settings are kept, those that name none (written before records
+    carried them) are set aside and sampled again, and the run writes the file anew."""
+    from sage_unsloth.eval.records import CorruptChunk, set_aside
+    from sage_unsloth.eval.shard import parse_shard
+    from sage_unsloth.folder_lock import held_error, live_owner
 
     completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
-    owner = live_owner(completions)
+    owner = live_owner(completions, parse_shard(cfg.shard))
     if owner is not None:
-        raise ValueError(held_error(completions, owner))
+        raise ValueError(held_error(completions, owner, LOCK_FIX))
     fingerprint = sampling_fingerprint(cfg, checkpoint)
     chunks = sorted(completions.glob("*/chunk_*.jsonl.gz"))
-    fp_path = completions / "sampling.json"
-    if fp_path.is_file() and chunks:
-        try:
-            theirs = json.loads(fp_path.read_text())
-        except ValueError:
-            theirs = None
-        if theirs != fingerprint:
-            was, now = settings_difference(theirs or {}, fingerprint)
-            raise ValueError(
-                f"{completions} holds completions sampled with other settings ({was}; see {fp_path}); this run "
-                f"samples with {now}: set run_name to a new name or delete that folder"
-            )
+    fp_path = completions / SAMPLING_FILE
+    theirs, damage = _read_sampling_file(fp_path)
+    if chunks and theirs is not None and theirs != fingerprint:
+        was, now = settings_difference(theirs, fingerprint)
+        raise ValueError(
+            f"{completions} holds completions sampled with other settings ({was}; see {fp_path}); this run "
+            f"samples with {now}: set run_name to a new name or delete that folder"
+        )
+    unverified = []
     for path in chunks:
-        check_chunk_settings(path, read_chunk(path) or [], fingerprint, completions)
+        try:
+            records = read_chunk(path) or []
+        except CorruptChunk:
+            continue
+        check_chunk_settings(path, records, fingerprint, completions)
+        if any("sampling" not in r for r in records):
+            unverified.append(path)
+    if not (repair and chunks and damage):
+        return
+    for path in unverified:  # nothing says which settings drew them: sampled again, the file kept aside
+        set_aside(path)
+    logger.warning(
+        "%s is %s: rebuilt from the settings the chunks record; %d chunk(s) kept, %d without recorded settings "
+        "set aside (*.corrupt) and sampled again",
+        fp_path,
+        damage,
+        len(chunks) - len(unverified),
+        len(unverified),
+    )
+
+
+def check_results_folder(cfg: EvalConfig, checkpoint) -> None:
+    """Results are keyed by the sampling settings and the completions folder: a results folder holding another
+    evaluation's results (another seed, n, ..., or another --outputs_dir) is never replaced (one line)."""
+    from sage_unsloth.manifest import MANIFEST_NAME, read_manifest
+
+    results = layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run)
+    if not (results / MANIFEST_NAME).is_file():
+        return
+    try:
+        theirs = read_manifest(results)
+    except ValueError as exc:
+        logger.warning("%s: this run rewrites it", exc)
+        return
+    ours = sampling_fingerprint(cfg, checkpoint)
+    completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
+    their_dir = theirs.get("completions_dir")
+    same_dir = their_dir is None or os.path.realpath(their_dir) == os.path.realpath(completions)
+    if theirs.get("sampling", ours) == ours and same_dir:
+        return
+    was, now = settings_difference(theirs.get("sampling") or ours, ours)
+    if not same_dir:
+        was = ", ".join(x for x in (was, f"completions in {their_dir}") if x)
+        now = ", ".join(x for x in (now, f"completions in {completions}") if x)
+    raise ValueError(
+        f"{results} holds the results of another evaluation ({was}); this run has {now}: results are never "
+        f"replaced by another evaluation's: set run_name to a new name, pass another --results_dir, or delete "
+        f"{results}"
+    )
 
 
 def check_backend(cfg: EvalConfig) -> None:
@@ -155,14 +243,21 @@ def evaluate_checkpoint(
     Chunks already on disk are reused; those graded by another grader version are graded again from their
     saved completions (no resampling). Completions whose grading ran out of budget are retried serially with
     the larger budget once every chunk is written; what stays unresolved is counted in the manifest. The
-    completions folder is locked for the run (sage_unsloth.eval.lock): one writer at a time."""
-    from sage_unsloth.eval.lock import WriterLock
+    completions folder and the results folder are locked for the run (sage_unsloth/folder_lock.py): one writer
+    at a time (shards of one run: one per shard)."""
+    from sage_unsloth.eval.shard import parse_shard
+    from sage_unsloth.folder_lock import FolderLock
 
     if backend_choice is None:
         cfg, backend_choice = resolve_backend(cfg, checkpoint, problem_sets)
     print(backend_choice.line(), flush=True)
     completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
-    with WriterLock(completions):  # one writer per folder, for the whole run
+    results = layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run)
+    shard = parse_shard(cfg.shard)
+    with (  # one writer per folder, for the whole run
+        FolderLock(completions, fix=LOCK_FIX, shard=shard),
+        FolderLock(results, fix=LOCK_FIX, shard=shard),
+    ):
         return _evaluate_locked(cfg, checkpoint, problem_sets, ks, sampler, backend_choice)
 
 
@@ -174,8 +269,14 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
     results = layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run)
     completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
     fingerprint = sampling_fingerprint(cfg, checkpoint)
-    check_completions_folder(cfg, checkpoint)
-    fp_path = completions / "sampling.json"
+    if cfg.shard is None:  # alone in both folders: what a run cut short left half-written goes
+        from sage_unsloth.folder_lock import remove_stale_tmp
+
+        remove_stale_tmp(completions, depth=1)
+        remove_stale_tmp(results)
+    check_completions_folder(cfg, checkpoint, repair=True)
+    check_results_folder(cfg, checkpoint)
+    fp_path = completions / SAMPLING_FILE
     atomic_write_text(fp_path, json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
     grader = grading.grader_fingerprint()
 
@@ -193,7 +294,7 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
             for index in range((len(problems) + step - 1) // step):
                 chunk = problems[index * step : (index + 1) * step]
                 path = chunk_path(completions, name, index)
-                records = read_chunk(path, [p.problem_id for p in chunk])
+                records = read_kept_chunk(path, [p.problem_id for p in chunk])
                 if records is None:
                     pending.append((name, index, chunk))
                     continue
@@ -326,6 +427,11 @@ def prepare(cfg: EvalConfig):
 
     ks = validate(cfg)
     checkpoints = [resolve_checkpoint(spec, cfg.run_name) for spec in cfg.checkpoints]
+    for checkpoint in checkpoints:  # folder names, also when read from a stage's manifest
+        layout.check_name(
+            checkpoint.model, f"checkpoint {checkpoint.spec}: its model name", "qwen2.5-math-7b"
+        )
+        layout.check_name(checkpoint.run, f"checkpoint {checkpoint.spec}: its run name", "grpo_branch")
     problem_sets: dict[str, list[Problem]] = {}  # keyed by the dataset results are written under
     for name in cfg.benchmarks:
         problems = load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source)
@@ -355,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         for (resolved, _), checkpoint in zip(choices, checkpoints):
             check_backend(resolved)
             check_completions_folder(resolved, checkpoint)
+            check_results_folder(resolved, checkpoint)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -382,6 +489,26 @@ def main(argv: list[str] | None = None) -> int:
         out = evaluate_checkpoint(resolved, checkpoints[0], problem_sets, ks, backend_choice=choice)
     except KeyboardInterrupt:
         return interrupted_eval(argv)
+    except ValueError as exc:  # a folder another writer took since the checks above; chunks of other settings
+        print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk or quota: one line; the chunks already written are kept
+        from sage_unsloth.checkpoints import NO_ROOM, free_space
+
+        if exc.errno not in NO_ROOM:
+            raise
+        where = (
+            Path(exc.filename).parent
+            if exc.filename
+            else layout.completions_dir(resolved.outputs_dir, checkpoints[0].model, checkpoints[0].run)
+        )
+        print(
+            f"error: eval: no room to write into {where} ({exc.strerror or exc}; {free_space(where)} there, or "
+            "a file-size limit, ulimit -f): make room, then run the same command; the chunks written so far "
+            "are kept",
+            file=sys.stderr,
+        )
+        return 2
     print(f"results written to {out}")
     return 0
 

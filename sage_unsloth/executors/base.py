@@ -58,8 +58,25 @@ def require(module: str, *, executor: str, extra: str):
         ) from None
 
 
+# What the stages read from the environment: a job on another machine (a Ray worker, a SLURM node whose sbatch
+# may not export it) gets these from its driver.
+FORWARDED_ENV = ("HF_", "WANDB_", "SAGE_", "UNSLOTH_", "TRANSFORMERS_", "TOKENIZERS_", "PYTHONPATH")
+
+
+def job_credentials() -> dict[str, str]:
+    """The credentials a job started elsewhere needs: the credential variables among those the stages read
+    (HF_TOKEN, WANDB_API_KEY, ...) and any a driver moved into its environment from a flag."""
+    from sage_unsloth.credentials import MOVED, secret_environment
+
+    return {k: v for k, v in secret_environment().items() if k.startswith(FORWARDED_ENV) or k in MOVED}
+
+
 class Executor:
-    """Runs tasks somewhere. Subclasses register under a name and declare their settings (a dataclass)."""
+    """Runs tasks somewhere. Subclasses register under a name and declare their settings (a dataclass).
+
+    A task's ``argv`` and ``env`` may be serialised (submitit's pickles, Ray's task arguments): they never hold
+    a credential. An executor whose jobs do not inherit the driver's environment calls :meth:`hand_credentials`
+    on its tasks: the credentials go to a file only the user can read, and each task carries its path."""
 
     name: ClassVar[str] = ""
     settings_class: ClassVar[type | None] = None
@@ -89,8 +106,27 @@ class Executor:
     def submit(self, tasks: list[Task]) -> list[Handle]:
         raise NotImplementedError
 
+    _credentials_file: Path | None = None
+
+    def hand_credentials(self, tasks: list[Task]) -> None:
+        """Point each task at the credentials file (written once, in the executor's folder, mode 0600), if any
+        credential is set; the job's command (sage_unsloth/executors/command.py) reads it on the worker."""
+        from sage_unsloth.credentials import CREDENTIALS_FILE_ENV, write_credentials_file
+
+        secrets = job_credentials()
+        if not secrets:
+            return
+        if self._credentials_file is None:
+            self._credentials_file = write_credentials_file(self.folder, secrets)
+        for task in tasks:
+            task.env[CREDENTIALS_FILE_ENV] = str(self._credentials_file.resolve())
+
     def close(self) -> None:
-        """Release what the executor started (a Ray cluster it started itself)."""
+        """Release what the executor started (a Ray cluster it started itself) and its credentials file."""
+        from sage_unsloth.credentials import remove_credentials_file
+
+        remove_credentials_file(self._credentials_file)
+        self._credentials_file = None
 
 
 EXECUTORS: dict[str, type[Executor]] = {}

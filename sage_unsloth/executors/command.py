@@ -2,6 +2,8 @@
 wait, return the exit status. It runs in submitit's job process or a Ray worker, so a killed worker must
 not leave the stage running: the stage gets SIGKILL when its parent dies (Linux ``PR_SET_PDEATHSIG``), and
 SIGTERM / SIGINT / SIGUSR2 (SLURM's pre-emption and time-limit signals) are passed on to its process group.
+Credentials reach the stage from the driver's credentials file (``SAGE_CREDENTIALS_FILE``), read here, on the
+worker: never from the task's serialised arguments.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 def run_command(task: Task, argv: list[str] | None = None, log: Path | None = None, extra_env=None) -> int:
     argv = list(task.argv if argv is None else argv)
     log = Path(task.log if log is None else log)
+    from sage_unsloth.credentials import CREDENTIALS_FILE_ENV, read_credentials_file
+
     env = {**os.environ, **task.env, **(extra_env or {})}
+    env.update(read_credentials_file(env.get(CREDENTIALS_FILE_ENV)))  # never in the task's own arguments
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as fh:
         proc = subprocess.Popen(

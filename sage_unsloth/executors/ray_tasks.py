@@ -13,16 +13,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_unsloth.executors.base import Executor, ExecutorUnavailable, Task, register, require
+from sage_unsloth.executors.base import FORWARDED_ENV, Executor, ExecutorUnavailable, Task, register, require
 from sage_unsloth.executors.command import run_command
-
-# A Ray worker's environment is its node's, not the driver's (unlike a SLURM job's, which sbatch copies):
-# what the stages read from the environment travels with each task.
-FORWARDED_ENV = ("HF_", "WANDB_", "SAGE_", "UNSLOTH_", "TRANSFORMERS_", "TOKENIZERS_", "PYTHONPATH")
 
 
 def forwarded_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
+    """A Ray worker's environment is its node's, not the driver's (unlike a SLURM job's, which sbatch copies):
+    what the stages read from the environment travels with each task, except credentials (a task's arguments
+    are serialised by Ray), which go through the executor's credentials file (Executor.hand_credentials)."""
+    from sage_unsloth.manifest import is_secret_key
+
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV) and not is_secret_key(k)}
 
 
 @dataclass
@@ -115,6 +116,7 @@ class RayExecutor(Executor):
 
     def submit(self, tasks: list[Task]) -> list[RayHandle]:
         self._connect()
+        self.hand_credentials(tasks)
         handles = []
         for task in tasks:
             task.env = {**forwarded_env(), **task.env}
@@ -130,3 +132,4 @@ class RayExecutor(Executor):
             self.ray.shutdown()
             self._started = False
         self._remote = None
+        super().close()

@@ -202,6 +202,9 @@ class SlurmExecutor(Executor):
         return ex
 
     def submit(self, tasks: list[Task]) -> list[SubmititHandle]:
+        self.hand_credentials(
+            tasks
+        )  # sbatch may not export the driver's environment (sbatch: {export: NONE})
         for task in tasks:
             if task.gpus == 0:
                 task.env.setdefault("OMP_NUM_THREADS", str(self.settings.cpus_per_job))

@@ -76,6 +76,45 @@ def _require_columns(frame: pd.DataFrame, columns, path: Path) -> None:
         )
 
 
+def read_results_csv(path: Path, **kwargs) -> pd.DataFrame:
+    """A results CSV; one that is empty, binary, not UTF-8 or not a table is a ValueError naming the file (and
+    the line where the parser says) and the fix, in one line."""
+    fix = "re-run the eval stage for this run (or sage-unsloth regrade it), or restore the file"
+    with path.open("rb") as fh:
+        head = fh.read(4096)
+    if not head.strip():
+        raise ValueError(f"{path} is empty: {fix}")
+    if b"\0" in head:
+        raise ValueError(f"{path} is binary, not a CSV table: {fix}")
+    try:
+        return pd.read_csv(path, encoding="utf-8", encoding_errors="strict", **kwargs)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not valid UTF-8 (byte {exc.start}): {fix}") from None
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path} is empty: {fix}") from None
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise ValueError(f"{path} is not a CSV table ({str(exc).strip().splitlines()[0]}): {fix}") from None
+
+
+def _numbers(frame: pd.DataFrame, column: str, path: Path, *, integer: bool) -> pd.Series:
+    """``frame[column]`` as numbers; a value that is not one (an empty cell, where ``integer``) is a ValueError
+    naming the file and the line."""
+    values = pd.to_numeric(frame[column], errors="coerce")
+    bad = values.isna() & frame[column].notna() | (
+        values.isna() | (values != values.round()) if integer else False
+    )
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        value = frame[column].iloc[row]
+        shown = "an empty cell" if pd.isna(value) else f"{column}={str(value)!r}"
+        raise ValueError(
+            f"{path} line {row + 2}: {shown} is not "  # + the header, 1-based
+            f"{'an integer' if integer else 'a number'} ({column}): re-run the eval stage for this run, or restore "
+            "the file"
+        )
+    return values.astype(int) if integer else values
+
+
 def load_run(run_dir: str | Path) -> RunResults:
     run_dir = Path(run_dir)
     passk_path = run_dir / PASSK_FILE
@@ -83,17 +122,20 @@ def load_run(run_dir: str | Path) -> RunResults:
         raise FileNotFoundError(
             f"{passk_path} not found: run the eval stage (scripts/03_eval.sh) for this run first"
         )
-    passk = pd.read_csv(passk_path)
+    passk = read_results_csv(passk_path)
     _require_columns(passk, PASSK_REQUIRED, passk_path)
     passk["dataset"] = passk["dataset"].astype(str)
-    passk["k"] = passk["k"].astype(int)
+    passk["k"] = _numbers(passk, "k", passk_path, integer=True)
+    passk["pass_at_k"] = _numbers(passk, "pass_at_k", passk_path, integer=False)  # an empty cell: missing
     notes = []
     per_problem = None
     pp_path = run_dir / PER_PROBLEM_FILE
     if pp_path.is_file():
-        per_problem = pd.read_csv(pp_path, dtype={"problem_id": str})
+        per_problem = read_results_csv(pp_path, dtype={"problem_id": str})
         _require_columns(per_problem, PER_PROBLEM_REQUIRED, pp_path)
         per_problem["dataset"] = per_problem["dataset"].astype(str)
+        for column in ("n", "c"):
+            per_problem[column] = _numbers(per_problem, column, pp_path, integer=True)
     else:
         notes.append("per_problem.csv missing: no confidence intervals")
     manifest = None

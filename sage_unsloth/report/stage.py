@@ -267,9 +267,24 @@ def print_console(comparison: pd.DataFrame) -> None:
 
 # ---------------------------------------------------------------- pipeline
 def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult:
+    """Write the report; its folder (``<out without .md>/``, which also covers ``out``) is locked while it is
+    written (sage_unsloth/folder_lock.py): a second report into the same place stops in one line."""
+    from sage_unsloth.folder_lock import FolderLock
+
     args.validate()
+    if not Path(args.results).is_dir():
+        discover_runs(
+            args.results
+        )  # its one line; nothing is created beside a results folder that is not there
+    out = Path(args.out) if args.out else Path(args.results) / "report.md"
+    with FolderLock(
+        out.with_suffix(""), fix="pass another --out"
+    ):  # a report that writes nothing leaves none
+        return _build_report(args, out, console=console)
+
+
+def _build_report(args: ReportArguments, out: Path, *, console: bool) -> ReportResult:
     results = Path(args.results)
-    out = Path(args.out) if args.out else results / "report.md"
     assets = out.with_suffix("")
     mapping = load_mapping(args.mapping)
     paper_dir = args.paper_dir or (

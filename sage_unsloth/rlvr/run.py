@@ -104,6 +104,11 @@ class RLVRStageArgs(StageRunArgs):
         for name in ("max_train_rows", "max_prompt_length", "max_seq_length"):
             if (value := getattr(self, name)) is not None and value < 1:
                 raise ConfigError(f"{name}={value} must be a positive count: raise it or leave it unset")
+        if self.variant is not None:
+            try:
+                layout.check_name(self.variant, "variant")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 @dataclass
@@ -200,8 +205,11 @@ def _same_model(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
 
 
-def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None) -> RLVRPlan:
-    """Resolve and check every input of the stage; one-line errors, nothing loads a model."""
+def plan_run(
+    grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None, claim=None
+) -> RLVRPlan:
+    """Resolve and check every input of the stage; one-line errors, nothing loads a model. ``claim(output_dir)``
+    (the stage's folder lock) is called before anything in the output folder is read or deleted."""
     from sage_unsloth.backend import cuda_available
     from sage_unsloth.checkpoints import choose_checkpoint
     from sage_unsloth.manifest import MANIFEST_NAME
@@ -244,6 +252,7 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
     variant = stage.variant or (Path(config_path).stem if config_path else None)
     if not variant:
         raise ValueError("variant is not set: pass --variant NAME (the output subfolder)")
+    layout.check_name(variant, "variant")  # also a config file's stem, the default
     short = model_short_name(base)
     output_dir = (
         Path(grpo_args.output_dir)
@@ -251,6 +260,8 @@ def plan_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | Non
         else layout.rlvr_dir(stage.output_root, short, variant)
     )
     check_output_folder(output_dir, "output_dir")
+    if claim is not None:
+        claim(output_dir)
     if not stage.resume and (output_dir / MANIFEST_NAME).is_file():
         raise FileExistsError(
             f"{output_dir} already holds a run: pass --resume to continue it, or choose "
@@ -507,8 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         # Everything here is input checking (config, folders, data, loader and trainer arguments): one line.
         _import_unsloth_early(argv)
         grpo_args, stage, model_args, config_path = parse_args(argv)
-        plan = plan_run(grpo_args, stage, model_args, config_path)  # fail fast, before heavy imports
-        settle(plan.output_dir)
+        plan = plan_run(grpo_args, stage, model_args, config_path, claim=settle)  # fail fast, no model yet
         return build_stage(grpo_args, stage, model_args, config_path, plan).train_and_save
 
     return run_training_stage("rlvr", argv, prepare, resume_flag=("--resume",))

@@ -110,6 +110,8 @@ class SageSFTConfig(StageRunArgs, SFTConfig):
         """One-line errors naming the field and the fix, raised before any model or data loads."""
         if not model_args.model_name_or_path:
             raise ValueError("model_name_or_path is not set: set it in the YAML or pass --model_name_or_path")
+        if self.model_short_name is not None:  # a folder of output_root: one name, never a path
+            layout.check_name(self.model_short_name, "model_short_name", example="qwen2.5-math-7b")
         check_hub_model_cached(model_args.model_name_or_path, revision=model_args.model_revision)
         local = Path(model_args.model_name_or_path).expanduser()
         if local.is_dir():

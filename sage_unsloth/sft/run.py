@@ -53,9 +53,10 @@ class SFTPlan:
     finished: bool = False
 
 
-def prepare_sft(sft_args, model_args) -> SFTPlan:
+def prepare_sft(sft_args, model_args, claim=None) -> SFTPlan:
     """Validate the config, settle the output folder and prepare the data; raises ValueError,
-    FileNotFoundError or FileExistsError with a one-line message before any model loads."""
+    FileNotFoundError or FileExistsError with a one-line message before any model loads. ``claim(output_dir)``
+    (the stage's folder lock) is called before anything in the folder is read or deleted."""
     from ..manifest import MANIFEST_NAME
     from ..models import load_tokenizer
     from .data import load_raw_dataset, prepare_sft_data
@@ -65,6 +66,8 @@ def prepare_sft(sft_args, model_args) -> SFTPlan:
     from ..input_checks import check_output_folder
 
     check_output_folder(out, "output_dir")  # a file, or not writable: before the data and the model load
+    if claim is not None:
+        claim(out)
     config_record = _config_record(sft_args, model_args)  # as resolved, before the loader adjusts anything
     if sft_args.resume and (out / MANIFEST_NAME).is_file():
         logger.info("%s already holds a finished SFT run; nothing to resume", out)
@@ -245,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
             import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
         sft_args, model_args = parse_args(argv)
-        plan = prepare_sft(sft_args, model_args)  # every input error surfaces here, before a model loads
-        settle(plan.out)
+        plan = prepare_sft(sft_args, model_args, claim=settle)  # every input error here, before a model loads
         return lambda: run_sft(sft_args, model_args, plan)
 
     return run_training_stage("sft", argv, prepare, resume_flag=("--resume", "true"))
