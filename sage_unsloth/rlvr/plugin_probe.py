@@ -42,7 +42,7 @@ def synthetic_batch(num_generations: int, seed: int = 0) -> dict:
         "ref_entropies": torch.rand(rows, TOKENS, generator=g) * 2.5,
         "prompt_ids": torch.randint(0, VOCAB, (rows, 4), generator=g),
         "completion_ids": torch.randint(0, VOCAB, (rows, TOKENS), generator=g),
-        "log_probs": torch.log_softmax(torch.randn(rows * TOKENS, VOCAB, generator=g), dim=-1),
+        "logits": torch.randn(rows * TOKENS, VOCAB, generator=g),  # per position, for the logit signals
         "rewards": torch.randint(0, 3, (rows,), generator=g).float() / 2.0,
         "advantages": torch.randn(rows, generator=g),
     }
@@ -80,14 +80,16 @@ def _probe_guide(cfg, plan, batch: dict, rows: int) -> None:
     needs = plan.guide_needs
     logits = {}
     targets = batch["completion_ids"].reshape(-1)
-    for name, fn in guides.logit_signal_functions(needs).items():
+    signal_fns = guides.logit_signal_functions(needs)
+    log_probs = torch.log_softmax(batch["logits"], dim=-1) if signal_fns else None
+    for name, fn in signal_fns.items():
         flat = _call(
             "sage_guide's logit signal",
             rows,
             "logit signal",
             name,
             fn,
-            batch["log_probs"],
+            log_probs,
             targets,
             check=lambda out: plugin_calls.tensor_problem(out, "values", (targets.numel(),)),
         )
