@@ -4,11 +4,15 @@ Complete means every file a resume reads is there and parses: ``trainer_state.js
 safetensors file's header reads and its tensors fit in the file, and the optimizer, scheduler and RNG files
 (torch's zip format) end in an intact zip directory. Only the existence of trainer_state.json used to be
 checked, so a checkpoint cut short by a full disk was resumed from and crashed (SFT), or trapped the run
-(RLVR: ``--resume`` said start without it, without it the kit said pass it).
+(RLVR: ``--resume`` said start without it, without it the kit said pass it). And its contents are sane
+(sage_unsloth/checkpoint_contents.py: every tensor finite, the LoRA adapter not degenerate, the optimizer state
+that of these weights): a checkpoint of NaN weights with an intact header used to be resumed from.
 
 Saves are atomic (:class:`CheckpointMixin`, the one contact with the Trainer's save): a checkpoint is
 written under ``.saving-checkpoint-N/`` and renamed to ``checkpoint-N`` when whole, so a crash mid-save leaves
-no ``checkpoint-N`` at all. Folders written before that (or copied by hand) are still checked file by file.
+no ``checkpoint-N`` at all, and a staged checkpoint whose contents are not sane is removed instead of renamed
+(:class:`UnsaneCheckpoint` stops the run). Folders written before that (or copied by hand) are still checked file
+by file.
 
 :func:`choose_checkpoint` is the resume rule of both stages: the newest complete checkpoint, with a notice for
 each newer one skipped and why; a folder whose checkpoints are all incomplete is restarted only with
@@ -27,6 +31,8 @@ import struct
 import zipfile
 from pathlib import Path
 
+from sage_unsloth.finite_steps import TrainingFault, check_micro_step
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -37,6 +43,9 @@ RESUME_FILES = ("optimizer.pt", "scheduler.pt")
 RNG_GLOB = "rng_state*.pth"
 TORCH_ZIP_SUFFIXES = (".pt", ".pth", ".bin")
 WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors")
+# The training loss summed up to the checkpoint's step (the Trainer keeps it only in memory): train_loss after a
+# resume is the whole run's mean.
+LOSS_TOTAL_FILE = "sage_loss_total.json"
 RESTART_FLAG = "--restart true"
 # A save that fails for lack of room: one line naming the folder and the free space (see save_failure).
 NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
@@ -44,6 +53,11 @@ NO_ROOM = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 class CheckpointSaveError(OSError):
     """A save ran out of room (disk full, quota, file-size limit); the message is one line."""
+
+
+class UnsaneCheckpoint(TrainingFault):
+    """A checkpoint whose contents are not sane (a non-finite tensor, a degenerate adapter) was about to be saved:
+    it is removed unwritten and the run stops; the message is one line."""
 
 
 # ---------------------------------------------------------------------------------------------- file checks
@@ -115,18 +129,21 @@ def checkpoint_problem(folder: str | os.PathLike) -> str | None:
     for path in weights:
         if (problem := safetensors_problem(path)) is not None:
             return problem.replace(str(folder) + os.sep, "")
-    if not any(folder.glob(RNG_GLOB)) and all(not (folder / name).exists() for name in RESUME_FILES):
-        return None  # save_only_model: weights only; transformers resumes the weights
-    for name in RESUME_FILES:
-        if (problem := _torch_file_problem(folder / name)) is not None:
-            return problem
-    rng = sorted(folder.glob(RNG_GLOB))
-    if not rng:
-        return "no rng_state file"
-    for path in rng + sorted(p for p in folder.glob("sage_resume_state_*.pt")):
-        if (problem := _torch_file_problem(path)) is not None:
-            return problem
-    return None
+    if any(folder.glob(RNG_GLOB)) or any((folder / name).exists() for name in RESUME_FILES):
+        # (else save_only_model: weights only; transformers resumes the weights)
+        for name in RESUME_FILES:
+            if (problem := _torch_file_problem(folder / name)) is not None:
+                return problem
+        rng = sorted(folder.glob(RNG_GLOB))
+        if not rng:
+            return "no rng_state file"
+        for path in rng + sorted(p for p in folder.glob("sage_resume_state_*.pt")):
+            if (problem := _torch_file_problem(path)) is not None:
+                return problem
+    # The files are whole; their contents must be sane too (finite, not degenerate, consistent).
+    from sage_unsloth.checkpoint_contents import contents_problem
+
+    return contents_problem(folder, int(state["global_step"]))
 
 
 # ---------------------------------------------------------------------------------------------- the resume rule
@@ -237,11 +254,43 @@ def out_of_room_line(exc: BaseException, folder: str | os.PathLike | None) -> st
     return None
 
 
+# ---------------------------------------------------------------------------------------------- train_loss
+def write_loss_total(folder: Path, trainer) -> None:
+    """The training loss summed over every step so far (logged and not yet logged) into the checkpoint being written:
+    what a resumed session adds its own steps to."""
+    total = trainer._total_loss_scalar + float(trainer._tr_loss.item())
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / LOSS_TOTAL_FILE).write_text(json.dumps({"loss_total": total}), encoding="utf-8")
+
+
+def resumed_loss_total(checkpoint: str | os.PathLike) -> float:
+    """The loss summed over the steps before ``checkpoint``: its :data:`LOSS_TOTAL_FILE`, else (a checkpoint written
+    before it existed) each logged mean loss times the steps it averaged, from its ``trainer_state.json``."""
+    folder = Path(checkpoint)
+    try:
+        return float(json.loads((folder / LOSS_TOTAL_FILE).read_text(encoding="utf-8"))["loss_total"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        history = json.loads((folder / TRAINER_STATE_FILE).read_text(encoding="utf-8"))["log_history"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+    total, previous = 0.0, 0
+    for entry in history:
+        if "loss" in entry and "step" in entry:
+            total += float(entry["loss"]) * (int(entry["step"]) - previous)
+            previous = int(entry["step"])
+    return total
+
+
 class CheckpointMixin:
-    """Over any transformers Trainer: ``checkpoint-N`` appears only whole (written as
-    ``.saving-checkpoint-N/checkpoint-N``, then renamed), and a save that runs out of room raises
+    """Over any transformers Trainer, what training may apply and write: ``checkpoint-N`` appears only whole and
+    sane (written as ``.saving-checkpoint-N/checkpoint-N``, its contents checked, then renamed; an unsane one is
+    removed and :class:`UnsaneCheckpoint` stops the run), and a save that runs out of room raises
     :class:`CheckpointSaveError` (one line) after removing what it wrote; a resume from the checkpoint of the
-    last step trains nothing more (``compat.every_step_done``).
+    last step trains nothing more (``compat.every_step_done``) and continues the run's summed loss (train_loss);
+    no micro-batch with a non-finite loss, no window with non-finite gradients reaches the optimizer
+    (sage_unsloth/finite_steps.py, row ``step_guard``).
 
     Contact (sage_unsloth/compat.py, row ``resume_internals``): ``_save_checkpoint(model, trial)`` and every save
     inside it (TRL's own, and the stage's extra resume state: a trainer that defines
@@ -250,6 +299,7 @@ class CheckpointMixin:
     are rotated as the Trainer would have (``save_total_limit``)."""
 
     _sage_staging: Path | None = None
+    _sage_step_batch = None
 
     def _get_output_dir(self, trial):
         if self._sage_staging is not None:
@@ -270,6 +320,8 @@ class CheckpointMixin:
             if write_resume_state is not None:
                 # Before the Trainer's files, so that trainer_state.json (written last) marks a complete checkpoint.
                 write_resume_state(staging / name)
+            if main:
+                write_loss_total(staging / name, self)
             super()._save_checkpoint(model, trial)
         except Exception as exc:  # OSError, torch's RuntimeError, safetensors' SafetensorError
             if not _no_room(exc):
@@ -280,6 +332,11 @@ class CheckpointMixin:
             self._sage_staging = None
         self.accelerator.wait_for_everyone()  # every process wrote its RNG state into the staging folder
         if main:
+            from sage_unsloth.checkpoint_contents import contents_problem
+
+            if (problem := contents_problem(staging / name, self.state.global_step)) is not None:
+                shutil.rmtree(staging, ignore_errors=True)  # never counted complete, never resumed from
+                raise UnsaneCheckpoint(f"{name} was not written: {problem}")
             if final.exists():
                 shutil.rmtree(final)  # a checkpoint of the same step from a run that was restarted
             os.replace(staging / name, final)
@@ -296,9 +353,27 @@ class CheckpointMixin:
             )
         self.accelerator.wait_for_everyone()
 
+    def _prepare_inputs(self, inputs):
+        prepared = super()._prepare_inputs(inputs)
+        self._sage_step_batch = (
+            prepared  # what this micro-batch's loss reads (named if the loss is not finite)
+        )
+        return prepared
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        # before the optimizer step: a non-finite loss or gradient stops the run (finite_steps.py)
+        check_micro_step(self, model, loss, self._sage_step_batch)
+        return loss
+
     def _run_epoch(self, *args, **kwargs):
         from sage_unsloth.compat import every_step_done
 
+        checkpoint = kwargs.get("resume_from_checkpoint")
+        if checkpoint is not None and kwargs.get("epoch") == kwargs.get("epochs_trained"):
+            # The first epoch of a resumed session: the loss summed before the checkpoint, so that train_loss is the
+            # whole run's mean (the Trainer starts its sum at 0 and divides by the whole run's steps).
+            self._total_loss_scalar += resumed_loss_total(checkpoint)
         if every_step_done(self):
             self.control.should_training_stop = True
             return None

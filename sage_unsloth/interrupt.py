@@ -41,7 +41,7 @@ def _without(argv: list[str], flag: str, takes_value: bool) -> list[str]:
     return out
 
 
-def _close_progress_bars() -> None:
+def close_progress_bars() -> None:
     """Close the live tqdm bars (the Trainer's, the datasets'): else each redraws itself at exit, below the line."""
     tqdm = sys.modules.get("tqdm")
     for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
@@ -64,7 +64,7 @@ def interrupted_training(
     else:
         plain = _without(argv, resume_flag[0], takes_value=len(resume_flag) > 1)
         what = f"{last} is kept: continue with {_command(stage, plain, resume_flag)}"
-    _close_progress_bars()
+    close_progress_bars()
     print(f"sage-unsloth {stage}: interrupted (Ctrl-C); {what}", file=sys.stderr, flush=True)
     return EXIT_INTERRUPTED
 
@@ -73,7 +73,7 @@ def interrupted_eval(argv: list[str]) -> int:
     """Print the one line for stage 3 stopped by Ctrl-C; returns the exit code."""
     if os.environ.get(QUIET_ENV):
         return EXIT_INTERRUPTED
-    _close_progress_bars()
+    close_progress_bars()
     print(
         "sage-unsloth eval: interrupted (Ctrl-C); the completion chunks already written are kept: run the "
         f"same command to continue: {_command('eval', argv)}",

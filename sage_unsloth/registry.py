@@ -25,6 +25,8 @@ import importlib.util
 import inspect
 import json
 import sys
+import traceback
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,17 +69,28 @@ def import_object(spec: str, field_name: str) -> Any:
             sys.modules[key] = module
             try:
                 loader_spec.loader.exec_module(module)
-            except Exception:
+            except (KeyboardInterrupt, GeneratorExit):
                 del sys.modules[key]
                 raise
+            except (
+                BaseException
+            ) as err:  # SystemExit too: importing a plug-in never ends the stage in silence
+                del sys.modules[key]
+                raise ConfigError(f"{field_name}={spec!r}: {import_failure(err, path)}") from err
     else:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
-            raise ConfigError(
-                f"{field_name}={spec!r}: cannot import module {module_name!r} ({err}); put its folder on "
-                "PYTHONPATH or name the file ('path/to/file.py:function')"
-            ) from None
+            if err.name and module_name.startswith(err.name):  # the module itself (or its package) is missing
+                raise ConfigError(
+                    f"{field_name}={spec!r}: cannot import module {module_name!r} ({err}); put its folder on "
+                    "PYTHONPATH or name the file ('path/to/file.py:function')"
+                ) from None
+            raise ConfigError(f"{field_name}={spec!r}: {import_failure(err, None)}") from None
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as err:
+            raise ConfigError(f"{field_name}={spec!r}: {import_failure(err, None)}") from err
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -87,11 +100,85 @@ def import_object(spec: str, field_name: str) -> Any:
         ) from None
 
 
+def annotation_mismatch(value, annotation) -> str | None:
+    """Why ``value`` (from YAML or JSON) does not fit the parameter annotation ``annotation``, or None. Plain types
+    (bool, int, float, str, list, dict, tuple, None), their unions and Optional, Literal and parametrised
+    containers (by their origin) are checked; anything else (a class of the plug-in's, Any) passes. An int fits
+    a float; a bool fits neither an int nor a float."""
+    if annotation is inspect.Parameter.empty or annotation is typing.Any or isinstance(annotation, str):
+        return None
+    if _fits(value, annotation):
+        return None
+    return f"must be {_type_name(annotation)}, got {type(value).__name__} {value!r}"
+
+
+def _fits(value, annotation) -> bool:
+    import types
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_fits(value, option) for option in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if origin is not None:
+        annotation = origin  # list[int] -> list
+    if annotation is None or annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is tuple:
+        return isinstance(value, (tuple, list))  # YAML and JSON have lists only
+    if isinstance(annotation, type):
+        return isinstance(value, annotation)
+    return True  # a typing construct the kit does not read: no claim
+
+
+def _type_name(annotation) -> str:
+    import types
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_type_name(option) for option in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(annotation)))
+    if annotation is None or annotation is type(None):
+        return "None"
+    return getattr(origin or annotation, "__name__", str(annotation))
+
+
+def import_failure(err: BaseException, path: Path | None) -> str:
+    """What went wrong importing a plug-in, with the file and line: 'my_guide.py line 3: SyntaxError: expected
+    ':'' or 'importing it raised NameError: ... (my_guide.py:7)'."""
+    if isinstance(err, SyntaxError):  # IndentationError and TabError too; the line is the plug-in's own
+        where = Path(err.filename).name if err.filename else (path.name if path else "?")
+        return f"{where} line {err.lineno}: {type(err).__name__}: {err.msg}"
+    if isinstance(err, SystemExit):
+        what = f"importing it called sys.exit({err.code!r})"
+    else:
+        text = str(err).strip().splitlines()
+        what = f"importing it raised {type(err).__name__}" + (f": {text[0]}" if text else "")
+    frames = traceback.extract_tb(err.__traceback__)
+    own = [f for f in frames if path is not None and Path(f.filename).resolve() == path.resolve()]
+    frame = (own or frames[-1:] or [None])[-1]
+    return what if frame is None else f"{what} ({Path(frame.filename).name}:{frame.lineno})"
+
+
 class Registry:
     """Entries of one kind, resolved from a config field by name or import path."""
 
-    def __init__(self, kind: str, *, field: str, args_field: str | None = None, meta: dict | None = None):
+    def __init__(
+        self,
+        kind: str,
+        *,
+        field: str,
+        args_field: str | None = None,
+        meta: dict | None = None,
+        inputs: str = "",
+    ):
         self.kind = kind
+        self.inputs = inputs  # the per-call inputs, as a message names them ("signals")
         self.field = field
         self.args_field = args_field or f"{field}_args"
         self.meta_defaults = dict(meta or {})
@@ -171,9 +258,22 @@ class Registry:
         ``leading`` (the per-call inputs), for a class its constructor's. Unknown or missing names fail."""
         args = dict(args or {})
         obj = entry.obj
-        params = list(inspect.signature(obj).parameters.values())
+        try:
+            signature = inspect.signature(obj)
+        except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+            return args
+        try:
+            signature = inspect.signature(obj, eval_str=True)
+        except (NameError, AttributeError, ImportError, SyntaxError, TypeError):
+            pass  # an annotation that does not resolve: its string is kept, and not type-checked
+        params = list(signature.parameters.values())
         if not inspect.isclass(obj):
+            self._check_inputs(entry, params, leading)
             params = params[leading:]
+        for key, value in args.items():
+            declared = next((p for p in params if p.name == key), None)
+            if declared is not None and (problem := annotation_mismatch(value, declared.annotation)):
+                raise ConfigError(f"{self.args_field}: {self.kind} {entry.name!r} argument {key!r} {problem}")
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return args
         accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
@@ -197,6 +297,21 @@ class Registry:
                 f"e.g. {self.args_field}: {{{missing[0]}: ...}}"
             )
         return args
+
+    def _check_inputs(self, entry: Entry, params: list, leading: int) -> None:
+        """The function takes its ``leading`` per-call inputs positionally (else every call would fail)."""
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(positional) < leading and not any(p.kind is p.VAR_POSITIONAL for p in params):
+            raise ConfigError(
+                f"{self.field}={entry.name!r} takes {len(positional)} positional inputs; a {self.kind} is called "
+                f"with {leading} ({self.inputs or 'its inputs'}), then the keyword arguments of {self.args_field}"
+            )
+        for p in params[leading:]:
+            if p.kind is p.POSITIONAL_ONLY and p.default is p.empty:
+                raise ConfigError(
+                    f"{self.field}={entry.name!r}: parameter {p.name!r} is positional-only without a default, so "
+                    f"{self.args_field} cannot set it: make it keyword-capable or give it a default"
+                )
 
     def bind(self, entry: Entry, args: dict | None, *, leading: int = 1) -> Callable:
         """A function with ``args`` bound (functools.partial), or an instance of a class built with them."""

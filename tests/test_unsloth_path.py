@@ -78,6 +78,23 @@ def test_loss_without_the_hook_call_raises(result):
 
 
 @pytest.mark.slow
+def test_no_non_finite_step_is_applied_under_unsloths_trainer(result):
+    """The step guard and the plug-in contract hold on Unsloth's patched trainer and loss too: a NaN batch from no
+    plug-in, and an estimator plug-in turning NaN in training, stop step 1 before its optimizer step."""
+    guards = result["guards"]
+    assert guards["patched"] == "UnslothGRPOTrainer"
+    poisoned, plugin = guards["poisoned"], guards["plugin"]
+    assert poisoned["raised"] and poisoned["raised"].startswith(
+        "step 1: the loss is nan: non-finite in its batch: advantages"
+    ), poisoned
+    assert plugin["raised"] and plugin["raised"].startswith(
+        "advantage estimator 'late_estimator.py:late_nan' at step 1 returned "
+    ), plugin
+    assert "non-finite advantages" in plugin["raised"]
+    assert poisoned["unchanged"] and plugin["unchanged"]
+
+
+@pytest.mark.slow
 def test_contact_point_in_unsloth_zoo(result):
     """unsloth_zoo 2026.10.9 reads args.top_entropy_quantile, hands the entropies to
     trainer.get_high_entropy_mask, then reads the reference: re-check on every Unsloth bump."""

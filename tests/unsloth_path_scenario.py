@@ -268,9 +268,58 @@ def contact_point_source():
     return {"order": 0 <= read < handed < used, "calls_trainer": "trainer.get_high_entropy_mask(" in helper}
 
 
+LATE_NAN_ESTIMATOR = """
+CALLS = []
+
+def late_nan(rewards, num_generations, args):
+    CALLS.append(1)  # call 1: the trial call before loading; call 2: step 1
+    out = rewards - rewards.mean()
+    return out * float("nan") if len(CALLS) > 1 else out
+"""
+
+
+def trainable(trainer):
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def stopped(trainer, fault: type) -> dict:
+    """Train; the line of the ``fault`` that stopped it (None if none did) and whether the weights are as before."""
+    before = trainable(trainer)
+    try:
+        trainer.train()
+        raised = None
+    except fault as exc:
+        raised = str(exc)
+    return {
+        "raised": raised,
+        "unchanged": all(torch.equal(p, before[n]) for n, p in trainable(trainer).items()),
+    }
+
+
+def guards(model_dir):
+    """Under Unsloth's patched trainer and loss: a NaN batch from no plug-in (a rollout step poisoning the
+    advantages) and a plug-in estimator turning NaN in training each stop the run before the optimizer step, the
+    weights untouched (sage_unsloth/finite_steps.py, plugin_calls.py)."""
+    from sage_unsloth.finite_steps import NonFiniteStep
+    from sage_unsloth.plugin_calls import PluginFault
+
+    trainer = build(model_dir, max_steps=1, **BRANCH)
+
+    def poison(trainer, rollout):
+        rollout.output["advantages"] = rollout.output["advantages"] * float("nan")
+
+    trainer.rollout_steps = (*trainer.rollout_steps, poison)
+    result = {"poisoned": stopped(trainer, NonFiniteStep)}
+    Path("late_estimator.py").write_text(LATE_NAN_ESTIMATOR)
+    trainer = build(model_dir, max_steps=1, advantage_estimator="late_estimator.py:late_nan", **BRANCH)
+    result["plugin"] = stopped(trainer, PluginFault)
+    result["patched"] = type(trainer).__mro__[4].__name__
+    return result
+
+
 if __name__ == "__main__":
     model_dir, out = sys.argv[1], Path(sys.argv[2])
-    result = {"in_loss": in_loss_training(model_dir)}
+    result = {"in_loss": in_loss_training(model_dir), "guards": guards(model_dir)}
     neutral = neutral_hook(model_dir)
     result["loud"] = loud_when_not_called(neutral.pop("trainer"), neutral.pop("batch"))
     result["neutral"] = neutral

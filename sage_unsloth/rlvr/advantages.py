@@ -67,6 +67,7 @@ ADVANTAGE_ESTIMATORS = Registry(
     "advantage estimator",
     field="advantage_estimator",
     meta={"backends": ("trl", "unsloth"), "recomputed": True},
+    inputs="rewards, num_generations, args",
 )
 
 

@@ -23,6 +23,7 @@ from sage_unsloth.config_args import ConfigError, check_training_fields, suggest
 from sage_unsloth.rlvr.exploration import ExplorationArgs
 from sage_unsloth.rlvr.kl_terms import KL_TERMS
 from sage_unsloth.rlvr.plan import MethodPlan, build_plan, plan_key
+from sage_unsloth.rlvr.plugin_probe import probe_plan
 
 BACKENDS = ("unsloth", "trl")
 Q_SOURCES = ("auto", "loss", "rollout")
@@ -270,7 +271,9 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             self.bf16 = False  # TRL turns None into True, which transformers rejects on a CPU-only machine
         super().__post_init__()
         self.validate_exploration()  # the exploration baselines (rlvr/exploration.py); needs steps_per_generation
-        self.method_plan  # noqa: B018 -- resolved once, here: the trainer only reads it (rlvr/plan.py)
+        # Resolved once, here: the trainer only reads it (rlvr/plan.py); each plug-in is then called once on a
+        # synthetic batch through the run-time checks (rlvr/plugin_probe.py), still before any model loads.
+        probe_plan(self, self.method_plan)
         self._warn_off_policy_q()
         self._warn_guide_without_effect()
 

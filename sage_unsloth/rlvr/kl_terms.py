@@ -50,6 +50,7 @@ KL_TERMS = Registry(
         "loss_types": TOKEN_LEVEL_LOSS_TYPES,
         "gradient": None,
     },
+    inputs="tokens",
 )
 
 

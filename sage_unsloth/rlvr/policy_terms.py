@@ -29,7 +29,7 @@ import torch
 from sage_unsloth.registry import Registry
 
 # An import-path term may declare ``fn.backends``; the default is TRL only (see above).
-POLICY_TERMS = Registry("policy term", field="policy_term", meta={"backends": ("trl",)})
+POLICY_TERMS = Registry("policy term", field="policy_term", meta={"backends": ("trl",)}, inputs="batch, args")
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,9 @@ class RLVRPlan:
     max_prompt_length: int
     resume_from: str | None
     sft_manifest: dict[str, Any]
+    finished: str | None = (
+        None  # --resume on a run that is done: what to say instead of training (nothing changes)
+    )
 
 
 # ----------------------------------------------------------------------------------------------- parsing
@@ -267,10 +270,15 @@ def plan_run(
             f"{output_dir} already holds a run: pass --resume to continue it, or choose "
             "another --output_dir (or --variant / --output_root)"
         )
+    finished = finished_run(output_dir, grpo_args) if stage.resume else None
     # The newest complete checkpoint (newer incomplete ones skipped with a notice); only incomplete ones: an
     # error naming --restart true, which deletes them (sage_unsloth/checkpoints.py).
-    last = choose_checkpoint(output_dir, resume=stage.resume, restart=stage.restart, resume_flag="--resume")
-    if stage.resume and last is None:
+    last = (
+        None
+        if finished
+        else choose_checkpoint(output_dir, resume=stage.resume, restart=stage.restart, resume_flag="--resume")
+    )
+    if stage.resume and last is None and not finished:
         raise FileNotFoundError(f"--resume: no checkpoint-* folder in {output_dir}: start without --resume")
     if grpo_args.backend == "unsloth" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logger.warning(
@@ -288,8 +296,26 @@ def plan_run(
         variant=variant,
         context_length=context,
         max_prompt_length=max_prompt,
-        resume_from=str(last) if stage.resume else None,
+        resume_from=str(last) if stage.resume and last else None,
         sft_manifest=sft_manifest,
+        finished=finished,
+    )
+
+
+def finished_run(output_dir: Path, grpo_args) -> str | None:
+    """What to say when ``--resume`` names a run that is done (its manifest is written last, so it marks a finished
+    run, and it trained at least the steps asked for), or None: then the run is resumed (a larger max_steps
+    continues a finished run)."""
+    from sage_unsloth.manifest import MANIFEST_NAME, read_manifest
+
+    if not (output_dir / MANIFEST_NAME).is_file():
+        return None
+    done = read_manifest(output_dir).get("global_step")
+    if grpo_args.max_steps > 0 and isinstance(done, int) and grpo_args.max_steps > done:
+        return None
+    return (
+        f"{output_dir} holds a finished run (step {done}, {MANIFEST_NAME}): nothing to resume, nothing was "
+        f"changed; to train further pass a --max_steps above {done}"
     )
 
 
@@ -376,7 +402,16 @@ class RLVRStage:
         accelerator.wait_for_everyone()
         if not accelerator.is_main_process:  # under accelerate launch every rank holds the same policy
             return out
-        # Only the policy adapter: the frozen "ref" copy is the SFT adapter, already in sft_dir.
+        # Only the policy adapter: the frozen "ref" copy is the SFT adapter, already in sft_dir. Never a non-finite one
+        # (the step guard keeps training from making one; this keeps any other cause from writing it).
+        from peft import get_peft_model_state_dict
+
+        from sage_unsloth.checkpoint_contents import weights_problem
+        from sage_unsloth.checkpoints import UnsaneCheckpoint
+
+        policy = get_peft_model_state_dict(self.model, adapter_name=POLICY_ADAPTER)
+        if (problem := weights_problem(policy, "the policy adapter")) is not None:
+            raise UnsaneCheckpoint(f"the final adapter was not written to {out}: {problem}")
         self.model.save_pretrained(str(out), selected_adapters=[POLICY_ADAPTER])
         self.tokenizer.save_pretrained(str(out))
         lora = self.model.peft_config[POLICY_ADAPTER]
@@ -417,6 +452,8 @@ def build_stage(
     from sage_unsloth.models import load_for_training, load_tokenizer
 
     plan = plan or plan_run(grpo_args, stage, model_args, config_path)
+    if plan.finished:
+        raise FileExistsError(plan.finished)
     model_args.model_name_or_path = plan.base_model
     grpo_args.output_dir = str(plan.output_dir)
     if not grpo_args.run_name:
@@ -519,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         _import_unsloth_early(argv)
         grpo_args, stage, model_args, config_path = parse_args(argv)
         plan = plan_run(grpo_args, stage, model_args, config_path, claim=settle)  # fail fast, no model yet
+        if plan.finished:  # nothing loads, nothing is written
+            return lambda: print(plan.finished, flush=True)
         return build_stage(grpo_args, stage, model_args, config_path, plan).train_and_save
 
     return run_training_stage("rlvr", argv, prepare, resume_flag=("--resume",))

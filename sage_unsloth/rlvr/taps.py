@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sage_unsloth import anchor, compat, guides
+from sage_unsloth import anchor, compat, guides, plugin_calls
 from sage_unsloth.rlvr import dapo
 from sage_unsloth.rlvr.kl_terms import KLTokens
 from sage_unsloth.rlvr.policy_terms import TokenBatch
@@ -149,7 +149,17 @@ def estimate_advantages(trainer, rollout: Rollout) -> None:
     mode = trainer.sage_mode
     num_generations = trainer.num_generations if mode == "train" else trainer.num_generations_eval
     estimator = plan.estimator_fn or plan.estimator.obj
-    advantages = estimator(rollout.rewards, num_generations, trainer.args)
+    completions = rollout.rewards.numel()
+    advantages = plugin_calls.call(
+        "advantage estimator",
+        plan.estimator.name,
+        estimator,
+        rollout.rewards,
+        num_generations,
+        trainer.args,
+        step=trainer.sage_step,
+        check=lambda out: plugin_calls.advantages_problem(out, completions),
+    )
     output = rollout.output
     rows = output["completion_ids"].size(0)
     start = trainer.accelerator.process_index * rows
@@ -236,7 +246,15 @@ def policy_term(trainer, loss: LossBatch) -> None:
         epsilon_high=trainer.epsilon_high,
         generator=trainer.sage_noise("policy_term", trainer.args.seed),
     )
-    out = term(tokens, trainer.args)
+    out = plugin_calls.call(
+        "policy term",
+        trainer.sage_plan.policy_term.name,
+        term,
+        tokens,
+        trainer.args,
+        step=trainer.sage_step,
+        check=lambda result: plugin_calls.term_output_problem(result, tuple(logps.shape), mask),
+    )
     log = compat.metrics(trainer, trainer.sage_mode)
     for name, value in out.metrics.items():
         log[name].append(value)
@@ -266,7 +284,15 @@ def kl_correction(trainer, batch: dict, logps: torch.Tensor) -> tuple[torch.Tens
     mask = compat.loss_mask(batch)
     old = batch.get("old_per_token_logps")
     ratio = trainer.args.use_bias_correction_kl
-    kl = trainer.sage_plan.kl_term_fn(KLTokens(logps=logps, ref_logps=ref, old_logps=old, ratio=ratio))
+    plan = trainer.sage_plan
+    kl = plugin_calls.call(
+        "KL term",
+        plan.kl_term.name,
+        plan.kl_term_fn,
+        KLTokens(logps=logps, ref_logps=ref, old_logps=old, ratio=ratio),
+        step=trainer.sage_step,
+        check=lambda out: plugin_calls.kl_output_problem(out, tuple(logps.shape), mask),
+    )
     # What TRL put in its loss: k3, times its importance weight (token or sequence level) if asked.
     trl_term = anchor.shaped_kl(logps, ref, 0.0, estimator="k3")
     if ratio:

@@ -56,6 +56,7 @@ from sage_unsloth.compat import (
     policy_logps_and_entropies,
     to_unsloth_layout,
 )
+from sage_unsloth.finite_steps import sampling_fault
 from sage_unsloth.rlvr import dapo, taps, unsloth_hooks
 from sage_unsloth.rlvr.config import off_policy_q_warning, unsloth_conflict
 from sage_unsloth.rlvr.dapo import concat_rollouts, importance_sampling_clipped_fraction
@@ -163,6 +164,11 @@ class SageTrainerMixin:
     @property
     def sage_mode(self) -> str:
         return "train" if self.model.training else "eval"
+
+    @property
+    def sage_step(self) -> int:
+        """The optimizer step being computed (1-based), as a plug-in fault names it."""
+        return int(self.state.global_step) + 1
 
     def sage_noise(self, stream: str, seed: int) -> torch.Generator:
         """The generator of one noise stream, seeded for this draw (taps.step_seed)."""
@@ -282,8 +288,9 @@ class SageTrainerMixin:
         )
 
     def _sage_run_guide(self, entry, guide, mask, step, *, layout: str, **signals) -> torch.Tensor:
-        """The guide on its Signals (the per-step fields filled here, the per-layout ones given), no gradient,
-        then guides.finalise_q's checks, clipping and masking: one path for the TRL and Unsloth layouts."""
+        """The guide on its Signals (the per-step fields filled here, the per-layout ones given): guides.run_guide
+        (a copy of the signals, no gradient, the plug-in contract's checks, clipping and masking), one path for the
+        TRL and Unsloth layouts."""
         cfg = self.args
         bundle = guides.Signals(
             mask=mask,
@@ -294,9 +301,9 @@ class SageTrainerMixin:
             layout=layout,
             **signals,
         )
-        with torch.no_grad():
-            raw = guide(bundle)
-        q = guides.finalise_q(raw, bundle, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+        q, raw = guides.run_guide(
+            entry, guide, bundle, step=self.sage_step, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max
+        )
         self._sage_log_q_clipping(guides.clipped_fraction_counts(raw, mask, cfg.sage_q_min, cfg.sage_q_max))
         return q
 
@@ -441,6 +448,10 @@ class SageTrainerMixin:
         self._sage_open_rollout = rollout
         try:
             rollout.output = super()._generate_and_score_completions(inputs)
+        except RuntimeError as exc:  # a policy that overflows samples from NaN: the step guard's one line
+            if (fault := sampling_fault(self, self.model, exc)) is not None:
+                raise fault from exc
+            raise
         finally:
             self._sage_open_rollout = None
             rollout.want_policy = rollout.want_reference = None
@@ -568,8 +579,9 @@ def make_sage_trainer_class(base: type | None = None) -> type:
     install_cpu_logprob_fallback()
     if base not in _CLASS_CACHE:
         # ExactResumeMixin saves and restores the state TRL's checkpoints lack (rlvr/resume.py);
-        # CheckpointMixin: a checkpoint appears only whole, with the resume state inside, and a resume from the
-        # last step's checkpoint trains nothing more (sage_unsloth/checkpoints.py).
+        # CheckpointMixin: a checkpoint appears only whole and sane, with the resume state inside, a resume from
+        # the last step's checkpoint trains nothing more, and no step with a non-finite loss or gradient is
+        # applied (sage_unsloth/checkpoints.py, finite_steps.py).
         _CLASS_CACHE[base] = type(
             f"Sage{base.__name__}",
             (SageTrainerMixin, ExactResumeMixin, CheckpointMixin, base),

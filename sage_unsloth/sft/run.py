@@ -183,8 +183,8 @@ def sft_trainer_class():
     install_cpu_logprob_fallback()
     base = current_sft_trainer_class()
     if base not in _SFT_CLASSES:
-        # CheckpointMixin: a checkpoint appears only whole, and a resume from the last step's checkpoint trains
-        # nothing more (sage_unsloth/checkpoints.py).
+        # CheckpointMixin: a checkpoint appears only whole and sane, a resume from the last step's checkpoint trains
+        # nothing more, and no step with a non-finite loss or gradient is applied (sage_unsloth/checkpoints.py).
         _SFT_CLASSES[base] = type(f"Sage{base.__name__}", (CheckpointMixin, base), {})
     return _SFT_CLASSES[base]
 
