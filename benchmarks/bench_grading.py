@@ -202,7 +202,7 @@ def budget(args) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--problems", type=int, default=500)
     ap.add_argument("--per-problem", type=int, default=256)
     ap.add_argument("--naive-sample", type=int, default=300)

@@ -19,7 +19,7 @@ from test_input_errors import (  # noqa: F401  (no_model_loads: the fixture belo
     sft_argv,
 )
 
-from sage_unsloth import flag_catalogue
+from sage_unsloth import config_schema
 from sage_unsloth.doctor import speak_of_no_gpu
 from sage_unsloth.input_checks import check_data_file
 
@@ -213,15 +213,6 @@ def test_rlvr_output_dir_that_is_a_file_is_one_line(sft_dir, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ flag typos
-def test_the_flag_list_matches_the_parsers():
-    """stage_flags.json is what the parsers accept (regenerate: python -m sage_unsloth.flag_catalogue --write)."""
-    committed, live = json.loads(flag_catalogue.CATALOGUE.read_text()), flag_catalogue.live_catalogue()
-    for stage in sorted(set(committed) | set(live)):
-        for part in ("flags", "keys"):
-            ours, theirs = set(committed.get(stage, {}).get(part, ())), set(live.get(stage, {}).get(part, ()))
-            assert ours == theirs, (stage, part, "listed only:", ours - theirs, "parser only:", theirs - ours)
-
-
 TYPO = """
 import sys, time
 started = time.perf_counter()
@@ -245,10 +236,10 @@ def test_a_flag_typo_fails_before_torch_is_imported(stage, config):
 def test_a_yaml_key_typo_fails_before_torch_is_imported(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("lerning_rate: 1e-5\n")
-    assert flag_catalogue.unknown_flag("sft", [str(config)]).endswith(
-        "unknown key 'lerning_rate': did you mean 'learning_rate'?"
-    )
-    assert flag_catalogue.unknown_flag("sft", [TINY_SFT, "--max_steps", "3"]) is None
+    assert config_schema.check_stage_input("sft", [str(config)]) == [
+        f"{config}: unknown key 'lerning_rate': did you mean 'learning_rate'?"
+    ]
+    assert config_schema.check_stage_input("sft", [TINY_SFT, "--max_steps", "3"]) == []
 
 
 def test_doctor_on_cpu_says_no_gpu():
