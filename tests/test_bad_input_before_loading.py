@@ -144,18 +144,24 @@ def test_both_stages_refuse_unsloth_without_a_gpu_before_parsing(
     stage, tiny_model_dir, sft_dir, tmp_path, capsys, monkeypatch
 ):
     """One check for both stages (sage_unsloth/training_cli.py), made from the command line and the YAML before
-    the stage parses (stage 1 imports Unsloth before parsing): a config error behind it is not reached."""
+    the stage parses (stage 1 imports Unsloth before parsing): a config error that needs the parser (several
+    fields) is not reached; one of a field's own value comes first (the pre-import check, before any machine
+    check)."""
     from sage_unsloth import backend
 
     monkeypatch.setattr(backend, "cuda_available", lambda: False)
     imported = []
     monkeypatch.setattr(backend, "import_unsloth", lambda: imported.append(1))
-    bad = ("--learning_rate", "-1", "--backend", "unsloth")  # refused by the parser, after the no-GPU check
+    # refused by the parser (two fields), after the no-GPU check
+    bad = ("--max_steps", "0", "--num_train_epochs", "0", "--backend", "unsloth")
     argv = _sft(tiny_model_dir, tmp_path, *bad) if stage == "sft" else _rlvr(sft_dir, tmp_path, *bad)
     line = _one_line_error(capsys, argv)
     assert "no GPU" in line and "--unsloth_without_gpu true" in line and not imported, line
     line = _one_line_error(capsys, [*argv, "--unsloth_without_gpu", "true"])
-    assert "learning_rate=-1.0 must be > 0" in line, line
+    assert "max_steps=0, num_train_epochs=0.0: nothing to train" in line, line
+    imported.clear()
+    line = _one_line_error(capsys, [*argv, "--learning_rate", "-1"])
+    assert line == "error: learning_rate=-1.0 must be > 0" and not imported, line
 
 
 @pytest.mark.parametrize(
