@@ -144,7 +144,7 @@ def child(backend: str, checkpoint: Path, work: Path, rounds: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--rounds", type=int, default=1, help="processes per backend (alternating)")
     ap.add_argument("--child", nargs=3, metavar=("BACKEND", "CHECKPOINT", "WORK"), help=argparse.SUPPRESS)
     args = ap.parse_args()

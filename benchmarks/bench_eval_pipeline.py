@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--data-dir", default=None, help="a local benchmark folder; default: the bundled files")
     ap.add_argument("--problems", type=int, default=60, help="MATH-500 problems")
     ap.add_argument("--n", type=int, default=16)

@@ -265,7 +265,7 @@ def budget(args) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--problems", type=int, default=100)
     ap.add_argument("--per-problem", type=int, default=128)
     ap.add_argument("--naive-sample", type=int, default=150)

@@ -86,7 +86,7 @@ def table(rows: list[dict], key: str, with_mv: bool) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--suite", action="append", help="only these suites (math-verify, hendrycks, kit)")
     parser.add_argument("--misses", action="store_true", help="list every case the kit gets wrong")
     parser.add_argument("--no-math-verify", action="store_true", help="skip math-verify alone (faster)")

@@ -276,7 +276,7 @@ def report(backend: str, rows: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("both", "trl", "unsloth"), default="both")
     parser.add_argument(
         "--steps",

@@ -115,7 +115,7 @@ def load() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--checkpoint", help="stage output or model folder (default: the demo's random model)"
     )

@@ -1,7 +1,9 @@
 """`sage-unsloth <stage> CONFIG [--key value ...]`: one entry point dispatching to each stage's main().
 
 Each stage is also runnable as `python -m sage_unsloth.<stage>`. Stages are imported lazily so that
-`sage-unsloth eval` never imports Unsloth (evaluation and training must not share a process).
+`sage-unsloth eval` never imports Unsloth (evaluation and training must not share a process), and the input of a
+stage with a config is checked before its module is imported (sage_unsloth/config_schema.py: every bad value at
+once, in about a second).
 """
 
 from __future__ import annotations
@@ -15,10 +17,19 @@ STAGES = {
     "eval": ("sage_unsloth.eval.run", "stage 3: pass@k evaluation"),
     "regrade": ("sage_unsloth.eval.regrade", "stage 3 again: re-grade saved completions (no model, no GPU)"),
     "report": ("sage_unsloth.report.run", "stage 4: report against the paper's tables"),
+    "sample": ("sage_unsloth.sample", "read a checkpoint's completions, graded, for a few prompts"),
+    "export": (
+        "sage_unsloth.export",
+        "merge a stage's LoRA into its base model (GGUF on a GPU), push to the hub",
+    ),
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
     "doctor": (
         "sage_unsloth.doctor",
         "preflight: GPU, driver, pinned stack, memory, and a 2-step SAGE self-test",
+    ),
+    "env": (
+        "sage_unsloth.doctor.env_report",
+        "versions of the pinned stack, CUDA and driver (paste it into a bug report)",
     ),
     "sweep": ("sage_unsloth.sweep", "RLVR configs x seeds, then eval and report, one job per free GPU"),
     "tiny-model": (
@@ -26,10 +37,11 @@ STAGES = {
         "a random tiny Qwen2 + tokenizer in DIR, offline, to try the stages",
     ),
 }
+VERSION_FLAGS = ("--version", "-V")
 
 
 def _usage() -> str:
-    lines = ["usage: sage-unsloth <stage> [args...]", "", "stages:"]
+    lines = ["usage: sage-unsloth <stage> [args...]   (sage-unsloth --version)", "", "stages:"]
     lines += [f"  {name:<10} {help_}" for name, (_, help_) in STAGES.items()]
     return "\n".join(lines)
 
@@ -39,15 +51,22 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
-    stage, rest = argv[0], argv[1:]
-    if stage not in STAGES:
-        print(f"sage-unsloth: unknown stage {stage!r}; choose one of {', '.join(STAGES)}", file=sys.stderr)
-        return 2
-    from sage_unsloth.config_args import ConfigError
-    from sage_unsloth.flag_catalogue import check_flags
+    if argv[0] in VERSION_FLAGS:
+        from sage_unsloth import __version__
 
-    if (code := check_flags(stage, rest)) is not None:  # a typo: one line before torch/TRL are imported
-        return code
+        print(f"sage-unsloth {__version__}")
+        return 0
+    stage, rest = argv[0], argv[1:]
+    from sage_unsloth.config_args import ConfigError, suggestion
+
+    if stage not in STAGES:
+        hint = suggestion(stage, STAGES) or f"; choose one of {', '.join(STAGES)}"
+        print(f"error: unknown stage {stage!r}{hint}", file=sys.stderr)
+        return 2
+    from sage_unsloth.config_schema import STAGE_TYPES, refuse_bad_input
+
+    if stage in STAGE_TYPES and (code := refuse_bad_input(stage, rest)) is not None:
+        return code  # every bad input, one line each, before torch/TRL are imported
     module = importlib.import_module(STAGES[stage][0])
     try:
         return int(module.main(rest) or 0)

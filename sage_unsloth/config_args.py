@@ -16,13 +16,16 @@ which has to be imported before TRL.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import functools
 import math
 import os
 import re
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 BASE_KEY = "base"
 ENV_KEY = "env"  # TrlParser's: environment variables set before the dataclasses are built
@@ -35,11 +38,27 @@ OUTPUT_FLAGS = {
     "--outputs_dir",
     "report": "stage 4 writes the report to --out (default <results>/report.md)",
 }
+NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")  # a value, not a flag
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 class ConfigError(ValueError):
     """A bad config key, flag or value: one line naming the field and the fix (the CLI prints it, exit 2)."""
+
+
+@dataclass(kw_only=True)  # keyword-only: the positional order of the stage classes' own fields stays theirs
+class DryRunArgs:
+    """``--dry-run``, a field of every stage's config (sage_unsloth/dry_run.py prints the plan)."""
+
+    SHORT_HELP: ClassVar[bool] = True  # listed in a stage's short --help, even under an upstream config
+
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Print the resolved config and the plan (folders, checkpoint, what would run), check every "
+            "input, and exit without loading a model or writing anything"
+        },
+    )
 
 
 # --------------------------------------------------------------------------------------------- YAML files
@@ -79,11 +98,28 @@ def read_config_file(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(yaml_error_line(path, exc)) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file (not UTF-8): pass a YAML config") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"config file {path} cannot be read ({exc.strerror or exc}): fix its permissions"
+        ) from None
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a YAML mapping (key: value lines), not a {type(data).__name__}")
     return data
+
+
+def yaml_error_line(path: Path, exc) -> str:
+    """``PATH, line L, column C: not valid YAML (what the parser expected)``: where PyYAML stopped, 1-based."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start is not None and start is not mark:
+        what += f", {context} at line {start.line + 1}, column {start.column + 1}"
+    return f"{path}{where}: not valid YAML ({what}): fix the syntax there"
 
 
 def merge_over_base(merged: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
@@ -217,7 +253,43 @@ def check_training_fields(cfg, *, learning_rate_hint: str) -> None:
             )
 
 
-# --------------------------------------------------------------------------------------------- parser
+# --------------------------------------------------------------------------------------------- parsers
+class KitArgumentParser(argparse.ArgumentParser):
+    """argparse for the kit's own commands (demo, doctor, sample, export, ...), with the stages' error contract:
+    no abbreviations (``--seed 0-2`` is never read as ``--seeds``), an unknown flag or a bad choice is one
+    ``error:`` line with "did you mean", exit 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        options = {o for a in self._actions for o in a.option_strings}
+        for (
+            arg
+        ) in args:  # an unknown flag first: what argparse would say instead ("X is required") follows from it
+            if arg == "--":
+                break
+            name = arg.split("=", 1)[0]
+            if arg.startswith("-") and name not in options and " " not in arg and not NUMBER.match(arg):
+                self.error(
+                    f"unknown flag {name}{suggestion(name, options) or f' ({self.prog} --help lists the flags)'}"
+                )
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unknown argument {unknown[0]} ({self.prog} --help lists the arguments)")
+        return parsed
+
+    def error(self, message: str):
+        choice = re.match(r"argument (\S+?)(?:/\S+)?: invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if choice:
+            action = next(a for a in self._actions if choice[1] in a.option_strings or a.dest == choice[1])
+            message += suggestion(choice[2], [str(c) for c in action.choices or ()])
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parse_stage_args(dataclass_types, argv: list[str], *, stage: str, configs_dir: str):
     """``[CONFIG] [--key value ...]`` -> (one instance per dataclass type, config path or None)."""
     argv, config_path = with_config_flag(argv, configs_dir)
@@ -260,7 +332,7 @@ def _stage_parser_class():
             # the dataclass defaults, before a YAML replaces them: what an error's "e.g." shows
             self.field_defaults = {dest: action.default for dest, action in self.fields.items()}
             # argparse reads "-1e-5" as a flag (its matcher knows only -1 and -0.5): e-notation too
-            self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+            self._negative_number_matcher = NUMBER
 
         # -- argparse reports here (a bad value, a missing argument): one line instead of usage + exit
         def error(self, message: str):
@@ -276,22 +348,23 @@ def _stage_parser_class():
                 raise ConfigError(f"{flag} {value}: not {expected}{self._example(action.dest, flag + ' ')}")
             raise ConfigError(f"{message} (sage-unsloth {self.stage} --help lists the fields)")
 
-        def kit_help(self) -> str:
-            import argparse
-            import copy
-
-            kit_fields = [
+        def kit_fields(self) -> list[str]:
+            """The fields the short --help and a dry run show: the kit's own, then the essential upstream ones."""
+            kit = [
                 name
                 for t in self.dataclass_types
                 if t.__module__.startswith("sage_unsloth")
                 for name in _own_fields(t)
+                if name in self.fields  # not a ClassVar (FIELD_RULES, ...)
             ]
-            shown = [
-                *kit_fields,
-                *(f for f in ESSENTIAL_UPSTREAM_FIELDS if f in self.fields and f not in kit_fields),
-            ]
+            essential = [f for f in ESSENTIAL_UPSTREAM_FIELDS if f in self.fields]
+            return list(dict.fromkeys([*kit, *essential]))
+
+        def kit_help(self) -> str:
+            import copy
+
             actions = []
-            for name in dict.fromkeys(shown):
+            for name in self.kit_fields():
                 if name in self.fields:
                     action = copy.copy(self.fields[name])
                     action.option_strings = action.option_strings[:1]  # --sage_guide, not also --sage-guide

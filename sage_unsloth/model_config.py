@@ -10,14 +10,22 @@ Importing this module imports TRL: a process that trains with Unsloth imports Un
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from trl import ModelConfig
 
 from sage_unsloth.config_args import ConfigError, check_model_name_or_path
+from sage_unsloth.field_rules import Limit
 
 
 @dataclass
 class SageModelConfig(ModelConfig):
+    FIELD_RULES: ClassVar[dict] = {
+        "lora_r": Limit(ge=1, note="the LoRA rank"),
+        "lora_alpha": Limit(gt=0),
+        "lora_dropout": Limit(ge=0, lt=1),
+    }
+
     def __post_init__(self):
         super().__post_init__()
         check_model_name_or_path(self.model_name_or_path)

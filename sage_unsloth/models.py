@@ -280,3 +280,32 @@ def _load_trl(model_args, seed, adapter_path, use_4bit, trust_remote_code):
         modules_to_save=model_args.lora_modules_to_save,
     )
     return get_peft_model(model, config), tokenizer
+
+
+def merge_lora_into_base(
+    base_model: str,
+    adapter_dir: str | Path,
+    out: str | Path,
+    *,
+    tokenizer=None,
+    dtype: str = "auto",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> Path:
+    """Reload ``base_model`` unquantised in ``dtype``, merge the LoRA of ``adapter_dir`` into it (PEFT), and save
+    the merged model (and ``tokenizer``, when given) to ``out``."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(
+        base_model,
+        dtype=dtype if dtype in (None, "auto") else getattr(torch, dtype),
+        revision=revision,
+        trust_remote_code=trust_remote_code,
+    )
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(str(out))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
+    return Path(out)

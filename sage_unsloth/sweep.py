@@ -34,9 +34,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from sage_unsloth import layout
+from sage_unsloth.config_args import DryRunArgs
+from sage_unsloth.executors import EXECUTORS
 from sage_unsloth.executors.base import ExecutorUnavailable
+from sage_unsloth.field_rules import Limit, Names, check_field_rules
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
 from sage_unsloth.recipe import finished, write_record
 
@@ -44,7 +48,14 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SweepConfig:
+class SweepConfig(DryRunArgs):
+    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py).
+    FIELD_RULES: ClassVar[dict] = {
+        "executor": Names(tuple(EXECUTORS)),
+        "gpus_per_job": Limit(ge=1),
+        "jobs": Limit(ge=1),
+    }
+
     configs: list[str] = field(
         default_factory=list, metadata={"help": "RLVR configs (YAML), one run per seed"}
     )
@@ -94,6 +105,7 @@ class SweepConfig:
         job record, log or executor submission holds it (sage_unsloth/credentials.py)."""
         from sage_unsloth.credentials import move_secret_flags
 
+        check_field_rules(self)  # executor, gpus_per_job, jobs: the pre-import check's words
         for name in ("rlvr_args", "eval_args", "report_args"):
             setattr(self, name, move_secret_flags(getattr(self, name) or "", name))
         layout.check_name(self.name, "name", example="tiny-cpu")
@@ -106,13 +118,10 @@ class SweepConfig:
             layout.check_name(
                 f"{Path(config).stem}_s{self.seeds[0]}", f"configs ({config}): a run", "grpo_s1"
             )
-        if self.gpus_per_job < 1 or self.jobs < 1:
-            raise ValueError(f"gpus_per_job={self.gpus_per_job}, jobs={self.jobs}: both must be >= 1")
         if str(self.gpus).strip().lower() not in ("auto", "none"):
             gpu_ids(self)  # the id list's format (auto asks torch, so it is resolved when the sweep runs)
-        from sage_unsloth.executors import check_name, parse_settings
+        from sage_unsloth.executors import parse_settings
 
-        check_name(self.executor)
         for name in ("slurm", "ray"):
             setattr(self, name, _mapping(name, getattr(self, name)))
         parse_settings(self.executor, getattr(self, self.executor, None))  # its settings, one line each
@@ -563,11 +572,50 @@ def _run_locked(cfg: SweepConfig, model: str) -> tuple[dict[str, str], str]:
     return status, table
 
 
+def dry_run(cfg: SweepConfig, argv: list[str]) -> int:
+    """The resolved config and every job: its command and whether a rerun would skip it (finished by the same
+    command) or run it. Nothing is started or written."""
+    from sage_unsloth import dry_run as dry
+
+    shown = dry.resolved_config("sweep", (cfg,), argv)
+    for key in (
+        "rlvr_args",
+        "eval_args",
+        "report_args",
+    ):  # flags for the stages: a token among them is hidden
+        shown[key] = dry.redacted_command(shlex.split(shown.get(key) or ""))
+    dry.show("sweep", shown)
+    model = validate(cfg)
+    records = Path(cfg.output_root) / cfg.name / "jobs"
+    jobs, skipped = {}, set()
+    for job in build_jobs(
+        cfg, model
+    ):  # as run_jobs: skipped when finished and everything it reads is skipped
+        done = finished(job.manifest_dir, job.stage, job.command, records / f"{job.name}.json")
+        done = done and all(a in skipped for a in job.after)
+        if done:
+            skipped.add(job.name)
+        jobs[job.name] = {
+            "would": "skip (finished by this command)"
+            if done
+            else "run" + (f" after {', '.join(job.after)}" if job.after else ""),
+            "command": dry.redacted_command(["python", "-m", *job.command]),
+        }
+    dry.show_plan({"executor": cfg.executor, "model": model, "jobs": jobs})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
+    from sage_unsloth.config_schema import refuse_bad_input
+
+    if (code := refuse_bad_input("sweep", argv)) is not None:  # every bad input at once, before parsing
+        return code
     try:
         cfg = parse_args(argv)
+        if cfg.dry_run:
+            return dry_run(cfg, argv)
         status, table = run(cfg)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -8,7 +8,6 @@ head_dim 16; 64 works). The weights are random: a run on it checks the plumbing,
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -119,7 +118,9 @@ def build_tiny_model(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    from sage_unsloth.config_args import KitArgumentParser
+
+    parser = KitArgumentParser(
         prog="sage-unsloth tiny-model",
         description="Write a random tiny Qwen2 (model + tokenizer + chat template) to DIR, offline.",
     )

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from sage_unsloth.config_args import DryRunArgs
 from sage_unsloth.finite_steps import TrainingFault
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
 @dataclass(kw_only=True)  # keyword-only: the positional order of the stage classes' own fields stays theirs
-class StageRunArgs:
+class StageRunArgs(DryRunArgs):
     """How a training stage treats its output folder, and whether Unsloth may run without a GPU.
 
     ``unsloth_without_gpu`` is read before the stage parses (:func:`refuse_before_parsing`); it is a field so that
@@ -58,20 +59,34 @@ class StageRunArgs:
 def refuse_before_parsing(argv: list[str], configs_dir: str) -> int | None:
     """Print one line and return 2 for what must be refused before the stage parses, else None:
 
-    - a ``CONFIG`` file that does not exist (naming ``configs_dir``, where the stage's configs live);
+    - a ``CONFIG`` file that does not exist (naming ``configs_dir``, where the stage's configs live), or that does
+      not read as YAML (file, line and column: before anything is read from it);
     - ``backend=unsloth`` without a GPU and without ``unsloth_without_gpu``. Both fields are read as the parser
       will (flag, else YAML, else the default) but without TRL: stage 1 imports Unsloth before parsing whenever
       ``backend=unsloth`` (Unsloth must come before TRL), and on a CPU that would load it, slowly, only to
       train several times slower. ``--help`` is never refused (the parser prints it)."""
-    from sage_unsloth.config_args import HELP_ALL, requested_backend, requested_flag, with_config_flag
+    from sage_unsloth.config_args import (
+        HELP_ALL,
+        ConfigError,
+        load_config,
+        requested_backend,
+        requested_flag,
+        with_config_flag,
+    )
 
     try:
-        with_config_flag(argv, configs_dir)
-    except FileNotFoundError as exc:
+        _, config_path = with_config_flag(argv, configs_dir)
+        if config_path is not None:
+            load_config(config_path)  # a YAML error is said as one, not read as "backend: the default"
+    except (FileNotFoundError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if {"-h", "--help", HELP_ALL} & set(argv) or requested_backend(argv) != "unsloth":
-        return None
+    if (
+        {"-h", "--help", HELP_ALL} & set(argv)
+        or requested_backend(argv) != "unsloth"
+        or dry_run_requested(argv)
+    ):
+        return None  # a dry run loads nothing: it may plan a GPU config on any machine
     from sage_unsloth.input_checks import check_unsloth_has_gpu
 
     try:
@@ -90,6 +105,13 @@ def _continue_from(output_dir: Path | None, resume_flag: tuple[str, ...]) -> str
     if kept is None:
         return ""
     return f"; {kept.name} is kept: fix the cause and continue with {' '.join(resume_flag)}"
+
+
+def dry_run_requested(argv: list[str]) -> bool:
+    """``--dry-run`` / ``--dry_run`` [true] on the command line or ``dry_run: true`` in the YAML, read without TRL."""
+    from sage_unsloth.config_args import requested_flag
+
+    return requested_flag([a.replace("--dry-run", "--dry_run", 1) for a in argv], "dry_run")
 
 
 def run_training_stage(

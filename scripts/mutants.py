@@ -169,7 +169,7 @@ def run_mutant(mutant: Mutant, timeout: int) -> tuple[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("-k", default="", help="only mutants whose name contains this")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per mutant")

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", required=True, help="the committed pilot's results folder")
     parser.add_argument("--work", required=True, help="the work folder to write (must not exist)")
     parser.add_argument("--cells", default=None, help="folder of the pilot's own method YAMLs (grid cells)")

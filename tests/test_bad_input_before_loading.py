@@ -19,7 +19,7 @@ from test_input_errors import (  # noqa: F401  (no_model_loads: the fixture belo
     sft_argv,
 )
 
-from sage_unsloth import flag_catalogue
+from sage_unsloth import config_schema
 from sage_unsloth.doctor import speak_of_no_gpu
 from sage_unsloth.input_checks import check_data_file
 
@@ -144,18 +144,24 @@ def test_both_stages_refuse_unsloth_without_a_gpu_before_parsing(
     stage, tiny_model_dir, sft_dir, tmp_path, capsys, monkeypatch
 ):
     """One check for both stages (sage_unsloth/training_cli.py), made from the command line and the YAML before
-    the stage parses (stage 1 imports Unsloth before parsing): a config error behind it is not reached."""
+    the stage parses (stage 1 imports Unsloth before parsing): a config error that needs the parser (several
+    fields) is not reached; one of a field's own value comes first (the pre-import check, before any machine
+    check)."""
     from sage_unsloth import backend
 
     monkeypatch.setattr(backend, "cuda_available", lambda: False)
     imported = []
     monkeypatch.setattr(backend, "import_unsloth", lambda: imported.append(1))
-    bad = ("--learning_rate", "-1", "--backend", "unsloth")  # refused by the parser, after the no-GPU check
+    # refused by the parser (two fields), after the no-GPU check
+    bad = ("--max_steps", "0", "--num_train_epochs", "0", "--backend", "unsloth")
     argv = _sft(tiny_model_dir, tmp_path, *bad) if stage == "sft" else _rlvr(sft_dir, tmp_path, *bad)
     line = _one_line_error(capsys, argv)
     assert "no GPU" in line and "--unsloth_without_gpu true" in line and not imported, line
     line = _one_line_error(capsys, [*argv, "--unsloth_without_gpu", "true"])
-    assert "learning_rate=-1.0 must be > 0" in line, line
+    assert "max_steps=0, num_train_epochs=0.0: nothing to train" in line, line
+    imported.clear()
+    line = _one_line_error(capsys, [*argv, "--learning_rate", "-1"])
+    assert line == "error: learning_rate=-1.0 must be > 0" and not imported, line
 
 
 @pytest.mark.parametrize(
@@ -213,15 +219,6 @@ def test_rlvr_output_dir_that_is_a_file_is_one_line(sft_dir, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ flag typos
-def test_the_flag_list_matches_the_parsers():
-    """stage_flags.json is what the parsers accept (regenerate: python -m sage_unsloth.flag_catalogue --write)."""
-    committed, live = json.loads(flag_catalogue.CATALOGUE.read_text()), flag_catalogue.live_catalogue()
-    for stage in sorted(set(committed) | set(live)):
-        for part in ("flags", "keys"):
-            ours, theirs = set(committed.get(stage, {}).get(part, ())), set(live.get(stage, {}).get(part, ()))
-            assert ours == theirs, (stage, part, "listed only:", ours - theirs, "parser only:", theirs - ours)
-
-
 TYPO = """
 import sys, time
 started = time.perf_counter()
@@ -245,10 +242,10 @@ def test_a_flag_typo_fails_before_torch_is_imported(stage, config):
 def test_a_yaml_key_typo_fails_before_torch_is_imported(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("lerning_rate: 1e-5\n")
-    assert flag_catalogue.unknown_flag("sft", [str(config)]).endswith(
-        "unknown key 'lerning_rate': did you mean 'learning_rate'?"
-    )
-    assert flag_catalogue.unknown_flag("sft", [TINY_SFT, "--max_steps", "3"]) is None
+    assert config_schema.check_stage_input("sft", [str(config)]) == [
+        f"{config}: unknown key 'lerning_rate': did you mean 'learning_rate'?"
+    ]
+    assert config_schema.check_stage_input("sft", [TINY_SFT, "--max_steps", "3"]) == []
 
 
 def test_doctor_on_cpu_says_no_gpu():

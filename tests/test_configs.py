@@ -336,7 +336,7 @@ def test_base_chain_merges_top_level_keys_the_file_wins(tmp_path):
         ("base: nope.yaml\n", r"base: nope.yaml not found"),
         ("base: loop.yaml\n", r"base chain comes back"),
         ("- a\n- b\n", r"must be a YAML mapping"),
-        ("a: [1\n", r"is not valid YAML"),
+        ("a: [1\n", r"line 2, column 1: not valid YAML"),
     ],
 )
 def test_bad_base_or_yaml_is_one_config_error(tmp_path, text, error):

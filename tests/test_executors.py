@@ -182,7 +182,7 @@ def test_an_executor_that_cannot_start_is_one_line_and_exit_1(sft_dir, tmp_path,
 @pytest.mark.parametrize(
     "override, needle",
     [
-        (["--executor", "pbs"], "executor='pbs' is unknown: choose one of local, ray, slurm"),
+        (["--executor", "pbs"], "executor='pbs' is unknown (use one of local, ray, slurm)"),
         (
             ["--executor", "slurm", "--slurm", "{partion: gpu}"],
             "slurm.partion is not a setting of executor slurm; did you mean partition?",

@@ -116,7 +116,7 @@ def test_changed_arguments_never_reuse_a_finished_folder(swept, capsys):
     "override, needle",
     [
         (["--seeds", "1", "1"], "seeds=[1, 1]: give at least one seed, each once"),
-        (["--jobs", "0"], "gpus_per_job=1, jobs=0: both must be >= 1"),
+        (["--jobs", "0"], "jobs=0 must be >= 1"),
         (["--gpus", "0,x"], "gpus='0,x': use 'auto', 'none' or GPU ids"),
         (["--configs", "a/grpo.yaml", "b/grpo.yaml"], "share a file name"),
     ],

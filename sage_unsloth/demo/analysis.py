@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.demo.analysis", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m sage_unsloth.demo.analysis", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--work", required=True)
     parser.add_argument("--results", required=True)

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.demo.data", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m sage_unsloth.demo.data", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--out", required=True, help="folder for sft.jsonl, rl.jsonl, demo.jsonl, demo_data.json"

@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.demo.entropy_scale", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False,
+        prog="python -m sage_unsloth.demo.entropy_scale",
+        description=__doc__.split("\n\n")[0],
     )
     parser.add_argument("--work", required=True)
     parser.add_argument("--run", default="sft")

@@ -585,7 +585,7 @@ def render(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.demo.lab", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m sage_unsloth.demo.lab", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--work", required=True)
     parser.add_argument("--results", required=True)

@@ -124,7 +124,7 @@ def update_text(text: str, root: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.demo.outcome", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m sage_unsloth.demo.outcome", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--update", nargs="+", metavar="FILE", help="rewrite the marked blocks of these files"

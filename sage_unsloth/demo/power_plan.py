@@ -43,7 +43,9 @@ def eval_variance_of_mean(n: np.ndarray, c: np.ndarray, samples: int, k: int) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.demo.power_plan", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False,
+        prog="python -m sage_unsloth.demo.power_plan",
+        description=__doc__.split("\n\n")[0],
     )
     parser.add_argument(
         "--results", required=True, help="<results>/<model>: the folder of <run>/per_problem.csv"

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from .model import build_demo_model
 
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.demo.pretrain", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m sage_unsloth.demo.pretrain", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--out", required=True, help="model folder (created)")
     parser.add_argument("--steps", type=int, default=600)

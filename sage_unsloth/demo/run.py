@@ -181,8 +181,11 @@ def parse_methods(spec: str) -> tuple[tuple[str, ...], tuple[Method, ...]]:
         else:
             unknown.append(item)
     if unknown or not items:
+        from ..config_args import suggestion
+
+        hint = suggestion(unknown[0], [*GROUPS, *METHOD_BY_NAME]) if unknown else ""
         raise ValueError(
-            f"--methods: unknown {unknown or spec!r}; use 'all', 'default', 'baselines', names from "
+            f"--methods: unknown {unknown or spec!r}{hint}; use 'all', 'default', 'baselines', names from "
             f"{', '.join(METHOD_BY_NAME)} or paths of YAML configs (docs/lab.md, 'A method of your own')"
         )
     names = tuple(m.name for m in METHODS if m.name in builtin)
@@ -236,8 +239,11 @@ def parse_grid(spec: str, files: tuple[Method, ...] = ()) -> tuple[Method, ...]:
         base = {"source": str(path)}
         base_name = base_label = path.stem
     else:
+        from ..config_args import suggestion
+
         raise ValueError(
-            f"--grid {spec!r}: {target!r} is neither a method of METHODS nor a YAML path; {hint}"
+            f"--grid {spec!r}: {target!r} is neither a method of METHODS nor a YAML path"
+            f"{suggestion(target, METHOD_BY_NAME)}; {hint}"
         )
     axes = []
     for part in body.split(";"):
@@ -737,7 +743,9 @@ def write_timings(results: Path, work: Path, records: list[StepRecord], wall: fl
 
 
 def parse_args(argv: list[str] | None):
-    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.demo", description=__doc__.split("\n\n")[0])
+    from ..config_args import KitArgumentParser  # no abbreviations: --seed 0-2 is not --seeds; did you mean
+
+    parser = KitArgumentParser(prog="python -m sage_unsloth.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (the CI smoke run)")
     parser.add_argument(
         "--seeds",

@@ -14,7 +14,6 @@ Every line is PASS / WARN / FAIL / SKIP with the fix for a FAIL; the exit status
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -185,7 +184,9 @@ def selftest_checks(backend: str, workdir: str | None, quick: bool) -> list[Chec
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sage-unsloth doctor", description=__doc__.splitlines()[0])
+    from sage_unsloth.config_args import KitArgumentParser
+
+    parser = KitArgumentParser(prog="sage-unsloth doctor", description=__doc__.splitlines()[0])
     parser.add_argument(
         "config",
         nargs="?",

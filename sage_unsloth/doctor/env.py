@@ -143,7 +143,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
-def _same_release(installed: str, pinned: str) -> bool:
+def same_release(installed: str, pinned: str) -> bool:
     """2.13.0+cu130 and 2.13.0+cpu are the pinned torch 2.13.0 (the local label names the build)."""
     return installed.split("+", 1)[0] == pinned
 
@@ -166,7 +166,7 @@ def stack_checks(pins: list[Pin], versions: dict[str, str | None], needed: set[s
                     f'pip install "{pin.name}=={pin.version}" (or pip install -e ".[gpu]")',
                 )
             )
-        elif _same_release(have, pin.version):
+        elif same_release(have, pin.version):
             checks.append(Check(f"pin {pin.name}", "PASS", f"{have} (pinned {pin.version})"))
         else:
             checks.append(

@@ -615,7 +615,7 @@ def run(work: Path, backend: str, quick: bool = False) -> list[Check]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("workdir")
     parser.add_argument("--backend", choices=("unsloth", "trl"), default="unsloth")
     parser.add_argument("--json", help="write the checks here")

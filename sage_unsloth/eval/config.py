@@ -8,22 +8,46 @@ benchmarks that exist once the run's ``local_benchmarks`` files are registered."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from sage_unsloth import grading, layout
+from sage_unsloth.config_args import DryRunArgs
 from sage_unsloth.eval.backend_choice import AUTO, BACKENDS
 from sage_unsloth.eval.benchmarks import (
+    BENCHMARKS,
     DEFAULT_BENCHMARKS,
+    SOURCES,
     check_benchmark_names,
     check_source,
     register_local_benchmarks,
 )
 from sage_unsloth.eval.passk import check_ks, default_ks
 from sage_unsloth.eval.shard import parse_shard
+from sage_unsloth.field_rules import Limit, Names, check_field_rules
 from sage_unsloth.prompts import EVAL_USER_TEMPLATE, SOLUTION_END
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(DryRunArgs):
+    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py).
+    FIELD_RULES: ClassVar[dict] = {
+        "benchmarks": Names(tuple(BENCHMARKS), also_from="local_benchmarks"),
+        "backend": Names((AUTO, *BACKENDS)),
+        "source": Names(SOURCES),
+        "n": Limit(ge=1, note="samples per problem"),
+        "ks": Limit(ge=1),
+        "temperature": Limit(ge=0, finite=False, note="0 = greedy"),
+        "top_p": Limit(gt=0, le=1),
+        "min_p": Limit(ge=0, lt=1, note="0 = off"),
+        "max_tokens": Limit(ge=1),
+        "limit": Limit(ge=1, note="problems per benchmark; null for all"),
+        "problems_per_batch": Limit(ge=1),
+        "grading_workers": Limit(ge=1, note="null for one per core"),
+        "grading_timeout_s": Limit(gt=0),
+        "grading_retry_timeout_s": Limit(gt=0, finite=False),
+        "gpu_memory_utilization": Limit(gt=0, le=1, note="a fraction"),
+    }
+
     checkpoints: list[str] = field(
         default_factory=list,
         metadata={
@@ -145,40 +169,28 @@ def validate(cfg: EvalConfig) -> list[int]:
 
 
 def check_fields(cfg: EvalConfig) -> None:
-    """Every field's own check, one line each (called by ``EvalConfig.__post_init__``)."""
+    """Every field's own check, one line each (called by ``EvalConfig.__post_init__``): its FIELD_RULES (the
+    pre-import check's words), then what needs two fields."""
+    # benchmarks: validate() checks the names once the run's local_benchmarks are registered (a config may name one
+    # the command line adds, as the demo's does); the pre-import check reads both
+    check_field_rules(cfg, later=("benchmarks",))
     check_source(cfg.source, cfg.data_dir)
-    if cfg.n < 1:
-        raise ValueError(f"n={cfg.n}: need at least one sample per problem")
     if cfg.ks:
         check_ks(cfg.ks, cfg.n)
-    if not 0.0 <= cfg.temperature:
-        raise ValueError(f"temperature={cfg.temperature}: use 0 (greedy) or more")
-    if not 0.0 < cfg.top_p <= 1.0 or not 0.0 <= cfg.min_p < 1.0:
-        raise ValueError(f"top_p={cfg.top_p}, min_p={cfg.min_p}: need 0 < top_p <= 1 and 0 <= min_p < 1")
-    if cfg.max_tokens < 1 or cfg.max_tokens >= cfg.max_model_len:
+    if cfg.max_tokens >= cfg.max_model_len:
         raise ValueError(
             f"max_tokens={cfg.max_tokens}, max_model_len={cfg.max_model_len}: need 1 <= max_tokens < "
             "max_model_len (the prompt needs room too)"
         )
-    if cfg.backend not in (AUTO, *BACKENDS):
-        raise ValueError(f"backend={cfg.backend!r}: choose 'auto', 'vllm' or 'hf'")
     if cfg.run_name is not None:
         layout.check_name(cfg.run_name, "run_name", example="grpo_branch")
     if cfg.run_name and len(cfg.checkpoints) > 1:
         raise ValueError("run_name names one checkpoint's results; drop it or evaluate one checkpoint")
-    if cfg.limit is not None and cfg.limit < 1:
-        raise ValueError(f"limit={cfg.limit}: use at least 1 problem per benchmark, or null for all")
-    if cfg.problems_per_batch < 1:
-        raise ValueError(f"problems_per_batch={cfg.problems_per_batch}: must be >= 1")
-    if cfg.grading_workers is not None and cfg.grading_workers < 1:
-        raise ValueError(f"grading_workers={cfg.grading_workers}: use >= 1, or null for one per core")
     if "{problem}" not in cfg.user_template:
         raise ValueError("user_template must contain {problem}")
-    if not (0 < cfg.grading_timeout_s <= cfg.grading_retry_timeout_s):
+    if cfg.grading_timeout_s > cfg.grading_retry_timeout_s:
         raise ValueError(
             f"grading_timeout_s={cfg.grading_timeout_s}, grading_retry_timeout_s="
             f"{cfg.grading_retry_timeout_s}: need 0 < grading_timeout_s <= grading_retry_timeout_s"
         )
-    if not 0.0 < cfg.gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization={cfg.gpu_memory_utilization}: a fraction in (0, 1]")
     parse_shard(cfg.shard)

@@ -85,7 +85,7 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="problem", dynamic_ncols=True, disable=None)
 
 
-def _grading_items(problems: list[Problem], samples) -> list[tuple[str, object]]:
+def grading_pairs(problems: list[Problem], samples) -> list[tuple[str, object]]:
     items = []
     for problem, group in zip(problems, samples):
         gold = (problem.kk_solution, problem.kk_names) if problem.is_kk else problem.gold
@@ -352,7 +352,7 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
                 t0 = time.perf_counter()
                 samples = sampler.generate(prompts, seeds)
                 timings["generate_s"] += time.perf_counter() - t0
-                job = ((name, index, chunk, seeds, samples), pool.submit(_grading_items(chunk, samples)))
+                job = ((name, index, chunk, seeds, samples), pool.submit(grading_pairs(chunk, samples)))
                 if in_flight is not None:
                     finish(in_flight)
                 in_flight = job
@@ -450,11 +450,51 @@ def prepare(cfg: EvalConfig):
     return ks, checkpoints, problem_sets
 
 
+def show_plan(cfg: EvalConfig, ks, checkpoints, problem_sets, choices) -> int:
+    """The dry run's plan: per checkpoint, where its results and completions go, the sampler ``auto`` chose, and
+    how many chunks are on disk already (those are reused, not sampled again)."""
+    from sage_unsloth import dry_run
+
+    runs = []
+    for checkpoint, (resolved, choice) in zip(checkpoints, choices):
+        completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
+        chunks = {
+            name: -(-len(problems) // cfg.problems_per_batch) for name, problems in problem_sets.items()
+        }
+        on_disk = sum(1 for name in problem_sets for _ in completions.glob(f"{name}/chunk_*.jsonl.gz"))
+        runs.append(
+            {
+                "checkpoint": checkpoint.spec,
+                "results": layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run),
+                "completions": completions,
+                "sampler": choice.line(),
+                "chunks": f"{on_disk} of {sum(chunks.values())} on disk (reused); the rest sampled",
+            }
+        )
+    dry_run.show_plan(
+        {
+            "benchmarks": {name: len(problems) for name, problems in problem_sets.items()},
+            "samples per problem": cfg.n,
+            "ks": ks,
+            "runs": runs,
+        }
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
+    from sage_unsloth.config_schema import refuse_bad_input
+
+    if (code := refuse_bad_input("eval", argv)) is not None:  # every bad input at once, before parsing
+        return code
     try:
         cfg = parse_args(argv)
+        if cfg.dry_run:
+            from sage_unsloth import dry_run
+
+            dry_run.show("eval", dry_run.resolved_config("eval", (cfg,), argv))
         ks, checkpoints, problem_sets = prepare(cfg)
         # `auto` becomes a backend per checkpoint (each runs in its own process below and says its choice)
         choices = [resolve_backend(cfg, checkpoint, problem_sets) for checkpoint in checkpoints]
@@ -465,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if cfg.dry_run:
+        return show_plan(cfg, ks, checkpoints, problem_sets, choices)
     from sage_unsloth.interrupt import EXIT_INTERRUPTED, QUIET_ENV, interrupted_eval
 
     try:

@@ -145,7 +145,11 @@ def register(name: str):
 
 def check_name(name: str) -> str:
     if name not in EXECUTORS:
-        raise ValueError(f"executor={name!r} is unknown: choose one of {', '.join(sorted(EXECUTORS))}")
+        from sage_unsloth.config_args import suggestion
+
+        raise ValueError(
+            f"executor={name!r} is unknown{suggestion(name, EXECUTORS)}: choose one of {', '.join(sorted(EXECUTORS))}"
+        )
     return name
 
 

@@ -5,13 +5,25 @@ read."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from sage_unsloth import layout
+from sage_unsloth.config_args import DryRunArgs
+from sage_unsloth.field_rules import Limit, check_field_rules
 from sage_unsloth.report import plots
 
 
 @dataclass
-class ReportArguments:
+class ReportArguments(DryRunArgs):
+    # One field's own bounds, read by the pre-import check too (sage_unsloth/field_rules.py).
+    FIELD_RULES: ClassVar[dict] = {
+        "resamples": Limit(ge=100, note="bootstrap resamples"),
+        "level": Limit(gt=0.5, lt=1, note="the confidence level"),
+        "plot_width": Limit(ge=100, note="pixels"),
+        "plot_height": Limit(ge=100, note="pixels"),
+        "pattern_samples_per_problem": Limit(ge=1, note="null for all"),
+    }
+
     results: str = field(default=layout.RESULTS, metadata={"help": "folder with <model>/<run>/passk.csv"})
     out: str | None = field(
         default=None,
@@ -75,16 +87,7 @@ class ReportArguments:
     def validate(self) -> None:
         from sage_unsloth.report.tables import parse_pairs
 
-        if self.resamples < 100:
-            raise ValueError(f"resamples={self.resamples}: use at least 100 bootstrap resamples")
-        if not 0.5 < self.level < 1.0:
-            raise ValueError(f"level={self.level}: the confidence level must be in (0.5, 1)")
-        if self.plot_width < 100 or self.plot_height < 100:
-            raise ValueError("plot_width/plot_height: at least 100 pixels")
-        if self.pattern_samples_per_problem is not None and self.pattern_samples_per_problem < 1:
-            raise ValueError(
-                f"pattern_samples_per_problem={self.pattern_samples_per_problem}: use >= 1, or null for all"
-            )
+        check_field_rules(self)  # resamples, level, plot size, pattern samples: the pre-import check's words
         if self.wandb_entity and not self.wandb_project:
             raise ValueError("wandb_entity is set without wandb_project: add --wandb_project NAME or drop it")
         parse_pairs(self.pairs)  # "run_a:run_b,..." or a one-line error naming --pairs

@@ -12,13 +12,42 @@ import logging
 import sys
 
 
+def dry_run(args, argv: list[str]) -> int:
+    """The resolved config and what the report would read and write (no result is loaded, nothing written)."""
+    from pathlib import Path
+
+    from sage_unsloth import dry_run as dry
+    from sage_unsloth.results import PASSK_FILE
+
+    dry.show("report", dry.resolved_config("report", (args,), argv))
+    results = Path(args.results)
+    if not results.is_dir():
+        raise FileNotFoundError(f"results folder {results} not found: pass --results DIR")
+    runs = sorted(str(p.parent.relative_to(results)) for p in results.glob(f"*/*/{PASSK_FILE}"))
+    out = Path(args.out) if args.out else results / "report.md"
+    dry.show_plan(
+        {
+            "runs": runs or "none yet (run the eval stage first)",
+            "report": out,
+            "tables and plots": out.with_suffix(""),
+        }
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    from sage_unsloth.report.stage import build_report, parse_args
+    from sage_unsloth.config_schema import refuse_bad_input
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if (code := refuse_bad_input("report", argv)) is not None:  # every bad input at once, before the imports
+        return code
+    from sage_unsloth.report.stage import build_report, parse_args
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         args = parse_args(argv)
+        if args.dry_run:
+            return dry_run(args, argv)
         build_report(args)
     except (ValueError, FileNotFoundError) as exc:  # bad input: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)

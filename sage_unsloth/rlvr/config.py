@@ -20,6 +20,8 @@ from trl.trainer.grpo_config import GRPOConfig
 from sage_unsloth.anchor import TOKEN_NORMS
 from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
 from sage_unsloth.config_args import ConfigError, check_training_fields, suggestion
+from sage_unsloth.field_rules import TRAINING_RULES, Limit, Names
+from sage_unsloth.guides import GUIDES
 from sage_unsloth.rlvr.exploration import ExplorationArgs
 from sage_unsloth.rlvr.kl_terms import KL_TERMS
 from sage_unsloth.rlvr.plan import MethodPlan, build_plan, plan_key
@@ -29,6 +31,17 @@ BACKENDS = ("unsloth", "trl")
 Q_SOURCES = ("auto", "loss", "rollout")
 PLACEMENTS = ("loss", "reward")
 DAPO_NORMALIZERS = ("generation", "window")
+# The guides' knobs that must be finite and >= 0 (sage_tau, an entropy threshold, only finite).
+NONNEGATIVE_KNOBS = (
+    "sage_q_max",
+    "sage_gamma",
+    "sage_alpha_upper",
+    "sage_alpha_lower",
+    "sage_sigma_upper",
+    "sage_sigma_lower",
+    "sage_random_sigma_upper",
+    "sage_random_sigma_lower",
+)
 # TRL 1.15's loss types. SAGE only shifts the KL anchor, so any of them works with k3; a KL term added to the
 # loss (k2, forward: rlvr/kl_terms.py) re-aggregates the KL and knows only the token-level ones.
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
@@ -111,6 +124,42 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
 
     # A YAML key or flag under an alias is read as the field itself (config_args.StageParser).
     FIELD_ALIASES: ClassVar[dict[str, str]] = {"kl_term": "kl_estimator"}
+    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py); the checks
+    # below keep their own wording and add those that need several fields.
+    FIELD_RULES: ClassVar[dict] = {
+        **TRAINING_RULES,
+        "sage_guide": Names(GUIDES.names(), plugins=True),
+        "kl_estimator": Names(KL_TERMS.names(), plugins=True),
+        "kl_term": Names(KL_TERMS.names(), plugins=True),
+        "sage_token_norm": Names(TOKEN_NORMS),
+        "sage_q_source": Names(Q_SOURCES),
+        "backend": Names(BACKENDS),
+        "loss_type": Names(LOSS_TYPES),
+        "sage_kl_placement": Names(PLACEMENTS),
+        "dapo_normalizer": Names(DAPO_NORMALIZERS),
+        "beta": Limit(ge=0, note="the KL coefficient; paper: 0.05; 0 = no KL"),
+        "sage_q_min": Limit(gt=0, note="log q must stay finite; e.g. 0.6"),
+        **dict.fromkeys(NONNEGATIVE_KNOBS, Limit(ge=0)),
+        "sage_tau": Limit(),
+        "sage_eps_upper": Limit(ge=0, le=1, note="a token probability"),
+        "sage_eps_lower": Limit(ge=0, le=1, note="a token probability"),
+        "sage_schedule_decay": Limit(gt=0, le=1, note="default 0.9; 1 = no decay"),
+        "sage_schedule_cycles": Limit(ge=1),
+        "dynamic_sampling_max_rounds": Limit(ge=1),
+        "soft_overlong_punish_cache": Limit(ge=0, note="0 = off"),
+        "num_generations": Limit(
+            ge=2, note="GRPO scores each rollout against the others of its prompt; paper: 8"
+        ),
+        "steps_per_generation": Limit(ge=1),
+        "generation_batch_size": Limit(ge=1),
+        "num_iterations": Limit(ge=1, note="paper: 1"),
+        "temperature": Limit(gt=0, note="GRPO samples its rollouts; paper: 1.0"),
+        "top_p": Limit(gt=0, le=1, note="paper: 1.0; 1 = off"),
+        "min_p": Limit(ge=0, lt=1, note="paper: 0.01; 0 = off"),
+        "top_k": Limit(ge=0, note="0 = off"),
+        "epsilon": Limit(gt=0, note="the PPO clip range; paper: 0.2"),
+        "max_completion_length": Limit(ge=1, note="new tokens per rollout; paper: 3072"),
+    }
 
     # --- SAGE guide ---------------------------------------------------------------------------------
     sage_guide: str = field(
@@ -321,17 +370,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             fail(
                 f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none"
             )
-        for name in (
-            "sage_q_max",
-            "sage_gamma",
-            "sage_tau",
-            "sage_alpha_upper",
-            "sage_alpha_lower",
-            "sage_sigma_upper",
-            "sage_sigma_lower",
-            "sage_random_sigma_upper",
-            "sage_random_sigma_lower",
-        ):
+        for name in (*NONNEGATIVE_KNOBS, "sage_tau"):
             value = getattr(self, name)
             if not math.isfinite(value) or (name != "sage_tau" and value < 0):
                 fail(f"{name}={value} must be {'finite' if name == 'sage_tau' else 'finite and >= 0'}")

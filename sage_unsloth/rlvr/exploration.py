@@ -16,10 +16,11 @@ without a KL anchor (beta 0).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
 from sage_unsloth.config_args import ConfigError
+from sage_unsloth.field_rules import Limit, Names
 from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
 from sage_unsloth.rlvr.plan import ESTIMATOR_INPUTS, TERM_INPUTS
 from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
@@ -32,6 +33,17 @@ def _help(text: str) -> dict:
 @dataclass
 class ExplorationArgs:
     """Config fields of the exploration baselines (mixed into SageGRPOConfig)."""
+
+    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py).
+    FIELD_RULES: ClassVar[dict] = {
+        "advantage_estimator": Names(ADVANTAGE_ESTIMATORS.names(), plugins=True),
+        "policy_term": Names(("none", *POLICY_TERMS.names()), plugins=True),
+        **dict.fromkeys(
+            ("entropy_adv_alpha", "clip_cov_ratio", "kl_cov_ratio", "kl_cov_coef"), Limit(gt=0, finite=False)
+        ),
+        "entropy_adv_kappa": Limit(gt=1, finite=False, note="the bonus must not flip sign(A); e.g. 2"),
+        "ref_reset_steps": Limit(ge=0, note="0 = off"),
+    }
 
     advantage_estimator: str = field(
         default="grpo",

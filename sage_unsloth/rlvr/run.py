@@ -36,10 +36,11 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from sage_unsloth import layout
 from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER
+from sage_unsloth.field_rules import Limit, Names
 from sage_unsloth.training_cli import StageRunArgs
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,11 @@ ANCHORS = ("sft", "base")
 class RLVRStageArgs(StageRunArgs):
     """Stage I/O of RLVR (the training hyper-parameters live in SageGRPOConfig); ``resume``, ``restart`` and
     ``unsloth_without_gpu`` are stage 1's too (sage_unsloth/training_cli.py)."""
+
+    FIELD_RULES: ClassVar[dict] = {
+        "anchor": Names(ANCHORS),
+        **dict.fromkeys(("max_train_rows", "max_prompt_length", "max_seq_length"), Limit(ge=1)),
+    }
 
     sft_dir: str | None = field(
         default=None,
@@ -528,6 +534,41 @@ def run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = N
     return built
 
 
+def dry_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None, argv: list[str]):
+    """Print the resolved config and the plan (folders, anchor, lengths, the method, the checkpoint it would
+    resume); the call that trains is then a no-op. An input error after the config is the stage's one line."""
+    from sage_unsloth import dry_run as dry
+    from sage_unsloth.backend import cuda_available
+
+    dry.show("rlvr", dry.resolved_config("rlvr", (grpo_args, stage, model_args), argv))
+    plan = plan_run(grpo_args, stage, model_args, config_path)
+    method = grpo_args.method_plan
+    dry.show_plan(
+        {
+            "output_dir": plan.output_dir,
+            "sft_dir": plan.sft_dir,
+            "base_model": plan.base_model,
+            "backend": grpo_args.backend
+            + ("" if grpo_args.backend != "unsloth" or cuda_available() else " (this machine has no GPU)"),
+            "anchor": f"{stage.anchor} (pi_ref = {'the SFT model' if stage.anchor == 'sft' else 'the base model'})",
+            "guide": method.guide.name
+            + ("" if grpo_args.sage_guide == "none" else f" (q computed at the {method.expected_q_source})"),
+            "kl_estimator": f"{grpo_args.kl_estimator}, placement {grpo_args.sage_kl_placement}, beta {grpo_args.beta}",
+            "advantage_estimator": grpo_args.advantage_estimator,
+            "policy_term": grpo_args.policy_term,
+            "context": f"{plan.context_length} tokens: prompts <= {plan.max_prompt_length}, completions <= "
+            f"{grpo_args.max_completion_length}",
+            "steps": grpo_args.max_steps
+            if grpo_args.max_steps > 0
+            else f"{grpo_args.num_train_epochs} epoch(s)",
+            "would": f"resume from {Path(plan.resume_from).name}"
+            if plan.resume_from
+            else "train from the SFT adapter",
+        }
+    )
+    return lambda: None
+
+
 def _import_unsloth_early(argv: list[str]) -> None:
     """On a GPU, import Unsloth before TRL's trainer so its patches (GRPOTrainer, kernels) see a clean slate."""
     from sage_unsloth.backend import cuda_available
@@ -541,20 +582,23 @@ def _import_unsloth_early(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from sage_unsloth.flag_catalogue import check_flags
+    from sage_unsloth.config_schema import refuse_bad_input
 
-    if (code := check_flags("rlvr", argv)) is not None:  # a flag typo: one line before TRL is imported
+    if (code := refuse_bad_input("rlvr", argv)) is not None:  # every bad input, before TRL is imported
         return code
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from sage_unsloth.training_cli import refuse_before_parsing, run_training_stage
+    from sage_unsloth.training_cli import dry_run_requested, refuse_before_parsing, run_training_stage
 
     if (code := refuse_before_parsing(argv, "configs/rlvr/")) is not None:  # as stage 1: before parsing
         return code
 
     def prepare(settle):
         # Everything here is input checking (config, folders, data, loader and trainer arguments): one line.
-        _import_unsloth_early(argv)
+        if not dry_run_requested(argv):
+            _import_unsloth_early(argv)
         grpo_args, stage, model_args, config_path = parse_args(argv)
+        if stage.dry_run:
+            return dry_run(grpo_args, stage, model_args, config_path, argv)
         plan = plan_run(grpo_args, stage, model_args, config_path, claim=settle)  # fail fast, no model yet
         if plan.finished:  # nothing loads, nothing is written
             return lambda: print(plan.finished, flush=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from trl import SFTConfig
 
@@ -23,6 +24,7 @@ from .. import layout
 from ..backend import cuda_available
 from ..checkpoints import choose_checkpoint
 from ..config_args import ConfigError, check_hub_model_cached, check_training_fields
+from ..field_rules import TRAINING_RULES, Limit, Names
 from ..manifest import MANIFEST_NAME
 from ..models import BACKENDS, model_short_name
 from ..training_cli import StageRunArgs
@@ -32,6 +34,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class SageSFTConfig(StageRunArgs, SFTConfig):
+    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py).
+    FIELD_RULES: ClassVar[dict] = {
+        **TRAINING_RULES,
+        "backend": Names(BACKENDS),
+        "max_seq_length": Limit(gt=0, note="a token count"),
+        "max_length_fraction": Limit(gt=0, le=1, note="official: 0.5"),
+        "dataset_max_rows": Limit(gt=0),
+    }
+
     # --- kit fields (resume, restart, unsloth_without_gpu: StageRunArgs, shared with stage 2) ------------
     backend: str = field(
         default="unsloth", metadata={"help": "unsloth (FastLanguageModel) or trl (transformers+peft)"}

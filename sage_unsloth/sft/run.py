@@ -53,13 +53,11 @@ class SFTPlan:
     finished: bool = False
 
 
-def prepare_sft(sft_args, model_args, claim=None) -> SFTPlan:
-    """Validate the config, settle the output folder and prepare the data; raises ValueError,
-    FileNotFoundError or FileExistsError with a one-line message before any model loads. ``claim(output_dir)``
-    (the stage's folder lock) is called before anything in the folder is read or deleted."""
+def settle_sft(sft_args, model_args, claim=None) -> SFTPlan:
+    """Validate the config and settle the output folder and the checkpoint (no data yet: what a dry run shows);
+    raises ValueError, FileNotFoundError or FileExistsError with a one-line message, reading nothing big.
+    ``claim(output_dir)`` (the stage's folder lock) is called before anything in the folder is read or deleted."""
     from ..manifest import MANIFEST_NAME
-    from ..models import load_tokenizer
-    from .data import load_raw_dataset, prepare_sft_data
 
     sft_args.validate(model_args)
     out = sft_args.resolve_output_dir(model_args)
@@ -73,6 +71,18 @@ def prepare_sft(sft_args, model_args, claim=None) -> SFTPlan:
         logger.info("%s already holds a finished SFT run; nothing to resume", out)
         return SFTPlan(out=out, checkpoint=None, data=None, config_record=config_record, finished=True)
     checkpoint = sft_args.resume_checkpoint()
+    return SFTPlan(out=out, checkpoint=checkpoint, data=None, config_record=config_record)
+
+
+def prepare_sft(sft_args, model_args, claim=None) -> SFTPlan:
+    """:func:`settle_sft`, then the data prepared; every input error is raised before any model loads."""
+    from ..models import load_tokenizer
+    from .data import load_raw_dataset, prepare_sft_data
+
+    plan = settle_sft(sft_args, model_args, claim=claim)
+    if plan.finished:
+        return plan
+    out, checkpoint, config_record = plan.out, plan.checkpoint, plan.config_record
     source = sft_args.dataset_path or f"{sft_args.dataset_name}[{sft_args.dataset_split}]"
     raw = load_raw_dataset(
         dataset_name=sft_args.dataset_name,
@@ -203,25 +213,49 @@ def save_merged_16bit(
         # Unsloth dequantizes a 4-bit base before merging; its CPU fallback implements the same method.
         model.save_pretrained_merged(str(merged), tokenizer, save_method="merged_16bit")
     else:
-        import torch
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM
+        from ..models import merge_lora_into_base
 
         # Reload the base unquantized (the training copy may be 4-bit), then merge the saved adapter into it.
-        dtype = (
-            torch.bfloat16
-            if model_args.dtype in (None, "auto", "bfloat16")
-            else getattr(torch, model_args.dtype)
-        )
-        base = AutoModelForCausalLM.from_pretrained(
+        merge_lora_into_base(
             model_args.model_name_or_path,
-            dtype=dtype,
+            out,
+            merged,
+            tokenizer=tokenizer,
+            dtype="bfloat16" if model_args.dtype in (None, "auto", "bfloat16") else model_args.dtype,
             revision=model_args.model_revision,
             trust_remote_code=trust_remote_code,
         )
-        PeftModel.from_pretrained(base, str(out)).merge_and_unload().save_pretrained(str(merged))
-        tokenizer.save_pretrained(str(merged))
     return merged
+
+
+def dry_run(sft_args, model_args, argv: list[str]):
+    """Print the resolved config and the plan (output folder, checkpoint, data source); the call that trains is
+    then a no-op. An input error after the config is printed is the stage's one line, exit 2."""
+    from .. import dry_run as dry
+    from ..backend import cuda_available
+
+    dry.show("sft", dry.resolved_config("sft", (sft_args, model_args), argv))
+    plan = settle_sft(sft_args, model_args)
+    rows = sft_args.dataset_max_rows
+    dry.show_plan(
+        {
+            "output_dir": plan.out,
+            "base_model": model_args.model_name_or_path,
+            "backend": sft_args.backend
+            + ("" if sft_args.backend != "unsloth" or cuda_available() else " (this machine has no GPU)"),
+            "data": sft_args.dataset_path or f"{sft_args.dataset_name}[{sft_args.dataset_split}]",
+            "rows": rows if rows is not None else "all",
+            "steps": sft_args.max_steps
+            if sft_args.max_steps > 0
+            else f"{sft_args.num_train_epochs} epoch(s)",
+            "would": "nothing: the run is finished"
+            if plan.finished
+            else f"resume from {Path(plan.checkpoint).name}"
+            if plan.checkpoint
+            else "train from the base model",
+        }
+    )
+    return lambda: None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,23 +265,25 @@ def main(argv: list[str] | None = None) -> int:
         if not argv:
             return 2
         parse_args(argv)  # prints the kit's fields (--help) or all of them (--help-all) and exits
-    from ..flag_catalogue import check_flags
+    from ..config_schema import refuse_bad_input
 
-    if (code := check_flags("sft", argv)) is not None:  # a flag typo: one line before TRL is imported
+    if (code := refuse_bad_input("sft", argv)) is not None:  # every bad input, before TRL is imported
         return code
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ..config_args import requested_backend
-    from ..training_cli import refuse_before_parsing, run_training_stage
+    from ..training_cli import dry_run_requested, refuse_before_parsing, run_training_stage
 
     if (code := refuse_before_parsing(argv, "configs/sft/")) is not None:  # before Unsloth is imported, below
         return code
 
     def prepare(settle):
-        if requested_backend(argv) == "unsloth":
+        if requested_backend(argv) == "unsloth" and not dry_run_requested(argv):
             from ..backend import import_unsloth
 
             import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
         sft_args, model_args = parse_args(argv)
+        if sft_args.dry_run:
+            return dry_run(sft_args, model_args, argv)
         plan = prepare_sft(sft_args, model_args, claim=settle)  # every input error here, before a model loads
         return lambda: run_sft(sft_args, model_args, plan)
 
