@@ -341,3 +341,20 @@ def test_driver_disk_and_ram_lines():
 def test_gpu_needs_a_config(capsys):
     assert doctor.main(["--gpu", "t4"]) == 2
     assert "--gpu NAME checks a CONFIG" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "preset, doctor_config",
+    [
+        ("configs/sft/qwen2.5-1.5b.yaml", "configs/sft/qwen2.5-1.5b.yaml"),
+        ("configs/sft/qwen2.5-3b.yaml", "configs/sft/qwen2.5-3b.yaml"),
+        ("configs/rlvr/qwen2.5-1.5b/_base.yaml", "configs/rlvr/qwen2.5-1.5b/grpo.yaml"),
+        ("configs/rlvr/qwen2.5-3b/_base.yaml", "configs/rlvr/qwen2.5-3b/grpo.yaml"),
+    ],
+)
+def test_preset_memory_comments_are_the_doctors_figures(preset, doctor_config):
+    import re
+
+    said = re.search(r"# Memory \(an estimate[^)]*\): ([\d.]+) GiB", (REPO / preset).read_text()).group(1)
+    guess = memory.estimate(_config(doctor_config), doctor_config)
+    assert said == f"{guess.total_gib(cards.CARDS['t4'].total_gib):.1f}"
