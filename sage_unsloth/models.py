@@ -105,18 +105,20 @@ def same_base_model(a: str, b: str) -> bool:
     return key is not None and key == compat.unsloth_mirror_key(b)
 
 
-def check_adapter_base(adapter_path: str | Path, base: str, field: str = "adapter_path") -> None:
+def check_adapter_base(
+    adapter_path: str | Path, base: str, field: str = "adapter_path", base_is: str = "the base model"
+) -> None:
     """One line when the adapter in ``adapter_path`` was trained on another model than ``base``."""
     recorded = adapter_base_model(adapter_path)
     if recorded and not same_base_model(recorded, base):
         raise ValueError(
-            f"{field}={adapter_path} was trained on {recorded!r} but the base model is {base!r}: set "
+            f"{field}={adapter_path} was trained on {recorded!r} but {base_is} is {base!r}: set "
             "model_name_or_path to the adapter's base, or point to an adapter of this model"
         )
 
 
 def _check_adapter(model_args, adapter_path: str) -> None:
-    check_adapter_base(adapter_path, model_args.model_name_or_path)
+    check_adapter_base(adapter_path, model_args.model_name_or_path, base_is="model_name_or_path")
 
 
 @contextmanager
