@@ -30,7 +30,7 @@ export TOKENIZERS_PARALLELISM := false
 UNSLOTH_CPU_DEPS := tyro protobuf sentencepiece hf_transfer typer pydantic json5 nest-asyncio structlog \
 	click msgspec pillow regex einops psutil wheel
 
-.PHONY: install test test-quick demo demo-reference lint notebooks clean
+.PHONY: install test test-quick demo demo-reference lint notebooks gpu-lock clean
 install: $(STAMP) $(EVAL_STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -83,5 +83,15 @@ lint: install
 notebooks: install
 	$(BIN)/python notebooks/build.py
 
+# The [gpu] extra resolved for Linux x86-64 and Python 3.11 (Colab, Kaggle, a GPU server), committed as
+# requirements/gpu-lock.txt: `pip install -r requirements/gpu-lock.txt` installs exactly that set. uv runs from a
+# throwaway environment of its own (.venv-lock), never from .venv or .venv-eval; tests/test_gpu_lock.py checks that
+# the lock and pyproject.toml agree. Needs PyPI; rerun after changing a pin.
+LOCK_VENV := .venv-lock
+gpu-lock:
+	test -x $(LOCK_VENV)/bin/uv || { $(PY) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install -q uv; }
+	$(LOCK_VENV)/bin/uv pip compile pyproject.toml --extra gpu --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 --upgrade -o requirements/gpu-lock.txt
+
 clean:
-	rm -rf $(VENV) $(EVAL_VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(EVAL_VENV) $(LOCK_VENV) outputs .pytest_cache

@@ -50,6 +50,31 @@
 # A W&B key, if you use one, goes in *Add-ons → Secrets* as `WANDB_API_KEY`.
 
 # %% [markdown]
+# ## 0. Driver check
+#
+# Before anything else: the pinned torch 2.13 and vLLM 0.31 are CUDA 13 builds, which need an NVIDIA driver of at
+# least 580. An older driver (an older runtime image) would only show up later, as torch failing to find the GPU;
+# this cell says it now, with what to change.
+
+# %%
+import os
+import subprocess
+
+if os.environ.get("SAGE_NOTEBOOK_TINY") != "1":  # CI runs the notebook on a CPU
+    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
+    try:
+        rows = subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip().splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        rows = []
+    if not rows:
+        raise RuntimeError("no NVIDIA GPU visible: switch the notebook to a GPU runtime (a T4 or newer)")
+    name, driver = (part.strip() for part in rows[0].split(",")[:2])
+    if int(driver.split(".")[0]) < 580:
+        raise RuntimeError(f"{name}: NVIDIA driver {driver} is older than 580, which CUDA 13 (torch 2.13) needs: "
+                           "switch to the platform's latest runtime image (see the platform notes above)")
+    print(f"{name}, driver {driver}: OK")
+
+# %% [markdown]
 # ## 1. Parameters
 #
 # What you set:
@@ -62,8 +87,12 @@
 # - **`USE_WANDB`**: log training to Weights & Biases. The key is read from the platform's secrets (or asked
 #   for, hidden) and handed to the stages through the environment only: it is never printed or written to disk.
 #
-# Everything lands in `WORKDIR` (`outputs/` for adapters, `results/` for pass@k CSVs and the report). Running
-# the notebook again skips finished training stages and resumes evaluation.
+# - **`WORKDIR`**, **`USE_DRIVE`**: where everything lands (`outputs/` for adapters and checkpoints, `results/` for
+#   pass@k CSVs and the report). Left empty: on Colab your Google Drive (`USE_DRIVE`, it asks once for access),
+#   so that a disconnect loses nothing; on Kaggle `/kaggle/working`, kept with the notebook's output.
+#
+# Running the notebook again with the same `WORKDIR` skips finished stages, continues an interrupted RL run from
+# its newest checkpoint and resumes evaluation (section 4b).
 
 # %% tags=["parameters"]
 import os
@@ -74,7 +103,8 @@ SFT_STEPS = 100  # stage 1 optimizer steps, one example each (~5 min, estimate)
 STEPS = 30  # stage 2 optimizer steps per RLVR run, 2 prompts x 4 rollouts each (~10-20 min per run)
 N_SAMPLES = 8  # stage 3 samples per problem: pass@k for k = 1, 2, 4, 8
 PROBLEMS_PER_BENCHMARK = 30  # stage 3 problems taken from each of MATH-500 and AMC23
-WORKDIR = "sage_run"  # outputs/ and results/ go here
+WORKDIR = ""  # outputs/ and results/ go here; empty: Drive (Colab, USE_DRIVE), /kaggle/working (Kaggle), else ./
+USE_DRIVE = True  # Colab: keep WORKDIR on your Google Drive, so that a disconnect loses nothing
 REPO_URL = ""  # set it to the git URL of your copy of sage-unsloth (not on PyPI), unless a checkout is found
 REPO_DIR = ""  # a checkout; empty: the folder above this notebook, ./sage-unsloth, or a /kaggle/input dataset
 INSTALL = True  # pip install the kit with its GPU extra (pinned torch, Unsloth, vLLM, bitsandbytes)
@@ -149,10 +179,22 @@ print("W&B logging:", "on" if USE_WANDB else "off")
 # the paper's presets (`configs/*/qwen2.5-math-7b*`).
 
 # %%
+WORKDIR = nb.work_folder(PLATFORM, WORKDIR, use_drive=USE_DRIVE, tiny=TINY)
 recipe = nb.make_recipe(PLATFORM, repo=REPO, workdir=WORKDIR, model=MODEL, steps=STEPS, sft_steps=SFT_STEPS,
                         n_samples=N_SAMPLES, problems_per_benchmark=PROBLEMS_PER_BENCHMARK,
                         report_to="wandb" if USE_WANDB else "none", tiny=TINY)
 print(recipe.describe())
+
+# %% [markdown]
+# ## 4b. Resuming after a disconnect
+#
+# Colab and Kaggle end idle or long sessions. Reconnect, keep the same `WORKDIR` (on Colab it is on your Drive unless
+# you set another) and run all cells again: a finished stage is skipped, an RL run that stopped part-way continues
+# from its newest checkpoint (every `STEPS // 5` steps, at least 5) exactly as if it had not stopped, and
+# evaluation samples only the problems it has not written yet. This cell shows where each stage stands.
+
+# %%
+print(recipe.progress())
 
 # %% [markdown]
 # ## 5. Stage 1: SFT
@@ -196,7 +238,7 @@ nb.show_report(recipe)
 # %% [markdown]
 # ## Next
 #
-# - Keep the results: download `WORKDIR` (Colab: the file browser; Kaggle: it is under `/kaggle/working`,
-#   saved with the notebook's output).
+# - Keep the results: they are in `WORKDIR` (Colab: on your Drive; Kaggle: under `/kaggle/working`, saved with
+#   the notebook's output).
 # - A real comparison needs far more RL steps and samples: the paper runs 1000 steps and pass@k up to k = 256
 #   on Qwen2.5-Math-7B (`configs/rlvr/qwen2.5-math-7b/`, `configs/eval/qwen2.5-math-7b.yaml`).

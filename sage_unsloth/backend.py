@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from sage_unsloth.compat import hide_vllm, import_unsloth
 
-__all__ = ["cuda_available", "hide_vllm", "import_unsloth"]
+__all__ = ["cuda_available", "cuda_capability", "hide_vllm", "import_unsloth"]
 
 
 def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def cuda_capability() -> tuple[int, int] | None:
+    """The first GPU's compute capability, None without a GPU."""
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None

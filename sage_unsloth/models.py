@@ -24,23 +24,37 @@ Stable API (other stages import these; change only additively):
 - ``prepare_tokenizer(tokenizer)``: installs CHAT_TEMPLATE, pad token, left padding (in place, returned).
 - ``model_short_name(name_or_path)``: "Qwen/Qwen2.5-Math-7B" -> "qwen2.5-math-7b" (output folder names).
 - ``adapter_base_model(adapter_path)``: the base model an adapter folder was trained on (adapter_config.json).
+- ``same_base_model(a, b)``: the same model, or one of Unsloth's mirrors of it (its mapper, both directions).
+- ``check_adapter_base(adapter_path, base, field)``: one-line ValueError when the adapter was trained on another base.
+- ``precision_problem(dtype, bf16, capability)`` / ``check_gpu_setup(model_args, args, backend, fast_inference)``:
+  bfloat16 on a GPU without it, 4-bit with Unsloth's vLLM without the bnb plugin; raised before any model loads.
+
+Hub ids are loaded as given: Unsloth's loader would otherwise load its mirror (``Qwen/Qwen2.5-Math-7B`` as
+``unsloth/Qwen2.5-Math-7B``) and PEFT would record the mirror as the adapter's base (sage_unsloth/compat.py,
+``unsloth_name_mapper``). An adapter that records a mirror (an older run, Unsloth's own notebooks) is accepted,
+and loaded on the configured base.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .backend import cuda_available, import_unsloth
+from . import compat
+from .backend import cuda_available, cuda_capability, import_unsloth
 from .prompts import CHAT_TEMPLATE
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("unsloth", "trl")
+ADAPTER_CONFIG = "adapter_config.json"
+BF16_MIN_CAPABILITY = (8, 0)
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -70,7 +84,7 @@ def prepare_tokenizer(tokenizer):
 
 def adapter_base_model(adapter_path: str | Path) -> str:
     """The ``base_model_name_or_path`` recorded in an adapter folder (clear error when it is no adapter)."""
-    cfg = Path(adapter_path) / "adapter_config.json"
+    cfg = Path(adapter_path) / ADAPTER_CONFIG
     if not cfg.is_file():
         raise FileNotFoundError(
             f"adapter_path {adapter_path}: no adapter_config.json; point it at an SFT output folder"
@@ -78,21 +92,107 @@ def adapter_base_model(adapter_path: str | Path) -> str:
     return json.loads(cfg.read_text()).get("base_model_name_or_path") or ""
 
 
-def _same_model(a: str, b: str) -> bool:
-    if a == b:
+def same_base_model(a: str, b: str) -> bool:
+    """Is the model recorded as ``a`` the model ``b``? The same hub id or folder, or one of Unsloth's mirrors of
+    it as Unsloth's own mapper files them (both directions: ``Qwen/X`` and ``unsloth/X`` are one model)."""
+    if not a or not b:
+        return a == b
+    if a == b or a.rstrip("/") == b.rstrip("/"):
         return True
     if os.path.exists(a) and os.path.exists(b):
         return os.path.realpath(a) == os.path.realpath(b)
-    return a.rstrip("/") == b.rstrip("/")
+    key = compat.unsloth_mirror_key(a)
+    return key is not None and key == compat.unsloth_mirror_key(b)
+
+
+def check_adapter_base(
+    adapter_path: str | Path, base: str, field: str = "adapter_path", base_is: str = "the base model"
+) -> None:
+    """One line when the adapter in ``adapter_path`` was trained on another model than ``base``."""
+    recorded = adapter_base_model(adapter_path)
+    if recorded and not same_base_model(recorded, base):
+        raise ValueError(
+            f"{field}={adapter_path} was trained on {recorded!r} but {base_is} is {base!r}: set "
+            "model_name_or_path to the adapter's base, or point to an adapter of this model"
+        )
 
 
 def _check_adapter(model_args, adapter_path: str) -> None:
-    base = adapter_base_model(adapter_path)
-    if base and not _same_model(base, model_args.model_name_or_path):
-        raise ValueError(
-            f"adapter_path {adapter_path} was trained on {base!r} but model_name_or_path is "
-            f"{model_args.model_name_or_path!r}: set model_name_or_path to the adapter's base"
+    check_adapter_base(adapter_path, model_args.model_name_or_path, base_is="model_name_or_path")
+
+
+@contextmanager
+def adapter_on_base(adapter_path: str | Path, base: str):
+    """``adapter_path``, or, when its recorded base is another name of ``base`` (an Unsloth mirror), a temporary
+    view of it that records ``base``: Unsloth's loader reads the base from the adapter folder, and must load the
+    configured model, not download the mirror."""
+    import tempfile
+
+    recorded = adapter_base_model(adapter_path)
+    if not recorded or recorded == base:
+        yield str(adapter_path)
+        return
+    with tempfile.TemporaryDirectory(prefix="sage-adapter-") as view:
+        for source in Path(adapter_path).iterdir():
+            if source.name != ADAPTER_CONFIG:
+                (Path(view) / source.name).symlink_to(source.resolve())
+        config = json.loads((Path(adapter_path) / ADAPTER_CONFIG).read_text())
+        config["base_model_name_or_path"] = base
+        (Path(view) / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2))
+        logger.info(
+            "adapter %s records %s, a mirror of %s: loading it on %s", adapter_path, recorded, base, base
         )
+        yield view
+
+
+def adapter_rank(adapter_path: str | Path) -> int:
+    """The LoRA rank ``r`` of a saved adapter (its adapter_config.json)."""
+    return int(json.loads((Path(adapter_path) / ADAPTER_CONFIG).read_text()).get("r") or 8)
+
+
+def precision_problem(dtype: str | None, bf16: bool, capability: tuple[int, int] | None) -> str | None:
+    """Why a GPU of compute capability ``capability`` cannot run this precision (None: it can). bfloat16, as
+    weights or as mixed precision, needs compute capability 8.0 (Ampere); the T4 (7.5) has float16 only."""
+    wants = [what for what, asked in (("bf16=true", bf16), ("dtype=bfloat16", _is_bf16(dtype))) if asked]
+    if capability is None or tuple(capability) >= BF16_MIN_CAPABILITY or not wants:
+        return None
+    return (
+        f"{' and '.join(wants)}: a GPU of compute capability {capability[0]}.{capability[1]} has no bfloat16: "
+        "pass --dtype float16 --bf16 false (float16 mixed precision, as the 16 GB presets and the notebooks)"
+    )
+
+
+def check_gpu_setup(model_args, args, *, backend: str, fast_inference: bool) -> None:
+    """Before any model loads, on this machine's GPU: the precision it supports, and the bnb plugin that 4-bit
+    weights need in Unsloth's vLLM. Nothing to check without a GPU (the CPU configs fall back to float32)."""
+    capability = cuda_capability()
+    if (
+        problem := precision_problem(model_args.dtype, bool(getattr(args, "bf16", False)), capability)
+    ) is not None:
+        raise ValueError(problem)
+    if capability is not None and (
+        problem := bnb_plugin_problem(model_args.load_in_4bit, backend, fast_inference)
+    ):
+        raise ValueError(problem)
+
+
+def bnb_plugin_problem(load_in_4bit: bool, backend: str, fast_inference: bool, installed: bool | None = None):
+    """4-bit weights in Unsloth's vLLM (vLLM >= 0.28) need the vllm-bnb-plugin package (None: not needed, or there)."""
+    if not (load_in_4bit and fast_inference and backend == "unsloth"):
+        return None
+    dist, module = compat.VLLM_BNB_PLUGIN
+    if installed is None:
+        installed = importlib.util.find_spec(module) is not None
+    if installed:
+        return None
+    return (
+        f"load_in_4bit with use_vllm: vLLM {compat.PINNED['vllm']} loads 4-bit weights through {dist}, which is "
+        f'not installed: pip install "{dist}=={compat.PINNED[dist]}" (in the [gpu] extra), or set use_vllm false'
+    )
+
+
+def _is_bf16(dtype) -> bool:
+    return str(dtype).replace("torch.", "") == "bfloat16"
 
 
 def _torch_dtype(name: str | None):
@@ -212,19 +312,25 @@ def _load_unsloth(
         "trust_remote_code": _trust(model_args, trust_remote_code),
         "random_state": seed,
         "use_gradient_checkpointing": checkpointing,
+        compat.EXACT_NAME_KWARG: True,  # the configured hub id, not Unsloth's mirror of it
     }
     if model_args.attn_implementation:
         kwargs["attn_implementation"] = model_args.attn_implementation
     if fast_inference:
+        # vLLM must hold the adapter that is trained: its rank (the SFT adapter's when continuing one), rounded up
+        # to a rank vLLM accepts.
+        rank = adapter_rank(adapter_path) if adapter_path else model_args.lora_r
         kwargs.update(
             fast_inference=True,
             gpu_memory_utilization=gpu_memory_utilization,
-            max_lora_rank=model_args.lora_r,
+            max_lora_rank=compat.vllm_max_lora_rank(rank),
         )
+        os.environ.update(compat.vllm_sampler_env(cuda_capability()))  # before Unsloth starts vLLM
     if adapter_path:
         # Unsloth's own way to continue a LoRA: from_pretrained on the adapter folder loads the recorded base
-        # (checked against model_name_or_path above) and the adapter on top, trainable.
-        model, tokenizer = FastLanguageModel.from_pretrained(model_name=str(adapter_path), **kwargs)
+        # (checked against model_name_or_path above; a mirror's name is replaced by it) and the adapter, trainable.
+        with adapter_on_base(adapter_path, model_args.model_name_or_path) as folder:
+            model, tokenizer = FastLanguageModel.from_pretrained(model_name=folder, **kwargs)
         return model, tokenizer
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=model_args.model_name_or_path, revision=model_args.model_revision, **kwargs

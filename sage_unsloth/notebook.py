@@ -11,7 +11,9 @@ Public API::
 
     PLATFORMS                          name -> Platform (colab, kaggle, tiny)
     make_recipe(platform, repo=..., workdir=..., model=..., ...) -> Recipe
+    work_folder(platform, workdir, use_drive=..., tiny=...) -> WORKDIR (Drive on Colab, /kaggle/working on Kaggle)
     Recipe.command(stage, variant=None) -> argv;  Recipe.run(stage, variant=None);  Recipe.eval_runs()
+    Recipe.progress() -> where each stage stands (finished, resumes from checkpoint-N, not started)
     run_stage(argv, cwd=..., env=..., done=...)  (sage_unsloth/recipe.py) stream a child's output, raise StageFailed
     gpu_info() -> list[GPU];  platform_problems(gpus) -> [what to do];  preflight() (raises on a problem)
     install(repo)                      pip install -e repo[gpu], then torch / torchvision checked as a pair
@@ -30,11 +32,13 @@ from pathlib import Path
 
 from sage_unsloth import layout
 from sage_unsloth.doctor.env import nvidia_smi
+from sage_unsloth.manifest import MANIFEST_NAME
 from sage_unsloth.recipe import StageFailed, run_stage, stage_command
 
 __all__ = ["StageFailed", "run_stage"]  # re-exported: notebooks call nb.run_stage / catch nb.StageFailed
 
 STAGES = ("sft", "rlvr", "eval", "report")
+DEFAULT_WORKDIR, DRIVE_MOUNT, KAGGLE_WORKING = "sage_run", "/content/drive", "/kaggle/working"
 VARIANTS = ("grpo", "grpo_branch")
 TINY_MODEL_DIR = "tiny-qwen2"  # folder name = output folder name (outputs/tiny-qwen2/...)
 
@@ -51,14 +55,16 @@ class Platform:
     sft_config: str  # relative to the repository root
     rlvr_configs: str  # folder holding grpo.yaml, grpo_branch.yaml
     eval_config: str
-    # The T4 has no bfloat16: the SFT presets (bf16) are switched to float16 weights, and with
-    # bf16/fp16 both false Unsloth picks fp16 mixed precision for a float16 model.
+    # What the platform's SFT run changes in the preset (the 16 GB presets are float16 already: the T4 has no
+    # bfloat16, and with bf16/fp16 both false Unsloth picks fp16 mixed precision for a float16 model).
     sft_overrides: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     needs_gpu: bool = True
 
 
-T4_SFT = ("--dtype", "float16", "--bf16", "false", "--fp16", "false")
+# The T4 (compute capability 7.5): Unsloth's switch that keeps vLLM off its FlashInfer sampler, which vLLM refuses
+# below 8.0 (the kit sets it by itself there too; sage_unsloth/compat.py, flashinfer_sampler).
+T4_ENV = (("UNSLOTH_VLLM_NO_FLASHINFER", "1"),)
 PLATFORMS: dict[str, Platform] = {
     "colab": Platform(
         name="colab",
@@ -67,8 +73,8 @@ PLATFORMS: dict[str, Platform] = {
         sft_config="configs/sft/qwen2.5-1.5b.yaml",
         rlvr_configs="configs/rlvr/qwen2.5-1.5b",
         eval_config="configs/eval/notebook-qwen2.5-1.5b.yaml",
-        # 16-bit LoRA: 3.1 GB of float16 weights + activations at 4096 tokens, ~6-8 GB (estimate).
-        sft_overrides=T4_SFT,
+        # 16-bit LoRA, the preset as it is (`sage-unsloth doctor configs/sft/qwen2.5-1.5b.yaml --gpu t4`).
+        env=T4_ENV,
     ),
     "kaggle": Platform(
         name="kaggle",
@@ -77,11 +83,10 @@ PLATFORMS: dict[str, Platform] = {
         sft_config="configs/sft/qwen2.5-3b.yaml",
         rlvr_configs="configs/rlvr/qwen2.5-3b",
         eval_config="configs/eval/notebook-qwen2.5-3b.yaml",
-        # QLoRA: ~2 GB of 4-bit weights + activations at 4096 tokens, ~6-8 GB (estimate); 16-bit would
-        # need ~12-14 GB, too close to 16 GB.
-        sft_overrides=(*T4_SFT, "--load_in_4bit", "true"),
+        # QLoRA, as stage 2 (configs/rlvr/qwen2.5-3b/ is 4-bit): the SFT adapter is trained on the weights RL uses.
+        sft_overrides=("--load_in_4bit", "true"),
         # Unsloth trains on one GPU; with two visible, transformers' Trainer would wrap it in DataParallel.
-        env=(("CUDA_VISIBLE_DEVICES", "0"),),
+        env=(("CUDA_VISIBLE_DEVICES", "0"), *T4_ENV),
     ),
     "tiny": Platform(
         name="tiny",
@@ -165,6 +170,24 @@ def preflight() -> list[GPU]:
     if problems:
         raise RuntimeError("this machine cannot run the pinned stack:\n" + "\n".join(problems))
     return gpus
+
+
+def work_folder(platform: str, workdir: str = "", *, use_drive: bool = True, tiny: bool = False) -> str:
+    """WORKDIR: the one given; else on Colab a folder on Google Drive (mounted here, it asks for access once) when
+    ``use_drive``, on Kaggle /kaggle/working (kept with the notebook's output), else ./sage_run. A folder that
+    survives a disconnect is what lets a rerun continue (Recipe.run, Recipe.progress)."""
+    if workdir:
+        return workdir
+    if not tiny and platform == "colab" and use_drive:
+        try:
+            from google.colab import drive  # type: ignore[import-not-found]
+        except ImportError:
+            return DEFAULT_WORKDIR  # not on Colab
+        drive.mount(DRIVE_MOUNT)
+        return f"{DRIVE_MOUNT}/MyDrive/{DEFAULT_WORKDIR}"
+    if not tiny and platform == "kaggle" and Path(KAGGLE_WORKING).is_dir():
+        return f"{KAGGLE_WORKING}/{DEFAULT_WORKDIR}"
+    return DEFAULT_WORKDIR
 
 
 def install(repo: Path, extra: str = "gpu") -> None:
@@ -282,6 +305,9 @@ class Recipe:
                 # Two prompts per optimizer step (generation_batch_size 8, 4 rollouts each).
                 "--max_train_rows",
                 str(max(64, 2 * self.steps)),
+                # A checkpoint every fifth of the run: a session that ends part-way resumes from there.
+                "--save_steps",
+                str(max(5, self.steps // 5)),
             ]
             if self.rlvr_data:
                 args += ["--dataset_path", str(self.rlvr_data)]
@@ -317,18 +343,54 @@ class Recipe:
             return self.rlvr_dir(variant)
         return None  # eval resumes chunk by chunk by itself; the report is cheap
 
+    def _resumes(self, stage: str, variant: str | None) -> Path | None:
+        """The newest complete checkpoint a training stage that stopped part-way continues from (None: none)."""
+        from sage_unsloth.checkpoints import last_complete_checkpoint
+
+        done = self.output_of(stage, variant)
+        if done is None or stage == "eval" or (done / MANIFEST_NAME).is_file():
+            return None
+        return last_complete_checkpoint(done)
+
     def run(self, stage: str, variant: str | None = None) -> None:
-        """Run one stage; skipped when its folder holds a finished run of this same command (recipe.finished)."""
+        """Run one stage; skipped when its folder holds a finished run of this same command (recipe.finished), and
+        continued from its newest complete checkpoint when it stopped part-way (``--resume true``, recorded as the
+        same command)."""
         done = self.output_of(stage, variant)
         record = self.workdir / "stages" / f"{stage}{'_' + variant if variant else ''}.json" if done else None
+        command = self.command(stage, variant)
+        resume = ["--resume", "true"] if self._resumes(stage, variant) is not None else []
         run_stage(
-            self.command(stage, variant),
+            command + resume,
             cwd=self.workdir,
             env=self.env(),
             done=done,
             stage=stage,
             record=record,
+            recorded=command[1:],
         )
+
+    def progress(self) -> str:
+        """Where each stage of this run stands in its work folder: finished, resumes from checkpoint-N, evaluation
+        chunks on disk, or not started."""
+        lines = [f"work folder {self.workdir}"]
+        for stage, variant in [("sft", None), *(("rlvr", v) for v in self.variants)]:
+            folder = self.output_of(stage, variant)
+            if (folder / MANIFEST_NAME).is_file():
+                state = "finished"
+            elif (checkpoint := self._resumes(stage, variant)) is not None:
+                state = f"stopped part-way: resumes from {checkpoint.name}"
+            else:
+                state = "not started"
+            lines.append(f"{stage} {variant or ''}".rstrip() + f": {state} ({folder})")
+        for run, _ in self.eval_runs():
+            chunks = list(
+                layout.completions_dir(self.outputs, self.model_short, run).glob("*/chunk_*.jsonl.gz")
+            )
+            passk = (self.results / self.model_short / run / "passk.csv").is_file()
+            state = "finished" if passk else f"{len(chunks)} chunks sampled" if chunks else "not started"
+            lines.append(f"eval {run}: {state}")
+        return "\n".join(lines)
 
     def describe(self) -> str:
         gpus = ", ".join(f"{g.name} ({g.memory_mib} MiB, sm_{g.compute_capability:g})" for g in self.gpus)

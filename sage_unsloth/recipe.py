@@ -165,14 +165,17 @@ def run_stage(
     record: Path | None = None,
     tail_lines: int = 40,
     out=None,
+    recorded: list[str] | None = None,
 ) -> bool:
     """Run one stage in a child process with its log streamed to ``out``; False when it was skipped.
 
     ``done``: the stage's output folder; when it holds a finished run of this command (:func:`finished`, the
     manifest of ``stage`` and ``record``) the stage is skipped, so rerunning a recipe continues where it
-    stopped. Raises :class:`StageFailed` with the last ``tail_lines`` lines when the child fails."""
+    stopped. ``recorded``: the command the record holds when it is not ``command`` (a run continued with
+    ``--resume`` is the same run). Raises :class:`StageFailed` with the last ``tail_lines`` lines when the child
+    fails."""
     out = out or sys.stdout
-    recorded = command[1:]  # the interpreter is not part of a stage's inputs
+    recorded = recorded or command[1:]  # the interpreter is not part of a stage's inputs
     if done is not None and (
         finished(Path(done), stage, recorded, record) if stage else (Path(done) / MANIFEST_NAME).is_file()
     ):

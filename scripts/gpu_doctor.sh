@@ -19,8 +19,10 @@
 #     annotated-types==0.8.0 typing-inspection==0.4.5 tyro==1.0.17 docstring-parser==0.18.0 \
 #     typeguard==4.6.1 msgspec==0.23.0 cut_cross_entropy==25.1.1 packaging
 # (Match --python-version to the GPU machine's python3.) With network, `pip install -e ".[gpu]"` instead.
-# A preinstalled torch other than 2.13.0 is reported by the pin check (FAIL) but the self-test still runs:
-# then it checks the kit's logic on real CUDA kernels, not the pinned stack.
+# A preinstalled torch, TRL or vLLM other than the pins is reported by the pin check (FAIL) but the self-test still
+# runs (SAGE_ALLOW_UNPINNED=1 below turns the kit's version guard into a warning): then it checks the kit's logic
+# on real CUDA kernels, not the pinned stack. With a CONFIG that uses Unsloth's vLLM the doctor also runs its
+# fast_inference smoke test (the tiny model through Unsloth's vLLM, one generate with a LoRA).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-/tmp/sage_gpu_doctor}"; mkdir -p "$OUT"
@@ -34,7 +36,7 @@ else
   export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false \
-       PYTHONUNBUFFERED=1 UNSLOTH_SKIP_TORCHVISION_CHECK=1 HF_HUB_ENABLE_HF_TRANSFER=0
+       PYTHONUNBUFFERED=1 UNSLOTH_SKIP_TORCHVISION_CHECK=1 HF_HUB_ENABLE_HF_TRANSFER=0 SAGE_ALLOW_UNPINNED=1
 {
   echo "== nvidia-smi"; nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader
   echo "== doctor (unsloth backend)"

@@ -56,6 +56,27 @@ def sft_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return build_sft_dir(tiny_model_dir, tmp_path_factory.mktemp("stage1") / "sft")
 
 
+HUB_IDS = ("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-1.5B")  # the presets' models, stood in for by the tiny one
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tiny_model_dir, tmp_path_factory) -> Path:
+    """A Hugging Face hub cache (HF_HUB_CACHE layout) holding the tiny model under the presets' real hub ids, so
+    that a stage reads `Qwen/Qwen2.5-Math-7B` the way it reads it on a GPU machine (offline: HF_HUB_OFFLINE=1).
+    Point HF_HUB_CACHE (and huggingface_hub.constants.HF_HUB_CACHE, in-process) at it: tests/test_hub_ids.py."""
+    import hashlib
+    import shutil
+
+    cache = tmp_path_factory.mktemp("hub") / "hub"
+    for repo_id in HUB_IDS:
+        commit = hashlib.sha1(repo_id.encode()).hexdigest()  # any 40-hex revision
+        repo = cache / f"models--{repo_id.replace('/', '--')}"
+        shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text(commit)
+    return cache
+
+
 TINY_SWEEP = REPO_ROOT / "configs" / "sweep" / "tiny-cpu.yaml"
 TINY_SWEEP_SEEDS = ("3407", "1")  # 2 configs x 2 seeds: a mean and sd per config in the summary
 # Credentials every tiny sweep carries (a flag in rlvr_args, a key in the environment: sweep_credentials) and
@@ -141,7 +162,7 @@ def varied_reward(monkeypatch):
 # A test that needs the tiny model (directly or through the SFT fixture) loads and trains it: slow by rule,
 # so a new test cannot slip into the quick tier by forgetting its marker. Other expensive tests say so with
 # @pytest.mark.slow themselves.
-MODEL_FIXTURES = {"tiny_model_dir", "sft_dir", "tiny_sweep"}
+MODEL_FIXTURES = {"tiny_model_dir", "sft_dir", "tiny_sweep", "hub_cache"}
 
 
 def pytest_collection_modifyitems(config, items):

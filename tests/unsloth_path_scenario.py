@@ -317,6 +317,24 @@ def guards(model_dir):
     return result
 
 
+def loss_contact(_plain):
+    """What check_unsloth_loss (run when every trainer above was built) read: the generated trainer's module file
+    and the zoo helper it checks, so the test can break each path in a copy and see the check name it."""
+    import trl
+
+    from sage_unsloth import compat
+
+    cls = trl.GRPOTrainer
+    source = compat.generated_trainer_source(cls)
+    helper = inspect.getsource(getattr(zoo, compat.UNSLOTH_ENTROPY_HELPER[0]))
+    module = next(k for k in cls.__mro__ if k.__name__.startswith("_UnslothGRPO")).__module__
+    return {
+        "file": sys.modules[module].__file__,
+        "helper": helper,
+        "problem": compat.unsloth_loss_problem(source, helper),
+    }
+
+
 if __name__ == "__main__":
     model_dir, out = sys.argv[1], Path(sys.argv[2])
     result = {"in_loss": in_loss_training(model_dir), "guards": guards(model_dir)}
@@ -324,4 +342,5 @@ if __name__ == "__main__":
     result["loud"] = loud_when_not_called(neutral.pop("trainer"), neutral.pop("batch"))
     result["neutral"] = neutral
     result["contact"] = contact_point_source()
+    result["loss_contact"] = loss_contact(neutral["plain"])
     (out / "result.json").write_text(json.dumps(result, indent=1))

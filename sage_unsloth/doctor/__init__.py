@@ -9,6 +9,13 @@
    through the RLVR stage on the configured backend, checking that SAGE's q reaches the loss. Without a GPU,
    Unsloth's patching is forced onto the CPU, which is how CI runs it.
 
+``--gpu NAME`` (t4, l4, a10g, a100-40gb, a100-80gb, h100) checks CONFIG for a card the user does not have yet, on
+any machine, loading no model (sage_unsloth/doctor/card.py): compute capability against every dtype, the FlashInfer
+sampler, 4-bit and the bnb plugin, memory for training and evaluation (offloaded activations counted in CPU RAM),
+driver, the adapter's rank and base with ``--sft_dir``, disk and RAM. On a GPU machine the same checks run for
+the card it has, and the self-test is followed by the ``fast_inference`` smoke test (sage_unsloth/doctor/smoke.py)
+when the config uses Unsloth's vLLM.
+
 Every line is PASS / WARN / FAIL / SKIP with the fix for a FAIL; the exit status is 1 when anything failed.
 """
 
@@ -67,28 +74,49 @@ def _vllm_probe(config: dict, on_gpu: bool) -> Check:
 
 
 def _memory_check(config: dict, config_path: str | None, facts: env.GpuFacts) -> Check | None:
-    if not config:
+    """Without a GPU: the estimate, to read (``--gpu NAME`` judges it for a card). With one: the card checks."""
+    if not config or facts.devices:
         return None
     guess = estimate(config, config_path)
     if guess is None:
         return Check("memory", "SKIP", "no estimate: the config's model is not one the kit knows offline")
-    if not facts.devices:
-        return Check("memory", "SKIP", f"no GPU; the estimate is {guess.describe()}")
-    card = facts.devices[0]
-    need = guess.total_gib(card.total_gib)
-    detail = (
-        f"estimate {guess.describe(card.total_gib)}; {card.free_gib:.1f} GiB free of {card.total_gib:.1f}"
-    )
-    if need <= card.free_gib * 0.9:
-        return Check("memory", "PASS", detail)
-    status = "WARN" if need <= card.free_gib else "FAIL"
     return Check(
-        "memory",
-        status,
-        detail,
-        "lower per_device_train_batch_size or max_completion_length, use "
-        "load_in_4bit: true, or lower vllm_gpu_memory_utilization (estimate, not a measurement)",
+        "memory", "SKIP", f"no GPU; the estimate is {guess.describe()} (--gpu NAME judges it for a card)"
     )
+
+
+def found_card(facts: env.GpuFacts):
+    """The first GPU of this machine as a :class:`~sage_unsloth.doctor.card.Card` (None without one)."""
+    from sage_unsloth.doctor.card import Card
+
+    if not facts.devices:
+        return None
+    device = facts.devices[0]
+    return Card("this GPU", device.name, tuple(device.capability), device.total_gib)
+
+
+def gpu_card_checks(
+    config: dict, config_path: str | None, facts: env.GpuFacts, sft_dir: str | None
+) -> list[Check]:
+    """The ``--gpu`` checks for the card this machine has, with its driver, disk, RAM and installed plugin."""
+    import importlib.util
+
+    from sage_unsloth import compat
+    from sage_unsloth.doctor.card import card_checks, this_host
+
+    card = found_card(facts)
+    if card is None or not config:
+        return []
+    plugin = importlib.util.find_spec(compat.VLLM_BNB_PLUGIN[1]) is not None
+    checks = card_checks(
+        config,
+        config_path,
+        card,
+        sft_dir=sft_dir,
+        host=this_host(True, facts.driver),
+        plugin_installed=plugin,
+    )
+    return [c for c in checks if c.name not in ("capability", "driver")]  # gpu_checks says these already
 
 
 def machine_checks(
@@ -199,21 +227,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="self-test: skip the anchor and vLLM-sync checks"
     )
+    from sage_unsloth.doctor.card import CARDS
+
+    parser.add_argument(
+        "--gpu",
+        choices=sorted(CARDS),
+        metavar="NAME",
+        help=f"check CONFIG for this card, on any machine, loading no model ({', '.join(CARDS)})",
+    )
+    parser.add_argument(
+        "--sft_dir", help="the SFT adapter stage 2 continues: its rank and base are checked too"
+    )
     args = parser.parse_args(argv)
     try:
         config = _read_config(args.config)
+        if args.gpu and not config:
+            raise ValueError("--gpu NAME checks a CONFIG: pass one (configs/...)")
     except (OSError, ValueError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.gpu:
+        return card_main(config, args.config, CARDS[args.gpu], args.sft_dir, args.json)
     backend = args.backend or (
         config.get("backend") if config.get("backend") in ("unsloth", "trl") else "unsloth"
     )
     print(f"sage-unsloth doctor: {args.config or 'no CONFIG'}, self-test backend {backend}", flush=True)
-    checks = machine_checks(config, args.config, backend)
+    facts = env.collect_gpu_facts()
+    checks = machine_checks(config, args.config, backend, facts=facts)
+    checks += gpu_card_checks(config, args.config, facts, args.sft_dir)
     for check in checks:
         print(check.line(), flush=True)
     if not args.skip_selftest:
         checks += selftest_checks(backend, args.workdir, args.quick)
+        if facts.devices and config.get("use_vllm") and backend == "unsloth":
+            checks += smoke_checks(config, args.workdir, args.sft_dir)
+    return _summary(checks, args.json)
+
+
+def _summary(checks: list[Check], json_path: str | None) -> int:
     counts = {status: sum(c.status == status for c in checks) for status in ("PASS", "WARN", "FAIL", "SKIP")}
     print(
         "doctor: "
@@ -221,6 +272,58 @@ def main(argv: list[str] | None = None) -> int:
         + ("" if passed(checks) else "; fix the FAIL lines before training"),
         flush=True,
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps([c.to_dict() for c in checks], indent=1))
+    if json_path:
+        Path(json_path).write_text(json.dumps([c.to_dict() for c in checks], indent=1))
     return 0 if passed(checks) else 1
+
+
+def card_main(config: dict, config_path: str, card, sft_dir: str | None, json_path: str | None) -> int:
+    """``--gpu NAME``: the card checks for a card this machine need not have; disk and RAM are this machine's
+    (a WARN, not a FAIL, when short: the GPU machine is another one)."""
+    from sage_unsloth.doctor.card import card_checks, this_host
+
+    print(
+        f"sage-unsloth doctor: {config_path} on a {card.label} (--gpu {card.name}; no model is loaded)",
+        flush=True,
+    )
+    checks = card_checks(config, config_path, card, sft_dir=sft_dir, host=this_host(False))
+    for check in checks:
+        print(check.line(), flush=True)
+    return _summary(checks, json_path)
+
+
+def smoke_checks(config: dict, workdir: str | None, sft_dir: str | None) -> list[Check]:
+    """The fast_inference smoke test (sage_unsloth/doctor/smoke.py) in its own process, as the config loads."""
+    from sage_unsloth.doctor.card import _adapter_rank
+
+    rank = (_adapter_rank(Path(sft_dir)) if sft_dir else None) or int(config.get("lora_r") or 8)
+    dtype = str(config.get("dtype") or "float16")
+    with tempfile.TemporaryDirectory(prefix="sage-smoke-") as tmp:
+        work = Path(workdir or tmp).resolve() / "smoke"
+        report = work / "smoke.json"
+        command = [
+            sys.executable,
+            "-m",
+            "sage_unsloth.doctor.smoke",
+            str(work),
+            "--dtype",
+            dtype,
+            "--rank",
+            str(rank),
+        ]
+        command += ["--json", str(report), *(["--load_in_4bit"] if config.get("load_in_4bit") else [])]
+        print(f"fast_inference smoke test in {work}:", flush=True)
+        done = _run_passing_output(command, dict(os.environ, HF_HUB_OFFLINE="1"), on_gpu=True)
+        if not report.is_file():
+            return [
+                Check(
+                    "fast_inference",
+                    "FAIL",
+                    f"the smoke test exited with status {done.returncode}",
+                    "see above",
+                )
+            ]
+        checks = [Check(**c) for c in json.loads(report.read_text())["checks"]]
+    for check in checks:
+        print(check.line(), flush=True)
+    return checks

@@ -98,11 +98,28 @@ class Pin:
     extras: tuple[str, ...]  # () = a core dependency
 
 
+def declared_requirements() -> list[str]:
+    """sage-unsloth's requirements as metadata strings: from the checkout's pyproject.toml when the kit runs from
+    one (an editable install's metadata is as old as its last install), else the installed metadata."""
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+        if project.get("name") == DIST:
+            extras = project.get("optional-dependencies", {})
+            return list(project.get("dependencies", [])) + [
+                f'{req}; extra == "{extra}"' for extra, reqs in extras.items() for req in reqs
+            ]
+    return md.requires(DIST) or []
+
+
 def kit_pins(requirements: list[str] | None = None) -> list[Pin]:
-    """The ``==`` pins of sage-unsloth's metadata (pyproject.toml), core and per extra."""
+    """The ``==`` pins of sage-unsloth's pyproject.toml (:func:`declared_requirements`), core and per extra."""
     from packaging.requirements import Requirement
 
-    requirements = md.requires(DIST) if requirements is None else requirements
+    requirements = declared_requirements() if requirements is None else requirements
     pins: dict[str, Pin] = {}
     for text in requirements or []:
         req = Requirement(text)

@@ -6,7 +6,6 @@ one training used, and seed every problem separately so results do not depend on
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -68,6 +67,7 @@ def resolve_checkpoint(spec: str, run_name: str | None = None) -> Checkpoint:
             raise FileNotFoundError(
                 f"checkpoint {spec}: no adapter_config.json in the folder; is the stage finished?"
             )
+        check_served_base(spec, adapter, str(base), manifest)
         model = manifest.get("model_short_name") or model_short_name(base)
         run = run_name or (manifest.get("variant") if stage == "rlvr" else "sft") or path.name
         return Checkpoint(spec, model, run, str(base), str(adapter), str(path))
@@ -85,6 +85,34 @@ def resolve_checkpoint(spec: str, run_name: str | None = None) -> Checkpoint:
         return Checkpoint(spec, model_short_name(spec), run_name or "base", spec, None, spec)
     raise FileNotFoundError(
         f"checkpoint {spec}: no such folder and not a hub id; fix `checkpoints` in the config"
+    )
+
+
+def check_served_base(spec: str, adapter: Path, base: str, manifest: dict) -> None:
+    """The adapter must have been trained on the base it is served on: the manifest's base, or one of Unsloth's
+    mirrors of it (by Unsloth's mapper where Unsloth is installed, else as the training stage recorded them in
+    ``base_model_mirrors``). Another model is one line; an old manifest where neither is known, a warning."""
+    import logging
+
+    from sage_unsloth import compat
+    from sage_unsloth.models import adapter_base_model, same_base_model
+
+    recorded = adapter_base_model(adapter)
+    mirrors = {m.lower() for m in manifest.get("base_model_mirrors") or []}
+    if not recorded or same_base_model(recorded, base) or recorded.lower() in mirrors:
+        return
+    if "base_model_mirrors" not in manifest and compat.unsloth_mapper() is None:
+        logging.getLogger(__name__).warning(
+            "checkpoint %s: its adapter records %r, its manifest %r; without Unsloth here the kit cannot tell "
+            "whether one is a mirror of the other",
+            spec,
+            recorded,
+            base,
+        )
+        return
+    raise ValueError(
+        f"checkpoint {spec}: its adapter was trained on {recorded!r}, not on {base!r} (its manifest's base_model) "
+        "or a mirror of it: re-run the stage that wrote it, or fix base_model in its manifest.json"
     )
 
 
@@ -155,8 +183,12 @@ class VLLMSampler:
         if checkpoint.adapter_dir:
             from vllm.lora.request import LoRARequest
 
-            rank = json.loads((Path(checkpoint.adapter_dir) / "adapter_config.json").read_text()).get("r", 16)
-            kwargs.update(enable_lora=True, max_lora_rank=max(8, int(rank)), max_loras=1)
+            from sage_unsloth.compat import vllm_max_lora_rank
+            from sage_unsloth.models import adapter_rank
+
+            # vLLM accepts only some ranks (MaxLoRARanks): the adapter's, rounded up to one of them.
+            max_rank = vllm_max_lora_rank(adapter_rank(checkpoint.adapter_dir))
+            kwargs.update(enable_lora=True, max_lora_rank=max_rank, max_loras=1)
             self.lora = LoRARequest(checkpoint.run, 1, checkpoint.adapter_dir)
         kwargs["tokenizer"] = self._tokenizer_folder(checkpoint)
         from sage_unsloth.lifeline import guard_descendants

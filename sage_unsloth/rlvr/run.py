@@ -181,7 +181,7 @@ def model_context_length(
 
 def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any], str]:
     from sage_unsloth.manifest import read_manifest
-    from sage_unsloth.models import model_short_name
+    from sage_unsloth.models import check_adapter_base, model_short_name, same_base_model
 
     if stage.sft_dir:
         sft_dir = Path(stage.sft_dir)
@@ -200,18 +200,14 @@ def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any]
     base = manifest.get("base_model") or ""
     if not base:
         raise ValueError(f"{sft_dir}/manifest.json has no base_model: re-run stage 1")
-    if model_args.model_name_or_path and not _same_model(model_args.model_name_or_path, base):
+    # The same model under another name (Unsloth's mirror of a hub id, by Unsloth's own mapper) is accepted.
+    if model_args.model_name_or_path and not same_base_model(model_args.model_name_or_path, base):
         raise ValueError(
             f"model_name_or_path={model_args.model_name_or_path!r} but {sft_dir} was trained on "
             f"{base!r}: drop model_name_or_path or point sft_dir to that model's SFT run"
         )
+    check_adapter_base(sft_dir, base, "sft_dir")  # the adapter itself (a mirror of the base is the base)
     return sft_dir, manifest, base
-
-
-def _same_model(a: str, b: str) -> bool:
-    if os.path.exists(a) and os.path.exists(b):
-        return os.path.realpath(a) == os.path.realpath(b)
-    return a.rstrip("/") == b.rstrip("/")
 
 
 def plan_run(
@@ -235,7 +231,10 @@ def plan_run(
     if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
         logger.warning("vllm_mode=%s: a vLLM server must already be running", grpo_args.vllm_mode)
     from sage_unsloth.input_checks import check_adapter, check_data_file, check_output_folder, check_wandb
+    from sage_unsloth.models import check_gpu_setup
 
+    unsloth_vllm = grpo_args.use_vllm and grpo_args.backend == "unsloth"
+    check_gpu_setup(model_args, grpo_args, backend=grpo_args.backend, fast_inference=unsloth_vllm)
     check_wandb(grpo_args.report_to)
     if stage.dataset_path and Path(stage.dataset_path).is_file():
         check_data_file(stage.dataset_path)  # unreadable, empty or truncated: one line naming the line
@@ -394,6 +393,7 @@ class RLVRStage:
     model_args: Any
 
     def train_and_save(self) -> Path:
+        from sage_unsloth.compat import unsloth_mirrors
         from sage_unsloth.manifest import write_manifest
         from sage_unsloth.training_log import LOG_HISTORY_FILE
 
@@ -427,6 +427,7 @@ class RLVRStage:
             config=resolved_config(grpo_args, stage, model_args),
             seed=grpo_args.seed,
             base_model=self.plan.base_model,
+            base_model_mirrors=unsloth_mirrors(self.plan.base_model),
             sft_dir=str(self.plan.sft_dir),
             anchor=stage.anchor,
             variant=self.plan.variant,
@@ -478,6 +479,10 @@ def build_stage(
         plan.output_dir,
     )
 
+    from sage_unsloth import compat
+
+    if compat.is_unsloth_patched(base := compat.current_grpo_trainer_class()):
+        compat.check_unsloth_loss(base)  # before 15 GB of weights load; the trainer checks again when built
     unsloth_vllm = grpo_args.backend == "unsloth" and grpo_args.use_vllm
     if unsloth_vllm and stage.anchor == "sft" and grpo_args.beta != 0.0:
         # Folding LoRA into vLLM's weights assumes one adapter; the plain LoRA sync is hidden from "ref".

@@ -612,6 +612,8 @@ def _with_soft_overlong_punishment(args: tuple, kwargs: dict, config) -> tuple[t
 def SageGRPOTrainer(*args, **kwargs):
     """Build a SAGE GRPO trainer over the GRPOTrainer class current at call time (TRL's or Unsloth's)."""
     cls = make_sage_trainer_class()
+    if is_unsloth_patched(cls):
+        compat.check_unsloth_loss(cls)  # every method relies on its code paths (compat.UNSLOTH_LOSS_PATHS)
     config = kwargs.get("args", args[2] if len(args) > 2 else None)
     if config is not None and is_unsloth_patched(cls):
         compat.fill_unsloth_config_fields(config, cls)

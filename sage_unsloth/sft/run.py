@@ -60,6 +60,9 @@ def settle_sft(sft_args, model_args, claim=None) -> SFTPlan:
     from ..manifest import MANIFEST_NAME
 
     sft_args.validate(model_args)
+    from ..models import check_gpu_setup
+
+    check_gpu_setup(model_args, sft_args, backend=sft_args.backend, fast_inference=False)  # bf16 on a T4
     out = sft_args.resolve_output_dir(model_args)
     from ..input_checks import check_output_folder
 
@@ -108,6 +111,7 @@ def prepare_sft(sft_args, model_args, claim=None) -> SFTPlan:
 
 def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
     """Train (or resume) and write the stage-1 output folder; returns its path."""
+    from ..compat import unsloth_mirrors
     from ..manifest import write_manifest
     from ..models import load_for_training, model_short_name
 
@@ -164,6 +168,7 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
         config=plan.config_record,
         seed=sft_args.seed,
         base_model=model_args.model_name_or_path,
+        base_model_mirrors=unsloth_mirrors(model_args.model_name_or_path),  # what stage 3 accepts as the base
         adapter=True,
         backend=sft_args.backend,
         model_short_name=sft_args.model_short_name or model_short_name(model_args.model_name_or_path),
