@@ -377,7 +377,7 @@ def test_an_optional_integer_in_a_yaml_is_type_checked_against_its_file(tmp_path
 
 
 def test_the_training_stages_share_their_run_flags(capsys):
-    """resume, restart and unsloth_without_gpu: one declaration (sage_unsloth/training_cli.py), listed by
+    """dry_run, resume, restart and unsloth_without_gpu: one declaration (sage_unsloth/training_cli.py), listed by
     both stages' --help with the same text."""
     import dataclasses
 
@@ -386,7 +386,7 @@ def test_the_training_stages_share_their_run_flags(capsys):
     from sage_unsloth.training_cli import StageRunArgs
 
     shared = [f.name for f in dataclasses.fields(StageRunArgs)]
-    assert shared == ["resume", "unsloth_without_gpu", "restart"]
+    assert shared == ["dry_run", "resume", "unsloth_without_gpu", "restart"]
     assert issubclass(SageSFTConfig, StageRunArgs) and issubclass(RLVRStageArgs, StageRunArgs)
     helps = {}
     for stage in ("sft", "rlvr"):
