@@ -51,8 +51,10 @@ BENCHMARK = "demo"
 PAPER_BETA = 0.05  # the paper's anchor strength (arXiv 2605.18864): the frontier's unbound end
 COLLAPSE = 0.15  # a run whose net support at k is below -COLLAPSE collapsed (docs/lab-plan.md)
 GUIDE_LABELS = {"none": "GRPO", "branch": "Branch"}
+PAPER_SHAPE_CONFIG = "grpo_branch_paper.yaml"  # the lab's Branch in the paper's shape (configs/demo/)
 ARM_KEYS = ("guide", "beta", "tau", "gamma", "q_max", "kl_estimator", "kl_placement")
 POOLED = "pooled"
+NO_COLLAPSE = "pooled, collapsed pairs dropped"  # the pre-registered sensitivity analysis (docs/lab-plan.md)
 FILES = ("seeds.csv", "arms.csv", "paired.csv", "outcome.md", "summary.txt", "frontier.png")
 BEGIN = "<!-- frontier-outcome:begin {folder} -->"
 END = "<!-- frontier-outcome:end -->"
@@ -65,13 +67,23 @@ def _num(value) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{float(value):g}"
 
 
-def arm_label(row) -> str:
-    """'GRPO, beta 1', 'Branch, beta 0.05', 'GRPO + ref_branch (tau 0.3), beta 1': the guide and its knobs."""
+def paper_shape() -> dict[str, str]:
+    """The knobs of the lab's paper-shape Branch (configs/demo/grpo_branch_paper.yaml, resolved as stage 2 reads
+    it): a Branch arm with exactly these is labelled 'Branch', any other shows its knobs."""
+    from .run import CONFIG_DIR, resolve_method_config
+
+    config, _ = resolve_method_config(CONFIG_DIR / PAPER_SHAPE_CONFIG)
+    return {k: _num(config[f"sage_{k}"]) for k in ("tau", "gamma", "q_max")}
+
+
+def arm_label(row, paper: dict[str, str] | None = None) -> str:
+    """'GRPO, beta 1', 'Branch, beta 0.05' (the paper shape), 'Branch (tau 0.03, gamma 10, q_max 10), beta 0.05',
+    'GRPO + ref_branch (tau 0.3, gamma 4, q_max 3), beta 0.05': the guide, its knobs unless the paper's, beta."""
     guide = str(row["guide"]) if isinstance(row["guide"], str) and row["guide"] else "none"
     name = GUIDE_LABELS.get(guide, f"GRPO + {guide}")
-    knobs = [
-        f"{k} {_num(row[k])}" for k in ("tau", "gamma", "q_max") if guide not in GUIDE_LABELS and _num(row[k])
-    ]
+    values = {k: _num(row[k]) for k in ("tau", "gamma", "q_max")}
+    shown = guide != "none" and (guide not in GUIDE_LABELS or values != (paper or paper_shape()))
+    knobs = [f"{k} {v}" for k, v in values.items() if shown and v]
     extra = [
         str(row[k])
         for k in ("kl_estimator", "kl_placement")
@@ -107,6 +119,7 @@ def seed_table(folders: list[Path], k: int, collapse: float = COLLAPSE) -> pd.Da
         sft = {
             int(r["seed"]): r["run"] for _, r in runs.iterrows() if r["method"] == compare.REFERENCE_METHOD
         }
+        paper = paper_shape()
         for _, r in runs.iterrows():
             seed = int(r["seed"])
             p1 = float(lab.passk(r["run"], [1]).mean())
@@ -120,7 +133,7 @@ def seed_table(folders: list[Path], k: int, collapse: float = COLLAPSE) -> pd.Da
                     "seed": seed,
                     "method": r["method"],
                     "run": r["run"],
-                    "arm": "SFT" if is_sft else arm_label(r),
+                    "arm": "SFT" if is_sft else arm_label(r, paper),
                     "key": "sft" if is_sft else arm_key(r),
                     **{knob: ("" if is_sft else r[knob]) for knob in ARM_KEYS},
                     "pass_at_1": p1,
@@ -162,7 +175,7 @@ def arm_table(seeds: pd.DataFrame, k: int, collapse: float = COLLAPSE) -> pd.Dat
             row["seeds"] = len(part)
             for column in dict.fromkeys(("pass_at_1", f"pass_at_{k}", "net_support", "pair_share")):
                 groups = _groups(part, column)
-                if min(len(g) for g in groups) >= 2:
+                if min(len(g) for g in groups) >= 2 and part[column].notna().all():
                     row.update(_estimate_cells(column, intervals.stratified(groups)))
                 else:
                     row.update({column: float(part[column].mean()), f"{column}_ci_low": math.nan,
@@ -205,8 +218,12 @@ def paired_table(seeds: pd.DataFrame, k: int, arms: pd.DataFrame) -> pd.DataFram
         pooled_b = arms[(arms["key"] == b_key) & (arms["draw"] == POOLED)].iloc[0]
         for metric in dict.fromkeys((f"pass_at_{k}", "pass_at_1")):
             diff = (a.loc[common, metric] - b.loc[common, metric]).rename("d").reset_index()
-            for scope in [*(str(d) for d in sorted(diff["draw"].unique())), POOLED]:
-                part = diff if scope == POOLED else diff[diff["draw"] == int(scope)]
+            kept = ~(a.loc[common, "collapsed"].to_numpy() | b.loc[common, "collapsed"].to_numpy())
+            for scope in [*(str(d) for d in sorted(diff["draw"].unique())), POOLED, NO_COLLAPSE]:
+                part = {POOLED: diff, NO_COLLAPSE: diff[kept]}.get(scope)
+                part = diff[diff["draw"] == int(scope)] if part is None else part
+                if part.empty:
+                    continue
                 groups = _groups(part, "d")
                 if min(len(g) for g in groups) < 2:
                     continue
@@ -217,6 +234,8 @@ def paired_table(seeds: pd.DataFrame, k: int, arms: pd.DataFrame) -> pd.DataFram
                     "interval": est.interval, "sd_seed": est.sd, "p": est.p, "mde": est.mde,
                     "seeds_per_draw_for_0.015": est.seeds_for_effect,
                 }  # fmt: skip
+                if scope == POOLED and len(part) >= 3:  # how far the t-interval's normality is from these
+                    row["shapiro_p"] = float(stats.shapiro(part["d"]).pvalue)
                 if len(part) >= 6:
                     hl = robust.hodges_lehmann(part["d"].to_numpy())
                     row.update(
@@ -225,7 +244,7 @@ def paired_table(seeds: pd.DataFrame, k: int, arms: pd.DataFrame) -> pd.DataFram
                 if metric != "pass_at_1":
                     loss = -float(
                         pooled_b["net_support"]
-                        if scope == POOLED
+                        if scope in (POOLED, NO_COLLAPSE)
                         else arms[(arms["key"] == b_key) & (arms["draw"] == scope)]["net_support"].iloc[0]
                     )
                     row["b_support_loss"] = loss
@@ -237,7 +256,8 @@ def paired_table(seeds: pd.DataFrame, k: int, arms: pd.DataFrame) -> pd.DataFram
         return frame
     pooled = frame["draw"] == POOLED
     primary = pooled & (frame["metric"] != "pass@1") & (frame["beta"] > PAPER_BETA)
-    frame["family"] = np.where(primary, "primary", np.where(pooled, "secondary", "per draw"))
+    per_draw = np.where(frame["draw"] == NO_COLLAPSE, "sensitivity", "per draw")
+    frame["family"] = np.where(primary, "primary", np.where(pooled, "secondary", per_draw))
     frame["p_holm"] = math.nan
     for family in ("primary", "secondary"):
         members = frame["family"] == family
@@ -313,6 +333,8 @@ def plot_frontier(arms: pd.DataFrame, k: int, path: Path) -> Path:
 # ------------------------------------------------------------------------------------------- the words
 def _ci(row, name: str, signed: bool = True) -> str:
     spec = "+.3f" if signed else ".3f"
+    if pd.isna(row[name]):
+        return "n/a"
     low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
     if isinstance(low, float) and math.isnan(low):
         return f"{row[name]:{spec}}"
@@ -328,11 +350,18 @@ def _p(p) -> str:
 
 
 def reading(row) -> str:
-    """The pre-registered decision rule's words for one pooled paired pass@k row (docs/lab-plan.md)."""
+    """The pre-registered decision rule's words for one pooled paired pass@k row (docs/lab-plan.md): a claim
+    needs the t-test (Holm, primary family) and the robust secondary (HL's exact interval) to agree."""
+    hl_low, hl_high = row.get("hl_ci_low", math.nan), row.get("hl_ci_high", math.nan)
+    robust_known = not (pd.isna(hl_low) or pd.isna(hl_high))
     if row["family"] == "primary" and row["p_holm"] < 0.05:
-        return "Branch keeps more support (Holm)" if row["diff"] > 0 else "Branch keeps less support (Holm)"
-    if row["ci_high"] < intervals.PAPER_EFFECT:
+        side = "more" if row["diff"] > 0 else "less"
+        agrees = robust_known and (hl_low > 0 if row["diff"] > 0 else hl_high < 0)
+        return f"Branch keeps {side} support" + ("" if agrees else " by the t-test only: not robust (HL)")
+    if row["ci_high"] < intervals.PAPER_EFFECT and (not robust_known or hl_high < intervals.PAPER_EFFECT):
         return f"a gain of +{intervals.PAPER_EFFECT:g} or more is excluded"
+    if row["ci_high"] < intervals.PAPER_EFFECT:
+        return f"a gain of +{intervals.PAPER_EFFECT:g} is excluded by the t-interval only (not by HL)"
     return f"inconclusive: the interval holds 0 and +{intervals.PAPER_EFFECT:g}"
 
 
@@ -342,7 +371,7 @@ def outcome_block(frontier_dir: Path) -> str:
     paired = pd.read_csv(Path(frontier_dir) / "paired.csv", keep_default_na=False, na_values=[""])
     k = int(re.search(r"pass@(\d+)", " ".join(paired["metric"].unique()) + " pass@0").group(1) or 0)
     draws = sorted(d for d in arms["draw"].astype(str).unique() if d != POOLED)
-    pooled = paired[paired["draw"] == POOLED]
+    pooled = paired[paired["draw"].isin([POOLED, NO_COLLAPSE])]
     lines = [
         (
             f"Draws {', '.join(draws)} (pre-training + SFT), pooled with the draws as fixed levels "
@@ -352,7 +381,7 @@ def outcome_block(frontier_dir: Path) -> str:
             f"that beta, beside the paper's +{intervals.PAPER_EFFECT:g} as such a share."
         ),
         "",
-        "| beta | metric | Branch - GRPO [95% t] | p (Holm) | MDE | HL [exact CI] | share of loss (target) | reading |",
+        "| A - B | metric | A - B [95% t] | p (Holm) | MDE | HL [exact CI] | share of B's loss (target) | reading |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for _, r in pooled.iterrows():
@@ -366,9 +395,14 @@ def outcome_block(frontier_dir: Path) -> str:
             if r["metric"] != "pass@1" and not pd.isna(r.get("share_of_loss"))
             else ""
         )
-        read = reading(r) if r["metric"] != "pass@1" else ""
+        read = reading(r) if r["metric"] != "pass@1" and r["draw"] == POOLED else ""
+        metric = (
+            r["metric"]
+            if r["draw"] == POOLED
+            else f"{r['metric']}, {int(r['pairs'])} pairs without a collapse"
+        )
         lines.append(
-            f"| {r['beta']:g} | {r['metric']} | {r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
+            f"| {r['a']} - {r['b']} | {metric} | {r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
             f"{_p(r['p_holm'])} | {r['mde']:.3f} | {hl} | {share} | {read} |"
         )
     lines += [
@@ -403,8 +437,8 @@ def outcome_block(frontier_dir: Path) -> str:
             + " | ".join(_ci(by.loc[d], "net_support") if d in by.index else "" for d in draws)
             + " |"
         )
-    per_pairs = paired[(paired["draw"] != POOLED) & (paired["metric"] != "pass@1")]
-    for beta, group in per_pairs.groupby("beta", sort=True):
+    per_pairs = paired[(paired["family"] == "per draw") & (paired["metric"] != "pass@1")]
+    for (_, a, b), group in per_pairs.groupby(["beta", "a", "b"], sort=True):
         by = group.set_index(group["draw"].astype(str))
         cells = [
             f"{by.loc[d, 'diff']:+.3f} [{by.loc[d, 'ci_low']:+.3f}, {by.loc[d, 'ci_high']:+.3f}]"
@@ -412,7 +446,7 @@ def outcome_block(frontier_dir: Path) -> str:
             else ""
             for d in draws
         ]
-        lines.append(f"| Branch - GRPO, beta {beta:g} | " + " | ".join(cells) + " |")
+        lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

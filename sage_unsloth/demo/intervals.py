@@ -176,6 +176,8 @@ def stratified(groups, *, level: float = 0.95) -> Estimate:
     def enough(per_draw: int) -> bool:
         return mde_df(sd / np.sqrt(n_draws * per_draw), n_draws * (per_draw - 1)) <= PAPER_EFFECT
 
+    if not math.isfinite(sd):
+        raise ValueError("stratified: the values hold NaN")
     z = stats.norm.ppf(1.0 - ALPHA / 2.0) + stats.norm.ppf(POWER)
     per_draw = max(2, int((z * sd / PAPER_EFFECT) ** 2 / n_draws))  # a lower bound: t quantiles exceed z ones
     while not enough(per_draw) and per_draw < MAX_SEEDS:
