@@ -108,7 +108,7 @@ def hand_lab(tmp_path):
     for draw in (0, 1):
         solved = {}
         for seed in (0, 1, 2):
-            solved[("sft", seed)] = [4, 4, 2, 1]
+            solved[("sft", seed)] = [4, 4, 2, seed]  # each seed's own SFT evaluation
             solved[("grpo", seed)] = [0, 0, 0, 0] if (draw, seed) == (1, 2) else [8, 6, 1, 0]
             solved[("grpo_branch_paper", seed)] = [8, 6, 1, seed % 2]
             solved[("grpo_beta1", seed)] = [5 + seed, 4, 2, draw]
@@ -151,8 +151,9 @@ def test_net_support_is_against_the_same_seeds_sft_and_a_collapse_is_counted_wit
 ):
     seeds = F.seed_table(hand_lab(tmp_path), k=1, collapse=0.15)
     grpo = seeds[seeds["arm"] == "GRPO, beta 0.05"].set_index(["draw", "seed"])
-    sft_p1 = np.mean([4, 4, 2, 1]) / 8
-    assert grpo.loc[(0, 0), "net_support"] == pytest.approx(np.mean([8, 6, 1, 0]) / 8 - sft_p1)
+    for seed in (0, 1):  # against its own seed's SFT run, not another seed's
+        sft_p1 = np.mean([4, 4, 2, seed]) / 8
+        assert grpo.loc[(0, seed), "net_support"] == pytest.approx(np.mean([8, 6, 1, 0]) / 8 - sft_p1)
     assert grpo["collapsed"].tolist() == [False, False, False, False, False, True]
     arms = F.arm_table(seeds, 1)
     pooled = arms[(arms["arm"] == "GRPO, beta 0.05") & (arms["draw"] == F.POOLED)].iloc[0]
