@@ -188,7 +188,7 @@ def test_the_frontier_step_writes_its_tables_figure_and_outcome(tmp_path):
     for name in F.FILES:
         assert (out / name).stat().st_size > 0, name
     text = (out / "outcome.md").read_text()
-    assert "| 1 | pass@2 |" in text and "Branch - GRPO, beta 1" in text
+    assert "| Branch, beta 1 - GRPO, beta 1 | pass@2 |" in text and "pairs without a collapse" in text
     assert text == F.outcome_block(out)
 
 
