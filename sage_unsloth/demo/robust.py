@@ -77,9 +77,8 @@ def hodges_lehmann(d, level: float = 0.95) -> HodgesLehmann:
         raise ValueError(
             f"hodges_lehmann: {n} differences cannot give a {level:.0%} interval (need 6 or more)"
         )
-    c = int(
-        below[-1]
-    )  # P(W+ <= c) <= alpha: the interval is the (c + 1)-th smallest to the (c + 1)-th largest
+    # P(W+ <= c) <= alpha: the interval runs from the (c + 1)-th smallest to the (c + 1)-th largest
+    c = int(below[-1])
     exact = 1.0 - 2.0 * float(cdf[c])
     return HodgesLehmann(
         float(np.median(walsh)), float(walsh[c]), float(walsh[m - 1 - c]), signed_rank_p(d), exact
