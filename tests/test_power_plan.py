@@ -25,3 +25,40 @@ def test_variance_falls_as_n_grows_past_k():
 def test_mde_is_t_quantiles_times_se():
     assert mde(0.01, 10) == pytest.approx((stats.t.ppf(0.975, 9) + stats.t.ppf(0.8, 9)) * 0.01)
     assert mde(0.01, 10) == pytest.approx(0.03145, abs=1e-4)  # 2.262 + 0.883 = 3.145 (t tables)
+
+
+def test_a_multi_draw_plan_pools_the_within_draw_variance_and_projects_the_mde(tmp_path):
+    """Two draws x 3 seeds of A and B, n = 256: at (k, n) = (64, 256) the projection keeps the observed variance
+    (same n; the seeds' spread is far above the evaluation noise, so nothing is clipped at 0), which is the within-draw variance pooled over the draws (4 df), and the MDE at S seeds per draw is
+    the t formula with 2 (S - 1) df over the pooled sd / sqrt(2 S)."""
+    import pandas as pd
+
+    from sage_unsloth.demo.power_plan import draw_plan
+    from sage_unsloth.results import pass_at_k_matrix
+
+    rng = np.random.default_rng(0)
+    diffs = {}
+    for draw in (0, 1):
+        for seed in (0, 1, 2):
+            for method in ("a", "b"):
+                out = tmp_path / f"draw{draw}" / f"{method}_seed{seed}"
+                out.mkdir(parents=True)
+                scale = rng.uniform(0.2, 2.0)  # a training seed's own level: seed spread well above the noise
+                c = rng.binomial(256, scale * rng.uniform(0.005, 0.05, 20))
+                pd.DataFrame(
+                    {"dataset": "demo", "problem_id": [f"p{i}" for i in range(20)], "n": 256, "c": c}
+                ).to_csv(out / "per_problem.csv", index=False)
+                diffs.setdefault((draw, seed), {})[method] = pass_at_k_matrix(np.full(20, 256), c, [64])[
+                    :, 0
+                ].mean()
+    rows = draw_plan([tmp_path / "draw0", tmp_path / "draw1"], [("a", "b")])
+    at = {(r["k"], r["seeds_per_draw"]): r for r in rows}
+    d = {draw: [diffs[(draw, s)]["a"] - diffs[(draw, s)]["b"] for s in range(3)] for draw in (0, 1)}
+    pooled = np.sqrt((np.var(d[0], ddof=1) + np.var(d[1], ddof=1)) / 2)
+    row = at[(64, 5)]
+    assert row["df_measured"] == 4 and row["sd"] == pytest.approx(pooled, rel=1e-9)
+    t = stats.t.ppf(0.975, 8) + stats.t.ppf(0.8, 8)
+    assert row["mde"] == pytest.approx(t * pooled / np.sqrt(10))
+    assert row["sd_low"] < row["sd"] < row["sd_high"]
+    assert row["sd_high"] == pytest.approx(pooled * np.sqrt(4 / stats.chi2.ppf(0.025, 4)))
+    assert 0 < row["eval_share"] <= 1 and at[(64, 8)]["mde"] < row["mde"]

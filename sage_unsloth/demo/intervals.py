@@ -34,7 +34,11 @@ BOOTSTRAP_PROBLEM = "bootstrap(problem)"
 
 def mde(se: float, seeds: int, *, power: float = POWER, alpha: float = ALPHA) -> float:
     """Minimum detectable effect of a t-test on ``seeds`` values with standard error ``se``."""
-    df = seeds - 1
+    return mde_df(se, seeds - 1, power=power, alpha=alpha)
+
+
+def mde_df(se: float, df: float, *, power: float = POWER, alpha: float = ALPHA) -> float:
+    """Minimum detectable effect of a t-test with ``df`` degrees of freedom and standard error ``se``."""
     return float((stats.t.ppf(1.0 - alpha / 2.0, df) + stats.t.ppf(power, df)) * se)
 
 
@@ -145,3 +149,40 @@ def holm(p_values) -> np.ndarray:
         running = max(running, min(1.0, (m - rank) * p[index]))
         out[index] = running
     return out
+
+
+STRATIFIED = "t(seed), draws stratified"
+
+
+def stratified(groups, *, level: float = 0.95) -> Estimate:
+    """The mean over strata (pre-training draws) of each stratum's mean of its seed-level values, with a
+    t-interval: the estimand is conditional on the draws (docs/lab-plan.md), so its variance is
+    sum_d sd_d^2 / S_d / D^2 (each draw's own seed spread; the draws' levels are fixed, not sampled) and its
+    degrees of freedom Welch-Satterthwaite's, (sum v_d)^2 / sum v_d^2 / (S_d - 1) with v_d = sd_d^2 / S_d (one
+    draw: the plain t with S - 1). ``sd`` is the pooled within-draw sd; ``seeds_for_effect`` the seeds per draw
+    whose MDE at that sd reaches PAPER_EFFECT."""
+    groups = [np.asarray(g, dtype=np.float64).ravel() for g in groups]
+    if not groups or min(len(g) for g in groups) < 2:
+        raise ValueError(f"stratified: every draw needs two seeds or more, got {[len(g) for g in groups]}")
+    n_draws = len(groups)
+    v = np.array([g.var(ddof=1) / len(g) for g in groups])
+    dfs = np.array([len(g) - 1 for g in groups])
+    mean = float(np.mean([g.mean() for g in groups]))
+    se = float(np.sqrt(v.sum()) / n_draws)
+    df = float(v.sum() ** 2 / np.sum(v**2 / dfs)) if v.sum() > 0 else float(dfs.sum())
+    half = float(stats.t.ppf(0.5 + level / 2.0, df)) * se
+    sd = float(np.sqrt(np.sum(dfs * np.array([g.var(ddof=1) for g in groups])) / dfs.sum()))
+
+    def enough(per_draw: int) -> bool:
+        return mde_df(sd / np.sqrt(n_draws * per_draw), n_draws * (per_draw - 1)) <= PAPER_EFFECT
+
+    if not math.isfinite(sd):
+        raise ValueError("stratified: the values hold NaN")
+    z = stats.norm.ppf(1.0 - ALPHA / 2.0) + stats.norm.ppf(POWER)
+    per_draw = max(2, int((z * sd / PAPER_EFFECT) ** 2 / n_draws))  # a lower bound: t quantiles exceed z ones
+    while not enough(per_draw) and per_draw < MAX_SEEDS:
+        per_draw += 1
+    return Estimate(
+        mean, mean - half, mean + half, STRATIFIED, int(sum(len(g) for g in groups)), sd, se,
+        _p_value(mean, se, df), mde_df(se, df), float(per_draw) if enough(per_draw) else math.inf,
+    )  # fmt: skip

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..manifest import atomic_write_text
-from . import compare, dose_response, intervals, outcome
+from . import compare, dose_response, intervals, outcome, reproduce
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
 from .data import EVAL_FILE, SPEC_FILE
 from .strategies import GROUPS, LABELS, MINORITY, PAIR_PLANS, PLAN_METRICS, markdown_table
@@ -33,6 +33,8 @@ from .task import COMMON, GAP_ONES_SUMS, STRATEGIES, parse_problem, plan_needs_g
 BENCHMARK = "demo"
 LAB_DIR = "lab"
 MARKER = "\n## The lab: "
+WARNING_START = "<!-- reproduction-warning -->"  # report.md opens with the warning between these (when any)
+WARNING_END = "<!-- /reproduction-warning -->"
 
 
 def _fmt_ci(value, low, high, signed=False) -> str:
@@ -652,6 +654,11 @@ def _main(args) -> int:
     plan_pairs = plan_pair_table(lab, shares, pairs, **stats)
     knobs = dose_response.run_knobs(Path(args.work), MODEL_NAME, runs)  # from each run's stage-2 manifest
     run_frame = run_rows(lab, runs, kmax, strategies, branch).merge(knobs, on="run", how="left")
+    run_frame.insert(
+        run_frame.columns.get_loc("rare_share") + 1,
+        "pair_share",
+        [float(pair_share[r].mean()) for r in run_frame["run"]],
+    )
     for frame, what in ((methods, "pass@k"), (run_frame, "per-run")):
         # accuracies are undefined where a plan never occurs, frac_boosted outside Branch runs: not checked
         numeric = frame.select_dtypes("number").drop(
@@ -670,6 +677,23 @@ def _main(args) -> int:
         if frame.empty or numeric.isna().to_numpy().any():
             raise ValueError(f"the {what} table has empty or NaN values: a run produced no usable result")
     reference = reference_table(run_frame, Path(args.reference), kmax) if args.reference else None
+    regime = pd.DataFrame(
+        reproduce.regime_rows(
+            runs,
+            lambda run: compare.split_run(run)[0],
+            {run: lab.passk(run, [1])[:, 0] for run in runs},
+            gap,
+            dict(zip(run_frame["run"], run_frame["rare_share"])),
+            {run: float(pair_share[run].mean()) for run in runs},
+        ),
+        columns=["run", "metric", "value"],
+    )
+    reproduction, warning = None, []
+    if args.reference:
+        reproduction = reproduce.compare(
+            regime, reproduce.fingerprints(Path(args.work)), Path(args.reference)
+        )
+        warning = reproduce.banner(reproduce.warning_lines(reproduction, Path(args.reference).name))
     family = adjust_family(pd.concat([pair_frame, plan_pairs], ignore_index=True), labels)
     out = results / LAB_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -682,6 +706,8 @@ def _main(args) -> int:
         ("gap", gaps),
         ("plans_by_type", plan_types),
         ("reference", reference),
+        ("regime", regime),
+        ("reproduction", reproduction),
     ):
         if frame is not None:
             atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
@@ -710,11 +736,21 @@ def _main(args) -> int:
         mix=mix_text(Path(args.work) / "data" / SPEC_FILE),
     )
     markdown = markdown.rstrip("\n") + "\n" + "\n".join(dose) + "\n"  # the dose-response section
+    if warning:  # loud: first in the console summary and at the top of report.md
+        console = "".join(f"[demo] {line}\n" for line in warning) + console
     atomic_write_text(out / "summary.txt", console)
     report = results / "report.md"
     text = report.read_text()
     if MARKER in text:  # the lab step reran on the same report: replace its section
         text = text[: text.index(MARKER)]
+    if text.startswith(WARNING_START):  # and its warning
+        text = text[text.index(WARNING_END) + len(WARNING_END) :].lstrip("\n")
+    if warning:
+        quoted = "\n".join(
+            f"> **{line.strip()}**" if i == 1 else f"> {line.strip()}"
+            for i, line in enumerate(warning[1:-1], 1)
+        )
+        text = f"{WARNING_START}\n{quoted}\n{WARNING_END}\n\n" + text
     atomic_write_text(report, text.rstrip("\n") + "\n\n" + markdown)
     print(console, end="")
     return 0

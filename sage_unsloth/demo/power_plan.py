@@ -11,6 +11,12 @@ the seed-level paired differences of pass@k into
 
 and writes the minimum detectable effect (80% power, two-sided 0.05, t quantiles with S - 1 df) for a grid
 of seeds S, samples n and problems P. docs/lab.md uses it to choose the confirmatory lab's n, P and S.
+
+``--labs R/draw0,R/draw1,... --pairs a:b,c:d --out plan.csv`` plans a multi-draw lab (:func:`draw_plan`): per
+pair, the seed-level differences' variance pooled within the draws (each draw a fixed level, as
+intervals.stratified treats it) with its chi-square 95% interval, split into evaluation noise and training-seed
+spread at each k, and projected to other (k, n) with n = 4k: the MDE of the pooled difference at S seeds per
+draw, at the point sd and at the sd's upper 95% bound, and the evaluation's share of the variance.
 """
 
 from __future__ import annotations
@@ -20,11 +26,55 @@ from math import comb
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from ..manifest import atomic_write_text
 from .compare import load_lab_runs, paired_runs, split_run
-from .intervals import mde  # the lab tables' MDE is this planner's
+from .intervals import mde, mde_df  # the lab tables' MDE is this planner's
+
+PLAN_GRID = ((64, 256), (32, 128), (16, 64))  # (k, n) with n = 4k, the lab's rule
+PLAN_SEEDS = range(2, 11)  # seeds per draw
+
+
+def draw_plan(labs: list[Path], pairs: list[tuple[str, str]], *, dataset: str = "demo") -> list[dict]:
+    """Per pair and (k, n) of PLAN_GRID and seeds per draw S: the projected MDE of the pooled paired difference
+    (see the module doc). The observed k must be <= the runs' n; the projection keeps the training-seed
+    spread measured at k and swaps the evaluation noise at the runs' n for the one at the projected n."""
+    rows = []
+    loaded = [load_lab_runs(Path(lab), dataset) for lab in labs]
+    for a, b in pairs:
+        for k, n in PLAN_GRID:
+            within, df, noise_observed, noise_projected = 0.0, 0, [], []
+            for lab in loaded:
+                runs = paired_runs(lab, a, b)
+                diffs = [float((lab.passk(x, [k])[:, 0] - lab.passk(y, [k])[:, 0]).mean()) for x, y in runs]
+                within += float(np.var(diffs, ddof=1)) * (len(diffs) - 1)
+                df += len(diffs) - 1
+                for x, y in runs:
+                    noise_observed.append(
+                        sum(eval_variance_of_mean(lab.n[r], lab.c[r], int(lab.n[r][0]), k) for r in (x, y))
+                    )
+                    noise_projected.append(
+                        sum(eval_variance_of_mean(lab.n[r], lab.c[r], n, k) for r in (x, y))
+                    )
+            total = within / df
+            seed = max(total - float(np.mean(noise_observed)), 0.0)
+            projected = seed + float(np.mean(noise_projected))
+            upper = projected * df / stats.chi2.ppf(0.025, df)  # the variance's upper 95% bound
+            lower = projected * df / stats.chi2.ppf(0.975, df)
+            for per_draw in PLAN_SEEDS:
+                d = len(loaded)
+                rows.append(
+                    {
+                        "a": a, "b": b, "k": k, "n": n, "seeds_per_draw": per_draw, "draws": d, "df_measured": df,
+                        "sd": np.sqrt(projected), "sd_low": np.sqrt(lower), "sd_high": np.sqrt(upper),
+                        "eval_share": float(np.mean(noise_projected)) / projected if projected > 0 else np.nan,
+                        "mde": mde_df(np.sqrt(projected / (d * per_draw)), d * (per_draw - 1)),
+                        "mde_at_sd_high": mde_df(np.sqrt(upper / (d * per_draw)), d * (per_draw - 1)),
+                    }
+                )  # fmt: skip
+    return rows
 
 
 def estimator_variance(p: float, n: int, k: int) -> float:
@@ -47,15 +97,27 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m sage_unsloth.demo.power_plan",
         description=__doc__.split("\n\n")[0],
     )
+    parser.add_argument("--results", help="<results>/<model>: the folder of <run>/per_problem.csv")
     parser.add_argument(
-        "--results", required=True, help="<results>/<model>: the folder of <run>/per_problem.csv"
+        "--labs", help="a multi-draw lab: the draws' <results>/<model> folders, comma-separated"
     )
-    parser.add_argument("--a", required=True)
-    parser.add_argument("--b", required=True)
+    parser.add_argument("--pairs", help="with --labs: a:b,c:d (method names)")
+    parser.add_argument("--a")
+    parser.add_argument("--b")
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--dataset", default="demo")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if args.labs:
+        pairs = [tuple(item.split(":")) for item in (args.pairs or "").split(",") if item]
+        rows = draw_plan([Path(p) for p in args.labs.split(",") if p], pairs, dataset=args.dataset)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out, pd.DataFrame(rows).to_csv(index=False))
+        print(f"wrote {out}: {len(rows)} rows")
+        return 0
+    if not (args.results and args.a and args.b):
+        parser.error("give --results, --a and --b (one lab), or --labs and --pairs (a multi-draw lab)")
     lab = load_lab_runs(Path(args.results), args.dataset)
     pairs = paired_runs(lab, args.a, args.b)  # (run of A, run of B) by training seed
     if len(pairs) < 2:

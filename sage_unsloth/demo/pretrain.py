@@ -1,6 +1,15 @@
 """A short full-weight "pre-training" so the demo's base model can add and knows every plan, like a real
-base model: ``python -m sage_unsloth.demo.pretrain --out DIR [--steps N] [--seed S] [--low L --high H
---n-eval E --n-rl R]`` builds the random model (sage_unsloth.demo.model) in DIR and trains it in place.
+base model: ``python -m sage_unsloth.demo.pretrain --out DIR [--steps N] [--seed S] [--draw D] [--low L --high H
+--n-eval E --n-rl R]`` builds the random model (sage_unsloth.demo.model) in DIR and trains it in place;
+``--from sage_unsloth/demo/bases/draw<D> --out DIR`` copies a committed pre-trained base instead and checks
+its sha256 (sage_unsloth/demo/bases/README.md).
+
+The **draw** is the pre-training's own seed (the random initial weights and the corpus order); ``--seed`` is
+the data spec's (which problems are held out of the corpus), so every draw pre-trains on the same task.
+Draw 0 with seed 0 is the lab's default base. Pre-training is deterministic for a given draw on one CPU type
+(any thread count: MKL_CBWR=AUTO,STRICT), but a change of arithmetic (another CPU type's code path, another
+torch or MKL) gives other weights and, after 600 steps from random weights, another model: the lab's regime
+moved that way once (issue 39). So the lab starts from the committed bases, not from a fresh pre-training.
 
 The kit's SFT stage trains a LoRA adapter (the paper's recipe). A LoRA on a *random* network learns very
 slowly: its embeddings, norms and tied output head stay random, so it can barely raise the logit of a
@@ -20,14 +29,77 @@ eval problems.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 SUMMARY_FILE = "PRETRAINED.json"
+WEIGHTS_FILE = "model.safetensors"
+BASES_DIR = Path(__file__).resolve().parent / "bases"  # committed pre-trained bases, one folder per draw
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def machine() -> dict:
+    """Where a base was pre-trained: what its arithmetic depends on (the CPU's instruction set picks MKL's path)."""
+    import platform
+
+    import torch
+
+    cpu = ""
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    avx512 = "avx512f" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else None
+    return {
+        "cpu": cpu,
+        "avx512": avx512,
+        "torch": torch.__version__,
+        "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
+    }
+
+
+def committed_base(draw: int, *, steps: int, spec) -> Path | None:
+    """The committed base of ``draw`` when it was pre-trained with these ``steps`` on this data spec (the
+    problem split it holds out), else None (the runner then pre-trains)."""
+    folder = BASES_DIR / f"draw{draw}"
+    summary = folder / SUMMARY_FILE
+    if not summary.is_file():
+        return None
+    made = json.loads(summary.read_text())
+    split = {k: getattr(spec, k) for k in ("seed", "low", "high", "n_eval", "n_rl")}
+    if made.get("steps") != steps or made.get("draw") != draw or made.get("split") != split:
+        return None
+    return folder
+
+
+def copy_committed(base: Path, out: Path) -> dict:
+    """Copy a committed base into ``out``; its weights must have the sha256 its PRETRAINED.json records."""
+    summary = json.loads((Path(base) / SUMMARY_FILE).read_text())
+    expected = summary["sha256"]
+    actual = file_sha256(Path(base) / WEIGHTS_FILE)
+    if actual != expected:
+        raise SystemExit(
+            f"error: {base}/{WEIGHTS_FILE}: sha256 {actual[:12]} is not the recorded {expected[:12]}: the committed "
+            "base is damaged (git checkout it again) or was replaced without its PRETRAINED.json"
+        )
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(base, out)
+    return summary
 
 
 def addition_facts(max_left: int = 40, max_right: int = 20) -> list[str]:
@@ -154,15 +226,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", required=True, help="model folder (created)")
     parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the data spec's seed (the held-out problems)")
+    parser.add_argument("--draw", type=int, default=None, help="the pre-training's seed (default: --seed)")
+    parser.add_argument("--from", dest="source", default=None, help="copy this committed base instead")
     for name, default in (("low", 5), ("high", 9), ("n-eval", 100), ("n-rl", 200)):
         parser.add_argument(f"--{name}", type=int, default=default, help="the data spec (problems kept out)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    spec = DemoDataSpec(seed=args.seed, low=args.low, high=args.high, n_eval=args.n_eval, n_rl=args.n_rl)
     out = Path(args.out)
-    build_demo_model(out, seed=args.seed)
-    summary = pretrain_base_model(out, spec.splits()["sft"], steps=args.steps, seed=args.seed, progress=True)
+    if args.source:
+        summary = copy_committed(Path(args.source), out)
+        logger.info(
+            "copied the committed base %s to %s (sha256 %s)", args.source, out, summary["sha256"][:12]
+        )
+        return 0
+    spec = DemoDataSpec(seed=args.seed, low=args.low, high=args.high, n_eval=args.n_eval, n_rl=args.n_rl)
+    draw = args.seed if args.draw is None else args.draw
+    build_demo_model(out, seed=draw)
+    summary = pretrain_base_model(out, spec.splits()["sft"], steps=args.steps, seed=draw, progress=True)
+    summary.update(
+        draw=draw,
+        split={k: getattr(spec, k) for k in ("seed", "low", "high", "n_eval", "n_rl")},
+        sha256=file_sha256(out / WEIGHTS_FILE),
+        made_on=machine(),
+    )
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     logger.info("pre-trained %s: %s", out, summary)
     return 0

@@ -49,6 +49,7 @@ from ..manifest import atomic_write_json, atomic_write_text
 from ..recipe import stage_command
 from .compare import split_run
 from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
+from .pretrain import committed_base
 from .steps import REPO_ROOT, STAMP_DIR, Step, StepRecord, python, run_steps, usable_cores
 
 CONFIG_DIR = REPO_ROOT / "configs" / "demo"
@@ -339,6 +340,9 @@ class DemoBudget:
     data: DemoDataSpec = field(default_factory=DemoDataSpec)
     bootstrap_resamples: int = 2000
     extra: tuple[Method, ...] = ()  # methods from config files (--methods PATH.yaml) and --grid cells
+    # the pre-training + SFT draw: the base's seed and SFT's seed (sage_unsloth/demo/bases/draw<D> when committed)
+    draw: int = 0
+    pretrain: bool = False  # pre-train the base here even where a committed one exists (--pretrain)
 
 
 FULL = DemoBudget()
@@ -514,31 +518,28 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
     spec = budget.data
     # what the analysis and the lab both read: the work folder, the results folder and every run's name
     lab_inputs = ["--work", _rel(work), "--results", _rel(results), "--runs", ",".join(run_names(budget))]
+    base = None if budget.pretrain else committed_base(budget.draw, steps=budget.pretrain_steps, spec=spec)
+    if base is not None:  # the committed base of this draw: every machine starts from the same weights
+        model_argv = [py, "-m", "sage_unsloth.demo.pretrain", "--from", _rel(base), "--out", _rel(model_dir)]
+        model_step = {
+            "configs": tuple(sorted(base.iterdir())),
+            "label": f"the committed base of draw {budget.draw}",
+        }
+    else:
+        model_argv = [py, "-m", "sage_unsloth.demo.pretrain", "--out", _rel(model_dir)]
+        model_argv += ["--steps", str(budget.pretrain_steps), "--seed", str(spec.seed)]
+        model_argv += [] if budget.draw == spec.seed else ["--draw", str(budget.draw)]
+        model_argv += ["--low", str(spec.low), "--high", str(spec.high)]
+        model_argv += ["--n-eval", str(spec.n_eval), "--n-rl", str(spec.n_rl)]
+        model_step = {"label": f"pre-training, {budget.pretrain_steps} steps, draw {budget.draw}"}
     steps = [
         Step(
             "model",
-            [
-                py,
-                "-m",
-                "sage_unsloth.demo.pretrain",
-                "--out",
-                _rel(model_dir),
-                "--steps",
-                str(budget.pretrain_steps),
-                "--seed",
-                str(spec.seed),
-                "--low",
-                str(spec.low),
-                "--high",
-                str(spec.high),
-                "--n-eval",
-                str(spec.n_eval),
-                "--n-rl",
-                str(spec.n_rl),
-            ],
+            model_argv,
             outputs=(model_dir,),
             code=PRETRAIN_CODE,
-            label=f"pre-training, {budget.pretrain_steps} steps",
+            light=base is not None,
+            **model_step,
         ),
         Step(
             "data",
@@ -560,6 +561,9 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                 _rel(sft_dir),
                 "--max_steps",
                 str(budget.sft_steps),
+                *(
+                    ["--seed", str(budget.draw)] if budget.draw else []
+                ),  # the draw's SFT seed (draw 0: the config's 0)
                 python=py,
             ),
             outputs=(sft_dir,),
@@ -725,6 +729,71 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
     return steps
 
 
+# ------------------------------------------------------------------------------------------------- draws
+FRONTIER_DIR = "frontier"  # <results>/frontier/: the lab across draws (sage_unsloth.demo.frontier)
+FRONTIER_CODE = (*LAB_CODE, "demo/frontier.py", "demo/robust.py", "demo/intervals.py")
+
+
+def reference_draw(folder: Path) -> int:
+    """The draw a results folder was made from (its demo_budget.json; folders from before draws: 0)."""
+    manifest = Path(folder) / MANIFEST_FILE
+    return int(json.loads(manifest.read_text()).get("draw", 0)) if manifest.is_file() else 0
+
+
+def draw_reference(reference: Path | None, draw: int) -> Path | None:
+    """The reference a draw's lab compares with: ``<reference>/draw<D>`` (a committed multi-draw lab), else the
+    reference itself when it was made from this draw, else none."""
+    if reference is None:
+        return None
+    for candidate in (reference / f"draw{draw}", reference):
+        if (candidate / "lab" / "runs.csv").is_file() and reference_draw(candidate) == draw:
+            return candidate
+    return None
+
+
+def draw_folders(budget: DemoBudget, draws: tuple[int, ...], work: Path, results: Path):
+    """[(the draw's budget, work folder, results folder)]: one draw uses the folders as given; several get
+    ``draw<D>/`` inside each."""
+    if len(draws) == 1:
+        return [(replace(budget, draw=draws[0]), work, results)]
+    return [(replace(budget, draw=d), work / f"draw{d}", results / f"draw{d}") for d in draws]
+
+
+def prefixed(steps: list[Step], prefix: str) -> list[Step]:
+    """A draw's steps renamed ``<prefix><name>`` (and their dependencies), so several draws share one graph."""
+    return [replace(s, name=prefix + s.name, after=tuple(prefix + a for a in s.after)) for s in steps]
+
+
+def build_draw_steps(draws, results: Path, reference: Path | None, kmax: int) -> list[Step]:
+    """Every draw's steps in one graph (prefixed ``draw<D>.`` when there are several), then the frontier step
+    that reads the draws' labs (sage_unsloth.demo.frontier)."""
+    if len(draws) == 1:
+        budget, work, out = draws[0]
+        return build_steps(budget, work, out, draw_reference(reference, budget.draw))
+    steps: list[Step] = []
+    for budget, work, out in draws:
+        prefix = f"draw{budget.draw}."
+        steps += prefixed(build_steps(budget, work, out, draw_reference(reference, budget.draw)), prefix)
+    labs = [out for _, _, out in draws]
+    argv = [python(), "-m", "sage_unsloth.demo.frontier", "--labs", ",".join(_rel(o) for o in labs)]
+    argv += ["--out", _rel(results / FRONTIER_DIR), "--kmax", str(kmax)]
+    frontier_reference = reference / FRONTIER_DIR if reference is not None else None
+    if frontier_reference is not None and frontier_reference.is_dir():
+        argv += ["--reference", _rel(frontier_reference)]
+    steps.append(
+        Step(
+            "frontier",
+            argv,
+            outputs=(results / FRONTIER_DIR,),
+            after=tuple(f"draw{b.draw}.lab" for b, _, _ in draws),
+            code=FRONTIER_CODE,
+            label="the frontier across draws",
+            light=True,
+        )
+    )
+    return steps
+
+
 def write_timings(results: Path, work: Path, records: list[StepRecord], wall: float) -> dict:
     """timings.csv: every step's own measured wall and CPU seconds (from its stamp when it was reused), and
     a total; the total wall time is this invocation's when every step ran now, else the last complete one."""
@@ -808,6 +877,17 @@ def parse_args(argv: list[str] | None):
     parser.add_argument(
         "--mix", default=None, help="SFT plan prior, e.g. left=0.8,right=0.08,... (default the lab's)"
     )
+    parser.add_argument(
+        "--draws",
+        default=None,
+        help="pre-training + SFT draws (the base's and SFT's seed): 0 (default), or several, e.g. 0-2: one "
+        "lab per draw in <work>/draw<D> and <results>/draw<D>, then the frontier across them",
+    )
+    parser.add_argument(
+        "--pretrain",
+        action="store_true",
+        help="pre-train the base here instead of copying the committed one (sage_unsloth/demo/bases/)",
+    )
     for name in ("pretrain-steps", "sft-steps", "rl-steps", "eval-n"):
         parser.add_argument(f"--{name}", type=int, default=None, help="override the budget")
     return parser.parse_args(argv)
@@ -834,6 +914,8 @@ def budget_from_args(args) -> DemoBudget:
         overrides["extra"] = (*overrides.get("extra", budget.extra), *grid)
     if args.mix is not None:
         overrides["data"] = replace(budget.data, mix=parse_mix(args.mix))
+    if getattr(args, "pretrain", False):
+        overrides["pretrain"] = True
     budget = replace(budget, **overrides)
     if min(budget.pretrain_steps, budget.sft_steps, budget.rl_steps, budget.eval_n, len(budget.seeds)) < 1:
         raise ValueError("--pretrain-steps, --sft-steps, --rl-steps, --eval-n and --seeds must be at least 1")
@@ -860,12 +942,16 @@ def config_sha256(budget: DemoBudget, work: Path) -> dict:
     return out
 
 
-def write_manifest(budget: DemoBudget, work: Path, results: Path, *, finished: dict | None = None) -> Path:
+def write_manifest(
+    budget: DemoBudget, work: Path, results: Path, *, finished: dict | None = None, draws: list | None = None
+) -> Path:
     """``<results>/demo_budget.json``: the budget (pre-training to bootstrap), the seeds, eval n and kmax, each
     run's evaluation seed, the methods with their config files' sha256, the kit's commit, and once the lab
-    finished its wall / CPU time and each method's knob values as its trained runs recorded them."""
+    finished its wall / CPU time, each method's knob values as its trained runs recorded them and the sha256 of
+    the base and the SFT adapter (reproduce.fingerprints). A multi-draw lab's top folder lists its ``draws``."""
     from ..manifest import git_commit
     from .dose_response import method_knobs
+    from .reproduce import fingerprints
 
     manifest = {
         **asdict(budget),
@@ -874,9 +960,13 @@ def write_manifest(budget: DemoBudget, work: Path, results: Path, *, finished: d
         "commit": git_commit(REPO_ROOT),
         "work_dir": _rel(work),
     }
+    if draws is not None:
+        manifest.update(draw=None, draws=draws)
     if finished is not None:
         manifest["timings"] = finished
-        manifest["knobs"] = method_knobs(work, MODEL_NAME, run_names(budget))
+        if draws is None:
+            manifest["knobs"] = method_knobs(work, MODEL_NAME, run_names(budget))
+            manifest["fingerprints"] = fingerprints(work)
     results.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(results / MANIFEST_FILE, json.dumps(manifest, indent=2, default=str) + "\n")
 
@@ -942,10 +1032,12 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
         f"{budget.kmax} (n >= 4k){'' if budget.eval_n >= 256 else '; the confirmatory lab: --eval-n 256 (k up to 64)'}",
         flush=True,
     )
+    draws = draw_folders(budget, parse_seeds(args.draws) if args.draws else (budget.draw,), work, results)
     started = time.perf_counter()
     try:
-        steps = build_steps(budget, work, results, reference)
-        write_manifest(budget, work, results)
+        steps = build_draw_steps(draws, results, reference, budget.kmax)
+        for draw_budget, draw_work, draw_results in draws:
+            write_manifest(draw_budget, draw_work, draw_results)
         records = run_steps(
             steps,
             work=work,
@@ -963,8 +1055,17 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     finally:
         executor.close()
     total = write_timings(results, work, records, time.perf_counter() - started)
-    write_manifest(budget, work, results, finished=total)
-    print((results / "lab" / "summary.txt").read_text().rstrip())
+    for draw_budget, draw_work, draw_results in draws:
+        prefix = f"draw{draw_budget.draw}." if len(draws) > 1 else ""
+        own = {"cpu_s": round(sum(r.cpu_s for r in records if r.name.startswith(prefix)), 1)}
+        write_manifest(draw_budget, draw_work, draw_results, finished=total if not prefix else own)
+        if prefix:
+            print(f"[demo] ---- draw {draw_budget.draw} ({_rel(draw_results)})")
+        print((draw_results / "lab" / "summary.txt").read_text().rstrip())
+    if len(draws) > 1:
+        write_manifest(budget, work, results, finished=total, draws=[b.draw for b, _, _ in draws])
+        print(f"[demo] ---- the frontier across draws ({_rel(results / FRONTIER_DIR)})")
+        print((results / FRONTIER_DIR / "summary.txt").read_text().rstrip())
     wall = f"{total['wall_s']:.0f} s wall, " if total.get("wall_s") else ""
     print(
         f"[demo] finished: {wall}{total['cpu_s']:.0f} s CPU over all steps; report {_rel(results / 'report.md')}"

@@ -1,0 +1,514 @@
+"""The frontier lab across pre-training draws: ``python -m sage_unsloth.demo.frontier --labs R/draw0,R/draw1,...
+--out R/frontier --kmax K [--k K]`` (the runner's last step with ``--draws``; docs/lab-plan.md is its plan).
+
+Each ``--labs`` folder is one draw's lab (its own base and SFT adapter, the same task, methods and training
+seeds). An **arm** is a method's knob setting as its runs' stage-2 manifests recorded it (``lab/runs.csv``:
+guide, beta, ...), never its name, so the arms match across draws and a method is paired by its knobs: each
+guided arm against the unguided arm at the same beta, KL estimator and placement (Branch - GRPO at beta b).
+
+Per seed (``seeds.csv``): each run's pass@1 and pass@k (the mean over the problems of the unbiased estimate),
+its net support against the same seed's SFT evaluation (pass@k - SFT's pass@k) and its pair-plan share, and
+whether it **collapsed**: net support below ``-collapse`` (docs/lab-plan.md fixes 0.15 before the runs).
+
+Estimates (``arms.csv``, ``paired.csv``), per draw and pooled over the draws:
+
+- per draw: the mean of the seed-level values with Student's t over the seeds (intervals.stratified with one
+  draw);
+- pooled: the mean over the draws of the draw means, with Welch-Satterthwaite's t (intervals.stratified):
+  the estimand is conditional on these draws (each draw is a fixed level; three draws cannot estimate a
+  between-draw variance), so the interval carries each draw's seed spread and not the draws' spread;
+  per-draw rows show how far the draws agree;
+- paired rows add the pre-registered robust secondary, the Hodges-Lehmann estimate with its exact interval and
+  the exact signed-rank p over every seed-level difference (sage_unsloth.demo.robust), the MDE, and at pass@k
+  the difference as a share of the unguided arm's support loss at that beta (``share_of_loss``) beside the
+  paper's +0.015 as such a share (``target_share``);
+- ``p_holm``: Holm over the pre-registered primary family (pooled pass@k, every beta above the paper's 0.05)
+  and separately over the secondary family (every other pooled paired row); per-draw rows are descriptive;
+- collapse rate per arm (``collapses`` of ``runs``) with its exact Clopper-Pearson interval.
+
+``frontier.png`` plots pass@1 against net support at k, one point per arm with both intervals and each guide's
+beta curve; ``outcome.md`` is the tables in words (README and docs/lab.md embed it between
+``<!-- frontier-outcome:begin results/<folder> -->`` and ``<!-- frontier-outcome:end -->``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from ..manifest import atomic_write_text
+from . import compare, intervals, robust
+
+MODEL_NAME = "demo-tiny"
+BENCHMARK = "demo"
+PAPER_BETA = 0.05  # the paper's anchor strength (arXiv 2605.18864): the frontier's unbound end
+COLLAPSE = 0.15  # a run whose net support at k is below -COLLAPSE collapsed (docs/lab-plan.md)
+GUIDE_LABELS = {"none": "GRPO", "branch": "Branch"}
+PAPER_SHAPE_CONFIG = "grpo_branch_paper.yaml"  # the lab's Branch in the paper's shape (configs/demo/)
+ARM_KEYS = ("guide", "beta", "tau", "gamma", "q_max", "kl_estimator", "kl_placement")
+POOLED = "pooled"
+NO_COLLAPSE = "pooled, collapsed pairs dropped"  # the pre-registered sensitivity analysis (docs/lab-plan.md)
+FILES = ("seeds.csv", "arms.csv", "paired.csv", "outcome.md", "summary.txt", "frontier.png")
+BEGIN = "<!-- frontier-outcome:begin {folder} -->"
+END = "<!-- frontier-outcome:end -->"
+BLOCK = re.compile(
+    r"<!-- frontier-outcome:begin (?P<folder>\S+) -->\n(?P<body>.*?)<!-- frontier-outcome:end -->", re.DOTALL
+)
+
+
+def _num(value) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{float(value):g}"
+
+
+def paper_shape() -> dict[str, str]:
+    """The knobs of the lab's paper-shape Branch (configs/demo/grpo_branch_paper.yaml, resolved as stage 2 reads
+    it): a Branch arm with exactly these is labelled 'Branch', any other shows its knobs."""
+    from .run import CONFIG_DIR, resolve_method_config
+
+    config, _ = resolve_method_config(CONFIG_DIR / PAPER_SHAPE_CONFIG)
+    return {k: _num(config[f"sage_{k}"]) for k in ("tau", "gamma", "q_max")}
+
+
+def arm_label(row, paper: dict[str, str] | None = None) -> str:
+    """'GRPO, beta 1', 'Branch, beta 0.05' (the paper shape), 'Branch (tau 0.03, gamma 10, q_max 10), beta 0.05',
+    'GRPO + ref_branch (tau 0.3, gamma 4, q_max 3), beta 0.05': the guide, its knobs unless the paper's, beta."""
+    guide = str(row["guide"]) if isinstance(row["guide"], str) and row["guide"] else "none"
+    name = GUIDE_LABELS.get(guide, f"GRPO + {guide}")
+    values = {k: _num(row[k]) for k in ("tau", "gamma", "q_max")}
+    shown = guide != "none" and (guide not in GUIDE_LABELS or values != (paper or paper_shape()))
+    knobs = [f"{k} {v}" for k, v in values.items() if shown and v]
+    extra = [
+        str(row[k])
+        for k in ("kl_estimator", "kl_placement")
+        if str(row.get(k, "")) not in ("", "k3", "loss", "nan")
+    ]
+    inner = ", ".join(knobs + extra)
+    return f"{name}{f' ({inner})' if inner else ''}, beta {_num(row['beta'])}"
+
+
+def arm_key(row) -> str:
+    return "|".join(
+        f"{k}={_num(row[k]) if k not in ('guide', 'kl_estimator', 'kl_placement') else row[k]}"
+        for k in ARM_KEYS
+    )
+
+
+def lab_draw(folder: Path) -> int:
+    manifest = Path(folder) / "demo_budget.json"
+    return int(json.loads(manifest.read_text()).get("draw", 0)) if manifest.is_file() else 0
+
+
+def seed_table(folders: list[Path], k: int, collapse: float = COLLAPSE) -> pd.DataFrame:
+    """One row per (draw, run): seed, arm, pass@1, pass@k, net support at k against the seed's SFT run, the
+    pair-plan share, collapsed; SFT rows have arm 'SFT' and net 0."""
+    rows = []
+    for folder in folders:
+        folder = Path(folder)
+        draw = lab_draw(folder)
+        lab = compare.load_lab_runs(folder / MODEL_NAME, BENCHMARK)
+        runs = pd.read_csv(folder / "lab" / "runs.csv", keep_default_na=False, na_values=[""])
+        for col in ("guide", "kl_estimator", "kl_placement"):
+            runs[col] = runs[col].astype(object).where(runs[col].notna(), "").astype(str)
+        sft = {
+            int(r["seed"]): r["run"] for _, r in runs.iterrows() if r["method"] == compare.REFERENCE_METHOD
+        }
+        paper = paper_shape()
+        for _, r in runs.iterrows():
+            seed = int(r["seed"])
+            p1 = float(lab.passk(r["run"], [1]).mean())
+            pk = float(lab.passk(r["run"], [k]).mean())
+            base = float(lab.passk(sft[seed], [k]).mean())
+            is_sft = r["method"] == compare.REFERENCE_METHOD
+            net = 0.0 if is_sft else pk - base
+            rows.append(
+                {
+                    "draw": draw,
+                    "seed": seed,
+                    "method": r["method"],
+                    "run": r["run"],
+                    "arm": "SFT" if is_sft else arm_label(r, paper),
+                    "key": "sft" if is_sft else arm_key(r),
+                    **{knob: ("" if is_sft else r[knob]) for knob in ARM_KEYS},
+                    "pass_at_1": p1,
+                    f"pass_at_{k}": pk,
+                    "net_support": net,
+                    "pair_share": float(r["pair_share"]) if "pair_share" in r else math.nan,
+                    "collapsed": bool(not is_sft and net < -collapse),
+                }
+            )
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        raise ValueError(f"no runs under {folders}")
+    return frame
+
+
+def _estimate_cells(name: str, est: intervals.Estimate) -> dict:
+    return {name: est.mean, f"{name}_ci_low": est.low, f"{name}_ci_high": est.high}
+
+
+def clopper_pearson(count: int, total: int, level: float = 0.95) -> tuple[float, float]:
+    alpha = 1.0 - level
+    low = 0.0 if count == 0 else float(stats.beta.ppf(alpha / 2, count, total - count + 1))
+    high = 1.0 if count == total else float(stats.beta.ppf(1 - alpha / 2, count + 1, total - count))
+    return low, high
+
+
+def _groups(frame: pd.DataFrame, column: str) -> list[np.ndarray]:
+    return [g[column].to_numpy() for _, g in frame.groupby("draw", sort=True)]
+
+
+def arm_table(seeds: pd.DataFrame, k: int, collapse: float = COLLAPSE) -> pd.DataFrame:
+    """Per arm, per draw and pooled: seeds, pass@1, net support at k, pair-plan share (t-intervals as in the
+    module doc), collapses with the Clopper-Pearson interval."""
+    rows = []
+    for key, arm in seeds.groupby("key", sort=False):
+        first = arm.iloc[0]
+        for scope, part in [*((str(d), g) for d, g in arm.groupby("draw", sort=True)), (POOLED, arm)]:
+            row = {"arm": first["arm"], "key": key, "draw": scope, **{c: first[c] for c in ARM_KEYS}}
+            row["seeds"] = len(part)
+            for column in dict.fromkeys(("pass_at_1", f"pass_at_{k}", "net_support", "pair_share")):
+                groups = _groups(part, column)
+                if min(len(g) for g in groups) >= 2 and part[column].notna().all():
+                    row.update(_estimate_cells(column, intervals.stratified(groups)))
+                else:
+                    row.update({column: float(part[column].mean()), f"{column}_ci_low": math.nan,
+                                f"{column}_ci_high": math.nan})  # fmt: skip
+            count, total = int(part["collapsed"].sum()), len(part)
+            low, high = clopper_pearson(count, total)
+            row.update(collapses=count, runs=total, collapse_rate=count / total, collapse_ci_low=low,
+                       collapse_ci_high=high, collapse_below=collapse)  # fmt: skip
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def pairings(seeds: pd.DataFrame) -> list[tuple[str, str]]:
+    """(guided arm key, unguided arm key) at the same beta, KL estimator and placement."""
+    arms = seeds[seeds["key"] != "sft"].drop_duplicates("key")
+    out = []
+    for _, a in arms[arms["guide"] != "none"].iterrows():
+        match = arms[
+            (arms["guide"] == "none")
+            & (arms["beta"].astype(float) == float(a["beta"]))
+            & (arms["kl_estimator"] == a["kl_estimator"])
+            & (arms["kl_placement"] == a["kl_placement"])
+        ]
+        if not match.empty:
+            out.append((a["key"], match.iloc[0]["key"]))
+    return sorted(out, key=lambda p: (float(seeds.loc[seeds["key"] == p[0], "beta"].iloc[0]), p[0]))
+
+
+def paired_table(seeds: pd.DataFrame, k: int, arms: pd.DataFrame) -> pd.DataFrame:
+    """Per pairing and metric (pass@k, pass@1), per draw and pooled: the paired difference (runs paired by draw
+    and seed) with its t-interval, p, MDE, the Hodges-Lehmann estimate with its exact interval and signed-rank
+    p, and at pass@k the share of the unguided arm's support loss; Holm over the primary and the secondary
+    family (module doc)."""
+    rows = []
+    for a_key, b_key in pairings(seeds):
+        a = seeds[seeds["key"] == a_key].set_index(["draw", "seed"])
+        b = seeds[seeds["key"] == b_key].set_index(["draw", "seed"])
+        common = a.index.intersection(b.index).sort_values()
+        beta = float(a["beta"].iloc[0])
+        pooled_b = arms[(arms["key"] == b_key) & (arms["draw"] == POOLED)].iloc[0]
+        for metric in dict.fromkeys((f"pass_at_{k}", "pass_at_1")):
+            diff = (a.loc[common, metric] - b.loc[common, metric]).rename("d").reset_index()
+            kept = ~(a.loc[common, "collapsed"].to_numpy() | b.loc[common, "collapsed"].to_numpy())
+            for scope in [*(str(d) for d in sorted(diff["draw"].unique())), POOLED, NO_COLLAPSE]:
+                part = {POOLED: diff, NO_COLLAPSE: diff[kept]}.get(scope)
+                part = diff[diff["draw"] == int(scope)] if part is None else part
+                if part.empty:
+                    continue
+                groups = _groups(part, "d")
+                if min(len(g) for g in groups) < 2:
+                    continue
+                est = intervals.stratified(groups)
+                row = {
+                    "a": a["arm"].iloc[0], "b": b["arm"].iloc[0], "beta": beta, "metric": metric.replace("_at_", "@"),
+                    "draw": scope, "pairs": len(part), "diff": est.mean, "ci_low": est.low, "ci_high": est.high,
+                    "interval": est.interval, "sd_seed": est.sd, "p": est.p, "mde": est.mde,
+                    "seeds_per_draw_for_0.015": est.seeds_for_effect,
+                }  # fmt: skip
+                if scope == POOLED and len(part) >= 3:  # how far the t-interval's normality is from these
+                    row["shapiro_p"] = float(stats.shapiro(part["d"]).pvalue)
+                if len(part) >= 6:
+                    hl = robust.hodges_lehmann(part["d"].to_numpy())
+                    row.update(
+                        hl=hl.estimate, hl_ci_low=hl.low, hl_ci_high=hl.high, hl_p=hl.p, hl_level=hl.level
+                    )
+                if metric != "pass_at_1":
+                    loss = -float(
+                        pooled_b["net_support"]
+                        if scope in (POOLED, NO_COLLAPSE)
+                        else arms[(arms["key"] == b_key) & (arms["draw"] == scope)]["net_support"].iloc[0]
+                    )
+                    row["b_support_loss"] = loss
+                    row["share_of_loss"] = est.mean / loss if loss > 0 else math.nan
+                    row["target_share"] = intervals.PAPER_EFFECT / loss if loss > 0 else math.nan
+                rows.append(row)
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    pooled = frame["draw"] == POOLED
+    primary = pooled & (frame["metric"] != "pass@1") & (frame["beta"] > PAPER_BETA)
+    per_draw = np.where(frame["draw"] == NO_COLLAPSE, "sensitivity", "per draw")
+    frame["family"] = np.where(primary, "primary", np.where(pooled, "secondary", per_draw))
+    frame["p_holm"] = math.nan
+    for family in ("primary", "secondary"):
+        members = frame["family"] == family
+        frame.loc[members, "p_holm"] = intervals.holm(frame.loc[members, "p"].to_numpy())
+    return frame
+
+
+# ------------------------------------------------------------------------------------------- the figure
+def plot_frontier(arms: pd.DataFrame, k: int, path: Path) -> Path:
+    """pass@1 against net support at k: one point per arm (pooled over the draws) with both 95% intervals, each
+    guide's points joined in order of beta (its beta curve) and labelled with beta; the per-draw means as small
+    hollow markers; SFT at net 0."""
+    from ..report import palette, plots
+
+    pooled = arms[arms["draw"] == POOLED]
+    per_draw = arms[arms["draw"] != POOLED]
+    fig, axes = plots._figure((980, 640))
+    ax = axes[0, 0]
+    families = list(dict.fromkeys(pooled["guide"].fillna("none").astype(str)))
+    colours = palette.colours(families)
+    for family in families:
+        rows = pooled[pooled["guide"].astype(str) == family].copy()
+        if family == "":
+            continue
+        rows["b"] = rows["beta"].astype(float)
+        rows = rows.sort_values("b")
+        colour = colours[family]
+        name = GUIDE_LABELS.get(family, family)
+        ax.plot(
+            rows["net_support"],
+            rows["pass_at_1"],
+            "-",
+            color=colour,
+            lw=1.2,
+            alpha=0.7,
+            label=f"{name}: beta curve",
+        )
+        ax.errorbar(
+            rows["net_support"], rows["pass_at_1"],
+            xerr=[rows["net_support"] - rows["net_support_ci_low"], rows["net_support_ci_high"] - rows["net_support"]],
+            yerr=[rows["pass_at_1"] - rows["pass_at_1_ci_low"], rows["pass_at_1_ci_high"] - rows["pass_at_1"]],
+            fmt="o", color=colour, ms=6, capsize=3, lw=1.0,
+        )  # fmt: skip
+        for _, r in rows.iterrows():
+            ax.annotate(f"β={r['b']:g}", (r["net_support"], r["pass_at_1"]), textcoords="offset points",
+                        xytext=(6, 6 if family == "none" else -12), fontsize=8, color=colour)  # fmt: skip
+        draws = per_draw[per_draw["guide"].astype(str) == family]
+        ax.scatter(
+            draws["net_support"], draws["pass_at_1"], s=14, facecolors="none", edgecolors=colour, alpha=0.6
+        )
+    sft = pooled[pooled["key"] == "sft"]
+    if not sft.empty:
+        r = sft.iloc[0]
+        ax.errorbar([0.0], [r["pass_at_1"]], yerr=[[r["pass_at_1"] - r["pass_at_1_ci_low"]],
+                    [r["pass_at_1_ci_high"] - r["pass_at_1"]]], fmt="s", color="black", ms=6, capsize=3,
+                    label="SFT")  # fmt: skip
+    ax.axvline(0.0, color="grey", lw=1, ls="--")
+    ax.set_xlabel(
+        f"net support against SFT at k = {k} (share of the problems; right of the dashed line: kept)"
+    )
+    ax.set_ylabel("pass@1")
+    ax.set_title(
+        f"The frontier: pass@1 against support kept at k = {k}, pooled over {per_draw['draw'].nunique()} draws "
+        "(95% t-intervals; hollow: each draw)",
+        fontsize=10,
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return plots._save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------- the words
+def _ci(row, name: str, signed: bool = True) -> str:
+    spec = "+.3f" if signed else ".3f"
+    if pd.isna(row[name]):
+        return "n/a"
+    low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
+    if isinstance(low, float) and math.isnan(low):
+        return f"{row[name]:{spec}}"
+    return f"{row[name]:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def _p(p) -> str:
+    return (
+        "n/a"
+        if p is None or (isinstance(p, float) and math.isnan(p))
+        else ("< 1e-3" if p < 0.001 else f"{p:.3f}")
+    )
+
+
+def reading(row) -> str:
+    """The pre-registered decision rule's words for one pooled paired pass@k row (docs/lab-plan.md): a claim
+    needs the t-test (Holm, primary family) and the robust secondary (HL's exact interval) to agree."""
+    hl_low, hl_high = row.get("hl_ci_low", math.nan), row.get("hl_ci_high", math.nan)
+    robust_known = not (pd.isna(hl_low) or pd.isna(hl_high))
+    if row["family"] == "primary" and row["p_holm"] < 0.05:
+        side = "more" if row["diff"] > 0 else "less"
+        agrees = robust_known and (hl_low > 0 if row["diff"] > 0 else hl_high < 0)
+        return f"Branch keeps {side} support" + ("" if agrees else " by the t-test only: not robust (HL)")
+    if row["ci_high"] < intervals.PAPER_EFFECT and (not robust_known or hl_high < intervals.PAPER_EFFECT):
+        return f"a gain of +{intervals.PAPER_EFFECT:g} or more is excluded"
+    if row["ci_high"] < intervals.PAPER_EFFECT:
+        return f"a gain of +{intervals.PAPER_EFFECT:g} is excluded by the t-interval only (not by HL)"
+    return f"inconclusive: the interval holds 0 and +{intervals.PAPER_EFFECT:g}"
+
+
+def outcome_block(frontier_dir: Path) -> str:
+    """The frontier's tables in words, from arms.csv and paired.csv only (README and docs/lab.md embed it)."""
+    arms = pd.read_csv(Path(frontier_dir) / "arms.csv", keep_default_na=False, na_values=[""])
+    paired = pd.read_csv(Path(frontier_dir) / "paired.csv", keep_default_na=False, na_values=[""])
+    k = int(re.search(r"pass@(\d+)", " ".join(paired["metric"].unique()) + " pass@0").group(1) or 0)
+    draws = sorted(d for d in arms["draw"].astype(str).unique() if d != POOLED)
+    pooled = paired[paired["draw"].isin([POOLED, NO_COLLAPSE])]
+    lines = [
+        (
+            f"Draws {', '.join(draws)} (pre-training + SFT), pooled with the draws as fixed levels "
+            f"(intervals.stratified); runs paired by draw and seed. Primary family: Branch - GRPO at pass@{k} at "
+            f"every beta above {PAPER_BETA:g}, Holm-adjusted; HL: Hodges-Lehmann with its exact interval (the "
+            "robust secondary); 'share of loss': the difference as a share of GRPO's support loss against SFT at "
+            f"that beta, beside the paper's +{intervals.PAPER_EFFECT:g} as such a share."
+        ),
+        "",
+        "| A - B | metric | A - B [95% t] | p (Holm) | MDE | HL [exact CI] | share of B's loss (target) | reading |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in pooled.iterrows():
+        hl = (
+            f"{r['hl']:+.3f} [{r['hl_ci_low']:+.3f}, {r['hl_ci_high']:+.3f}]"
+            if "hl" in r and not pd.isna(r.get("hl"))
+            else "n/a"
+        )
+        share = (
+            f"{r['share_of_loss']:+.2f} ({r['target_share']:.2f})"
+            if r["metric"] != "pass@1" and not pd.isna(r.get("share_of_loss"))
+            else ""
+        )
+        read = reading(r) if r["metric"] != "pass@1" and r["draw"] == POOLED else ""
+        metric = (
+            r["metric"]
+            if r["draw"] == POOLED
+            else f"{r['metric']}, {int(r['pairs'])} pairs without a collapse"
+        )
+        lines.append(
+            f"| {r['a']} - {r['b']} | {metric} | {r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
+            f"{_p(r['p_holm'])} | {r['mde']:.3f} | {hl} | {share} | {read} |"
+        )
+    lines += [
+        "",
+        (
+            f"Per arm, pooled: pass@1, net support against SFT at k = {k} (paired by seed), pair-plan share, "
+            f"collapses (runs whose net support is below -{arms['collapse_below'].iloc[0]:g}) with the "
+            "Clopper-Pearson interval."
+        ),
+        "",
+        f"| arm | runs | pass@1 | net support at {k} | pair-plan share | collapses [95% CI] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for _, r in arms[arms["draw"] == POOLED].iterrows():
+        lines.append(
+            f"| {r['arm']} | {int(r['runs'])} | {_ci(r, 'pass_at_1', signed=False)} | {_ci(r, 'net_support')} | "
+            f"{_ci(r, 'pair_share', signed=False)} | {int(r['collapses'])}/{int(r['runs'])} "
+            f"[{r['collapse_ci_low']:.2f}, {r['collapse_ci_high']:.2f}] |"
+        )
+    lines += [
+        "",
+        f"Per draw: net support at k = {k} against SFT, and Branch - GRPO at pass@{k}.",
+        "",
+        "| arm | " + " | ".join(f"draw {d}" for d in draws) + " |",
+        "|---|" + "---|" * len(draws),
+    ]
+    per = arms[arms["draw"] != POOLED]
+    for key, group in per.groupby("key", sort=False):
+        by = group.set_index(group["draw"].astype(str))
+        lines.append(
+            f"| {group['arm'].iloc[0]} | "
+            + " | ".join(_ci(by.loc[d], "net_support") if d in by.index else "" for d in draws)
+            + " |"
+        )
+    per_pairs = paired[(paired["family"] == "per draw") & (paired["metric"] != "pass@1")]
+    for (_, a, b), group in per_pairs.groupby(["beta", "a", "b"], sort=True):
+        by = group.set_index(group["draw"].astype(str))
+        cells = [
+            f"{by.loc[d, 'diff']:+.3f} [{by.loc[d, 'ci_low']:+.3f}, {by.loc[d, 'ci_high']:+.3f}]"
+            if d in by.index
+            else ""
+            for d in draws
+        ]
+        lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def update_text(text: str, root: Path) -> str:
+    """``text`` with every frontier-outcome block regenerated from its folder (relative to ``root``)."""
+
+    def fresh(match: re.Match) -> str:
+        folder = match["folder"]
+        return f"{BEGIN.format(folder=folder)}\n{outcome_block(root / folder)}{END}"
+
+    return BLOCK.sub(fresh, text)
+
+
+def summary_lines(arms: pd.DataFrame, paired: pd.DataFrame, k: int) -> list[str]:
+    lines = [
+        f"[frontier] pooled over draws {', '.join(sorted(d for d in arms['draw'].astype(str).unique() if d != POOLED))}:"
+    ]
+    for _, r in arms[arms["draw"] == POOLED].iterrows():
+        lines.append(
+            f"[frontier]   {r['arm']:28s} pass@1 {_ci(r, 'pass_at_1', signed=False)}  net support at {k} "
+            f"{_ci(r, 'net_support')}  collapses {int(r['collapses'])}/{int(r['runs'])}"
+        )
+    for _, r in paired[(paired["draw"] == POOLED)].iterrows():
+        lines.append(
+            f"[frontier]   {r['a']} - {r['b']}, {r['metric']}: {r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] "
+            f"(MDE {r['mde']:.3f}, p_holm {_p(r['p_holm'])}, {r['family']})"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sage_unsloth.demo.frontier", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--labs", required=True, help="the draws' results folders, comma-separated")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--kmax", type=int, required=True, help="the largest k the labs report")
+    parser.add_argument("--k", type=int, default=None, help="the primary k (default: kmax)")
+    parser.add_argument(
+        "--collapse", type=float, default=COLLAPSE, help="a run collapsed below -collapse net support"
+    )
+    args = parser.parse_args(argv)
+    try:
+        k = args.k or args.kmax
+        folders = [Path(p) for p in args.labs.split(",") if p]
+        seeds = seed_table(folders, k, args.collapse)
+        arms = arm_table(seeds, k, args.collapse)
+        paired = paired_table(seeds, k, arms)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"error: {exc}")
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in (("seeds", seeds), ("arms", arms), ("paired", paired)):
+        atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
+    plot_frontier(arms, k, out / "frontier.png")
+    atomic_write_text(out / "outcome.md", outcome_block(out))
+    lines = summary_lines(arms, paired, k)
+    atomic_write_text(out / "summary.txt", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""Does this run reproduce the committed reference? Fingerprints and the lab's regime, loudly when not.
+
+A lab's numbers are conditional on its pre-training + SFT draw: the base model and the SFT adapter every RL
+run starts from. On 2026-12-02 a change of arithmetic (MKL_CBWR=AUTO,STRICT) gave the pre-training other
+weights, and a fresh clone's default demo then ran in another regime (SFT pass@1 0.731 against the
+reference's 0.604, GRPO's rare-plan share 0.26 against 0.028) without a word (issue 39). So every lab now
+
+- records the sha256 of its base (``<work>/model/demo-tiny/model.safetensors``) and its SFT adapter
+  (``<work>/demo-tiny/sft/adapter_model.safetensors``) in its manifest (``demo_budget.json``, ``fingerprints``)
+  and in ``lab/regime.csv`` (:func:`fingerprints`);
+- measures its **regime** per run (:func:`regime_rows`): SFT's pass@1 on all problems and on the gap
+  problems (where the common plan meets the base's missing addition), and GRPO's share of completions off the
+  common plan (``rare_share``) and on the pair plans;
+- compares both with the reference's (:func:`compare`): the same run names, each metric within the
+  tolerance of :data:`TOLERANCE`, and writes ``lab/reproduction.csv``; a metric beyond its tolerance, or a
+  base that is not the reference's, is a loud warning (:func:`warning_lines`) at the top of the console
+  summary and of report.md.
+
+Same CPU type, library versions and code: every difference is exactly 0 (the kit is deterministic there).
+Another CPU type runs other arithmetic in SFT, RL and evaluation (MKL's AUTO code path depends on the
+instruction set), so the adapters' sha256 differ and a run's numbers move like another seed's would; the
+tolerances are set well outside that seed-to-seed spread (measured in results/demo-confirm/, 10 seeds: SFT
+pass@1 sd 0.002 across evaluation seeds, GRPO's rare-plan share sd 0.004), so a warning means another regime,
+not noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import layout
+
+MODEL_NAME = "demo-tiny"
+BASE_WEIGHTS = "model.safetensors"
+SFT_WEIGHTS = "adapter_model.safetensors"
+REGIME_FILE = "regime.csv"
+REPRODUCTION_FILE = "reproduction.csv"
+GRPO = "grpo"  # the method whose plan shares define the regime (the lab's GRPO at beta 0.05)
+# metric -> largest difference from the reference that still reads as the same regime (see the module doc)
+TOLERANCE = {
+    "sft_pass_at_1": 0.03,
+    "sft_gap_pass_at_1": 0.05,
+    "grpo_rare_share": 0.05,
+    "grpo_pair_share": 0.03,
+}
+
+
+def _sha(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def fingerprints(work: Path) -> dict[str, str | None]:
+    """sha256 of the base model's weights and of the SFT adapter's weights of a demo work folder."""
+    work = Path(work)
+    return {
+        "base": _sha(work / "model" / MODEL_NAME / BASE_WEIGHTS),
+        "sft": _sha(layout.sft_dir(work, MODEL_NAME) / SFT_WEIGHTS),
+    }
+
+
+def regime_rows(
+    runs: list[str],
+    method_of,
+    pass1: dict[str, np.ndarray],
+    gap: np.ndarray,
+    rare_share: dict[str, float],
+    pair_share: dict[str, float],
+) -> list[dict]:
+    """Per run, the regime metrics: SFT runs' pass@1 on all and on the gap problems (``gap``: a mask over the
+    problems), GRPO runs' rare-plan and pair-plan shares (``pass1[run]``: per-problem pass@1)."""
+    rows = []
+    for run in runs:
+        method = method_of(run)
+        if method == "sft":
+            values = {"sft_pass_at_1": float(pass1[run].mean())}
+            if gap.any():
+                values["sft_gap_pass_at_1"] = float(pass1[run][gap].mean())
+        elif method == GRPO:
+            values = {"grpo_rare_share": rare_share[run], "grpo_pair_share": pair_share[run]}
+        else:
+            continue
+        rows += [{"run": run, "metric": m, "value": v} for m, v in values.items()]
+    return rows
+
+
+def reference_regime(reference: Path) -> pd.DataFrame:
+    """The reference's regime rows: its lab/regime.csv, or for a reference from before it, what its
+    lab/runs.csv holds (SFT's pass@1 and GRPO's rare-plan share)."""
+    path = Path(reference) / "lab" / REGIME_FILE
+    if path.is_file():
+        return pd.read_csv(path)
+    runs = pd.read_csv(Path(reference) / "lab" / "runs.csv")
+    rows = []
+    for _, r in runs.iterrows():
+        if r["method"] == "sft":
+            rows.append({"run": r["run"], "metric": "sft_pass_at_1", "value": r["pass_at_1"]})
+        elif r["method"] == GRPO:
+            rows.append({"run": r["run"], "metric": "grpo_rare_share", "value": r["rare_share"]})
+    return pd.DataFrame(rows, columns=["run", "metric", "value"])
+
+
+def reference_fingerprints(reference: Path) -> dict:
+    manifest = Path(reference) / "demo_budget.json"
+    if not manifest.is_file():
+        return {}
+    return json.loads(manifest.read_text()).get("fingerprints") or {}
+
+
+def _same_run(run: str, theirs: pd.DataFrame) -> pd.DataFrame:
+    hit = theirs[theirs["run"] == run]
+    if hit.empty and run == "sft_seed0":  # a reference from before SFT ran per seed: one seedless 'sft'
+        hit = theirs[theirs["run"] == "sft"]
+    return hit
+
+
+def compare(ours: pd.DataFrame, mine: dict, reference: Path) -> pd.DataFrame:
+    """``lab/reproduction.csv``: the fingerprints (same or not) and each regime metric of the runs both labs
+    have, with the difference, the tolerance and a status: identical, within tolerance, BEYOND TOLERANCE."""
+    theirs = reference_regime(reference)
+    their_prints = reference_fingerprints(reference)
+    rows = []
+    for what in ("base", "sft"):
+        a, b = mine.get(what), their_prints.get(what)
+        status = "not recorded" if not (a and b) else ("identical" if a == b else "DIFFERENT")
+        rows.append(
+            {"run": "", "metric": f"{what}_sha256", "this_run": a or "", "reference": b or "", "diff": math.nan,
+             "tolerance": math.nan, "status": status}
+        )  # fmt: skip
+    for _, r in ours.iterrows():
+        hit = _same_run(r["run"], theirs)
+        hit = hit[hit["metric"] == r["metric"]]
+        if hit.empty:
+            continue
+        value = float(hit["value"].iloc[0])
+        diff = float(r["value"]) - value
+        tol = TOLERANCE[r["metric"]]
+        status = (
+            "identical" if diff == 0 else ("within tolerance" if abs(diff) <= tol else "BEYOND TOLERANCE")
+        )
+        rows.append(
+            {"run": r["run"], "metric": r["metric"], "this_run": f"{r['value']:.4f}", "reference": f"{value:.4f}",
+             "diff": diff, "tolerance": tol, "status": status}
+        )  # fmt: skip
+    return pd.DataFrame(
+        rows, columns=["run", "metric", "this_run", "reference", "diff", "tolerance", "status"]
+    )
+
+
+def warning_lines(table: pd.DataFrame, reference_name: str) -> list[str]:
+    """The loud warning (empty when the run reproduces the reference's regime): what differs and what it means."""
+    beyond = table[table["status"] == "BEYOND TOLERANCE"]
+    base = table[table["metric"] == "base_sha256"]["status"]
+    base_differs = not base.empty and base.iloc[0] == "DIFFERENT"
+    if beyond.empty and not base_differs:
+        return []
+    lines = [f"WARNING: this run does NOT reproduce the reference ({reference_name})."]
+    if base_differs:
+        lines.append(
+            "  Its pre-trained base is not the reference's (sha256 differs): another draw, or a fresh pre-training "
+            "on other arithmetic (--pretrain). Every number below is conditional on that other base."
+        )
+    for _, r in beyond.iterrows():
+        lines.append(
+            f"  {r['run']} {r['metric']}: {r['this_run']} here, {r['reference']} in the reference "
+            f"(difference {r['diff']:+.3f}, tolerance {r['tolerance']:.2f})."
+        )
+    if not beyond.empty:
+        lines.append(
+            "  The lab's regime differs: read the reference's claims as not reproduced here (docs/lab.md, "
+            "'Reproducing the lab'); lab/reproduction.csv has every figure."
+        )
+    return lines
+
+
+def banner(lines: list[str]) -> list[str]:
+    """The warning framed so that it cannot be missed in a console log."""
+    if not lines:
+        return []
+    rule = "!" * 100
+    return [rule, *lines, rule]
