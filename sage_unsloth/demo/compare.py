@@ -34,7 +34,7 @@ REFERENCE_METHOD = "sft"
 
 
 def split_run(run: str) -> tuple[str, int | None]:
-    """("grpo", 1) for "grpo_seed1"; ("sft", None) for "sft"."""
+    """("a_method", 1) for "a_method_seed1"; ("sft", None) for "sft"."""
     match = SEED_SUFFIX.match(run)
     return (match["method"], int(match["seed"])) if match else (run, None)
 

@@ -51,7 +51,6 @@ BENCHMARK = "demo"
 PAPER_BETA = 0.05  # the paper's anchor strength (arXiv 2605.18864): the frontier's unbound end
 COLLAPSE = 0.15  # a run whose net support at k is below -COLLAPSE collapsed (docs/lab-plan.md)
 GUIDE_LABELS = {"none": "GRPO", "branch": "Branch"}
-PAPER_SHAPE_CONFIG = "grpo_branch_paper.yaml"  # the lab's Branch in the paper's shape (configs/demo/)
 ARM_KEYS = ("guide", "beta", "tau", "gamma", "q_max", "kl_estimator", "kl_placement")
 POOLED = "pooled"
 NO_COLLAPSE = "pooled, collapsed pairs dropped"  # the pre-registered sensitivity analysis (docs/lab-plan.md)
@@ -68,11 +67,12 @@ def _num(value) -> str:
 
 
 def paper_shape() -> dict[str, str]:
-    """The knobs of the lab's paper-shape Branch (configs/demo/grpo_branch_paper.yaml, resolved as stage 2 reads
-    it): a Branch arm with exactly these is labelled 'Branch', any other shows its knobs."""
-    from .run import CONFIG_DIR, resolve_method_config
+    """The knobs of the lab's paper-shape Branch (the method file whose card has ``role: paper_shape``, resolved
+    as stage 2 reads it): a Branch arm with exactly these is labelled 'Branch', any other shows its knobs."""
+    from ..method_cards import role_holder
+    from .run import resolve_method_config
 
-    config, _ = resolve_method_config(CONFIG_DIR / PAPER_SHAPE_CONFIG)
+    config, _ = resolve_method_config(role_holder("paper_shape").path)
     return {k: _num(config[f"sage_{k}"]) for k in ("tau", "gamma", "q_max")}
 
 

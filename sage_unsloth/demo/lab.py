@@ -1,8 +1,8 @@
 """The lab's closing step: methods compared across seeds and problems, the run compared with the committed
 reference, and a plain statement of what GRPO + Branch did against GRPO.
 
-``python -m sage_unsloth.demo.lab --work W --results R --runs sft,grpo_seed0,... --methods grpo=GRPO,...
---pairs grpo_branch:grpo,... [--reference results/demo-reference]`` reads the eval stage's per_problem.csv
+``python -m sage_unsloth.demo.lab --work W --results R --runs sft,A_seed0,... --methods '{"A": "label", ...}'
+--pairs A:B,... [--reference results/demo-reference]`` reads the eval stage's per_problem.csv
 files and the analysis step's tables and writes ``R/lab/``: ``methods.csv`` (pass@k per method and k with
 intervals), ``pairs.csv`` (paired differences: the family of comparisons, with p_holm, mde and
 seeds_for_0.015), ``outcome.md`` (the outcome paragraph and table, from pairs.csv: demo/outcome.py),
