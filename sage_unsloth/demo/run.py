@@ -497,135 +497,133 @@ def data_command(spec: dict[str, Any], out: str | Path, *, python: str | None = 
     return [python or sys.executable, "-m", "sage_unsloth.demo.data", "--out", str(out), "--spec", spec_json]
 
 
-def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path | None) -> list[Step]:
-    py = python()
-    data, model_dir = work / "data", work / "model" / MODEL_NAME
-    sft_dir = layout.sft_dir(work, MODEL_NAME)  # the demo's outputs root is its work folder
-    spec = budget.data
-    # what the analysis and the lab both read: the work folder, the results folder and every run's name
-    lab_inputs = ["--work", _rel(work), "--results", _rel(results), "--runs", ",".join(run_names(budget))]
+@dataclass(frozen=True)
+class LabFolders:
+    """Where one lab's steps read and write: its work and results folders and what lies in them."""
+
+    work: Path
+    results: Path
+
+    @property
+    def data(self) -> Path:
+        return self.work / "data"
+
+    @property
+    def model(self) -> Path:
+        return self.work / "model" / MODEL_NAME
+
+    @property
+    def sft(self) -> Path:
+        return layout.sft_dir(self.work, MODEL_NAME)  # the demo's outputs root is its work folder
+
+
+def model_step(budget: DemoBudget, folders: LabFolders) -> Step:
+    """The base model: this draw's committed base copied (every machine starts from the same weights), or
+    pre-trained here (``--pretrain``, or no committed base for this budget)."""
+    py, spec, out = python(), budget.data, _rel(folders.model)
     base = None if budget.pretrain else committed_base(budget.draw, steps=budget.pretrain_steps, spec=spec)
-    if base is not None:  # the committed base of this draw: every machine starts from the same weights
-        model_argv = [py, "-m", "sage_unsloth.demo.pretrain", "--from", _rel(base), "--out", _rel(model_dir)]
-        model_step = {
-            "configs": tuple(sorted(base.iterdir())),
-            "label": f"the committed base of draw {budget.draw}",
-        }
+    if base is not None:
+        argv = [py, "-m", "sage_unsloth.demo.pretrain", "--from", _rel(base), "--out", out]
+        own = {"configs": tuple(sorted(base.iterdir())), "label": f"the committed base of draw {budget.draw}"}
     else:
-        model_argv = [py, "-m", "sage_unsloth.demo.pretrain", "--out", _rel(model_dir)]
-        model_argv += ["--steps", str(budget.pretrain_steps), "--seed", str(spec.seed)]
-        model_argv += [] if budget.draw == spec.seed else ["--draw", str(budget.draw)]
-        model_argv += ["--low", str(spec.low), "--high", str(spec.high)]
-        model_argv += ["--n-eval", str(spec.n_eval), "--n-rl", str(spec.n_rl)]
-        model_step = {"label": f"pre-training, {budget.pretrain_steps} steps, draw {budget.draw}"}
-    steps = [
-        Step(
-            "model",
-            model_argv,
-            outputs=(model_dir,),
-            code=PRETRAIN_CODE,
-            light=base is not None,
-            **model_step,
-        ),
-        Step(
-            "data",
-            data_command(asdict(spec), _rel(data), python=py),
-            outputs=(data,),
-            code=DATA_CODE,
-            light=True,
-        ),
-        Step(
-            "sft",
-            stage_command(
-                "sft",
-                _rel(CONFIG_DIR / "sft.yaml"),
-                "--model_name_or_path",
-                _rel(model_dir),
-                "--dataset_path",
-                _rel(data / SFT_FILE),
-                "--output_dir",
-                _rel(sft_dir),
-                "--max_steps",
-                str(budget.sft_steps),
-                *(
-                    ["--seed", str(budget.draw)] if budget.draw else []
-                ),  # the draw's SFT seed (draw 0: the config's 0)
-                python=py,
-            ),
-            outputs=(sft_dir,),
-            after=("model", "data"),
-            configs=(CONFIG_DIR / "sft.yaml",),
-            label=f"stage 1, {budget.sft_steps} steps",
-        ),
-    ]
+        argv = [py, "-m", "sage_unsloth.demo.pretrain", "--out", out]
+        argv += ["--steps", str(budget.pretrain_steps), "--seed", str(spec.seed)]
+        argv += [] if budget.draw == spec.seed else ["--draw", str(budget.draw)]
+        argv += ["--low", str(spec.low), "--high", str(spec.high)]
+        argv += ["--n-eval", str(spec.n_eval), "--n-rl", str(spec.n_rl)]
+        own = {"label": f"pre-training, {budget.pretrain_steps} steps, draw {budget.draw}"}
+    return Step("model", argv, outputs=(folders.model,), code=PRETRAIN_CODE, light=base is not None, **own)
+
+
+def data_step(budget: DemoBudget, folders: LabFolders) -> Step:
+    argv = data_command(asdict(budget.data), _rel(folders.data), python=python())
+    return Step("data", argv, outputs=(folders.data,), code=DATA_CODE, light=True)
+
+
+def sft_step(budget: DemoBudget, folders: LabFolders) -> Step:
+    """Stage 1 on the base; a draw's SFT seed is the draw (draw 0: the config's 0)."""
+    argv = stage_command(
+        "sft",
+        _rel(CONFIG_DIR / "sft.yaml"),
+        *("--model_name_or_path", _rel(folders.model), "--dataset_path", _rel(folders.data / SFT_FILE)),
+        *("--output_dir", _rel(folders.sft), "--max_steps", str(budget.sft_steps)),
+        *(["--seed", str(budget.draw)] if budget.draw else []),
+        python=python(),
+    )
+    return Step(
+        "sft",
+        argv,
+        outputs=(folders.sft,),
+        after=("model", "data"),
+        configs=(CONFIG_DIR / "sft.yaml",),
+        label=f"stage 1, {budget.sft_steps} steps",
+    )
+
+
+def rl_steps(budget: DemoBudget, folders: LabFolders) -> list[Step]:
+    """Stage 2 for every method and training seed, all from the one SFT adapter with the same budget."""
+    steps = []
     for method in lab_methods(budget):
-        config, config_deps = materialise(method, work)
+        config, config_deps = materialise(method, folders.work)
         for seed in budget.seeds:
             run = f"{method.name}_seed{seed}"
+            argv = stage_command(
+                "rlvr",
+                _rel(config),
+                *("--sft_dir", _rel(folders.sft), "--output_root", _rel(folders.work), "--variant", run),
+                *("--seed", str(seed), "--dataset_path", _rel(folders.data / RL_FILE)),
+                *("--max_steps", str(budget.rl_steps)),
+                python=python(),
+            )
             steps.append(
                 Step(
                     run,
-                    stage_command(
-                        "rlvr",
-                        _rel(config),
-                        "--sft_dir",
-                        _rel(sft_dir),
-                        "--output_root",
-                        _rel(work),
-                        "--variant",
-                        run,
-                        "--seed",
-                        str(seed),
-                        "--dataset_path",
-                        _rel(data / RL_FILE),
-                        "--max_steps",
-                        str(budget.rl_steps),
-                        python=py,
-                    ),
-                    outputs=(layout.rlvr_dir(work, MODEL_NAME, run),),
+                    argv,
+                    outputs=(layout.rlvr_dir(folders.work, MODEL_NAME, run),),
                     after=("sft",),
                     configs=config_deps,  # the file and its bases (and a plug-in guide's file)
                     code=("rlvr",),
                     label=f"stage 2, {method.label}, {budget.rl_steps} steps",
                 )
             )
-    evals = []
+    return steps
+
+
+def eval_steps(budget: DemoBudget, folders: LabFolders) -> list[Step]:
+    """Stage 3 of every run on the held-out problems; the evaluation's sampling seed is the training seed, so
+    seed s's runs are paired (SFT's evaluations all read stage 1's adapter)."""
     eval_chunk = int(yaml.safe_load((CONFIG_DIR / "eval.yaml").read_text())["problems_per_batch"])
+    work, results = folders.work, folders.results
+    steps = []
     for run in run_names(budget):
-        name = f"eval_{run}"
         method, seed = split_run(run)
-        trained = "sft" if method == SFT_RUN else run  # SFT's evaluations all read stage 1's adapter
-        run_dir = layout.run_dir(work, MODEL_NAME, SFT_RUN if method == SFT_RUN else run)
+        trained = "sft" if method == SFT_RUN else run
         completions = layout.completions_dir(work, MODEL_NAME, run)
-        evals.append(name)
+        argv = stage_command(
+            "eval",
+            _rel(CONFIG_DIR / "eval.yaml"),
+            *("--checkpoints", _rel(layout.run_dir(work, MODEL_NAME, SFT_RUN if method == SFT_RUN else run))),
+            *("--run_name", run, "--seed", str(seed), "--results_dir", _rel(results)),
+            *(
+                "--outputs_dir",
+                _rel(work),
+                "--local_benchmarks",
+                f"{DEMO_BENCHMARK}={_rel(folders.data / EVAL_FILE)}",
+            ),
+            *(
+                "--benchmarks",
+                DEMO_BENCHMARK,
+                "--n",
+                str(budget.eval_n),
+                "--limit",
+                str(budget.eval_problems),
+            ),
+            python=python(),
+        )
         steps.append(
             Step(
-                name,
-                stage_command(
-                    "eval",
-                    _rel(CONFIG_DIR / "eval.yaml"),
-                    "--checkpoints",
-                    _rel(run_dir),
-                    "--run_name",
-                    run,
-                    "--seed",
-                    str(
-                        seed
-                    ),  # the evaluation's sampling seed is the training seed: seed s's runs are paired
-                    "--results_dir",
-                    _rel(results),
-                    "--outputs_dir",
-                    _rel(work),
-                    "--local_benchmarks",
-                    f"{DEMO_BENCHMARK}={_rel(data / EVAL_FILE)}",
-                    "--benchmarks",
-                    DEMO_BENCHMARK,
-                    "--n",
-                    str(budget.eval_n),
-                    "--limit",
-                    str(budget.eval_problems),
-                    python=py,
-                ),
+                f"eval_{run}",
+                argv,
                 outputs=(layout.results_dir(results, MODEL_NAME, run), completions),
                 after=(trained,),
                 configs=(CONFIG_DIR / "eval.yaml",),
@@ -637,82 +635,96 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                 ),
             )
         )
-    pairs = ",".join(f"{a}_seed{s}:{b}_seed{s}" for a, b in lab_pairs(budget) for s in budget.seeds)
-    steps += [
-        Step(
-            "analysis",
-            [
-                py,
-                "-m",
-                "sage_unsloth.demo.analysis",
-                *lab_inputs,
-                "--branch-config",
-                _rel(BRANCH_CONFIG),
-            ],
-            outputs=(results / "analysis",),
-            after=tuple(evals),
-            configs=config_files(BRANCH_CONFIG),
-            code=ANALYSIS_CODE,
-            label="plans and branch-point entropy",
-        ),
-        Step(
-            "report",
-            stage_command(
-                "report",
-                _rel(CONFIG_DIR / "report.yaml"),
-                "--results",
-                _rel(results),
-                "--out",
-                _rel(layout.report_md(results)),
-                "--pairs",
-                pairs,
-                "--resamples",
-                str(budget.bootstrap_resamples),
-                "--support_reference",
-                sft_run(budget.seeds[0]),
-                python=py,
-            ),
-            outputs=(layout.report_md(results), layout.report_dir(results)),
-            after=tuple(evals),
-            configs=(CONFIG_DIR / "report.yaml",),
-            code=("report",),
-            label="stage 4",
-            light=True,
-        ),
-    ]
-    lab = [
-        py,
-        "-m",
-        "sage_unsloth.demo.lab",
-        *lab_inputs,
-        "--methods",
-        json.dumps({m.name: m.label for m in lab_methods(budget)}),
-        "--pairs",
-        ",".join(f"{a}:{b}" for a, b in lab_pairs(budget)),
-        "--resamples",
-        str(budget.bootstrap_resamples),
-        "--kmax",
-        str(budget.kmax),
-        "--branch-config",
-        _rel(BRANCH_CONFIG),
-    ]
-    reference_files = ()
-    if reference is not None and reference.resolve() != results.resolve():
-        lab += ["--reference", _rel(reference)]
-        reference_files = tuple(sorted((reference / "lab").glob("*.csv")))
-    steps.append(
-        Step(
-            "lab",
-            lab,
-            outputs=(results / "lab",),
-            after=("analysis", "report"),
-            configs=reference_files,
-            code=LAB_CODE,
-            label="comparison across seeds and problems",
-            light=True,
-        )
-    )
     return steps
+
+
+def lab_inputs(budget: DemoBudget, folders: LabFolders) -> list[str]:
+    """What the analysis and the lab both read: the work folder, the results folder and every run's name."""
+    return [
+        "--work",
+        _rel(folders.work),
+        "--results",
+        _rel(folders.results),
+        "--runs",
+        ",".join(run_names(budget)),
+    ]
+
+
+def analysis_step(budget: DemoBudget, folders: LabFolders, evals: tuple[str, ...]) -> Step:
+    argv = [python(), "-m", "sage_unsloth.demo.analysis", *lab_inputs(budget, folders)]
+    return Step(
+        "analysis",
+        [*argv, "--branch-config", _rel(BRANCH_CONFIG)],
+        outputs=(folders.results / "analysis",),
+        after=evals,
+        configs=config_files(BRANCH_CONFIG),
+        code=ANALYSIS_CODE,
+        label="plans and branch-point entropy",
+    )
+
+
+def report_step(budget: DemoBudget, folders: LabFolders, evals: tuple[str, ...]) -> Step:
+    """Stage 4 on every run, with the lab's pairs at each seed."""
+    results = folders.results
+    pairs = ",".join(f"{a}_seed{s}:{b}_seed{s}" for a, b in lab_pairs(budget) for s in budget.seeds)
+    argv = stage_command(
+        "report",
+        _rel(CONFIG_DIR / "report.yaml"),
+        *("--results", _rel(results), "--out", _rel(layout.report_md(results)), "--pairs", pairs),
+        *("--resamples", str(budget.bootstrap_resamples), "--support_reference", sft_run(budget.seeds[0])),
+        python=python(),
+    )
+    return Step(
+        "report",
+        argv,
+        outputs=(layout.report_md(results), layout.report_dir(results)),
+        after=evals,
+        configs=(CONFIG_DIR / "report.yaml",),
+        code=("report",),
+        label="stage 4",
+        light=True,
+    )
+
+
+def lab_step(budget: DemoBudget, folders: LabFolders, reference: Path | None) -> Step:
+    """The comparison across seeds and problems, and with the reference run when there is one."""
+    argv = [python(), "-m", "sage_unsloth.demo.lab", *lab_inputs(budget, folders)]
+    argv += ["--methods", json.dumps({m.name: m.label for m in lab_methods(budget)})]
+    argv += ["--pairs", ",".join(f"{a}:{b}" for a, b in lab_pairs(budget))]
+    argv += ["--resamples", str(budget.bootstrap_resamples), "--kmax", str(budget.kmax)]
+    argv += ["--branch-config", _rel(BRANCH_CONFIG)]
+    reference_files = ()
+    if reference is not None and reference.resolve() != folders.results.resolve():
+        argv += ["--reference", _rel(reference)]
+        reference_files = tuple(sorted((reference / "lab").glob("*.csv")))
+    return Step(
+        "lab",
+        argv,
+        outputs=(folders.results / "lab",),
+        after=("analysis", "report"),
+        configs=reference_files,
+        code=LAB_CODE,
+        label="comparison across seeds and problems",
+        light=True,
+    )
+
+
+def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path | None) -> list[Step]:
+    """One lab's steps, in order: the base, the data, stage 1, stage 2 per method and seed, stage 3 per run,
+    the analysis, stage 4 and the lab."""
+    folders = LabFolders(work, results)
+    evals = eval_steps(budget, folders)
+    after_evals = tuple(s.name for s in evals)
+    return [
+        model_step(budget, folders),
+        data_step(budget, folders),
+        sft_step(budget, folders),
+        *rl_steps(budget, folders),
+        *evals,
+        analysis_step(budget, folders, after_evals),
+        report_step(budget, folders, after_evals),
+        lab_step(budget, folders, reference),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------- draws
