@@ -359,8 +359,10 @@ def run_names(budget: DemoBudget) -> list[str]:
 
 
 def lab_methods(budget: DemoBudget) -> list[Method]:
+    """The budget's methods: the kit's, then those from files and --grid cells (a name neither knows is a
+    method without a card: labelled by its name, compared with SFT and the control)."""
     extra = {m.name: m for m in budget.extra}
-    return [METHOD_BY_NAME.get(name) or extra[name] for name in budget.methods]
+    return [METHOD_BY_NAME.get(name) or extra.get(name) or Method(name, name) for name in budget.methods]
 
 
 def lab_pairs(budget: DemoBudget) -> list[tuple[str, str]]:
