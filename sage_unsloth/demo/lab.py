@@ -366,12 +366,12 @@ def render(section: LabSection) -> tuple[str, str]:
         *_intro_lines(section, headline),
         *_method_lines(section),
         *_pair_lines(section),
-        *_support_lines(section),
-        *_gap_lines(section),
-        *_plan_type_lines(section),
+        *([] if section.support.empty else _support_lines(section)),
+        *([] if section.gaps.empty else _gap_lines(section)),
+        *([] if section.plan_types.empty else _plan_type_lines(section)),
         *_plan_lines(section),
         *_branch_lines(section),
-        *_reference_lines(section),
+        *([] if section.reference is None or section.reference.empty else _reference_lines(section)),
     ]
     return "\n".join(lines) + "\n", "\n".join(_console_lines(section, headline)) + "\n"
 
@@ -477,8 +477,6 @@ def _pair_lines(s: LabSection) -> list[str]:
 def _support_lines(s: LabSection) -> list[str]:
     """Support against SFT at kmax, and the net movement at every k."""
     support, kmax, labels = s.support, s.kmax, s.labels
-    if support.empty:
-        return []
     lines = [
         "",
         f"### Support against SFT at k = {kmax} (report/support.py, across seeds and problems)",
@@ -521,8 +519,6 @@ def _support_lines(s: LabSection) -> list[str]:
 def _gap_lines(s: LabSection) -> list[str]:
     """The problems where the common plan meets the base model's gap, and the others."""
     gaps, kmax, labels = s.gaps, s.kmax, s.labels
-    if gaps.empty:
-        return []
     lines = [
         "",
         "### Problems where the common plan meets the base model's gap (sage_unsloth/demo/task.py)",
@@ -554,8 +550,6 @@ def _gap_lines(s: LabSection) -> list[str]:
 
 def _plan_type_lines(s: LabSection) -> list[str]:
     plan_types = s.plan_types
-    if plan_types.empty:
-        return []
     subsets = list(dict.fromkeys(plan_types["problems"]))
     lines = [
         "",
@@ -632,8 +626,6 @@ def _branch_lines(section: LabSection) -> list[str]:
 
 def _reference_lines(s: LabSection) -> list[str]:
     reference = s.reference
-    if reference is None or reference.empty:
-        return []
     lines = [
         "",
         "### This run against the committed reference (results/demo-reference/)",

@@ -542,15 +542,18 @@ def data_step(budget: DemoBudget, folders: LabFolders) -> Step:
     return Step("data", argv, outputs=(folders.data,), code=DATA_CODE, light=True)
 
 
+def kit_stage(stage: str, *flags: str) -> list[str]:
+    """The command of a kit stage on its demo config (configs/demo/<stage>.yaml) with ``flags``."""
+    return stage_command(stage, _rel(CONFIG_DIR / f"{stage}.yaml"), *flags, python=python())
+
+
 def sft_step(budget: DemoBudget, folders: LabFolders) -> Step:
     """Stage 1 on the base; a draw's SFT seed is the draw (draw 0: the config's 0)."""
-    argv = stage_command(
+    argv = kit_stage(
         "sft",
-        _rel(CONFIG_DIR / "sft.yaml"),
         *("--model_name_or_path", _rel(folders.model), "--dataset_path", _rel(folders.data / SFT_FILE)),
         *("--output_dir", _rel(folders.sft), "--max_steps", str(budget.sft_steps)),
         *(["--seed", str(budget.draw)] if budget.draw else []),
-        python=python(),
     )
     return Step(
         "sft",
@@ -601,9 +604,8 @@ def eval_steps(budget: DemoBudget, folders: LabFolders) -> list[Step]:
         method, seed = split_run(run)
         trained = "sft" if method == SFT_RUN else run
         completions = layout.completions_dir(work, MODEL_NAME, run)
-        argv = stage_command(
+        argv = kit_stage(
             "eval",
-            _rel(CONFIG_DIR / "eval.yaml"),
             *("--checkpoints", _rel(layout.run_dir(work, MODEL_NAME, SFT_RUN if method == SFT_RUN else run))),
             *("--run_name", run, "--seed", str(seed), "--results_dir", _rel(results)),
             *(
@@ -620,7 +622,6 @@ def eval_steps(budget: DemoBudget, folders: LabFolders) -> list[Step]:
                 "--limit",
                 str(budget.eval_problems),
             ),
-            python=python(),
         )
         steps.append(
             Step(
@@ -669,12 +670,10 @@ def report_step(budget: DemoBudget, folders: LabFolders, evals: tuple[str, ...])
     """Stage 4 on every run, with the lab's pairs at each seed."""
     results = folders.results
     pairs = ",".join(f"{a}_seed{s}:{b}_seed{s}" for a, b in lab_pairs(budget) for s in budget.seeds)
-    argv = stage_command(
+    argv = kit_stage(
         "report",
-        _rel(CONFIG_DIR / "report.yaml"),
         *("--results", _rel(results), "--out", _rel(layout.report_md(results)), "--pairs", pairs),
         *("--resamples", str(budget.bootstrap_resamples), "--support_reference", sft_run(budget.seeds[0])),
-        python=python(),
     )
     return Step(
         "report",
