@@ -158,3 +158,22 @@ def test_a_role_belongs_to_one_method(tmp_path):
         (tmp_path / f"{name}.yaml").write_text("lab: {label: X, role: control}\n")
     with pytest.raises(ValueError, match="role control is held by a, b"):
         read_cards(tmp_path)
+
+
+# The committed labs whose pairs the runner chose (demo-pilot-grid's grid cells were paired by hand).
+RUNNER_PAIRED_LABS = ("demo-reference", "demo-baselines", "demo-pilot-beta", "demo-confirm")
+
+
+@pytest.mark.parametrize("lab", RUNNER_PAIRED_LABS)
+def test_the_method_files_pair_the_methods_as_the_committed_labs_did(lab):
+    """The cards' compare_with places give each committed lab's comparisons in the order its pairs.csv has."""
+    from dataclasses import replace
+
+    import pandas as pd
+
+    from sage_unsloth.demo.run import FULL, lab_pairs
+
+    folder = REPO / "results" / lab
+    methods = tuple(json.loads((folder / "demo_budget.json").read_text())["methods"])
+    table = pd.read_csv(folder / "lab" / "pairs.csv")
+    assert lab_pairs(replace(FULL, methods=methods)) == list(dict.fromkeys(zip(table["a"], table["b"])))
