@@ -32,7 +32,7 @@ CITED = re.compile(r"(?<![\w.^@=])(?P<sign>[-+\u2212]?)(?P<digits>\d+\.\d+|\d+(?
 TAG = re.compile(r"<!-- n (?P<path>\S+\.csv)(?P<keys>[^:]*): (?P<cols>[^>]*?) -->")
 GENERATED = (outcome.BLOCK, frontier.BLOCK)
 # the lab's own tables only: per-problem files hold thousands of values, so any number would match one
-TABLE_DIRS = ("lab", "analysis")
+TABLE_DIRS = ("lab", "analysis", "frontier")
 PER_RUN = ("runs.csv", "strategies.csv")  # one row per run: prose quotes methods, not single runs
 FOLDER = re.compile(r"results/(?P<name>[\w.-]+)/")
 
