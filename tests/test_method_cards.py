@@ -161,7 +161,13 @@ def test_a_role_belongs_to_one_method(tmp_path):
 
 
 # The committed labs whose pairs the runner chose (demo-pilot-grid's grid cells were paired by hand).
-RUNNER_PAIRED_LABS = ("demo-reference", "demo-baselines", "demo-pilot-beta", "demo-confirm")
+RUNNER_PAIRED_LABS = (
+    "demo-reference",
+    "demo-baselines",
+    "demo-pilot-beta",
+    "demo-confirm",
+    "demo-frontier-pilot",
+)
 
 
 @pytest.mark.parametrize("lab", RUNNER_PAIRED_LABS)
