@@ -8,7 +8,7 @@ shows it. Adding a method to the demo lab is adding one file to configs/demo/; n
       compare_with: {sft: 4, other: 7}  # the B of each A - B pair it is A of, with the pair's place among the
                                         # comparisons (a list [sft, other] places them after the placed ones)
       sets: [default]             # named method sets it belongs to (--methods default, baselines, ...)
-      family: branch_shapes      # methods that are one method at several settings share a family (a hue)
+      family: branch_shapes       # methods that are one method at several settings share a family (a hue)
       role: branch                # a part the lab gives one method (ROLES)
 
 The stages never read the block (config_args drops ``lab:`` with ``base:``). A method without ``compare_with`` is

@@ -76,13 +76,12 @@ class Method:
 
     name: str
     label: str
-    source: str | None = (
-        None  # a YAML outside the kit's methods (absolute path); None: <CONFIG_DIR>/<name>.yaml
-    )
+    # a YAML outside the kit's methods (absolute path); None: <CONFIG_DIR>/<name>.yaml
+    source: str | None = None
     base_method: str | None = None  # --grid: the kit method whose config the overrides apply to
     overrides: tuple[tuple[str, Any], ...] = ()  # --grid: stage-2 keys and values set on top
     compare_with: tuple[tuple[str, float], ...] | None = (
-        None  # (B, place) of its pairs; None: SFT and the control
+        None  # (B, place) of its pairs; None: SFT, the control
     )
 
     @property
