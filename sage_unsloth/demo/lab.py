@@ -757,7 +757,7 @@ def run_table(lab, runs, kmax, plans: PlanShares, knobs: pd.DataFrame) -> pd.Dat
     """lab/runs.csv: one row per run with its knobs (from each run's stage-2 manifest) and pair-plan share."""
     run_frame = run_rows(lab, runs, kmax, plans.strategies, plans.branch).merge(knobs, on="run", how="left")
     run_frame.insert(
-        run_frame.columns.get_loc("rare_share") + 1,
+        run_frame.columns.get_loc("minority_share") + 1,
         "pair_share",
         [float(plans.pair_share[r].mean()) for r in run_frame["run"]],
     )
@@ -772,7 +772,7 @@ def regime_table(lab, runs, gap, run_frame: pd.DataFrame, plans: PlanShares) -> 
             lambda run: compare.split_run(run)[0],
             {run: lab.passk(run, [1])[:, 0] for run in runs},
             gap,
-            dict(zip(run_frame["run"], run_frame["rare_share"])),
+            dict(zip(run_frame["run"], run_frame["minority_share"])),
             {run: float(plans.pair_share[run].mean()) for run in runs},
         ),
         columns=["run", "metric", "value"],

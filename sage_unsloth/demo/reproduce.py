@@ -96,13 +96,13 @@ def reference_regime(reference: Path) -> pd.DataFrame:
     path = Path(reference) / "lab" / REGIME_FILE
     if path.is_file():
         return pd.read_csv(path)
-    runs = pd.read_csv(Path(reference) / "lab" / "runs.csv")
-    rows = []
+    runs = pd.read_csv(Path(reference) / "lab" / "runs.csv").rename(columns={"rare_share": "minority_share"})
+    rows = []  # (a lab written before the minority plans had their name called their share rare_share)
     for _, r in runs.iterrows():
         if r["method"] == "sft":
             rows.append({"run": r["run"], "metric": "sft_pass_at_1", "value": r["pass_at_1"]})
         elif r["method"] == GRPO:
-            rows.append({"run": r["run"], "metric": "grpo_rare_share", "value": r["rare_share"]})
+            rows.append({"run": r["run"], "metric": "grpo_rare_share", "value": r["minority_share"]})
     return pd.DataFrame(rows, columns=["run", "metric", "value"])
 
 
