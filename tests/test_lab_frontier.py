@@ -230,3 +230,19 @@ def test_a_different_base_is_a_warning_even_when_the_regime_holds(tmp_path):
     write_reference(ref, [("sft_seed0", "sft_pass_at_1", 0.6)], {"base": "a" * 64, "sft": "b" * 64})
     table = R.compare(regime([("sft_seed0", "sft_pass_at_1", 0.6)]), {"base": "d" * 64, "sft": "b" * 64}, ref)
     assert "pre-trained base is not the reference's" in " ".join(R.warning_lines(table, "ref"))
+
+
+@pytest.mark.parametrize("column", ["minority_share", "rare_share"])
+def test_a_reference_without_regime_csv_gives_the_control_s_minority_share_under_either_name(
+    tmp_path, column
+):
+    """A lab's runs.csv names the minority-plan share minority_share; labs from before that name it rare_share."""
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "runs.csv").write_text(
+        f"run,method,pass_at_1,{column}\nsft_seed0,sft,0.6,0.3\n{R.GRPO}_seed0,{R.GRPO},0.7,0.02\n"
+    )
+    rows = R.reference_regime(tmp_path).to_dict("records")
+    assert rows == [
+        {"run": "sft_seed0", "metric": "sft_pass_at_1", "value": 0.6},
+        {"run": f"{R.GRPO}_seed0", "metric": "grpo_rare_share", "value": 0.02},
+    ]
