@@ -236,7 +236,9 @@ def test_a_reference_written_with_the_old_metric_name_is_compared(tmp_path):
     """Labs written before the minority plans had their name call GRPO's metric grpo_rare_share (regime.csv) or
     rare_share (runs.csv); both are read as the minority-plan share, so the comparison still covers it."""
     ref = tmp_path / "ref"
-    old = regime([("grpo_seed0", "grpo_minority_share", 0.028)]).replace("grpo_minority_share", "grpo_rare_share")
+    old = regime([("grpo_seed0", "grpo_minority_share", 0.028)]).replace(
+        "grpo_minority_share", "grpo_rare_share"
+    )
     (ref / "lab").mkdir(parents=True)
     old.to_csv(ref / "lab" / R.REGIME_FILE, index=False)
     table = R.compare(regime([("grpo_seed0", "grpo_minority_share", 0.26)]), {}, ref)
