@@ -92,6 +92,19 @@ def test_there_is_a_marked_outcome_block_and_each_equals_its_lab_regenerated():
         )
 
 
+def test_every_frontier_block_equals_its_frontier_regenerated():
+    """README.md / docs/lab.md embed the frontier's outcome.md between frontier-outcome markers; each must be what
+    sage_unsloth.demo.frontier writes from that folder's CSVs today (frontier.update_text rewrites them)."""
+    found = 0
+    for name in SECTIONS:
+        for match in frontier.BLOCK.finditer((ROOT / name).read_text()):
+            found += 1
+            assert match.group(0) == frontier.update_text(match.group(0), ROOT), (
+                f"{name}: the frontier block of {match['folder']} differs from its CSVs"
+            )
+    assert found, "README.md / docs/lab.md: no <!-- frontier-outcome:begin results/<folder> --> block"
+
+
 LABS = sorted(
     p.parent.parent.name
     for p in (ROOT / "results").glob("*/lab/pairs.csv")
