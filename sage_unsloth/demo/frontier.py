@@ -495,7 +495,7 @@ def summary_lines(arms: pd.DataFrame, paired: pd.DataFrame, k: int) -> list[str]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.demo.frontier", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m sage_unsloth.demo.frontier", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--labs", required=True, help="the draws' results folders, comma-separated")
     parser.add_argument("--out", required=True)
