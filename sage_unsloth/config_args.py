@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from sage_unsloth.method_cards import LAB_KEY  # a demo method's card: how the lab shows it, no stage's field
+
 BASE_KEY = "base"
 ENV_KEY = "env"  # TrlParser's: environment variables set before the dataclasses are built
 HELP_ALL = "--help-all"
@@ -133,6 +135,7 @@ def merge_over_base(merged: dict[str, Any], data: dict[str, Any]) -> dict[str, A
 
 def _load_config(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     data = read_config_file(path, chain)
+    data.pop(LAB_KEY, None)
     base = data.pop(BASE_KEY, None)
     base_path = _base_path(path, base)
     if base_path is None:

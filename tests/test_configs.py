@@ -347,36 +347,20 @@ def test_bad_base_or_yaml_is_one_config_error(tmp_path, text, error):
     assert "\n" not in str(caught.value)
 
 
-DEMO_METHOD_KEYS = {  # what each demo method file sets besides base: and variant
-    "grpo": set(),
-    "grpo_nokl": {"beta"},
-    "grpo_fkl": {"kl_estimator"},
-    "grpo_branch": {"sage_guide", "sage_gamma", "sage_tau"},
-    "grpo_reward": {"sage_kl_placement"},
-    "grpo_branch_reward": {"sage_kl_placement"},  # on top of grpo_branch.yaml
-    "grpo_ref_branch": {"sage_guide", "sage_gamma", "sage_tau"},
-    "grpo_entropy_adv": {"policy_term"},
-    "grpo_high_entropy": {"top_entropy_quantile"},
-    "grpo_clip_cov": {"policy_term"},
-    "grpo_kl_cov": {"policy_term", "per_device_train_batch_size"},
-    "grpo_passk": {"advantage_estimator", "passk_k"},
-    "grpo_ref_reset": {"ref_reset_steps"},
-    "grpo_branch_paper": {"sage_guide", "sage_gamma", "sage_tau", "sage_q_min", "sage_q_max"},
-    # the positive control's beta sweep (docs/lab.md)
-    **{f"grpo_beta{b}": {"beta"} for b in ("0.2", "0.5", "1", "2")},
-}
-
-
-def test_demo_methods_build_on_one_base_and_each_step_fingerprints_the_whole_chain(tmp_path):
+def test_demo_methods_are_the_method_files_and_each_step_fingerprints_the_whole_chain(tmp_path):
+    """The lab's methods are discovered from configs/demo/ (every file with a lab: block, no list): each builds on
+    the one base the control builds on, so the methods differ only in what their files show."""
     from sage_unsloth.config_args import config_files
-    from sage_unsloth.demo.run import METHODS, DemoBudget, build_steps
+    from sage_unsloth.demo.run import CONTROL, METHODS, DemoBudget, build_steps
 
     demo = CONFIGS / "demo"
-    assert {m.config for m in METHODS} == {f"{name}.yaml" for name in DEMO_METHOD_KEYS}
-    for name, keys in DEMO_METHOD_KEYS.items():
-        own = {k for k in load_config_keys(demo / f"{name}.yaml")} - {"base", "variant"}
-        assert own == keys, (name, own)
-        assert config_files(demo / f"{name}.yaml")[-1] == demo / "_grpo_base.yaml"
+    method_files = sorted(p.stem for p in demo.glob("*.yaml") if "lab" in load_config_keys(p))
+    assert len(method_files) > 10 and sorted(m.name for m in METHODS) == method_files
+    shared_base = config_files(demo / f"{CONTROL}.yaml")[-1]
+    for name in method_files:
+        assert config_files(demo / f"{name}.yaml")[-1] == shared_base, name
+        if name != CONTROL:  # every other method sets something of its own besides base:, variant: and lab:
+            assert set(load_config_keys(demo / f"{name}.yaml")) - {"base", "variant", "lab"}, name
     every = DemoBudget(methods=tuple(m.name for m in METHODS))
     steps = {s.name: s for s in build_steps(every, tmp_path / "w", tmp_path / "r", None)}
     reward_run = next(s for name, s in steps.items() if name.startswith("grpo_branch_reward"))

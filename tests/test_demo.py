@@ -167,6 +167,6 @@ def test_methods_select_runs_and_pairs_by_name():
         "grpo_branch_seed1",
     ]
     assert ("grpo_branch", "grpo") in lab_pairs(budget) and ("grpo_nokl", "grpo") not in lab_pairs(budget)
-    # a method PAIRS does not name (a new baseline) is compared with SFT and GRPO without another line
+    # a method whose card names no pairs (a new baseline) is compared with SFT and the control, GRPO
     new = DemoBudget(methods=("grpo", "new"))
     assert lab_pairs(new) == [("grpo", "sft"), ("new", "sft"), ("new", "grpo")]

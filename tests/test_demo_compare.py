@@ -18,20 +18,8 @@ def test_run_names_split_into_method_and_seed():
     }
 
 
-def test_two_level_bootstrap_draws_seeds_and_problems():
-    # values differ by seed only: every resample is a mean of 3 seed values drawn with replacement
-    by_seed = np.array([[0.0] * 5, [0.3] * 5, [0.9] * 5])
-    samples = C.two_level_samples(by_seed, resamples=4000, seed=0)
-    possible = {
-        round((a + b + c) / 3, 9) for a in (0, 0.3, 0.9) for b in (0, 0.3, 0.9) for c in (0, 0.3, 0.9)
-    }
-    assert {round(s, 9) for s in samples} <= possible and len(set(np.round(samples, 9))) > 5
-    # one seed: the plain bootstrap over problems, whose mean is the sample mean
+def test_the_lab_interval_of_one_seed_is_a_problem_bootstrap_around_the_mean():
     one = np.array([[0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0]])
-    samples = C.two_level_samples(one, resamples=4000, seed=0)
-    assert samples.mean() == pytest.approx(one.mean(), abs=0.01) and samples.std() == pytest.approx(
-        one.std() / np.sqrt(8), rel=0.1
-    )
     mean, low, high = C.ci(one, resamples=2000, seed=0, level=0.95)
     assert low < mean < high and mean == pytest.approx(0.625)
     assert C.ci(np.full((2, 4), 0.5), resamples=100, seed=0, level=0.95) == (0.5, 0.5, 0.5)

@@ -231,3 +231,23 @@ def test_neither_pre_training_nor_sft_ever_shows_an_addition_of_the_gap():
     assert len(lines) > 3000 and not [xy for xy in lines if T.in_gap(*xy)]
     assert "13+9=22" not in facts and "24+8=32" not in facts
     assert "13+8=21" in facts and "9+13=22" in facts and "9+3=12" in facts
+
+
+def test_the_committed_bases_are_the_tiny_model_in_its_own_shape():
+    """demo/model.py builds the kit's tiny model unchanged (no demo shape of its own): every committed base has
+    the tiny model's shape, so a change to either shows here."""
+    import json
+    from pathlib import Path
+
+    from sage_unsloth.demo.pretrain import BASES_DIR
+    from sage_unsloth.tiny_model import tiny_model_config
+
+    bases = sorted(Path(BASES_DIR).glob("draw*/config.json"))
+    assert bases
+    for path in bases:
+        saved = json.loads(path.read_text())
+        tiny = tiny_model_config(saved["vocab_size"]).to_dict()
+        shape = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "head_dim")
+        assert {k: saved[k] for k in (*shape, "num_key_value_heads")} == {
+            k: tiny[k] for k in (*shape, "num_key_value_heads")
+        }, path

@@ -157,9 +157,10 @@ def test_every_method_of_the_kit_has_a_fixed_colour_and_the_demos_are_visibly_ap
     kit = {"sft", "base"}
     for folder in [*sorted((REPO / "configs" / "rlvr").iterdir()), REPO / "configs" / "demo"]:
         kit |= set(config_methods(folder))
-    unpinned = sorted(m for m in kit if m not in palette.METHOD_COLOURS and m not in palette.ALIASES)
-    assert not unpinned, f"give these a line in palette.METHOD_COLOURS: {unpinned}"
-    assert len(set(palette.METHOD_COLOURS.values())) == len(palette.METHOD_COLOURS)
+    fixed = palette.fixed_colours()
+    unpinned = sorted(m for m in kit if palette.method_key(m) not in fixed)
+    assert not unpinned, f"give these a lab: colour: or a line in palette.METHOD_COLOURS: {unpinned}"
+    assert len(set(fixed.values())) == len(fixed)
 
     def lab(colour):  # CIE L*a*b* (D65), written from the sRGB and CIELAB definitions
         rgb = np.asarray(matplotlib.colors.to_rgb(colour))
@@ -182,7 +183,7 @@ def test_every_method_of_the_kit_has_a_fixed_colour_and_the_demos_are_visibly_ap
     lab_default = {"sft", "grpo", "grpo_nokl", "grpo_branch", "grpo_fkl", "grpo_reward", "grpo_branch_reward"}
     assert closest(lab_default)[0] > 25, closest(lab_default)
     for folder in sorted((REPO / "configs" / "rlvr").iterdir()):
-        names = {"sft", "base", *config_methods(folder)} - set(palette.ALIASES)
+        names = {palette.method_key(m) for m in {"sft", "base", *config_methods(folder)}}
         assert closest(names)[0] > 12, (folder.name, closest(names))
 
 
@@ -202,7 +203,7 @@ def test_unknown_names_get_the_same_colour_under_any_hash_seed():
     assert len(out) == 1
     first, second = out.pop().split()
     assert first == palette.colour("my_guide_run") and second == palette.colour("other")
-    assert first not in palette.METHOD_COLOURS.values() or first == palette.hashed_colour("my_guide_run")
+    assert first not in palette.fixed_colours().values() or first == palette.hashed_colour("my_guide_run")
 
 
 def support_rows(shares: dict[str, float], runs=("grpo", "grpo_branch")) -> pd.DataFrame:
@@ -281,11 +282,11 @@ def test_no_two_unrelated_methods_that_share_a_plot_share_a_hue():
     assert not implied_pair("#000000", "#7f7f7f")  # greys have no hue
 
     def related(a, b):
-        return any(a in family and b in family for family in palette.FAMILIES)
+        return any(a in family and b in family for family in palette.families())
 
     groups = {"demo": {"sft", *config_methods(REPO / "configs" / "demo")}}
     for folder in sorted((REPO / "configs" / "rlvr").iterdir()):
-        groups[folder.name] = {"sft", "base", *config_methods(folder)} - set(palette.ALIASES)
+        groups[folder.name] = {palette.method_key(m) for m in {"sft", "base", *config_methods(folder)}}
     for name, methods in groups.items():
         pairs = [
             (a, b)

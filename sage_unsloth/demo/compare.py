@@ -11,14 +11,12 @@ seed-level means (for a paired A - B: the seed-level paired differences), a prob
 the ``interval`` column of every table names which. Paired differences A - B pair the runs by seed (the
 same training seed, hence the same initial rollouts, and the same evaluation seed); against a seedless
 ``sft`` every seed of A is paired with it (its evaluation noise is then shared by every seed and is not in
-the interval: the ``interval`` column says ``t(seed), B shared``). :func:`two_level_ci` is the lab's
-earlier interval (a two-level percentile bootstrap), kept for tests/test_lab_coverage.py's comparison.
+the interval: the ``interval`` column says ``t(seed), B shared``).
 """
 
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +32,7 @@ REFERENCE_METHOD = "sft"
 
 
 def split_run(run: str) -> tuple[str, int | None]:
-    """("grpo", 1) for "grpo_seed1"; ("sft", None) for "sft"."""
+    """("a_method", 1) for "a_method_seed1"; ("sft", None) for "sft"."""
     match = SEED_SUFFIX.match(run)
     return (match["method"], int(match["seed"])) if match else (run, None)
 
@@ -85,39 +83,6 @@ def load_lab_runs(model_results: Path, dataset: str) -> LabRuns:
     )
 
 
-# --------------------------------------------------------------------------------------- bootstrap
-def two_level_samples(values: np.ndarray, *, resamples: int, seed: int, stream: str = "") -> np.ndarray:
-    """(B,) means of ``values`` (seeds, problems) over resampled seeds and problems (see the module doc).
-
-    The problem draw depends only on (seed, number of problems), so every statistic of a report sees the same
-    problems; the seed draw depends on (seed, stream, number of seeds).
-    """
-    values = np.asarray(values, dtype=np.float64)
-    n_seeds, n_problems = values.shape
-    problem_rng = np.random.default_rng([seed, n_problems])
-    picks = problem_rng.integers(0, n_problems, size=(resamples, n_problems))
-    counts = np.zeros((resamples, n_problems))
-    np.add.at(counts, (np.repeat(np.arange(resamples), n_problems), picks.reshape(-1)), 1.0)
-    per_seed = counts @ values.T / n_problems  # (B, S): problem-resampled mean per seed
-    seed_rng = np.random.default_rng([seed, zlib.crc32(stream.encode()), n_seeds])
-    seeds = seed_rng.integers(0, n_seeds, size=(resamples, n_seeds))
-    return np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
-
-
-def two_level_ci(
-    values: np.ndarray, *, resamples: int, seed: int, level: float, stream: str = ""
-) -> tuple[float, float, float]:
-    """The lab's interval before issue 28: percentile of :func:`two_level_samples` (undercovers with few
-    seeds: tests/test_lab_coverage.py)."""
-    samples = two_level_samples(values, resamples=resamples, seed=seed, stream=stream)
-    alpha = (1.0 - level) / 2.0
-    return (
-        float(np.mean(values)),
-        float(np.quantile(samples, alpha)),
-        float(np.quantile(samples, 1.0 - alpha)),
-    )
-
-
 SHARE = (0.0, 1.0)  # the range of a pass@k or a share of problems or completions
 DIFFERENCE = (-1.0, 1.0)
 
@@ -126,7 +91,7 @@ def ci(
     values: np.ndarray, *, resamples: int, seed: int, level: float, stream: str = "", bounds=None
 ) -> tuple[float, float, float]:
     """(mean, low, high) of ``values`` (seeds, problems): the lab's interval (intervals.estimate). ``stream``
-    is the old bootstrap's and is unused."""
+    is unused (the lab's earlier bootstrap drew a stream per statistic)."""
     return intervals.estimate(values, resamples=resamples, seed=seed, level=level, bounds=bounds).triple()
 
 

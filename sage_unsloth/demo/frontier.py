@@ -51,7 +51,6 @@ BENCHMARK = "demo"
 PAPER_BETA = 0.05  # the paper's anchor strength (arXiv 2605.18864): the frontier's unbound end
 COLLAPSE = 0.15  # a run whose net support at k is below -COLLAPSE collapsed (docs/lab-plan.md)
 GUIDE_LABELS = {"none": "GRPO", "branch": "Branch"}
-PAPER_SHAPE_CONFIG = "grpo_branch_paper.yaml"  # the lab's Branch in the paper's shape (configs/demo/)
 ARM_KEYS = ("guide", "beta", "tau", "gamma", "q_max", "kl_estimator", "kl_placement")
 POOLED = "pooled"
 NO_COLLAPSE = "pooled, collapsed pairs dropped"  # the pre-registered sensitivity analysis (docs/lab-plan.md)
@@ -68,11 +67,12 @@ def _num(value) -> str:
 
 
 def paper_shape() -> dict[str, str]:
-    """The knobs of the lab's paper-shape Branch (configs/demo/grpo_branch_paper.yaml, resolved as stage 2 reads
-    it): a Branch arm with exactly these is labelled 'Branch', any other shows its knobs."""
-    from .run import CONFIG_DIR, resolve_method_config
+    """The knobs of the lab's paper-shape Branch (the method file whose card has ``role: paper_shape``, resolved
+    as stage 2 reads it): a Branch arm with exactly these is labelled 'Branch', any other shows its knobs."""
+    from ..method_cards import role_holder
+    from .run import resolve_method_config
 
-    config, _ = resolve_method_config(CONFIG_DIR / PAPER_SHAPE_CONFIG)
+    config, _ = resolve_method_config(role_holder("paper_shape").path)
     return {k: _num(config[f"sage_{k}"]) for k in ("tau", "gamma", "q_max")}
 
 
@@ -371,6 +371,12 @@ def outcome_block(frontier_dir: Path) -> str:
     paired = pd.read_csv(Path(frontier_dir) / "paired.csv", keep_default_na=False, na_values=[""])
     k = int(re.search(r"pass@(\d+)", " ".join(paired["metric"].unique()) + " pass@0").group(1) or 0)
     draws = sorted(d for d in arms["draw"].astype(str).unique() if d != POOLED)
+    lines = [*_paired_lines(paired, draws, k), *_arm_lines(arms, k), *_per_draw_lines(arms, paired, draws, k)]
+    return "\n".join(lines) + "\n"
+
+
+def _paired_lines(paired: pd.DataFrame, draws: list[str], k: int) -> list[str]:
+    """The pooled paired rows (the primary family, its sensitivity analysis and the secondary rows), read."""
     pooled = paired[paired["draw"].isin([POOLED, NO_COLLAPSE])]
     lines = [
         (
@@ -405,7 +411,12 @@ def outcome_block(frontier_dir: Path) -> str:
             f"| {r['a']} - {r['b']} | {metric} | {r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
             f"{_p(r['p_holm'])} | {r['mde']:.3f} | {hl} | {share} | {read} |"
         )
-    lines += [
+    return lines
+
+
+def _arm_lines(arms: pd.DataFrame, k: int) -> list[str]:
+    """Per arm, pooled: pass@1, net support, pair-plan share and collapses."""
+    lines = [
         "",
         (
             f"Per arm, pooled: pass@1, net support against SFT at k = {k} (paired by seed), pair-plan share, "
@@ -422,7 +433,12 @@ def outcome_block(frontier_dir: Path) -> str:
             f"{_ci(r, 'pair_share', signed=False)} | {int(r['collapses'])}/{int(r['runs'])} "
             f"[{r['collapse_ci_low']:.2f}, {r['collapse_ci_high']:.2f}] |"
         )
-    lines += [
+    return lines
+
+
+def _per_draw_lines(arms: pd.DataFrame, paired: pd.DataFrame, draws: list[str], k: int) -> list[str]:
+    """Per draw: each arm's net support, then each Branch - GRPO pair at pass@k."""
+    lines = [
         "",
         f"Per draw: net support at k = {k} against SFT, and Branch - GRPO at pass@{k}.",
         "",
@@ -447,7 +463,7 @@ def outcome_block(frontier_dir: Path) -> str:
             for d in draws
         ]
         lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def update_text(text: str, root: Path) -> str:
@@ -479,7 +495,7 @@ def summary_lines(arms: pd.DataFrame, paired: pd.DataFrame, k: int) -> list[str]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.demo.frontier", description=__doc__.split("\n\n")[0]
+        allow_abbrev=False, prog="python -m sage_unsloth.demo.frontier", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--labs", required=True, help="the draws' results folders, comma-separated")
     parser.add_argument("--out", required=True)

@@ -1,8 +1,8 @@
 """The lab's closing step: methods compared across seeds and problems, the run compared with the committed
 reference, and a plain statement of what GRPO + Branch did against GRPO.
 
-``python -m sage_unsloth.demo.lab --work W --results R --runs sft,grpo_seed0,... --methods grpo=GRPO,...
---pairs grpo_branch:grpo,... [--reference results/demo-reference]`` reads the eval stage's per_problem.csv
+``python -m sage_unsloth.demo.lab --work W --results R --runs sft,A_seed0,... --methods '{"A": "label", ...}'
+--pairs A:B,... [--reference results/demo-reference]`` reads the eval stage's per_problem.csv
 files and the analysis step's tables and writes ``R/lab/``: ``methods.csv`` (pass@k per method and k with
 intervals), ``pairs.csv`` (paired differences: the family of comparisons, with p_holm, mde and
 seeds_for_0.015), ``outcome.md`` (the outcome paragraph and table, from pairs.csv: demo/outcome.py),
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -330,32 +331,58 @@ def plot_headline(
     return plots._save(fig, path, tight=True)
 
 
-def render(
-    *,
-    methods,
-    pairs,
-    plan_pairs,
-    support,
-    plans,
-    runs,
-    gaps,
-    plan_types,
-    compared,
-    strategy_rows,
-    branch,
-    reference,
-    labels,
-    kmax,
-    seeds,
-    settings,
-    resamples,
-    mix,
-) -> tuple[str, str]:
+@dataclass(frozen=True)
+class LabSection:
+    """What the lab's section of report.md and its console summary show: the lab's tables (lab/*.csv) and the
+    lab's settings."""
+
+    methods: pd.DataFrame  # pass@k per method and k (methods.csv)
+    pairs: pd.DataFrame  # the family of paired differences with p_holm (pairs.csv)
+    plan_pairs: pd.DataFrame
+    support: pd.DataFrame
+    plans: pd.DataFrame
+    runs: pd.DataFrame
+    gaps: pd.DataFrame
+    plan_types: pd.DataFrame
+    compared: list  # the (A, B) pairs the verdicts read (B not SFT)
+    strategy_rows: list[dict]
+    branch: pd.DataFrame
+    reference: pd.DataFrame | None
+    labels: dict[str, str]
+    kmax: int
+    seeds: int
+    settings: dict
+    resamples: int
+    mix: str
+
+    def label(self, method: str) -> str:
+        return self.labels.get(method, method)
+
+
+def render(section: LabSection) -> tuple[str, str]:
     """(markdown section, console summary)."""
-    m = methods.set_index(["method", "k"])
+    headline = _headline(section)
+    lines = [
+        *_intro_lines(section, headline),
+        *_method_lines(section),
+        *_pair_lines(section),
+        *([] if section.support.empty else _support_lines(section)),
+        *([] if section.gaps.empty else _gap_lines(section)),
+        *([] if section.plan_types.empty else _plan_type_lines(section)),
+        *_plan_lines(section),
+        *_branch_lines(section),
+        *([] if section.reference is None or section.reference.empty else _reference_lines(section)),
+    ]
+    return "\n".join(lines) + "\n", "\n".join(_console_lines(section, headline)) + "\n"
+
+
+def _headline(s: LabSection) -> list[str]:
+    """SFT's pass@1 and branch point, the support movement, one verdict per compared pair."""
+    m = s.methods.set_index(["method", "k"])
+    branch, settings, kmax, seeds, labels = s.branch, s.settings, s.kmax, s.seeds, s.labels
     sft_branch = branch[branch["run"].map(compare.split_run).str[0] == compare.REFERENCE_METHOD].iloc[0]
     sft_pass1 = m.loc[("sft", 1)]
-    headline = [
+    return [
         (
             f"SFT policy: pass@1 {_fmt_ci(sft_pass1['pass_at_k'], sft_pass1['ci_low'], sft_pass1['ci_high'])}; "
             f"branch-point entropy {sft_branch['branch_entropy_mean']:.2f} nats (lab tau {settings['tau']}, gamma "
@@ -363,10 +390,14 @@ def render(
             f"{sft_branch['branch_q_gt1_fraction']:.1%} of the branch-point tokens (RL prompts) and at "
             f"{sft_branch['other_q_gt1_fraction']:.1%} of the other completion tokens."
         ),
-        movement(support, kmax, labels),
-        *(verdict(pairs, plan_pairs, kmax, seeds, a, b, labels) for a, b in compared),
+        movement(s.support, kmax, labels),
+        *(verdict(s.pairs, s.plan_pairs, kmax, seeds, a, b, labels) for a, b in s.compared),
     ]
-    lines = [
+
+
+def _intro_lines(s: LabSection, headline: list[str]) -> list[str]:
+    methods, seeds, resamples = s.methods, s.seeds, s.resamples
+    return [
         (
             f"{MARKER.lstrip()}methods across {seeds} training seed{'s' if seeds > 1 else ''} and "
             f"{int(methods['problems'].iloc[0])} problems (sage_unsloth/demo/lab.py)"
@@ -388,24 +419,36 @@ def render(
             )
         ),
         "",
+    ]
+
+
+def _method_lines(s: LabSection) -> list[str]:
+    """The pass@k table, one row per method with its minority-plan share and accuracies."""
+    m, kmax, runs = s.methods.set_index(["method", "k"]), s.kmax, s.runs
+    plan_rows = s.plans.set_index(["method", "strategy"])
+    lines = [
         "### pass@k per method",
         "",
         f"| method | seeds | pass@1 | pass@{kmax} | minority-plan share | {COMMON} accuracy | minority-plan accuracy |",
         "|---|---|---|---|---|---|---|",
     ]
-    plan_rows = plans.set_index(["method", "strategy"])
-    for method in in_lab_order(methods["method"], labels):
+    for method in in_lab_order(s.methods["method"], s.labels):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         minority = plan_rows.loc[(method, MINORITY)]
         method_runs = runs[runs["method"] == method]
         lines.append(
-            f"| {labels.get(method, method)} | {int(one['seeds'])} | "
+            f"| {s.label(method)} | {int(one['seeds'])} | "
             f"{_fmt_ci(one['pass_at_k'], one['ci_low'], one['ci_high'])} | "
             f"{_fmt_ci(big['pass_at_k'], big['ci_low'], big['ci_high'])} | "
             f"{_fmt_ci(minority['share'], minority['ci_low'], minority['ci_high'])} | "
             f"{method_runs[f'{COMMON}_accuracy'].mean():.3f} | {method_runs['minority_accuracy'].mean():.3f} |"
         )
-    lines += [
+    return lines
+
+
+def _pair_lines(s: LabSection) -> list[str]:
+    """The headline plot and the family of paired differences."""
+    lines = [
         "",
         "![pass@k per method and support movement against SFT](lab/headline.png)",
         "",
@@ -420,95 +463,112 @@ def render(
         "| A | B | metric | A - B | 95% CI | CI excludes 0 | p (Holm) | MDE | seeds for 0.015 | seeds | problems |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for _, r in pairs.iterrows():
+    for _, r in s.pairs.iterrows():
         what = r["metric"] if isinstance(r.get("metric"), str) else f"pass@{int(r['k'])}"
         lines.append(
-            f"| {labels.get(r['a'], r['a'])} | {labels.get(r['b'], r['b'])} | {what} | "
+            f"| {s.label(r['a'])} | {s.label(r['b'])} | {what} | "
             f"{r['diff']:+.3f} | [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
             f"{'yes' if r['excludes_0'] else 'no'} | {outcome._p(r['p_holm'])} | {r['mde']:.3f} | "
             f"{outcome._seeds(r[outcome.SEEDS_FOR])} | {int(r['seeds'])} | {int(r['problems'])} |"
         )
-    if not support.empty:
-        lines += [
-            "",
-            f"### Support against SFT at k = {kmax} (report/support.py, across seeds and problems)",
-            "",
-            (
-                "Shares of the problems: a problem counts as solved at k with probability pass@k (the unbiased "
-                "estimate), so 'shrunk' is SFT solves it and the method does not, 'expanded' the reverse, and "
-                "net = expanded - shrunk = the pass@k difference."
-            ),
-            "",
-            "| method | solved by SFT | solved by method | preserved | shrunk (lost) | expanded (gained) | net |",
-            "|---|---|---|---|---|---|---|",
+    return lines
+
+
+def _support_lines(s: LabSection) -> list[str]:
+    """Support against SFT at kmax, and the net movement at every k."""
+    support, kmax, labels = s.support, s.kmax, s.labels
+    lines = [
+        "",
+        f"### Support against SFT at k = {kmax} (report/support.py, across seeds and problems)",
+        "",
+        (
+            "Shares of the problems: a problem counts as solved at k with probability pass@k (the unbiased "
+            "estimate), so 'shrunk' is SFT solves it and the method does not, 'expanded' the reverse, and "
+            "net = expanded - shrunk = the pass@k difference."
+        ),
+        "",
+        "| method | solved by SFT | solved by method | preserved | shrunk (lost) | expanded (gained) | net |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    at_kmax = support[support["k"] == kmax].set_index("method")
+    for method in in_lab_order(at_kmax.index, labels):
+        r = at_kmax.loc[method]
+        cells = [
+            _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"], signed=n == "net")
+            for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded", "net")
         ]
-        at_kmax = support[support["k"] == kmax].set_index("method")
-        for method in in_lab_order(at_kmax.index, labels):
-            r = at_kmax.loc[method]
-            cells = [
-                _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"], signed=n == "net")
-                for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded", "net")
-            ]
-            lines.append(f"| {labels.get(method, method)} | " + " | ".join(cells) + " |")
-        ks = sorted(support["k"].unique())
-        lines += [
-            "",
-            "Net support movement against SFT at every k (shrunk / expanded per k: lab/support.csv):",
-            "",
-            "| method | " + " | ".join(f"k = {k}" for k in ks) + " |",
-            "|---|" + "---|" * len(ks),
-        ]
-        for method in in_lab_order(support["method"], labels):
-            by_k = support[support["method"] == method].set_index("k")
-            cells = [
-                _fmt_ci(
-                    by_k.loc[k, "net"], by_k.loc[k, "net_ci_low"], by_k.loc[k, "net_ci_high"], signed=True
-                )
-                for k in ks
-            ]
-            lines.append(f"| {labels.get(method, method)} | " + " | ".join(cells) + " |")
-    if not gaps.empty:
-        lines += [
-            "",
-            "### Problems where the common plan meets the base model's gap (sage_unsloth/demo/task.py)",
-            "",
-            (
-                f"The pre-training never showed a two-digit plus one-digit addition whose ones digits add up "
-                f"to {' or '.join(map(str, GAP_ONES_SUMS))}, and SFT never used a plan where it needs one; {COMMON} (and the other "
-                "running totals) need one on the 'gap' problems, the pair plans never do. Pair-plan share: "
-                f"{PLAN_METRICS['pair-plan share']}; 'correct minority': share of the completions that are correct "
-                "and follow a minority plan (any but the common one)."
-            ),
-            "",
-            f"| method | problems | count | pass@1 | pass@{kmax} | pair-plan share | correct minority |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        ordered = pd.concat([gaps[gaps["method"] == m] for m in in_lab_order(gaps["method"], labels)])
-        for _, r in ordered.iterrows():
-            cells = [
-                _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
-                for n in ("pass_at_1", f"pass_at_{kmax}", "pair_share", "correct_minority")
-            ]
-            lines.append(
-                f"| {labels.get(r['method'], r['method'])} | {r['problems']} | {int(r['n_problems'])} | "
-                + " | ".join(cells)
-                + " |"
-            )
-    if not plan_types.empty:
-        subsets = list(dict.fromkeys(plan_types["problems"]))
-        lines += [
-            "",
-            "### Plan shares per method and problem type (seeds aggregated; lab/plans_by_type.csv has the CIs)",
-            "",
-            "| method | problems | " + " | ".join(list(GROUPS)) + " |",
-            "|---|---|" + "---|" * (len(LABELS) + 1),
-        ]
-        shares = plan_types.set_index(["method", "problems", "strategy"])["share"]
-        for method in in_lab_order(plan_types["method"], labels):
-            for subset in subsets:
-                cells = [f"{shares.loc[(method, subset, name)]:.3f}" for name in list(GROUPS)]
-                lines.append(f"| {labels.get(method, method)} | {subset} | " + " | ".join(cells) + " |")
+        lines.append(f"| {s.label(method)} | " + " | ".join(cells) + " |")
+    ks = sorted(support["k"].unique())
     lines += [
+        "",
+        "Net support movement against SFT at every k (shrunk / expanded per k: lab/support.csv):",
+        "",
+        "| method | " + " | ".join(f"k = {k}" for k in ks) + " |",
+        "|---|" + "---|" * len(ks),
+    ]
+    for method in in_lab_order(support["method"], labels):
+        by_k = support[support["method"] == method].set_index("k")
+        cells = [
+            _fmt_ci(by_k.loc[k, "net"], by_k.loc[k, "net_ci_low"], by_k.loc[k, "net_ci_high"], signed=True)
+            for k in ks
+        ]
+        lines.append(f"| {s.label(method)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _gap_lines(s: LabSection) -> list[str]:
+    """The problems where the common plan meets the base model's gap, and the others."""
+    gaps, kmax, labels = s.gaps, s.kmax, s.labels
+    lines = [
+        "",
+        "### Problems where the common plan meets the base model's gap (sage_unsloth/demo/task.py)",
+        "",
+        (
+            f"The pre-training never showed a two-digit plus one-digit addition whose ones digits add up "
+            f"to {' or '.join(map(str, GAP_ONES_SUMS))}, and SFT never used a plan where it needs one; {COMMON} (and the other "
+            "running totals) need one on the 'gap' problems, the pair plans never do. Pair-plan share: "
+            f"{PLAN_METRICS['pair-plan share']}; 'correct minority': share of the completions that are correct "
+            "and follow a minority plan (any but the common one)."
+        ),
+        "",
+        f"| method | problems | count | pass@1 | pass@{kmax} | pair-plan share | correct minority |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ordered = pd.concat([gaps[gaps["method"] == m] for m in in_lab_order(gaps["method"], labels)])
+    for _, r in ordered.iterrows():
+        cells = [
+            _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
+            for n in ("pass_at_1", f"pass_at_{kmax}", "pair_share", "correct_minority")
+        ]
+        lines.append(
+            f"| {s.label(r['method'])} | {r['problems']} | {int(r['n_problems'])} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
+
+
+def _plan_type_lines(s: LabSection) -> list[str]:
+    plan_types = s.plan_types
+    subsets = list(dict.fromkeys(plan_types["problems"]))
+    lines = [
+        "",
+        "### Plan shares per method and problem type (seeds aggregated; lab/plans_by_type.csv has the CIs)",
+        "",
+        "| method | problems | " + " | ".join(list(GROUPS)) + " |",
+        "|---|---|" + "---|" * (len(LABELS) + 1),
+    ]
+    shares = plan_types.set_index(["method", "problems", "strategy"])["share"]
+    for method in in_lab_order(plan_types["method"], s.labels):
+        for subset in subsets:
+            cells = [f"{shares.loc[(method, subset, name)]:.3f}" for name in list(GROUPS)]
+            lines.append(f"| {s.label(method)} | {subset} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _plan_lines(s: LabSection) -> list[str]:
+    mix, strategy_rows = s.mix, s.strategy_rows
+    return [
         "",
         "### Plans per run (rules: sage_unsloth/demo/task.py, label_strategy)",
         "",
@@ -522,6 +582,12 @@ def render(
         markdown_table(strategy_rows),
         "",
         "![plans](analysis/strategies.png)",
+    ]
+
+
+def _branch_lines(section: LabSection) -> list[str]:
+    """The branch point per run: entropy, q > 1 and plan probabilities, and the guided runs' training logs."""
+    lines = [
         "",
         "### The branch point (sage_unsloth/demo/analysis.py)",
         "",
@@ -538,7 +604,7 @@ def render(
         + " | q > 1 (other tokens) | training: frac_boosted | q at branch | q > 1 branch | q > 1 other |",
         "|" + "---|" * (8 + len(STRATEGIES)),
     ]
-    for _, b in branch.iterrows():
+    for _, b in section.branch.iterrows():
         trained = [
             "" if pd.isna(b.get(c, math.nan)) else f"{b[c]:.3f}"
             for c in (
@@ -555,34 +621,45 @@ def render(
             + " | ".join(trained)
             + " |"
         )
-    if reference is not None and not reference.empty:
-        lines += [
-            "",
-            "### This run against the committed reference (results/demo-reference/)",
-            "",
-            (
-                "Same run names; the numbers agree exactly only on the same CPU type, library versions and "
-                'budget (docs/stages.md, "The demo runner").'
-            ),
-            "",
-            "| run | metric | this run | reference | difference |",
-            "|---|---|---|---|---|",
-        ]
-        for _, r in reference.iterrows():
-            theirs = "missing" if pd.isna(r["reference"]) else f"{r['reference']:.3f}"
-            diff = "" if pd.isna(r["diff"]) else f"{r['diff']:+.3f}"
-            lines.append(f"| {r['run']} | {r['metric']} | {r['this_run']:.3f} | {theirs} | {diff} |")
+    return lines
+
+
+def _reference_lines(s: LabSection) -> list[str]:
+    reference = s.reference
+    lines = [
+        "",
+        "### This run against the committed reference (results/demo-reference/)",
+        "",
+        (
+            "Same run names; the numbers agree exactly only on the same CPU type, library versions and "
+            'budget (docs/stages.md, "The demo runner").'
+        ),
+        "",
+        "| run | metric | this run | reference | difference |",
+        "|---|---|---|---|---|",
+    ]
+    for _, r in reference.iterrows():
+        theirs = "missing" if pd.isna(r["reference"]) else f"{r['reference']:.3f}"
+        diff = "" if pd.isna(r["diff"]) else f"{r['diff']:+.3f}"
+        lines.append(f"| {r['run']} | {r['metric']} | {r['this_run']:.3f} | {theirs} | {diff} |")
+    return lines
+
+
+def _console_lines(s: LabSection, headline: list[str]) -> list[str]:
+    """The console summary: the headline, then pass@1, pass@kmax and the plan shares per method."""
+    m, kmax = s.methods.set_index(["method", "k"]), s.kmax
+    plan_rows = s.plans.set_index(["method", "strategy"])
     console = ["[demo] " + line for line in headline]
-    for method in in_lab_order(methods["method"], labels):
+    for method in in_lab_order(s.methods["method"], s.labels):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         console.append(
-            f"[demo]   {labels.get(method, method):28s} pass@1 {one['pass_at_k']:.3f} "
+            f"[demo]   {s.label(method):28s} pass@1 {one['pass_at_k']:.3f} "
             f"[{one['ci_low']:.3f}, {one['ci_high']:.3f}]  pass@{kmax} {big['pass_at_k']:.3f} "
             f"[{big['ci_low']:.3f}, {big['ci_high']:.3f}]  pair-plan share "
             f"{sum(plan_rows.loc[(method, p), 'share'] for p in PAIR_PLANS):.3f}  minority-plan share "
             f"{plan_rows.loc[(method, MINORITY), 'share']:.3f}"
         )
-    return "\n".join(lines) + "\n", "\n".join(console) + "\n"
+    return console
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -608,57 +685,55 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _main(args) -> int:
-    results = Path(args.results)
-    runs = [r for r in args.runs.split(",") if r]
-    labels = {"sft": "SFT", **json.loads(args.methods)}
-    pairs = [tuple(item.split(":")) for item in args.pairs.split(",") if item]
-    stats = {"resamples": args.resamples, "seed": args.seed, "level": args.level}
+@dataclass(frozen=True)
+class PlanShares:
+    """The analysis step's plan labels of every run, aligned with the lab's problems."""
+
+    strategies: pd.DataFrame  # analysis/strategies.csv
+    branch: pd.DataFrame  # analysis/branch.csv
+    shares: dict[str, np.ndarray]  # run -> (problems, GROUPS) plan shares
+    pair_share: dict[str, np.ndarray]  # run -> per-problem pair-plan share
+    correct_minority: dict[str, np.ndarray]  # run -> per-problem share of correct minority-plan completions
+
+
+def read_runs(results: Path, runs: list[str], kmax: int | None) -> tuple[compare.LabRuns, int, list[int]]:
+    """(the runs' per-problem counts, kmax, the ks reported: powers of two up to kmax, and kmax)."""
     lab = compare.load_lab_runs(
         results / MODEL_NAME, BENCHMARK
     )  # results/<model>/<run>/ (layout.results_dir)
     check_complete(lab, runs)
     lab = compare.LabRuns(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
     n_min = int(min(n.min() for n in lab.n.values()))
-    kmax = args.kmax or max(1, n_min // 4)
+    kmax = kmax or max(1, n_min // 4)
     if n_min < 4 * kmax:
         raise ValueError(
             f"--kmax {kmax} needs >= {4 * kmax} samples per problem (n >= 4k), the runs have {n_min}"
         )
     ks = [k for k in (2**i for i in range(32)) if k <= kmax] + ([kmax] if kmax & (kmax - 1) else [])
+    return lab, kmax, ks
+
+
+def read_plan_shares(results: Path, lab: compare.LabRuns, runs: list[str]) -> PlanShares:
     analysis = results / ANALYSIS_DIR
-    strategies = pd.read_csv(analysis / "strategies.csv")
-    branch = pd.read_csv(analysis / "branch.csv")
     with np.load(analysis / "strategy_problems.npz") as data:
         order = {run: pd.Index(data[f"{run}{IDS_SUFFIX}"]).get_indexer(lab.problems) for run in runs}
         if any((o < 0).any() for o in order.values()):
             raise ValueError("the analysis step labelled other problems than the eval step graded; rerun it")
         shares = {run: data[run][order[run]] for run in runs}
         pair_columns = [list(GROUPS).index(name) for name in PAIR_PLANS]
-        pair_share = {run: shares[run][:, pair_columns].sum(axis=1) for run in runs}
         minority_column = list(GROUPS).index(MINORITY)
         correct_minority = {run: data[f"{run}{CORRECT_SUFFIX}"][order[run], minority_column] for run in runs}
-    gap = gap_flags(Path(args.work) / "data" / EVAL_FILE, lab.problems)
-    seeds = (
-        max(len(v) for m, v in lab.methods.items() if m != compare.REFERENCE_METHOD)
-        if len(lab.methods) > 1
-        else 1
+    return PlanShares(
+        strategies=pd.read_csv(analysis / "strategies.csv"),
+        branch=pd.read_csv(analysis / "branch.csv"),
+        shares=shares,
+        pair_share={run: shares[run][:, pair_columns].sum(axis=1) for run in runs},
+        correct_minority=correct_minority,
     )
 
-    methods = compare.method_table(lab, ks, **stats)
-    pair_frame = compare.pair_table(lab, pairs, sorted({1, kmax}), **stats)
-    support = support_table(lab, ks, **stats)
-    plans = compare.strategy_method_table(shares, list(GROUPS), **stats)
-    plan_types = plans_by_type(shares, gap, **stats)
-    gaps = gap_table(lab, gap, correct_minority, pair_share, kmax, **stats)
-    plan_pairs = plan_pair_table(lab, shares, pairs, **stats)
-    knobs = dose_response.run_knobs(Path(args.work), MODEL_NAME, runs)  # from each run's stage-2 manifest
-    run_frame = run_rows(lab, runs, kmax, strategies, branch).merge(knobs, on="run", how="left")
-    run_frame.insert(
-        run_frame.columns.get_loc("minority_share") + 1,
-        "pair_share",
-        [float(pair_share[r].mean()) for r in run_frame["run"]],
-    )
+
+def check_numeric(methods: pd.DataFrame, run_frame: pd.DataFrame) -> None:
+    """No empty table and no NaN where every run has a value (a run that produced no usable result)."""
     for frame, what in ((methods, "pass@k"), (run_frame, "per-run")):
         # accuracies are undefined where a plan never occurs, frac_boosted outside Branch runs: not checked
         numeric = frame.select_dtypes("number").drop(
@@ -676,70 +751,37 @@ def _main(args) -> int:
         )
         if frame.empty or numeric.isna().to_numpy().any():
             raise ValueError(f"the {what} table has empty or NaN values: a run produced no usable result")
-    reference = reference_table(run_frame, Path(args.reference), kmax) if args.reference else None
-    regime = pd.DataFrame(
+
+
+def run_table(lab, runs, kmax, plans: PlanShares, knobs: pd.DataFrame) -> pd.DataFrame:
+    """lab/runs.csv: one row per run with its knobs (from each run's stage-2 manifest) and pair-plan share."""
+    run_frame = run_rows(lab, runs, kmax, plans.strategies, plans.branch).merge(knobs, on="run", how="left")
+    run_frame.insert(
+        run_frame.columns.get_loc("minority_share") + 1,
+        "pair_share",
+        [float(plans.pair_share[r].mean()) for r in run_frame["run"]],
+    )
+    return run_frame
+
+
+def regime_table(lab, runs, gap, run_frame: pd.DataFrame, plans: PlanShares) -> pd.DataFrame:
+    """lab/regime.csv: the numbers that say which regime this lab is in (sage_unsloth.demo.reproduce)."""
+    return pd.DataFrame(
         reproduce.regime_rows(
             runs,
             lambda run: compare.split_run(run)[0],
             {run: lab.passk(run, [1])[:, 0] for run in runs},
             gap,
             dict(zip(run_frame["run"], run_frame["minority_share"])),
-            {run: float(pair_share[run].mean()) for run in runs},
+            {run: float(plans.pair_share[run].mean()) for run in runs},
         ),
         columns=["run", "metric", "value"],
     )
-    reproduction, warning = None, []
-    if args.reference:
-        reproduction = reproduce.compare(
-            regime, reproduce.fingerprints(Path(args.work)), Path(args.reference)
-        )
-        warning = reproduce.banner(reproduce.warning_lines(reproduction, Path(args.reference).name))
-    family = adjust_family(pd.concat([pair_frame, plan_pairs], ignore_index=True), labels)
-    out = results / LAB_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    for name, frame in (
-        ("methods", methods),
-        ("pairs", family),
-        ("support", support),
-        ("plans", plans),
-        ("runs", run_frame),
-        ("gap", gaps),
-        ("plans_by_type", plan_types),
-        ("reference", reference),
-        ("regime", regime),
-        ("reproduction", reproduction),
-    ):
-        if frame is not None:
-            atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
-    plot_headline(methods, support, labels, kmax, out / "headline.png")
-    outcome.write(out)  # lab/outcome.md: the outcome paragraph and table, from pairs.csv
-    dose = dose_response.write(out, lab, knobs, kmax, labels, pair_share=pair_share, **stats)
-    compared = [(a, b) for a, b in pairs if b != compare.REFERENCE_METHOD]
-    markdown, console = render(
-        methods=methods,
-        pairs=family,
-        plan_pairs=plan_pairs,
-        support=support,
-        plans=plans,
-        runs=run_frame,
-        gaps=gaps,
-        plan_types=plan_types,
-        compared=compared,
-        strategy_rows=strategies.to_dict("records"),
-        branch=branch,
-        reference=reference,
-        labels=labels,
-        kmax=kmax,
-        seeds=seeds,
-        settings=branch_settings(Path(args.branch_config)),
-        resamples=args.resamples,
-        mix=mix_text(Path(args.work) / "data" / SPEC_FILE),
-    )
-    markdown = markdown.rstrip("\n") + "\n" + "\n".join(dose) + "\n"  # the dose-response section
-    if warning:  # loud: first in the console summary and at the top of report.md
-        console = "".join(f"[demo] {line}\n" for line in warning) + console
-    atomic_write_text(out / "summary.txt", console)
-    report = results / "report.md"
+
+
+def update_report(report: Path, markdown: str, warning: list[str]) -> None:
+    """report.md with the lab's section at its end (replacing an earlier one) and the reproduction warning,
+    when there is one, at its top."""
     text = report.read_text()
     if MARKER in text:  # the lab step reran on the same report: replace its section
         text = text[: text.index(MARKER)]
@@ -752,6 +794,84 @@ def _main(args) -> int:
         )
         text = f"{WARNING_START}\n{quoted}\n{WARNING_END}\n\n" + text
     atomic_write_text(report, text.rstrip("\n") + "\n\n" + markdown)
+
+
+def _main(args) -> int:
+    results, work = Path(args.results), Path(args.work)
+    runs = [r for r in args.runs.split(",") if r]
+    labels = {"sft": "SFT", **json.loads(args.methods)}
+    pairs = [tuple(item.split(":")) for item in args.pairs.split(",") if item]
+    stats = {"resamples": args.resamples, "seed": args.seed, "level": args.level}
+    lab, kmax, ks = read_runs(results, runs, args.kmax)
+    plans = read_plan_shares(results, lab, runs)
+    gap = gap_flags(work / "data" / EVAL_FILE, lab.problems)
+    others = [len(v) for m, v in lab.methods.items() if m != compare.REFERENCE_METHOD]
+    seeds = max(others) if len(lab.methods) > 1 else 1
+
+    methods = compare.method_table(lab, ks, **stats)
+    pair_frame = compare.pair_table(lab, pairs, sorted({1, kmax}), **stats)
+    support = support_table(lab, ks, **stats)
+    plan_table = compare.strategy_method_table(plans.shares, list(GROUPS), **stats)
+    plan_types = plans_by_type(plans.shares, gap, **stats)
+    gaps = gap_table(lab, gap, plans.correct_minority, plans.pair_share, kmax, **stats)
+    plan_pairs = plan_pair_table(lab, plans.shares, pairs, **stats)
+    knobs = dose_response.run_knobs(work, MODEL_NAME, runs)  # from each run's stage-2 manifest
+    run_frame = run_table(lab, runs, kmax, plans, knobs)
+    check_numeric(methods, run_frame)
+    reference = reference_table(run_frame, Path(args.reference), kmax) if args.reference else None
+    regime = regime_table(lab, runs, gap, run_frame, plans)
+    reproduction, warning = None, []
+    if args.reference:
+        reproduction = reproduce.compare(regime, reproduce.fingerprints(work), Path(args.reference))
+        warning = reproduce.banner(reproduce.warning_lines(reproduction, Path(args.reference).name))
+    family = adjust_family(pd.concat([pair_frame, plan_pairs], ignore_index=True), labels)
+    out = results / LAB_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    tables = {
+        "methods": methods,
+        "pairs": family,
+        "support": support,
+        "plans": plan_table,
+        "runs": run_frame,
+        "gap": gaps,
+        "plans_by_type": plan_types,
+        "reference": reference,
+        "regime": regime,
+        "reproduction": reproduction,
+    }
+    for name, frame in tables.items():
+        if frame is not None:
+            atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
+    plot_headline(methods, support, labels, kmax, out / "headline.png")
+    outcome.write(out)  # lab/outcome.md: the outcome paragraph and table, from pairs.csv
+    dose = dose_response.write(out, lab, knobs, kmax, labels, pair_share=plans.pair_share, **stats)
+    markdown, console = render(
+        LabSection(
+            methods=methods,
+            pairs=family,
+            plan_pairs=plan_pairs,
+            support=support,
+            plans=plan_table,
+            runs=run_frame,
+            gaps=gaps,
+            plan_types=plan_types,
+            compared=[(a, b) for a, b in pairs if b != compare.REFERENCE_METHOD],
+            strategy_rows=plans.strategies.to_dict("records"),
+            branch=plans.branch,
+            reference=reference,
+            labels=labels,
+            kmax=kmax,
+            seeds=seeds,
+            settings=branch_settings(Path(args.branch_config)),
+            resamples=args.resamples,
+            mix=mix_text(work / "data" / SPEC_FILE),
+        )
+    )
+    markdown = markdown.rstrip("\n") + "\n" + "\n".join(dose) + "\n"  # the dose-response section
+    if warning:  # loud: first in the console summary and at the top of report.md
+        console = "".join(f"[demo] {line}\n" for line in warning) + console
+    atomic_write_text(out / "summary.txt", console)
+    update_report(results / "report.md", markdown, warning)
     print(console, end="")
     return 0
 

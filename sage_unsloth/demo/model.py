@@ -1,4 +1,6 @@
-"""The demo's model: the kit's tiny random Qwen2, a little wider, with a tokenizer fitted to the task.
+"""The demo's model: the kit's tiny random Qwen2 in its own shape (sage_unsloth.tiny_model: hidden 128, 2 layers,
+~0.4M parameters, measured to learn the task in a few hundred CPU steps; wider or deeper models cost 3-5x more per
+step on 2 cores), with a tokenizer fitted to the task.
 
 Numbers are tokenized digit by digit (the saved tokenizer loads as Qwen2's, whose pre-tokenizer splits
 every digit, like the real Qwen2.5 models), so an addition step is short carry arithmetic over digit
@@ -13,18 +15,6 @@ from pathlib import Path
 from ..prompts import EVAL_USER_TEMPLATE
 from ..tiny_model import build_tiny_model
 
-# Model shape used by the demo (overrides of sage_unsloth.tiny_model.tiny_model_config).
-# The kit's tiny shape (hidden 128, 2 layers, ~0.4M parameters): measured to learn the task in a few hundred
-# CPU steps; wider/deeper models cost 3-5x more per step on 2 cores.
-DEMO_MODEL_SHAPE = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 64,
-}
-
 
 def demo_corpus() -> list[str]:
     """Text for the tokenizer's BPE merges: every plan word becomes one token (the branch point is one
@@ -36,7 +26,6 @@ def demo_corpus() -> list[str]:
     ] * 8
 
 
-def build_demo_model(out_dir: str | Path, *, seed: int = 0, **shape_overrides) -> Path:
-    """Write the demo's random model + tokenizer to ``out_dir`` (see DEMO_MODEL_SHAPE)."""
-    shape = {**DEMO_MODEL_SHAPE, **shape_overrides}
-    return build_tiny_model(out_dir, seed=seed, extra_corpus=demo_corpus(), **shape)
+def build_demo_model(out_dir: str | Path, *, seed: int = 0) -> Path:
+    """Write the demo's random model + tokenizer to ``out_dir`` (the tiny model's shape)."""
+    return build_tiny_model(out_dir, seed=seed, extra_corpus=demo_corpus())

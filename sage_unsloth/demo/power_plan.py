@@ -1,6 +1,6 @@
 """How many seeds, samples and problems a lab comparison needs: ``python -m sage_unsloth.demo.power_plan``.
 
-``--results R/demo-tiny --a grpo_branch --b grpo --k 64 --out power_plan.csv`` reads the per-problem counts of
+``--results R/demo-tiny --a A --b B --k 64 --out power_plan.csv`` reads the per-problem counts of
 both methods' runs (paired by training seed; a seedless ``sft`` pairs with every seed), splits the variance of
 the seed-level paired differences of pass@k into
 

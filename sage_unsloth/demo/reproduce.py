@@ -35,13 +35,14 @@ import numpy as np
 import pandas as pd
 
 from .. import layout
+from ..method_cards import role_holder
 
 MODEL_NAME = "demo-tiny"
 BASE_WEIGHTS = "model.safetensors"
 SFT_WEIGHTS = "adapter_model.safetensors"
 REGIME_FILE = "regime.csv"
 REPRODUCTION_FILE = "reproduction.csv"
-GRPO = "grpo"  # the method whose plan shares define the regime (the lab's GRPO at beta 0.05)
+GRPO = role_holder("control").name  # whose plan shares define the regime (the lab's GRPO at beta 0.05)
 # metric -> largest difference from the reference that still reads as the same regime (see the module doc)
 TOLERANCE = {
     "sft_pass_at_1": 0.03,

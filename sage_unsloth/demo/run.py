@@ -6,7 +6,7 @@ Steps (each a subprocess; stages 1-4 are the kit's own entry points with the con
   addition facts (sage_unsloth.demo.pretrain); ``data``: the SFT / RL / eval files (sage_unsloth.demo.data);
 - ``sft``: stage 1, LoRA SFT on the five plans at 74/9/5/3/9 (data.DEFAULT_MIX; ``--mix`` to change);
 - ``<method>_seed<s>``: stage 2 for every chosen method (``--methods``: :data:`DEFAULT_METHODS` by default,
-  ``all`` for every method of :data:`METHODS`, or config files anywhere: ``--methods grpo,path/to/mine.yaml``;
+  ``all`` for every method of :data:`METHODS`, or config files anywhere: ``--methods default,path/to/mine.yaml``;
   ``--grid`` adds knob settings of a method) and training seed (``--seeds 0-2``, ``0,5``, or a count ``3``),
   all from the same SFT adapter with the same budget;
 - ``eval_<run>``: stage 3 on the held-out demo problems, ``eval_n`` samples each, with the evaluation's
@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -46,13 +47,14 @@ from ..config_args import config_files, merge_over_base, read_config_file
 from ..folder_lock import LOCK_NAME, FolderLock
 from ..layout import SFT_RUN
 from ..manifest import atomic_write_json, atomic_write_text
+from ..method_cards import LAB_KEY, MethodCard, demo_cards, demo_configs, read_card, role_holder
 from ..recipe import stage_command
 from .compare import split_run
 from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
 from .pretrain import committed_base
 from .steps import REPO_ROOT, STAMP_DIR, Step, StepRecord, python, run_steps, usable_cores
 
-CONFIG_DIR = REPO_ROOT / "configs" / "demo"
+CONFIG_DIR = demo_configs()  # configs/demo (SAGE_UNSLOTH_DEMO_CONFIGS: a folder of one's own)
 MODEL_NAME = "demo-tiny"
 DEMO_BENCHMARK = "demo"
 REFERENCE_DIR = REPO_ROOT / "results" / "demo-reference"
@@ -63,18 +65,24 @@ MANIFEST_FILE = "demo_budget.json"  # the results folder's manifest (budget, see
 
 @dataclass(frozen=True)
 class Method:
-    """One RL method of the lab: a run folder name, its config, a label for tables.
+    """One RL method of the lab: a run folder name, its config, a label for tables, the methods it is compared
+    with.
 
-    A built-in method's config is configs/demo/<name>.yaml. A method from a config file elsewhere
-    (``--methods path/to/mine.yaml``: ``source``) or a knob setting of another method (``--grid``:
+    A kit method is a file of configs/demo/ with a ``lab:`` block (sage_unsloth/method_cards.py: its label,
+    colour, place, pairs and sets). A method from a config file elsewhere (``--methods path/to/mine.yaml``:
+    ``source``; its own ``lab:`` block gives its label and pairs) or a knob setting of another method (``--grid``:
     ``overrides`` on top of its config) is written, resolved, to ``<work>/methods/<name>.yaml`` first
     (:func:`materialise`)."""
 
     name: str
     label: str
-    source: str | None = None  # a YAML outside METHODS (absolute path); None: configs/demo/<name>.yaml
-    base_method: str | None = None  # --grid: the built-in method whose config the overrides apply to
+    # a YAML outside the kit's methods (absolute path); None: <CONFIG_DIR>/<name>.yaml
+    source: str | None = None
+    base_method: str | None = None  # --grid: the kit method whose config the overrides apply to
     overrides: tuple[tuple[str, Any], ...] = ()  # --grid: stage-2 keys and values set on top
+    compare_with: tuple[tuple[str, float], ...] | None = (
+        None  # (B, place) of its pairs; None: SFT, the control
+    )
 
     @property
     def config(self) -> str:
@@ -89,70 +97,41 @@ class Method:
         return CONFIG_DIR / self.config if self.builtin else Path(work) / METHODS_DIR / self.config
 
 
-# Adding a method = one config in configs/demo/<name>.yaml and one line here (then `--methods all` or
-# `--methods a,b` runs it).
-METHODS = (
-    Method("grpo", "GRPO"),
-    Method("grpo_nokl", "GRPO, no KL"),
-    Method("grpo_fkl", "GRPO, forward KL"),
-    Method("grpo_branch", "GRPO + Branch"),
-    Method("grpo_reward", "GRPO, KL in the reward"),
-    Method("grpo_branch_reward", "GRPO + Branch, KL in the reward"),
-    Method("grpo_ref_branch", "GRPO + Branch on the reference entropy"),
-    Method("grpo_branch_paper", "GRPO + Branch, paper shape"),
-    # the exploration baselines (docs/methods.md), each against GRPO and SFT
-    Method("grpo_entropy_adv", "GRPO + entropy advantage"),
-    Method("grpo_high_entropy", "GRPO, top-20% entropy tokens"),
-    Method("grpo_clip_cov", "GRPO + Clip-Cov"),
-    Method("grpo_kl_cov", "GRPO + KL-Cov"),
-    Method("grpo_passk", "Pass@k Training"),
-    Method("grpo_ref_reset", "GRPO + reference reset"),
-    # the positive control: GRPO's anchor strength (beta 0: grpo_nokl, 0.05: grpo)
-    Method("grpo_beta0.2", "GRPO, beta 0.2"),
-    Method("grpo_beta0.5", "GRPO, beta 0.5"),
-    Method("grpo_beta1", "GRPO, beta 1"),
-    Method("grpo_beta2", "GRPO, beta 2"),
-)
-# the exploration baselines from the literature (`--methods baselines` runs them beside GRPO)
-BASELINES = (
-    "grpo_entropy_adv",
-    "grpo_high_entropy",
-    "grpo_clip_cov",
-    "grpo_kl_cov",
-    "grpo_passk",
-    "grpo_ref_reset",
-)
+def method_of_card(card: MethodCard, **fields) -> Method:
+    return Method(card.name, card.label, compare_with=card.compare_with, **fields)
+
+
+# Adding a method = one config with a lab: block in configs/demo/ (then `--methods all` or `--methods a,b` runs it).
+METHODS = tuple(method_of_card(card) for card in demo_cards())
 METHOD_BY_NAME = {m.name: m for m in METHODS}
+CONTROL = role_holder("control").name  # compared with every method that names no pairs of its own
+BRANCH_CONFIG = CONFIG_DIR / f"{role_holder('branch').name}.yaml"  # whose tau and gamma the analysis measures
+GRID_EXAMPLES = f"{CONTROL}:beta=0.2,0.5 or {BRANCH_CONFIG.stem}:tau=0.3,0.5;q_max=2,3"
+
+
+def method_set(name: str) -> tuple[str, ...]:
+    """The kit methods whose card lists the set ``name`` (``sets: [default]``), in the lab's order."""
+    return tuple(c.name for c in demo_cards() if name in c.sets)
+
+
 # The default `make demo` (one seed; under 10 minutes on an idle 2-core machine); the full lab runs them all.
-DEFAULT_METHODS = ("grpo", "grpo_nokl", "grpo_branch")
-# A - B pairs of the comparison (per seed); "sft" is the one SFT model every RL run starts from. A pair is
-# reported when both of its methods ran.
-PAIRS = (
-    ("grpo", "sft"),
-    ("grpo_nokl", "sft"),
-    ("grpo_fkl", "sft"),
-    ("grpo_branch", "sft"),
-    ("grpo_reward", "sft"),
-    ("grpo_branch_reward", "sft"),
-    ("grpo_branch", "grpo"),
-    ("grpo_nokl", "grpo"),
-    ("grpo_fkl", "grpo"),
-    ("grpo_reward", "grpo"),
-    ("grpo_branch_reward", "grpo_branch"),
-    ("grpo_branch_reward", "grpo_reward"),
-    ("grpo_ref_branch", "sft"),
-    ("grpo_ref_branch", "grpo"),
-    ("grpo_ref_branch", "grpo_branch"),  # the reference's entropy against the policy's
-    *((name, "sft") for name in BASELINES),
-    *((name, "grpo") for name in BASELINES),
-)
+DEFAULT_METHODS = method_set("default")
+GROUPS = {"all": tuple(METHOD_BY_NAME), **{s: method_set(s) for c in demo_cards() for s in c.sets}}
 
 
-GROUPS = {
-    "all": lambda: tuple(m.name for m in METHODS),
-    "default": lambda: DEFAULT_METHODS,
-    "baselines": lambda: ("grpo", *BASELINES),
-}
+def method_pairs(methods) -> list[tuple[str, str]]:
+    """The A - B pairs of ``methods`` (:class:`Method`, in the lab's order): each method's ``compare_with``
+    in the places its card gives, then the unplaced ones in method order; a method without pairs of its own (a
+    new baseline, a file without a lab: block, a --grid cell) is compared with SFT and with the control."""
+    placed = []
+    for position, method in enumerate(methods):
+        pairs = method.compare_with
+        if pairs is None:
+            pairs = tuple((b, math.inf) for b in (SFT_RUN, CONTROL) if b != method.name)
+        placed += [(place, position, i, method.name, b) for i, (b, place) in enumerate(pairs)]
+    return [(a, b) for *_, a, b in sorted(placed)]
+
+
 METHOD_NAME = layout.FOLDER_NAME  # a method names run folders (sage_unsloth/layout.py, check_name)
 
 
@@ -160,25 +139,34 @@ def _is_config_path(item: str) -> bool:
     return item.endswith((".yaml", ".yml")) or "/" in item
 
 
+def file_method(path: Path) -> Method:
+    """The method of a YAML config outside the kit, named by the file's stem; its ``lab:`` block, if it has one,
+    gives its label and pairs (sage_unsloth/method_cards.py)."""
+    card = read_card(path)
+    if card is None:
+        return Method(path.stem, path.stem, source=str(path))
+    return method_of_card(card, source=str(path))
+
+
 def parse_methods(spec: str) -> tuple[tuple[str, ...], tuple[Method, ...]]:
-    """``--methods``: items separated by commas, each 'all', 'default', 'baselines' (GRPO and the
-    exploration baselines), a name from METHODS, or the path of a YAML config anywhere (the method is named by
-    the file's stem). Returns (names: the built-ins in METHODS order, then the files in the order given; the
-    methods from files)."""
+    """``--methods``: items separated by commas, each 'all', the name of a method set (GROUPS: the sets the
+    method files' cards list, e.g. 'default', 'baselines'), a name from METHODS, or the path of a YAML config
+    anywhere (the method is named by the file's stem). Returns (names: the built-ins in METHODS order, then the
+    files in the order given; the methods from files)."""
     items = [n.strip() for n in spec.split(",") if n.strip()]
     builtin: set[str] = set()
     files: list[Method] = []
     unknown = []
     for item in items:
         if item in GROUPS:
-            builtin.update(GROUPS[item]())
+            builtin.update(GROUPS[item])
         elif item in METHOD_BY_NAME:
             builtin.add(item)
         elif _is_config_path(item):
             path = Path(item).expanduser().resolve()
             if not path.is_file():
                 raise ValueError(f"--methods: no config file {item!r} ({path}): give the path of a YAML file")
-            files.append(Method(path.stem, path.stem, source=str(path)))
+            files.append(file_method(path))
         else:
             unknown.append(item)
     if unknown or not items:
@@ -186,8 +174,8 @@ def parse_methods(spec: str) -> tuple[tuple[str, ...], tuple[Method, ...]]:
 
         hint = suggestion(unknown[0], [*GROUPS, *METHOD_BY_NAME]) if unknown else ""
         raise ValueError(
-            f"--methods: unknown {unknown or spec!r}{hint}; use 'all', 'default', 'baselines', names from "
-            f"{', '.join(METHOD_BY_NAME)} or paths of YAML configs (docs/lab.md, 'A method of your own')"
+            f"--methods: unknown {unknown or spec!r}{hint}; use {', '.join(repr(g) for g in GROUPS)}, names "
+            f"from {', '.join(METHOD_BY_NAME)} or paths of YAML configs (docs/lab.md, 'A method of your own')"
         )
     names = tuple(m.name for m in METHODS if m.name in builtin)
     check_new_methods(files, taken=names)
@@ -224,10 +212,10 @@ GRID_KEYS = {"tau": "sage_tau", "gamma": "sage_gamma", "q_max": "sage_q_max", "q
 def parse_grid(spec: str, files: tuple[Method, ...] = ()) -> tuple[Method, ...]:
     """``--grid METHOD:key=v1,v2;key2=v3,...``: one method per combination of the values, each METHOD's config
     (a name from METHODS or a YAML path) with those stage-2 keys set (tau, gamma, q_max, q_min stand for
-    sage_tau, ...). Named ``METHOD-key<v>-key2<v>``, e.g. ``grpo_branch-tau0.3-gamma2``."""
+    sage_tau, ...). Named ``METHOD-key<v>-key2<v>``, e.g. ``<method>-tau0.3-gamma2``."""
     target, sep, body = spec.partition(":")
     target = target.strip()
-    hint = "write METHOD:key=v1,v2;key2=v3, e.g. grpo:beta=0.2,0.5 or grpo_branch:tau=0.3,0.5;q_max=2,3"
+    hint = f"write METHOD:key=v1,v2;key2=v3, e.g. {GRID_EXAMPLES}"
     if not sep or not target or not body.strip():
         raise ValueError(f"--grid {spec!r}: {hint}")
     if target in METHOD_BY_NAME:
@@ -370,18 +358,16 @@ def run_names(budget: DemoBudget) -> list[str]:
 
 
 def lab_methods(budget: DemoBudget) -> list[Method]:
+    """The budget's methods: the kit's, then those from files and --grid cells (a name neither knows is a
+    method without a card: labelled by its name, compared with SFT and the control)."""
     extra = {m.name: m for m in budget.extra}
-    return [METHOD_BY_NAME.get(name) or extra[name] for name in budget.methods]
+    return [METHOD_BY_NAME.get(name) or extra.get(name) or Method(name, name) for name in budget.methods]
 
 
 def lab_pairs(budget: DemoBudget) -> list[tuple[str, str]]:
-    """The PAIRS whose two sides both ran; a method PAIRS does not name (a newly added baseline, a method
-    from a config file, a --grid cell) is compared with SFT and with GRPO, so adding one takes no more than
-    its config."""
+    """The pairs of the lab's methods (:func:`method_pairs`) whose two sides both ran."""
     ran = {SFT_RUN, *budget.methods}
-    named = {a for a, _ in PAIRS}
-    extra = [(m, b) for m in budget.methods if m not in named for b in (SFT_RUN, "grpo") if b != m]
-    return [(a, b) for a, b in (*PAIRS, *extra) if a in ran and b in ran]
+    return [(a, b) for a, b in method_pairs(lab_methods(budget)) if a in ran and b in ran]
 
 
 # --------------------------------------------------------------------------------- methods from files
@@ -398,7 +384,7 @@ def _kit_base(path: Path, base) -> Path:
         raise ValueError(
             f"{path}: base: {text} not found ({target}): give a path relative to the file's folder, an "
             f"absolute path, or {KIT_BASE_PREFIX}<file> for the kit's configs/demo/<file> (e.g. "
-            f"{KIT_BASE_PREFIX}_grpo_base.yaml)"
+            f"{KIT_BASE_PREFIX}{config_files(CONFIG_DIR / f'{CONTROL}.yaml')[-1].name})"
         )
     return target
 
@@ -427,6 +413,7 @@ def resolve_method_config(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dic
     resolved as :func:`_kit_base` and :func:`_guide_path` say."""
     path = Path(path)
     data = read_config_file(path, chain)  # its errors are ValueErrors (ConfigError): the runner's exit 2
+    data.pop(LAB_KEY, None)  # the lab's card, no stage's key
     base = data.pop("base", None)
     files = [path]
     if "sage_guide" in data:
@@ -511,135 +498,134 @@ def data_command(spec: dict[str, Any], out: str | Path, *, python: str | None = 
     return [python or sys.executable, "-m", "sage_unsloth.demo.data", "--out", str(out), "--spec", spec_json]
 
 
-def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path | None) -> list[Step]:
-    py = python()
-    data, model_dir = work / "data", work / "model" / MODEL_NAME
-    sft_dir = layout.sft_dir(work, MODEL_NAME)  # the demo's outputs root is its work folder
-    spec = budget.data
-    # what the analysis and the lab both read: the work folder, the results folder and every run's name
-    lab_inputs = ["--work", _rel(work), "--results", _rel(results), "--runs", ",".join(run_names(budget))]
+@dataclass(frozen=True)
+class LabFolders:
+    """Where one lab's steps read and write: its work and results folders and what lies in them."""
+
+    work: Path
+    results: Path
+
+    @property
+    def data(self) -> Path:
+        return self.work / "data"
+
+    @property
+    def model(self) -> Path:
+        return self.work / "model" / MODEL_NAME
+
+    @property
+    def sft(self) -> Path:
+        return layout.sft_dir(self.work, MODEL_NAME)  # the demo's outputs root is its work folder
+
+
+def model_step(budget: DemoBudget, folders: LabFolders) -> Step:
+    """The base model: this draw's committed base copied (every machine starts from the same weights), or
+    pre-trained here (``--pretrain``, or no committed base for this budget)."""
+    py, spec, out = python(), budget.data, _rel(folders.model)
     base = None if budget.pretrain else committed_base(budget.draw, steps=budget.pretrain_steps, spec=spec)
-    if base is not None:  # the committed base of this draw: every machine starts from the same weights
-        model_argv = [py, "-m", "sage_unsloth.demo.pretrain", "--from", _rel(base), "--out", _rel(model_dir)]
-        model_step = {
-            "configs": tuple(sorted(base.iterdir())),
-            "label": f"the committed base of draw {budget.draw}",
-        }
+    if base is not None:
+        argv = [py, "-m", "sage_unsloth.demo.pretrain", "--from", _rel(base), "--out", out]
+        own = {"configs": tuple(sorted(base.iterdir())), "label": f"the committed base of draw {budget.draw}"}
     else:
-        model_argv = [py, "-m", "sage_unsloth.demo.pretrain", "--out", _rel(model_dir)]
-        model_argv += ["--steps", str(budget.pretrain_steps), "--seed", str(spec.seed)]
-        model_argv += [] if budget.draw == spec.seed else ["--draw", str(budget.draw)]
-        model_argv += ["--low", str(spec.low), "--high", str(spec.high)]
-        model_argv += ["--n-eval", str(spec.n_eval), "--n-rl", str(spec.n_rl)]
-        model_step = {"label": f"pre-training, {budget.pretrain_steps} steps, draw {budget.draw}"}
-    steps = [
-        Step(
-            "model",
-            model_argv,
-            outputs=(model_dir,),
-            code=PRETRAIN_CODE,
-            light=base is not None,
-            **model_step,
-        ),
-        Step(
-            "data",
-            data_command(asdict(spec), _rel(data), python=py),
-            outputs=(data,),
-            code=DATA_CODE,
-            light=True,
-        ),
-        Step(
-            "sft",
-            stage_command(
-                "sft",
-                _rel(CONFIG_DIR / "sft.yaml"),
-                "--model_name_or_path",
-                _rel(model_dir),
-                "--dataset_path",
-                _rel(data / SFT_FILE),
-                "--output_dir",
-                _rel(sft_dir),
-                "--max_steps",
-                str(budget.sft_steps),
-                *(
-                    ["--seed", str(budget.draw)] if budget.draw else []
-                ),  # the draw's SFT seed (draw 0: the config's 0)
-                python=py,
-            ),
-            outputs=(sft_dir,),
-            after=("model", "data"),
-            configs=(CONFIG_DIR / "sft.yaml",),
-            label=f"stage 1, {budget.sft_steps} steps",
-        ),
-    ]
+        argv = [py, "-m", "sage_unsloth.demo.pretrain", "--out", out]
+        argv += ["--steps", str(budget.pretrain_steps), "--seed", str(spec.seed)]
+        argv += [] if budget.draw == spec.seed else ["--draw", str(budget.draw)]
+        argv += ["--low", str(spec.low), "--high", str(spec.high)]
+        argv += ["--n-eval", str(spec.n_eval), "--n-rl", str(spec.n_rl)]
+        own = {"label": f"pre-training, {budget.pretrain_steps} steps, draw {budget.draw}"}
+    return Step("model", argv, outputs=(folders.model,), code=PRETRAIN_CODE, light=base is not None, **own)
+
+
+def data_step(budget: DemoBudget, folders: LabFolders) -> Step:
+    argv = data_command(asdict(budget.data), _rel(folders.data), python=python())
+    return Step("data", argv, outputs=(folders.data,), code=DATA_CODE, light=True)
+
+
+def kit_stage(stage: str, *flags: str) -> list[str]:
+    """The command of a kit stage on its demo config (configs/demo/<stage>.yaml) with ``flags``."""
+    return stage_command(stage, _rel(CONFIG_DIR / f"{stage}.yaml"), *flags, python=python())
+
+
+def sft_step(budget: DemoBudget, folders: LabFolders) -> Step:
+    """Stage 1 on the base; a draw's SFT seed is the draw (draw 0: the config's 0)."""
+    argv = kit_stage(
+        "sft",
+        *("--model_name_or_path", _rel(folders.model), "--dataset_path", _rel(folders.data / SFT_FILE)),
+        *("--output_dir", _rel(folders.sft), "--max_steps", str(budget.sft_steps)),
+        *(["--seed", str(budget.draw)] if budget.draw else []),
+    )
+    return Step(
+        "sft",
+        argv,
+        outputs=(folders.sft,),
+        after=("model", "data"),
+        configs=(CONFIG_DIR / "sft.yaml",),
+        label=f"stage 1, {budget.sft_steps} steps",
+    )
+
+
+def rl_steps(budget: DemoBudget, folders: LabFolders) -> list[Step]:
+    """Stage 2 for every method and training seed, all from the one SFT adapter with the same budget."""
+    steps = []
     for method in lab_methods(budget):
-        config, config_deps = materialise(method, work)
+        config, config_deps = materialise(method, folders.work)
         for seed in budget.seeds:
             run = f"{method.name}_seed{seed}"
+            argv = stage_command(
+                "rlvr",
+                _rel(config),
+                *("--sft_dir", _rel(folders.sft), "--output_root", _rel(folders.work), "--variant", run),
+                *("--seed", str(seed), "--dataset_path", _rel(folders.data / RL_FILE)),
+                *("--max_steps", str(budget.rl_steps)),
+                python=python(),
+            )
             steps.append(
                 Step(
                     run,
-                    stage_command(
-                        "rlvr",
-                        _rel(config),
-                        "--sft_dir",
-                        _rel(sft_dir),
-                        "--output_root",
-                        _rel(work),
-                        "--variant",
-                        run,
-                        "--seed",
-                        str(seed),
-                        "--dataset_path",
-                        _rel(data / RL_FILE),
-                        "--max_steps",
-                        str(budget.rl_steps),
-                        python=py,
-                    ),
-                    outputs=(layout.rlvr_dir(work, MODEL_NAME, run),),
+                    argv,
+                    outputs=(layout.rlvr_dir(folders.work, MODEL_NAME, run),),
                     after=("sft",),
                     configs=config_deps,  # the file and its bases (and a plug-in guide's file)
                     code=("rlvr",),
                     label=f"stage 2, {method.label}, {budget.rl_steps} steps",
                 )
             )
-    evals = []
+    return steps
+
+
+def eval_steps(budget: DemoBudget, folders: LabFolders) -> list[Step]:
+    """Stage 3 of every run on the held-out problems; the evaluation's sampling seed is the training seed, so
+    seed s's runs are paired (SFT's evaluations all read stage 1's adapter)."""
     eval_chunk = int(yaml.safe_load((CONFIG_DIR / "eval.yaml").read_text())["problems_per_batch"])
+    work, results = folders.work, folders.results
+    steps = []
     for run in run_names(budget):
-        name = f"eval_{run}"
         method, seed = split_run(run)
-        trained = "sft" if method == SFT_RUN else run  # SFT's evaluations all read stage 1's adapter
-        run_dir = layout.run_dir(work, MODEL_NAME, SFT_RUN if method == SFT_RUN else run)
+        trained = "sft" if method == SFT_RUN else run
         completions = layout.completions_dir(work, MODEL_NAME, run)
-        evals.append(name)
+        argv = kit_stage(
+            "eval",
+            *("--checkpoints", _rel(layout.run_dir(work, MODEL_NAME, SFT_RUN if method == SFT_RUN else run))),
+            *("--run_name", run, "--seed", str(seed), "--results_dir", _rel(results)),
+            *(
+                "--outputs_dir",
+                _rel(work),
+                "--local_benchmarks",
+                f"{DEMO_BENCHMARK}={_rel(folders.data / EVAL_FILE)}",
+            ),
+            *(
+                "--benchmarks",
+                DEMO_BENCHMARK,
+                "--n",
+                str(budget.eval_n),
+                "--limit",
+                str(budget.eval_problems),
+            ),
+        )
         steps.append(
             Step(
-                name,
-                stage_command(
-                    "eval",
-                    _rel(CONFIG_DIR / "eval.yaml"),
-                    "--checkpoints",
-                    _rel(run_dir),
-                    "--run_name",
-                    run,
-                    "--seed",
-                    str(
-                        seed
-                    ),  # the evaluation's sampling seed is the training seed: seed s's runs are paired
-                    "--results_dir",
-                    _rel(results),
-                    "--outputs_dir",
-                    _rel(work),
-                    "--local_benchmarks",
-                    f"{DEMO_BENCHMARK}={_rel(data / EVAL_FILE)}",
-                    "--benchmarks",
-                    DEMO_BENCHMARK,
-                    "--n",
-                    str(budget.eval_n),
-                    "--limit",
-                    str(budget.eval_problems),
-                    python=py,
-                ),
+                f"eval_{run}",
+                argv,
                 outputs=(layout.results_dir(results, MODEL_NAME, run), completions),
                 after=(trained,),
                 configs=(CONFIG_DIR / "eval.yaml",),
@@ -651,82 +637,94 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
                 ),
             )
         )
-    pairs = ",".join(f"{a}_seed{s}:{b}_seed{s}" for a, b in lab_pairs(budget) for s in budget.seeds)
-    steps += [
-        Step(
-            "analysis",
-            [
-                py,
-                "-m",
-                "sage_unsloth.demo.analysis",
-                *lab_inputs,
-                "--branch-config",
-                _rel(CONFIG_DIR / "grpo_branch.yaml"),
-            ],
-            outputs=(results / "analysis",),
-            after=tuple(evals),
-            configs=config_files(CONFIG_DIR / "grpo_branch.yaml"),
-            code=ANALYSIS_CODE,
-            label="plans and branch-point entropy",
-        ),
-        Step(
-            "report",
-            stage_command(
-                "report",
-                _rel(CONFIG_DIR / "report.yaml"),
-                "--results",
-                _rel(results),
-                "--out",
-                _rel(layout.report_md(results)),
-                "--pairs",
-                pairs,
-                "--resamples",
-                str(budget.bootstrap_resamples),
-                "--support_reference",
-                sft_run(budget.seeds[0]),
-                python=py,
-            ),
-            outputs=(layout.report_md(results), layout.report_dir(results)),
-            after=tuple(evals),
-            configs=(CONFIG_DIR / "report.yaml",),
-            code=("report",),
-            label="stage 4",
-            light=True,
-        ),
-    ]
-    lab = [
-        py,
-        "-m",
-        "sage_unsloth.demo.lab",
-        *lab_inputs,
-        "--methods",
-        json.dumps({m.name: m.label for m in lab_methods(budget)}),
-        "--pairs",
-        ",".join(f"{a}:{b}" for a, b in lab_pairs(budget)),
-        "--resamples",
-        str(budget.bootstrap_resamples),
-        "--kmax",
-        str(budget.kmax),
-        "--branch-config",
-        _rel(CONFIG_DIR / "grpo_branch.yaml"),
-    ]
-    reference_files = ()
-    if reference is not None and reference.resolve() != results.resolve():
-        lab += ["--reference", _rel(reference)]
-        reference_files = tuple(sorted((reference / "lab").glob("*.csv")))
-    steps.append(
-        Step(
-            "lab",
-            lab,
-            outputs=(results / "lab",),
-            after=("analysis", "report"),
-            configs=reference_files,
-            code=LAB_CODE,
-            label="comparison across seeds and problems",
-            light=True,
-        )
-    )
     return steps
+
+
+def lab_inputs(budget: DemoBudget, folders: LabFolders) -> list[str]:
+    """What the analysis and the lab both read: the work folder, the results folder and every run's name."""
+    return [
+        "--work",
+        _rel(folders.work),
+        "--results",
+        _rel(folders.results),
+        "--runs",
+        ",".join(run_names(budget)),
+    ]
+
+
+def analysis_step(budget: DemoBudget, folders: LabFolders, evals: tuple[str, ...]) -> Step:
+    argv = [python(), "-m", "sage_unsloth.demo.analysis", *lab_inputs(budget, folders)]
+    return Step(
+        "analysis",
+        [*argv, "--branch-config", _rel(BRANCH_CONFIG)],
+        outputs=(folders.results / "analysis",),
+        after=evals,
+        configs=config_files(BRANCH_CONFIG),
+        code=ANALYSIS_CODE,
+        label="plans and branch-point entropy",
+    )
+
+
+def report_step(budget: DemoBudget, folders: LabFolders, evals: tuple[str, ...]) -> Step:
+    """Stage 4 on every run, with the lab's pairs at each seed."""
+    results = folders.results
+    pairs = ",".join(f"{a}_seed{s}:{b}_seed{s}" for a, b in lab_pairs(budget) for s in budget.seeds)
+    argv = kit_stage(
+        "report",
+        *("--results", _rel(results), "--out", _rel(layout.report_md(results)), "--pairs", pairs),
+        *("--resamples", str(budget.bootstrap_resamples), "--support_reference", sft_run(budget.seeds[0])),
+    )
+    return Step(
+        "report",
+        argv,
+        outputs=(layout.report_md(results), layout.report_dir(results)),
+        after=evals,
+        configs=(CONFIG_DIR / "report.yaml",),
+        code=("report",),
+        label="stage 4",
+        light=True,
+    )
+
+
+def lab_step(budget: DemoBudget, folders: LabFolders, reference: Path | None) -> Step:
+    """The comparison across seeds and problems, and with the reference run when there is one."""
+    argv = [python(), "-m", "sage_unsloth.demo.lab", *lab_inputs(budget, folders)]
+    argv += ["--methods", json.dumps({m.name: m.label for m in lab_methods(budget)})]
+    argv += ["--pairs", ",".join(f"{a}:{b}" for a, b in lab_pairs(budget))]
+    argv += ["--resamples", str(budget.bootstrap_resamples), "--kmax", str(budget.kmax)]
+    argv += ["--branch-config", _rel(BRANCH_CONFIG)]
+    reference_files = ()
+    if reference is not None and reference.resolve() != folders.results.resolve():
+        argv += ["--reference", _rel(reference)]
+        reference_files = tuple(sorted((reference / "lab").glob("*.csv")))
+    return Step(
+        "lab",
+        argv,
+        outputs=(folders.results / "lab",),
+        after=("analysis", "report"),
+        configs=reference_files,
+        code=LAB_CODE,
+        label="comparison across seeds and problems",
+        light=True,
+    )
+
+
+def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path | None) -> list[Step]:
+    """One lab's steps, in order: the base, the data, stage 1, stage 2 per method and seed, stage 3 per run,
+    the analysis, stage 4 and the lab."""
+    folders = LabFolders(work, results)
+    evals = eval_steps(budget, folders)
+    after_evals = tuple(s.name for s in evals)
+    return [
+        model_step(budget, folders),
+        data_step(budget, folders),
+        sft_step(budget, folders),
+        *rl_steps(budget, folders),
+        *evals,
+        analysis_step(budget, folders, after_evals),
+        report_step(budget, folders, after_evals),
+        lab_step(budget, folders, reference),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------- draws
@@ -854,8 +852,7 @@ def parse_args(argv: list[str] | None):
         "--grid",
         action="append",
         default=[],
-        help="knob settings as methods, e.g. 'grpo:beta=0.2,0.5' or 'grpo_branch:tau=0.3,0.5;q_max=2,3' "
-        "(every combination; repeatable)",
+        help=f"knob settings as methods, e.g. {GRID_EXAMPLES} (every combination; repeatable)",
     )
     parser.add_argument(
         "--kmax",

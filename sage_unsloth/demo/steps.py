@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -269,6 +270,134 @@ def _plan(steps: list[Step], stamps: Path) -> tuple[dict[str, str], set[str]]:
     return fingerprints, to_run
 
 
+def _reused_record(step: Step, stamps: Path, fingerprint: str) -> StepRecord:
+    """A step done earlier with the same inputs: its record from its stamp."""
+    stamp = read_stamp(stamps, step.name) or {}
+    return StepRecord(
+        step.name,
+        "reused",
+        stamp.get("wall_s", 0.0),
+        stamp.get("cpu_s", 0.0),
+        stamp.get("threads", 0),
+        stamp.get("finished", ""),
+        fingerprint,
+    )
+
+
+@dataclass
+class _Scheduler:
+    """The steps running now: starts the ready ones (at most ``jobs``), stamps the finished ones, reports
+    progress, stops the rest on a failure."""
+
+    stamps: Path
+    logs: Path
+    jobs: int
+    threads: int | None  # --threads: every step gets this many; None: shared among the running ones
+    free: int  # the idle cores shared among the running steps
+    fingerprints: dict[str, str]
+    records: dict[str, StepRecord]
+    executor: Executor | None
+    echo: Callable[[str], object]
+    running: dict[str, _Running] = field(default_factory=dict)
+
+    def start_ready(self, pending: list[Step]) -> None:
+        """Start the pending steps whose dependencies have records, while slots are free."""
+        ready = [s for s in pending if all(a in self.records for a in s.after)]
+        while ready and len(self.running) < self.jobs:
+            step = ready.pop(0)
+            pending.remove(step)
+            for output in step.outputs:
+                _remove(output)
+            (self.stamps / f"{step.name}.json").unlink(missing_ok=True)
+            n_threads = self.threads or threads_for(
+                step,
+                free=self.free,
+                heavy_waiting=sum(not s.light for s in ready),
+                heavy_running=sum(not r.step.light for r in self.running.values()),
+                jobs=self.jobs,
+            )
+            self._launch(step, n_threads)
+
+    def _launch(self, step: Step, n_threads: int) -> None:
+        log = self.logs / f"{step.name}.log"
+        self.echo(
+            f"[demo] {step.name}: start{' (' + step.label + ')' if step.label else ''}, "
+            f"{n_threads} thread(s), log {_display(log)}"
+        )
+        if self.executor is None:
+            proc = start(step.argv, log, cwd=REPO_ROOT, env=child_env(n_threads), new_session=True)
+        else:  # the executor's worker has its own environment: send what child_env changes
+            env = {k: v for k, v in child_env(n_threads).items() if os.environ.get(k) != v}
+            task = Task(step.name, step.argv, log.resolve(), env, cwd=str(REPO_ROOT), kind="step")
+            (proc,) = self.executor.submit([task])
+        self.running[step.name] = _Running(step, proc, time.perf_counter(), n_threads, log)
+
+    def collect(self) -> None:
+        """Stamp and record every step that finished; a failed one (an exit code or a missing output) raises
+        with its log's last lines."""
+        for name, item in list(self.running.items()):
+            ended = _exit_of(item)
+            if ended is None:
+                continue
+            code, cpu = ended
+            del self.running[name]
+            wall = round(time.perf_counter() - item.started, 1)
+            missing = [p for p in item.step.outputs if not p.exists()]
+            if code != 0 or missing:
+                tail = "".join(_tail(item.log).splitlines(keepends=True)[-30:])
+                why = f"exit {code}" if code != 0 else f"no {', '.join(_display(p) for p in missing)}"
+                raise RuntimeError(
+                    f"[demo] {name} failed ({why}); last lines of {_display(item.log)}:\n{tail}"
+                )
+            finished = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+            record = StepRecord(name, "ran", wall, cpu, item.threads, finished, self.fingerprints[name])
+            atomic_write_json(
+                self.stamps / f"{name}.json",
+                {
+                    "fingerprint": record.fingerprint,
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "threads": item.threads,
+                    "finished": finished,
+                },
+            )
+            self.records[name] = record
+            self.echo(f"[demo] {name}: done in {wall:.0f} s ({cpu:.0f} s CPU)")
+
+    def report(self) -> None:
+        """One progress line per running step: its log's last progress, else its files' count, else 'running'."""
+        for name, item in self.running.items():
+            line = progress_line(_tail(item.log))
+            if line is None and item.step.progress_files:
+                line = file_progress(*item.step.progress_files, time.perf_counter() - item.started)
+            self.echo(f"[demo]   {name}: {line or 'running'} ({time.perf_counter() - item.started:.0f} s)")
+
+    def stop(self) -> None:
+        """A failure or Ctrl-C: stop the other steps (their whole process group)."""
+        for item in self.running.values():
+            if not isinstance(item.proc, subprocess.Popen):
+                item.proc.cancel()
+                continue
+            try:
+                os.killpg(item.proc.pid, signal.SIGTERM)
+                item.proc.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired, ChildProcessError):
+                pass
+
+
+def _exit_of(item: _Running) -> tuple[int, float] | None:
+    """(exit code, CPU seconds) of a finished step, None while it runs; a child's CPU time from os.wait4, an
+    executor's task's is not measured (0)."""
+    if isinstance(item.proc, subprocess.Popen):
+        pid, status, usage = os.wait4(item.proc.pid, os.WNOHANG)
+        if pid == 0:
+            return None
+        item.proc.returncode = code = os.waitstatus_to_exitcode(status)
+        return code, round(usage.ru_utime + usage.ru_stime, 1)
+    code = item.proc.poll()
+    return None if code is None else (code, 0.0)
+
+
 def run_steps(
     steps: list[Step],
     *,
@@ -291,16 +420,7 @@ def run_steps(
     records: dict[str, StepRecord] = {}
     for step in steps:
         if step.name not in to_run:
-            stamp = read_stamp(stamps, step.name) or {}
-            records[step.name] = StepRecord(
-                step.name,
-                "reused",
-                stamp.get("wall_s", 0.0),
-                stamp.get("cpu_s", 0.0),
-                stamp.get("threads", 0),
-                stamp.get("finished", ""),
-                fingerprints[step.name],
-            )
+            records[step.name] = _reused_record(step, stamps, fingerprints[step.name])
             echo(f"[demo] {step.name}: done earlier with the same inputs, reused")
     free = threads or idle_cores()
     if to_run and not threads:
@@ -308,92 +428,21 @@ def run_steps(
             f"[demo] {usable_cores()} usable core(s), {free} idle now: steps get {free} thread(s) shared "
             f"among those running at once (--threads N to set)"
         )
+    scheduler = _Scheduler(stamps, logs, jobs, threads, free, fingerprints, records, executor, echo)
     pending = [s for s in steps if s.name in to_run]
-    running: dict[str, _Running] = {}
     last_report = time.perf_counter()
     try:
-        while pending or running:
-            ready = [s for s in pending if all(a in records for a in s.after)]
-            while ready and len(running) < jobs:
-                step = ready.pop(0)
-                pending.remove(step)
-                for output in step.outputs:
-                    _remove(output)
-                (stamps / f"{step.name}.json").unlink(missing_ok=True)
-                n_threads = threads or threads_for(
-                    step,
-                    free=free,
-                    heavy_waiting=sum(not s.light for s in ready),
-                    heavy_running=sum(not r.step.light for r in running.values()),
-                    jobs=jobs,
-                )
-                log = logs / f"{step.name}.log"
-                echo(
-                    f"[demo] {step.name}: start{' (' + step.label + ')' if step.label else ''}, "
-                    f"{n_threads} thread(s), log {_display(log)}"
-                )
-                if executor is None:
-                    proc = start(step.argv, log, cwd=REPO_ROOT, env=child_env(n_threads), new_session=True)
-                else:  # the executor's worker has its own environment: send what child_env changes
-                    env = {k: v for k, v in child_env(n_threads).items() if os.environ.get(k) != v}
-                    task = Task(step.name, step.argv, log.resolve(), env, cwd=str(REPO_ROOT), kind="step")
-                    (proc,) = executor.submit([task])
-                running[step.name] = _Running(step, proc, time.perf_counter(), n_threads, log)
-            if not running and pending:
+        while pending or scheduler.running:
+            scheduler.start_ready(pending)
+            if not scheduler.running and pending:
                 raise RuntimeError(f"[demo] cannot schedule {[s.name for s in pending]}: unmet dependencies")
             time.sleep(0.25)
-            for name, item in list(running.items()):
-                if isinstance(item.proc, subprocess.Popen):
-                    pid, status, usage = os.wait4(item.proc.pid, os.WNOHANG)
-                    if pid == 0:
-                        continue
-                    item.proc.returncode = code = os.waitstatus_to_exitcode(status)
-                    cpu = round(usage.ru_utime + usage.ru_stime, 1)
-                else:
-                    code = item.proc.poll()
-                    if code is None:
-                        continue
-                    cpu = 0.0
-                del running[name]
-                wall = round(time.perf_counter() - item.started, 1)
-                missing = [p for p in item.step.outputs if not p.exists()]
-                if code != 0 or missing:
-                    tail = "".join(_tail(item.log).splitlines(keepends=True)[-30:])
-                    why = f"exit {code}" if code != 0 else f"no {', '.join(_display(p) for p in missing)}"
-                    raise RuntimeError(
-                        f"[demo] {name} failed ({why}); last lines of {_display(item.log)}:\n{tail}"
-                    )
-                finished = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-                record = StepRecord(name, "ran", wall, cpu, item.threads, finished, fingerprints[name])
-                atomic_write_json(
-                    stamps / f"{name}.json",
-                    {
-                        "fingerprint": record.fingerprint,
-                        "wall_s": wall,
-                        "cpu_s": cpu,
-                        "threads": item.threads,
-                        "finished": finished,
-                    },
-                )
-                records[name] = record
-                echo(f"[demo] {name}: done in {wall:.0f} s ({cpu:.0f} s CPU)")
-            if running and time.perf_counter() - last_report >= progress_every:
+            scheduler.collect()
+            if scheduler.running and time.perf_counter() - last_report >= progress_every:
                 last_report = time.perf_counter()
-                for name, item in running.items():
-                    line = progress_line(_tail(item.log))
-                    if line is None and item.step.progress_files:
-                        line = file_progress(*item.step.progress_files, time.perf_counter() - item.started)
-                    echo(f"[demo]   {name}: {line or 'running'} ({time.perf_counter() - item.started:.0f} s)")
+                scheduler.report()
     finally:
-        for item in running.values():  # a failure or Ctrl-C: stop the other steps (their whole process group)
-            if not isinstance(item.proc, subprocess.Popen):
-                item.proc.cancel()
-                continue
-            try:
-                os.killpg(item.proc.pid, signal.SIGTERM)
-                item.proc.wait(timeout=30)
-            except (ProcessLookupError, subprocess.TimeoutExpired, ChildProcessError):
-                pass
+        scheduler.stop()
     return [records[s.name] for s in steps]
 
 

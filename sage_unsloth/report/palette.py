@@ -3,11 +3,12 @@ curves, the demo lab's headline), whatever else a plot holds.
 
 The key is the method: a name's model prefix (``tiny/``) and seed suffix (``_seed3``, ``_s3``, ``-seed3``) are
 dropped, so every seed of a method shares its colour. The kit's methods (the configs in configs/rlvr/*/ and
-configs/demo/, plus ``sft`` and ``base``) have fixed colours below; any other name gets a colour from a
-stable hash of it (blake2b, never Python's salted ``hash()``), so it too keeps its colour from run to run and
-plot to plot; a knob setting of a kit method (the lab's ``--grid`` names, ``grpo_branch-tau0.3``) keeps its
-method's hue at a lightness of its own. Two unknown names can land on similar hues; give a method of your own a
-line in :data:`METHOD_COLOURS` to pin it.
+configs/demo/, plus ``sft`` and ``base``) have fixed colours: a lab method's in its own file (``lab: colour:``),
+the others below; any other name gets a colour from a stable hash of it (blake2b, never Python's salted
+``hash()``), so it too keeps its colour from run to run and plot to plot, whatever other methods are added; a
+knob setting of a kit method (the lab's ``--grid`` names, ``<method>-tau0.3``) keeps its method's hue at a
+lightness of its own. Two unknown names can land on similar hues; give a lab method of your own a ``colour:`` in
+its ``lab:`` block to pin it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import colorsys
 import hashlib
 import re
+
+from ..method_cards import demo_cards
 
 _SEED_SUFFIX = re.compile(r"^(?P<method>.+?)[_-](?:seed|s)(?P<seed>\d+)$")
 
@@ -31,24 +34,12 @@ def method_of(run: str) -> str:
 # between unrelated arms. The tab10 colours stay with the methods the lab has always drawn in them; the others
 # were chosen by a greedy search over sRGB for the largest smallest CIELAB distance to every colour they can be
 # plotted with, at least 12 degrees of hue away from each of them (tests/test_report_palette.py checks both).
-# Families share a hue, because they are one method at several settings: GRPO's beta sweep (the lab's positive
-# control; an indigo ramp, light to dark as beta grows) and the lab's branch-guide shapes (oranges: the paper's
-# shape darker, the reference-entropy guide lighter) (FAMILIES).
+# The lab's methods carry their colour in their own file (configs/demo/<name>.yaml, lab: colour:, read by
+# sage_unsloth/method_cards.py); a preset of configs/rlvr/ with a lab method's name is that method and shares its
+# colour. Below: the names that are no lab method.
 METHOD_COLOURS: dict[str, str] = {
     "sft": "#000000",
     "base": "#7f7f7f",
-    "grpo": "#1f77b4",
-    "grpo_branch": "#ff7f0e",
-    "grpo_nokl": "#2ca02c",
-    "grpo_fkl": "#d62728",
-    "grpo_reward": "#9467bd",
-    "grpo_branch_reward": "#ee00ff",
-    "grpo_passk": "#e377c2",
-    "grpo_entropy_adv": "#bcbd22",
-    "grpo_high_entropy": "#17becf",
-    "grpo_clip_cov": "#775500",
-    "grpo_kl_cov": "#883344",
-    "grpo_ref_reset": "#00ddaa",
     "grpo_token": "#0055ee",
     "grpo_random": "#5500ff",
     "bnpo": "#ff0088",
@@ -57,32 +48,36 @@ METHOD_COLOURS: dict[str, str] = {
     "dapo_branch": "#0088ff",
     "dapo_full": "#00bbff",
     "dapo_full_branch": "#009988",
-    "grpo_branch_paper": "#a04a00",
-    "grpo_ref_branch": "#ffb266",
-    "grpo_beta0.2": "#9c9ede",
-    "grpo_beta0.5": "#6b6ecf",
-    "grpo_beta1": "#5254a3",
-    "grpo_beta2": "#393b79",
 }
-# Methods that are one method at several settings of a knob: they may share a hue (and only they).
-FAMILIES: tuple[frozenset[str], ...] = (
-    frozenset({"grpo", "grpo_beta0.2", "grpo_beta0.5", "grpo_beta1", "grpo_beta2"}),
-    frozenset({"grpo_branch", "grpo_branch_paper", "grpo_ref_branch"}),
-)
-# Names that are one of the methods above run another way (the 7B presets' vLLM-server variants): the
-# method's colour, as seeds share it.
-ALIASES: dict[str, str] = {
-    "grpo_server": "grpo",
-    "grpo_branch_server": "grpo_branch",
-    "base_model": "base",
-}
+
+
+def fixed_colours() -> dict[str, str]:
+    """Every fixed colour: the names above and the lab's methods' own (their cards' ``colour``)."""
+    return {**METHOD_COLOURS, **{c.name: c.colour for c in demo_cards() if c.colour}}
+
+
+def families() -> tuple[frozenset[str], ...]:
+    """Methods that are one method at several settings of a knob (their cards' ``family``: GRPO's beta sweep,
+    an indigo ramp light to dark as beta grows; the lab's branch-guide shapes, oranges): they may share a hue
+    (and only they)."""
+    members: dict[str, set[str]] = {}
+    for card in demo_cards():
+        if card.family:
+            members.setdefault(card.family, set()).add(card.name)
+    return tuple(frozenset(names) for names in members.values())
+
+
+# Names that are one of the methods above run another way: the method's colour, as seeds share it.
+ALIASES: dict[str, str] = {"base_model": "base"}
+# A 7B preset generated through vLLM's server (configs/rlvr/qwen2.5-math-7b/<method>_server.yaml) is <method>.
+SERVER_SUFFIX = "_server"
 
 
 def method_key(name: str) -> str:
-    """The palette's key for a run or method name: ``model/run_seedN`` -> ``run``, lower-cased, aliases
-    resolved."""
+    """The palette's key for a run or method name: ``model/run_seedN`` -> ``run``, lower-cased, aliases and
+    the server suffix resolved."""
     key = method_of(str(name).rpartition("/")[2]).strip().lower()
-    return ALIASES.get(key, key)
+    return ALIASES.get(key, key).removesuffix(SERVER_SUFFIX)
 
 
 def hashed_colour(key: str) -> str:
@@ -110,14 +105,15 @@ def setting_colour(base: str, key: str) -> str:
 
 def colour(name: str) -> str:
     """The colour (hex) of ``name``'s method: its fixed one; for a knob setting of a method with one
-    (``grpo_branch-tau0.3``), that method's hue at another lightness; else one from a stable hash of the
+    (``<method>-tau0.3``), that method's hue at another lightness; else one from a stable hash of the
     method."""
     key = method_key(name)
-    if key in METHOD_COLOURS:
-        return METHOD_COLOURS[key]
+    fixed = fixed_colours()
+    if key in fixed:
+        return fixed[key]
     base = key.split("-", 1)[0]
-    if "-" in key and base in METHOD_COLOURS:
-        return setting_colour(METHOD_COLOURS[base], key)
+    if "-" in key and base in fixed:
+        return setting_colour(fixed[base], key)
     return hashed_colour(key)
 
 
