@@ -68,7 +68,7 @@ def run(work: Path, dtype: str, load_in_4bit: bool, rank: int) -> Check:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("workdir")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--load_in_4bit", action="store_true")
