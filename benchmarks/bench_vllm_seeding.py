@@ -93,7 +93,7 @@ def load() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--checkpoint", help="stage output or model folder (default: the tiny random model)")
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--problems", type=int, default=2, help="problems per chunk (chunks A, B, C)")
