@@ -24,7 +24,7 @@ from pathlib import Path
 from sage_unsloth import grading, layout
 from sage_unsloth.eval.backend_choice import resolve_backend
 from sage_unsloth.eval.benchmarks import Problem, load_benchmark
-from sage_unsloth.eval.config import EvalConfig, parse_args, validate
+from sage_unsloth.eval.config import EvalConfig, known_benchmarks, parse_args, validate
 from sage_unsloth.eval.records import (
     build_records,
     chunk_path,
@@ -490,9 +490,10 @@ def prepare(cfg: EvalConfig):
             checkpoint.model, f"checkpoint {checkpoint.spec}: its model name", "qwen2.5-math-7b"
         )
         layout.check_name(checkpoint.run, f"checkpoint {checkpoint.spec}: its run name", "grpo_branch")
+    known = known_benchmarks(cfg)
     problem_sets: dict[str, list[Problem]] = {}  # keyed by the dataset results are written under
     for name in cfg.benchmarks:
-        problems = load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source)
+        problems = load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source, known=known)
         if not problems:
             raise ValueError(
                 f"benchmarks: {name!r} has no problems (an empty file?); fix its file or drop it from benchmarks"
