@@ -206,13 +206,13 @@ def write_reference(folder, rows, prints):
 def test_an_identical_run_is_quiet_and_a_run_beyond_tolerance_is_a_loud_warning(tmp_path):
     ref = tmp_path / "ref"
     rows = [("sft_seed0", "sft_pass_at_1", 0.604), ("sft_seed0", "sft_gap_pass_at_1", 0.061),
-            ("grpo_seed0", "grpo_rare_share", 0.028)]  # fmt: skip
+            ("grpo_seed0", "grpo_minority_share", 0.028)]  # fmt: skip
     write_reference(ref, rows, {"base": "a" * 64, "sft": "b" * 64})
     same = R.compare(regime(rows), {"base": "a" * 64, "sft": "b" * 64}, ref)
     assert set(same["status"]) == {"identical"} and R.warning_lines(same, "ref") == []
     # the fresh clone of issue 39: SFT 0.731, gap 0.345, GRPO's rare plans 0.26, another SFT adapter
     ours = [("sft_seed0", "sft_pass_at_1", 0.731), ("sft_seed0", "sft_gap_pass_at_1", 0.345),
-            ("grpo_seed0", "grpo_rare_share", 0.26)]  # fmt: skip
+            ("grpo_seed0", "grpo_minority_share", 0.26)]  # fmt: skip
     table = R.compare(regime(ours), {"base": "a" * 64, "sft": "c" * 64}, ref)
     status = dict(zip(table["metric"], table["status"]))
     assert status["sft_sha256"] == "DIFFERENT" and status["sft_pass_at_1"] == "BEYOND TOLERANCE"
@@ -220,7 +220,7 @@ def test_an_identical_run_is_quiet_and_a_run_beyond_tolerance_is_a_loud_warning(
     assert lines[0] == lines[-1] == "!" * 100 and "does NOT reproduce" in lines[1]
     assert sum("BEYOND" not in line and "+0.127" in line for line in lines) == 1  # 0.731 - 0.604
     # within tolerance (another CPU type's SFT, same regime): no warning
-    near = [("sft_seed0", "sft_pass_at_1", 0.61), ("grpo_seed0", "grpo_rare_share", 0.03)]
+    near = [("sft_seed0", "sft_pass_at_1", 0.61), ("grpo_seed0", "grpo_minority_share", 0.03)]
     table = R.compare(regime(near), {"base": "a" * 64, "sft": "c" * 64}, ref)
     assert R.warning_lines(table, "ref") == [] and "within tolerance" in set(table["status"])
 
@@ -230,3 +230,22 @@ def test_a_different_base_is_a_warning_even_when_the_regime_holds(tmp_path):
     write_reference(ref, [("sft_seed0", "sft_pass_at_1", 0.6)], {"base": "a" * 64, "sft": "b" * 64})
     table = R.compare(regime([("sft_seed0", "sft_pass_at_1", 0.6)]), {"base": "d" * 64, "sft": "b" * 64}, ref)
     assert "pre-trained base is not the reference's" in " ".join(R.warning_lines(table, "ref"))
+
+
+def test_a_reference_written_with_the_old_metric_name_is_compared(tmp_path):
+    """Labs written before the minority plans had their name call GRPO's metric grpo_rare_share (regime.csv) or
+    rare_share (runs.csv); both are read as the minority-plan share, so the comparison still covers it."""
+    ref = tmp_path / "ref"
+    old = regime([("grpo_seed0", "grpo_minority_share", 0.028)]).replace(
+        "grpo_minority_share", "grpo_rare_share"
+    )
+    (ref / "lab").mkdir(parents=True)
+    old.to_csv(ref / "lab" / R.REGIME_FILE, index=False)
+    table = R.compare(regime([("grpo_seed0", "grpo_minority_share", 0.26)]), {}, ref)
+    assert dict(zip(table["metric"], table["status"]))["grpo_minority_share"] == "BEYOND TOLERANCE"
+    (ref / "lab" / R.REGIME_FILE).unlink()
+    pd.DataFrame({"run": ["grpo_seed0"], "method": ["grpo"], "rare_share": [0.028]}).to_csv(
+        ref / "lab" / "runs.csv", index=False
+    )
+    table = R.compare(regime([("grpo_seed0", "grpo_minority_share", 0.028)]), {}, ref)
+    assert dict(zip(table["metric"], table["status"]))["grpo_minority_share"] == "identical"

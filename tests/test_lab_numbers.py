@@ -32,7 +32,7 @@ CITED = re.compile(r"(?<![\w.^@=])(?P<sign>[-+\u2212]?)(?P<digits>\d+\.\d+|\d+(?
 TAG = re.compile(r"<!-- n (?P<path>\S+\.csv)(?P<keys>[^:]*): (?P<cols>[^>]*?) -->")
 GENERATED = (outcome.BLOCK, frontier.BLOCK)
 # the lab's own tables only: per-problem files hold thousands of values, so any number would match one
-TABLE_DIRS = ("lab", "analysis")
+TABLE_DIRS = ("lab", "analysis", "frontier")
 PER_RUN = ("runs.csv", "strategies.csv")  # one row per run: prose quotes methods, not single runs
 FOLDER = re.compile(r"results/(?P<name>[\w.-]+)/")
 
@@ -90,6 +90,19 @@ def test_there_is_a_marked_outcome_block_and_each_equals_its_lab_regenerated():
             f"{name}: the block of {folder} differs from its CSVs: run "
             "python -m sage_unsloth.demo.outcome --update README.md docs/lab.md"
         )
+
+
+def test_every_frontier_block_equals_its_frontier_regenerated():
+    """README.md / docs/lab.md embed the frontier's outcome.md between frontier-outcome markers; each must be what
+    sage_unsloth.demo.frontier writes from that folder's CSVs today (frontier.update_text rewrites them)."""
+    found = 0
+    for name in SECTIONS:
+        for match in frontier.BLOCK.finditer((ROOT / name).read_text()):
+            found += 1
+            assert match.group(0) == frontier.update_text(match.group(0), ROOT), (
+                f"{name}: the frontier block of {match['folder']} differs from its CSVs"
+            )
+    assert found, "README.md / docs/lab.md: no <!-- frontier-outcome:begin results/<folder> --> block"
 
 
 LABS = sorted(

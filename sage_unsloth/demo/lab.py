@@ -655,7 +655,7 @@ def _main(args) -> int:
     knobs = dose_response.run_knobs(Path(args.work), MODEL_NAME, runs)  # from each run's stage-2 manifest
     run_frame = run_rows(lab, runs, kmax, strategies, branch).merge(knobs, on="run", how="left")
     run_frame.insert(
-        run_frame.columns.get_loc("rare_share") + 1,
+        run_frame.columns.get_loc("minority_share") + 1,
         "pair_share",
         [float(pair_share[r].mean()) for r in run_frame["run"]],
     )
@@ -683,7 +683,7 @@ def _main(args) -> int:
             lambda run: compare.split_run(run)[0],
             {run: lab.passk(run, [1])[:, 0] for run in runs},
             gap,
-            dict(zip(run_frame["run"], run_frame["rare_share"])),
+            dict(zip(run_frame["run"], run_frame["minority_share"])),
             {run: float(pair_share[run].mean()) for run in runs},
         ),
         columns=["run", "metric", "value"],

@@ -10,7 +10,7 @@ reference's 0.604, GRPO's rare-plan share 0.26 against 0.028) without a word (is
   and in ``lab/regime.csv`` (:func:`fingerprints`);
 - measures its **regime** per run (:func:`regime_rows`): SFT's pass@1 on all problems and on the gap
   problems (where the common plan meets the base's missing addition), and GRPO's share of completions off the
-  common plan (``rare_share``) and on the pair plans;
+  common plan (the minority-plan share, ``minority_share``) and on the pair plans;
 - compares both with the reference's (:func:`compare`): the same run names, each metric within the
   tolerance of :data:`TOLERANCE`, and writes ``lab/reproduction.csv``; a metric beyond its tolerance, or a
   base that is not the reference's, is a loud warning (:func:`warning_lines`) at the top of the console
@@ -20,7 +20,7 @@ Same CPU type, library versions and code: every difference is exactly 0 (the kit
 Another CPU type runs other arithmetic in SFT, RL and evaluation (MKL's AUTO code path depends on the
 instruction set), so the adapters' sha256 differ and a run's numbers move like another seed's would; the
 tolerances are set well outside that seed-to-seed spread (measured in results/demo-confirm/, 10 seeds: SFT
-pass@1 sd 0.002 across evaluation seeds, GRPO's rare-plan share sd 0.004), so a warning means another regime,
+pass@1 sd 0.002 across evaluation seeds, GRPO's minority-plan share sd 0.004), so a warning means another regime,
 not noise.
 """
 
@@ -46,7 +46,7 @@ GRPO = "grpo"  # the method whose plan shares define the regime (the lab's GRPO 
 TOLERANCE = {
     "sft_pass_at_1": 0.03,
     "sft_gap_pass_at_1": 0.05,
-    "grpo_rare_share": 0.05,
+    "grpo_minority_share": 0.05,
     "grpo_pair_share": 0.03,
 }
 
@@ -69,11 +69,11 @@ def regime_rows(
     method_of,
     pass1: dict[str, np.ndarray],
     gap: np.ndarray,
-    rare_share: dict[str, float],
+    minority_share: dict[str, float],
     pair_share: dict[str, float],
 ) -> list[dict]:
     """Per run, the regime metrics: SFT runs' pass@1 on all and on the gap problems (``gap``: a mask over the
-    problems), GRPO runs' rare-plan and pair-plan shares (``pass1[run]``: per-problem pass@1)."""
+    problems), GRPO runs' minority-plan and pair-plan shares (``pass1[run]``: per-problem pass@1)."""
     rows = []
     for run in runs:
         method = method_of(run)
@@ -82,7 +82,7 @@ def regime_rows(
             if gap.any():
                 values["sft_gap_pass_at_1"] = float(pass1[run][gap].mean())
         elif method == GRPO:
-            values = {"grpo_rare_share": rare_share[run], "grpo_pair_share": pair_share[run]}
+            values = {"grpo_minority_share": minority_share[run], "grpo_pair_share": pair_share[run]}
         else:
             continue
         rows += [{"run": run, "metric": m, "value": v} for m, v in values.items()]
@@ -91,17 +91,17 @@ def regime_rows(
 
 def reference_regime(reference: Path) -> pd.DataFrame:
     """The reference's regime rows: its lab/regime.csv, or for a reference from before it, what its
-    lab/runs.csv holds (SFT's pass@1 and GRPO's rare-plan share)."""
+    lab/runs.csv holds (SFT's pass@1 and GRPO's minority-plan share)."""
     path = Path(reference) / "lab" / REGIME_FILE
-    if path.is_file():
-        return pd.read_csv(path)
-    runs = pd.read_csv(Path(reference) / "lab" / "runs.csv")
+    if path.is_file():  # a lab written before the minority plans had their name called the metric rare
+        return pd.read_csv(path).replace({"metric": {"grpo_rare_share": "grpo_minority_share"}})
+    runs = pd.read_csv(Path(reference) / "lab" / "runs.csv").rename(columns={"rare_share": "minority_share"})
     rows = []
     for _, r in runs.iterrows():
         if r["method"] == "sft":
             rows.append({"run": r["run"], "metric": "sft_pass_at_1", "value": r["pass_at_1"]})
         elif r["method"] == GRPO:
-            rows.append({"run": r["run"], "metric": "grpo_rare_share", "value": r["rare_share"]})
+            rows.append({"run": r["run"], "metric": "grpo_minority_share", "value": r["minority_share"]})
     return pd.DataFrame(rows, columns=["run", "metric", "value"])
 
 
