@@ -400,7 +400,8 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
 
     def _validate_kl_term(self, kl_term) -> None:
         """What the KL term's registry metadata allows (a guided anchor, beta, loss types), and the reward
-        placement's needs."""
+        placement's needs (the guides' cycle count checked between them: the order the checks have always run in,
+        so a config with two faults still names the same one first)."""
         if not kl_term.meta["guided"] and self.sage_guide != "none":
             _fail(
                 f"kl_estimator={self.kl_estimator!r} has no q * pi_ref anchor (the plain forward-KL baseline): "
