@@ -228,6 +228,26 @@ def check_hub_model_cached(
             )
 
 
+def same_field_error(alias: str, alias_value, name: str, value, where: str = "") -> ConfigError:
+    """A field set under both its names (``FIELD_ALIASES``) to different values."""
+    return ConfigError(f"{where}{alias}={alias_value!r} and {name}={value!r} name the same field: set one")
+
+
+def resolve_field_aliases(cfg) -> None:
+    """A field given under its alias (``FIELD_ALIASES``, e.g. kl_term -> kl_estimator) to a config built in
+    Python becomes the field itself; the field may be left at its default or set to the same value. (The stage
+    parser renames an alias while it reads the YAML and the flags, so that a flag wins over the file whichever
+    name each uses; a parsed config reaches here with the alias unset.)"""
+    for alias, name in getattr(type(cfg), "FIELD_ALIASES", {}).items():
+        alias_value = getattr(cfg, alias)
+        if alias_value is None:
+            continue
+        value = getattr(cfg, name)
+        if value not in (cfg.__dataclass_fields__[name].default, alias_value):
+            raise same_field_error(alias, alias_value, name, value)
+        setattr(cfg, name, alias_value)
+
+
 def _is_steps(strategy) -> bool:
     return str(getattr(strategy, "value", strategy)) == "steps"
 
@@ -303,253 +323,254 @@ def stage_parser(dataclass_types, stage: str):
     return _stage_parser_class()(dataclass_types, stage)
 
 
+def _field_kind(action) -> str | None:
+    """What a scalar field takes; bool fields are parsed by a ``string_to_bool`` (TRL 1.15 has its own copy
+    of transformers' HfArgumentParser, so the function is recognised by name)."""
+    name = getattr(action.type, "__name__", "")
+    if name == "string_to_bool":
+        return "true or false"
+    # by name too: TRL wraps the converter of an ``int | None`` field so that "none" parses, and keeps the
+    # wrapped type's __name__ (trl/scripts/_hf_argparser.py, _accept_none)
+    return {"int": "an integer", "float": "a number"}.get(name)
+
+
+def _is_instance(value, expected: str) -> bool:
+    if expected == "true or false":
+        return isinstance(value, bool)
+    numeric = (int, float) if expected == "a number" else (int,)
+    return isinstance(value, numeric) and not isinstance(value, bool)
+
+
+def _metavar(action) -> str:
+    if _field_kind(action) == "true or false":
+        return "BOOL"
+    return {"an integer": "INT", "a number": "FLOAT"}.get(_field_kind(action), "TEXT") + (
+        " ..." if action.nargs in ("+", "*") else ""
+    )
+
+
+def _own_fields(cls) -> list[str]:
+    """The kit's fields of a dataclass, its own first: every field of a plain kit dataclass (RLVRStageArgs);
+    of a subclass of an upstream config, those declared in its class body (SageGRPOConfig's SAGE fields and
+    pinned defaults) and those of a kit base that asks for it (``SHORT_HELP = True``: StageRunArgs, in
+    SageSFTConfig); other kit bases' fields (ExplorationArgs') are listed by --help-all."""
+    upstream = any(
+        hasattr(b, "__dataclass_fields__") and not b.__module__.startswith("sage_unsloth")
+        for b in cls.__mro__[1:]
+    )
+    shown = [
+        b
+        for b in cls.__mro__
+        if b.__module__.startswith("sage_unsloth")
+        and (not upstream or b is cls or vars(b).get("SHORT_HELP", False))
+    ]
+    names = [name for b in shown for name in vars(b).get("__annotations__", {})]
+    return [name for name in dict.fromkeys(names) if name in cls.__dataclass_fields__]
+
+
+class StageParserMethods:
+    """What the kit adds to TRL's ``TrlParser`` (one-line errors, "did you mean", ``base:`` YAMLs and a short
+    kit-first --help); mixed in ahead of it by :func:`_stage_parser_class`, which imports TRL on first use."""
+
+    def __init__(self, dataclass_types, stage: str):
+        # allow_abbrev=False: a prefix of a field (--max_tok) is an unknown flag with "did you mean", never
+        # silently another field
+        super().__init__(dataclass_types, prog=f"sage-unsloth {stage}", add_help=False, allow_abbrev=False)
+        self.stage = stage
+        self.fields = {}  # dest -> its action; a bool's own flag, not the --no_<name> one argparse adds after it
+        for action in self._actions:
+            self.fields.setdefault(action.dest, action)
+        # the dataclass defaults, before a YAML replaces them: what an error's "e.g." shows
+        self.field_defaults = {dest: action.default for dest, action in self.fields.items()}
+        # argparse reads "-1e-5" as a flag (its matcher knows only -1 and -0.5): e-notation too
+        self._negative_number_matcher = NUMBER
+
+    # -- argparse reports here (a bad value, a missing argument): one line instead of usage + exit
+    def error(self, message: str):
+        match = re.match(
+            r"argument (\S+?)(?:/\S+)?: (?:invalid \S+ value: '(.*)'|Truthy value expected: got (.*) "
+            r"but expected.*)$",
+            message,
+        )
+        if match:
+            flag, value = match.group(1), match.group(2) if match.group(2) is not None else match.group(3)
+            action = next(a for a in self._actions if flag in a.option_strings)
+            expected = _field_kind(action) or (f"one of {action.choices}" if action.choices else "valid")
+            raise ConfigError(f"{flag} {value}: not {expected}{self._example(action.dest, flag + ' ')}")
+        raise ConfigError(f"{message} (sage-unsloth {self.stage} --help lists the fields)")
+
+    def kit_fields(self) -> list[str]:
+        """The fields the short --help and a dry run show: the kit's own, then the essential upstream ones."""
+        kit = [
+            name
+            for t in self.dataclass_types
+            if t.__module__.startswith("sage_unsloth")
+            for name in _own_fields(t)
+            if name in self.fields  # not a ClassVar (FIELD_RULES, ...)
+        ]
+        essential = [f for f in ESSENTIAL_UPSTREAM_FIELDS if f in self.fields]
+        return list(dict.fromkeys([*kit, *essential]))
+
+    def kit_help(self) -> str:
+        import copy
+
+        actions = []
+        for name in self.kit_fields():
+            if name in self.fields:
+                action = copy.copy(self.fields[name])
+                action.option_strings = action.option_strings[:1]  # --sage_guide, not also --sage-guide
+                action.metavar = _metavar(action)
+                action.help = action.help or "(see the stage's config files)"  # so its default is shown
+                actions.append(action)
+        formatter = argparse.ArgumentDefaultsHelpFormatter(self.prog, max_help_position=34, width=110)
+        formatter.add_usage(f"{self.prog} CONFIG.yaml [--key value ...]", [], [])
+        formatter.start_section("the kit's fields (a flag overrides the YAML key of the same name)")
+        formatter.add_arguments(actions)
+        formatter.end_section()
+        upstream = sorted(
+            {
+                b.__name__
+                for t in self.dataclass_types
+                for b in t.__mro__
+                if hasattr(b, "__dataclass_fields__")
+                and not b.__name__.startswith("_")
+                and not b.__module__.startswith("sage_unsloth")
+            }
+        )
+        others = len({a.dest for a in self._actions} - {a.dest for a in actions})
+        if others:
+            formatter.add_text(
+                f"{others} more fields (from {', '.join(upstream)}): sage-unsloth {self.stage} {HELP_ALL}"
+            )
+        return formatter.format_help()
+
+    def _aliases(self) -> dict[str, str]:
+        """alias -> field, from each dataclass's FIELD_ALIASES (e.g. kl_term -> kl_estimator)."""
+        return {a: f for cls in self.dataclass_types for a, f in getattr(cls, "FIELD_ALIASES", {}).items()}
+
+    # A YAML key or a flag spelled by its alias becomes the field itself, so that the command line's flag
+    # overrides the file's key whichever name each uses (and --help shows the file's value).
+    def _unalias_config(self, config: dict, path: str) -> None:
+        for alias, name in self._aliases().items():
+            if alias not in config:
+                continue
+            value = config.pop(alias)
+            if name in config and config[name] != value:
+                raise same_field_error(alias, value, name, config[name], where=f"{path}: ")
+            config[name] = value
+
+    def _unalias_argv(self, argv: list[str]) -> list[str]:
+        for alias, name in self._aliases().items():
+            spellings = {f"--{alias}", f"--{alias.replace('_', '-')}"}
+            own = {f"--{name}", f"--{name.replace('_', '-')}"}
+            flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+            if flags & spellings and flags & own:
+                raise ConfigError(f"--{alias} and --{name} name the same field: pass one")
+            argv = [
+                f"--{name}" + a[len(a.split("=", 1)[0]) :] if a.split("=", 1)[0] in spellings else a
+                for a in argv
+            ]
+        return argv
+
+    def parse(self, argv: list[str]):
+        argv = self._unalias_argv(list(argv))
+        if "--config" in argv:
+            at = argv.index("--config")
+            if at + 1 >= len(argv):
+                raise ConfigError("--config needs a YAML path")
+            config_path = argv[at + 1]
+            del argv[at : at + 2]
+            config = load_config(config_path)
+            self._unalias_config(config, config_path)
+            for key, value in (config.pop(ENV_KEY, None) or {}).items():
+                os.environ[key] = str(value)
+            self._check_config(config, config_path)
+            self.set_defaults_with_config(**config)
+        if HELP_ALL in argv:  # after the YAML: the defaults shown are the config's
+            self.print_help()
+            raise SystemExit(0)
+        if "-h" in argv or "--help" in argv:
+            print(self.kit_help())
+            raise SystemExit(0)
+        argv = self._split_numeric_lists(argv)
+        _, unknown = self.parse_known_args(argv)
+        flags = [arg for arg in unknown if arg.startswith("--")]
+        if unknown:
+            name = (flags[0] if flags else unknown[0]).split("=", 1)[0]
+            if name == "--output_dir" and self.stage in OUTPUT_FLAGS:
+                raise ConfigError(
+                    f"--output_dir is not a flag of sage-unsloth {self.stage}: {OUTPUT_FLAGS[self.stage]}"
+                )
+            options = {o for a in self._actions for o in a.option_strings if o.startswith("--")}
+            hint = suggestion(name, options) or f" (sage-unsloth {self.stage} --help lists the fields)"
+            raise ConfigError(f"unknown {'flag' if flags else 'argument'} {name}{hint}")
+        parsed = self.parse_args_into_dataclasses(args=argv)
+        from sage_unsloth.credentials import move_secrets_to_environment
+
+        move_secrets_to_environment(*parsed)  # before anything can save, pickle or log the arguments
+        return parsed
+
+    def _check_config(self, config: dict, path: str) -> None:
+        for key, value in config.items():
+            action = self.fields.get(key)
+            if action is None:
+                hint = (
+                    suggestion(key, self.fields) or f": not a field of sage-unsloth {self.stage}; remove it"
+                )
+                raise ConfigError(f"{path}: unknown key {key!r}{hint}")
+            listed = action.nargs in ("+", "*")
+            if listed and action.type in (int, float) and isinstance(value, str):  # ks: "1,8"
+                value = config[key] = [action.type(v) for v in re.split(r"[,\s]+", value.strip()) if v]
+            if isinstance(value, str) and not listed and _field_kind(action) in ("an integer", "a number"):
+                try:
+                    action.type(value)  # "1e-5" is a float written as a string: fine
+                except ValueError:
+                    raise ConfigError(
+                        f"{path}: {key}: {value!r} is not {_field_kind(action)}{self._example(key, key + ': ')}"
+                    ) from None
+            if value is None or isinstance(value, str) or _field_kind(action) is None:
+                continue  # argparse converts a string (and reports a bad one through error())
+            for item in value if listed and isinstance(value, list) else [value]:
+                if not _is_instance(item, _field_kind(action)):
+                    raise ConfigError(
+                        f"{path}: {key}: {value!r} is not {_field_kind(action)}"
+                        f"{' (a list)' if listed else ''}{self._example(key, key + ': ')}"
+                    )
+
+    def _example(self, dest: str, prefix: str) -> str:
+        """'; e.g. <prefix><the dataclass default>', or nothing where that default is a sentinel (None, -1)."""
+        default = self.field_defaults.get(dest)
+        if default is None or (
+            isinstance(default, (int, float)) and not isinstance(default, bool) and default < 0
+        ):
+            return ""
+        return f"; e.g. {prefix}{default}"
+
+    def _split_numeric_lists(self, argv: list[str]) -> list[str]:
+        numeric = {
+            o
+            for a in self._actions
+            if a.nargs in ("+", "*") and a.type in (int, float)
+            for o in a.option_strings
+        }
+        out, in_list = [], False
+        for arg in argv:
+            if arg.startswith("--"):
+                in_list = arg in numeric
+                out.append(arg)
+            elif in_list:
+                out.extend(v for v in arg.split(",") if v)
+            else:
+                out.append(arg)
+        return out
+
+
 @functools.cache
 def _stage_parser_class():
     """Built on first use: TRL is imported only then (after Unsloth, where a stage needs that)."""
-
     from trl import TrlParser
 
-    def kind(action) -> str | None:
-        """What a scalar field takes; bool fields are parsed by a ``string_to_bool`` (TRL 1.15 has its own copy
-        of transformers' HfArgumentParser, so the function is recognised by name)."""
-        name = getattr(action.type, "__name__", "")
-        if name == "string_to_bool":
-            return "true or false"
-        # by name too: TRL wraps the converter of an ``int | None`` field so that "none" parses, and keeps the
-        # wrapped type's __name__ (trl/scripts/_hf_argparser.py, _accept_none)
-        return {"int": "an integer", "float": "a number"}.get(name)
-
-    class StageParser(TrlParser):
+    class StageParser(StageParserMethods, TrlParser):
         """TrlParser with one-line errors, "did you mean", ``base:`` YAMLs and a short kit-first --help."""
-
-        def __init__(self, dataclass_types, stage: str):
-            # allow_abbrev=False: a prefix of a field (--max_tok) is an unknown flag with "did you mean", never
-            # silently another field
-            super().__init__(
-                dataclass_types, prog=f"sage-unsloth {stage}", add_help=False, allow_abbrev=False
-            )
-            self.stage = stage
-            self.fields = {}  # dest -> its action; a bool's own flag, not the --no_<name> one argparse adds after it
-            for action in self._actions:
-                self.fields.setdefault(action.dest, action)
-            # the dataclass defaults, before a YAML replaces them: what an error's "e.g." shows
-            self.field_defaults = {dest: action.default for dest, action in self.fields.items()}
-            # argparse reads "-1e-5" as a flag (its matcher knows only -1 and -0.5): e-notation too
-            self._negative_number_matcher = NUMBER
-
-        # -- argparse reports here (a bad value, a missing argument): one line instead of usage + exit
-        def error(self, message: str):
-            match = re.match(
-                r"argument (\S+?)(?:/\S+)?: (?:invalid \S+ value: '(.*)'|Truthy value expected: got (.*) "
-                r"but expected.*)$",
-                message,
-            )
-            if match:
-                flag, value = match.group(1), match.group(2) if match.group(2) is not None else match.group(3)
-                action = next(a for a in self._actions if flag in a.option_strings)
-                expected = kind(action) or (f"one of {action.choices}" if action.choices else "valid")
-                raise ConfigError(f"{flag} {value}: not {expected}{self._example(action.dest, flag + ' ')}")
-            raise ConfigError(f"{message} (sage-unsloth {self.stage} --help lists the fields)")
-
-        def kit_fields(self) -> list[str]:
-            """The fields the short --help and a dry run show: the kit's own, then the essential upstream ones."""
-            kit = [
-                name
-                for t in self.dataclass_types
-                if t.__module__.startswith("sage_unsloth")
-                for name in _own_fields(t)
-                if name in self.fields  # not a ClassVar (FIELD_RULES, ...)
-            ]
-            essential = [f for f in ESSENTIAL_UPSTREAM_FIELDS if f in self.fields]
-            return list(dict.fromkeys([*kit, *essential]))
-
-        def kit_help(self) -> str:
-            import copy
-
-            actions = []
-            for name in self.kit_fields():
-                if name in self.fields:
-                    action = copy.copy(self.fields[name])
-                    action.option_strings = action.option_strings[:1]  # --sage_guide, not also --sage-guide
-                    action.metavar = _metavar(action)
-                    action.help = action.help or "(see the stage's config files)"  # so its default is shown
-                    actions.append(action)
-            formatter = argparse.ArgumentDefaultsHelpFormatter(self.prog, max_help_position=34, width=110)
-            formatter.add_usage(f"{self.prog} CONFIG.yaml [--key value ...]", [], [])
-            formatter.start_section("the kit's fields (a flag overrides the YAML key of the same name)")
-            formatter.add_arguments(actions)
-            formatter.end_section()
-            upstream = sorted(
-                {
-                    b.__name__
-                    for t in self.dataclass_types
-                    for b in t.__mro__
-                    if hasattr(b, "__dataclass_fields__")
-                    and not b.__name__.startswith("_")
-                    and not b.__module__.startswith("sage_unsloth")
-                }
-            )
-            others = len({a.dest for a in self._actions} - {a.dest for a in actions})
-            if others:
-                formatter.add_text(
-                    f"{others} more fields (from {', '.join(upstream)}): sage-unsloth {self.stage} {HELP_ALL}"
-                )
-            return formatter.format_help()
-
-        def _aliases(self) -> dict[str, str]:
-            """alias -> field, from each dataclass's FIELD_ALIASES (e.g. kl_term -> kl_estimator)."""
-            return {
-                a: f for cls in self.dataclass_types for a, f in getattr(cls, "FIELD_ALIASES", {}).items()
-            }
-
-        # A YAML key or a flag spelled by its alias becomes the field itself, so that the command line's flag
-        # overrides the file's key whichever name each uses (and --help shows the file's value).
-        def _unalias_config(self, config: dict, path: str) -> None:
-            for alias, name in self._aliases().items():
-                if alias not in config:
-                    continue
-                value = config.pop(alias)
-                if name in config and config[name] != value:
-                    raise ConfigError(
-                        f"{path}: {alias}={value!r} and {name}={config[name]!r} name the same field: set one"
-                    )
-                config[name] = value
-
-        def _unalias_argv(self, argv: list[str]) -> list[str]:
-            for alias, name in self._aliases().items():
-                spellings = {f"--{alias}", f"--{alias.replace('_', '-')}"}
-                own = {f"--{name}", f"--{name.replace('_', '-')}"}
-                flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-                if flags & spellings and flags & own:
-                    raise ConfigError(f"--{alias} and --{name} name the same field: pass one")
-                argv = [
-                    f"--{name}" + a[len(a.split("=", 1)[0]) :] if a.split("=", 1)[0] in spellings else a
-                    for a in argv
-                ]
-            return argv
-
-        def parse(self, argv: list[str]):
-            argv = self._unalias_argv(list(argv))
-            if "--config" in argv:
-                at = argv.index("--config")
-                if at + 1 >= len(argv):
-                    raise ConfigError("--config needs a YAML path")
-                config_path = argv[at + 1]
-                del argv[at : at + 2]
-                config = load_config(config_path)
-                self._unalias_config(config, config_path)
-                for key, value in (config.pop(ENV_KEY, None) or {}).items():
-                    os.environ[key] = str(value)
-                self._check_config(config, config_path)
-                self.set_defaults_with_config(**config)
-            if HELP_ALL in argv:  # after the YAML: the defaults shown are the config's
-                self.print_help()
-                raise SystemExit(0)
-            if "-h" in argv or "--help" in argv:
-                print(self.kit_help())
-                raise SystemExit(0)
-            argv = self._split_numeric_lists(argv)
-            _, unknown = self.parse_known_args(argv)
-            flags = [arg for arg in unknown if arg.startswith("--")]
-            if unknown:
-                name = (flags[0] if flags else unknown[0]).split("=", 1)[0]
-                if name == "--output_dir" and self.stage in OUTPUT_FLAGS:
-                    raise ConfigError(
-                        f"--output_dir is not a flag of sage-unsloth {self.stage}: {OUTPUT_FLAGS[self.stage]}"
-                    )
-                options = {o for a in self._actions for o in a.option_strings if o.startswith("--")}
-                hint = suggestion(name, options) or f" (sage-unsloth {self.stage} --help lists the fields)"
-                raise ConfigError(f"unknown {'flag' if flags else 'argument'} {name}{hint}")
-            parsed = self.parse_args_into_dataclasses(args=argv)
-            from sage_unsloth.credentials import move_secrets_to_environment
-
-            move_secrets_to_environment(*parsed)  # before anything can save, pickle or log the arguments
-            return parsed
-
-        def _check_config(self, config: dict, path: str) -> None:
-            for key, value in config.items():
-                action = self.fields.get(key)
-                if action is None:
-                    hint = (
-                        suggestion(key, self.fields)
-                        or f": not a field of sage-unsloth {self.stage}; remove it"
-                    )
-                    raise ConfigError(f"{path}: unknown key {key!r}{hint}")
-                listed = action.nargs in ("+", "*")
-                if listed and action.type in (int, float) and isinstance(value, str):  # ks: "1,8"
-                    value = config[key] = [action.type(v) for v in re.split(r"[,\s]+", value.strip()) if v]
-                if isinstance(value, str) and not listed and kind(action) in ("an integer", "a number"):
-                    try:
-                        action.type(value)  # "1e-5" is a float written as a string: fine
-                    except ValueError:
-                        raise ConfigError(
-                            f"{path}: {key}: {value!r} is not {kind(action)}{self._example(key, key + ': ')}"
-                        ) from None
-                if value is None or isinstance(value, str) or kind(action) is None:
-                    continue  # argparse converts a string (and reports a bad one through error())
-                for item in value if listed and isinstance(value, list) else [value]:
-                    if not _is_instance(item, kind(action)):
-                        raise ConfigError(
-                            f"{path}: {key}: {value!r} is not {kind(action)}"
-                            f"{' (a list)' if listed else ''}{self._example(key, key + ': ')}"
-                        )
-
-        def _example(self, dest: str, prefix: str) -> str:
-            """'; e.g. <prefix><the dataclass default>', or nothing where that default is a sentinel (None, -1)."""
-            default = self.field_defaults.get(dest)
-            if default is None or (
-                isinstance(default, (int, float)) and not isinstance(default, bool) and default < 0
-            ):
-                return ""
-            return f"; e.g. {prefix}{default}"
-
-        def _split_numeric_lists(self, argv: list[str]) -> list[str]:
-            numeric = {
-                o
-                for a in self._actions
-                if a.nargs in ("+", "*") and a.type in (int, float)
-                for o in a.option_strings
-            }
-            out, in_list = [], False
-            for arg in argv:
-                if arg.startswith("--"):
-                    in_list = arg in numeric
-                    out.append(arg)
-                elif in_list:
-                    out.extend(v for v in arg.split(",") if v)
-                else:
-                    out.append(arg)
-            return out
-
-    def _is_instance(value, expected: str) -> bool:
-        if expected == "true or false":
-            return isinstance(value, bool)
-        numeric = (int, float) if expected == "a number" else (int,)
-        return isinstance(value, numeric) and not isinstance(value, bool)
-
-    def _metavar(action) -> str:
-        if kind(action) == "true or false":
-            return "BOOL"
-        return {"an integer": "INT", "a number": "FLOAT"}.get(kind(action), "TEXT") + (
-            " ..." if action.nargs in ("+", "*") else ""
-        )
-
-    def _own_fields(cls) -> list[str]:
-        """The kit's fields of a dataclass, its own first: every field of a plain kit dataclass (RLVRStageArgs);
-        of a subclass of an upstream config, those declared in its class body (SageGRPOConfig's SAGE fields and
-        pinned defaults) and those of a kit base that asks for it (``SHORT_HELP = True``: StageRunArgs, in
-        SageSFTConfig); other kit bases' fields (ExplorationArgs') are listed by --help-all."""
-        upstream = any(
-            hasattr(b, "__dataclass_fields__") and not b.__module__.startswith("sage_unsloth")
-            for b in cls.__mro__[1:]
-        )
-        shown = [
-            b
-            for b in cls.__mro__
-            if b.__module__.startswith("sage_unsloth")
-            and (not upstream or b is cls or vars(b).get("SHORT_HELP", False))
-        ]
-        names = [name for b in shown for name in vars(b).get("__annotations__", {})]
-        return [name for name in dict.fromkeys(names) if name in cls.__dataclass_fields__]
 
     return StageParser

@@ -62,7 +62,15 @@ UNSLOTH_IN_LOSS = ("entropies",)
 UNSLOTH_NEVER = ("ref_logps", "old_logps")  # stored in Unsloth's left-packed layout only
 UNSLOTH_NO_REF_ENTROPY = ("ref_entropies",)  # Unsloth's reference scorer returns no entropies
 
-GUIDES = Registry("guide", field="sage_guide", meta={"needs": (), "config_fields": None}, inputs="signals")
+# ``gradient_rule``: which of anchor.guide_effect's rules says whether the guide changes the expected gradient
+# ("none": q = 1; "random": token-independent noise, mean 1 under bounds symmetric about 1); None (most guides):
+# read from ``needs`` (a q that can differ between candidate tokens follows the token rule, else the branch rule).
+GUIDES = Registry(
+    "guide",
+    field="sage_guide",
+    meta={"needs": (), "config_fields": None, "gradient_rule": None},
+    inputs="signals",
+)
 LOGIT_SIGNALS = Registry(
     "logit signal", field="sage_guide", meta={"uses_target": False}, inputs="log_probs, targets"
 )
@@ -176,18 +184,13 @@ def token_dependent(needs) -> bool:
 def guide_effect(
     entry: Entry, estimator: str, *, ratio: bool, placement: str, q_min: float, q_max: float
 ) -> str | None:
-    """None if the guide changes the expected gradient here, else why not (anchor.guide_effect's rules, with
-    'q is the same for every candidate token at a position' read from the guide's ``needs``)."""
-    if entry.registered and entry.name in ("none", "branch", "token", "random"):
-        return anchor.guide_effect(
-            entry.name, estimator, ratio=ratio, placement=placement, q_min=q_min, q_max=q_max
-        )
-    if placement == "reward" or token_dependent(entry.meta.get("needs") or ()):
-        return None
-    # A position-constant q: the reverse-KL rows do not see it (anchor.py, "what the guide does").
-    return anchor.guide_effect(
-        "branch", estimator, ratio=ratio, placement=placement, q_min=q_min, q_max=q_max
+    """None if the guide changes the expected gradient here, else why not: anchor.guide_effect under the guide's
+    ``gradient_rule``, or where it declares none, the rule its ``needs`` imply (a q that can differ between
+    candidate tokens at a position follows the token guide's rule, any other the branch guide's)."""
+    rule = entry.meta.get("gradient_rule") or (
+        "token" if token_dependent(entry.meta.get("needs") or ()) else "branch"
     )
+    return anchor.guide_effect(rule, estimator, ratio=ratio, placement=placement, q_min=q_min, q_max=q_max)
 
 
 # --------------------------------------------------------------------------------------------- the kit's part
@@ -239,7 +242,7 @@ def _schedule(signals: Signals, upper, lower, sigma_upper, sigma_lower, cycles, 
     )(signals.step)
 
 
-@GUIDES.register("none", needs=())
+@GUIDES.register("none", needs=(), gradient_rule="none")
 def guide_none(signals: Signals) -> torch.Tensor:
     """q = 1: plain GRPO's anchor."""
     return torch.ones_like(signals.mask, dtype=torch.float32)
@@ -309,6 +312,7 @@ def guide_token(
 @GUIDES.register(
     "random",
     needs=(),
+    gradient_rule="random",
     config_fields={
         "eps_upper": "sage_eps_upper",
         "eps_lower": "sage_eps_lower",

@@ -233,92 +233,85 @@ def gpu_ids(cfg: SweepConfig) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------- jobs
 def build_jobs(cfg: SweepConfig, model: str) -> list[Job]:
+    """The sweep's jobs, each after those it needs: the SFT checkpoint's eval (``eval_sft``), one RLVR run and
+    its eval per config and seed, then the report over every eval."""
     sweep = Path(cfg.output_root) / cfg.name
     results = Path(cfg.results_dir) / cfg.name
-    jobs, evals = [], []
     eval_args = ["--results_dir", str(results), "--outputs_dir", str(sweep), *shlex.split(cfg.eval_args)]
-    if cfg.eval_sft:
-        jobs.append(
-            Job(
-                "eval_sft",
-                "eval",
-                "sage_unsloth.eval",
-                [
-                    cfg.eval_config,
-                    "--checkpoints",
-                    str(cfg.sft_dir),
-                    "--run_name",
-                    layout.SFT_RUN,
-                    *eval_args,
-                ],
-                layout.results_dir(results, model, layout.SFT_RUN),
-                "eval",
-                run=layout.SFT_RUN,
-            )
-        )
-        evals.append("eval_sft")
+    jobs = [_sft_eval_job(cfg, model, results, eval_args)] if cfg.eval_sft else []
     for config in cfg.configs:
         for seed in cfg.seeds:
-            variant = f"{Path(config).stem}_s{seed}"
-            run_dir = layout.rlvr_dir(sweep, model, variant)
-            jobs.append(
-                Job(
-                    variant,
-                    "rlvr",
-                    "sage_unsloth.rlvr",
-                    [
-                        config,
-                        "--sft_dir",
-                        str(cfg.sft_dir),
-                        "--output_root",
-                        str(sweep),
-                        "--variant",
-                        variant,
-                        "--seed",
-                        str(seed),
-                        *shlex.split(cfg.rlvr_args),
-                    ],
-                    run_dir,
-                    "rlvr",
-                    config=config,
-                    seed=seed,
-                )
-            )
-            jobs.append(
-                Job(
-                    f"eval_{variant}",
-                    "eval",
-                    "sage_unsloth.eval",
-                    [cfg.eval_config, "--checkpoints", str(run_dir), *eval_args],
-                    layout.results_dir(results, model, variant),
-                    "eval",
-                    after=(variant,),
-                    config=config,
-                    seed=seed,
-                    run=variant,
-                )
-            )
-            evals.append(f"eval_{variant}")
+            jobs += _seed_jobs(cfg, model, config, seed, eval_args)
     if cfg.report_config:
-        jobs.append(
-            Job(
-                "report",
-                "report",
-                "sage_unsloth.report",
-                [
-                    cfg.report_config,
-                    "--results",
-                    str(results),
-                    "--out",
-                    str(layout.report_md(results)),
-                    *shlex.split(cfg.report_args),
-                ],
-                layout.report_dir(results),
-                "report",
-                after=tuple(evals),
-            )
-        )
+        jobs.append(_report_job(cfg, results, after=tuple(j.name for j in jobs if j.kind == "eval")))
     return jobs
+
+
+def _sft_eval_job(cfg: SweepConfig, model: str, results: Path, eval_args: list[str]) -> Job:
+    return Job(
+        "eval_sft",
+        "eval",
+        "sage_unsloth.eval",
+        [cfg.eval_config, "--checkpoints", str(cfg.sft_dir), "--run_name", layout.SFT_RUN, *eval_args],
+        layout.results_dir(results, model, layout.SFT_RUN),
+        "eval",
+        run=layout.SFT_RUN,
+    )
+
+
+def _seed_jobs(cfg: SweepConfig, model: str, config: str, seed: int, eval_args: list[str]) -> list[Job]:
+    """The RLVR run of ``config`` at ``seed`` (variant ``<config stem>_s<seed>``) and its eval."""
+    sweep = Path(cfg.output_root) / cfg.name
+    results = Path(cfg.results_dir) / cfg.name
+    variant = f"{Path(config).stem}_s{seed}"
+    run_dir = layout.rlvr_dir(sweep, model, variant)
+    rlvr_args = [
+        config,
+        "--sft_dir",
+        str(cfg.sft_dir),
+        "--output_root",
+        str(sweep),
+        "--variant",
+        variant,
+        "--seed",
+        str(seed),
+        *shlex.split(cfg.rlvr_args),
+    ]
+    return [
+        Job(variant, "rlvr", "sage_unsloth.rlvr", rlvr_args, run_dir, "rlvr", config=config, seed=seed),
+        Job(
+            f"eval_{variant}",
+            "eval",
+            "sage_unsloth.eval",
+            [cfg.eval_config, "--checkpoints", str(run_dir), *eval_args],
+            layout.results_dir(results, model, variant),
+            "eval",
+            after=(variant,),
+            config=config,
+            seed=seed,
+            run=variant,
+        ),
+    ]
+
+
+def _report_job(cfg: SweepConfig, results: Path, after: tuple[str, ...]) -> Job:
+    report_args = [
+        cfg.report_config,
+        "--results",
+        str(results),
+        "--out",
+        str(layout.report_md(results)),
+        *shlex.split(cfg.report_args),
+    ]
+    return Job(
+        "report",
+        "report",
+        "sage_unsloth.report",
+        report_args,
+        layout.report_dir(results),
+        "report",
+        after=after,
+    )
 
 
 @dataclass

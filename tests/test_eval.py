@@ -323,7 +323,7 @@ def test_a_changed_bundled_file_fails_its_checksum(tmp_path, monkeypatch):
 def test_user_benchmark_files_register_by_name(tmp_path, tiny_model_dir, monkeypatch):
     from sage_unsloth.eval import benchmarks
 
-    monkeypatch.setattr(benchmarks, "BENCHMARKS", dict(benchmarks.BENCHMARKS))  # keep the registry clean
+    built_ins = dict(benchmarks.BENCHMARKS)
     mine = tmp_path / "mine.jsonl"
     mine.write_text(
         "\n".join(json.dumps({"problem": f"{i}+1?", "answer": str(i + 1), "id": i}) for i in range(3))
@@ -331,6 +331,7 @@ def test_user_benchmark_files_register_by_name(tmp_path, tiny_model_dir, monkeyp
     cfg = _config(tmp_path, tiny_model_dir, benchmarks=["mine", "amc23"], local_benchmarks=[f"mine={mine}"])
     _, _, sets = prepare(cfg)  # the bundled files still serve amc23; mine comes from its own path
     assert [p.gold for p in sets["mine"]] == ["1", "2", "3"] and len(sets["amc23"]) == 5
+    assert benchmarks.BENCHMARKS == built_ins  # the run's own benchmarks live in its view, not the module
     for entry, message in (
         (f"amc23={mine}", "built-in"),
         (f"kk_official={mine}", "built-in"),

@@ -252,6 +252,27 @@ def test_combinations_that_compose_are_accepted(overrides):
     _config(**overrides)
 
 
+def test_the_subset_size_and_reuse_checks_read_the_metadata_not_the_names(tmp_path):
+    """Pass@k's 1 <= k <= G and KL-Cov's "needs a reused batch" come from what an entry declares
+    (``group_subset_field``, ``needs_reuse``), so a plug-in that declares them is held to them too."""
+    plugin = tmp_path / "declared.py"
+    plugin.write_text(
+        "def best_of(rewards, num_generations, args):\n    return rewards - rewards.mean()\n"
+        "best_of.group_subset_field = 'passk_k'\n"
+        "from sage_unsloth.rlvr.policy_terms import TermOutput\n"
+        "def stale(batch, args):\n    return TermOutput()\n"
+        "stale.needs_reuse = 'reads log pi_old'\n"
+    )
+    with pytest.raises(ConfigError, match=r"passk_k=9 must be in \[1, num_generations=8\]"):
+        _config(advantage_estimator=f"{plugin}:best_of", passk_k=9)
+    _config(advantage_estimator=f"{plugin}:best_of", passk_k=8)
+    with pytest.raises(
+        ConfigError, match="reads log pi_old, 0 with zero gradient when every batch is used once"
+    ):
+        _config(policy_term=f"{plugin}:stale")
+    _config(policy_term=f"{plugin}:stale", num_iterations=2)
+
+
 def test_plugin_estimators_and_terms_are_registry_entries_with_their_metadata(tmp_path):
     """A file plug-in is resolved like a guide; what it declares (backends, recomputed) drives the checks."""
     plugin = tmp_path / "my_baselines.py"

@@ -274,6 +274,29 @@ def test_example_guide_effect_follows_its_needs(tmp_path):
     assert guides.guide_effect(by_token, "k2", ratio=False, placement="loss", **bounds) is None
 
 
+def test_every_guide_gets_its_gradient_rule_from_its_metadata(tmp_path):
+    """guide_effect reads each guide's metadata, never a list of names: every registered guide (ref_branch
+    included) follows the rule its registration or its needs give, and a plug-in that declares
+    ``gradient_rule = "random"`` gets the random guide's symmetric-bounds rule."""
+    import itertools
+
+    from sage_unsloth import anchor
+
+    rules = {"none": "none", "branch": "branch", "ref_branch": "branch", "token": "token", "random": "random"}
+    assert set(guides.GUIDES.names()) == set(rules)  # a new guide is added here with the rule it follows
+    settings = itertools.product(("k3", "k2", "forward"), (False, True), ("loss", "reward"), (0.6, 0.5))
+    for estimator, ratio, placement, q_min in settings:
+        kw = {"ratio": ratio, "placement": placement, "q_min": q_min, "q_max": 1.4}
+        for name, rule in rules.items():
+            got = guides.guide_effect(guides.GUIDES.resolve(name), estimator, **kw)
+            assert got == anchor.guide_effect(rule, estimator, **kw), (name, estimator, kw)
+    plugin = tmp_path / "noise.py"
+    plugin.write_text("def g(signals):\n    return signals.mask.float()\ng.gradient_rule = 'random'\n")
+    noise = guides.resolve_guide(_config(tmp_path, sage_guide=f"{plugin}:g"))[0]
+    reason = guides.guide_effect(noise, "k3", ratio=False, placement="loss", q_min=0.6, q_max=1.4)
+    assert reason is not None and "E[q] = 1" in reason
+
+
 # ------------------------------------------------------------------------------------------- a user's folder
 def test_a_user_config_folder_works_with_every_stage(tmp_path):
     """Configs in a folder of the user's own (no sibling grpo.yaml / _base.yaml; one with a base elsewhere, one

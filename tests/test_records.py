@@ -307,11 +307,10 @@ def test_an_eval_run_name_that_is_not_one_folder_name_is_refused(name, tmp_path,
 def test_a_benchmark_name_that_is_not_one_folder_name_is_refused(name, tmp_path, monkeypatch):
     from sage_unsloth.eval import benchmarks
 
-    monkeypatch.setattr(benchmarks, "BENCHMARKS", dict(benchmarks.BENCHMARKS))  # registrations stay local
     data = tmp_path / "mine.jsonl"
     data.write_text('{"problem": "1+1", "answer": "2"}\n')
     with pytest.raises(ValueError, match="cannot name a folder|write it as name="):
-        benchmarks.register_local_benchmarks([f"{_bad(name, tmp_path)}={data}"])
+        benchmarks.with_local_benchmarks([f"{_bad(name, tmp_path)}={data}"])
     assert _bad(name, tmp_path) not in benchmarks.BENCHMARKS
 
 

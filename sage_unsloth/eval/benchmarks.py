@@ -29,6 +29,7 @@ the set of the chosen source: ``kk_logicrl`` when bundled, ``kk_official`` from 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,10 +84,11 @@ class Problem:
         return bool(self.kk_names)
 
 
-def register_local_benchmarks(specs) -> list[str]:
-    """Register user benchmarks given as "name=path.jsonl" (MATH-500 layout: problem, answer, optional
-    unique_id/id). Returns the names. A name may not shadow a built-in benchmark."""
-    names = []
+def with_local_benchmarks(specs, known: Mapping[str, BenchmarkSpec] = BENCHMARKS) -> dict[str, BenchmarkSpec]:
+    """``known`` (the built-ins by default) with the user benchmarks given as "name=path.jsonl" (MATH-500 layout:
+    problem, answer, optional unique_id/id) added: a new mapping for this run, ``known`` is left as it is. A name
+    may not shadow a built-in benchmark."""
+    view = dict(known)
     for spec in specs:
         name, sep, path = str(spec).partition("=")
         name, path = name.strip(), path.strip()
@@ -95,25 +97,24 @@ def register_local_benchmarks(specs) -> list[str]:
         from sage_unsloth.layout import check_name
 
         check_name(name, "local_benchmarks name", example="mybench")  # results are written under it
-        known = BENCHMARKS.get(name)
-        if known is not None and (known.hub_id or name in KK_BENCHMARKS or name in KK_VARIANTS):
+        built_in = view.get(name)
+        if built_in is not None and (built_in.hub_id or name in KK_BENCHMARKS or name in KK_VARIANTS):
             raise ValueError(
                 f"local_benchmarks entry {spec!r}: {name!r} is a built-in benchmark; pick another name"
             )
         if not Path(path).is_file():
             raise FileNotFoundError(f"local_benchmarks entry {spec!r}: {path} not found")
         # No hub id: always read from the (absolute) local path, whatever source / data_dir say.
-        BENCHMARKS[name] = BenchmarkSpec(hub_id="", split="", local_file=str(Path(path).resolve()))
-        names.append(name)
-    return names
+        view[name] = BenchmarkSpec(hub_id="", split="", local_file=str(Path(path).resolve()))
+    return view
 
 
-def check_benchmark_names(names) -> list[str]:
-    unknown = [n for n in names if n not in BENCHMARKS]
+def check_benchmark_names(names, known: Mapping[str, BenchmarkSpec] = BENCHMARKS) -> list[str]:
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown benchmark(s) {unknown} in `benchmarks`: choose from {sorted(BENCHMARKS)}")
+        raise ValueError(f"unknown benchmark(s) {unknown} in `benchmarks`: choose from {sorted(known)}")
     if not names:
-        raise ValueError(f"`benchmarks` is empty: choose from {sorted(BENCHMARKS)}")
+        raise ValueError(f"`benchmarks` is empty: choose from {sorted(known)}")
     return list(names)
 
 
@@ -159,11 +160,10 @@ def _read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def _rows(name: str, source: str, data_dir: str | Path | None) -> list[dict]:
+def _rows(name: str, spec: BenchmarkSpec, source: str, data_dir: str | Path | None) -> list[dict]:
     from sage_unsloth.data import verified_path
 
-    spec = BENCHMARKS[name]
-    if not spec.hub_id and name not in KK_BENCHMARKS:  # a user benchmark registered by path
+    if not spec.hub_id and name not in KK_BENCHMARKS:  # a user benchmark given by path (local_benchmarks)
         return _read_jsonl(Path(spec.local_file))
     if source == "bundled":
         return _read_jsonl(verified_path(spec.local_file))
@@ -211,14 +211,20 @@ def _to_problem(name: str, index: int, row: dict, dataset: str) -> Problem:
 
 
 def load_benchmark(
-    name: str, data_dir: str | Path | None = None, limit: int | None = None, *, source: str = "bundled"
+    name: str,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    *,
+    source: str = "bundled",
+    known: Mapping[str, BenchmarkSpec] = BENCHMARKS,
 ) -> list[Problem]:
     """The problems of one benchmark in file order (the first ``limit`` when given), from ``source``.
-    ``Problem.dataset`` is the key results are written under: the benchmark name, or the K&K variant."""
-    check_benchmark_names([name])
+    ``Problem.dataset`` is the key results are written under: the benchmark name, or the K&K variant. ``known``:
+    the benchmarks by name (the built-ins, or a run's view with its own: :func:`with_local_benchmarks`)."""
+    check_benchmark_names([name], known)
     source = check_source(source, data_dir)
     check_kk_source(name, source)
-    rows = _rows(name, source, data_dir)
+    rows = _rows(name, known[name], source, data_dir)
     dataset = kk_variant(source, rows) if name in KK_BENCHMARKS else name
     if limit:
         rows = rows[:limit]

@@ -3,7 +3,7 @@
 Every field is checked in ``__post_init__``, as TRL's configs do, so a bad value fails where the config is
 built (one line naming the field, before any model or dataset loads). :func:`validate` adds what only a run
 needs: at least one checkpoint (the notebook configs leave ``checkpoints`` to the command line) and
-benchmarks that exist once the run's ``local_benchmarks`` files are registered."""
+benchmarks that exist once the run's ``local_benchmarks`` files are added."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from sage_unsloth.eval.benchmarks import (
     SOURCES,
     check_benchmark_names,
     check_source,
-    register_local_benchmarks,
+    with_local_benchmarks,
 )
 from sage_unsloth.eval.passk import check_ks, default_ks
 from sage_unsloth.eval.shard import parse_shard
@@ -159,19 +159,24 @@ def parse_args(argv: list[str]) -> EvalConfig:
 
 def validate(cfg: EvalConfig) -> list[int]:
     """What a run needs beyond valid fields (checked when the config was built): a checkpoint, and benchmarks
-    that exist once ``local_benchmarks`` are registered (the demo's config names one its runner registers).
+    that exist once ``local_benchmarks`` are added (the demo's config names one its runner adds).
     Returns the k list (``ks``, else 1, 2, 4, ..., n)."""
     if not cfg.checkpoints:
         raise ValueError("`checkpoints` is empty: list hub ids or stage output folders to evaluate")
-    register_local_benchmarks(cfg.local_benchmarks)
-    check_benchmark_names(cfg.benchmarks)
+    check_benchmark_names(cfg.benchmarks, known_benchmarks(cfg))
     return check_ks(cfg.ks, cfg.n) if cfg.ks else default_ks(cfg.n)
+
+
+def known_benchmarks(cfg: EvalConfig):
+    """The benchmarks this run knows by name: the built-ins and its ``local_benchmarks`` (a view for the run; the
+    module's registry is never changed)."""
+    return with_local_benchmarks(cfg.local_benchmarks)
 
 
 def check_fields(cfg: EvalConfig) -> None:
     """Every field's own check, one line each (called by ``EvalConfig.__post_init__``): its FIELD_RULES (the
     pre-import check's words), then what needs two fields."""
-    # benchmarks: validate() checks the names once the run's local_benchmarks are registered (a config may name one
+    # benchmarks: validate() checks the names once the run's local_benchmarks are added (a config may name one
     # the command line adds, as the demo's does); the pre-import check reads both
     check_field_rules(cfg, later=("benchmarks",))
     check_source(cfg.source, cfg.data_dir)

@@ -18,13 +18,13 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sage_unsloth import grading, layout
 from sage_unsloth.eval.backend_choice import resolve_backend
 from sage_unsloth.eval.benchmarks import Problem, load_benchmark
-from sage_unsloth.eval.config import EvalConfig, parse_args, validate
+from sage_unsloth.eval.config import EvalConfig, known_benchmarks, parse_args, validate
 from sage_unsloth.eval.records import (
     build_records,
     chunk_path,
@@ -261,14 +261,103 @@ def evaluate_checkpoint(
         return _evaluate_locked(cfg, checkpoint, problem_sets, ks, sampler, backend_choice)
 
 
+@dataclass
+class _Chunks:
+    """What one checkpoint's run has graded so far: each chunk's per-problem summaries, by (benchmark, index),
+    and the chunk files with grading timeouts (retried at the end of the run, serially, with a larger budget)."""
+
+    folder: Path  # the checkpoint's completions folder
+    fingerprint: dict
+    grader: str
+    summaries: dict[tuple[str, int], list[dict]] = field(default_factory=dict)
+    with_timeouts: set[Path] = field(default_factory=set)
+    regraded: int = 0
+
+    def keep(self, path: Path, name: str, index: int, records: list[dict]) -> None:
+        if status_counts(records)[grading.TIMEOUT]:
+            self.with_timeouts.add(path)
+        self.summaries[(name, index)] = [summary(r) for r in records]
+
+    def per_problem(self, problem_sets) -> list[dict]:
+        """The summaries in benchmark order, then chunk order."""
+        return [
+            row
+            for name in problem_sets
+            for index in sorted(i for (n, i) in self.summaries if n == name)
+            for row in self.summaries[(name, index)]
+        ]
+
+
 def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, backend_choice) -> Path:
     from sage_unsloth.eval.gradepool import GradingPool
-    from sage_unsloth.eval.regrade import regrade_records, settle_timeouts
-    from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
 
     results = layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run)
     completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
-    fingerprint = sampling_fingerprint(cfg, checkpoint)
+    chunks = _Chunks(completions, sampling_fingerprint(cfg, checkpoint), grading.grader_fingerprint())
+    _prepare_folders(cfg, checkpoint, completions, results, chunks.fingerprint)
+    timings = {"generate_s": 0.0, "total_s": 0.0}
+    started = time.perf_counter()
+    fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
+    pool = GradingPool(cfg.grading_workers, timeout_s=cfg.grading_timeout_s)
+    try:
+        pending = _reuse_kept_chunks(cfg, problem_sets, chunks, pool)
+        keys = chunk_keys(problem_sets, cfg.problems_per_batch)
+        pending = select_shard(pending, keys, cfg.shard)  # all of them unless --shard i/N
+        n_done = sum(len(v) for v in chunks.summaries.values())
+        logger.info(
+            "%s/%s: %d problems already graded (%d chunks regraded), %d chunks to sample",
+            checkpoint.model,
+            checkpoint.run,
+            n_done,
+            chunks.regraded,
+            len(pending),
+        )
+        if pending:
+            _sample_chunks(
+                cfg,
+                checkpoint,
+                problem_sets,
+                pending,
+                sampler,
+                pool,
+                chunks,
+                timings,
+                fail_after,
+            )
+    finally:
+        pool.close()
+
+    retried, unresolved = _retry_timeouts(cfg, chunks)
+    timings["total_s"] = time.perf_counter() - started
+    if len(chunks.summaries) < len(keys):  # a shard: the other shards' chunks are not all written yet
+        logger.info(
+            "shard %s done: %d of %d chunks on disk; the CSVs are written once all are (run without "
+            "--shard to merge)",
+            cfg.shard,
+            len(chunks.summaries),
+            len(keys),
+        )
+        return results
+
+    write_tables(results, chunks.per_problem(problem_sets), ks)
+    grading_stats = {
+        **pool.stats,
+        "grader": chunks.grader,
+        "budget_s": cfg.grading_timeout_s,
+        "retry_budget_s": cfg.grading_retry_timeout_s,
+        "retried": retried,
+        "unresolved": unresolved,
+        "regraded_chunks": chunks.regraded,
+    }
+    _write_eval_manifest(cfg, checkpoint, problem_sets, ks, chunks, grading_stats, backend_choice, timings)
+    return results
+
+
+def _prepare_folders(
+    cfg: EvalConfig, checkpoint, completions: Path, results: Path, fingerprint: dict
+) -> None:
+    """Check both folders (a run alone in them first clears what a run cut short left half-written) and write the
+    sampling fingerprint next to the completions."""
     if cfg.shard is None:  # alone in both folders: what a run cut short left half-written goes
         from sage_unsloth.folder_lock import remove_stale_tmp
 
@@ -278,125 +367,95 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
     check_results_folder(cfg, checkpoint)
     fp_path = completions / SAMPLING_FILE
     atomic_write_text(fp_path, json.dumps(fingerprint, indent=2, sort_keys=True) + "\n")
-    grader = grading.grader_fingerprint()
 
-    timings = {"generate_s": 0.0, "total_s": 0.0}
-    started = time.perf_counter()
-    fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
-    pool = GradingPool(cfg.grading_workers, timeout_s=cfg.grading_timeout_s)
-    summaries: dict[tuple[str, int], list[dict]] = {}
-    with_timeouts: set[Path] = set()  # chunks to retry at the end
+
+def _reuse_kept_chunks(cfg: EvalConfig, problem_sets, chunks: _Chunks, pool):
+    """Read every chunk already on disk into ``chunks`` (regraded where an older grader wrote it); returns the
+    chunks still to sample, as (benchmark, index, problems)."""
+    from sage_unsloth.eval.regrade import regrade_records
+
     pending: list[tuple[str, int, list[Problem]]] = []
-    regraded = 0
-    try:
-        for name, problems in problem_sets.items():
-            step = cfg.problems_per_batch
-            for index in range((len(problems) + step - 1) // step):
-                chunk = problems[index * step : (index + 1) * step]
-                path = chunk_path(completions, name, index)
-                records = read_kept_chunk(path, [p.problem_id for p in chunk])
-                if records is None:
-                    pending.append((name, index, chunk))
-                    continue
-                check_chunk_settings(path, records, fingerprint, completions)
-                if any(r.get("grader") != grader or "gold" not in r for r in records):
-                    records = [{**r, "gold": stored_gold(p)} for r, p in zip(records, chunk)]
-                    records, _ = regrade_records(records, pool, cfg.grading_retry_timeout_s)
-                    write_chunk(path, records)
-                    regraded += 1
-                if status_counts(records)[grading.TIMEOUT]:
-                    with_timeouts.add(path)
-                summaries[(name, index)] = [summary(r) for r in records]
-        keys = chunk_keys(problem_sets, cfg.problems_per_batch)
-        pending = select_shard(pending, keys, cfg.shard)  # all of them unless --shard i/N
-        n_done = sum(len(v) for v in summaries.values())
-        logger.info(
-            "%s/%s: %d problems already graded (%d chunks regraded), %d chunks to sample",
-            checkpoint.model,
-            checkpoint.run,
-            n_done,
-            regraded,
-            len(pending),
-        )
-
-        if pending:
-            tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
-            sampler = sampler or make_sampler(checkpoint, cfg)
-            bar = _progress(
-                sum(len(p) for p in problem_sets.values()), f"{checkpoint.model}/{checkpoint.run}"
-            )
-            bar.update(n_done)
-            in_flight = None  # grading of the previous chunk overlaps the next generate call
-            written = 0
-
-            def finish(job):
-                nonlocal written
-                (name, index, chunk, seeds, samples), future = job
-                records = [
-                    {**r, "sampling": fingerprint}
-                    for r in build_records(chunk, seeds, samples, future.result(), grader)
-                ]
-                path = chunk_path(completions, name, index)
+    for name, problems in problem_sets.items():
+        step = cfg.problems_per_batch
+        for index in range((len(problems) + step - 1) // step):
+            chunk = problems[index * step : (index + 1) * step]
+            path = chunk_path(chunks.folder, name, index)
+            records = read_kept_chunk(path, [p.problem_id for p in chunk])
+            if records is None:
+                pending.append((name, index, chunk))
+                continue
+            check_chunk_settings(path, records, chunks.fingerprint, chunks.folder)
+            if any(r.get("grader") != chunks.grader or "gold" not in r for r in records):
+                records = [{**r, "gold": stored_gold(p)} for r, p in zip(records, chunk)]
+                records, _ = regrade_records(records, pool, cfg.grading_retry_timeout_s)
                 write_chunk(path, records)
-                if status_counts(records)[grading.TIMEOUT]:
-                    with_timeouts.add(path)
-                summaries[(name, index)] = [summary(r) for r in records]
-                bar.update(len(chunk))
-                written += 1
-                if fail_after and written >= fail_after:
-                    raise RuntimeError(f"{FAIL_AFTER_ENV}={fail_after}: injected failure")
+                chunks.regraded += 1
+            chunks.keep(path, name, index, records)
+    return pending
 
-            for name, index, chunk in pending:
-                seeds = [problem_seed(cfg.seed, p.dataset, p.problem_id) for p in chunk]
-                prompts = render_prompts(tokenizer, chunk, cfg.user_template)
-                t0 = time.perf_counter()
-                samples = sampler.generate(prompts, seeds)
-                timings["generate_s"] += time.perf_counter() - t0
-                job = ((name, index, chunk, seeds, samples), pool.submit(grading_pairs(chunk, samples)))
-                if in_flight is not None:
-                    finish(in_flight)
-                in_flight = job
-            if in_flight is not None:
-                finish(in_flight)
-            bar.close()
-    finally:
-        pool.close()
+
+def _sample_chunks(cfg, checkpoint, problem_sets, pending, sampler, pool, chunks, timings, fail_after):
+    """Sample and grade the ``pending`` chunks, each written as soon as it is graded; the grading of one chunk
+    overlaps the next generate call."""
+    from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
+
+    tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
+    sampler = sampler or make_sampler(checkpoint, cfg)
+    bar = _progress(sum(len(p) for p in problem_sets.values()), f"{checkpoint.model}/{checkpoint.run}")
+    bar.update(sum(len(v) for v in chunks.summaries.values()))
+    in_flight = None  # grading of the previous chunk overlaps the next generate call
+    written = 0
+
+    def finish(job):
+        nonlocal written
+        (name, index, chunk, seeds, samples), future = job
+        records = [
+            {**r, "sampling": chunks.fingerprint}
+            for r in build_records(chunk, seeds, samples, future.result(), chunks.grader)
+        ]
+        path = chunk_path(chunks.folder, name, index)
+        write_chunk(path, records)
+        chunks.keep(path, name, index, records)
+        bar.update(len(chunk))
+        written += 1
+        if fail_after and written >= fail_after:
+            raise RuntimeError(f"{FAIL_AFTER_ENV}={fail_after}: injected failure")
+
+    for name, index, chunk in pending:
+        seeds = [problem_seed(cfg.seed, p.dataset, p.problem_id) for p in chunk]
+        prompts = render_prompts(tokenizer, chunk, cfg.user_template)
+        t0 = time.perf_counter()
+        samples = sampler.generate(prompts, seeds)
+        timings["generate_s"] += time.perf_counter() - t0
+        job = ((name, index, chunk, seeds, samples), pool.submit(grading_pairs(chunk, samples)))
+        if in_flight is not None:
+            finish(in_flight)
+        in_flight = job
+    if in_flight is not None:
+        finish(in_flight)
+    bar.close()
+
+
+def _retry_timeouts(cfg: EvalConfig, chunks: _Chunks) -> tuple[int, int]:
+    """The end-of-run retry of the chunks with grading timeouts: serial, with the larger budget; returns (answers
+    retried, answers still timed out)."""
+    from sage_unsloth.eval.regrade import settle_timeouts
 
     retried = unresolved = 0
-    for path in sorted(with_timeouts):  # the end-of-run retry: serial, larger budget
+    for path in sorted(chunks.with_timeouts):
         records, n = settle_timeouts(read_chunk(path), cfg.grading_retry_timeout_s)
         retried += n
         write_chunk(path, records)
         name, index = path.parent.name, int(path.name.split("_")[1].split(".")[0])
-        summaries[(name, index)] = [summary(r) for r in records]
+        chunks.summaries[(name, index)] = [summary(r) for r in records]
         unresolved += status_counts(records)[grading.TIMEOUT]
-    timings["total_s"] = time.perf_counter() - started
-    if len(summaries) < len(keys):  # a shard: the other shards' chunks are not all written yet
-        logger.info(
-            "shard %s done: %d of %d chunks on disk; the CSVs are written once all are (run without "
-            "--shard to merge)",
-            cfg.shard,
-            len(summaries),
-            len(keys),
-        )
-        return results
+    return retried, unresolved
 
-    per_problem = [
-        row
-        for name in problem_sets
-        for index in sorted(i for (n, i) in summaries if n == name)
-        for row in summaries[(name, index)]
-    ]
-    write_tables(results, per_problem, ks)
-    grading_stats = {
-        **pool.stats,
-        "grader": grader,
-        "budget_s": cfg.grading_timeout_s,
-        "retry_budget_s": cfg.grading_retry_timeout_s,
-        "retried": retried,
-        "unresolved": unresolved,
-        "regraded_chunks": regraded,
-    }
+
+def _write_eval_manifest(
+    cfg: EvalConfig, checkpoint, problem_sets, ks, chunks: _Chunks, grading_stats, backend_choice, timings
+) -> None:
+    results = layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run)
     write_manifest(
         results,
         stage="eval",
@@ -407,9 +466,9 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
         adapter=checkpoint.adapter_dir,
         model_short_name=checkpoint.model,
         run=checkpoint.run,
-        sampling=fingerprint,
+        sampling=chunks.fingerprint,
         ks=ks,
-        completions_dir=str(completions),
+        completions_dir=str(chunks.folder),
         problem_seed="sha256(f'{seed}\\x1f{dataset}\\x1f{problem_id}')[:4] little-endian & 0x7fffffff",
         datasets=list(problem_sets),
         problems={name: len(p) for name, p in problem_sets.items()},
@@ -417,7 +476,6 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
         backend_choice=backend_choice.as_dict(),
         timings={k: round(v, 3) for k, v in timings.items()},
     )
-    return results
 
 
 # ------------------------------------------------------------------------------------------------ entry point
@@ -432,9 +490,10 @@ def prepare(cfg: EvalConfig):
             checkpoint.model, f"checkpoint {checkpoint.spec}: its model name", "qwen2.5-math-7b"
         )
         layout.check_name(checkpoint.run, f"checkpoint {checkpoint.spec}: its run name", "grpo_branch")
+    known = known_benchmarks(cfg)
     problem_sets: dict[str, list[Problem]] = {}  # keyed by the dataset results are written under
     for name in cfg.benchmarks:
-        problems = load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source)
+        problems = load_benchmark(name, cfg.data_dir, cfg.limit, source=cfg.source, known=known)
         if not problems:
             raise ValueError(
                 f"benchmarks: {name!r} has no problems (an empty file?); fix its file or drop it from benchmarks"

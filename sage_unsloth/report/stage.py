@@ -120,8 +120,25 @@ def render_markdown(
             f"with its source ({UNTRACED_LEGEND}). "
             'Δ = run − paper. "missing" = the run did not report that dataset or k.'
         ),
-        "## Runs",
+        *runs_section(runs, mapping),
     ]
+    for dataset in tables.report_datasets(runs):
+        title = tables.DATASET_TITLES.get(dataset, dataset)
+        parts += [f"## {title}", dataset_section(result.comparison, dataset)]
+        if dataset in result.images:
+            parts.append(f"![pass@k on {dataset}]({rel(result.images[dataset])})")
+    parts.append(
+        f"Every reported k with its CI: `{result.out.stem}/passk_all_k.csv`; "
+        f"these tables: `{result.out.stem}/comparison.csv`."
+    )
+    parts += pairs_section(result.pairs)
+    parts += patterns_section(args, result, published_patterns, mapping)
+    return "\n\n".join(parts) + "\n"
+
+
+def runs_section(runs, mapping) -> list[str]:
+    """The report's "Runs" section: one row per run (its paper row, KL placement, checkpoint, sampling, the ks
+    reported, what grading left ungraded, notes), then how runs map to the paper's rows."""
     run_rows = []
     for run in runs:
         row = map_run(run.model, run.run, mapping)
@@ -141,107 +158,103 @@ def render_markdown(
                 "; ".join(run.notes) or "ok",
             ]
         )
-    parts.append(
-        md_table(
+    header = [
+        "run",
+        "paper model",
+        "paper method",
+        "KL placement",
+        "checkpoint",
+        "sampling",
+        "k reported",
+        "ungraded",
+        "notes",
+    ]
+    return [
+        "## Runs",
+        md_table(header, run_rows),
+        (
+            "ungraded: completions whose grading ran out of its CPU budget in the run and again in the serial retry "
+            "(counted as not correct; `grading` in the run's eval manifest)."
+        ),
+        (
+            "Run → paper mapping (by folder name, override with --mapping): model folder containing "
+            "qwen2.5-math-7b or deepseek-r1-distill-qwen-7b; run folder (lower-cased, seed suffix dropped) "
+            "base/sft → Base, grpo → GRPO, grpo_branch → GRPO + Branch, bnpo[_branch], dapo[_branch] likewise. "
+            "pass@k uses the paper's k for the model (256 / 64), else the largest k the run reported. KL placement: "
+            "loss = per-token KL in the loss (the paper's code), reward = the sequence-level pseudo-KL in the reward "
+            "(sage_kl_placement), read from the RLVR manifest of the evaluated checkpoint."
+        ),
+    ]
+
+
+def pairs_section(pairs: pd.DataFrame) -> list[str]:
+    """The paired differences A − B, each with its CI and whether the CI excludes 0."""
+    title = "## Paired differences (A − B, same resampled problems for both runs)"
+    if pairs.empty:
+        return [
+            title,
+            "No run pairs (give --pairs run_a:run_b, or name runs so that the paper mapping pairs them).",
+        ]
+    rows = []
+    for _, r in pairs.iterrows():
+        excludes = "" if pd.isna(r["ci_low"]) else ("yes" if r["ci_low"] > 0 or r["ci_high"] < 0 else "no")
+        rows.append(
             [
-                "run",
-                "paper model",
-                "paper method",
-                "KL placement",
-                "checkpoint",
-                "sampling",
-                "k reported",
-                "ungraded",
-                "notes",
-            ],
-            run_rows,
+                r["model"],
+                r["run_a"],
+                r["run_b"],
+                r["dataset"],
+                r["metric"],
+                "" if pd.isna(r["k"]) else int(r["k"]),
+                fmt_signed(r["diff"]) or "missing",
+                fmt_ci(r["ci_low"], r["ci_high"]),
+                excludes,
+                int(r["n_problems"]),
+            ]
         )
-    )
-    parts.append(
-        "ungraded: completions whose grading ran out of its CPU budget in the run and again in the serial retry "
-        "(counted as not correct; `grading` in the run's eval manifest)."
-    )
-    parts.append(
-        "Run → paper mapping (by folder name, override with --mapping): model folder containing "
-        "qwen2.5-math-7b or deepseek-r1-distill-qwen-7b; run folder (lower-cased, seed suffix dropped) "
-        "base/sft → Base, grpo → GRPO, grpo_branch → GRPO + Branch, bnpo[_branch], dapo[_branch] likewise. "
-        "pass@k uses the paper's k for the model (256 / 64), else the largest k the run reported. KL placement: "
-        "loss = per-token KL in the loss (the paper's code), reward = the sequence-level pseudo-KL in the reward "
-        "(sage_kl_placement), read from the RLVR manifest of the evaluated checkpoint."
-    )
-    for dataset in tables.report_datasets(runs):
-        title = tables.DATASET_TITLES.get(dataset, dataset)
-        parts += [f"## {title}", dataset_section(result.comparison, dataset)]
-        if dataset in result.images:
-            parts.append(f"![pass@k on {dataset}]({rel(result.images[dataset])})")
-    parts.append(
-        f"Every reported k with its CI: `{result.out.stem}/passk_all_k.csv`; "
-        f"these tables: `{result.out.stem}/comparison.csv`."
-    )
-    parts.append("## Paired differences (A − B, same resampled problems for both runs)")
-    if result.pairs.empty:
-        parts.append(
-            "No run pairs (give --pairs run_a:run_b, or name runs so that the paper mapping pairs them)."
-        )
-    else:
-        rows = []
-        for _, r in result.pairs.iterrows():
-            excludes = (
-                "" if pd.isna(r["ci_low"]) else ("yes" if r["ci_low"] > 0 or r["ci_high"] < 0 else "no")
-            )
-            rows.append(
-                [
-                    r["model"],
-                    r["run_a"],
-                    r["run_b"],
-                    r["dataset"],
-                    r["metric"],
-                    "" if pd.isna(r["k"]) else int(r["k"]),
-                    fmt_signed(r["diff"]) or "missing",
-                    fmt_ci(r["ci_low"], r["ci_high"]),
-                    excludes,
-                    int(r["n_problems"]),
-                ]
-            )
-        parts.append(
-            md_table(
-                ["model", "A", "B", "dataset", "metric", "k", "A − B", "95% CI", "CI excludes 0", "problems"],
-                rows,
-            )
-        )
-    parts.append("## Reasoning patterns (fraction of completions; rules in sage_unsloth/report/patterns.py)")
+    header = ["model", "A", "B", "dataset", "metric", "k", "A − B", "95% CI", "CI excludes 0", "problems"]
+    return [title, md_table(header, rows)]
+
+
+def patterns_section(args: ReportArguments, result: ReportResult, published_patterns, mapping) -> list[str]:
+    """The reasoning patterns' fractions per run, with the paper's value in parentheses where it has one."""
+    parts = ["## Reasoning patterns (fraction of completions; rules in sage_unsloth/report/patterns.py)"]
     if result.patterns.empty:
         where = f"glob `{args.completions}`" if args.completions else "default locations"
-        parts.append(f"No completion files found ({where}).")
-    elif not result.patterns[list(pat.PATTERNS)].to_numpy().any():
-        parts.append(
-            f"No completion of the {int(result.patterns['n_completions'].sum())} read matches any pattern's "
-            f"rule, so the table is left out (`{Path(result.out).stem}/patterns.csv` has the zeros)."
-        )
-    else:
-        rows = []
-        for _, r in result.patterns.iterrows():
-            row = map_run(r["model"], r["run"], mapping)
-            cells = [f"{r['model']}/{r['run']}", int(r["n_completions"])]
-            for name in pat.PATTERNS:
-                paper = published_patterns[
-                    (published_patterns["pattern"] == name)
-                    & (published_patterns["method"] == row.method)
-                    & (published_patterns["model"] == row.model)
-                ]
-                paper_txt = (
-                    f" (paper {paper_number(paper['value'].iloc[0], paper['primary'].iloc[0])})"
-                    if not paper.empty
-                    else ""
-                )
-                cells.append(fmt(r[name]) + paper_txt)
-            rows.append(cells)
-        parts.append(md_table(["run", "completions", *pat.PATTERNS], rows))
-        parts.append(
+        return [*parts, f"No completion files found ({where})."]
+    if not result.patterns[list(pat.PATTERNS)].to_numpy().any():
+        return [
+            *parts,
+            (
+                f"No completion of the {int(result.patterns['n_completions'].sum())} read matches any pattern's "
+                f"rule, so the table is left out (`{Path(result.out).stem}/patterns.csv` has the zeros)."
+            ),
+        ]
+    rows = []
+    for _, r in result.patterns.iterrows():
+        row = map_run(r["model"], r["run"], mapping)
+        cells = [f"{r['model']}/{r['run']}", int(r["n_completions"])]
+        for name in pat.PATTERNS:
+            paper = published_patterns[
+                (published_patterns["pattern"] == name)
+                & (published_patterns["method"] == row.method)
+                & (published_patterns["model"] == row.model)
+            ]
+            paper_txt = (
+                f" (paper {paper_number(paper['value'].iloc[0], paper['primary'].iloc[0])})"
+                if not paper.empty
+                else ""
+            )
+            cells.append(fmt(r[name]) + paper_txt)
+        rows.append(cells)
+    return [
+        *parts,
+        md_table(["run", "completions", *pat.PATTERNS], rows),
+        (
             "The paper's values (in parentheses) are context, not a like-for-like target (its labelling method "
             f"is unknown); compare runs with each other. {UNTRACED_LEGEND}."
-        )
-    return "\n\n".join(parts) + "\n"
+        ),
+    ]
 
 
 def print_console(comparison: pd.DataFrame) -> None:
@@ -303,26 +316,12 @@ def _build_report(args: ReportArguments, out: Path, *, console: bool) -> ReportR
         tables.resolve_pairs(runs, args.pairs, mapping), runs, published, settings, mapping
     )
     patterns = pat.pattern_table(runs, args.completions, samples_per_problem=args.pattern_samples_per_problem)
-    support_notes: list[str] = []
-    support_frame = support.support_table(
-        runs,
-        reference=args.support_reference,
-        mapping=mapping,
-        resamples=args.resamples,
-        seed=args.seed,
-        level=args.level,
-        notes=support_notes,
-    )
     size = (args.plot_width, args.plot_height)
     colours = grouping.palette(f"{r.model}/{grouping.method_of(r.run)}" for r in runs)  # one per method
     images = plots.passk_curves(curves, comparison, assets, size=size, colours=colours)
-    support_images = support.plot_support(support_frame, assets, size=size, colours=colours)
-    training_notes: list[str] = []
-    histories = training.load_histories(training.training_folders(runs, args.training_runs), training_notes)
-    training_frame = training.summary_table(histories)
-    training_png = plots.training_curves(
-        histories, training.metric_keys(histories), assets / "training_curves.png", size=size, colours=colours
-    )
+    rel = lambda p: Path(p).resolve().relative_to(out.parent.resolve()).as_posix()
+    support_frame, support_md = _support_section(args, runs, mapping, assets, size, colours, rel)
+    training_frame, training_md, training_png = _training_section(args, runs, assets, size, colours, rel)
     result = ReportResult(
         markdown="",
         comparison=comparison,
@@ -335,52 +334,78 @@ def _build_report(args: ReportArguments, out: Path, *, console: bool) -> ReportR
         training=training_frame,
     )
     result.markdown = render_markdown(args, runs, result, published_patterns, mapping)
-    rel = lambda p: Path(p).resolve().relative_to(out.parent.resolve()).as_posix()
-    result.markdown += (
-        "\n" + support.markdown_section(support_frame, support_images, rel, support_notes) + "\n"
+    result.markdown += "\n" + support_md + "\n" + "\n" + training_md + "\n"
+    _write_report_files(args, runs, result, assets)
+    if console:
+        print_console(comparison)
+    if args.wandb_project:
+        _log_to_wandb(args, result, training_png)
+    log.info("wrote %s (tables and plots in %s/)", out, assets)
+    return result
+
+
+def _support_section(args: ReportArguments, runs, mapping, assets: Path, size, colours, rel):
+    """(the support table, its markdown section with the plots it drew under ``assets``)."""
+    notes: list[str] = []
+    frame = support.support_table(
+        runs,
+        reference=args.support_reference,
+        mapping=mapping,
+        resamples=args.resamples,
+        seed=args.seed,
+        level=args.level,
+        notes=notes,
     )
-    result.markdown += (
-        "\n"
-        + training.markdown_section(
-            training_frame,
-            rel(training_png) if training_png else None,
-            f"{assets.name}/training.csv",
-            training_notes,
-        )
-        + "\n"
+    images = support.plot_support(frame, assets, size=size, colours=colours)
+    return frame, support.markdown_section(frame, images, rel, notes)
+
+
+def _training_section(args: ReportArguments, runs, assets: Path, size, colours, rel):
+    """(the training summary table, its markdown section, the training-curves plot or None)."""
+    notes: list[str] = []
+    histories = training.load_histories(training.training_folders(runs, args.training_runs), notes)
+    png = plots.training_curves(
+        histories, training.metric_keys(histories), assets / "training_curves.png", size=size, colours=colours
     )
+    frame = training.summary_table(histories)
+    section = training.markdown_section(
+        frame, rel(png) if png else None, f"{assets.name}/training.csv", notes
+    )
+    return frame, section, png
+
+
+def _write_report_files(args: ReportArguments, runs, result: ReportResult, assets: Path) -> None:
+    """The tables as CSVs and the manifest under ``assets``, then the report itself (each write atomic)."""
     for name, frame in (
-        ("comparison", comparison),
-        ("passk_all_k", curves),
-        ("pairs", pairs),
-        ("patterns", patterns),
-        ("support", support_frame),
-        ("training", training_frame),
+        ("comparison", result.comparison),
+        ("passk_all_k", result.curves),
+        ("pairs", result.pairs),
+        ("patterns", result.patterns),
+        ("support", result.support),
+        ("training", result.training),
     ):
         atomic_write_text(assets / f"{name}.csv", frame.to_csv(index=False))
     write_manifest(
         assets, stage="report", config=dataclasses.asdict(args), seed=args.seed, runs=[r.name for r in runs]
     )
-    atomic_write_text(out, result.markdown)
-    if console:
-        print_console(comparison)
-    if args.wandb_project:
-        from sage_unsloth.report import wandb_log
+    atomic_write_text(result.out, result.markdown)
 
-        all_images = dict(images)
-        if training_png is not None:
-            all_images["training_curves"] = training_png
-        wandb_log.log_report(
-            args.wandb_project,
-            entity=args.wandb_entity,
-            markdown=result.markdown,
-            tables={
-                "comparison": comparison,
-                "pairs": pairs,
-                "patterns": patterns,
-                "training": training_frame,
-            },
-            images=all_images,
-        )
-    log.info("wrote %s (tables and plots in %s/)", out, assets)
-    return result
+
+def _log_to_wandb(args: ReportArguments, result: ReportResult, training_png: Path | None) -> None:
+    from sage_unsloth.report import wandb_log
+
+    all_images = dict(result.images)
+    if training_png is not None:
+        all_images["training_curves"] = training_png
+    wandb_log.log_report(
+        args.wandb_project,
+        entity=args.wandb_entity,
+        markdown=result.markdown,
+        tables={
+            "comparison": result.comparison,
+            "pairs": result.pairs,
+            "patterns": result.patterns,
+            "training": result.training,
+        },
+        images=all_images,
+    )

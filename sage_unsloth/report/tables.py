@@ -270,6 +270,21 @@ def resolve_pairs(runs: list[RunResults], spec: str | None, mapping: dict | None
     return resolved
 
 
+PAIR_COLUMNS = [
+    "model",
+    "run_a",
+    "run_b",
+    "dataset",
+    "metric",
+    "k",
+    "diff",
+    "ci_low",
+    "ci_high",
+    "n_problems",
+    "status",
+]
+
+
 def paired_table(
     pairs,
     runs: list[RunResults],
@@ -292,71 +307,45 @@ def paired_table(
                     "metric": metric,
                     "k": k,
                 }
-                reported = k is not None and all(point_value(r, dataset, k) is not None for r in (a, b))
-                sets_a, sets_b = (_set_values(r, dataset, [k]) if reported else None for r in (a, b))
-                if sets_a is None or sets_b is None:
-                    rows.append(
-                        {
-                            **base,
-                            "diff": np.nan,
-                            "ci_low": np.nan,
-                            "ci_high": np.nan,
-                            "n_problems": 0,
-                            "status": "missing",
-                        }
-                    )
-                    continue
-                aligned_a, aligned_b, n_common, note = {}, {}, 0, "ok"
-                for name in sets_a:
-                    ids_a, vals_a = sets_a[name]
-                    ids_b, vals_b = sets_b[name]
-                    common = np.intersect1d(ids_a, ids_b)
-                    if len(common) != len(ids_a) or len(common) != len(ids_b):
-                        note = "ok (common problems only)"
-                    pos_a = pd.Index(ids_a).get_indexer(common)
-                    pos_b = pd.Index(ids_b).get_indexer(common)
-                    aligned_a[name], aligned_b[name] = vals_a[pos_a, 0], vals_b[pos_b, 0]
-                    n_common += len(common)
-                if any(len(v) == 0 or np.isnan(v).any() for v in (*aligned_a.values(), *aligned_b.values())):
-                    rows.append(
-                        {
-                            **base,
-                            "diff": np.nan,
-                            "ci_low": np.nan,
-                            "ci_high": np.nan,
-                            "n_problems": n_common,
-                            "status": "missing",
-                        }
-                    )
-                    continue
-                samples = bs.paired_difference_samples(
-                    aligned_a, aligned_b, resamples=settings.resamples, seed=settings.seed
-                )
-                low, high = bs.percentile_ci(samples, settings.level)
-                diff = float(np.mean([aligned_a[n].mean() - aligned_b[n].mean() for n in aligned_a]))
-                rows.append(
-                    {
-                        **base,
-                        "diff": diff,
-                        "ci_low": float(low),
-                        "ci_high": float(high),
-                        "n_problems": n_common,
-                        "status": note,
-                    }
-                )
-    return pd.DataFrame(
-        rows,
-        columns=[
-            "model",
-            "run_a",
-            "run_b",
-            "dataset",
-            "metric",
-            "k",
-            "diff",
-            "ci_low",
-            "ci_high",
-            "n_problems",
-            "status",
-        ],
+                rows.append({**base, **_paired_difference(a, b, dataset, k, settings)})
+    return pd.DataFrame(rows, columns=PAIR_COLUMNS)
+
+
+def _paired_difference(a: RunResults, b: RunResults, dataset: str, k: int | None, settings) -> dict:
+    """diff, CI, problems and status of A - B at pass@k on ``dataset`` ("missing" where either run lacks it)."""
+    missing = {"diff": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n_problems": 0, "status": "missing"}
+    reported = k is not None and all(point_value(r, dataset, k) is not None for r in (a, b))
+    sets_a, sets_b = (_set_values(r, dataset, [k]) if reported else None for r in (a, b))
+    if sets_a is None or sets_b is None:
+        return missing
+    aligned_a, aligned_b, n_common, note = _common_problems(sets_a, sets_b)
+    if any(len(v) == 0 or np.isnan(v).any() for v in (*aligned_a.values(), *aligned_b.values())):
+        return {**missing, "n_problems": n_common}
+    samples = bs.paired_difference_samples(
+        aligned_a, aligned_b, resamples=settings.resamples, seed=settings.seed
     )
+    low, high = bs.percentile_ci(samples, settings.level)
+    diff = float(np.mean([aligned_a[n].mean() - aligned_b[n].mean() for n in aligned_a]))
+    return {
+        "diff": diff,
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "n_problems": n_common,
+        "status": note,
+    }
+
+
+def _common_problems(sets_a: dict, sets_b: dict):
+    """Both runs' values per problem set on the problems both have, in one order: (A's, B's, how many problems,
+    status: "ok", or "ok (common problems only)" where a run has problems the other lacks)."""
+    aligned_a, aligned_b, n_common, note = {}, {}, 0, "ok"
+    for name, (ids_a, vals_a) in sets_a.items():
+        ids_b, vals_b = sets_b[name]
+        common = np.intersect1d(ids_a, ids_b)
+        if len(common) != len(ids_a) or len(common) != len(ids_b):
+            note = "ok (common problems only)"
+        pos_a = pd.Index(ids_a).get_indexer(common)
+        pos_b = pd.Index(ids_b).get_indexer(common)
+        aligned_a[name], aligned_b[name] = vals_a[pos_a, 0], vals_b[pos_b, 0]
+        n_common += len(common)
+    return aligned_a, aligned_b, n_common, note

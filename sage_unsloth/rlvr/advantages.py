@@ -63,10 +63,12 @@ def passk_group_advantages(rewards: torch.Tensor, num_generations: int, k: int) 
 
 # ``recomputed``: False for the estimator TRL already computed (the trainer leaves TRL's advantage alone);
 # an import-path estimator says so with ``fn.recomputed = False`` (default True: it replaces TRL's).
+# ``group_subset_field``: the config field holding the size k of the subsets of a group the estimator scores
+# (checked 1 <= k <= num_generations), or None.
 ADVANTAGE_ESTIMATORS = Registry(
     "advantage estimator",
     field="advantage_estimator",
-    meta={"backends": ("trl", "unsloth"), "recomputed": True},
+    meta={"backends": ("trl", "unsloth"), "recomputed": True, "group_subset_field": None},
     inputs="rewards, num_generations, args",
 )
 
@@ -78,6 +80,6 @@ def _grpo(rewards, num_generations, args):
     return group_advantages(rewards, num_generations, args.scale_rewards)
 
 
-@ADVANTAGE_ESTIMATORS.register("passk")
+@ADVANTAGE_ESTIMATORS.register("passk", group_subset_field="passk_k")
 def _passk(rewards, num_generations, args):
     return passk_group_advantages(rewards, num_generations, args.passk_k)

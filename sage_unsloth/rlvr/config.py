@@ -19,7 +19,7 @@ from trl.trainer.grpo_config import GRPOConfig
 
 from sage_unsloth.anchor import TOKEN_NORMS
 from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
-from sage_unsloth.config_args import ConfigError, check_training_fields, suggestion
+from sage_unsloth.config_args import ConfigError, check_training_fields, resolve_field_aliases, suggestion
 from sage_unsloth.field_rules import TRAINING_RULES, Limit, Names
 from sage_unsloth.guides import GUIDES
 from sage_unsloth.rlvr.exploration import ExplorationArgs
@@ -110,6 +110,11 @@ def off_policy_q_warning(cfg, q_source: str) -> str | None:
         "computed from the rollout policy (sage_q_source rollout, or a guide Unsloth's loss cannot feed), not the "
         "in-loss policy as in the official code"
     )
+
+
+def _fail(message: str):
+    """Refuse the config: one line naming the field and the fix."""
+    raise ConfigError(message)
 
 
 def _help(text: str) -> dict:
@@ -329,22 +334,24 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     # One-line errors naming the field and the fix; nothing here touches a model. The checks depend on the
     # config alone, never on the machine: a config refused on a GPU is refused on CPU too.
     def _validate_sage(self) -> None:
-        def fail(msg: str):
-            raise ConfigError(msg)
-
         from sage_unsloth import guides
 
         # a known name or an importable guide, its needs and arguments checked
         _, guide_needs = guides.resolve_guide(self, check_args=True)
         self.sage_guide_args = guides.guide_args(self.sage_guide_args) or None
-        if self.kl_term is not None:  # kl_term and kl_estimator are one field under two names
-            if self.kl_estimator not in ("k3", self.kl_term):
-                fail(
-                    f"kl_term={self.kl_term!r} and kl_estimator={self.kl_estimator!r} name the same field: set one"
-                )
-            self.kl_estimator = self.kl_term
+        resolve_field_aliases(self)  # kl_term -> kl_estimator, for a config built in Python
         kl_term = KL_TERMS.resolve(self.kl_estimator)
         self.kl_term_args = KL_TERMS.check_args(kl_term, KL_TERMS.parse_args(self.kl_term_args)) or None
+        self._validate_names()
+        self._validate_knobs()
+        self._validate_kl_term(kl_term)
+        # Refused on CPU too (where Unsloth would leave TRL's trainer in place): a config means one thing.
+        if (conflict := unsloth_conflict(self, self.backend == "unsloth", guide_needs)) is not None:
+            raise ConfigError(conflict)
+        self._validate_dapo_extras()
+
+    def _validate_names(self) -> None:
+        """Each field that takes one of a fixed set of names."""
         for name, choices in (
             ("sage_token_norm", TOKEN_NORMS),
             ("sage_q_source", Q_SOURCES),
@@ -355,85 +362,88 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
         ):
             value = getattr(self, name)
             if value not in choices:
-                fail(
+                raise ConfigError(
                     f"{name}={value!r} is unknown{suggestion(str(value), choices)} (use one of {', '.join(choices)})"
                 )
+
+    def _validate_knobs(self) -> None:
+        """The KL coefficient, the training fields, the run's length and the guides' numeric knobs."""
         if self.beta < 0.0:
-            fail(f"beta={self.beta} is negative: the KL coefficient must be >= 0 (paper: 0.05; 0 = no KL)")
+            _fail(f"beta={self.beta} is negative: the KL coefficient must be >= 0 (paper: 0.05; 0 = no KL)")
         check_training_fields(self, learning_rate_hint="paper: 5e-6")
         if self.max_steps <= 0 and self.num_train_epochs <= 0:
-            fail(
+            _fail(
                 f"max_steps={self.max_steps}, num_train_epochs={self.num_train_epochs}: nothing to train; "
                 "set max_steps > 0 (paper: 1000) or num_train_epochs > 0"
             )
         if self.sage_guide != "none" and self.beta == 0.0:
-            fail(
+            _fail(
                 f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none"
             )
         for name in (*NONNEGATIVE_KNOBS, "sage_tau"):
             value = getattr(self, name)
             if not math.isfinite(value) or (name != "sage_tau" and value < 0):
-                fail(f"{name}={value} must be {'finite' if name == 'sage_tau' else 'finite and >= 0'}")
+                _fail(f"{name}={value} must be {'finite' if name == 'sage_tau' else 'finite and >= 0'}")
         for name in ("sage_eps_upper", "sage_eps_lower"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                fail(f"{name}={getattr(self, name)} is a token probability: use a value in [0, 1]")
+                _fail(f"{name}={getattr(self, name)} is a token probability: use a value in [0, 1]")
         if not 0.0 < self.sage_schedule_decay <= 1.0:
-            fail(
+            _fail(
                 f"sage_schedule_decay={self.sage_schedule_decay} must be in (0, 1] (default 0.9; 1 = no decay)"
             )
         if self.sage_q_min <= 0.0:
-            fail(f"sage_q_min={self.sage_q_min} must be > 0 (log q must stay finite): e.g. sage_q_min=0.6")
+            _fail(f"sage_q_min={self.sage_q_min} must be > 0 (log q must stay finite): e.g. sage_q_min=0.6")
         if self.sage_q_min > self.sage_q_max:
-            fail(
+            _fail(
                 f"sage_q_min={self.sage_q_min} > sage_q_max={self.sage_q_max}: make sage_q_min <= sage_q_max"
             )
+
+    def _validate_kl_term(self, kl_term) -> None:
+        """What the KL term's registry metadata allows (a guided anchor, beta, loss types), and the reward
+        placement's needs (the guides' cycle count checked between them: the order the checks have always run in,
+        so a config with two faults still names the same one first)."""
         if not kl_term.meta["guided"] and self.sage_guide != "none":
-            fail(
+            _fail(
                 f"kl_estimator={self.kl_estimator!r} has no q * pi_ref anchor (the plain forward-KL baseline): "
                 "set sage_guide=none or kl_estimator=k3"
             )
         if not kl_term.meta["shifted_reference"] and self.beta == 0.0:
-            fail(
+            _fail(
                 f"kl_estimator={self.kl_estimator!r} has no effect with beta=0: set beta > 0 or kl_estimator=k3"
             )
         loss_types = kl_term.meta["loss_types"]
         if loss_types is not None and self.loss_type not in loss_types:
-            fail(
+            _fail(
                 f"kl_estimator={self.kl_estimator!r} supports loss_type in {tuple(loss_types)}, "
                 f"got loss_type={self.loss_type!r}: change one of them"
             )
         if self.sage_schedule_cycles < 1:
-            fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
-        if self.sage_kl_placement == "reward":
-            if self.beta == 0.0:
-                fail(
-                    "sage_kl_placement=reward puts beta * pseudo-KL in the reward: set beta > 0 (paper: 0.05)"
-                )
-            if not kl_term.meta["shifted_reference"]:
-                fail(
-                    f"kl_estimator={self.kl_estimator!r} is a per-token loss term; sage_kl_placement=reward uses the "
-                    "sequence log-ratio instead: set kl_estimator=k3 or sage_kl_placement=loss"
-                )
-            if self.multi_objective_aggregation != "sum_then_normalize":
-                fail(
-                    "sage_kl_placement=reward adds the pseudo-KL to the summed reward: set "
-                    "multi_objective_aggregation=sum_then_normalize"
-                )
-        if self.dapo_normalizer not in DAPO_NORMALIZERS:
-            fail(
-                f"dapo_normalizer={self.dapo_normalizer!r} is unknown: use one of {', '.join(DAPO_NORMALIZERS)}"
+            _fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
+        if self.sage_kl_placement != "reward":
+            return
+        if self.beta == 0.0:
+            _fail("sage_kl_placement=reward puts beta * pseudo-KL in the reward: set beta > 0 (paper: 0.05)")
+        if not kl_term.meta["shifted_reference"]:
+            _fail(
+                f"kl_estimator={self.kl_estimator!r} is a per-token loss term; sage_kl_placement=reward uses the "
+                "sequence log-ratio instead: set kl_estimator=k3 or sage_kl_placement=loss"
             )
-        # Refused on CPU too (where Unsloth would leave TRL's trainer in place): a config means one thing.
-        if (conflict := unsloth_conflict(self, self.backend == "unsloth", guide_needs)) is not None:
-            fail(conflict)
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            _fail(
+                "sage_kl_placement=reward adds the pseudo-KL to the summed reward: set "
+                "multi_objective_aggregation=sum_then_normalize"
+            )
+
+    def _validate_dapo_extras(self) -> None:
+        """DAPO's dynamic sampling and soft overlong punishment."""
         if self.dynamic_sampling_max_rounds < 1:
-            fail(f"dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be >= 1")
+            _fail(f"dynamic_sampling_max_rounds={self.dynamic_sampling_max_rounds} must be >= 1")
         if self.soft_overlong_punish_cache < 0 or (
             self.soft_overlong_punish_cache
             and self.max_completion_length is not None
             and self.soft_overlong_punish_cache >= self.max_completion_length
         ):
-            fail(
+            _fail(
                 f"soft_overlong_punish_cache={self.soft_overlong_punish_cache} must be 0 (off) or in "
                 f"[1, max_completion_length={self.max_completion_length})"
             )

@@ -123,26 +123,20 @@ class ExplorationArgs:
             term_args = POLICY_TERMS.check_args(term, term_args, leading=TERM_INPUTS)
         self.policy_term_args = term_args or None
         generations = self.num_generations or 0
-        if advantage.name == "passk" and not 1 <= self.passk_k <= generations:
+        k_field = advantage.meta["group_subset_field"]  # passk: passk_k
+        if k_field and not 1 <= (k := getattr(self, k_field)) <= generations:
+            raise ConfigError(f"{k_field}={k} must be in [1, num_generations={generations}]: lower {k_field}")
+        # a term's backends were checked with the backend's other limits (rlvr/config.py unsloth_conflict)
+        if term is not None and self.loss_type not in TOKEN_LEVEL_LOSS_TYPES:
             raise ConfigError(
-                f"passk_k={self.passk_k} must be in [1, num_generations={generations}]: lower passk_k"
+                f"policy_term={self.policy_term!r} supports loss_type in {TOKEN_LEVEL_LOSS_TYPES}, got "
+                f"loss_type={self.loss_type!r}: change one of them"
             )
-        if term is not None:
-            if self.backend not in term.meta["backends"]:
-                raise ConfigError(
-                    f"policy_term={self.policy_term!r} needs TRL's loss (Unsloth's compiled loss has no slot for "
-                    "it): set backend=trl"
-                )
-            if self.loss_type not in TOKEN_LEVEL_LOSS_TYPES:
-                raise ConfigError(
-                    f"policy_term={self.policy_term!r} supports loss_type in {TOKEN_LEVEL_LOSS_TYPES}, got "
-                    f"loss_type={self.loss_type!r}: change one of them"
-                )
-        if self.policy_term == "kl_cov":
+        if term is not None and (reads := term.meta["needs_reuse"]):
             steps = self.steps_per_generation or self.gradient_accumulation_steps
             if self.num_iterations == 1 and steps == self.gradient_accumulation_steps:
                 raise ConfigError(
-                    "policy_term=kl_cov penalises |log pi - log pi_old|, 0 with zero gradient when every batch is "
+                    f"policy_term={self.policy_term} {reads}, 0 with zero gradient when every batch is "
                     "used once: set num_iterations > 1 (or steps_per_generation > gradient_accumulation_steps)"
                 )
         for name in ("entropy_adv_alpha", "clip_cov_ratio", "kl_cov_ratio", "kl_cov_coef"):

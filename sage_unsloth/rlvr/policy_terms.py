@@ -28,8 +28,11 @@ import torch
 
 from sage_unsloth.registry import Registry
 
-# An import-path term may declare ``fn.backends``; the default is TRL only (see above).
-POLICY_TERMS = Registry("policy term", field="policy_term", meta={"backends": ("trl",)}, inputs="batch, args")
+# An import-path term may declare ``fn.backends``; the default is TRL only (see above). ``needs_reuse``: what the
+# term reads of pi_old that is 0, with zero gradient, when every batch is used once (pi_old == pi), or None.
+POLICY_TERMS = Registry(
+    "policy term", field="policy_term", meta={"backends": ("trl",), "needs_reuse": None}, inputs="batch, args"
+)
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ def clip_cov(batch: TokenBatch, args) -> TermOutput:
     )
 
 
-@POLICY_TERMS.register("kl_cov")
+@POLICY_TERMS.register("kl_cov", needs_reuse="penalises |log pi - log pi_old|")
 def kl_cov(batch: TokenBatch, args) -> TermOutput:
     valid = batch.mask.bool()
     cov = covariance(batch).masked_fill(~valid, float("-inf"))

@@ -215,24 +215,11 @@ def plan_run(
 ) -> RLVRPlan:
     """Resolve and check every input of the stage; one-line errors, nothing loads a model. ``claim(output_dir)``
     (the stage's folder lock) is called before anything in the output folder is read or deleted."""
-    from sage_unsloth.backend import cuda_available
-    from sage_unsloth.checkpoints import choose_checkpoint
-    from sage_unsloth.manifest import MANIFEST_NAME
-    from sage_unsloth.models import model_short_name
+    from sage_unsloth.input_checks import check_adapter, check_data_file, check_wandb
+    from sage_unsloth.models import check_gpu_setup
     from sage_unsloth.rlvr.resume import logging_alignment_warning
 
-    if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
-        raise ValueError(
-            "vllm_mode=server needs backend=trl: Unsloth runs its own engine in each process "
-            "(it rewrites vllm_mode to colocate)"
-        )
-    if grpo_args.use_vllm and not cuda_available():
-        raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
-    if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
-        logger.warning("vllm_mode=%s: a vLLM server must already be running", grpo_args.vllm_mode)
-    from sage_unsloth.input_checks import check_adapter, check_data_file, check_output_folder, check_wandb
-    from sage_unsloth.models import check_gpu_setup
-
+    _check_vllm_mode(grpo_args)
     unsloth_vllm = grpo_args.use_vllm and grpo_args.backend == "unsloth"
     check_gpu_setup(model_args, grpo_args, backend=grpo_args.backend, fast_inference=unsloth_vllm)
     check_wandb(grpo_args.report_to)
@@ -240,51 +227,11 @@ def plan_run(
         check_data_file(stage.dataset_path)  # unreadable, empty or truncated: one line naming the line
     sft_dir, sft_manifest, base = _resolve_sft(stage, model_args)
     check_adapter(sft_dir, "sft_dir")
-
-    context = stage.max_seq_length or model_context_length(
-        base, model_args.model_revision, bool(grpo_args.trust_remote_code)
-    )
-    completion = grpo_args.max_completion_length
-    if completion is None or completion >= context:
-        raise ValueError(
-            f"max_completion_length={completion} leaves no room for a prompt in the {context}-token "
-            f"context of {base}: lower max_completion_length"
-        )
-    max_prompt = stage.max_prompt_length or context - completion
-    if max_prompt + completion > context:
-        raise ValueError(
-            f"max_prompt_length={max_prompt} + max_completion_length={completion} exceeds the "
-            f"{context}-token context of {base}: lower one of them"
-        )
-
-    variant = stage.variant or (Path(config_path).stem if config_path else None)
-    if not variant:
-        raise ValueError("variant is not set: pass --variant NAME (the output subfolder)")
-    layout.check_name(variant, "variant")  # also a config file's stem, the default
-    short = model_short_name(base)
-    output_dir = (
-        Path(grpo_args.output_dir)
-        if getattr(grpo_args, "output_dir_given", False)
-        else layout.rlvr_dir(stage.output_root, short, variant)
-    )
-    check_output_folder(output_dir, "output_dir")
+    context, max_prompt = _prompt_budget(grpo_args, stage, model_args, base)
+    variant, short, output_dir = _output_folder(grpo_args, stage, config_path, base)
     if claim is not None:
         claim(output_dir)
-    if not stage.resume and (output_dir / MANIFEST_NAME).is_file():
-        raise FileExistsError(
-            f"{output_dir} already holds a run: pass --resume to continue it, or choose "
-            "another --output_dir (or --variant / --output_root)"
-        )
-    finished = finished_run(output_dir, grpo_args) if stage.resume else None
-    # The newest complete checkpoint (newer incomplete ones skipped with a notice); only incomplete ones: an
-    # error naming --restart true, which deletes them (sage_unsloth/checkpoints.py).
-    last = (
-        None
-        if finished
-        else choose_checkpoint(output_dir, resume=stage.resume, restart=stage.restart, resume_flag="--resume")
-    )
-    if stage.resume and last is None and not finished:
-        raise FileNotFoundError(f"--resume: no checkpoint-* folder in {output_dir}: start without --resume")
+    finished, last = _resume_point(grpo_args, stage, output_dir)
     if grpo_args.backend == "unsloth" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logger.warning(
             "backend=unsloth on %s processes: not tested by this kit; backend=trl is (docs/scaling.md, "
@@ -305,6 +252,84 @@ def plan_run(
         sft_manifest=sft_manifest,
         finished=finished,
     )
+
+
+def _check_vllm_mode(grpo_args) -> None:
+    """vLLM's mode against the backend and the machine."""
+    from sage_unsloth.backend import cuda_available
+
+    if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
+        raise ValueError(
+            "vllm_mode=server needs backend=trl: Unsloth runs its own engine in each process "
+            "(it rewrites vllm_mode to colocate)"
+        )
+    if grpo_args.use_vllm and not cuda_available():
+        raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
+    if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
+        logger.warning("vllm_mode=%s: a vLLM server must already be running", grpo_args.vllm_mode)
+
+
+def _prompt_budget(grpo_args, stage: RLVRStageArgs, model_args, base: str) -> tuple[int, int]:
+    """(the model's context length, the longest prompt): a completion and a prompt must fit in the context."""
+    context = stage.max_seq_length or model_context_length(
+        base, model_args.model_revision, bool(grpo_args.trust_remote_code)
+    )
+    completion = grpo_args.max_completion_length
+    if completion is None or completion >= context:
+        raise ValueError(
+            f"max_completion_length={completion} leaves no room for a prompt in the {context}-token "
+            f"context of {base}: lower max_completion_length"
+        )
+    max_prompt = stage.max_prompt_length or context - completion
+    if max_prompt + completion > context:
+        raise ValueError(
+            f"max_prompt_length={max_prompt} + max_completion_length={completion} exceeds the "
+            f"{context}-token context of {base}: lower one of them"
+        )
+    return context, max_prompt
+
+
+def _output_folder(grpo_args, stage: RLVRStageArgs, config_path: str | None, base: str):
+    """(variant, the model's short name, the output folder): ``--output_dir`` as given, else
+    ``<output_root>/<model>/rlvr/<variant>`` (the variant defaults to the config file's stem)."""
+    from sage_unsloth.input_checks import check_output_folder
+    from sage_unsloth.models import model_short_name
+
+    variant = stage.variant or (Path(config_path).stem if config_path else None)
+    if not variant:
+        raise ValueError("variant is not set: pass --variant NAME (the output subfolder)")
+    layout.check_name(variant, "variant")  # also a config file's stem, the default
+    short = model_short_name(base)
+    output_dir = (
+        Path(grpo_args.output_dir)
+        if getattr(grpo_args, "output_dir_given", False)
+        else layout.rlvr_dir(stage.output_root, short, variant)
+    )
+    check_output_folder(output_dir, "output_dir")
+    return variant, short, output_dir
+
+
+def _resume_point(grpo_args, stage: RLVRStageArgs, output_dir: Path):
+    """(what to say if ``--resume`` names a finished run or None, the checkpoint to resume from or None)."""
+    from sage_unsloth.checkpoints import choose_checkpoint
+    from sage_unsloth.manifest import MANIFEST_NAME
+
+    if not stage.resume and (output_dir / MANIFEST_NAME).is_file():
+        raise FileExistsError(
+            f"{output_dir} already holds a run: pass --resume to continue it, or choose "
+            "another --output_dir (or --variant / --output_root)"
+        )
+    finished = finished_run(output_dir, grpo_args) if stage.resume else None
+    # The newest complete checkpoint (newer incomplete ones skipped with a notice); only incomplete ones: an
+    # error naming --restart true, which deletes them (sage_unsloth/checkpoints.py).
+    last = (
+        None
+        if finished
+        else choose_checkpoint(output_dir, resume=stage.resume, restart=stage.restart, resume_flag="--resume")
+    )
+    if stage.resume and last is None and not finished:
+        raise FileNotFoundError(f"--resume: no checkpoint-* folder in {output_dir}: start without --resume")
+    return finished, last
 
 
 def finished_run(output_dir: Path, grpo_args) -> str | None:
