@@ -7,17 +7,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "sage_unsloth"
 MAX_FUNCTION_LINES = 80  # def line to last line, docstring and comments included
 
-# The demo's split is in progress on its own branch (issue 40); these stay over the limit until it lands, and the
-# coordinator empties this set then. A function listed here that is already short enough fails the test too, so
-# the set cannot outlive its need.
-DEMO_SPLIT_IN_PROGRESS = {
-    "demo/lab.py:render",
-    "demo/lab.py:_main",
-    "demo/run.py:build_steps",
-    "demo/steps.py:run_steps",
-    "demo/frontier.py:outcome_block",
-}
-
 
 def function_lengths(root: Path = PACKAGE) -> dict[str, int]:
     """``<path under root>:<qualified name>`` -> lines, for every function and method (nested ones too)."""
@@ -42,21 +31,9 @@ def _lengths_in(node, prefix: str) -> dict[str, int]:
 
 
 def test_no_function_is_longer_than_the_limit():
-    long = {
-        name: n
-        for name, n in function_lengths().items()
-        if n > MAX_FUNCTION_LINES and name not in DEMO_SPLIT_IN_PROGRESS
-    }
+    long = {name: n for name, n in function_lengths().items() if n > MAX_FUNCTION_LINES}
     listed = "\n".join(f"  {name}: {n} lines" for name, n in sorted(long.items(), key=lambda kv: -kv[1]))
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them into named pieces):\n{listed}"
-
-
-def test_the_demo_allowance_names_only_functions_still_over_the_limit():
-    lengths = function_lengths()
-    stale = sorted(name for name in DEMO_SPLIT_IN_PROGRESS if lengths.get(name, 0) <= MAX_FUNCTION_LINES)
-    assert not stale, (
-        f"no longer over {MAX_FUNCTION_LINES} lines (or gone): drop from DEMO_SPLIT_IN_PROGRESS: {stale}"
-    )
 
 
 def test_the_measure_counts_methods_and_nested_functions(tmp_path):
