@@ -149,15 +149,13 @@ def run_rows(
 
 def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFrame:
     """This run's per-run numbers beside the reference's (same run names), with the difference."""
-    ref = pd.read_csv(reference / LAB_DIR / "runs.csv").rename(columns={"rare_share": "minority_share"})
-    rows = []  # (a reference written before the minority plans had their name called their share rare_share)
+    ref = reproduce.reference_runs(reference)
+    rows = []
     for metric in ("pass_at_1", f"pass_at_{kmax}", "minority_share"):
         if metric not in ref.columns:
             continue
         for _, r in runs.iterrows():
-            hit = ref[ref["run"] == r["run"]]
-            if hit.empty and compare.split_run(r["run"]) == (compare.REFERENCE_METHOD, 0):
-                hit = ref[ref["run"] == compare.REFERENCE_METHOD]  # a reference from before SFT ran per seed
+            hit = reproduce.same_run(r["run"], ref)
             theirs = float(hit[metric].iloc[0]) if not hit.empty else math.nan
             rows.append(
                 {

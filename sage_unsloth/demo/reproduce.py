@@ -96,7 +96,7 @@ def reference_regime(reference: Path) -> pd.DataFrame:
     path = Path(reference) / "lab" / REGIME_FILE
     if path.is_file():  # a lab written before the minority plans had their name called the metric rare
         return pd.read_csv(path).replace({"metric": {"grpo_rare_share": "grpo_minority_share"}})
-    runs = pd.read_csv(Path(reference) / "lab" / "runs.csv").rename(columns={"rare_share": "minority_share"})
+    runs = reference_runs(reference)
     rows = []
     for _, r in runs.iterrows():
         if r["method"] == "sft":
@@ -113,7 +113,13 @@ def reference_fingerprints(reference: Path) -> dict:
     return json.loads(manifest.read_text()).get("fingerprints") or {}
 
 
-def _same_run(run: str, theirs: pd.DataFrame) -> pd.DataFrame:
+def reference_runs(reference: Path) -> pd.DataFrame:
+    """The reference's lab/runs.csv, its minority-plan share by today's name (a lab written before the minority
+    plans had their name called that column rare_share)."""
+    return pd.read_csv(Path(reference) / "lab" / "runs.csv").rename(columns={"rare_share": "minority_share"})
+
+
+def same_run(run: str, theirs: pd.DataFrame) -> pd.DataFrame:
     hit = theirs[theirs["run"] == run]
     if hit.empty and run == "sft_seed0":  # a reference from before SFT ran per seed: one seedless 'sft'
         hit = theirs[theirs["run"] == "sft"]
@@ -134,7 +140,7 @@ def compare(ours: pd.DataFrame, mine: dict, reference: Path) -> pd.DataFrame:
              "tolerance": math.nan, "status": status}
         )  # fmt: skip
     for _, r in ours.iterrows():
-        hit = _same_run(r["run"], theirs)
+        hit = same_run(r["run"], theirs)
         hit = hit[hit["metric"] == r["metric"]]
         if hit.empty:
             continue
