@@ -579,6 +579,32 @@ def test_unsloth_loss_contact_source():
     assert call in _function_source(zoo, name)
 
 
+def test_function_sources_are_what_ast_cuts():
+    """compat._functions (the loss check's reader, cut from lines split once) gives ast.get_source_segment's
+    text for every function: line ends \\r\\n, \\r and \\n, a form feed, non-ASCII before a column offset,
+    one-line, nested and async functions, the last line without an end."""
+    import ast
+
+    source = (
+        'def one(x): return "\u00e9t\u00e9"  # \u00fc\r\n'
+        "class K:\r    def meth(self):\n        \u00e4 = 1\x0c\n"
+        '        def inner(): return "\u00df"\n'
+        "        return inner\n"
+        "async def later():\n    await x\n    return '\u00f8'"
+    )
+    want: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            want.setdefault(node.name, []).append(ast.get_source_segment(source, node))
+    assert set(want) == {"one", "meth", "inner", "later"}
+    assert compat._functions(source) == want
+    own = Path(compat.__file__).read_text()  # a real module: every function, decorated ones included
+    nodes = [n for n in ast.walk(ast.parse(own)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    got = compat._functions(own)
+    assert sum(map(len, got.values())) == len(nodes) > 50
+    assert all(ast.get_source_segment(own, n) in got[n.name] for n in nodes)
+
+
 def _unsloth_mapping_rule():
     """Unsloth's own name rule (loader_utils.__get_model_name), taken from its source and run on the mapper's
     tables: loader_utils itself cannot be imported without a GPU stack (Triton)."""
