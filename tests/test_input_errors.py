@@ -266,31 +266,57 @@ def test_yaml_list_may_be_a_comma_string(tmp_path):
     assert parse_args([str(config)]).ks == [1, 4]
 
 
+# stage -> (its parser, its arguments before the bad one, where it would write): the error comes from parsing
+# (the config's __post_init__), before any checkpoint is resolved or loaded and before anything is written
+FIELD_CHECKS = {
+    "eval": (
+        "sage_unsloth.eval.run",
+        ["configs/eval/tiny-cpu.yaml", "--checkpoints", "a/b"],
+        "--results_dir",
+    ),
+    "report": ("sage_unsloth.report.config", ["--results", "{tmp}"], "--out"),
+}
+
+
 @pytest.mark.parametrize(
-    "extra, expected",
+    "stage, extra, expected",
     [
-        (["--top_p", "0"], "top_p=0.0 must be in (0, 1]"),
-        (["--temperature", "-1"], "temperature=-1.0 must be >= 0 (0 = greedy)"),
+        ("eval", ["--top_p", "0"], "top_p=0.0 must be in (0, 1]"),
+        ("eval", ["--temperature", "-1"], "temperature=-1.0 must be >= 0 (0 = greedy)"),
         (
+            "eval",
             ["--max_tokens", "1024"],
             "max_tokens=1024, max_model_len=1024: need 1 <= max_tokens < max_model_len",
         ),
-        (["--limit", "0"], "limit=0 must be >= 1 (problems per benchmark; null for all)"),
-        (["--grading_workers", "0"], "grading_workers=0 must be >= 1 (null for one per core)"),
-        (["--gpu_memory_utilization", "1.5"], "gpu_memory_utilization=1.5 must be in (0, 1] (a fraction)"),
-        (["--problems_per_batch", "0"], "problems_per_batch=0 must be >= 1"),
-        (["--shard", "3/2"], "shard"),
+        ("eval", ["--limit", "0"], "limit=0 must be >= 1 (problems per benchmark; null for all)"),
+        ("eval", ["--grading_workers", "0"], "grading_workers=0 must be >= 1 (null for one per core)"),
+        (
+            "eval",
+            ["--gpu_memory_utilization", "1.5"],
+            "gpu_memory_utilization=1.5 must be in (0, 1] (a fraction)",
+        ),
+        ("eval", ["--problems_per_batch", "0"], "problems_per_batch=0 must be >= 1"),
+        ("eval", ["--shard", "3/2"], "shard"),
+        ("report", ["--pairs", "grpo:"], "--pairs: 'grpo:' names no run on one side"),
+        ("report", ["--pairs", "grpo-grpo_branch"], "is not 'run_a:run_b'"),
+        ("report", ["--wandb_entity", "me"], "wandb_entity is set without wandb_project"),
+        (
+            "report",
+            ["--pattern_samples_per_problem", "0"],
+            "pattern_samples_per_problem=0 must be >= 1 (null for all)",
+        ),
+        ("report", ["--resamples", "10"], "resamples=10 must be >= 100 (bootstrap resamples)"),
     ],
 )
-def test_eval_fields_are_checked_where_the_config_is_built(extra, expected, tmp_path, capsys):
-    # EvalConfig.__post_init__: the error comes from parsing, before any checkpoint is resolved or loaded
-    from sage_unsloth.eval.run import parse_args
+def test_stage_fields_are_checked_where_the_config_is_built(stage, extra, expected, tmp_path, capsys):
+    import importlib
 
-    argv = ["configs/eval/tiny-cpu.yaml", "--checkpoints", "a/b", *extra]
+    module, base, out = FIELD_CHECKS[stage]
+    argv = [a.format(tmp=tmp_path) for a in base] + extra
     with pytest.raises(ValueError) as caught:
-        parse_args(argv)
+        importlib.import_module(module).parse_args(argv)
     assert expected in str(caught.value) and "\n" not in str(caught.value), caught.value
-    line = _one_line_error(capsys, ["eval", *argv, "--results_dir", str(tmp_path / "r")])
+    line = _one_line_error(capsys, [stage, *argv, out, str(tmp_path / "r")])
     assert expected in line
     assert not (tmp_path / "r").exists()
 
@@ -303,26 +329,6 @@ def test_an_eval_config_without_checkpoints_is_valid_until_it_runs():
     with pytest.raises(ValueError, match="`checkpoints` is empty"):
         validate(cfg)
     assert validate(EvalConfig(checkpoints=["a/b"], n=8)) == [1, 2, 4, 8]
-
-
-@pytest.mark.parametrize(
-    "extra, expected",
-    [
-        (["--pairs", "grpo:"], "--pairs: 'grpo:' names no run on one side"),
-        (["--pairs", "grpo-grpo_branch"], "is not 'run_a:run_b'"),
-        (["--wandb_entity", "me"], "wandb_entity is set without wandb_project"),
-        (["--pattern_samples_per_problem", "0"], "pattern_samples_per_problem=0 must be >= 1 (null for all)"),
-        (["--resamples", "10"], "resamples=10 must be >= 100 (bootstrap resamples)"),
-    ],
-)
-def test_report_fields_are_checked_where_the_config_is_built(extra, expected, tmp_path, capsys):
-    from sage_unsloth.report.config import parse_args
-
-    with pytest.raises(ValueError, match=None) as caught:
-        parse_args(["--results", str(tmp_path), *extra])
-    assert expected in str(caught.value), caught.value
-    line = _one_line_error(capsys, ["report", "--results", str(tmp_path), *extra])
-    assert expected in line
 
 
 @pytest.mark.parametrize(
