@@ -165,10 +165,30 @@ def varied_reward(monkeypatch):
 MODEL_FIXTURES = {"tiny_model_dir", "sft_dir", "tiny_sweep", "hub_cache"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if getattr(config.option, "loadgroup", False):
+            group = worker_group(item)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def worker_group(item) -> str | None:
+    """Under `pytest -n N --dist loadgroup` (make test), the tests that must share one worker: a fixture
+    built once per worker is built once only if every test that uses it runs there. The tiny sweep's users
+    (test_sweep reruns and kills it, test_executors compares with it) form one group; a module's tests that
+    use a module- or class-scoped fixture (a trained run read by several tests) form one group per module.
+    Every other test goes to whichever worker is free; the cheap session fixtures (the tiny model, the SFT
+    folder, the hub cache) are built once per worker."""
+    if "tiny_sweep" in item.fixturenames:
+        return "tiny_sweep"
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d.scope in ("module", "class") for chain in defs.values() for d in chain):
+        return item.nodeid.split("::")[0]
+    return None
 
 
 @pytest.fixture

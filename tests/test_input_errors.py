@@ -10,8 +10,6 @@ from sage_unsloth.config_args import ConfigError
 
 TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
 TINY_SFT = "configs/sft/tiny-cpu.yaml"
-# past the no-GPU refusal of backend=unsloth, which comes first (before parsing) on a CPU-only machine
-PAST_NO_GPU = ("--unsloth_without_gpu", "true")
 
 
 @pytest.fixture
@@ -38,86 +36,67 @@ def _one_line_error(capsys, argv) -> str:
     return err[0]
 
 
-@pytest.mark.parametrize(
-    "extra, expected",
-    [
-        (["--beta", "-0.1"], "beta=-0.1 must be >= 0 (the KL coefficient; paper: 0.05; 0 = no KL)"),
-        (["--learning_rate", "-1"], "learning_rate=-1.0 must be > 0"),
-        (
-            ["--model_name_or_path", "/nonexistent/model"],
-            "model_name_or_path='/nonexistent/model' is neither an existing",
-        ),
-        (
-            ["--kl_estimator", "k2", "--backend", "unsloth", *PAST_NO_GPU],
-            "kl_estimator='k2' is not expressible as a shifted reference",
-        ),
-        (
-            ["--dynamic_sampling", "true", "--backend", "unsloth", *PAST_NO_GPU],
-            "dynamic_sampling merges rollouts in TRL's layout",
-        ),
-        (["--beta", "abc"], "--beta abc: not a number; e.g. --beta 0.05"),
-        (["--use_vllm", "maybe"], "--use_vllm maybe: not true or false"),
-        (["--betaa", "0.1"], "unknown flag --betaa: did you mean '--beta'?"),
-        (["--max_step", "3"], "unknown flag --max_step: did you mean '--max_steps'?"),  # no abbreviations
-        (["--learning_rate", "-1e-5"], "learning_rate=-1e-05 must be > 0"),  # e-notation is a number
-        (["--sage_guide", "brnach"], "sage_guide='brnach' is unknown: did you mean 'branch'?"),
-        (["--anchor", "sftt"], "anchor='sftt' is unknown: did you mean 'sft'?"),
-        (
-            ["--num_train_epochs", "-1", "--max_steps", "-1"],
-            "max_steps=-1, num_train_epochs=-1.0: nothing to train",
-        ),
-        # the TRL / PEFT fields a user commonly sets (issue 25)
-        (["--num_generations", "0"], "num_generations=0 must be >= 2"),
-        (["--num_generations", "1"], "num_generations=1 must be >= 2"),
-        (["--num_generations", "3"], "of 4 rollouts (generation_batch_size"),  # 4 % 3: a partial group
-        (
-            ["--generation_batch_size", "6"],
-            "generation_batch_size=6 must be a multiple of per_device_train_batch_size x processes = 4",
-        ),
-        (["--steps_per_generation", "2"], "generation_batch_size=4 and steps_per_generation=2 are both set"),
-        (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be >= 1"),
-        (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps=0 must be >= 1"),
-        (["--num_iterations", "0"], "num_iterations=0 must be >= 1"),
-        (["--temperature", "-1"], "temperature=-1.0 must be > 0"),
-        (["--temperature", "0"], "temperature=0.0 must be > 0"),
-        (["--top_p", "0"], "top_p=0.0 must be in (0, 1]"),
-        (["--top_p", "1.5"], "top_p=1.5 must be in (0, 1]"),
-        (["--min_p", "1"], "min_p=1.0 must be in [0, 1)"),
-        (["--min_p", "-0.1"], "min_p=-0.1 must be in [0, 1)"),
-        (["--epsilon", "-0.2"], "epsilon=-0.2 must be > 0"),
-        (["--epsilon_high", "0.1"], "epsilon_high=0.1 must be >= epsilon=0.2"),
-        (["--max_completion_length", "0"], "max_completion_length=0 must be >= 1"),
-        (
-            ["--max_seq_length", "64", "--max_completion_length", "64"],
-            "max_completion_length=64 leaves no room for a prompt in the 64-token context",
-        ),
-        (
-            ["--max_seq_length", "64", "--max_prompt_length", "60"],
-            "max_prompt_length=60 + max_completion_length=16 exceeds the 64-token context",
-        ),
-        (["--learning_rate", "inf"], "learning_rate=inf must be > 0 and finite"),
-        (["--learning_rate", "nan"], "learning_rate=nan must be > 0 and finite"),
-        (["--save_steps", "0"], "save_steps=0.0 must be > 0"),
-        (["--logging_steps", "0"], "logging_steps=0.0 must be > 0"),
-        (["--lora_r", "0"], "lora_r=0 must be >= 1"),
-        (["--lora_alpha", "0"], "lora_alpha=0 must be > 0"),
-        (["--seed", "-1"], "seed=-1 must be in [0, 2**32)"),
-        (["--warmup_steps", "-1"], "warmup_steps=-1.0 must be >= 0"),
-        (["--weight_decay", "-1"], "weight_decay=-1.0 must be >= 0"),
-        (["--dataloader_num_workers", "-1"], "dataloader_num_workers=-1 must be >= 0"),
-        (["--sage_gamma", "-0.3"], "sage_gamma=-0.3 must be >= 0"),
-        (["--sage_q_max", "inf"], "sage_q_max=inf must be >= 0 and finite"),
-        (["--sage_tau", "nan"], "sage_tau=nan must be finite"),
-        (["--sage_sigma_upper", "-1"], "sage_sigma_upper=-1.0 must be >= 0"),
-        (["--sage_eps_upper", "2"], "sage_eps_upper=2.0 must be in [0, 1] (a token probability)"),
-        (["--sage_schedule_decay", "0"], "sage_schedule_decay=0.0 must be in (0, 1]"),
-    ],
-)
+# the bad flags and values | what the one line says (the TRL / PEFT fields a user commonly sets: issue 25;
+# no abbreviations: --max_step; e-notation is a number: -1e-5; 4 % 3 rollouts: a partial group; backend=unsloth
+# with --unsloth_without_gpu true: past the no-GPU refusal, which comes first on a CPU-only machine)
+RLVR_CASES = """
+--beta -0.1 | beta=-0.1 must be >= 0 (the KL coefficient; paper: 0.05; 0 = no KL)
+--learning_rate -1 | learning_rate=-1.0 must be > 0
+--model_name_or_path /nonexistent/model | model_name_or_path='/nonexistent/model' is neither an existing
+--kl_estimator k2 --backend unsloth --unsloth_without_gpu true | kl_estimator='k2' is not expressible as a shifted reference
+--dynamic_sampling true --backend unsloth --unsloth_without_gpu true | dynamic_sampling merges rollouts in TRL's layout
+--beta abc | --beta abc: not a number; e.g. --beta 0.05
+--use_vllm maybe | --use_vllm maybe: not true or false
+--betaa 0.1 | unknown flag --betaa: did you mean '--beta'?
+--max_step 3 | unknown flag --max_step: did you mean '--max_steps'?
+--learning_rate -1e-5 | learning_rate=-1e-05 must be > 0
+--sage_guide brnach | sage_guide='brnach' is unknown: did you mean 'branch'?
+--anchor sftt | anchor='sftt' is unknown: did you mean 'sft'?
+--num_train_epochs -1 --max_steps -1 | max_steps=-1, num_train_epochs=-1.0: nothing to train
+--num_generations 0 | num_generations=0 must be >= 2
+--num_generations 1 | num_generations=1 must be >= 2
+--num_generations 3 | of 4 rollouts (generation_batch_size
+--generation_batch_size 6 | generation_batch_size=6 must be a multiple of per_device_train_batch_size x processes = 4
+--steps_per_generation 2 | generation_batch_size=4 and steps_per_generation=2 are both set
+--per_device_train_batch_size 0 | per_device_train_batch_size=0 must be >= 1
+--gradient_accumulation_steps 0 | gradient_accumulation_steps=0 must be >= 1
+--num_iterations 0 | num_iterations=0 must be >= 1
+--temperature -1 | temperature=-1.0 must be > 0
+--temperature 0 | temperature=0.0 must be > 0
+--top_p 0 | top_p=0.0 must be in (0, 1]
+--top_p 1.5 | top_p=1.5 must be in (0, 1]
+--min_p 1 | min_p=1.0 must be in [0, 1)
+--min_p -0.1 | min_p=-0.1 must be in [0, 1)
+--epsilon -0.2 | epsilon=-0.2 must be > 0
+--epsilon_high 0.1 | epsilon_high=0.1 must be >= epsilon=0.2
+--max_completion_length 0 | max_completion_length=0 must be >= 1
+--max_seq_length 64 --max_completion_length 64 | max_completion_length=64 leaves no room for a prompt in the 64-token context
+--max_seq_length 64 --max_prompt_length 60 | max_prompt_length=60 + max_completion_length=16 exceeds the 64-token context
+--learning_rate inf | learning_rate=inf must be > 0 and finite
+--learning_rate nan | learning_rate=nan must be > 0 and finite
+--save_steps 0 | save_steps=0.0 must be > 0
+--logging_steps 0 | logging_steps=0.0 must be > 0
+--lora_r 0 | lora_r=0 must be >= 1
+--lora_alpha 0 | lora_alpha=0 must be > 0
+--seed -1 | seed=-1 must be in [0, 2**32)
+--warmup_steps -1 | warmup_steps=-1.0 must be >= 0
+--weight_decay -1 | weight_decay=-1.0 must be >= 0
+--dataloader_num_workers -1 | dataloader_num_workers=-1 must be >= 0
+--sage_gamma -0.3 | sage_gamma=-0.3 must be >= 0
+--sage_q_max inf | sage_q_max=inf must be >= 0 and finite
+--sage_tau nan | sage_tau=nan must be finite
+--sage_sigma_upper -1 | sage_sigma_upper=-1.0 must be >= 0
+--sage_eps_upper 2 | sage_eps_upper=2.0 must be in [0, 1] (a token probability)
+--sage_schedule_decay 0 | sage_schedule_decay=0.0 must be in (0, 1]
+"""
+
+
+@pytest.mark.parametrize("flags, expected", [line.split(" | ") for line in RLVR_CASES.strip().splitlines()])
 def test_rlvr_bad_input_is_one_line_before_loading(
-    extra, expected, sft_dir, tmp_path, capsys, no_model_loads
+    flags, expected, sft_dir, tmp_path, capsys, no_model_loads
 ):
     line = _one_line_error(
-        capsys, ["rlvr", TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(tmp_path), *extra]
+        capsys, ["rlvr", TINY_GRPO, "--sft_dir", str(sft_dir), "--output_root", str(tmp_path), *flags.split()]
     )
     assert line.startswith("error: ") and expected in line, line
     assert not any(tmp_path.iterdir())  # nothing written
@@ -278,41 +257,32 @@ FIELD_CHECKS = {
 }
 
 
+# stage | the bad flag and value | what its one line says
+FIELD_CASES = """
+eval | --top_p 0 | top_p=0.0 must be in (0, 1]
+eval | --temperature -1 | temperature=-1.0 must be >= 0 (0 = greedy)
+eval | --max_tokens 1024 | max_tokens=1024, max_model_len=1024: need 1 <= max_tokens < max_model_len
+eval | --limit 0 | limit=0 must be >= 1 (problems per benchmark; null for all)
+eval | --grading_workers 0 | grading_workers=0 must be >= 1 (null for one per core)
+eval | --gpu_memory_utilization 1.5 | gpu_memory_utilization=1.5 must be in (0, 1] (a fraction)
+eval | --problems_per_batch 0 | problems_per_batch=0 must be >= 1
+eval | --shard 3/2 | shard
+report | --pairs grpo: | --pairs: 'grpo:' names no run on one side
+report | --pairs grpo-grpo_branch | is not 'run_a:run_b'
+report | --wandb_entity me | wandb_entity is set without wandb_project
+report | --pattern_samples_per_problem 0 | pattern_samples_per_problem=0 must be >= 1 (null for all)
+report | --resamples 10 | resamples=10 must be >= 100 (bootstrap resamples)
+"""
+
+
 @pytest.mark.parametrize(
-    "stage, extra, expected",
-    [
-        ("eval", ["--top_p", "0"], "top_p=0.0 must be in (0, 1]"),
-        ("eval", ["--temperature", "-1"], "temperature=-1.0 must be >= 0 (0 = greedy)"),
-        (
-            "eval",
-            ["--max_tokens", "1024"],
-            "max_tokens=1024, max_model_len=1024: need 1 <= max_tokens < max_model_len",
-        ),
-        ("eval", ["--limit", "0"], "limit=0 must be >= 1 (problems per benchmark; null for all)"),
-        ("eval", ["--grading_workers", "0"], "grading_workers=0 must be >= 1 (null for one per core)"),
-        (
-            "eval",
-            ["--gpu_memory_utilization", "1.5"],
-            "gpu_memory_utilization=1.5 must be in (0, 1] (a fraction)",
-        ),
-        ("eval", ["--problems_per_batch", "0"], "problems_per_batch=0 must be >= 1"),
-        ("eval", ["--shard", "3/2"], "shard"),
-        ("report", ["--pairs", "grpo:"], "--pairs: 'grpo:' names no run on one side"),
-        ("report", ["--pairs", "grpo-grpo_branch"], "is not 'run_a:run_b'"),
-        ("report", ["--wandb_entity", "me"], "wandb_entity is set without wandb_project"),
-        (
-            "report",
-            ["--pattern_samples_per_problem", "0"],
-            "pattern_samples_per_problem=0 must be >= 1 (null for all)",
-        ),
-        ("report", ["--resamples", "10"], "resamples=10 must be >= 100 (bootstrap resamples)"),
-    ],
+    "stage, flag, expected", [line.split(" | ") for line in FIELD_CASES.strip().splitlines()]
 )
-def test_stage_fields_are_checked_where_the_config_is_built(stage, extra, expected, tmp_path, capsys):
+def test_stage_fields_are_checked_where_the_config_is_built(stage, flag, expected, tmp_path, capsys):
     import importlib
 
     module, base, out = FIELD_CHECKS[stage]
-    argv = [a.format(tmp=tmp_path) for a in base] + extra
+    argv = [a.format(tmp=tmp_path) for a in base] + flag.split()
     with pytest.raises(ValueError) as caught:
         importlib.import_module(module).parse_args(argv)
     assert expected in str(caught.value) and "\n" not in str(caught.value), caught.value
