@@ -9,11 +9,17 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # as sage_unsloth/__init__.py, before any test imports torch
 
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Test files live in one folder per area of the package (tests/README.md) and import each other and the
+# helpers in tests/support/ by module name: every folder of tests/ is on sys.path (test file names are unique).
+for _folder in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir()):
+    if _folder.name not in {"fixtures", "data", "__pycache__"} and str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 @pytest.fixture(scope="session")
