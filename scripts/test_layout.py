@@ -238,6 +238,12 @@ def rewrite_helper_paths(rel: str) -> None:
         )
         text = text.replace(f'"tests" / "{helper}.py"', f'"tests" / "support" / "{helper}.py"')
     text = text.replace('str(REPO / "tests")]', 'str(REPO / "tests" / "support")]')
+    names = (
+        renamed_modules()
+    )  # `from tests.test_x import` (tests/ as a package): by module name, as the others
+    text = re.sub(
+        r"\bfrom tests\.(\w+) import", lambda m: f"from {names.get(m.group(1), m.group(1))} import", text
+    )
     path.write_text(text)
 
 
