@@ -276,6 +276,14 @@ def rewrite_references(mapping: dict[str, str]) -> list[str]:
     return changed
 
 
+def tidy(paths: list[str]) -> None:
+    """Imports sorted and lines wrapped again where a rewrite moved them (the kit's ruff, when it is there)."""
+    ruff = REPO / ".venv" / "bin" / "ruff"
+    ruff_cmd = [str(ruff)] if ruff.exists() else [sys.executable, "-m", "ruff"]
+    for args in (["check", "--select", "I", "--fix", "--quiet"], ["format", "--quiet"]):
+        subprocess.run([*ruff_cmd, *args, *paths], cwd=REPO, check=False)
+
+
 def unplaced() -> list[str]:
     placed = set(moves().values()) | {"tests/conftest.py"}
     return sorted(
@@ -300,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 rewrite_helper_paths(rel)
         for rel in rewrite_references(moves()):
             print(f"rewrote paths in {rel}")
+        tidy([rel for rel in moves().values() if (REPO / rel).is_file()])
         print(f"moved {len(mapping)} files")
     missing = unplaced()
     for rel in missing:
