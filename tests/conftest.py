@@ -8,6 +8,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # as sage_unsloth/__init__.py, before any test imports torch
+# make test: N xdist workers share the cores, so each torch gets its share (before torch loads); N pools of
+# all the cores' threads would spin against each other
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+    os.environ.setdefault("MKL_NUM_THREADS", _threads)
 
 import sys
 from pathlib import Path

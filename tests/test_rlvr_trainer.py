@@ -508,16 +508,11 @@ def test_unsloth_conflicts_are_refused_by_the_config_on_any_machine_and_by_the_t
     only for a patched class it subclasses without such a config (a patched base built by hand)."""
     from types import SimpleNamespace
 
+    from unsloth_cpu import unsloth_config_fields
+
     from sage_unsloth.rlvr import config as rlvr_config
 
-    common = {
-        "output_dir": str(tmp_path),
-        "report_to": "none",
-        "backend": "unsloth",
-        "bf16": False,
-        "use_cpu": True,
-        **overrides,
-    }
+    common = unsloth_config_fields(tmp_path, **overrides)
     with pytest.raises(ValueError) as error:
         rlvr_config.SageGRPOConfig(**common)
     message = str(error.value)

@@ -109,15 +109,9 @@ def test_gpu_unsloth_config_expects_branch_q_in_the_loss_and_warns_for_the_token
     from sage_unsloth.rlvr import config as rlvr_config
 
     monkeypatch.setattr(rlvr_config, "_cuda_available", lambda: True)
-    common = {
-        "output_dir": str(tmp_path),
-        "report_to": "none",
-        "backend": "unsloth",
-        "bf16": False,
-        "use_cpu": True,
-        "per_device_train_batch_size": 8,
-        "generation_batch_size": 16,
-    }
+    from unsloth_cpu import unsloth_config_fields
+
+    common = unsloth_config_fields(tmp_path, per_device_train_batch_size=8, generation_batch_size=16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         branch = rlvr_config.SageGRPOConfig(**common, sage_guide="branch")

@@ -15,6 +15,18 @@ FORCED_UNSLOTH_ENV = {
 }
 
 
+def unsloth_config_fields(output_dir: Path, **fields) -> dict:
+    """SageGRPOConfig keyword arguments of a backend=unsloth run configured on this CPU machine, plus ``fields``."""
+    return {
+        "output_dir": str(output_dir),
+        "report_to": "none",
+        "backend": "unsloth",
+        "bf16": False,
+        "use_cpu": True,
+        **fields,
+    }
+
+
 def run_forced_unsloth(source: str, name: str, model_dir: Path, tmp_path: Path, timeout: int):
     """Write ``source`` to tmp_path/name and run it on ``model_dir``; it must exit 0 and print CANARY-OK.
 
