@@ -419,7 +419,10 @@ def test_timeouts_are_retried_at_the_end_and_unresolved_ones_counted(tmp_path, t
         )
     )
     stats = json.loads((hopeless / "manifest.json").read_text())["grading"]
-    assert stats["unresolved"] >= stats["timeouts"] > 0  # counted in the manifest (the report shows it)
+    # counted in the manifest (the report shows it); a retried pair can finish between two ticks of the
+    # deadline's timer even at 1e-6 s (how fast depends on what this process has cached, so on which tests ran
+    # before in it: 3 timeouts, 2 unresolved under pytest-xdist), so not every timeout need stay unresolved
+    assert stats["timeouts"] >= stats["unresolved"] > 0
     statuses = [
         c["status"]
         for path in Path(tmp_path / "h" / "o").rglob("chunk_*.jsonl.gz")
