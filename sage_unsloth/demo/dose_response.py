@@ -9,7 +9,7 @@ a plug-in guide by its file and function name), ``tau`` and ``gamma`` (branch gu
 ``lab/dose_response.csv`` per method, ``lab/dose_response.png`` plots pass@1 against net support.
 
 Intervals: :func:`interval`, the one place that names the lab's interval function (today
-sage_unsloth.demo.intervals.estimate over (seeds, problems): Student t over the seed-level means); net support is paired by seed against SFT
+sage_unsloth.report.intervals.estimate over (seeds, problems): Student t over the seed-level means); net support is paired by seed against SFT
 (compare.paired_values).
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .. import layout
-from . import compare, intervals
+from ..report import compare, intervals
 
 KNOBS = ("beta", "tau", "gamma", "q_max", "guide")
 EXTRA_KNOBS = ("kl_estimator", "kl_placement", "guide_args")
@@ -36,7 +36,7 @@ def interval(
     values: np.ndarray, *, stream: str, bounds: tuple[float, float] | None = None, **stats
 ) -> tuple[float, float, float]:
     """(mean, low, high) of ``values`` (seeds, problems): the lab's interval (one line to change): the
-    t-interval over seeds, a problem bootstrap with one seed (sage_unsloth/demo/intervals.py), kept inside
+    t-interval over seeds, a problem bootstrap with one seed (sage_unsloth/report/intervals.py), kept inside
     ``bounds`` (a share: [0, 1]; a difference of shares: [-1, 1])."""
     return intervals.estimate(values, bounds=bounds, **stats).triple()
 

@@ -8,8 +8,8 @@ intervals), ``pairs.csv`` (paired differences: the family of comparisons, with p
 seeds_for_0.015), ``outcome.md`` (the outcome paragraph and table, from pairs.csv: demo/outcome.py),
 ``support.csv`` (support against SFT per method), ``plans.csv`` (plan shares per method), ``runs.csv`` (one
 row per run), ``reference.csv`` (this run against the reference) and ``summary.txt`` (the console lines);
-its section is appended to ``R/report.md``. Statistics: sage_unsloth.demo.compare and
-sage_unsloth.demo.intervals (docs/lab.md, "Intervals and power"). An empty or missing result is an error
+its section is appended to ``R/report.md``. Statistics: stage 4's multi-seed mode, sage_unsloth.report.compare and
+sage_unsloth.report.intervals (docs/lab.md, "Intervals and power"). An empty or missing result is an error
 (exit 1), never a NaN row.
 """
 
@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from ..manifest import atomic_write_text
-from . import compare, dose_response, intervals, outcome, reproduce
+from ..report import compare, intervals
+from . import dose_response, outcome, reproduce
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
 from .data import EVAL_FILE, SPEC_FILE
 from .strategies import GROUPS, LABELS, MINORITY, PAIR_PLANS, PLAN_METRICS, markdown_table
@@ -408,7 +409,7 @@ def _intro_lines(s: LabSection, headline: list[str]) -> list[str]:
                 f"CIs: 95% Student t with {seeds - 1} degrees of freedom over the {seeds} seed-level means "
                 "(paired differences: per seed, the mean over the problems of A - B); the estimand is the mean "
                 "over this problem set, in expectation over training seeds and evaluation sampling "
-                '(sage_unsloth/demo/intervals.py, docs/lab.md "Intervals and power").'
+                '(sage_unsloth/report/intervals.py, docs/lab.md "Intervals and power").'
             )
             if seeds > 1
             else (

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sage_unsloth.report import bootstrap as bs
+from sage_unsloth.report import intervals
 from sage_unsloth.report.loading import RunResults
 from sage_unsloth.report.paper import DEFAULT_METHOD_PAIRS, PaperRow, map_run, paper_value
 from sage_unsloth.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, POOLED_AIME
@@ -73,7 +73,7 @@ CONSISTENCY_TOL = 1e-6
 
 @dataclass
 class BootstrapSettings:
-    resamples: int = bs.DEFAULT_RESAMPLES
+    resamples: int = intervals.DEFAULT_RESAMPLES
     seed: int = 0
     level: float = 0.95
 
@@ -128,8 +128,8 @@ def bootstrap_ci(run: RunResults, dataset: str, ks, settings: BootstrapSettings)
     if sets is None:
         return None
     per_set = [(name, values) for name, (_, values) in sets.items()]
-    samples = bs.stratified_average_samples(per_set, resamples=settings.resamples, seed=settings.seed)
-    low, high = bs.percentile_ci(samples, settings.level)
+    samples = intervals.stratified_average_samples(per_set, resamples=settings.resamples, seed=settings.seed)
+    low, high = intervals.percentile_ci(samples, settings.level)
     point = np.mean([values.mean(axis=0) for _, values in per_set], axis=0)
     return point, low, high
 
@@ -321,10 +321,10 @@ def _paired_difference(a: RunResults, b: RunResults, dataset: str, k: int | None
     aligned_a, aligned_b, n_common, note = _common_problems(sets_a, sets_b)
     if any(len(v) == 0 or np.isnan(v).any() for v in (*aligned_a.values(), *aligned_b.values())):
         return {**missing, "n_problems": n_common}
-    samples = bs.paired_difference_samples(
+    samples = intervals.paired_difference_samples(
         aligned_a, aligned_b, resamples=settings.resamples, seed=settings.seed
     )
-    low, high = bs.percentile_ci(samples, settings.level)
+    low, high = intervals.percentile_ci(samples, settings.level)
     diff = float(np.mean([aligned_a[n].mean() - aligned_b[n].mean() for n in aligned_a]))
     return {
         "diff": diff,

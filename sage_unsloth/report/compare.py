@@ -6,7 +6,7 @@ a seed-level paired difference has its own evaluation noise; result folders writ
 seedless ``sft`` run, which pairs with every seed (:func:`paired_runs`). Per run and problem the value is the unbiased pass@k (or a strategy share); a
 method's score is the mean over its seeds and the problems.
 
-Intervals: sage_unsloth.demo.intervals (``ci`` below): a t-interval with S - 1 degrees of freedom over the
+Intervals: sage_unsloth.report.intervals (``ci`` below): a t-interval with S - 1 degrees of freedom over the
 seed-level means (for a paired A - B: the seed-level paired differences), a problem bootstrap with one seed;
 the ``interval`` column of every table names which. Paired differences A - B pair the runs by seed (the
 same training seed, hence the same initial rollouts, and the same evaluation seed); against a seedless
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..report.support import SHARES, per_problem_shares
 from ..results import pass_at_k_matrix
 from . import intervals
+from .support import SHARES, per_problem_shares
 
 SEED_SUFFIX = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)$")
 REFERENCE_METHOD = "sft"
