@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sage_unsloth.report import intervals
+from sage_unsloth.report.compare import split_run
 from sage_unsloth.report.loading import RunResults
 from sage_unsloth.report.paper import DEFAULT_METHOD_PAIRS, PaperRow, map_run, paper_value
 from sage_unsloth.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, POOLED_AIME
@@ -246,13 +247,21 @@ def _select(runs: list[RunResults], ref: str) -> list[RunResults]:
     return [r for r in runs if ref in (r.name, r.run)]
 
 
+def _is_method(runs: list[RunResults], name: str) -> bool:
+    return any(split_run(r.run)[0] == name and split_run(r.run)[1] is not None for r in runs)
+
+
 def resolve_pairs(runs: list[RunResults], spec: str | None, mapping: dict | None = None):
     """[(run_a, run_b)] on the same model: from --pairs, else the default method pairs of the paper."""
     resolved = []
     if spec:
         for a_ref, b_ref in parse_pairs(spec):
             a_runs, b_runs = _select(runs, a_ref), _select(runs, b_ref)
-            missing = [ref for ref, found in ((a_ref, a_runs), (b_ref, b_runs)) if not found]
+            missing = [
+                ref
+                for ref, found in ((a_ref, a_runs), (b_ref, b_runs))
+                if not found and not _is_method(runs, ref)
+            ]  # a method's name (runs <method>_seed<N>) is a pair of the multi-seed mode (report/multi_seed.py)
             if missing:  # a pair the user asked for is never silently left out of the report
                 raise ValueError(
                     f"--pairs {a_ref}:{b_ref}: no run named {missing[0]!r} under the results folder "
