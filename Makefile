@@ -90,7 +90,7 @@ notebooks: install
 
 # The [gpu] extra resolved for Linux x86-64 and Python 3.11 (Colab, Kaggle, a GPU server), committed as
 # requirements/gpu-lock.txt: `pip install -r requirements/gpu-lock.txt` installs exactly that set. uv runs from a
-# throwaway environment of its own (.venv-lock), never from .venv or .venv-eval; tests/test_gpu_lock.py checks that
+# throwaway environment of its own (.venv-lock), never from .venv or .venv-eval; tests/kit/test_gpu_lock.py checks that
 # the lock and pyproject.toml agree. Needs PyPI; rerun after changing a pin.
 LOCK_VENV := .venv-lock
 gpu-lock:

@@ -2,11 +2,11 @@
 
 The SAGE logic (sage_unsloth/anchor.py, rlvr/trainer.py, rlvr/unsloth_hooks.py, rlvr/resume.py) reaches library
 internals only through the names and helpers below, so a version bump is checked here and in
-tests/test_compat.py (one test per row, run on the installed, pinned versions). Behavioural tests of the same
+tests/kit/test_compat.py (one test per row, run on the installed, pinned versions). Behavioural tests of the same
 contact (training through it) are named after the ``;``.
 
 ======================  ========================================================  ===================  ==========================================
-contact                 what the kit relies on                                    pinned               test (tests/test_compat.py; behaviour)
+contact                 what the kit relies on                                    pinned               test (tests/kit/test_compat.py; behaviour)
 ======================  ========================================================  ===================  ==========================================
 pins                    the versions below are the installed and declared ones    all                  test_pins_match_installed_and_declared
 triton_fallback         trl.trainer.utils._ChunkedLogProbFunction (None without   trl 1.15.0           test_triton_fallback_kernel;

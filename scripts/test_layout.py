@@ -100,6 +100,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_report_plots",
             "test_report_support",
             "test_report_wandb_log",
+            "test_report_multi_seed",
             "test_patterns",
         )
     },

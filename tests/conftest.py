@@ -75,7 +75,7 @@ HUB_IDS = ("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-1.5B")  # the presets' models, 
 def hub_cache(tiny_model_dir, tmp_path_factory) -> Path:
     """A Hugging Face hub cache (HF_HUB_CACHE layout) holding the tiny model under the presets' real hub ids, so
     that a stage reads `Qwen/Qwen2.5-Math-7B` the way it reads it on a GPU machine (offline: HF_HUB_OFFLINE=1).
-    Point HF_HUB_CACHE (and huggingface_hub.constants.HF_HUB_CACHE, in-process) at it: tests/test_hub_ids.py."""
+    Point HF_HUB_CACHE (and huggingface_hub.constants.HF_HUB_CACHE, in-process) at it: tests/cli/test_hub_ids.py."""
     import hashlib
     import shutil
 
@@ -92,7 +92,7 @@ def hub_cache(tiny_model_dir, tmp_path_factory) -> Path:
 TINY_SWEEP = REPO_ROOT / "configs" / "sweep" / "tiny-cpu.yaml"
 TINY_SWEEP_SEEDS = ("3407", "1")  # 2 configs x 2 seeds: a mean and sd per config in the summary
 # Credentials every tiny sweep carries (a flag in rlvr_args, a key in the environment: sweep_credentials) and
-# that no file it writes may hold (files_holding): tests/test_sweep.py, tests/test_executors.py.
+# that no file it writes may hold (files_holding): tests/sweep/test_sweep.py, tests/sweep/test_executors.py.
 HUB_TOKEN = "hf_SweepTokenThatNoFileMayHold0123456789"
 WANDB_KEY = "wandb-key-that-no-file-may-hold-0123456789"
 
@@ -147,8 +147,8 @@ def files_holding(root: Path, *secrets: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_sweep(sft_dir, tmp_path_factory):
-    """The tiny sweep run once on the local executor, shared by tests/test_sweep.py (which reruns, kills
-    and re-checks it) and tests/test_executors.py (whose other executors must give its summary numbers)."""
+    """The tiny sweep run once on the local executor, shared by tests/sweep/test_sweep.py (which reruns, kills
+    and re-checks it) and tests/sweep/test_executors.py (whose other executors must give its summary numbers)."""
     from sage_unsloth import sweep
 
     root = tmp_path_factory.mktemp("sweep")
