@@ -171,6 +171,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_metric_docs",
             "test_notebooks",
             "test_paper_sources",
+            "test_tests_layout",
         )
     },
 }
