@@ -19,20 +19,26 @@ def status(completion: str, gold) -> str:
     return grade(completion, gold).status
 
 
+def cases(table: str) -> list[tuple[str, ...]]:
+    """The rows of a case table: ``answer | gold | expected`` per line, as written (a raw string: one
+    backslash is one backslash); a line starting with # is a note."""
+    return [tuple(line.split(" | ")) for line in table.strip().splitlines() if not line.startswith("#")]
+
+
 # ----------------------------------------------------------------------------------------------- extraction
-@pytest.mark.parametrize(
-    "completion, gold, expected",
-    [
-        ("\\boxed{1}, \\boxed{2}, \\boxed{3}", "\\{1,2,3\\}", "correct"),
-        ("\\boxed{1} and \\boxed{2} and \\boxed{3}", "1, 2, 3", "correct"),
-        ("$$\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}$$", "(2, 2), (6, 2)", "correct"),
-        ("$$\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}$$", "(6, 2)", "wrong"),
-        ("\\boxed{1} papers and \\boxed{2} bins", "1, 2", "correct"),
-        ("\\( y_1 = \\boxed{x + 1} \\) and \\( y_2 = \\boxed{2x} \\)", "y_1 = x + 1, y_2 = 2x", "correct"),
-        # a sentence between two boxes: the model corrected itself, the last box is its answer
-        ("First \\boxed{4}. Checking again, the count is \\boxed{5}.", "5", "correct"),
-    ],
-)
+SEVERAL_BOXES_OF = r"""
+\boxed{1}, \boxed{2}, \boxed{3} | \{1,2,3\} | correct
+\boxed{1} and \boxed{2} and \boxed{3} | 1, 2, 3 | correct
+$$\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}$$ | (2, 2), (6, 2) | correct
+$$\boxed{(2, 2)} \quad \text{and} \quad \boxed{(6, 2)}$$ | (6, 2) | wrong
+\boxed{1} papers and \boxed{2} bins | 1, 2 | correct
+\( y_1 = \boxed{x + 1} \) and \( y_2 = \boxed{2x} \) | y_1 = x + 1, y_2 = 2x | correct
+# a sentence between two boxes: the model corrected itself, the last box is its answer
+First \boxed{4}. Checking again, the count is \boxed{5}. | 5 | correct
+"""
+
+
+@pytest.mark.parametrize("completion, gold, expected", cases(SEVERAL_BOXES_OF))
 def test_several_boxes_of_one_answer_are_graded_together(completion, gold, expected):
     assert status(completion, gold) == expected
 
@@ -50,26 +56,22 @@ def test_text_after_the_end_of_the_turn_is_not_the_answer():
 
 
 # ----------------------------------------------------------------------------------------------- prose
-@pytest.mark.parametrize(
-    "answer, gold, expected",
-    [
-        ("Final Answer: The largest $n$ is 34.", "34", "correct"),
-        ("The largest $n$ is 34.", "n", "wrong"),
-        ("the number is not 10 which is 1,000.99", "1000.99", "correct"),
-        ("the number is not 10 which is 1,000.99", "10", "wrong"),
-        ("not it's not 10 it's 12", "12", "correct"),
-        ("Therefore, there are 12 sequences.", "12", "correct"),
-        ("Hence, we get $x = 5$.", "5", "correct"),
-        ("We find $y = 2$. Therefore, the answer is $x = 5$.", "2", "wrong"),
-        ("When multiplying by identity: $\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}$", "1", "wrong"),
-        ("Here is a zero matrix: $\\begin{pmatrix}0 & 0 \\\\ 0 & 0\\end{pmatrix}$", "0", "wrong"),
-        (
-            "Here is a zero matrix: $\\begin{pmatrix}0 & 0 \\\\ 0 & 0\\end{pmatrix}$",
-            "\\begin{pmatrix}0 & 0 \\\\ 0 & 0\\end{pmatrix}",
-            "correct",
-        ),
-    ],
-)
+AN_ANSWER_READ = r"""
+Final Answer: The largest $n$ is 34. | 34 | correct
+The largest $n$ is 34. | n | wrong
+the number is not 10 which is 1,000.99 | 1000.99 | correct
+the number is not 10 which is 1,000.99 | 10 | wrong
+not it's not 10 it's 12 | 12 | correct
+Therefore, there are 12 sequences. | 12 | correct
+Hence, we get $x = 5$. | 5 | correct
+We find $y = 2$. Therefore, the answer is $x = 5$. | 2 | wrong
+When multiplying by identity: $\begin{pmatrix}1 & 0 \\ 0 & 1\end{pmatrix}$ | 1 | wrong
+Here is a zero matrix: $\begin{pmatrix}0 & 0 \\ 0 & 0\end{pmatrix}$ | 0 | wrong
+Here is a zero matrix: $\begin{pmatrix}0 & 0 \\ 0 & 0\end{pmatrix}$ | \begin{pmatrix}0 & 0 \\ 0 & 0\end{pmatrix} | correct
+"""
+
+
+@pytest.mark.parametrize("answer, gold, expected", cases(AN_ANSWER_READ))
 def test_an_answer_read_out_of_a_sentence(answer, gold, expected):
     assert status(solution(answer), gold) == expected
 
@@ -83,72 +85,74 @@ def test_a_list_joined_by_words_is_the_list():
     assert judge("p=-1,p=\\frac{16}{8}", "p = -1 \\text{ and } p = \\dfrac{15}{8}") == "wrong"
 
 
-@pytest.mark.parametrize(
-    "answer, gold, expected",
-    [
-        ("\\frac{14}{3} \\approx 4.67", "\\frac{14}{3}", "correct"),
-        ("\\frac{14}{3} \\approx 4.67", "4.67", "correct"),
-        ("\\frac{13}{3} \\approx 4.67", "\\frac{14}{3}", "wrong"),
-        ("x = 5+5+1 = 1/3 \\approx 11", "x = 1/3", "correct"),
-        ("x=1/3\\approx1.3", "\\frac{1}{3}", "correct"),
-        ("L \\approx 4.5 \\times 10^{33}", "4.5e33", "correct"),  # a name before the sign: the value after
-    ],
-)
+AN_EXACT_VALUE = r"""
+\frac{14}{3} \approx 4.67 | \frac{14}{3} | correct
+\frac{14}{3} \approx 4.67 | 4.67 | correct
+\frac{13}{3} \approx 4.67 | \frac{14}{3} | wrong
+x = 5+5+1 = 1/3 \approx 11 | x = 1/3 | correct
+x=1/3\approx1.3 | \frac{1}{3} | correct
+L \approx 4.5 \times 10^{33} | 4.5e33 | correct
+# a name before the sign: the value after
+"""
+
+
+@pytest.mark.parametrize("answer, gold, expected", cases(AN_EXACT_VALUE))
 def test_an_exact_value_before_its_approximation_is_the_value(answer, gold, expected):
     assert judge(answer, gold) == expected
 
 
-@pytest.mark.parametrize(
-    "answer, gold, expected",
-    [
-        ("E'", "E", "wrong"),
-        ("E", "E'", "wrong"),
-        ("f'(x)", "f(x)", "wrong"),
-        ("f'(x)", "f^{\\prime}(x)", "correct"),
-        ("E'", "E'", "correct"),
-    ],
-)
+A_PRIME_IS = r"""
+E' | E | wrong
+E | E' | wrong
+f'(x) | f(x) | wrong
+f'(x) | f^{\prime}(x) | correct
+E' | E' | correct
+"""
+
+
+@pytest.mark.parametrize("answer, gold, expected", cases(A_PRIME_IS))
 def test_a_prime_is_part_of_the_name(answer, gold, expected):
     assert judge(answer, gold) == expected
 
 
-@pytest.mark.parametrize(
-    "answer, gold, expected",
-    [
-        ("125\\textnormal{ miles}", "125", "correct"),
-        ("10", "10 square units", "correct"),
-        ("11", "10 square units", "wrong"),
-        ("10", "10 weeks", "correct"),
-        ("$125$", "$125$ miles", "correct"),
-        ("1 1/2", "\\frac{3}{2}", "correct"),
-        ("1 1/3", "\\frac{3}{2}", "wrong"),
-        ("\\cos 60^\\circ", "\\frac{1}{2}", "correct"),
-        ("\\sin(30^\\circ)", "\\frac{1}{2}", "correct"),
-        ("\\cos 30^\\circ", "\\frac{1}{2}", "wrong"),
-        ("1,000.99m^2", "1000.99", "correct"),
-        # a lone letter after a gold's number is a variable, not a unit
-        ("\\frac{37}{4}", "\\frac{37}{4} m", "wrong"),
-    ],
-)
+UNITS_MIXED_NUMBERS = r"""
+125\textnormal{ miles} | 125 | correct
+10 | 10 square units | correct
+11 | 10 square units | wrong
+10 | 10 weeks | correct
+$125$ | $125$ miles | correct
+1 1/2 | \frac{3}{2} | correct
+1 1/3 | \frac{3}{2} | wrong
+\cos 60^\circ | \frac{1}{2} | correct
+\sin(30^\circ) | \frac{1}{2} | correct
+\cos 30^\circ | \frac{1}{2} | wrong
+1,000.99m^2 | 1000.99 | correct
+# a lone letter after a gold's number is a variable, not a unit
+\frac{37}{4} | \frac{37}{4} m | wrong
+"""
+
+
+@pytest.mark.parametrize("answer, gold, expected", cases(UNITS_MIXED_NUMBERS))
 def test_units_mixed_numbers_and_degrees(answer, gold, expected):
     assert judge(answer, gold) == expected
 
 
 # ----------------------------------------------------------------------------------------------- text golds
-@pytest.mark.parametrize(
-    "answer, gold, expected",
-    [
-        ("The circle", "\\text{The circle}", "correct"),
-        ("circle", "\\text{The circle}", "correct"),
-        ("The parabola", "\\text{The circle}", "wrong"),
-        ("The answer is (C).", "C", "correct"),
-        ("\\text{(C)}", "C", "correct"),
-        ("C) 12", "C", "correct"),  # an option and its content, not the product C*12
-        ("C.", "C", "correct"),
-        ("C and D", "C", "wrong"),
-        ("(B)", "C", "wrong"),
-    ],
-)
+TEXT_AND_BARE = r"""
+The circle | \text{The circle} | correct
+circle | \text{The circle} | correct
+The parabola | \text{The circle} | wrong
+The answer is (C). | C | correct
+\text{(C)} | C | correct
+C) 12 | C | correct
+# an option and its content, not the product C*12
+C. | C | correct
+C and D | C | wrong
+(B) | C | wrong
+"""
+
+
+@pytest.mark.parametrize("answer, gold, expected", cases(TEXT_AND_BARE))
 def test_text_and_bare_letter_golds(answer, gold, expected):
     assert judge(answer, gold) == expected
 
