@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from test_rlvr_trainer import LOGIT_SCALE, PROMPTS, TARGETS, _build, _config, _policy_forward
+from test_rlvr_trainer import PROMPTS, _build, _config, _policy_forward
 
 from sage_unsloth.rlvr.trainer import concat_rollouts, importance_sampling_clipped_fraction
 
@@ -26,17 +26,6 @@ def _rows(prompts):
 
 @pytest.fixture(scope="module")
 def dapo_trainer(tiny_model_dir, tmp_path_factory):
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from sage_unsloth.rlvr.trainer import SageGRPOTrainer
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(LOGIT_SCALE)
     args = _config(
         tmp_path_factory.mktemp("dapo"),
         sage_guide="none",
@@ -48,16 +37,7 @@ def dapo_trainer(tiny_model_dir, tmp_path_factory):
         soft_overlong_punish_cache=4,
         dapo_normalizer="window",
     )
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS] * 4)
-    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS, init_lora_weights=False)
-    return SageGRPOTrainer(
-        model=model,
-        reward_funcs=_reward,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=lora,
-    )
+    return _build(tiny_model_dir, args, reward=_reward)  # this file's reward: one flat group
 
 
 def _generate(trainer, prompts, seed=1):

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 from test_rlvr_trainer import _build, _config, _lora_params, _policy_forward, _rollout, oracle_loss
-from unsloth_cpu import run_forced_unsloth
+from unsloth_cpu import FORCED_TRAINER_PREAMBLE, run_forced_unsloth
 
 BETA = 0.05
 
@@ -136,28 +136,11 @@ def test_reward_placement_takes_q_at_rollout_without_the_off_policy_warning(tmp_
         )
 
 
-UNSLOTH_REWARD_CANARY = r"""
-import math, sys, warnings
-warnings.simplefilter("ignore")
-from sage_unsloth.backend import import_unsloth
-import_unsloth()
-import unsloth.models.rl as unsloth_rl
-unsloth_rl._patch_trl_rl_trainers("grpo_trainer")  # private: rewrites TRL's GRPOTrainer as on a GPU
-import torch
-from datasets import Dataset
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from sage_unsloth.rlvr.config import SageGRPOConfig
-from sage_unsloth.rlvr.trainer import SageGRPOTrainer
-
-model_dir = sys.argv[1]
-tokenizer = AutoTokenizer.from_pretrained(model_dir)
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-model.for_training = model.for_inference = lambda *a, **k: None
+UNSLOTH_REWARD_CANARY = (
+    FORCED_TRAINER_PREAMBLE
+    + r"""
 model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
                                          init_lora_weights=False))
-prompts = ["What is 2+3?", "Compute the sum of the first ten odd positive integers, then double it."]
-dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts] * 4)
 args = SageGRPOConfig(output_dir="out", backend="trl", sage_guide="branch", sage_tau=0.0, max_steps=1,
                       sage_kl_placement="reward", per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=8, report_to="none", logging_steps=1, save_strategy="no", use_cpu=True,
@@ -200,6 +183,7 @@ moved = sum(not torch.equal(before[n], p) for n, p in model.named_parameters() i
 print("CHECK", checked["max_diff"], checked["max_adv"], moved, len(before))
 print("CANARY-OK")
 """
+)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from unsloth_cpu import run_forced_unsloth
+from unsloth_cpu import FORCED_TRAINER_PREAMBLE, run_forced_unsloth
 
 from sage_unsloth import compat
 from sage_unsloth.rlvr import taps
@@ -51,7 +51,7 @@ def _reward(completions, **kwargs):
     return [float(len(str(c)) % 5) for c in completions]
 
 
-def _build(tiny_model_dir, args, logit_scale: float = LOGIT_SCALE):
+def _build(tiny_model_dir, args, logit_scale: float = LOGIT_SCALE, reward=_reward):
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -69,7 +69,7 @@ def _build(tiny_model_dir, args, logit_scale: float = LOGIT_SCALE):
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS] * 4)
     return SageGRPOTrainer(
         model=model,
-        reward_funcs=_reward,
+        reward_funcs=reward,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -114,24 +114,11 @@ def _policy_forward(model, batch, disable_adapter=False):
     return log_probs.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1), log_probs
 
 
-def oracle_loss(
-    model,
-    batch,
-    raw_ref,
-    *,
-    loss_type,
-    beta,
-    estimator="k3",
-    guide=True,
-    eps=0.2,
-    gamma=0.3,
-    tau=1.2,
-    q_min=0.6,
-    q_max=1.4,
-    max_completion_length=12,
-):
+def oracle_loss(model, batch, raw_ref, *, loss_type, beta, estimator="k3", guide=True):
     """The paper's per-token objective written straight from the formula, q computed in the loss as the
     official code does: q = clip(1 + gamma relu(H - tau)), anchor ref + log q, k3, clipped surrogate."""
+    gamma, tau, q_min, q_max = 0.3, 1.2, 0.6, 1.4  # the paper's branch guide and the kit's default clip
+    eps, max_completion_length = 0.2, 12  # TRL's clip range; _config's completion budget
     mask = batch["completion_mask"].float()
     logp, log_probs = _policy_forward(model, batch)
     entropy = -(log_probs.exp() * log_probs).sum(-1).detach()
@@ -767,29 +754,12 @@ def test_zoo_dapo_normaliser_with_the_kits_num_items_rescale(branch_trainer, bra
 
 # --------------------------------------------------------------------- canary: Unsloth's patched trainer
 
-CANARY = r"""
-import os, sys, warnings
-warnings.simplefilter("ignore")
-from sage_unsloth.backend import import_unsloth
-import_unsloth()
-import unsloth.models.rl as unsloth_rl
-unsloth_rl._patch_trl_rl_trainers("grpo_trainer")  # private: rewrites TRL's GRPOTrainer as on a GPU
-import math, torch
-from datasets import Dataset
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from sage_unsloth.rlvr.config import SageGRPOConfig
+CANARY = (
+    FORCED_TRAINER_PREAMBLE
+    + r"""
 from sage_unsloth.compat import to_unsloth_layout
-from sage_unsloth.rlvr.trainer import SageGRPOTrainer
-
-model_dir = sys.argv[1]
-tokenizer = AutoTokenizer.from_pretrained(model_dir)
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-model.for_training = model.for_inference = lambda *a, **k: None  # FastLanguageModel's mode switches
 model._unsloth_user_float32 = True  # else Unsloth's loss autocasts this float32 model to fp16
 model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
-prompts = ["What is 2+3?", "Compute the sum of the first ten odd positive integers, then double it."]
-dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts] * 4)
 # tau = 0: every completion token gets q = q_max = 1.4, so the KL is known in closed form. q at rollout (the
 # path the token and random guides take under Unsloth), shifting the reference in Unsloth's layout.
 args = SageGRPOConfig(output_dir="out", backend="trl", sage_guide="branch", sage_tau=0.0, max_steps=1,
@@ -834,6 +804,7 @@ k3 = 1.4 - math.log(1.4) - 1
 assert abs(kl - k3) < 1e-4, (kl, k3)
 print("CANARY-OK", kl, k3)
 """
+)
 
 
 def test_canary_unsloth_patched_trainer_reads_the_shifted_reference(tiny_model_dir, tmp_path):

@@ -9,6 +9,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+# the tiny model's engine on CPU: a short context, a small memory share, no graph capture, float32
+TINY_ENGINE = {
+    "max_model_len": 1024,
+    "gpu_memory_utilization": 0.2,
+    "enforce_eager": True,
+    "dtype": "float32",
+}
+
 
 def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
     from sage_unsloth.eval.run import FAIL_AFTER_ENV, EvalConfig, evaluate_checkpoint, prepare
@@ -22,14 +30,11 @@ def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
         limit=3,
         n=3,
         max_tokens=16,
-        max_model_len=1024,
         backend=backend,
         seed=7,
         problems_per_batch=2,
-        gpu_memory_utilization=0.2,
-        enforce_eager=True,
-        dtype="float32",
         grading_workers=1,
+        **TINY_ENGINE,
         results_dir=str(work_dir / "results_a"),
         outputs_dir=str(work_dir / "outputs_a"),
     )

@@ -15,6 +15,32 @@ FORCED_UNSLOTH_ENV = {
 }
 
 
+# The opening of a script run by run_forced_unsloth: Unsloth's generated GRPO trainer forced onto the CPU, the
+# tiny model (sys.argv[1]) loaded in float32 with FastLanguageModel's mode switches stubbed out, and a dataset
+# of two prompts (a short one and a long one) four times each.
+FORCED_TRAINER_PREAMBLE = r"""
+import math, os, sys, warnings
+warnings.simplefilter("ignore")
+from sage_unsloth.backend import import_unsloth
+import_unsloth()
+import unsloth.models.rl as unsloth_rl
+unsloth_rl._patch_trl_rl_trainers("grpo_trainer")  # private: rewrites TRL's GRPOTrainer as on a GPU
+import torch
+from datasets import Dataset
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from sage_unsloth.rlvr.config import SageGRPOConfig
+from sage_unsloth.rlvr.trainer import SageGRPOTrainer
+
+model_dir = sys.argv[1]
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+model.for_training = model.for_inference = lambda *a, **k: None  # FastLanguageModel's mode switches
+prompts = ["What is 2+3?", "Compute the sum of the first ten odd positive integers, then double it."]
+dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts] * 4)
+"""
+
+
 def unsloth_config_fields(output_dir: Path, **fields) -> dict:
     """SageGRPOConfig keyword arguments of a backend=unsloth run configured on this CPU machine, plus ``fields``."""
     return {
