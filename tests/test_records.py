@@ -374,7 +374,7 @@ def test_the_name_rule_keeps_the_names_the_kit_makes():
 
     for name in (
         "sft",
-        "grpo_branch_s3407",
+        "grpo_branch_seed3407",
         "qwen2.5-math-7b",
         "grpo_branch-tau0.3-gamma2",
         "kk_logicrl",

@@ -52,8 +52,8 @@ class Step:
 
     @property
     def command(self) -> list[str]:
-        """The step's command without the interpreter: what its stamp records and its fingerprint hashes."""
-        return list(self.argv[1:])
+        """What the step's stamp records: its command without the interpreter (and its ``-m``)."""
+        return list(self.argv[2:] if self.argv[1:2] == ["-m"] else self.argv[1:])
 
 
 @dataclass
@@ -87,7 +87,7 @@ def code_digest(parts: tuple[str, ...]) -> str:
 
 def fingerprint(step: Step, upstream: dict[str, str]) -> str:
     payload = {
-        "argv": ["python", *step.command],
+        "argv": ["python", *step.argv[1:]],
         "configs": {str(p): _file_digest(p) for p in step.configs},
         "after": {name: upstream[name] for name in step.after},
     }
@@ -98,11 +98,15 @@ def fingerprint(step: Step, upstream: dict[str, str]) -> str:
 
 # ------------------------------------------------------------------------------------------- stamps
 def read_stamp(stamps: Path, name: str) -> dict | None:
+    """A step's stamp; None when there is none; ``{"damaged": PATH}`` when it cannot be read (never done)."""
+    path = stamps / f"{name}.json"
     try:
-        stamp = json.loads((stamps / f"{name}.json").read_text())
-    except (OSError, ValueError):
+        stamp = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         return None
-    return stamp if isinstance(stamp, dict) else None
+    except (OSError, ValueError):
+        return {"damaged": str(path)}
+    return stamp if isinstance(stamp, dict) and "damaged" not in stamp else {"damaged": str(path)}
 
 
 def write_stamp(stamps: Path, step: Step, fingerprint: str, **finished) -> None:
@@ -119,7 +123,7 @@ def write_stamp(stamps: Path, step: Step, fingerprint: str, **finished) -> None:
 def _same_inputs(stamp: dict | None, fingerprint: str, step: Step) -> bool:
     """Whether ``stamp`` was written for these inputs. A record from before fingerprints (the sweep's
     ``{"command": [...]}``) counts as the same inputs when it holds the same command: legacy, read only."""
-    if stamp is None:
+    if stamp is None or "damaged" in stamp:
         return False
     if "fingerprint" not in stamp:
         from sage_unsloth.credentials import redact_argv
@@ -160,8 +164,10 @@ def check_owned(step: Step, stamp: dict | None, fingerprint: str) -> None:
         return
     from sage_unsloth.credentials import redact_argv
 
+    if stamp is not None and "damaged" in stamp:
+        raise ValueError(f"{stamp['damaged']} is damaged: delete it and {written[0]}, then rerun")
     command = shlex.join(redact_argv(step.command))
-    recorded = (stamp or {}).get("command")
+    recorded = stamp.get("command") if stamp is not None else None
     if recorded is None:
         how = "by another driver or by hand"
     elif recorded != redact_argv(step.command):
