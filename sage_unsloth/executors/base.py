@@ -3,8 +3,8 @@
 picks from.
 
 An executor only decides *where* a command runs. Which jobs run, in which order, what counts as finished
-(the stage manifest), resume and the summary stay in the driver (sage_unsloth/sweep.py,
-sage_unsloth/demo/steps.py), so the semantics are the same on every executor.
+(the input fingerprint in a stamp beside complete outputs) and resume stay in the kit's one job graph
+(sage_unsloth/jobs), so the semantics are the same on every executor.
 """
 
 from __future__ import annotations
