@@ -543,23 +543,27 @@ def dry_run(cfg: SweepConfig, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """``sage-unsloth sweep``: 0 when every job finished, 1 when one failed (a rerun continues), 2 on bad input."""
     from sage_unsloth.config_schema import refuse_bad_input
 
-    if (code := refuse_bad_input("sweep", argv)) is not None:  # every bad input at once, before parsing
-        return code
+    argv = list(sys.argv[1:] if argv is None else argv)
+    refused = refuse_bad_input("sweep", argv)  # every bad input at once, before parsing
+    if refused is not None:
+        return refused
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = parse_args(argv)
-        if cfg.dry_run:
-            return dry_run(cfg, argv)
-        status, table = run(cfg)
+        return dry_run(cfg, argv) if cfg.dry_run else _finish(*run(cfg))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ExecutorUnavailable as exc:  # jobs already running were cancelled; a rerun continues
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _finish(status: dict[str, str], table: str) -> int:
+    """The summary table, and exit 1 naming the jobs not finished."""
     print(table, end="")
     failed = sorted(name for name, state in status.items() if state in ("failed", "blocked"))
     if failed:

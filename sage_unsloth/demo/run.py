@@ -319,11 +319,14 @@ LAB_CODE = (
 
 @dataclass(frozen=True)
 class DemoBudget:
-    pretrain_steps: int = 600
-    sft_steps: int = 300
-    rl_steps: int = 150
-    eval_problems: int = 100
-    eval_n: int = 64  # samples per problem
+    """What one lab spends: the steps of each stage, the evaluation's problems and samples, the seeds, methods,
+    data and draw (written to the results folder's demo_budget.json)."""
+
+    pretrain_steps: int = 600  # the base's pre-training, when it is not copied (sage_unsloth/demo/bases/)
+    sft_steps: int = 300  # stage 1
+    rl_steps: int = 150  # stage 2, every method and seed
+    eval_problems: int = 100  # stage 3: held-out problems ...
+    eval_n: int = 64  # ... and samples per problem
     kmax: int = 16  # the largest k the lab reports: eval_n >= 4 x kmax (--kmax; default eval_n / 4)
     seeds: tuple[int, ...] = (0,)  # RL training seeds (each run's evaluation is sampled with its seed)
     methods: tuple[str, ...] = DEFAULT_METHODS  # RL methods (names from METHODS or of `extra`)
@@ -336,11 +339,11 @@ class DemoBudget:
 
 
 FULL = DemoBudget()
-QUICK = DemoBudget(
+QUICK = DemoBudget(  # the CI smoke run: a few steps of every stage, and every method
     pretrain_steps=20,
     sft_steps=4,
     rl_steps=2,
-    eval_problems=6,
+    eval_problems=6,  # 6 problems x 8 samples: pass@k up to k = 2
     eval_n=8,
     kmax=2,
     methods=tuple(m.name for m in METHODS),  # the smoke run checks that every method runs

@@ -39,6 +39,14 @@ class Handle(Protocol):
         """Stop the job (a driver interrupted by Ctrl-C stops what it started)."""
 
 
+def cancel_quietly(cancel) -> None:
+    """Call a handle's ``cancel``: a job that already finished or is gone is no error (Ctrl-C stops what is left)."""
+    try:
+        cancel()
+    except Exception:  # noqa: BLE001, S110 - already finished or gone
+        pass
+
+
 class ExecutorUnavailable(RuntimeError):
     """The executor cannot take jobs: Ray did not start or is unreachable, sbatch refused a job (one line)."""
 
