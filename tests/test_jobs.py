@@ -98,7 +98,7 @@ def test_outputs_without_a_stamp_or_with_a_damaged_one_are_refused_for_a_kept_st
     with pytest.raises(ValueError, match="was written by another driver or by hand"):
         run([stage_step(tmp_path)], tmp_path)
     (tmp_path / "work" / "steps" / "train.json").write_text('{"fingerprint": ')
-    with pytest.raises(ValueError, match=r"train.json is damaged: delete it and .*train, then rerun"):
+    with pytest.raises(ValueError, match=r"train.json line 1 is damaged: delete it and .*train, then rerun"):
         run([stage_step(tmp_path)], tmp_path)
 
 

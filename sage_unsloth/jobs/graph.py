@@ -104,6 +104,8 @@ def read_stamp(stamps: Path, name: str) -> dict | None:
         stamp = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
+    except json.JSONDecodeError as exc:
+        return {"damaged": f"{path} line {exc.lineno}"}
     except (OSError, ValueError):
         return {"damaged": str(path)}
     return stamp if isinstance(stamp, dict) and "damaged" not in stamp else {"damaged": str(path)}
@@ -128,8 +130,14 @@ def _same_inputs(stamp: dict | None, fingerprint: str, step: Step) -> bool:
     if "fingerprint" not in stamp:
         from sage_unsloth.credentials import redact_argv
 
-        return stamp.get("command") == redact_argv(step.command)
+        return _recorded(stamp) == redact_argv(step.command)
     return stamp["fingerprint"] == fingerprint
+
+
+def _recorded(stamp: dict) -> list[str] | None:
+    """The command a stamp names, without a ``-m`` (the notebooks' records from before fingerprints kept it)."""
+    command = stamp.get("command")
+    return command[1:] if isinstance(command, list) and command[:1] == ["-m"] else command
 
 
 def output_complete(step: Step, output: Path) -> bool:
@@ -167,7 +175,7 @@ def check_owned(step: Step, stamp: dict | None, fingerprint: str) -> None:
     if stamp is not None and "damaged" in stamp:
         raise ValueError(f"{stamp['damaged']} is damaged: delete it and {written[0]}, then rerun")
     command = shlex.join(redact_argv(step.command))
-    recorded = stamp.get("command") if stamp is not None else None
+    recorded = _recorded(stamp) if stamp is not None else None
     if recorded is None:
         how = "by another driver or by hand"
     elif recorded != redact_argv(step.command):
@@ -179,15 +187,48 @@ def check_owned(step: Step, stamp: dict | None, fingerprint: str) -> None:
     )
 
 
-def remove_outputs(step: Step) -> None:
-    """Clear the way for a rerun: a step that keeps its outputs continues in them; any other's are deleted."""
+def prepare(step: Step, stamps: Path, fingerprint: str) -> None:
+    """Clear the way for a step about to run: a step that keeps its outputs continues in them, and its stamp
+    (without a finish time) claims them for these inputs; any other step's outputs and stamp are deleted."""
     if step.keep:
+        write_stamp(stamps, step, fingerprint)
         return
+    (stamps / f"{step.name}.json").unlink(missing_ok=True)
     for path in step.outputs:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
+
+
+def missing_outputs(step: Step) -> list[Path]:
+    """The outputs a step that exited 0 has not completed (then it failed all the same)."""
+    return [p for p in step.outputs if not output_complete(step, p)]
+
+
+def run_here(step: Step, fingerprint: str, stamps: Path, run, echo=print) -> bool:
+    """Run one step in this process's foreground with ``run()`` (a notebook cell streams its stage), under the
+    graph's done rule and stamps, without a scheduler; False when it was done. ``run`` raises on a failure."""
+    import datetime as _dt
+    import time
+
+    stamp = read_stamp(stamps, step.name)
+    if is_done(step, stamp, fingerprint):
+        echo(
+            f"[skip] {step.name}: finished before with the same inputs ({', '.join(map(str, step.outputs))})"
+        )
+        return False
+    check_owned(step, stamp, fingerprint)
+    prepare(step, stamps, fingerprint)
+    started = time.perf_counter()
+    run()
+    missing = missing_outputs(step)
+    if missing:
+        raise RuntimeError(f"{step.name} exited 0 but wrote no complete {missing[0]}: rerun it")
+    wall = round(time.perf_counter() - started, 1)
+    finished = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    write_stamp(stamps, step, fingerprint, wall_s=wall, cpu_s=0.0, threads=0, finished=finished)
+    return True
 
 
 def plan(steps: list[Step], stamps: Path) -> tuple[dict[str, str], set[str]]:

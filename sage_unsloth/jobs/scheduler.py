@@ -20,10 +20,10 @@ from sage_unsloth.jobs import cores
 from sage_unsloth.jobs.graph import (
     Step,
     StepRecord,
-    output_complete,
+    missing_outputs,
     plan,
+    prepare,
     read_stamp,
-    remove_outputs,
     write_stamp,
 )
 from sage_unsloth.jobs.progress import file_progress, progress_line, tail
@@ -122,11 +122,7 @@ class Scheduler:
 
     def _task(self, step: Step, slot: Slot, n_threads: int) -> Task:
         """Clear the way (sage_unsloth/jobs/graph.py), stamp a step that keeps its outputs, and say what runs."""
-        remove_outputs(step)
-        if step.keep:
-            write_stamp(self.stamps, step, self.fingerprints[step.name])
-        else:
-            (self.stamps / f"{step.name}.json").unlink(missing_ok=True)
+        prepare(step, self.stamps, self.fingerprints[step.name])
         log = (self.logs / f"{step.name}.log").resolve()
         label = f" ({step.label})" if step.label else ""
         where = f" on {slot.name}" if slot.name else ""
@@ -147,7 +143,7 @@ class Scheduler:
             self.free.append(item.slot)
             wall = round(time.perf_counter() - item.started, 1)
             cpu = float(getattr(item.handle, "cpu_s", 0.0))
-            missing = [p for p in item.step.outputs if not output_complete(item.step, p)]
+            missing = missing_outputs(item.step)
             if code != 0 or missing:
                 self._failed(item, f"exit {code}" if code != 0 else f"no {self.display(missing[0])}", wall)
                 continue
