@@ -54,7 +54,8 @@ def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
         assert row["status"] == "done"
     assert rows["grpo_seed3407"]["steps"] == rows["grpo_branch_seed3407"]["steps"] == "2"
     assert (
-        rows["grpo_branch_seed3407"]["config"] == "grpo_branch" and rows["grpo_branch_seed3407"]["seed"] == "3407"
+        rows["grpo_branch_seed3407"]["config"] == "grpo_branch"
+        and rows["grpo_branch_seed3407"]["seed"] == "3407"
     )
     run_dirs = sorted(p.name for p in (root / "outputs" / "tiny-cpu").glob("*/*_seed*") if p.is_dir())
     assert run_dirs == ["grpo_branch_seed1", "grpo_branch_seed3407", "grpo_seed1", "grpo_seed3407"]
@@ -78,7 +79,9 @@ def test_a_rerun_skips_every_finished_job(swept, monkeypatch, capsys):
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail(f"started {a[0]}"))
     assert sweep.main(argv) == 0
     out = capsys.readouterr().out
-    assert out.count("finished before with the same inputs, reused") == 2 * 2 * 2 + 1 + 1  # runs + evals, the SFT eval, report
+    assert (
+        out.count("finished before with the same inputs, reused") == 2 * 2 * 2 + 1 + 1
+    )  # runs + evals, the SFT eval, report
 
 
 def test_a_killed_run_resumes_and_what_reads_it_is_redone(swept, capsys):
@@ -93,11 +96,19 @@ def test_a_killed_run_resumes_and_what_reads_it_is_redone(swept, capsys):
     assert sweep._argv(jobs["grpo_seed3407"], slot, cfg)[-1] == "--resume"
     (run_dir / "manifest.json").write_bytes(manifest)
 
-    (jobs["eval_grpo_seed3407"].manifest_dir / "manifest.json").unlink()  # an evaluation killed before its CSVs
+    (
+        jobs["eval_grpo_seed3407"].manifest_dir / "manifest.json"
+    ).unlink()  # an evaluation killed before its CSVs
     assert sweep.main(argv) == 0
     out = capsys.readouterr().out
     assert "eval_grpo_seed3407: started" in out and "report: started" in out  # it, and what reads it
-    for name in ("grpo_seed3407", "grpo_branch_seed3407", "eval_grpo_branch_seed3407", "eval_grpo_seed1", "eval_sft"):
+    for name in (
+        "grpo_seed3407",
+        "grpo_branch_seed3407",
+        "eval_grpo_branch_seed3407",
+        "eval_grpo_seed1",
+        "eval_sft",
+    ):
         assert f"{name}: finished before with the same inputs, reused" in out
     log = (root / "outputs" / "tiny-cpu" / "logs" / "eval_grpo_seed3407.log").read_text()
     assert (
