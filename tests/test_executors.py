@@ -337,41 +337,23 @@ def test_the_lab_runner_runs_its_steps_through_an_executor(tmp_path):
     ]
     args = lab.parse_args(["--executor", "slurm", "--executor-settings", "{cluster: local, cpus_per_job: 1}"])
     executor = lab._executor(args, tmp_path / "work")
-    records = run_steps(
-        steps,
-        work=tmp_path / "work",
-        jobs=2,
-        threads=1,
-        echo=lambda line: None,
-        executor=executor,
-        **lab.LAB_RUN,
-    )
+
+    def run(steps, jobs=2):  # as the lab runs its steps, on this executor
+        work = tmp_path / "work"
+        return run_steps(
+            steps, work=work, jobs=jobs, threads=1, echo=lambda line: None, executor=executor, **lab.LAB_RUN
+        )
+
+    records = run(steps)
     assert [r.status for r in records] == ["ran", "ran"] and b.read_text() == "12"
     assert list(
         (tmp_path / "work" / "executor" / "slurm").glob("*/*_submitted.pkl")
     )  # it went through submitit
-    records = run_steps(
-        steps,
-        work=tmp_path / "work",
-        jobs=2,
-        threads=1,
-        echo=lambda line: None,
-        executor=executor,
-        **lab.LAB_RUN,
-    )
-    assert [r.status for r in records] == ["reused", "reused"]
+    assert [r.status for r in run(steps)] == ["reused", "reused"]
 
     failing = [Step("c", [sys.executable, "-c", "raise SystemExit(3)"], (tmp_path / "c.txt",), light=True)]
     with pytest.raises(RuntimeError, match=r"\[demo\] c failed \(exit 3\); last lines of .*c\.log"):
-        run_steps(
-            failing,
-            work=tmp_path / "work",
-            jobs=1,
-            threads=1,
-            echo=lambda line: None,
-            executor=executor,
-            **lab.LAB_RUN,
-        )
+        run(failing, jobs=1)
 
 
 def test_a_bad_lab_executor_is_one_line(tmp_path):
