@@ -242,6 +242,10 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
 
+    def aliased_fields(self) -> tuple[str, ...]:
+        """The flat config fields the registered entries' keywords alias."""
+        return tuple(f for e in self._entries.values() for f in (e.meta["aliases"] or {}).values())
+
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
@@ -262,7 +266,8 @@ class Registry:
         obj = import_object(spec, self.field)
         if not callable(obj):
             raise ConfigError(f"{self.field}={spec!r} is {type(obj).__name__}, not a function or class")
-        meta = {key: getattr(obj, key, default) for key, default in self.meta_defaults.items()}
+        same = next((e for e in self._entries.values() if e.obj is obj), None)  # a built-in by its path
+        meta = same.meta if same else {key: getattr(obj, key, d) for key, d in self.meta_defaults.items()}
         return Entry(spec, obj, meta, registered=False)
 
     # -- arguments -------------------------------------------------------------------------------------
@@ -369,7 +374,7 @@ class Registry:
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if not positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
             raise ConfigError(
-                f"{self.field}={entry.name!r} takes no positional input; a {self.kind} is called as "
+                f"{self.field}={entry.name!r} takes no positional input; {_a(self.kind)} is called as "
                 f"fn({self.inputs or 'inputs'}, **{self.args_field})"
             )
         old = [
@@ -379,8 +384,8 @@ class Registry:
         ]
         if old:
             raise ConfigError(
-                f"{self.field}={entry.name!r} takes {', '.join(map(repr, old))}, the earlier call shape: a "
-                f"{self.kind} is now called as fn({self.inputs}, **{self.args_field}) with its knobs as keyword "
+                f"{self.field}={entry.name!r} takes {', '.join(map(repr, old))}, the earlier call shape: "
+                f"{_a(self.kind)} is now called as fn({self.inputs}, **{self.args_field}) with its knobs as keyword "
                 "arguments (docs/extending.md)"
             )
         for p in params[INPUTS:]:
@@ -412,3 +417,7 @@ def _field_default(cfg, name: str):
         if item.name == name:
             return item.default
     return dataclasses.MISSING
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"

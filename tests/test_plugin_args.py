@@ -92,9 +92,10 @@ ESTIMATOR = '''
 import json
 import torch
 
-def centred(rewards, num_generations, args, *, scale=1.0, shift=0.0, log=""):
+def centred(inputs, *, scale=1.0, shift=0.0, log=""):
     """scale * (r - group mean) + shift, NaN rewards as 0."""
-    grouped = torch.nan_to_num(rewards, nan=0.0).view(-1, num_generations)
+    rewards = inputs.rewards
+    grouped = torch.nan_to_num(rewards, nan=0.0).view(-1, inputs.num_generations)
     advantages = (scale * (grouped - grouped.mean(1, keepdim=True)) + shift).view(-1)
     with open(log, "a") as f:
         f.write(json.dumps({"scale": scale, "rewards": rewards.tolist(), "out": advantages.tolist()}) + "\\n")
@@ -105,7 +106,7 @@ TERM = '''
 import json
 from sage_unsloth.rlvr.policy_terms import TermOutput
 
-def damped(batch, args, *, factor=1.0, log=""):
+def damped(batch, *, factor=1.0, log=""):
     """Per-token advantages times ``factor``."""
     out = batch.advantages * factor
     with open(log, "a") as f:

@@ -25,16 +25,7 @@ from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
 # Every kind is called as fn(inputs, **<kind>_args): one frozen record, then its keyword arguments
 # (sage_unsloth/registry.py). The flat config fields the built-ins' keywords alias, by kind:
 REGISTRIES = (guides.GUIDES, ADVANTAGE_ESTIMATORS, POLICY_TERMS, KL_TERMS)
-ALIAS_FIELDS = tuple(
-    sorted(
-        {
-            flat
-            for registry in REGISTRIES
-            for name in registry.names()
-            for flat in (registry.resolve(name).meta["aliases"] or {}).values()
-        }
-    )
-)
+ALIAS_FIELDS = tuple(sorted({flat for registry in REGISTRIES for flat in registry.aliased_fields()}))
 
 # The config fields a plan is built from: a change to any of them builds a new plan.
 PLAN_FIELDS = (
