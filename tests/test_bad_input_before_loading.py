@@ -71,6 +71,16 @@ def test_an_unreadable_data_file_is_named(tmp_path):
         check_data_file(path)
 
 
+def test_a_data_path_that_is_a_folder_is_named(tmp_path):
+    """An OSError other than a missing file (here a folder; also as root, who reads a chmod-0 file)."""
+    path = tmp_path / "rows.jsonl"
+    path.mkdir()
+    with pytest.raises(
+        ValueError, match=r"^dataset_path=.*rows.jsonl cannot be read \(.*\): fix its permissions$"
+    ):
+        check_data_file(path)
+
+
 def _sft(tiny_model_dir, tmp_path, *extra) -> list[str]:
     return sft_argv(tiny_model_dir, tmp_path / "o", *extra)
 
