@@ -40,20 +40,8 @@ class Limit:
         return f"{bounds} and finite" if bounds else "finite"
 
     def _bounds(self) -> str:
-        low = (
-            f"[{_number(self.ge)}"
-            if self.ge is not None
-            else f"({_number(self.gt)}"
-            if self.gt is not None
-            else None
-        )
-        high = (
-            f"{_number(self.le)}]"
-            if self.le is not None
-            else f"{_number(self.lt)})"
-            if self.lt is not None
-            else None
-        )
+        low = _end(self.ge, "[{}", self.gt, "({}")
+        high = _end(self.le, "{}]", self.lt, "{})")
         if low and high:
             return f"in {low}, {high}"
         if low:
@@ -120,6 +108,13 @@ class Names:
         if self.also_from:
             out["also_from"] = self.also_from
         return out
+
+
+def _end(closed: float | None, closed_form: str, open_: float | None, open_form: str) -> str | None:
+    """One end of an interval as written: the closed bound if set, else the open one, else None."""
+    if closed is not None:
+        return closed_form.format(_number(closed))
+    return None if open_ is None else open_form.format(_number(open_))
 
 
 def _number(bound: float) -> str:
