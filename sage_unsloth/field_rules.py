@@ -4,8 +4,9 @@ names (:class:`Names`, optionally plug-ins given as ``package.module:function`` 
 A stage's config classes list theirs in a ``FIELD_RULES`` class variable. ``python -m sage_unsloth.config_schema
 --write`` copies them into the committed schema (sage_unsloth/stage_schema.json), which the pre-import check
 (:mod:`sage_unsloth.config_schema`) reads without importing TRL, so every bad value of a config is reported at
-once, before torch is imported. The configs' ``__post_init__`` then check them again: stages 3 and 4 and the sweep
-through :func:`check_field_rules` (the same words), the training configs with their own worded checks;
+once, before torch is imported. The configs' ``__post_init__`` then check them again: stages 3 and 4, the sweep and
+stage 2's own fields through :func:`check_field_rules` (the same words), the TRL-based training configs with their
+own worded checks;
 tests/test_config_schema.py holds each rule to what the real dataclass refuses, at its bounds.
 
 Stdlib only (no TRL, no torch).
