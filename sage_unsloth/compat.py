@@ -148,13 +148,7 @@ class TorchChunkedLogProb:
     ):
         import torch
 
-        logits = torch.nn.functional.linear(
-            hidden.float(), weight.float(), None if bias is None else bias.float()
-        )
-        logits = logits * logit_scale
-        if final_logit_softcapping is not None:
-            logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
-        logits = logits / temperature
+        logits = fused_head_logits(hidden, weight, bias, temperature, final_logit_softcapping, logit_scale)
         log_probs_all = torch.log_softmax(logits, dim=-1)
         log_probs = log_probs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) if "entropy" in outputs else None
@@ -163,6 +157,20 @@ class TorchChunkedLogProb:
             mean_logits = logits.mean(-1) if "mean_logits" in outputs else None
             is_top1 = (log_probs >= log_probs_all.max(-1).values) if "is_top1" in outputs else None
         return log_probs, entropy, log_sum_sq, mean_logits, is_top1
+
+
+def fused_head_logits(hidden, weight, bias, temperature, softcap, scale):
+    """The logits TRL 1.15's fused LM head takes its softmax of, in fp32: ``hidden @ weight.T + bias``, times
+    ``scale``, soft-capped (``softcap * tanh(x / softcap)``) when ``softcap`` is set, over ``temperature``."""
+    import torch
+
+    logits = torch.nn.functional.linear(
+        hidden.float(), weight.float(), None if bias is None else bias.float()
+    )
+    logits = logits * scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return logits / temperature
 
 
 def install_cpu_logprob_fallback() -> bool:
@@ -524,36 +532,20 @@ class LogitSignalKernel:
     inner = None
 
     @classmethod
-    def apply(
-        cls,
-        hidden,
-        weight,
-        bias,
-        targets,
-        temperature,
-        chunk_size,
-        softcap=None,
-        scale=1.0,
-        outputs=("entropy",),
-    ):
+    def apply(cls, *inputs):
         import torch
 
-        result = cls.inner.apply(
-            hidden, weight, bias, targets, temperature, chunk_size, softcap, scale, outputs
-        )
+        result = cls.inner.apply(*inputs)  # TRL's arguments reach the kernel as TRL passed them
+        # TRL 1.15's order: hidden, weight, bias, targets, temperature, chunk_size, softcap, scale[, outputs]
+        hidden, weight, bias, targets, temperature, _, softcap, scale = inputs[:8]
         fns = _LOGIT_TAP["fns"]
         if fns:
             values = {name: [] for name in fns}
             with torch.no_grad():
                 for start in range(0, hidden.size(0), LOGIT_SIGNAL_ROWS):
-                    h = hidden[start : start + LOGIT_SIGNAL_ROWS].detach().float()
-                    logits = torch.nn.functional.linear(
-                        h, weight.float(), None if bias is None else bias.float()
-                    )
-                    logits = logits * scale
-                    if softcap is not None:
-                        logits = softcap * torch.tanh(logits / softcap)
-                    log_probs = torch.log_softmax(logits / temperature, dim=-1)
+                    h = hidden[start : start + LOGIT_SIGNAL_ROWS].detach()
+                    logits = fused_head_logits(h, weight, bias, temperature, softcap, scale)
+                    log_probs = torch.log_softmax(logits, dim=-1)
                     for name, fn in fns.items():
                         values[name].append(fn(log_probs, targets[start : start + LOGIT_SIGNAL_ROWS]).float())
             _LOGIT_TAP["calls"].append(

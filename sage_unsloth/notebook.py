@@ -53,14 +53,26 @@ class Platform:
     name: str
     model: str  # default MODEL of the generated notebook ("" for tiny: built offline)
     hardware: str
-    sft_config: str  # relative to the repository root
-    rlvr_configs: str  # folder holding grpo.yaml, grpo_branch.yaml
-    eval_config: str
+    preset: str  # the configs' name (sft_config, rlvr_configs, eval_config)
     # What the platform's SFT run changes in the preset (the 16 GB presets are float16 already: the T4 has no
     # bfloat16, and with bf16/fp16 both false Unsloth picks fp16 mixed precision for a float16 model).
     sft_overrides: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     needs_gpu: bool = True
+
+    @property
+    def sft_config(self) -> str:
+        """configs/sft/<preset>.yaml (relative to the repository root, as the other two)."""
+        return f"configs/sft/{self.preset}.yaml"
+
+    @property
+    def rlvr_configs(self) -> str:
+        """configs/rlvr/<preset>: the folder holding grpo.yaml, grpo_branch.yaml."""
+        return f"configs/rlvr/{self.preset}"
+
+    @property
+    def eval_config(self) -> str:
+        return f"configs/eval/notebook-{self.preset}.yaml"
 
 
 # The T4 (compute capability 7.5): Unsloth's switch that keeps vLLM off its FlashInfer sampler, which vLLM refuses
@@ -71,9 +83,7 @@ PLATFORMS: dict[str, Platform] = {
         name="colab",
         model="Qwen/Qwen2.5-1.5B",
         hardware="Colab T4 (16 GB)",
-        sft_config="configs/sft/qwen2.5-1.5b.yaml",
-        rlvr_configs="configs/rlvr/qwen2.5-1.5b",
-        eval_config="configs/eval/notebook-qwen2.5-1.5b.yaml",
+        preset="qwen2.5-1.5b",
         # 16-bit LoRA, the preset as it is (`sage-unsloth doctor configs/sft/qwen2.5-1.5b.yaml --gpu t4`).
         env=T4_ENV,
     ),
@@ -81,9 +91,7 @@ PLATFORMS: dict[str, Platform] = {
         name="kaggle",
         model="Qwen/Qwen2.5-3B",
         hardware="Kaggle T4 x2 (one used, 16 GB)",
-        sft_config="configs/sft/qwen2.5-3b.yaml",
-        rlvr_configs="configs/rlvr/qwen2.5-3b",
-        eval_config="configs/eval/notebook-qwen2.5-3b.yaml",
+        preset="qwen2.5-3b",
         # QLoRA, as stage 2 (configs/rlvr/qwen2.5-3b/ is 4-bit): the SFT adapter is trained on the weights RL uses.
         sft_overrides=("--load_in_4bit", "true"),
         # Unsloth trains on one GPU; with two visible, transformers' Trainer would wrap it in DataParallel.
@@ -93,9 +101,7 @@ PLATFORMS: dict[str, Platform] = {
         name="tiny",
         model="",
         hardware="CPU (CI): tiny random Qwen2, offline",
-        sft_config="configs/sft/tiny-cpu.yaml",
-        rlvr_configs="configs/rlvr/tiny-cpu",
-        eval_config="configs/eval/notebook-tiny-cpu.yaml",
+        preset="tiny-cpu",
         env=(
             ("HF_HUB_OFFLINE", "1"),
             ("HF_DATASETS_OFFLINE", "1"),

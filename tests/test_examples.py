@@ -26,7 +26,9 @@ def _example(spec: str):
 def test_centred_advantage_is_the_scaled_group_centred_reward():
     fn = _example("centred_advantage.py:centred_advantage")
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, float("nan"), 1.0])
-    got = fn(rewards, 3, None, scale=2.0)
+    from sage_unsloth.rlvr.advantages import GroupRewards
+
+    got = fn(GroupRewards(rewards, 3), scale=2.0)
     # groups (1, 0, 0) and (0, nan->0, 1): means 1/3 and 1/3
     want = [2 * (1 - 1 / 3), -2 / 3, -2 / 3, -2 / 3, -2 / 3, 2 * (1 - 1 / 3)]
     assert got.tolist() == pytest.approx(want)
@@ -48,7 +50,7 @@ def test_damped_advantage_keeps_the_floor_on_certain_tokens():
         epsilon_high=0.2,
         generator=torch.Generator(),
     )
-    out = fn(batch, None, floor=0.25, entropy_scale=1.0)
+    out = fn(batch, floor=0.25, entropy_scale=1.0)
     weights = [0.25, 0.25 + 0.75 * 0.5, 1.0]  # H / scale capped at 1
     assert out.advantages.tolist() == [pytest.approx([a * w for a, w in zip([1.0, 1.0, -1.0], weights)])]
     assert out.loss is None and out.metrics["damped/weight_mean"] == pytest.approx((0.25 + 0.625) / 2)

@@ -55,8 +55,13 @@ def test_a_field_changed_in_place_builds_a_new_plan(tmp_path):
     cfg.sage_guide = "none"
     second = cfg.method_plan
     assert second is not first and not second.guided and first.guided
-    cfg.sage_gamma = 0.7  # a built-in guide reads its flat fields at call time: no new plan needed
-    assert cfg.method_plan is second
+    assert cfg.method_plan is second  # nothing changed: the same plan
+    cfg.sage_guide = "branch"
+    third = cfg.method_plan
+    cfg.sage_gamma = (
+        0.7  # a built-in's flat field is one of its bound arguments: a new plan binds the new value
+    )
+    assert cfg.method_plan is not third and cfg.method_plan.guide_fn.keywords["gamma"] == 0.7
 
 
 def test_the_plan_does_not_travel_with_the_pickled_config(tmp_path):

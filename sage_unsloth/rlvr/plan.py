@@ -8,7 +8,7 @@ against the function's signature) and decides where q is computed and where the 
 
 The plan is frozen. ``SageGRPOConfig.method_plan`` builds it in ``__post_init__`` and builds a new one only when a
 field it was built from changes (a test or the doctor's self-test switching the guide on a live trainer); it is
-never pickled with the config (a built-in guide reads its config fields through a closure).
+never pickled with the config (it holds the bound plug-ins).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
 from sage_unsloth.rlvr.kl_terms import KL_TERMS
 from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
 
-# The per-call inputs of each kind, before its own keyword arguments: estimator(rewards, num_generations, args)
-# and term(batch, args), ``args`` the whole config (what the built-ins read their flat fields from).
-ESTIMATOR_INPUTS = 3
-TERM_INPUTS = 2
+# Every kind is called as fn(inputs, **<kind>_args): one frozen record, then its keyword arguments
+# (sage_unsloth/registry.py). The flat config fields the built-ins' keywords alias, by kind:
+REGISTRIES = (guides.GUIDES, ADVANTAGE_ESTIMATORS, POLICY_TERMS, KL_TERMS)
+ALIAS_FIELDS = tuple(sorted({flat for registry in REGISTRIES for flat in registry.aliased_fields()}))
 
 # The config fields a plan is built from: a change to any of them builds a new plan.
 PLAN_FIELDS = (
@@ -40,6 +40,7 @@ PLAN_FIELDS = (
     "policy_term_args",
     "kl_estimator",
     "kl_term_args",
+    *ALIAS_FIELDS,
 )
 
 
@@ -57,6 +58,7 @@ class MethodPlan:
     placement: str  # sage_kl_placement: loss or reward
     estimator: Entry
     estimator_fn: Callable | None  # None: TRL's own group advantage stands (the grpo estimator)
+    estimator_call: Callable  # the estimator with its arguments bound (the grpo one too: a shaped reward)
     policy_term: Entry | None
     policy_term_fn: Callable | None
     kl_term: Entry
@@ -94,27 +96,17 @@ def plan_key(cfg) -> tuple:
     return tuple(repr(getattr(cfg, name, None)) for name in PLAN_FIELDS)
 
 
+def bind_plugin(registry, entry: Entry, cfg) -> Callable:
+    """``entry`` with its arguments bound: ``<kind>_args`` over the built-in's flat fields (Registry.knobs)."""
+    return registry.bind(entry, registry.knobs(entry, cfg, getattr(cfg, registry.args_field, None)))
+
+
 def build_plan(cfg) -> MethodPlan:
     """Resolve and bind the config's four plug-ins (one line naming the field on bad input)."""
     guide, needs = guides.resolve_guide(cfg)
     estimator = ADVANTAGE_ESTIMATORS.resolve(cfg.advantage_estimator)
-    estimator_fn = (
-        ADVANTAGE_ESTIMATORS.bind(
-            estimator,
-            ADVANTAGE_ESTIMATORS.parse_args(cfg.advantage_estimator_args),
-            leading=ESTIMATOR_INPUTS,
-        )
-        if estimator.meta["recomputed"]
-        else None
-    )
+    estimator_call = bind_plugin(ADVANTAGE_ESTIMATORS, estimator, cfg)
     policy_term = None if cfg.policy_term == "none" else POLICY_TERMS.resolve(cfg.policy_term)
-    policy_term_fn = (
-        None
-        if policy_term is None
-        else POLICY_TERMS.bind(
-            policy_term, POLICY_TERMS.parse_args(cfg.policy_term_args), leading=TERM_INPUTS
-        )
-    )
     kl_term = KL_TERMS.resolve(cfg.kl_estimator)
     requested = cfg.sage_q_source
     expected = (
@@ -130,9 +122,10 @@ def build_plan(cfg) -> MethodPlan:
         expected_q_source=expected,
         placement=cfg.sage_kl_placement,
         estimator=estimator,
-        estimator_fn=estimator_fn,
+        estimator_fn=estimator_call if estimator.meta["recomputed"] else None,
+        estimator_call=estimator_call,
         policy_term=policy_term,
-        policy_term_fn=policy_term_fn,
+        policy_term_fn=None if policy_term is None else bind_plugin(POLICY_TERMS, policy_term, cfg),
         kl_term=kl_term,
-        kl_term_fn=KL_TERMS.bind(kl_term, KL_TERMS.parse_args(cfg.kl_term_args)),
+        kl_term_fn=bind_plugin(KL_TERMS, kl_term, cfg),
     )

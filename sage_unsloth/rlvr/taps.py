@@ -22,6 +22,7 @@ import torch
 
 from sage_unsloth import anchor, compat, guides, plugin_calls
 from sage_unsloth.rlvr import dapo
+from sage_unsloth.rlvr.advantages import GroupRewards
 from sage_unsloth.rlvr.kl_terms import KLTokens
 from sage_unsloth.rlvr.policy_terms import TokenBatch
 
@@ -148,15 +149,12 @@ def estimate_advantages(trainer, rollout: Rollout) -> None:
         return
     mode = trainer.sage_mode
     num_generations = trainer.num_generations if mode == "train" else trainer.num_generations_eval
-    estimator = plan.estimator_fn or plan.estimator.obj
     completions = rollout.rewards.numel()
     advantages = plugin_calls.call(
         "advantage estimator",
         plan.estimator.name,
-        estimator,
-        rollout.rewards,
-        num_generations,
-        trainer.args,
+        plan.estimator_call,
+        GroupRewards(rollout.rewards, num_generations),
         step=trainer.sage_step,
         check=lambda out: plugin_calls.advantages_problem(out, completions),
     )
@@ -251,7 +249,6 @@ def policy_term(trainer, loss: LossBatch) -> None:
         trainer.sage_plan.policy_term.name,
         term,
         tokens,
-        trainer.args,
         step=trainer.sage_step,
         check=lambda result: plugin_calls.term_output_problem(result, tuple(logps.shape), mask),
     )
