@@ -22,8 +22,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from sage_unsloth.demo.compare import REFERENCE_METHOD, split_run
 from sage_unsloth.demo.run import CONFIG_DIR, MODEL_NAME, data_command, resolve_method_config
+from sage_unsloth.report.compare import REFERENCE_METHOD, split_run
 
 REPO = Path(__file__).resolve().parents[1]
 

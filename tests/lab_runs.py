@@ -1,9 +1,9 @@
-"""A small lab of runs for the lab-statistics tests (sage_unsloth.demo.compare.LabRuns): each run's solved
+"""A small lab of runs for the lab-statistics tests (sage_unsloth.report.compare.LabRuns): each run's solved
 counts per problem out of 4 samples."""
 
 import numpy as np
 
-from sage_unsloth.demo import compare as C
+from sage_unsloth.report import compare as C
 
 
 def lab(**c_by_run) -> C.LabRuns:

@@ -1,10 +1,10 @@
-"""The lab's statistics (demo/compare.py): runs by seed, the two-level bootstrap, paired differences."""
+"""The lab's statistics (report/compare.py): runs by seed, the two-level bootstrap, paired differences."""
 
 import numpy as np
 import pytest
 from lab_runs import lab
 
-from sage_unsloth.demo import compare as C
+from sage_unsloth.report import compare as C
 
 
 def test_run_names_split_into_method_and_seed():

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sage_unsloth.demo import compare as C
 from sage_unsloth.demo import dose_response as D
 from sage_unsloth.demo import run as R
+from sage_unsloth.report import compare as C
 
 
 def budget(*argv):

@@ -1,4 +1,4 @@
-"""Coverage of the lab's 95% interval (sage_unsloth/demo/intervals.py) on simulated labs of the lab's shape.
+"""Coverage of the lab's 95% interval (sage_unsloth/report/intervals.py) on simulated labs of the lab's shape.
 
 Each simulated lab: P problems with heterogeneous solve rates (logit a_i ~ N(-2, 1.5)), methods A and B
 trained at S seeds; a seed moves every problem's logit by a shared u_s and a per-problem v_si (A's and B's
@@ -20,7 +20,7 @@ from math import comb
 import numpy as np
 import pytest
 
-from sage_unsloth.demo import intervals
+from sage_unsloth.report import intervals
 
 LABS, PROBLEMS, SAMPLES, K = 600, 100, 64, 16
 SEED_SD, INTERACTION_SD, RHO, EFFECT_SD = 0.5, 0.5, 0.5, 0.3

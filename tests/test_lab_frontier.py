@@ -1,4 +1,4 @@
-"""The frontier lab's statistics (sage_unsloth/demo/robust.py, intervals.stratified, frontier.py) and the
+"""The frontier lab's statistics (sage_unsloth/report/intervals.py: hodges_lehmann, stratified; frontier.py) and the
 reproduction check (sage_unsloth/demo/reproduce.py), each against an independent computation: scipy's exact
 Wilcoxon test, the sign patterns enumerated, the Welch-Satterthwaite formula written out, hand-built labs."""
 
@@ -12,14 +12,13 @@ import pytest
 from scipy import stats
 
 from sage_unsloth.demo import frontier as F
-from sage_unsloth.demo import intervals as I
 from sage_unsloth.demo import reproduce as R
-from sage_unsloth.demo import robust
+from sage_unsloth.report import intervals as I
 
 
 def test_the_signed_rank_null_counts_every_sign_pattern():
     n = 8
-    counts = robust.signed_rank_null(n)
+    counts = I.signed_rank_null(n)
     by_hand = np.zeros(n * (n + 1) // 2 + 1, dtype=int)
     for signs in itertools.product((0, 1), repeat=n):
         by_hand[sum(rank for rank, s in zip(range(1, n + 1), signs) if s)] += 1
@@ -30,7 +29,7 @@ def test_the_signed_rank_null_counts_every_sign_pattern():
 def test_hodges_lehmann_interval_is_the_inversion_of_scipys_exact_signed_rank_test(seed):
     rng = np.random.default_rng(seed)
     d = rng.normal(0.01, 0.02, 15)
-    hl = robust.hodges_lehmann(d)
+    hl = I.hodges_lehmann(d)
     assert hl.p == pytest.approx(stats.wilcoxon(d, method="exact").pvalue)
     walsh = sorted((d[i] + d[j]) / 2 for i in range(15) for j in range(i, 15))
     assert hl.estimate == pytest.approx(np.median(walsh))
@@ -44,10 +43,10 @@ def test_hodges_lehmann_interval_is_the_inversion_of_scipys_exact_signed_rank_te
 
 def test_six_differences_are_the_fewest_with_a_95_percent_interval_the_whole_walsh_range():
     d = np.array([0.03, -0.01, 0.02, 0.05, 0.01, 0.04])
-    hl = robust.hodges_lehmann(d)
+    hl = I.hodges_lehmann(d)
     assert (hl.low, hl.high) == (d.min(), d.max()) and hl.level == pytest.approx(1 - 2 / 64)
     with pytest.raises(ValueError, match="need 6 or more"):
-        robust.hodges_lehmann(d[:5])
+        I.hodges_lehmann(d[:5])
 
 
 def test_the_stratified_interval_is_welch_satterthwaite_over_the_draw_means():

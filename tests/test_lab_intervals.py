@@ -1,4 +1,4 @@
-"""The lab's interval, test, power and multiple-comparison adjustment (sage_unsloth/demo/intervals.py),
+"""The lab's interval, test, power and multiple-comparison adjustment (sage_unsloth/report/intervals.py),
 each against an independent computation: t tables, scipy's noncentral t, Holm's procedure done by hand."""
 
 import math
@@ -8,8 +8,8 @@ import pytest
 from lab_runs import lab
 from scipy import stats
 
-from sage_unsloth.demo import compare as C
-from sage_unsloth.demo import intervals as I
+from sage_unsloth.report import compare as C
+from sage_unsloth.report import intervals as I
 
 
 def test_the_interval_is_t_with_s_minus_1_df_over_the_seed_level_means():

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from sage_unsloth.report import bootstrap as bs
+from sage_unsloth.report import intervals as bs
 from sage_unsloth.results import pass_at_k_matrix
 
 

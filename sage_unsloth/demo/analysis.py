@@ -71,7 +71,7 @@ BRANCH_COLUMNS = (
 def checkpoint_run(run: str) -> str:
     """The stage folder a run's policy lives in: stage 1's for SFT's evaluations (``sft``, ``sft_seed<s>``),
     else the run's own."""
-    from .compare import REFERENCE_METHOD, split_run
+    from ..report.compare import REFERENCE_METHOD, split_run
 
     return layout.SFT_RUN if split_run(run)[0] == REFERENCE_METHOD else run
 

@@ -8,8 +8,8 @@ a plug-in guide by its file and function name), ``tau`` and ``gamma`` (branch gu
 (any guide), the KL placement and estimator, the guide's arguments. ``lab/runs.csv`` carries them per run,
 ``lab/dose_response.csv`` per method, ``lab/dose_response.png`` plots pass@1 against net support.
 
-Intervals: :func:`interval`, the one place that names the lab's interval function (today
-sage_unsloth.demo.intervals.estimate over (seeds, problems): Student t over the seed-level means); net support is paired by seed against SFT
+Intervals: the lab's (sage_unsloth.report.compare.ci: Student t over the seed-level means, a problem bootstrap
+with one seed), kept inside a share's or a difference's range; net support is paired by seed against SFT
 (compare.paired_values).
 """
 
@@ -23,22 +23,13 @@ import numpy as np
 import pandas as pd
 
 from .. import layout
-from . import compare, intervals
+from ..report import compare
 
 KNOBS = ("beta", "tau", "gamma", "q_max", "guide")
 EXTRA_KNOBS = ("kl_estimator", "kl_placement", "guide_args")
 BRANCH_GUIDES = ("branch", "ref_branch")  # the guides whose q reads tau and gamma
 CSV = "dose_response.csv"
 PNG = "dose_response.png"
-
-
-def interval(
-    values: np.ndarray, *, stream: str, bounds: tuple[float, float] | None = None, **stats
-) -> tuple[float, float, float]:
-    """(mean, low, high) of ``values`` (seeds, problems): the lab's interval (one line to change): the
-    t-interval over seeds, a problem bootstrap with one seed (sage_unsloth/demo/intervals.py), kept inside
-    ``bounds`` (a share: [0, 1]; a difference of shares: [-1, 1])."""
-    return intervals.estimate(values, bounds=bounds, **stats).triple()
 
 
 def _guide_name(guide) -> str:
@@ -117,7 +108,9 @@ def dose_response_table(
         first = by_run.loc[runs[0]]
         row = {"method": method, **{k: first[k] for k in (*KNOBS, *EXTRA_KNOBS)}, "seeds": len(runs)}
         one = np.stack([lab.passk(r, [1])[:, 0] for r in runs])
-        row.update(_cells("pass_at_1", interval(one, stream=f"dose-{method}", bounds=compare.SHARE, **stats)))
+        row.update(
+            _cells("pass_at_1", compare.ci(one, stream=f"dose-{method}", bounds=compare.SHARE, **stats))
+        )
         if method == compare.REFERENCE_METHOD:
             row.update(_cells(f"net_support_at_{kmax}", (0.0, 0.0, 0.0)))
         else:
@@ -127,7 +120,7 @@ def dose_response_table(
             row.update(
                 _cells(
                     f"net_support_at_{kmax}",
-                    interval(net, stream=f"dose-net-{method}", bounds=compare.DIFFERENCE, **stats),
+                    compare.ci(net, stream=f"dose-net-{method}", bounds=compare.DIFFERENCE, **stats),
                 )
             )
         if pair_share is not None:
@@ -135,7 +128,7 @@ def dose_response_table(
             row.update(
                 _cells(
                     "pair_share",
-                    interval(shares, stream=f"dose-plans-{method}", bounds=compare.SHARE, **stats),
+                    compare.ci(shares, stream=f"dose-plans-{method}", bounds=compare.SHARE, **stats),
                 )
             )
         rows.append(row)

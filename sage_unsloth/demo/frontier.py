@@ -19,7 +19,7 @@ Estimates (``arms.csv``, ``paired.csv``), per draw and pooled over the draws:
   between-draw variance), so the interval carries each draw's seed spread and not the draws' spread;
   per-draw rows show how far the draws agree;
 - paired rows add the pre-registered robust secondary, the Hodges-Lehmann estimate with its exact interval and
-  the exact signed-rank p over every seed-level difference (sage_unsloth.demo.robust), the MDE, and at pass@k
+  the exact signed-rank p over every seed-level difference (sage_unsloth.report.intervals.hodges_lehmann), the MDE, and at pass@k
   the difference as a share of the unguided arm's support loss at that beta (``share_of_loss``) beside the
   paper's +0.015 as such a share (``target_share``);
 - ``p_holm``: Holm over the pre-registered primary family (pooled pass@k, every beta above the paper's 0.05)
@@ -44,7 +44,7 @@ import pandas as pd
 from scipy import stats
 
 from ..manifest import atomic_write_text
-from . import compare, intervals, robust
+from ..report import compare, intervals
 
 MODEL_NAME = "demo-tiny"
 BENCHMARK = "demo"
@@ -153,13 +153,6 @@ def _estimate_cells(name: str, est: intervals.Estimate) -> dict:
     return {name: est.mean, f"{name}_ci_low": est.low, f"{name}_ci_high": est.high}
 
 
-def clopper_pearson(count: int, total: int, level: float = 0.95) -> tuple[float, float]:
-    alpha = 1.0 - level
-    low = 0.0 if count == 0 else float(stats.beta.ppf(alpha / 2, count, total - count + 1))
-    high = 1.0 if count == total else float(stats.beta.ppf(1 - alpha / 2, count + 1, total - count))
-    return low, high
-
-
 def _groups(frame: pd.DataFrame, column: str) -> list[np.ndarray]:
     return [g[column].to_numpy() for _, g in frame.groupby("draw", sort=True)]
 
@@ -181,7 +174,7 @@ def arm_table(seeds: pd.DataFrame, k: int, collapse: float = COLLAPSE) -> pd.Dat
                     row.update({column: float(part[column].mean()), f"{column}_ci_low": math.nan,
                                 f"{column}_ci_high": math.nan})  # fmt: skip
             count, total = int(part["collapsed"].sum()), len(part)
-            low, high = clopper_pearson(count, total)
+            low, high = intervals.clopper_pearson(count, total)
             row.update(collapses=count, runs=total, collapse_rate=count / total, collapse_ci_low=low,
                        collapse_ci_high=high, collapse_below=collapse)  # fmt: skip
             rows.append(row)
@@ -237,7 +230,7 @@ def paired_table(seeds: pd.DataFrame, k: int, arms: pd.DataFrame) -> pd.DataFram
                 if scope == POOLED and len(part) >= 3:  # how far the t-interval's normality is from these
                     row["shapiro_p"] = float(stats.shapiro(part["d"]).pvalue)
                 if len(part) >= 6:
-                    hl = robust.hodges_lehmann(part["d"].to_numpy())
+                    hl = intervals.hodges_lehmann(part["d"].to_numpy())
                     row.update(
                         hl=hl.estimate, hl_ci_low=hl.low, hl_ci_high=hl.high, hl_p=hl.p, hl_level=hl.level
                     )

@@ -8,8 +8,8 @@ intervals), ``pairs.csv`` (paired differences: the family of comparisons, with p
 seeds_for_0.015), ``outcome.md`` (the outcome paragraph and table, from pairs.csv: demo/outcome.py),
 ``support.csv`` (support against SFT per method), ``plans.csv`` (plan shares per method), ``runs.csv`` (one
 row per run), ``reference.csv`` (this run against the reference) and ``summary.txt`` (the console lines);
-its section is appended to ``R/report.md``. Statistics: sage_unsloth.demo.compare and
-sage_unsloth.demo.intervals (docs/lab.md, "Intervals and power"). An empty or missing result is an error
+its section is appended to ``R/report.md``. Statistics: stage 4's multi-seed mode, sage_unsloth.report.compare and
+sage_unsloth.report.intervals (docs/lab.md, "Intervals and power"). An empty or missing result is an error
 (exit 1), never a NaN row.
 """
 
@@ -25,7 +25,9 @@ import numpy as np
 import pandas as pd
 
 from ..manifest import atomic_write_text
-from . import compare, dose_response, intervals, outcome, reproduce
+from ..report import compare, intervals
+from ..report.tables import md_table
+from . import dose_response, outcome, reproduce
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
 from .data import EVAL_FILE, SPEC_FILE
 from .strategies import GROUPS, LABELS, MINORITY, PAIR_PLANS, PLAN_METRICS, markdown_table
@@ -103,16 +105,6 @@ def plans_by_type(shares: dict[str, np.ndarray], gap: np.ndarray, **stats) -> pd
             )
             frames.append(table.assign(problems=subset))
     return pd.concat(frames, ignore_index=True)
-
-
-def support_table(lab: compare.LabRuns, ks: list[int], **stats) -> pd.DataFrame:
-    """Support against SFT (preserved / shrunk / expanded / net) per method at every k of the lab."""
-    frames = [compare.support_method_table(lab, k, **stats) for k in ks]
-    return (
-        pd.concat([f for f in frames if not f.empty], ignore_index=True)
-        if any(not f.empty for f in frames)
-        else pd.DataFrame()
-    )
 
 
 def run_rows(
@@ -408,7 +400,7 @@ def _intro_lines(s: LabSection, headline: list[str]) -> list[str]:
                 f"CIs: 95% Student t with {seeds - 1} degrees of freedom over the {seeds} seed-level means "
                 "(paired differences: per seed, the mean over the problems of A - B); the estimand is the mean "
                 "over this problem set, in expectation over training seeds and evaluation sampling "
-                '(sage_unsloth/demo/intervals.py, docs/lab.md "Intervals and power").'
+                '(sage_unsloth/report/intervals.py, docs/lab.md "Intervals and power").'
             )
             if seeds > 1
             else (
@@ -424,24 +416,20 @@ def _method_lines(s: LabSection) -> list[str]:
     """The pass@k table, one row per method with its minority-plan share and accuracies."""
     m, kmax, runs = s.methods.set_index(["method", "k"]), s.kmax, s.runs
     plan_rows = s.plans.set_index(["method", "strategy"])
-    lines = [
-        "### pass@k per method",
-        "",
-        f"| method | seeds | pass@1 | pass@{kmax} | minority-plan share | {COMMON} accuracy | minority-plan accuracy |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    header = ["method", "seeds", "pass@1", f"pass@{kmax}", "minority-plan share", f"{COMMON} accuracy",
+              "minority-plan accuracy"]  # fmt: skip
+    rows = []
     for method in in_lab_order(s.methods["method"], s.labels):
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         minority = plan_rows.loc[(method, MINORITY)]
         method_runs = runs[runs["method"] == method]
-        lines.append(
-            f"| {s.label(method)} | {int(one['seeds'])} | "
-            f"{_fmt_ci(one['pass_at_k'], one['ci_low'], one['ci_high'])} | "
-            f"{_fmt_ci(big['pass_at_k'], big['ci_low'], big['ci_high'])} | "
-            f"{_fmt_ci(minority['share'], minority['ci_low'], minority['ci_high'])} | "
-            f"{method_runs[f'{COMMON}_accuracy'].mean():.3f} | {method_runs['minority_accuracy'].mean():.3f} |"
-        )
-    return lines
+        rows.append(
+            [s.label(method), int(one["seeds"]), _fmt_ci(one["pass_at_k"], one["ci_low"], one["ci_high"]),
+             _fmt_ci(big["pass_at_k"], big["ci_low"], big["ci_high"]),
+             _fmt_ci(minority["share"], minority["ci_low"], minority["ci_high"]),
+             f"{method_runs[f'{COMMON}_accuracy'].mean():.3f}", f"{method_runs['minority_accuracy'].mean():.3f}"]
+        )  # fmt: skip
+    return ["### pass@k per method", "", md_table(header, rows)]
 
 
 def _pair_lines(s: LabSection) -> list[str]:
@@ -458,18 +446,17 @@ def _pair_lines(s: LabSection) -> list[str]:
             "effect at this seed-level spread. lab/outcome.md reads each row."
         ),
         "",
-        "| A | B | metric | A - B | 95% CI | CI excludes 0 | p (Holm) | MDE | seeds for 0.015 | seeds | problems |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for _, r in s.pairs.iterrows():
-        what = r["metric"] if isinstance(r.get("metric"), str) else f"pass@{int(r['k'])}"
-        lines.append(
-            f"| {s.label(r['a'])} | {s.label(r['b'])} | {what} | "
-            f"{r['diff']:+.3f} | [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
-            f"{'yes' if r['excludes_0'] else 'no'} | {outcome._p(r['p_holm'])} | {r['mde']:.3f} | "
-            f"{outcome._seeds(r[outcome.SEEDS_FOR])} | {int(r['seeds'])} | {int(r['problems'])} |"
-        )
-    return lines
+    header = ["A", "B", "metric", "A - B", "95% CI", "CI excludes 0", "p (Holm)", "MDE", "seeds for 0.015", "seeds",
+              "problems"]  # fmt: skip
+    rows = [
+        [s.label(r["a"]), s.label(r["b"]), r["metric"] if isinstance(r.get("metric"), str) else f"pass@{int(r['k'])}",
+         f"{r['diff']:+.3f}", f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]", "yes" if r["excludes_0"] else "no",
+         outcome._p(r["p_holm"]), f"{r['mde']:.3f}", outcome._seeds(r[outcome.SEEDS_FOR]), int(r["seeds"]),
+         int(r["problems"])]
+        for _, r in s.pairs.iterrows()
+    ]  # fmt: skip
+    return [*lines, md_table(header, rows)]
 
 
 def _support_lines(s: LabSection) -> list[str]:
@@ -647,17 +634,18 @@ def _console_lines(s: LabSection, headline: list[str]) -> list[str]:
     """The console summary: the headline, then pass@1, pass@kmax and the plan shares per method."""
     m, kmax = s.methods.set_index(["method", "k"]), s.kmax
     plan_rows = s.plans.set_index(["method", "strategy"])
-    console = ["[demo] " + line for line in headline]
-    for method in in_lab_order(s.methods["method"], s.labels):
+
+    def method_line(method: str) -> str:
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
-        console.append(
-            f"[demo]   {s.label(method):28s} pass@1 {one['pass_at_k']:.3f} "
-            f"[{one['ci_low']:.3f}, {one['ci_high']:.3f}]  pass@{kmax} {big['pass_at_k']:.3f} "
-            f"[{big['ci_low']:.3f}, {big['ci_high']:.3f}]  pair-plan share "
-            f"{sum(plan_rows.loc[(method, p), 'share'] for p in PAIR_PLANS):.3f}  minority-plan share "
-            f"{plan_rows.loc[(method, MINORITY), 'share']:.3f}"
+        pair_share = sum(plan_rows.loc[(method, p), "share"] for p in PAIR_PLANS)
+        return (
+            f"[demo]   {s.label(method):28s} pass@1 {_fmt_ci(one['pass_at_k'], one['ci_low'], one['ci_high'])}  "
+            f"pass@{kmax} {_fmt_ci(big['pass_at_k'], big['ci_low'], big['ci_high'])}  pair-plan share "
+            f"{pair_share:.3f}  minority-plan share {plan_rows.loc[(method, MINORITY), 'share']:.3f}"
         )
-    return console
+
+    methods = in_lab_order(s.methods["method"], s.labels)
+    return ["[demo] " + line for line in headline] + [method_line(method) for method in methods]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -701,13 +689,7 @@ def read_runs(results: Path, runs: list[str], kmax: int | None) -> tuple[compare
     )  # results/<model>/<run>/ (layout.results_dir)
     check_complete(lab, runs)
     lab = compare.LabRuns(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
-    n_min = int(min(n.min() for n in lab.n.values()))
-    kmax = kmax or max(1, n_min // 4)
-    if n_min < 4 * kmax:
-        raise ValueError(
-            f"--kmax {kmax} needs >= {4 * kmax} samples per problem (n >= 4k), the runs have {n_min}"
-        )
-    ks = [k for k in (2**i for i in range(32)) if k <= kmax] + ([kmax] if kmax & (kmax - 1) else [])
+    kmax, ks = compare.lab_ks(int(min(n.min() for n in lab.n.values())), kmax)
     return lab, kmax, ks
 
 
@@ -808,7 +790,7 @@ def _main(args) -> int:
 
     methods = compare.method_table(lab, ks, **stats)
     pair_frame = compare.pair_table(lab, pairs, sorted({1, kmax}), **stats)
-    support = support_table(lab, ks, **stats)
+    support = compare.support_table(lab, ks, **stats)
     plan_table = compare.strategy_method_table(plans.shares, list(GROUPS), **stats)
     plan_types = plans_by_type(plans.shares, gap, **stats)
     gaps = gap_table(lab, gap, plans.correct_minority, plans.pair_share, kmax, **stats)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..manifest import atomic_write_text
-from .intervals import PAPER_EFFECT
+from ..report.intervals import PAPER_EFFECT
 
 FILE = "outcome.md"
 BEGIN = "<!-- lab-outcome:begin {folder} -->"

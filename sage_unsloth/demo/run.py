@@ -49,7 +49,7 @@ from ..layout import SFT_RUN
 from ..manifest import atomic_write_json, atomic_write_text
 from ..method_cards import LAB_KEY, MethodCard, demo_cards, demo_configs, read_card, role_holder
 from ..recipe import stage_command
-from .compare import split_run
+from ..report.compare import split_run
 from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
 from .pretrain import committed_base
 from .steps import REPO_ROOT, STAMP_DIR, Step, StepRecord, python, run_steps, usable_cores
@@ -306,7 +306,6 @@ PRETRAIN_CODE = (*DATA_CODE, "demo/pretrain.py", "demo/model.py")
 ANALYSIS_CODE = ("demo/analysis.py", "demo/strategies.py", "demo/task.py", "eval/sampling.py")
 LAB_CODE = (
     "demo/lab.py",
-    "demo/compare.py",
     "demo/strategies.py",
     "demo/analysis.py",
     "demo/task.py",
@@ -729,7 +728,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
 
 # ------------------------------------------------------------------------------------------------- draws
 FRONTIER_DIR = "frontier"  # <results>/frontier/: the lab across draws (sage_unsloth.demo.frontier)
-FRONTIER_CODE = (*LAB_CODE, "demo/frontier.py", "demo/robust.py", "demo/intervals.py")
+FRONTIER_CODE = (*LAB_CODE, "demo/frontier.py")  # LAB_CODE has report/: its intervals and compare
 
 
 def reference_draw(folder: Path) -> int:

@@ -3,7 +3,7 @@
 Reads the eval stage's saved completions (``<outputs>/<model>/eval/<run>/demo/chunk_*.jsonl.gz``, records
 ``{"problem_id", "completions": [{"text", "correct"}, ...]}``) and gives, per run and plan: the share of
 completions, their accuracy, and the share of problems that the plan solved at least once; and per problem
-the share of each plan (for the CIs across seeds and problems in :mod:`sage_unsloth.demo.compare`).
+the share of each plan (for the CIs across seeds and problems in :mod:`sage_unsloth.report.compare`).
 """
 
 from __future__ import annotations

@@ -146,15 +146,7 @@ def load_run(run_dir: str | Path) -> RunResults:
             notes.append(f"manifest unreadable: {err}")
     else:
         notes.append("manifest.json missing")
-    return RunResults(
-        model=run_dir.parent.name,
-        run=run_dir.name,
-        path=run_dir,
-        passk=passk,
-        per_problem=per_problem,
-        manifest=manifest,
-        notes=notes,
-    )
+    return RunResults(run_dir.parent.name, run_dir.name, run_dir, passk, per_problem, manifest, notes)
 
 
 def discover_runs(results_dir: str | Path) -> list[RunResults]:

@@ -56,56 +56,59 @@ import pandas as pd
 
 _FLAGS = re.IGNORECASE | re.DOTALL
 
-PATTERN_RULES: dict[str, list[re.Pattern]] = {
-    "constraint_setup": [
-        re.compile(r"\b(let|suppose|assume)\s+\$?\\?[a-z]\w*\$?\s*(be|denote|=|represents?|:)", _FLAGS),
-        re.compile(r"\b(let's|let us|we)\s+(denote|define|set up|write down)\b", _FLAGS),
-        re.compile(r"\bdenote\b.{0,40}\b(by|as)\b", _FLAGS),
-        re.compile(r"\b(constraints?|conditions?)\s*(are|is|:)", _FLAGS),
-        re.compile(r"\b(must|should) satisfy\b", _FLAGS),
-        re.compile(r"\bsubject to\b", _FLAGS),
-        re.compile(r"\bwe (are given|know) that\b", _FLAGS),
-        re.compile(r"\bset up (an? |the )?(equations?|system|inequalit)", _FLAGS),
-    ],
-    "structural_reasoning": [
-        re.compile(r"\bstep\s*\d+\b(.*?)\bstep\s*\d+\b", _FLAGS),
-        re.compile(r"\b(break|split|decompose)\w*\b.{0,30}\b(down|into)\b", _FLAGS),
-        re.compile(r"\bsub-?problems?\b", _FLAGS),
-        re.compile(
+# The rules as written in the table above; compiled once below (case-insensitive, '.' spans lines).
+_RULE_TEXT: dict[str, tuple[str, ...]] = {
+    "constraint_setup": (
+        r"\b(let|suppose|assume)\s+\$?\\?[a-z]\w*\$?\s*(be|denote|=|represents?|:)",
+        r"\b(let's|let us|we)\s+(denote|define|set up|write down)\b",
+        r"\bdenote\b.{0,40}\b(by|as)\b",
+        r"\b(constraints?|conditions?)\s*(are|is|:)",
+        r"\b(must|should) satisfy\b",
+        r"\bsubject to\b",
+        r"\bwe (are given|know) that\b",
+        r"\bset up (an? |the )?(equations?|system|inequalit)",
+    ),
+    "structural_reasoning": (
+        r"\bstep\s*\d+\b(.*?)\bstep\s*\d+\b",
+        r"\b(break|split|decompose)\w*\b.{0,30}\b(down|into)\b",
+        r"\bsub-?problems?\b",
+        (
             r"\b(recurrence|recursive(ly)?|recursion|invariant|symmetr\w*|by induction|inductive step"
-            r"|pattern (is|emerges))\b",
-            _FLAGS,
+            r"|pattern (is|emerges))\b"
         ),
-    ],
-    "proof_by_contradiction": [
-        re.compile(r"\bcontradict\w*\b", _FLAGS),
-        re.compile(r"\bfor the sake of contradiction\b", _FLAGS),
-        re.compile(r"\b(suppose|assume)\s+(not|otherwise|the contrary|to the contrary)\b", _FLAGS),
-        re.compile(r"\b(which|this) is (impossible|absurd)\b", _FLAGS),
-    ],
-    "case_analysis": [
-        re.compile(r"\bcase\s*(\d+|[ivx]+\b|[a-d]\b|:)", _FLAGS),
-        re.compile(r"\b(two|three|four|both|several|these|the following|all|possible) (sub)?cases\b", _FLAGS),
-        re.compile(r"\bsub-?cases?\b", _FLAGS),
-        re.compile(r"\bin (the|this|each) case\b", _FLAGS),
-    ],
-    "verification": [
-        re.compile(r"\b(let's|let me|we can|to) (verify|double[- ]check|check)\b", _FLAGS),
-        re.compile(r"\bverif(y|ying|ication)\b", _FLAGS),
-        re.compile(r"\b(plug|substitut)\w*\b.{0,30}\bback\b", _FLAGS),
-        re.compile(r"\bsanity check\b", _FLAGS),
-    ],
-    "enumeration": [
-        re.compile(r"\b(enumerat\w*|list(ing)? (all|out|them|the possible))\b", _FLAGS),
-        re.compile(r"\blet'?s list\b", _FLAGS),
-        re.compile(r"\bpossible (values|pairs|combinations|triples|outcomes)\b.{0,20}(are|:)", _FLAGS),
-    ],
-    "self_correction": [
-        re.compile(r"\bwait\b[,.!]", _FLAGS),
-        re.compile(r"\b(i|we) made (a|an) (mistake|error)\b", _FLAGS),
-        re.compile(r"\b(let me|let's) (re-?(check|consider|think|evaluate|examine))\b", _FLAGS),
-        re.compile(r"\bthat('s| is) (not right|incorrect|wrong)\b", _FLAGS),
-    ],
+    ),
+    "proof_by_contradiction": (
+        r"\bcontradict\w*\b",
+        r"\bfor the sake of contradiction\b",
+        r"\b(suppose|assume)\s+(not|otherwise|the contrary|to the contrary)\b",
+        r"\b(which|this) is (impossible|absurd)\b",
+    ),
+    "case_analysis": (
+        r"\bcase\s*(\d+|[ivx]+\b|[a-d]\b|:)",
+        r"\b(two|three|four|both|several|these|the following|all|possible) (sub)?cases\b",
+        r"\bsub-?cases?\b",
+        r"\bin (the|this|each) case\b",
+    ),
+    "verification": (
+        r"\b(let's|let me|we can|to) (verify|double[- ]check|check)\b",
+        r"\bverif(y|ying|ication)\b",
+        r"\b(plug|substitut)\w*\b.{0,30}\bback\b",
+        r"\bsanity check\b",
+    ),
+    "enumeration": (
+        r"\b(enumerat\w*|list(ing)? (all|out|them|the possible))\b",
+        r"\blet'?s list\b",
+        r"\bpossible (values|pairs|combinations|triples|outcomes)\b.{0,20}(are|:)",
+    ),
+    "self_correction": (
+        r"\bwait\b[,.!]",
+        r"\b(i|we) made (a|an) (mistake|error)\b",
+        r"\b(let me|let's) (re-?(check|consider|think|evaluate|examine))\b",
+        r"\bthat('s| is) (not right|incorrect|wrong)\b",
+    ),
+}
+PATTERN_RULES: dict[str, list[re.Pattern]] = {
+    name: [re.compile(rule, _FLAGS) for rule in rules] for name, rules in _RULE_TEXT.items()
 }
 PATTERNS = tuple(PATTERN_RULES)
 

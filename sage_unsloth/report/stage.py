@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from sage_unsloth.manifest import atomic_write_text, write_manifest
-from sage_unsloth.report import grouping, plots, support, tables, training
+from sage_unsloth.report import grouping, multi_seed, plots, support, tables, training
 from sage_unsloth.report import patterns as pat
 from sage_unsloth.report.config import ReportArguments, parse_args
 from sage_unsloth.report.loading import discover_runs
@@ -41,6 +41,7 @@ class ReportResult:
     out: Path
     support: pd.DataFrame | None = None
     training: pd.DataFrame | None = None
+    seeds: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict)  # the multi-seed mode's tables
 
 
 # ---------------------------------------------------------------- formatting
@@ -132,6 +133,8 @@ def render_markdown(
         f"these tables: `{result.out.stem}/comparison.csv`."
     )
     parts += pairs_section(result.pairs)
+    if result.seeds:
+        parts.append(multi_seed.markdown_section(result.seeds, result.out.stem).rstrip("\n"))
     parts += patterns_section(args, result, published_patterns, mapping)
     return "\n\n".join(parts) + "\n"
 
@@ -315,12 +318,13 @@ def _build_report(args: ReportArguments, out: Path, *, console: bool) -> ReportR
     pairs = tables.paired_table(
         tables.resolve_pairs(runs, args.pairs, mapping), runs, published, settings, mapping
     )
+    seeds = multi_seed.multi_seed_tables(runs, args.pairs, settings, mapping)
     patterns = pat.pattern_table(runs, args.completions, samples_per_problem=args.pattern_samples_per_problem)
     size = (args.plot_width, args.plot_height)
     colours = grouping.palette(f"{r.model}/{grouping.method_of(r.run)}" for r in runs)  # one per method
     images = plots.passk_curves(curves, comparison, assets, size=size, colours=colours)
     rel = lambda p: Path(p).resolve().relative_to(out.parent.resolve()).as_posix()
-    support_frame, support_md = _support_section(args, runs, mapping, assets, size, colours, rel)
+    support_frame, support_md = _support_section(args, runs, mapping, settings, (assets, size, colours, rel))
     training_frame, training_md, training_png = _training_section(args, runs, assets, size, colours, rel)
     result = ReportResult(
         markdown="",
@@ -332,6 +336,7 @@ def _build_report(args: ReportArguments, out: Path, *, console: bool) -> ReportR
         out=out,
         support=support_frame,
         training=training_frame,
+        seeds=seeds,
     )
     result.markdown = render_markdown(args, runs, result, published_patterns, mapping)
     result.markdown += "\n" + support_md + "\n" + "\n" + training_md + "\n"
@@ -344,17 +349,13 @@ def _build_report(args: ReportArguments, out: Path, *, console: bool) -> ReportR
     return result
 
 
-def _support_section(args: ReportArguments, runs, mapping, assets: Path, size, colours, rel):
-    """(the support table, its markdown section with the plots it drew under ``assets``)."""
+def _support_section(args: ReportArguments, runs, mapping, settings: tables.BootstrapSettings, drawing):
+    """(the support table, its markdown section with the plots it drew; ``drawing``: (assets folder, size,
+    colours, the relative-path function))."""
+    assets, size, colours, rel = drawing
     notes: list[str] = []
     frame = support.support_table(
-        runs,
-        reference=args.support_reference,
-        mapping=mapping,
-        resamples=args.resamples,
-        seed=args.seed,
-        level=args.level,
-        notes=notes,
+        runs, reference=args.support_reference, mapping=mapping, notes=notes, **dataclasses.asdict(settings)
     )
     images = support.plot_support(frame, assets, size=size, colours=colours)
     return frame, support.markdown_section(frame, images, rel, notes)
@@ -383,6 +384,7 @@ def _write_report_files(args: ReportArguments, runs, result: ReportResult, asset
         ("patterns", result.patterns),
         ("support", result.support),
         ("training", result.training),
+        *result.seeds.items(),
     ):
         atomic_write_text(assets / f"{name}.csv", frame.to_csv(index=False))
     write_manifest(

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sage_unsloth.report import bootstrap as bs
+from sage_unsloth.report import intervals
 from sage_unsloth.report.loading import RunResults
 from sage_unsloth.report.paper import map_run
 from sage_unsloth.results import pass_at_k_matrix
@@ -113,7 +113,7 @@ def support_table(
     *,
     reference: str | None = None,
     mapping: dict | None = None,
-    resamples: int = bs.DEFAULT_RESAMPLES,
+    resamples: int = intervals.DEFAULT_RESAMPLES,
     seed: int = 0,
     level: float = 0.95,
     notes: list[str] | None = None,
@@ -139,10 +139,10 @@ def support_table(
                     continue
                 ks = support_ks(n_ref, n_run)
                 p_ref, p_run = pass_at_k_matrix(n_ref, c_ref, ks), pass_at_k_matrix(n_run, c_run, ks)
-                counts = bs.resample_counts(len(n_ref), resamples=resamples, seed=seed, stream=dataset)
+                counts = intervals.resample_counts(len(n_ref), resamples=resamples, seed=seed, stream=dataset)
                 for col, k in enumerate(ks):
                     values = per_problem_shares(p_ref[:, col], p_run[:, col])
-                    low, high = bs.percentile_ci(bs.resampled_means(values, counts), level)
+                    low, high = intervals.percentile_ci(intervals.resampled_means(values, counts), level)
                     row = {
                         "model": model,
                         "run": run.run,

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sage_unsloth.report import bootstrap as bs
+from sage_unsloth.report import intervals
+from sage_unsloth.report.compare import split_run
 from sage_unsloth.report.loading import RunResults
 from sage_unsloth.report.paper import DEFAULT_METHOD_PAIRS, PaperRow, map_run, paper_value
 from sage_unsloth.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, POOLED_AIME
@@ -73,7 +74,7 @@ CONSISTENCY_TOL = 1e-6
 
 @dataclass
 class BootstrapSettings:
-    resamples: int = bs.DEFAULT_RESAMPLES
+    resamples: int = intervals.DEFAULT_RESAMPLES
     seed: int = 0
     level: float = 0.95
 
@@ -128,8 +129,8 @@ def bootstrap_ci(run: RunResults, dataset: str, ks, settings: BootstrapSettings)
     if sets is None:
         return None
     per_set = [(name, values) for name, (_, values) in sets.items()]
-    samples = bs.stratified_average_samples(per_set, resamples=settings.resamples, seed=settings.seed)
-    low, high = bs.percentile_ci(samples, settings.level)
+    samples = intervals.stratified_average_samples(per_set, resamples=settings.resamples, seed=settings.seed)
+    low, high = intervals.percentile_ci(samples, settings.level)
     point = np.mean([values.mean(axis=0) for _, values in per_set], axis=0)
     return point, low, high
 
@@ -246,13 +247,21 @@ def _select(runs: list[RunResults], ref: str) -> list[RunResults]:
     return [r for r in runs if ref in (r.name, r.run)]
 
 
+def _is_method(runs: list[RunResults], name: str) -> bool:
+    return any(split_run(r.run)[0] == name and split_run(r.run)[1] is not None for r in runs)
+
+
 def resolve_pairs(runs: list[RunResults], spec: str | None, mapping: dict | None = None):
     """[(run_a, run_b)] on the same model: from --pairs, else the default method pairs of the paper."""
     resolved = []
     if spec:
         for a_ref, b_ref in parse_pairs(spec):
             a_runs, b_runs = _select(runs, a_ref), _select(runs, b_ref)
-            missing = [ref for ref, found in ((a_ref, a_runs), (b_ref, b_runs)) if not found]
+            missing = [
+                ref
+                for ref, found in ((a_ref, a_runs), (b_ref, b_runs))
+                if not found and not _is_method(runs, ref)
+            ]  # a method's name (runs <method>_seed<N>) is a pair of the multi-seed mode (report/multi_seed.py)
             if missing:  # a pair the user asked for is never silently left out of the report
                 raise ValueError(
                     f"--pairs {a_ref}:{b_ref}: no run named {missing[0]!r} under the results folder "
@@ -321,10 +330,10 @@ def _paired_difference(a: RunResults, b: RunResults, dataset: str, k: int | None
     aligned_a, aligned_b, n_common, note = _common_problems(sets_a, sets_b)
     if any(len(v) == 0 or np.isnan(v).any() for v in (*aligned_a.values(), *aligned_b.values())):
         return {**missing, "n_problems": n_common}
-    samples = bs.paired_difference_samples(
+    samples = intervals.paired_difference_samples(
         aligned_a, aligned_b, resamples=settings.resamples, seed=settings.seed
     )
-    low, high = bs.percentile_ci(samples, settings.level)
+    low, high = intervals.percentile_ci(samples, settings.level)
     diff = float(np.mean([aligned_a[n].mean() - aligned_b[n].mean() for n in aligned_a]))
     return {
         "diff": diff,

@@ -6,7 +6,7 @@ a seed-level paired difference has its own evaluation noise; result folders writ
 seedless ``sft`` run, which pairs with every seed (:func:`paired_runs`). Per run and problem the value is the unbiased pass@k (or a strategy share); a
 method's score is the mean over its seeds and the problems.
 
-Intervals: sage_unsloth.demo.intervals (``ci`` below): a t-interval with S - 1 degrees of freedom over the
+Intervals: sage_unsloth.report.intervals (``ci`` below): a t-interval with S - 1 degrees of freedom over the
 seed-level means (for a paired A - B: the seed-level paired differences), a problem bootstrap with one seed;
 the ``interval`` column of every table names which. Paired differences A - B pair the runs by seed (the
 same training seed, hence the same initial rollouts, and the same evaluation seed); against a seedless
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..report.support import SHARES, per_problem_shares
 from ..results import pass_at_k_matrix
 from . import intervals
+from .support import SHARES, per_problem_shares
 
 SEED_SUFFIX = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)$")
 REFERENCE_METHOD = "sft"
@@ -72,6 +72,12 @@ def load_lab_runs(model_results: Path, dataset: str) -> LabRuns:
         frames[path.parent.name] = frame.set_index("problem_id")
     if not frames:
         raise FileNotFoundError(f"no <run>/per_problem.csv under {model_results}: run the eval steps first")
+    return aligned_runs(frames)
+
+
+def aligned_runs(frames: dict[str, pd.DataFrame]) -> LabRuns:
+    """LabRuns of per-problem frames (run -> rows indexed by problem_id, with n and c) on the first run's problem
+    order; runs that graded other problems are refused."""
     problems = list(next(iter(frames.values())).index)
     for run, frame in frames.items():
         if sorted(frame.index) != sorted(problems):
@@ -81,6 +87,17 @@ def load_lab_runs(model_results: Path, dataset: str) -> LabRuns:
         {r: f.loc[problems, "n"].to_numpy() for r, f in frames.items()},
         {r: f.loc[problems, "c"].to_numpy() for r, f in frames.items()},
     )
+
+
+def lab_ks(n_min: int, kmax: int | None = None) -> tuple[int, list[int]]:
+    """(kmax, the ks reported: powers of two up to kmax, and kmax): kmax defaults to the fewest samples per
+    problem / 4, and needs n >= 4 kmax."""
+    kmax = kmax or max(1, n_min // 4)
+    if n_min < 4 * kmax:
+        raise ValueError(
+            f"--kmax {kmax} needs >= {4 * kmax} samples per problem (n >= 4k), the runs have {n_min}"
+        )
+    return kmax, [k for k in (2**i for i in range(32)) if k <= kmax] + ([kmax] if kmax & (kmax - 1) else [])
 
 
 SHARE = (0.0, 1.0)  # the range of a pass@k or a share of problems or completions
@@ -236,6 +253,16 @@ def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, lev
         )
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def support_table(lab: LabRuns, ks: list[int], **stats) -> pd.DataFrame:
+    """Support against SFT (preserved / shrunk / expanded / net) per method at every k of ``ks``."""
+    frames = [support_method_table(lab, k, **stats) for k in ks]
+    return (
+        pd.concat([f for f in frames if not f.empty], ignore_index=True)
+        if any(not f.empty for f in frames)
+        else pd.DataFrame()
+    )
 
 
 def strategy_method_table(
