@@ -24,7 +24,7 @@ rollout_batch           the rollout batch keys (:data:`ROLLOUT_KEYS`), scorer   
                         returns (logps, entropies, aux)                                                ::test_rollout_batch_keys_and_shapes
 old_logps_condition     when TRL scores ``old_per_token_logps`` in the rollout    trl 1.15.0           test_old_logps_condition;
                         (:func:`trl_scores_old_logps`), and that its reference                         test_rlvr_trainer.py::test_old_logp_pass_
-                        pass comes next (:func:`trl_reference_scoring_index`)                          reused_for_entropies; test_ref_branch.py
+                        pass comes next (:func:`trl_rollout_scoring_calls`)                            reused_for_entropies; test_ref_branch.py
 trl_formulas            TRL's loss aggregation per loss_type and group            trl 1.15.0           test_trl_formulas_in_the_source;
                         advantage (:func:`aggregate_like_trl`,                                         test_rlvr_trainer.py / test_placement.py
                         :func:`group_advantages`), ``trl.trainer.utils.
@@ -256,13 +256,17 @@ def trl_scores_old_logps(trainer) -> bool:
     )
 
 
+def trl_rollout_scoring_calls(trainer) -> list[str]:
+    """The scoring calls (``_get_per_token_logps_and_entropies``) TRL 1.15's _generate_and_score_completions makes,
+    in order: "old_logps" (the policy, when :func:`trl_scores_old_logps`), then "reference" (unless beta is 0)."""
+    return ["old_logps"] * trl_scores_old_logps(trainer) + ["reference"] * (trainer.beta != 0.0)
+
+
 def trl_reference_scoring_index(trainer) -> int | None:
-    """Which scoring call (``_get_per_token_logps_and_entropies``) of TRL 1.15's _generate_and_score_completions
-    scores the reference: the one after the old-logp pass when that runs, else the first; None when TRL scores
-    no reference (beta 0)."""
-    if trainer.beta == 0.0:
-        return None
-    return 1 if trl_scores_old_logps(trainer) else 0
+    """Which scoring call of TRL 1.15's _generate_and_score_completions scores the reference: the one after the
+    old-logp pass when that runs, else the first; None when TRL scores no reference (beta 0)."""
+    calls = trl_rollout_scoring_calls(trainer)
+    return calls.index("reference") if "reference" in calls else None
 
 
 def metrics(trainer, mode: str):

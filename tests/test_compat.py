@@ -220,6 +220,9 @@ def test_old_logps_condition(accumulation, per_generation, iterations, vllm, exp
     for beta, index in ((0.0, None), (0.05, 1 if expected else 0)):
         trainer.beta = beta
         assert compat.trl_reference_scoring_index(trainer) == index
+        # the names the trainer gives TRL's scoring calls, in the order TRL makes them
+        named = ["old_logps"] * expected + ["reference"] * (beta != 0.0)
+        assert compat.trl_rollout_scoring_calls(trainer) == named
 
 
 def test_reference_pass_is_the_scoring_call_after_the_old_logps():

@@ -785,6 +785,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from sage_unsloth.rlvr.config import SageGRPOConfig
 from sage_unsloth.compat import to_unsloth_layout
+from sage_unsloth.rlvr import taps
 from sage_unsloth.rlvr.trainer import SageGRPOTrainer
 
 model_dir = sys.argv[1]
@@ -810,12 +811,12 @@ def spy(model, inputs, *a, **k):
     seen.update({key: value.clone() if torch.is_tensor(value) else value for key, value in inputs.items()})
     return patched_compute_loss(model, inputs, *a, **k)
 trainer.compute_loss = spy
-shift = trainer.sage_shift_reference
-def spy_shift(output, q):
+shift = taps.shift_reference
+def spy_shift(output, q, **kwargs):
     before_shift.update(ref=output["ref_per_token_logps"].clone(), ids=output["completion_ids"].clone())
-    shift(output, q)
+    shift(output, q, **kwargs)
     before_shift["shifted"] = output["ref_per_token_logps"].clone()
-trainer.sage_shift_reference = spy_shift
+taps.shift_reference = spy_shift
 trainer.train()
 
 b = seen
