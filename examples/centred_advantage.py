@@ -8,16 +8,17 @@ Name it in a config (a file path, relative to the working directory; no kit file
 Per sequence: A_i = scale * (r_i - mean_{j in group(i)} r_j), the Dr. GRPO advantage (Liu et al., arXiv
 2503.20783) with a free scale. Per token: every completion token of i carries A_i (TRL broadcasts it).
 
-The contract (docs/extending.md): ``fn(rewards, num_generations, args, **advantage_estimator_args)``. ``rewards``
-are the summed weighted rewards (N,) of every process's rollouts, group by group -- under
-``sage_kl_placement: reward`` the shaped r~ -- with NaN for a completion no reward function could score;
-``args`` is the whole SageGRPOConfig. Return one advantage per completion (N,). The kit checks
-``advantage_estimator_args`` against this signature before any model loads, and slices this process's rows.
+The contract (docs/extending.md): ``fn(inputs, **advantage_estimator_args)``, the one call shape of every plug-in
+kind. ``inputs`` is a sage_unsloth.rlvr.advantages.GroupRewards: ``inputs.rewards`` the summed weighted rewards (N,)
+of every process's rollouts, group by group -- under ``sage_kl_placement: reward`` the shaped r~ -- with NaN for a
+completion no reward function could score, ``inputs.num_generations`` the group size. Return one advantage per
+completion (N,). The kit checks ``advantage_estimator_args`` against this signature before any model loads, and
+slices this process's rows.
 """
 
 import torch
 
 
-def centred_advantage(rewards, num_generations, args, *, scale=1.0):
-    grouped = torch.nan_to_num(rewards, nan=0.0).view(-1, num_generations)
+def centred_advantage(inputs, *, scale: float = 1.0):
+    grouped = torch.nan_to_num(inputs.rewards, nan=0.0).view(-1, inputs.num_generations)
     return (scale * (grouped - grouped.mean(1, keepdim=True))).view(-1)

@@ -7,7 +7,8 @@ Per token: A_t <- A_t * (floor + (1 - floor) * min(1, H_t / entropy_scale)), wit
 entropy (no gradient): a token near-deterministic under the policy keeps ``floor`` of its advantage, an
 uncertain one all of it. Per sequence nothing else changes (TRL's clipped surrogate and aggregation).
 
-The contract (docs/extending.md): ``fn(batch, args, **policy_term_args) -> TermOutput``. ``batch`` is a
+The contract (docs/extending.md): ``fn(batch, **policy_term_args) -> TermOutput``, the one call shape of every
+plug-in kind. ``batch`` is a
 sage_unsloth.rlvr.policy_terms.TokenBatch of the loss call (logps with gradient, old_logps, entropies,
 per-token advantages, mask, the clip range, a per-step seeded generator); return replacement ``advantages``
 (B, T), an added per-token ``loss`` (aggregated as TRL aggregates its own), ``metrics`` to log, or any of them.
@@ -17,7 +18,7 @@ TRL backend only (Unsloth's compiled loss has no slot for it); the kit refuses t
 from sage_unsloth.rlvr.policy_terms import TermOutput
 
 
-def damped_advantage(batch, args, *, floor=0.5, entropy_scale=1.0):
+def damped_advantage(batch, *, floor: float = 0.5, entropy_scale: float = 1.0):
     certainty = (batch.entropies / entropy_scale).clamp(max=1.0)
     weight = floor + (1.0 - floor) * certainty
     kept = (weight * batch.mask).sum() / batch.mask.sum().clamp(min=1)

@@ -24,7 +24,7 @@ rollout_batch           the rollout batch keys (:data:`ROLLOUT_KEYS`), scorer   
                         returns (logps, entropies, aux)                                                ::test_rollout_batch_keys_and_shapes
 old_logps_condition     when TRL scores ``old_per_token_logps`` in the rollout    trl 1.15.0           test_old_logps_condition;
                         (:func:`trl_scores_old_logps`), and that its reference                         test_rlvr_trainer.py::test_old_logp_pass_
-                        pass comes next (:func:`trl_reference_scoring_index`)                          reused_for_entropies; test_ref_branch.py
+                        pass comes next (:func:`trl_rollout_scoring_calls`)                            reused_for_entropies; test_ref_branch.py
 trl_formulas            TRL's loss aggregation per loss_type and group            trl 1.15.0           test_trl_formulas_in_the_source;
                         advantage (:func:`aggregate_like_trl`,                                         test_rlvr_trainer.py / test_placement.py
                         :func:`group_advantages`), ``trl.trainer.utils.
@@ -148,13 +148,7 @@ class TorchChunkedLogProb:
     ):
         import torch
 
-        logits = torch.nn.functional.linear(
-            hidden.float(), weight.float(), None if bias is None else bias.float()
-        )
-        logits = logits * logit_scale
-        if final_logit_softcapping is not None:
-            logits = final_logit_softcapping * torch.tanh(logits / final_logit_softcapping)
-        logits = logits / temperature
+        logits = fused_head_logits(hidden, weight, bias, temperature, final_logit_softcapping, logit_scale)
         log_probs_all = torch.log_softmax(logits, dim=-1)
         log_probs = log_probs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) if "entropy" in outputs else None
@@ -163,6 +157,20 @@ class TorchChunkedLogProb:
             mean_logits = logits.mean(-1) if "mean_logits" in outputs else None
             is_top1 = (log_probs >= log_probs_all.max(-1).values) if "is_top1" in outputs else None
         return log_probs, entropy, log_sum_sq, mean_logits, is_top1
+
+
+def fused_head_logits(hidden, weight, bias, temperature, softcap, scale):
+    """The logits TRL 1.15's fused LM head takes its softmax of, in fp32: ``hidden @ weight.T + bias``, times
+    ``scale``, soft-capped (``softcap * tanh(x / softcap)``) when ``softcap`` is set, over ``temperature``."""
+    import torch
+
+    logits = torch.nn.functional.linear(
+        hidden.float(), weight.float(), None if bias is None else bias.float()
+    )
+    logits = logits * scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return logits / temperature
 
 
 def install_cpu_logprob_fallback() -> bool:
@@ -248,13 +256,17 @@ def trl_scores_old_logps(trainer) -> bool:
     )
 
 
+def trl_rollout_scoring_calls(trainer) -> list[str]:
+    """The scoring calls (``_get_per_token_logps_and_entropies``) TRL 1.15's _generate_and_score_completions makes,
+    in order: "old_logps" (the policy, when :func:`trl_scores_old_logps`), then "reference" (unless beta is 0)."""
+    return ["old_logps"] * trl_scores_old_logps(trainer) + ["reference"] * (trainer.beta != 0.0)
+
+
 def trl_reference_scoring_index(trainer) -> int | None:
-    """Which scoring call (``_get_per_token_logps_and_entropies``) of TRL 1.15's _generate_and_score_completions
-    scores the reference: the one after the old-logp pass when that runs, else the first; None when TRL scores
-    no reference (beta 0)."""
-    if trainer.beta == 0.0:
-        return None
-    return 1 if trl_scores_old_logps(trainer) else 0
+    """Which scoring call of TRL 1.15's _generate_and_score_completions scores the reference: the one after the
+    old-logp pass when that runs, else the first; None when TRL scores no reference (beta 0)."""
+    calls = trl_rollout_scoring_calls(trainer)
+    return calls.index("reference") if "reference" in calls else None
 
 
 def metrics(trainer, mode: str):
@@ -524,36 +536,20 @@ class LogitSignalKernel:
     inner = None
 
     @classmethod
-    def apply(
-        cls,
-        hidden,
-        weight,
-        bias,
-        targets,
-        temperature,
-        chunk_size,
-        softcap=None,
-        scale=1.0,
-        outputs=("entropy",),
-    ):
+    def apply(cls, *inputs):
         import torch
 
-        result = cls.inner.apply(
-            hidden, weight, bias, targets, temperature, chunk_size, softcap, scale, outputs
-        )
+        result = cls.inner.apply(*inputs)  # TRL's arguments reach the kernel as TRL passed them
+        # TRL 1.15's order: hidden, weight, bias, targets, temperature, chunk_size, softcap, scale[, outputs]
+        hidden, weight, bias, targets, temperature, _, softcap, scale = inputs[:8]
         fns = _LOGIT_TAP["fns"]
         if fns:
             values = {name: [] for name in fns}
             with torch.no_grad():
                 for start in range(0, hidden.size(0), LOGIT_SIGNAL_ROWS):
-                    h = hidden[start : start + LOGIT_SIGNAL_ROWS].detach().float()
-                    logits = torch.nn.functional.linear(
-                        h, weight.float(), None if bias is None else bias.float()
-                    )
-                    logits = logits * scale
-                    if softcap is not None:
-                        logits = softcap * torch.tanh(logits / softcap)
-                    log_probs = torch.log_softmax(logits / temperature, dim=-1)
+                    h = hidden[start : start + LOGIT_SIGNAL_ROWS].detach()
+                    logits = fused_head_logits(h, weight, bias, temperature, softcap, scale)
+                    log_probs = torch.log_softmax(logits, dim=-1)
                     for name, fn in fns.items():
                         values[name].append(fn(log_probs, targets[start : start + LOGIT_SIGNAL_ROWS]).float())
             _LOGIT_TAP["calls"].append(

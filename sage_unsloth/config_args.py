@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from sage_unsloth.input_checks import unreadable_line
 from sage_unsloth.method_cards import LAB_KEY  # a demo method's card: how the lab shows it, no stage's field
 
 BASE_KEY = "base"
@@ -104,9 +105,7 @@ def read_config_file(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not a text file (not UTF-8): pass a YAML config") from None
     except OSError as exc:
-        raise ConfigError(
-            f"config file {path} cannot be read ({exc.strerror or exc}): fix its permissions"
-        ) from None
+        raise ConfigError(unreadable_line(f"config file {path}", exc)) from None
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a YAML mapping (key: value lines), not a {type(data).__name__}")

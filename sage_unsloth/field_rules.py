@@ -4,8 +4,9 @@ names (:class:`Names`, optionally plug-ins given as ``package.module:function`` 
 A stage's config classes list theirs in a ``FIELD_RULES`` class variable. ``python -m sage_unsloth.config_schema
 --write`` copies them into the committed schema (sage_unsloth/stage_schema.json), which the pre-import check
 (:mod:`sage_unsloth.config_schema`) reads without importing TRL, so every bad value of a config is reported at
-once, before torch is imported. The configs' ``__post_init__`` then check them again: stages 3 and 4 and the sweep
-through :func:`check_field_rules` (the same words), the training configs with their own worded checks;
+once, before torch is imported. The configs' ``__post_init__`` then check them again: stages 3 and 4, the sweep and
+stage 2's own fields through :func:`check_field_rules` (the same words), the TRL-based training configs with their
+own worded checks;
 tests/cli/test_config_schema.py holds each rule to what the real dataclass refuses, at its bounds.
 
 Stdlib only (no TRL, no torch).
@@ -40,20 +41,8 @@ class Limit:
         return f"{bounds} and finite" if bounds else "finite"
 
     def _bounds(self) -> str:
-        low = (
-            f"[{_number(self.ge)}"
-            if self.ge is not None
-            else f"({_number(self.gt)}"
-            if self.gt is not None
-            else None
-        )
-        high = (
-            f"{_number(self.le)}]"
-            if self.le is not None
-            else f"{_number(self.lt)})"
-            if self.lt is not None
-            else None
-        )
+        low = _end(self.ge, "[{}", self.gt, "({}")
+        high = _end(self.le, "{}]", self.lt, "{})")
         if low and high:
             return f"in {low}, {high}"
         if low:
@@ -120,6 +109,13 @@ class Names:
         if self.also_from:
             out["also_from"] = self.also_from
         return out
+
+
+def _end(closed: float | None, closed_form: str, open_: float | None, open_form: str) -> str | None:
+    """One end of an interval as written: the closed bound if set, else the open one, else None."""
+    if closed is not None:
+        return closed_form.format(_number(closed))
+    return None if open_ is None else open_form.format(_number(open_))
 
 
 def _number(bound: float) -> str:

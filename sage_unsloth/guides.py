@@ -68,7 +68,7 @@ UNSLOTH_NO_REF_ENTROPY = ("ref_entropies",)  # Unsloth's reference scorer return
 GUIDES = Registry(
     "guide",
     field="sage_guide",
-    meta={"needs": (), "config_fields": None, "gradient_rule": None},
+    meta={"needs": (), "gradient_rule": None},
     inputs="signals",
 )
 LOGIT_SIGNALS = Registry(
@@ -234,8 +234,14 @@ def clipped_fraction_counts(
 
 
 # --------------------------------------------------------------------------------------------- built-ins
-# The paper's guides, through the same interface: thin calls of anchor.py's formulas (the oracle tests' subject),
-# with their parameters read from their own config fields (config_fields: parameter -> SageGRPOConfig field).
+# The paper's guides, through the same interface: thin calls of anchor.py's formulas (the oracle tests' subject).
+# Their knobs come in sage_guide_args like any guide's; each also has its flat config field (``aliases``: keyword
+# -> SageGRPOConfig field), read where sage_guide_args leaves it out (registry.Registry.knobs).
+_CLIP = {"q_min": "sage_q_min", "q_max": "sage_q_max"}
+_BRANCH = {"gamma": "sage_gamma", "tau": "sage_tau", **_CLIP}
+_SCHEDULE = {"cycles": "sage_schedule_cycles", "decay": "sage_schedule_decay", **_CLIP}
+
+
 def _schedule(signals: Signals, upper, lower, sigma_upper, sigma_lower, cycles, decay):
     return anchor.CosineSchedule(
         signals.max_steps, upper, lower, sigma_upper, sigma_lower, cycles=cycles, decay=decay
@@ -251,7 +257,7 @@ def guide_none(signals: Signals) -> torch.Tensor:
 @GUIDES.register(
     "branch",
     needs=("entropies",),
-    config_fields={"gamma": "sage_gamma", "tau": "sage_tau", "q_min": "sage_q_min", "q_max": "sage_q_max"},
+    aliases=_BRANCH,
 )
 def guide_branch(signals: Signals, *, gamma: float, tau: float, q_min: float, q_max: float) -> torch.Tensor:
     """q = 1 + gamma * relu(H - tau)."""
@@ -263,7 +269,7 @@ def guide_branch(signals: Signals, *, gamma: float, tau: float, q_min: float, q_
 @GUIDES.register(
     "ref_branch",
     needs=("ref_entropies",),
-    config_fields={"gamma": "sage_gamma", "tau": "sage_tau", "q_min": "sage_q_min", "q_max": "sage_q_max"},
+    aliases=_BRANCH,
 )
 def guide_ref_branch(
     signals: Signals, *, gamma: float, tau: float, q_min: float, q_max: float
@@ -280,16 +286,13 @@ def guide_ref_branch(
 @GUIDES.register(
     "token",
     needs=("logps",),
-    config_fields={
+    aliases={
         "alpha_upper": "sage_alpha_upper",
         "alpha_lower": "sage_alpha_lower",
         "sigma_upper": "sage_sigma_upper",
         "sigma_lower": "sage_sigma_lower",
         "norm": "sage_token_norm",
-        "cycles": "sage_schedule_cycles",
-        "decay": "sage_schedule_decay",
-        "q_min": "sage_q_min",
-        "q_max": "sage_q_max",
+        **_SCHEDULE,
     },
 )
 def guide_token(
@@ -313,15 +316,12 @@ def guide_token(
     "random",
     needs=(),
     gradient_rule="random",
-    config_fields={
+    aliases={
         "eps_upper": "sage_eps_upper",
         "eps_lower": "sage_eps_lower",
         "sigma_upper": "sage_random_sigma_upper",
         "sigma_lower": "sage_random_sigma_lower",
-        "cycles": "sage_schedule_cycles",
-        "decay": "sage_schedule_decay",
-        "q_min": "sage_q_min",
-        "q_max": "sage_q_max",
+        **_SCHEDULE,
     },
 )
 def guide_random(
@@ -364,28 +364,20 @@ def guide_args(value) -> dict:
 
 
 def resolve_guide(cfg, *, check_args: bool = False) -> tuple[Entry, tuple[str, ...]]:
-    """The config's guide entry and its checked ``needs``; with ``check_args`` its arguments too (a class guide is
-    built once to run its own checks). One line each, before any model loads."""
+    """The config's guide entry and its checked ``needs``; with ``check_args`` its arguments too (sage_guide_args
+    over a built-in's flat fields; each keyword the mapping sets is written to its flat field; a class guide is
+    built once to run its own checks; sage_guide_args stored as a plain mapping). One line each, before any model
+    loads."""
     entry = GUIDES.resolve(cfg.sage_guide)
     needs = check_needs(entry)
-    args = guide_args(getattr(cfg, "sage_guide_args", None))
-    fields = entry.meta.get("config_fields")
-    if fields and args:
-        raise ConfigError(
-            f"sage_guide_args: guide {entry.name!r} reads its parameters from "
-            f"{', '.join(sorted(set(fields.values())))}: set those instead"
-        )
-    if not fields and check_args:
-        GUIDES.bind(entry, args)  # checks the names against the signature; a class is built (its own checks)
+    if check_args:  # a class guide is built once to run its own checks
+        GUIDES.bind(entry, GUIDES.settle(entry, cfg))
     return entry, needs
 
 
 def build_guide(cfg, entry: Entry | None = None):
-    """The callable ``signals -> raw q`` for the config's guide (``entry``: its resolved entry, if the caller has it).
-    A built-in reads its config fields on every call (so a config changed in place is seen); a plug-in's arguments
-    are bound once (a class is built once)."""
+    """The callable ``signals -> raw q`` for the config's guide (``entry``: its resolved entry, if the caller has it):
+    its arguments (sage_guide_args over a built-in's flat fields) bound once, a class built once. The plan that holds
+    it is rebuilt when any of those fields changes (rlvr/plan.py)."""
     entry = entry or resolve_guide(cfg)[0]
-    fields = entry.meta.get("config_fields")
-    if fields:
-        return lambda signals: entry.obj(signals, **{p: getattr(cfg, f) for p, f in fields.items()})
-    return GUIDES.bind(entry, guide_args(getattr(cfg, "sage_guide_args", None)))
+    return GUIDES.bind(entry, GUIDES.knobs(entry, cfg, getattr(cfg, "sage_guide_args", None)))

@@ -30,9 +30,7 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_path") -> Non
     except FileNotFoundError:
         raise FileNotFoundError(f"{field}={path} does not exist: fix the path") from None
     except OSError as exc:
-        raise ValueError(
-            f"{field}={path} cannot be read ({exc.strerror or exc}): fix its permissions"
-        ) from None
+        raise ValueError(unreadable_line(f"{field}={path}", exc)) from None
     if not data.strip():
         raise ValueError(f"{field}={path} is empty: point {field} to a file with rows")
     suffix = path.suffix.lower()
@@ -47,6 +45,11 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_path") -> Non
         except ValueError:
             pass  # else it must be JSON lines
     _check_json_lines(data, path, field)
+
+
+def unreadable_line(what: str, exc: OSError) -> str:
+    """``WHAT cannot be read (why): fix its permissions``, for a data or config file the stage cannot open."""
+    return f"{what} cannot be read ({exc.strerror or exc}): fix its permissions"
 
 
 def _check_json_lines(data: bytes, path: Path, field: str) -> None:

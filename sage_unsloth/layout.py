@@ -14,6 +14,9 @@
 results sit inside ``outputs/``, which git ignores: the committed ``results/`` holds only reference numbers
 (``results/paper``, the paper's; ``results/demo-reference``, the demo's reference run).
 
+A run trained or evaluated at a seed is named ``<method>_seed<N>`` (:func:`run_name`; read back by
+:func:`split_run`) by every driver: the sweep, the demo lab and the report's colours and paper rows.
+
 Names that become one folder (a run or variant, a model's short name, a benchmark, a sweep, a lab method) are
 checked by :func:`check_name` before anything is written: one path component of letters, digits and
 ``. _ - + =``, starting with a letter or digit, at most 128 characters. So ``../x``, ``/abs``, ``a/b`` and
@@ -38,7 +41,27 @@ FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]{0,127}")
 FOLDER_NAME_RULE = "letters, digits and . _ - + =, starting with a letter or digit, at most 128 characters"
 
 
-def check_name(value: object, field: str, example: str = "grpo_s1") -> str:
+SEED_SUFFIX = "_seed"
+_RUN = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)$")
+# Legacy, read only: sweeps before the one convention named runs <config>_s<N>, and -seed<N> was accepted too.
+_LEGACY_RUN = re.compile(r"^(?P<method>.+?)(?:_s|-seed)(?P<seed>\d+)$")
+
+
+def run_name(method: str, seed: int | None) -> str:
+    """The folder name of ``method`` trained (or evaluated) at ``seed``: ``<method>_seed<N>``; the method
+    alone without a seed."""
+    return method if seed is None else f"{method}{SEED_SUFFIX}{seed}"
+
+
+def split_run(run: str, *, legacy: bool = False) -> tuple[str, int | None]:
+    """(method, seed) of a run name, the inverse of :func:`run_name`: ("grpo", 1) for "grpo_seed1", ("sft", None)
+    for "sft". ``legacy``: also read the names folders had before (``grpo_s1``, ``grpo-seed1``), for a report
+    over old results; the kit writes none of them."""
+    match = _RUN.match(run) or (_LEGACY_RUN.match(run) if legacy else None)
+    return (match["method"], int(match["seed"])) if match else (run, None)
+
+
+def check_name(value: object, field: str, example: str = "grpo_seed1") -> str:
     """``value`` when it can name one folder (:data:`FOLDER_NAME`), else ValueError naming ``field`` and the
     rule, in one line."""
     text = str(value)
@@ -57,7 +80,7 @@ def sft_dir(outputs: str | Path, model: str) -> Path:
 
 
 def rlvr_dir(outputs: str | Path, model: str, variant: str) -> Path:
-    """Stage 2's output folder for one variant (e.g. grpo_branch, grpo_s1)."""
+    """Stage 2's output folder for one variant (e.g. grpo_branch, grpo_seed1)."""
     return Path(outputs) / model / variant
 
 

@@ -13,8 +13,9 @@ Public API::
     make_recipe(platform, repo=..., workdir=..., model=..., ...) -> Recipe
     work_folder(platform, workdir, use_drive=..., tiny=...) -> WORKDIR (Drive on Colab, /kaggle/working on Kaggle)
     Recipe.command(stage, variant=None) -> argv;  Recipe.run(stage, variant=None);  Recipe.eval_runs()
+    Recipe.step(stage, variant=None) -> the training stage as a step of the job graph (sage_unsloth/jobs)
     Recipe.progress() -> where each stage stands (finished, resumes from checkpoint-N, not started)
-    run_stage(argv, cwd=..., env=..., done=...)  (sage_unsloth/recipe.py) stream a child's output, raise StageFailed
+    run_stage(argv, cwd=..., env=...)  (sage_unsloth/recipe.py) stream a child's output, raise StageFailed
     gpu_info() -> list[GPU];  platform_problems(gpus) -> [what to do];  preflight() (raises on a problem)
     install(repo)                      pip install -e repo[gpu], then torch / torchvision checked as a pair
     wandb_api_key() -> str (never printed or written)
@@ -52,14 +53,26 @@ class Platform:
     name: str
     model: str  # default MODEL of the generated notebook ("" for tiny: built offline)
     hardware: str
-    sft_config: str  # relative to the repository root
-    rlvr_configs: str  # folder holding grpo.yaml, grpo_branch.yaml
-    eval_config: str
+    preset: str  # the configs' name (sft_config, rlvr_configs, eval_config)
     # What the platform's SFT run changes in the preset (the 16 GB presets are float16 already: the T4 has no
     # bfloat16, and with bf16/fp16 both false Unsloth picks fp16 mixed precision for a float16 model).
     sft_overrides: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     needs_gpu: bool = True
+
+    @property
+    def sft_config(self) -> str:
+        """configs/sft/<preset>.yaml (relative to the repository root, as the other two)."""
+        return f"configs/sft/{self.preset}.yaml"
+
+    @property
+    def rlvr_configs(self) -> str:
+        """configs/rlvr/<preset>: the folder holding grpo.yaml, grpo_branch.yaml."""
+        return f"configs/rlvr/{self.preset}"
+
+    @property
+    def eval_config(self) -> str:
+        return f"configs/eval/notebook-{self.preset}.yaml"
 
 
 # The T4 (compute capability 7.5): Unsloth's switch that keeps vLLM off its FlashInfer sampler, which vLLM refuses
@@ -70,9 +83,7 @@ PLATFORMS: dict[str, Platform] = {
         name="colab",
         model="Qwen/Qwen2.5-1.5B",
         hardware="Colab T4 (16 GB)",
-        sft_config="configs/sft/qwen2.5-1.5b.yaml",
-        rlvr_configs="configs/rlvr/qwen2.5-1.5b",
-        eval_config="configs/eval/notebook-qwen2.5-1.5b.yaml",
+        preset="qwen2.5-1.5b",
         # 16-bit LoRA, the preset as it is (`sage-unsloth doctor configs/sft/qwen2.5-1.5b.yaml --gpu t4`).
         env=T4_ENV,
     ),
@@ -80,9 +91,7 @@ PLATFORMS: dict[str, Platform] = {
         name="kaggle",
         model="Qwen/Qwen2.5-3B",
         hardware="Kaggle T4 x2 (one used, 16 GB)",
-        sft_config="configs/sft/qwen2.5-3b.yaml",
-        rlvr_configs="configs/rlvr/qwen2.5-3b",
-        eval_config="configs/eval/notebook-qwen2.5-3b.yaml",
+        preset="qwen2.5-3b",
         # QLoRA, as stage 2 (configs/rlvr/qwen2.5-3b/ is 4-bit): the SFT adapter is trained on the weights RL uses.
         sft_overrides=("--load_in_4bit", "true"),
         # Unsloth trains on one GPU; with two visible, transformers' Trainer would wrap it in DataParallel.
@@ -92,9 +101,7 @@ PLATFORMS: dict[str, Platform] = {
         name="tiny",
         model="",
         hardware="CPU (CI): tiny random Qwen2, offline",
-        sft_config="configs/sft/tiny-cpu.yaml",
-        rlvr_configs="configs/rlvr/tiny-cpu",
-        eval_config="configs/eval/notebook-tiny-cpu.yaml",
+        preset="tiny-cpu",
         env=(
             ("HF_HUB_OFFLINE", "1"),
             ("HF_DATASETS_OFFLINE", "1"),
@@ -352,23 +359,38 @@ class Recipe:
             return None
         return last_complete_checkpoint(done)
 
+    def step(self, stage: str, variant: str | None = None):
+        """A training stage as a step of the kit's job graph (sage_unsloth/jobs): done when its stamp in
+        ``<workdir>/stages/`` holds its inputs' fingerprint and its folder a manifest; None for eval and report,
+        which run every time (an evaluation resumes chunk by chunk by itself; the report is cheap)."""
+        from sage_unsloth.config_args import config_files
+        from sage_unsloth.jobs import Step
+
+        folder = self.output_of(stage, variant)
+        if folder is None:
+            return None
+        command = self.command(stage, variant)
+        name = f"{stage}_{variant}" if variant else stage
+        after = (layout.SFT_RUN,) if stage == "rlvr" else ()
+        return Step(name, command, (folder,), after=after, configs=config_files(command[3]), code=None,
+                    done_file=MANIFEST_NAME, keep=True, kind=stage)  # fmt: skip
+
     def run(self, stage: str, variant: str | None = None) -> None:
-        """Run one stage; skipped when its folder holds a finished run of this same command (recipe.finished), and
-        continued from its newest complete checkpoint when it stopped part-way (``--resume true``, recorded as the
-        same command)."""
-        done = self.output_of(stage, variant)
-        record = self.workdir / "stages" / f"{stage}{'_' + variant if variant else ''}.json" if done else None
+        """Run one stage in this cell, its output streamed; skipped when the job graph says it is done (same
+        inputs, manifest written), continued from its newest complete checkpoint when it stopped part-way
+        (``--resume true``: the same inputs), refused in one line when its folder holds another command's run."""
+        from sage_unsloth.jobs import fingerprint
+        from sage_unsloth.jobs.graph import run_here
+
         command = self.command(stage, variant)
         resume = ["--resume", "true"] if self._resumes(stage, variant) is not None else []
-        run_stage(
-            command + resume,
-            cwd=self.workdir,
-            env=self.env(),
-            done=done,
-            stage=stage,
-            record=record,
-            recorded=command[1:],
-        )
+        start = lambda: run_stage(command + resume, cwd=self.workdir, env=self.env())
+        step = self.step(stage, variant)
+        if step is None:
+            start()
+            return
+        upstream = {name: fingerprint(self.step(name), {}) for name in step.after}
+        run_here(step, fingerprint(step, upstream), self.workdir / "stages", start)
 
     def progress(self) -> str:
         """Where each stage of this run stands in its work folder: finished, resumes from checkpoint-N, evaluation

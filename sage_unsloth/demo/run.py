@@ -19,7 +19,7 @@ Steps (each a subprocess; stages 1-4 are the kit's own entry points with the con
   (results/demo-reference/), appended to report.md (sage_unsloth.demo.lab).
 
 Independent steps run in parallel (``--jobs``, default: the usable cores). A rerun reuses every step whose
-inputs did not change (sage_unsloth.demo.steps: fingerprinted stamps); ``--fresh`` deletes this run's
+inputs did not change (sage_unsloth/jobs: the one job graph of the kit, fingerprinted stamps); ``--fresh`` deletes this run's
 work and results folders first. Timings per step (wall and CPU seconds) go to ``<results>/timings.csv``.
 """
 
@@ -45,6 +45,8 @@ import yaml
 from .. import layout
 from ..config_args import config_files, merge_over_base, read_config_file
 from ..folder_lock import LOCK_NAME, FolderLock
+from ..jobs import STAMP_DIR, Step, StepRecord, run_steps
+from ..jobs.cores import usable_cores
 from ..layout import SFT_RUN
 from ..manifest import atomic_write_json, atomic_write_text
 from ..method_cards import LAB_KEY, MethodCard, demo_cards, demo_configs, read_card, role_holder
@@ -52,8 +54,8 @@ from ..recipe import stage_command
 from ..report.compare import split_run
 from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
 from .pretrain import committed_base
-from .steps import REPO_ROOT, STAMP_DIR, Step, StepRecord, python, run_steps, usable_cores
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = demo_configs()  # configs/demo (SAGE_UNSLOTH_DEMO_CONFIGS: a folder of one's own)
 MODEL_NAME = "demo-tiny"
 DEMO_BENCHMARK = "demo"
@@ -316,11 +318,14 @@ LAB_CODE = (
 
 @dataclass(frozen=True)
 class DemoBudget:
-    pretrain_steps: int = 600
-    sft_steps: int = 300
-    rl_steps: int = 150
-    eval_problems: int = 100
-    eval_n: int = 64  # samples per problem
+    """What one lab spends: the steps of each stage, the evaluation's problems and samples, the seeds, methods,
+    data and draw (written to the results folder's demo_budget.json)."""
+
+    pretrain_steps: int = 600  # the base's pre-training, when it is not copied (sage_unsloth/demo/bases/)
+    sft_steps: int = 300  # stage 1
+    rl_steps: int = 150  # stage 2, every method and seed
+    eval_problems: int = 100  # stage 3: held-out problems ...
+    eval_n: int = 64  # ... and samples per problem
     kmax: int = 16  # the largest k the lab reports: eval_n >= 4 x kmax (--kmax; default eval_n / 4)
     seeds: tuple[int, ...] = (0,)  # RL training seeds (each run's evaluation is sampled with its seed)
     methods: tuple[str, ...] = DEFAULT_METHODS  # RL methods (names from METHODS or of `extra`)
@@ -333,11 +338,11 @@ class DemoBudget:
 
 
 FULL = DemoBudget()
-QUICK = DemoBudget(
+QUICK = DemoBudget(  # the CI smoke run: a few steps of every stage, and every method
     pretrain_steps=20,
     sft_steps=4,
     rl_steps=2,
-    eval_problems=6,
+    eval_problems=6,  # 6 problems x 8 samples: pass@k up to k = 2
     eval_n=8,
     kmax=2,
     methods=tuple(m.name for m in METHODS),  # the smoke run checks that every method runs
@@ -348,12 +353,14 @@ QUICK = DemoBudget(
 
 def sft_run(seed: int) -> str:
     """The run name of SFT's evaluation for training seed ``seed`` (sampled with that seed)."""
-    return f"{SFT_RUN}_seed{seed}"
+    return layout.run_name(SFT_RUN, seed)
 
 
 def run_names(budget: DemoBudget) -> list[str]:
     """Every evaluated run: SFT once per training seed, then each method at each seed."""
-    return [sft_run(s) for s in budget.seeds] + [f"{m}_seed{s}" for m in budget.methods for s in budget.seeds]
+    return [sft_run(s) for s in budget.seeds] + [
+        layout.run_name(m, s) for m in budget.methods for s in budget.seeds
+    ]
 
 
 def lab_methods(budget: DemoBudget) -> list[Method]:
@@ -489,6 +496,28 @@ def _rel(path: Path) -> str:
         return str(Path(path).resolve())
 
 
+def python() -> str:
+    return sys.executable
+
+
+def step_env(threads: int) -> dict[str, str]:
+    """What every step of the lab runs with over this process's environment: its torch threads, offline hubs."""
+    import os
+
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "SAGE_DEMO_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "UNSLOTH_SKIP_TORCHVISION_CHECK": "1",
+        "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
+
+
 def data_command(spec: dict[str, Any], out: str | Path, *, python: str | None = None) -> list[str]:
     """The data step's command: write the demo's data files for ``spec`` (a :class:`DemoDataSpec` as a dict) to
     ``out``. Deterministic: the same spec writes the same bytes, so scripts/pilot_lab_work.py rebuilds a committed
@@ -569,7 +598,7 @@ def rl_steps(budget: DemoBudget, folders: LabFolders) -> list[Step]:
     for method in lab_methods(budget):
         config, config_deps = materialise(method, folders.work)
         for seed in budget.seeds:
-            run = f"{method.name}_seed{seed}"
+            run = layout.run_name(method.name, seed)
             argv = stage_command(
                 "rlvr",
                 _rel(config),
@@ -667,7 +696,8 @@ def analysis_step(budget: DemoBudget, folders: LabFolders, evals: tuple[str, ...
 def report_step(budget: DemoBudget, folders: LabFolders, evals: tuple[str, ...]) -> Step:
     """Stage 4 on every run, with the lab's pairs at each seed."""
     results = folders.results
-    pairs = ",".join(f"{a}_seed{s}:{b}_seed{s}" for a, b in lab_pairs(budget) for s in budget.seeds)
+    run = layout.run_name
+    pairs = ",".join(f"{run(a, s)}:{run(b, s)}" for a, b in lab_pairs(budget) for s in budget.seeds)
     argv = kit_stage(
         "report",
         *("--results", _rel(results), "--out", _rel(layout.report_md(results)), "--pairs", pairs),
@@ -987,6 +1017,11 @@ def _executor(args, work: Path):
     return make_executor(args.executor, settings, work / "executor" / args.executor)
 
 
+# How the lab's steps run (sage_unsloth/jobs): from the project folder with the lab's environment, and the first
+# failure stops the others.
+LAB_RUN = {"tag": "[demo]", "env": step_env, "cwd": REPO_ROOT}
+
+
 def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as held:  # the work and results folders' locks, held to the last write
         return _main(argv, held)
@@ -1041,6 +1076,7 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
             threads=args.threads,
             echo=lambda line: print(line, flush=True),
             executor=executor,
+            **LAB_RUN,
         )
     except (RuntimeError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)

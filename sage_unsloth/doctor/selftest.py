@@ -179,7 +179,7 @@ def build(
         sage_tau=0.0,
         beta=0.05,
         loss_type="grpo",
-        num_generations=4,
+        num_generations=4,  # 2 prompts x 4 completions a step
         generation_batch_size=8,
         per_device_train_batch_size=8,
         gradient_accumulation_steps=1,

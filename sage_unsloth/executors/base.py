@@ -3,8 +3,8 @@
 picks from.
 
 An executor only decides *where* a command runs. Which jobs run, in which order, what counts as finished
-(the stage manifest), resume and the summary stay in the driver (sage_unsloth/sweep.py,
-sage_unsloth/demo/steps.py), so the semantics are the same on every executor.
+(the input fingerprint in a stamp beside complete outputs) and resume stay in the kit's one job graph
+(sage_unsloth/jobs), so the semantics are the same on every executor.
 """
 
 from __future__ import annotations
@@ -37,6 +37,14 @@ class Handle(Protocol):
 
     def cancel(self) -> None:
         """Stop the job (a driver interrupted by Ctrl-C stops what it started)."""
+
+
+def cancel_quietly(cancel) -> None:
+    """Call a handle's ``cancel``: a job that already finished or is gone is no error (Ctrl-C stops what is left)."""
+    try:
+        cancel()
+    except Exception:  # noqa: BLE001, S110 - already finished or gone
+        pass
 
 
 class ExecutorUnavailable(RuntimeError):

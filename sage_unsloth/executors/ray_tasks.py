@@ -13,7 +13,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_unsloth.executors.base import FORWARDED_ENV, Executor, ExecutorUnavailable, Task, register, require
+from sage_unsloth.executors.base import (
+    FORWARDED_ENV,
+    Executor,
+    ExecutorUnavailable,
+    Task,
+    cancel_quietly,
+    register,
+    require,
+)
 from sage_unsloth.executors.command import run_command
 
 
@@ -72,14 +80,14 @@ class RayHandle:
             return 1
 
     def cancel(self) -> None:
-        try:
-            self.ray.cancel(self.ref, force=True)
-        except Exception:  # noqa: BLE001, S110 - already finished or gone
-            pass
+        cancel_quietly(lambda: self.ray.cancel(self.ref, force=True))
 
 
 @register("ray")
 class RayExecutor(Executor):
+    """Each task a Ray task on the cluster at ``address`` (one started here for ``local``), placed by its
+    resources; ``max_in_flight`` caps the tasks at once."""
+
     settings_class = RaySettings
 
     def __init__(self, settings: RaySettings | None, folder: Path):

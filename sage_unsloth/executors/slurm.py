@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_unsloth.executors.base import Executor, ExecutorUnavailable, Task, register, require
+from sage_unsloth.executors.base import Executor, ExecutorUnavailable, Task, cancel_quietly, register, require
 from sage_unsloth.executors.command import run_command
 
 CLUSTERS = (None, "slurm", "local", "debug")
@@ -161,14 +161,14 @@ class SubmititHandle:
             return 1
 
     def cancel(self) -> None:
-        try:
-            self.job.cancel(check=False)
-        except Exception:  # noqa: BLE001, S110 - already finished or gone
-            pass
+        cancel_quietly(lambda: self.job.cancel(check=False))
 
 
 @register("slurm")
 class SlurmExecutor(Executor):
+    """Each task a SLURM job through submitit (tasks ready together: one job array), at most
+    ``array_parallelism`` in SLURM at once."""
+
     settings_class = SlurmSettings
 
     def __init__(self, settings: SlurmSettings | None, folder: Path):

@@ -16,29 +16,18 @@ the interval: the ``interval`` column says ``t(seed), B shared``).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..layout import run_name, split_run  # noqa: F401 - the lab's run names, read here and by its callers
 from ..results import pass_at_k_matrix
 from . import intervals
 from .support import SHARES, per_problem_shares
 
-SEED_SUFFIX = re.compile(r"^(?P<method>.+)_seed(?P<seed>\d+)$")
 REFERENCE_METHOD = "sft"
-
-
-def split_run(run: str) -> tuple[str, int | None]:
-    """("a_method", 1) for "a_method_seed1"; ("sft", None) for "sft"."""
-    match = SEED_SUFFIX.match(run)
-    return (match["method"], int(match["seed"])) if match else (run, None)
-
-
-def run_name(method: str, seed: int | None) -> str:
-    return method if seed is None else f"{method}_seed{seed}"
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """One colour per method, the same in every plot the kit draws (the report's pass@k, support and training
 curves, the demo lab's headline), whatever else a plot holds.
 
-The key is the method: a name's model prefix (``tiny/``) and seed suffix (``_seed3``, ``_s3``, ``-seed3``) are
+The key is the method: a name's model prefix (``tiny/``) and seed suffix (``_seed3``; legacy ``_s3``, ``-seed3``) are
 dropped, so every seed of a method shares its colour. The kit's methods (the configs in configs/rlvr/*/ and
 configs/demo/, plus ``sft`` and ``base``) have fixed colours: a lab method's in its own file (``lab: colour:``),
 the others below; any other name gets a colour from a stable hash of it (blake2b, never Python's salted
@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import colorsys
 import hashlib
-import re
 
+from ..layout import split_run
 from ..method_cards import demo_cards
-
-_SEED_SUFFIX = re.compile(r"^(?P<method>.+?)[_-](?:seed|s)(?P<seed>\d+)$")
 
 
 def method_of(run: str) -> str:
-    """The method a run folder belongs to: its name without a trailing seed suffix."""
-    match = _SEED_SUFFIX.match(run)
-    return match["method"] if match else run
+    """The method a run folder belongs to: its name without a trailing seed suffix (sage_unsloth/layout.py
+    split_run; a legacy ``_s3`` / ``-seed3`` too, so old results keep their colours)."""
+    return split_run(run, legacy=True)[0]
 
 
 # One colour per arm, with no implied pairs: no two methods that can be plotted together (the demo lab's

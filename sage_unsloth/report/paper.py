@@ -3,8 +3,9 @@
 Mapping rule (by name; override per run with a mapping file):
   model: the results/<model>/ folder name, lower-cased, containing "qwen2.5-math-7b" -> Qwen2.5-Math-7B
          (paper k = 256); containing "deepseek-r1-distill-qwen-7b" -> DeepSeek-R1-Distill-Qwen-7B (k = 64).
-  method: the results/<model>/<run>/ folder name, lower-cased, "-", "+", " " -> "_", a trailing
-         "_seed<N>" / "_s<N>" removed, then looked up in RUN_METHODS below. "sft" maps to the paper's
+  method: the results/<model>/<run>/ folder name, lower-cased, "-", "+", " " -> "_", a trailing seed suffix
+         removed (sage_unsloth/layout.py split_run: "_seed<N>", legacy "_s<N>"), then looked up in RUN_METHODS
+         below. "sft" maps to the paper's
          "Base" row: for the non-instruct Qwen2.5-Math-7B the kit's RL starts from the SFT model (an
          assumption; the paper's README calls the row "Base Model"). Anything else has no paper row.
 Mapping file (YAML or JSON):  runs: {"<model>/<run>" or "<run>": {model: ..., method: ...} or "<method>"}
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
+
+from sage_unsloth.layout import split_run
 
 QWEN, DEEPSEEK = "Qwen2.5-Math-7B", "DeepSeek-R1-Distill-Qwen-7B"
 MODEL_PATTERNS = (("qwen2.5-math-7b", QWEN), ("deepseek-r1-distill-qwen-7b", DEEPSEEK))
@@ -72,8 +75,7 @@ class PaperRow:
 
 
 def normalise_run_name(run: str) -> str:
-    name = re.sub(r"[-+\s]+", "_", run.strip().lower())
-    return re.sub(r"_(seed_?|s)\d+$", "", name)
+    return split_run(re.sub(r"[-+\s]+", "_", run.strip().lower()), legacy=True)[0]
 
 
 def paper_model(model_dir: str) -> str | None:

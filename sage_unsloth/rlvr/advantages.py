@@ -4,9 +4,10 @@ Training's analytic advantage (Chen et al., arXiv 2508.10751).
 An estimator maps the rollout's summed rewards (N,) -- ordered group by group, every process's rows -- to
 one advantage per completion. ``advantage_estimator: grpo`` leaves TRL's own advantage in place (TRL computed
 exactly :func:`sage_unsloth.compat.group_advantages`); any other name, or ``package.module:function`` /
-``path/to/file.py:function`` with the signature ``fn(rewards, num_generations, args) -> advantages``, replaces
-it after TRL's rollout. Estimators are entries of :data:`ADVANTAGE_ESTIMATORS`, a
-:class:`sage_unsloth.registry.Registry` like the guides; their settings stay flat config fields (``passk_k``).
+``path/to/file.py:function`` with the signature ``fn(inputs, **advantage_estimator_args) -> advantages``
+(``inputs`` a :class:`GroupRewards`), replaces it after TRL's rollout. Estimators are entries of
+:data:`ADVANTAGE_ESTIMATORS`, a :class:`sage_unsloth.registry.Registry` like the guides; a built-in's knobs are
+keyword arguments with a flat config field each (``passk_k`` is ``advantage_estimator_args: {k: ...}``).
 
 Pass@k Training rewards a group's k-subsets by their best member and credits each response with the mean
 normalised reward of the subsets that contain it. Enumerating the C(N, k) subsets is not needed: sorted
@@ -21,6 +22,8 @@ its maximum), which the kit's tiny tests use.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -61,25 +64,34 @@ def passk_group_advantages(rewards: torch.Tensor, num_generations: int, k: int) 
     return advantages.view(-1).to(rewards.dtype)
 
 
+@dataclass(frozen=True)
+class GroupRewards:
+    """An estimator's inputs: the rollout's summed rewards (N,), group by group, every process's rows."""
+
+    rewards: torch.Tensor
+    num_generations: int
+
+
 # ``recomputed``: False for the estimator TRL already computed (the trainer leaves TRL's advantage alone);
 # an import-path estimator says so with ``fn.recomputed = False`` (default True: it replaces TRL's).
-# ``group_subset_field``: the config field holding the size k of the subsets of a group the estimator scores
-# (checked 1 <= k <= num_generations), or None.
+# ``group_subset_arg``: the keyword holding the size k of the subsets of a group the estimator scores (checked
+# 1 <= k <= num_generations), or None.
 ADVANTAGE_ESTIMATORS = Registry(
     "advantage estimator",
     field="advantage_estimator",
-    meta={"backends": ("trl", "unsloth"), "recomputed": True, "group_subset_field": None},
-    inputs="rewards, num_generations, args",
+    meta={"backends": ("trl", "unsloth"), "recomputed": True, "group_subset_arg": None},
+    inputs="inputs",
+    retired=("num_generations", "args"),
 )
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo", recomputed=False)
-def _grpo(rewards, num_generations, args):
+@ADVANTAGE_ESTIMATORS.register("grpo", recomputed=False, aliases={"scale_rewards": "scale_rewards"})
+def _grpo(inputs: GroupRewards, *, scale_rewards: Literal["group", "batch", "none"]):
     from sage_unsloth.compat import group_advantages
 
-    return group_advantages(rewards, num_generations, args.scale_rewards)
+    return group_advantages(inputs.rewards, inputs.num_generations, scale_rewards)
 
 
-@ADVANTAGE_ESTIMATORS.register("passk", group_subset_field="passk_k")
-def _passk(rewards, num_generations, args):
-    return passk_group_advantages(rewards, num_generations, args.passk_k)
+@ADVANTAGE_ESTIMATORS.register("passk", group_subset_arg="k", aliases={"k": "passk_k"})
+def _passk(inputs: GroupRewards, *, k: int):
+    return passk_group_advantages(inputs.rewards, inputs.num_generations, k)

@@ -168,19 +168,9 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
 
     # --- SAGE guide ---------------------------------------------------------------------------------
     sage_guide: str = field(
-        default="none",
-        metadata=_help(
-            "Anchor guide q: none, branch, token, random, or your own as 'package.module:function' / "
-            "'path/to/file.py:function' (docs/writing-a-guide.md)."
-        ),
+        default="none", metadata=GUIDES.name_help("Anchor guide q (docs/writing-a-guide.md)")
     )
-    sage_guide_args: dict[str, Any] | str | None = field(
-        default=None,
-        metadata=_help(
-            "Arguments of a plug-in guide (sage_guide: pkg.mod:fn), a mapping; JSON on the command line. The "
-            "built-in guides read their own fields (sage_gamma, sage_tau, ...)."
-        ),
-    )
+    sage_guide_args: dict[str, Any] | str | None = field(default=None, metadata=GUIDES.args_help())
     sage_q_min: float = field(default=0.6, metadata=_help("Lower clip of q (> 0)."))
     sage_q_max: float = field(default=1.4, metadata=_help("Upper clip of q (>= sage_q_min)."))
     sage_gamma: float = field(default=0.3, metadata=_help("Branch guide: q = 1 + gamma * relu(H - tau)."))
@@ -235,12 +225,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             "The KL term, the same field as kl_estimator under the plug-in kinds' name (set one)."
         ),
     )
-    kl_term_args: dict[str, Any] | str | None = field(
-        default=None,
-        metadata=_help(
-            "Arguments of the KL term (a plug-in's keyword arguments), a mapping; JSON on the command line."
-        ),
-    )
+    kl_term_args: dict[str, Any] | str | None = field(default=None, metadata=KL_TERMS.args_help())
     sage_kl_placement: str = field(
         default="loss",
         metadata=_help(
@@ -338,10 +323,9 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
 
         # a known name or an importable guide, its needs and arguments checked
         _, guide_needs = guides.resolve_guide(self, check_args=True)
-        self.sage_guide_args = guides.guide_args(self.sage_guide_args) or None
         resolve_field_aliases(self)  # kl_term -> kl_estimator, for a config built in Python
         kl_term = KL_TERMS.resolve(self.kl_estimator)
-        self.kl_term_args = KL_TERMS.check_args(kl_term, KL_TERMS.parse_args(self.kl_term_args)) or None
+        KL_TERMS.settle(kl_term, self)
         self._validate_names()
         self._validate_knobs()
         self._validate_kl_term(kl_term)

@@ -149,9 +149,8 @@ def dynamic_sampling(trainer, inputs, rollout):
 def official_normaliser(trainer, output: dict) -> None:
     """dapo_normalizer=generation: TRL 0.23's (the official code's) "dapo" normaliser, all completion tokens
     of the generation batch. TRL 1.15 and unsloth_zoo divide num_items_in_batch by steps_per_generation /
-    gradient_accumulation_steps in training; scaling it by the inverse here cancels that on both backends."""
-    if trainer.loss_type != "dapo" or getattr(trainer.args, "dapo_normalizer", "window") != "generation":
-        return
+    gradient_accumulation_steps in training; scaling it by the inverse here cancels that on both backends. The
+    method plan runs it only for loss_type dapo with dapo_normalizer generation (rlvr/plan.py, choose_steps)."""
     if not trainer.model.training:
         return  # eval: neither TRL version rescales
     accumulation = (
@@ -164,17 +163,12 @@ def official_normaliser(trainer, output: dict) -> None:
 
 
 def log_importance_sampling(trainer, output: dict) -> None:
-    """The fraction of vLLM importance ratios TRL truncates / masks (TRL logs their min / mean / max)."""
+    """The fraction of vLLM importance ratios TRL truncates / masks (TRL logs their min / mean / max); the method
+    plan runs it only when vLLM's importance-sampling correction is on (rlvr/plan.py, choose_steps)."""
     old, sampling = output.get("old_per_token_logps"), output.get("sampling_per_token_logps")
     mask = compat.loss_mask(output)
-    if (
-        not (trainer.use_vllm and getattr(trainer, "vllm_importance_sampling_correction", False))
-        or old is None
-        or sampling is None
-        or old.shape != mask.shape
-        or sampling.shape != mask.shape
-    ):
-        return  # no correction, or Unsloth's packed layout (its zoo loss computes the ratios itself)
+    if old is None or sampling is None or old.shape != mask.shape or sampling.shape != mask.shape:
+        return  # Unsloth's packed layout (its zoo loss computes the ratios itself)
     setting = lambda name: getattr(
         trainer, name, getattr(trainer.args, name, None)
     )  # TRL copies them to trainer

@@ -15,6 +15,7 @@ without a KL anchor (beta 0).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -22,7 +23,6 @@ from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
 from sage_unsloth.config_args import ConfigError
 from sage_unsloth.field_rules import Limit, Names
 from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
-from sage_unsloth.rlvr.plan import ESTIMATOR_INPUTS, TERM_INPUTS
 from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
 
 
@@ -47,35 +47,23 @@ class ExplorationArgs:
 
     advantage_estimator: str = field(
         default="grpo",
-        metadata=_help(
-            f"Sequence advantage: one of {ADVANTAGE_ESTIMATORS.names()} (passk: Pass@k Training, arXiv "
-            "2508.10751), package.module:function or file.py:function (rewards, num_generations, args)."
+        metadata=ADVANTAGE_ESTIMATORS.name_help(
+            "Sequence advantage (passk: Pass@k Training, arXiv 2508.10751)"
         ),
     )
     advantage_estimator_args: dict[str, Any] | str | None = field(
-        default=None,
-        metadata=_help(
-            "Keyword arguments of the advantage estimator (a plug-in's, after rewards, num_generations, args), a "
-            "mapping; JSON on the command line."
-        ),
+        default=None, metadata=ADVANTAGE_ESTIMATORS.args_help()
     )
     passk_k: int = field(
-        default=4, metadata=_help("advantage_estimator=passk: k (1 <= k <= num_generations).")
+        default=4,
+        metadata=_help(
+            "advantage_estimator=passk: k (1 <= k <= num_generations); = advantage_estimator_args.k."
+        ),
     )
     policy_term: str = field(
-        default="none",
-        metadata=_help(
-            f"Per-token policy term (TRL backend): none, one of {POLICY_TERMS.names()}, package.module:function "
-            "or file.py:function (batch, args)."
-        ),
+        default="none", metadata=POLICY_TERMS.name_help("Per-token policy term (TRL backend)", none=True)
     )
-    policy_term_args: dict[str, Any] | str | None = field(
-        default=None,
-        metadata=_help(
-            "Keyword arguments of the policy term (a plug-in's, after batch, args), a mapping; JSON on the "
-            "command line."
-        ),
-    )
+    policy_term_args: dict[str, Any] | str | None = field(default=None, metadata=POLICY_TERMS.args_help())
     entropy_adv_alpha: float = field(
         default=0.4, metadata=_help("entropy_adv: alpha in min(alpha * H.detach(), |A| / kappa).")
     )
@@ -99,33 +87,21 @@ class ExplorationArgs:
     def validate_exploration(self) -> None:
         """One-line ConfigErrors naming the field and the fix; called before any model loads."""
         advantage = ADVANTAGE_ESTIMATORS.resolve(self.advantage_estimator)
-        # <kind>_args checked against the function's signature after its per-call inputs, before any model loads
-        self.advantage_estimator_args = (
-            ADVANTAGE_ESTIMATORS.check_args(
-                advantage,
-                ADVANTAGE_ESTIMATORS.parse_args(self.advantage_estimator_args),
-                leading=ESTIMATOR_INPUTS,
-            )
-            or None
-        )
+        # <kind>_args over the built-in's flat fields, checked against the function's signature (registry.py)
+        estimator_args = ADVANTAGE_ESTIMATORS.settle(advantage, self)
         if self.backend not in advantage.meta["backends"]:
             raise ConfigError(
                 f"advantage_estimator={self.advantage_estimator!r} supports backend in "
                 f"{tuple(advantage.meta['backends'])}, got backend={self.backend!r}: change one of them"
             )
         term = POLICY_TERMS.resolve(self.policy_term) if self.policy_term != "none" else None
-        term_args = POLICY_TERMS.parse_args(self.policy_term_args)
-        if term is None and term_args:
+        if term is None and POLICY_TERMS.parse_args(self.policy_term_args):
             raise ConfigError(
                 "policy_term_args is set but policy_term=none: set policy_term or drop its args"
             )
         if term is not None:
-            term_args = POLICY_TERMS.check_args(term, term_args, leading=TERM_INPUTS)
-        self.policy_term_args = term_args or None
-        generations = self.num_generations or 0
-        k_field = advantage.meta["group_subset_field"]  # passk: passk_k
-        if k_field and not 1 <= (k := getattr(self, k_field)) <= generations:
-            raise ConfigError(f"{k_field}={k} must be in [1, num_generations={generations}]: lower {k_field}")
+            POLICY_TERMS.settle(term, self)
+        self._validate_group_subset(advantage, estimator_args)
         # a term's backends were checked with the backend's other limits (rlvr/config.py unsloth_conflict)
         if term is not None and self.loss_type not in TOKEN_LEVEL_LOSS_TYPES:
             raise ConfigError(
@@ -154,3 +130,14 @@ class ExplorationArgs:
             raise ConfigError(
                 "ref_reset_steps resets the KL anchor, which beta=0 removes: set beta > 0 or ref_reset_steps=0"
             )
+
+    def _validate_group_subset(self, advantage, estimator_args: dict) -> None:
+        """An estimator that scores k-subsets of a group (its ``group_subset_arg``, passk's ``k``): 1 <= k <= G."""
+        key = advantage.meta["group_subset_arg"]
+        if not key:
+            return
+        k = estimator_args.get(key, inspect.signature(advantage.obj).parameters[key].default)
+        generations = self.num_generations or 0
+        name = (advantage.meta["aliases"] or {}).get(key) or f"advantage_estimator_args.{key}"
+        if not 1 <= k <= generations:
+            raise ConfigError(f"{name}={k} must be in [1, num_generations={generations}]: lower {name}")

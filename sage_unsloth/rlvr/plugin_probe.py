@@ -19,6 +19,7 @@ import torch
 
 from sage_unsloth import guides, plugin_calls
 from sage_unsloth.config_args import ConfigError
+from sage_unsloth.rlvr.advantages import GroupRewards
 from sage_unsloth.rlvr.kl_terms import KLTokens
 from sage_unsloth.rlvr.policy_terms import TokenBatch
 
@@ -115,16 +116,13 @@ def _probe_guide(cfg, plan, batch: dict, rows: int) -> None:
 
 
 def _probe_estimator(cfg, plan, batch: dict, rows: int) -> None:
-    estimator = plan.estimator_fn or plan.estimator.obj
     _call(
         "advantage_estimator",
         rows,
         "advantage estimator",
         plan.estimator.name,
-        estimator,
-        batch["rewards"],
-        cfg.num_generations,
-        cfg,
+        plan.estimator_call,
+        GroupRewards(batch["rewards"], cfg.num_generations),
         check=lambda out: plugin_calls.advantages_problem(out, rows),
     )
 
@@ -152,7 +150,6 @@ def _probe_policy_term(cfg, plan, batch: dict, rows: int) -> None:
         plan.policy_term.name,
         plan.policy_term_fn,
         tokens,
-        cfg,
         check=check,
     )
 

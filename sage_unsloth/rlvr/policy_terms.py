@@ -7,8 +7,9 @@ replacement per-token advantages and/or an added per-token loss term (:class:`Te
 the added term exactly as TRL aggregates its loss; nothing else of TRL's loss changes. TRL backend only:
 Unsloth's compiled loss has no slot for either, so every term declares ``backends=("trl",)``. Terms are entries
 of :data:`POLICY_TERMS` (a :class:`sage_unsloth.registry.Registry`, resolved like the guides: a name,
-``package.module:function`` or ``path/to/file.py:function`` with the signature ``fn(batch, args) ->
-TermOutput``); their settings stay flat config fields (``clip_cov_ratio``, ...).
+``package.module:function`` or ``path/to/file.py:function`` with the signature ``fn(batch,
+**policy_term_args) -> TermOutput``); a built-in's knobs are keyword arguments with a flat config field each
+(``clip_cov_ratio`` is ``policy_term_args: {ratio: ...}`` under ``policy_term: clip_cov``).
 
 - ``entropy_adv`` (Cheng et al., arXiv 2506.14758): A_t + min(alpha * H_t.detach(), |A_t| / kappa). The
   bonus is detached (it shapes the advantage, it is not an entropy gradient) and clipped by |A|/kappa, so it
@@ -31,7 +32,11 @@ from sage_unsloth.registry import Registry
 # An import-path term may declare ``fn.backends``; the default is TRL only (see above). ``needs_reuse``: what the
 # term reads of pi_old that is 0, with zero gradient, when every batch is used once (pi_old == pi), or None.
 POLICY_TERMS = Registry(
-    "policy term", field="policy_term", meta={"backends": ("trl",), "needs_reuse": None}, inputs="batch, args"
+    "policy term",
+    field="policy_term",
+    meta={"backends": ("trl",), "needs_reuse": None},
+    inputs="batch",
+    retired=("args",),
 )
 
 
@@ -63,12 +68,10 @@ def covariance(batch: TokenBatch) -> torch.Tensor:
     return (adv - adv[valid].mean()) * (logp - logp[valid].mean())
 
 
-@POLICY_TERMS.register("entropy_adv")
-def entropy_advantage(batch: TokenBatch, args) -> TermOutput:
+@POLICY_TERMS.register("entropy_adv", aliases={"alpha": "entropy_adv_alpha", "kappa": "entropy_adv_kappa"})
+def entropy_advantage(batch: TokenBatch, *, alpha: float, kappa: float) -> TermOutput:
     adv = batch.advantages
-    bonus = torch.minimum(
-        args.entropy_adv_alpha * batch.entropies.detach(), adv.abs() / args.entropy_adv_kappa
-    )
+    bonus = torch.minimum(alpha * batch.entropies.detach(), adv.abs() / kappa)
     valid = batch.mask.bool()
     return TermOutput(
         advantages=adv + bonus,
@@ -76,17 +79,19 @@ def entropy_advantage(batch: TokenBatch, args) -> TermOutput:
     )
 
 
-@POLICY_TERMS.register("clip_cov")
-def clip_cov(batch: TokenBatch, args) -> TermOutput:
+@POLICY_TERMS.register(
+    "clip_cov", aliases={"ratio": "clip_cov_ratio", "lb": "clip_cov_lb", "ub": "clip_cov_ub"}
+)
+def clip_cov(batch: TokenBatch, *, ratio: float, lb: float, ub: float) -> TermOutput:
     valid = batch.mask.bool()
     adv = batch.advantages
-    ratio = torch.exp(batch.logps.detach() - batch.old_logps)
-    clipped_ratio = ratio.clamp(1 - batch.epsilon_low, 1 + batch.epsilon_high)
-    clipped_by_ppo = (-adv * clipped_ratio) > (-adv * ratio)  # PPO's clip already stops these
+    importance = torch.exp(batch.logps.detach() - batch.old_logps)
+    clipped_importance = importance.clamp(1 - batch.epsilon_low, 1 + batch.epsilon_high)
+    clipped_by_ppo = (-adv * clipped_importance) > (-adv * importance)  # PPO's clip already stops these
     cov = covariance(batch)
-    candidates = valid & ~clipped_by_ppo & (cov > args.clip_cov_lb) & (cov < args.clip_cov_ub)
+    candidates = valid & ~clipped_by_ppo & (cov > lb) & (cov < ub)
     where = candidates.nonzero()
-    count = min(max(int(args.clip_cov_ratio * int(valid.sum())), 1), len(where))
+    count = min(max(int(ratio * int(valid.sum())), 1), len(where))
     keep = torch.ones_like(adv)
     if count:
         chosen = where[torch.randperm(len(where), generator=batch.generator)[:count].to(where.device)]
@@ -97,17 +102,21 @@ def clip_cov(batch: TokenBatch, args) -> TermOutput:
     )
 
 
-@POLICY_TERMS.register("kl_cov", needs_reuse="penalises |log pi - log pi_old|")
-def kl_cov(batch: TokenBatch, args) -> TermOutput:
+@POLICY_TERMS.register(
+    "kl_cov",
+    needs_reuse="penalises |log pi - log pi_old|",
+    aliases={"ratio": "kl_cov_ratio", "coef": "kl_cov_coef"},
+)
+def kl_cov(batch: TokenBatch, *, ratio: float, coef: float) -> TermOutput:
     valid = batch.mask.bool()
     cov = covariance(batch).masked_fill(~valid, float("-inf"))
     n_valid = int(valid.sum())
-    count = min(max(int(args.kl_cov_ratio * n_valid), 1), n_valid)
+    count = min(max(int(ratio * n_valid), 1), n_valid)
     selected = torch.zeros_like(valid)
     if count:
         top = cov.view(-1).topk(count).indices
         selected.view(-1)[top] = True
-    penalty = args.kl_cov_coef * (batch.logps - batch.old_logps).abs() * selected
+    penalty = coef * (batch.logps - batch.old_logps).abs() * selected
     return TermOutput(
         loss=penalty,
         metrics={

@@ -100,16 +100,10 @@ class RLVRStageArgs(StageRunArgs):
     )
 
     def __post_init__(self):
-        from sage_unsloth.config_args import ConfigError, suggestion
+        from sage_unsloth.config_args import ConfigError
+        from sage_unsloth.field_rules import check_field_rules
 
-        if self.anchor not in ANCHORS:
-            raise ConfigError(
-                f"anchor={self.anchor!r} is unknown{suggestion(self.anchor, ANCHORS)} "
-                f"(use one of {', '.join(ANCHORS)})"
-            )
-        for name in ("max_train_rows", "max_prompt_length", "max_seq_length"):
-            if (value := getattr(self, name)) is not None and value < 1:
-                raise ConfigError(f"{name}={value} must be a positive count: raise it or leave it unset")
+        check_field_rules(self)  # anchor, the row and length counts: the pre-import check's words
         if self.variant is not None:
             try:
                 layout.check_name(self.variant, "variant")

@@ -1,27 +1,35 @@
 """The kit's methods as ordered steps at TRL's two interception points.
 
-SageGRPOTrainer (rlvr/trainer.py) intercepts TRL's GRPOTrainer in two places and runs a short list of plain
-functions at each, in the order written here; every step reads and writes one record and nothing else:
+SageGRPOTrainer (rlvr/trainer.py) intercepts TRL's GRPOTrainer in two places and runs there the steps that the
+method plan chose for this configuration (rlvr/plan.py, ``choose_steps``: only the steps with work to do, so no
+step tests a setting). Each step reads its record and the record's :class:`StepContext` (what the trainer fills
+once per call: the plan, the mode, the metric buffers, beta, the processes, the one q entry point) and writes its
+record; a plug-in call passes the trainer's config and step, and the loss's steps read TRL's own loss settings
+(epsilon, importance sampling, the aggregation) from the trainer:
 
 - after the rollout (``_generate_and_score_completions``), on a :class:`Rollout`: TRL generated, scored the
-  rewards (the trainer keeps them in ``rollout.rewards_per_func``) and computed its advantages; DAPO's dynamic
-  sampling (rlvr/dapo.py) may run several rollouts, each through :data:`AFTER_EACH_ROLLOUT`, and merges the kept
-  groups, which then go through :data:`AFTER_THE_BATCH`.
+  rewards (the trainer keeps them in ``rollout.rewards_per_func``) and computed its advantages, and the trainer
+  gathered the signals q reads (``rollout.policy`` / ``rollout.reference``); DAPO's dynamic sampling
+  (rlvr/dapo.py) may run several rollouts, each through the steps after each rollout, and merges the kept groups,
+  which then go through the steps after the batch.
 - in the loss (TRL's ``_compute_loss``, or Unsloth's patched ``compute_loss``), on a :class:`LossBatch`: right
   after the loss's own forward (log-probs, entropies, the guide's logit signals) and before TRL reads the
-  advantages or the reference, :data:`IN_THE_LOSS` runs; the trainer adds ``loss.added`` to TRL's loss.
+  advantages or the reference, the steps in the loss run; the trainer adds ``loss.added`` to TRL's loss.
 
 What each kind optimises is in docs/methods.md; the plug-in contract for the four kinds in docs/extending.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 
-from sage_unsloth import anchor, compat, guides, plugin_calls
+from sage_unsloth import anchor, compat, plugin_calls
 from sage_unsloth.rlvr import dapo
+from sage_unsloth.rlvr.advantages import GroupRewards
 from sage_unsloth.rlvr.kl_terms import KLTokens
 from sage_unsloth.rlvr.policy_terms import TokenBatch
 
@@ -59,6 +67,31 @@ class StepNoise:
 # --------------------------------------------------------------------------- records
 
 
+class Steps(NamedTuple):
+    """The steps that run at each interception point, in order (chosen by the plan: rlvr/plan.py)."""
+
+    after_each_rollout: tuple
+    after_the_batch: tuple
+    in_the_loss: tuple
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What the steps read besides their record, filled by the trainer once per rollout or loss call."""
+
+    plan: Any  # the config's frozen MethodPlan (rlvr/plan.py)
+    mode: str  # "train" or "eval"
+    log: dict  # TRL's metric buffers of this mode (name -> list of values)
+    beta: float  # the KL coefficient SAGE uses (in the reward placement TRL's own beta is 0)
+    accelerator: Any  # gather / reduce over the processes, this process's index
+    q: Callable  # q(batch, mask, layout=, policy=, reference=): the trainer's one q entry point (guide, clip, log)
+    noise: Callable  # noise(stream) -> the generator of that noise stream for this draw (step_seed)
+    reward_weights: torch.Tensor | None = None  # TRL's weight of each reward function
+    num_generations: int = 0  # completions per prompt in this mode
+    pad_token_id: int | None = None
+    unsloth_patched: bool = False  # the trainer subclasses Unsloth's patched GRPOTrainer (its batch layout)
+
+
 @dataclass
 class Rollout:
     """One TRL rollout and what the steps after it know of it."""
@@ -66,17 +99,16 @@ class Rollout:
     output: dict | None = None  # TRL's batch (this process's rows), changed in place by the steps
     rewards_per_func: torch.Tensor | None = None  # (N all processes, reward functions), from TRL's scoring
     rewards: torch.Tensor | None = None  # (N,) the summed weighted reward the estimator reads (shaped or not)
-    recompute_advantages: bool = (
-        False  # set when ``rewards`` is no longer what TRL's advantage was built from
-    )
-    policy: dict = field(
-        default_factory=dict
-    )  # the rollout policy's logps / entropies / logits, if TRL scored them
-    reference: dict = field(
-        default_factory=dict
-    )  # ref_logps / ref_entropies of TRL's reference pass, if captured
-    want_policy: dict | None = None  # the capture asked of TRL's old-logp pass ({"need_entropy": bool})
-    want_reference: dict | None = None  # the capture asked of TRL's reference pass ({"skip": n})
+    context: StepContext | None = None  # filled by the trainer before the steps run
+    # The signals q reads, TRL's layout (B, C): the rollout policy's logps / entropies / logits and the reference's
+    # ref_logps / ref_entropies, from TRL's own scoring passes when they ran anyway, else the kit's own.
+    policy: dict = field(default_factory=dict)
+    reference: dict = field(default_factory=dict)
+    q: torch.Tensor | None = None  # (B, C), set by q_at_rollout
+    # TRL's scoring calls still to come in this rollout, in order (the trainer names them from compat's pinned
+    # condition), and which of them to capture: {"old_logps": {"need_entropy": bool}, "reference": {}}.
+    scoring_calls: list = field(default_factory=list)
+    capture: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -85,6 +117,8 @@ class LossBatch:
 
     batch: dict  # a copy of the buffered batch (TRL reuses that across num_iterations: it must not change)
     layout: str = "trl"  # "trl" (B, C) or "unsloth" (B, C + max_left_pad, Unsloth's loss)
+    context: StepContext | None = None
+    scoring_calls: list = field(default_factory=list)  # "loss_forward": the one scoring call of TRL's loss
     logps: torch.Tensor | None = None  # current policy, with gradient
     entropies: torch.Tensor | None = None
     logits: dict = field(default_factory=dict)  # the guide's logit signals, from the same chunked pass
@@ -105,96 +139,94 @@ def summed_rewards(trainer, rollout: Rollout) -> None:
             "SAGE found no rewards from _calculate_rewards: check the pinned trl/unsloth versions"
         )
     unscorable = torch.isnan(per_func).all(dim=1)
-    rewards = (per_func * trainer.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+    weights = rollout.context.reward_weights
+    rewards = (per_func * weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
     rewards[unscorable] = torch.nan
     rollout.rewards = rewards
+
+
+def q_at_rollout(trainer, rollout: Rollout) -> None:
+    """q of the rollout (TRL's layout, 1 off the mask, logged) from the signals the trainer gathered."""
+    output = rollout.output
+    rollout.q = rollout.context.q(
+        output, compat.loss_mask(output), layout="trl", policy=rollout.policy, reference=rollout.reference
+    )
 
 
 def reward_placement(trainer, rollout: Rollout) -> None:
     """sage_kl_placement=reward: r~ = r - beta * sum_t [log pi - log pi_ref - log q_t] (rollout policy, no
     gradient); the estimator step then recomputes the advantages from r~."""
-    if trainer.sage_plan.placement != "reward":
-        return
-    output = rollout.output
+    ctx, output = rollout.context, rollout.output
     mask = compat.loss_mask(output)
-    plan = trainer.sage_plan
-    logps, entropies, logits = trainer.sage_policy_stats(output, rollout.policy)
-    stats = {"logps": logps, "entropies": entropies, "logits": logits}
-    # TRL's own reference pass is off here (its beta is 0): a guide reading the reference gets the kit's, which
-    # the pseudo-KL needs anyway (with the entropies of the same pass for ref_entropies: no extra pass).
-    ref = ref_entropies = None
-    if any(n in guides.REFERENCE_SIGNALS for n in plan.guide_needs):
-        ref, ref_entropies = trainer.sage_reference_scores(
-            output, entropies="ref_entropies" in plan.guide_needs
-        )
-    q = trainer.sage_compute_q(output, {**stats, "ref_logps": ref, "ref_entropies": ref_entropies})
-    trainer.sage_log_q(q, mask)
-    if ref is None:
-        ref = trainer.sage_reference_scores(output)[0]
-    seq_kl = anchor.sequence_pseudo_kl(logps.float(), ref.float(), anchor.log_q(q).to(logps.device), mask)
-    all_seq_kl = trainer.accelerator.gather(seq_kl)
-    rollout.rewards = rollout.rewards - trainer.sage_beta * all_seq_kl.to(rollout.rewards.device)
-    rollout.recompute_advantages = True
-    compat.metrics(trainer, trainer.sage_mode)["sage/kl_in_reward"].append(
-        (trainer.sage_beta * all_seq_kl.float().mean()).item()
-    )
+    logps, ref = rollout.policy["logps"], rollout.reference["ref_logps"]  # the kit's own reference pass
+    log_q = anchor.log_q(rollout.q).to(logps.device)
+    seq_kl = anchor.sequence_pseudo_kl(logps.float(), ref.float(), log_q, mask)
+    all_seq_kl = ctx.accelerator.gather(seq_kl)
+    rollout.rewards = rollout.rewards - ctx.beta * all_seq_kl.to(rollout.rewards.device)
+    ctx.log["sage/kl_in_reward"].append((ctx.beta * all_seq_kl.float().mean()).item())
 
 
 def estimate_advantages(trainer, rollout: Rollout) -> None:
-    """The configured estimator on ``rollout.rewards`` (shaped or not) replaces TRL's advantage; with the grpo
-    estimator TRL's own stands unless the rewards were shaped, then GRPO's formula is recomputed on them."""
-    plan = trainer.sage_plan
-    if plan.estimator_fn is None and not rollout.recompute_advantages:
-        return
-    mode = trainer.sage_mode
-    num_generations = trainer.num_generations if mode == "train" else trainer.num_generations_eval
-    estimator = plan.estimator_fn or plan.estimator.obj
+    """The configured estimator on ``rollout.rewards`` (shaped or not) replaces TRL's advantage; the grpo
+    estimator runs only when the rewards were shaped (TRL's own stands otherwise), as GRPO's formula on them."""
+    ctx = rollout.context
+    plan = ctx.plan
+    num_generations = ctx.num_generations
     completions = rollout.rewards.numel()
     advantages = plugin_calls.call(
         "advantage estimator",
         plan.estimator.name,
-        estimator,
-        rollout.rewards,
-        num_generations,
-        trainer.args,
+        plan.estimator_call,
+        GroupRewards(rollout.rewards, num_generations),
         step=trainer.sage_step,
         check=lambda out: plugin_calls.advantages_problem(out, completions),
     )
     output = rollout.output
     rows = output["completion_ids"].size(0)
-    start = trainer.accelerator.process_index * rows
+    start = ctx.accelerator.process_index * rows
     output["advantages"] = advantages[start : start + rows].to(output["advantages"])
 
 
 def shift_reference_at_rollout(trainer, rollout: Rollout) -> None:
     """q at rollout (placement loss, q not computed in the loss): ref_per_token_logps <- ref + log q."""
-    plan = trainer.sage_plan
-    if plan.placement != "loss" or trainer.sage_q_in_loss:
+    ctx = rollout.context
+    shift_reference(
+        rollout.output, rollout.q, pad_token_id=ctx.pad_token_id, unsloth_patched=ctx.unsloth_patched
+    )
+
+
+def shift_reference(output: dict, q: torch.Tensor, *, pad_token_id, unsloth_patched: bool) -> None:
+    """ref_per_token_logps <- ref + log q, in whichever layout the scorer produced: TRL's (B, C), or Unsloth's
+    left-packed (B, C + max_left_pad) (compat.to_unsloth_layout)."""
+    ref = output.get("ref_per_token_logps")
+    if ref is None:
         return
-    output = rollout.output
-    captured = {**rollout.policy, **rollout.reference} if (rollout.policy or rollout.reference) else None
-    q = trainer.sage_compute_q(output, captured)
-    trainer.sage_log_q(q, compat.loss_mask(output))
-    if plan.guided and trainer.beta != 0.0:
-        trainer.sage_shift_reference(output, q)
-
-
-# TRL scored the rewards (rollout.rewards_per_func) before these run.
-AFTER_EACH_ROLLOUT = (summed_rewards, reward_placement, estimate_advantages, shift_reference_at_rollout)
+    log_q = anchor.log_q(q).to(ref.dtype)
+    completion_len = output["completion_ids"].size(1)
+    if ref.shape == log_q.shape and not ("max_left_pad" in output and unsloth_patched):
+        output["ref_per_token_logps"] = ref + log_q
+        return
+    mapped = compat.to_unsloth_layout(log_q, output["prompt_ids"], output["completion_ids"], pad_token_id)
+    if mapped.shape != ref.shape:
+        raise RuntimeError(
+            f"SAGE cannot place log q: ref_per_token_logps has shape {tuple(ref.shape)}, expected (B, C)="
+            f"{tuple(log_q.shape)} (TRL) or (B, C + max_left_pad)={tuple(mapped.shape)} (Unsloth); "
+            f"completion length {completion_len}. Check the pinned trl/unsloth versions."
+        )
+    output["ref_per_token_logps"] = ref + mapped.to(ref.device)
 
 
 # --------------------------------------------------------------------------- after the (merged) batch
 
 
 def log_importance_sampling(trainer, rollout: Rollout) -> None:
+    """vLLM importance sampling corrected: the share of ratios TRL truncates / masks."""
     dapo.log_importance_sampling(trainer, rollout.output)
 
 
 def dapo_normaliser(trainer, rollout: Rollout) -> None:
+    """dapo_normalizer=generation with the dapo loss: TRL 0.23's normaliser."""
     dapo.official_normaliser(trainer, rollout.output)
-
-
-AFTER_THE_BATCH = (log_importance_sampling, dapo_normaliser)
 
 
 # --------------------------------------------------------------------------- in the loss
@@ -202,33 +234,30 @@ AFTER_THE_BATCH = (log_importance_sampling, dapo_normaliser)
 
 def q_in_the_loss(trainer, loss: LossBatch) -> None:
     """The official code's order: q from the current policy's forward (no gradient), ref <- ref + log q."""
-    if not trainer.sage_q_in_loss:
-        return
     batch = loss.batch
-    if loss.layout == "unsloth":
-        # Unsloth's loss holds this very tensor (its own copy of the batch's reference): shift it in place.
-        q = trainer.sage_unsloth_q(loss.entropies, loss.mask)
-        trainer.sage_log_q(q, loss.mask)
-        ref = batch["ref_per_token_logps"]
-        ref.add_(anchor.log_q(q).to(device=ref.device, dtype=ref.dtype))
-        return
-    stats = {
+    policy = {
         "logps": loss.logps.detach(),
         "entropies": None if loss.entropies is None else loss.entropies.detach(),
         "logits": loss.logits,
     }
-    q = trainer.sage_compute_q(batch, stats)
-    trainer.sage_log_q(q, compat.loss_mask(batch))
-    if trainer.beta != 0.0 and batch.get("ref_per_token_logps") is not None:
+    q = loss.context.q(batch, compat.loss_mask(batch), layout="trl", policy=policy)
+    if batch.get("ref_per_token_logps") is not None:  # TRL scores no reference at beta 0
         batch["ref_per_token_logps"] = batch["ref_per_token_logps"] + anchor.log_q(q).to(loss.logps.dtype)
+
+
+def q_in_the_unsloth_loss(trainer, loss: LossBatch) -> None:
+    """q from the entropies Unsloth's loss handed over (its layout), log q added in place to the reference that
+    loss holds (its own copy of the batch's: rlvr/unsloth_hooks.py)."""
+    q = loss.context.q(loss.batch, loss.mask, layout="unsloth", policy={"entropies": loss.entropies})
+    ref = loss.batch["ref_per_token_logps"]
+    ref.add_(anchor.log_q(q).to(device=ref.device, dtype=ref.dtype))
 
 
 def policy_term(trainer, loss: LossBatch) -> None:
     """The configured policy term on the forward's outputs: it may replace batch['advantages'] (read by TRL after
     the forward) and/or add a per-token loss, aggregated as TRL aggregates its own."""
-    term = trainer.sage_plan.policy_term_fn
-    if term is None or loss.layout != "trl":
-        return
+    ctx = loss.context
+    term = ctx.plan.policy_term_fn
     batch, logps = loss.batch, loss.logps
     mask = compat.loss_mask(batch)
     advantages = batch["advantages"]
@@ -244,20 +273,18 @@ def policy_term(trainer, loss: LossBatch) -> None:
         mask=mask,
         epsilon_low=trainer.epsilon_low,
         epsilon_high=trainer.epsilon_high,
-        generator=trainer.sage_noise("policy_term", trainer.args.seed),
+        generator=ctx.noise("policy_term"),
     )
     out = plugin_calls.call(
         "policy term",
         trainer.sage_plan.policy_term.name,
         term,
         tokens,
-        trainer.args,
         step=trainer.sage_step,
         check=lambda result: plugin_calls.term_output_problem(result, tuple(logps.shape), mask),
     )
-    log = compat.metrics(trainer, trainer.sage_mode)
     for name, value in out.metrics.items():
-        log[name].append(value)
+        ctx.log[name].append(value)
     if out.advantages is not None:
         batch["advantages"] = out.advantages.detach()
     if out.loss is None:
@@ -271,8 +298,6 @@ def policy_term(trainer, loss: LossBatch) -> None:
 def kl_term(trainer, loss: LossBatch) -> None:
     """A KL term other than TRL's own k3: beta * agg(term - TRL's k3 term) swaps TRL's k3 for the term's own,
     leaving the rest of TRL's loss as it is (TRL's path only; the config refuses the others under Unsloth)."""
-    if trainer.sage_plan.kl_in_trl_loss or trainer.beta == 0.0 or loss.layout != "trl":
-        return
     correction, logged = kl_correction(trainer, loss.batch, loss.logps)
     loss.added.append(correction)
     loss.logged_kl = logged
@@ -306,6 +331,3 @@ def kl_correction(trainer, batch: dict, logps: torch.Tensor) -> tuple[torch.Tens
         torch.stack([(value * mask).sum(), mask.sum().float()]), reduction="sum"
     )
     return correction, (totals[0] / totals[1].clamp(min=1.0)).item()
-
-
-IN_THE_LOSS = (q_in_the_loss, policy_term, kl_term)

@@ -25,9 +25,10 @@ recomputed from r~ by the configured estimator (GRPO's group advantage by defaul
 beta is set to 0 so its loss has no KL.
 
 The method (guide, advantage estimator, policy term, KL term, placement) is the config's frozen plan
-(rlvr/plan.py); the steps that run it are plain functions at TRL's two interception points, in the order
-rlvr/taps.py lists them: after the rollout and in the loss. This class owns the interception and the q
-machinery the steps call; DAPO's pieces live in rlvr/dapo.py; DAPO's soft overlong punishment is TRL's own
+(rlvr/plan.py), which also chooses the steps that run it: plain functions of rlvr/taps.py at TRL's two
+interception points, after the rollout and in the loss. This class owns the interception: it names the scoring
+calls TRL is about to make, gathers the signals q reads, fills each step record's context, and holds the one q
+entry point (:meth:`SageTrainerMixin.sage_q`); DAPO's pieces live in rlvr/dapo.py; DAPO's soft overlong punishment is TRL's own
 reward function, added by the factory.
 
 The GRPOTrainer base class is looked up when the trainer is built, not when this module is imported:
@@ -54,7 +55,6 @@ from sage_unsloth.compat import (
     install_cpu_logprob_fallback,
     is_unsloth_patched,
     policy_logps_and_entropies,
-    to_unsloth_layout,
 )
 from sage_unsloth.finite_steps import sampling_fault
 from sage_unsloth.rlvr import dapo, taps, unsloth_hooks
@@ -75,6 +75,9 @@ __all__ = [
 ]
 
 
+# The config field that seeds each noise stream (taps.SEED_STREAMS).
+NOISE_SEED_FIELDS = {"guide": "guide_seed", "policy_term": "seed"}
+
 # Above this share of clipped q in a step the trainer warns (once per run): the guide asks for values the clip
 # range [sage_q_min, sage_q_max] does not allow.
 Q_CLIPPED_WARN_FRAC = 0.1
@@ -84,13 +87,26 @@ def _detached(value):
     return value.detach() if torch.is_tensor(value) else value
 
 
+def _settable_steps(kind: str) -> property:
+    """The trainer's steps of one kind (``taps.Steps`` field): the plan's, unless the instance set its own (a test
+    inserting a probe: ``trainer.rollout_steps = (*trainer.rollout_steps, probe)``)."""
+
+    def get(self):
+        return getattr(self.sage_steps, kind)
+
+    def set_own(self, steps):
+        self._sage_own_steps[kind] = tuple(steps)
+
+    return property(get, set_own)
+
+
 # --------------------------------------------------------------------------- the trainer
 
 
 class SageTrainerMixin:
     """GRPO with the SAGE anchor and the kit's methods, mixed in front of a GRPOTrainer class (see the factory).
 
-    It overrides TRL's two interception points and runs rlvr/taps.py's steps there:
+    It overrides TRL's two interception points and runs there the steps the plan chose (rlvr/plan.py, taps.py):
     ``_generate_and_score_completions`` (with ``_calculate_rewards`` and the scoring calls of the rollout) and
     ``_compute_loss`` (with the loss forward's scoring call); under Unsloth's patched loss ``compute_loss`` and
     ``get_high_entropy_mask`` (rlvr/unsloth_hooks.py)."""
@@ -138,9 +154,7 @@ class SageTrainerMixin:
             from sage_unsloth.rlvr.ref_reset import ReferenceReset
 
             self.add_callback(ReferenceReset(cfg.ref_reset_steps, cfg.ref_reset_optimizer))
-        # The steps at the two interception points, in rlvr/taps.py's order (an instance may insert its own).
-        self.rollout_steps, self.batch_steps = taps.AFTER_EACH_ROLLOUT, taps.AFTER_THE_BATCH
-        self.loss_steps = taps.IN_THE_LOSS
+        self._sage_own_steps: dict = {}  # steps an instance set for itself (rollout_steps = ...), by kind
         self._sage_noise = {stream: taps.StepNoise(stream) for stream in taps.SEED_STREAMS}
         self._sage_open_rollout: Rollout | None = None  # the rollout TRL is producing now
         self._sage_open_loss: LossBatch | None = None  # the loss call TRL / Unsloth is computing now
@@ -174,6 +188,39 @@ class SageTrainerMixin:
         """The generator of one noise stream, seeded for this draw (taps.step_seed)."""
         step = int(self.state.global_step)
         return self._sage_noise[stream].draw(seed, step, self.accelerator.process_index)
+
+    def _sage_draw(self, stream: str) -> torch.Generator:
+        return self.sage_noise(stream, getattr(self.args, NOISE_SEED_FIELDS[stream]))
+
+    # -- the steps ---------------------------------------------------------------------------------------
+
+    @property
+    def sage_steps(self) -> taps.Steps:
+        """The steps the plan chose for the class this trainer subclasses, read at each interception (a field
+        changed on a live config builds a new plan), with any kind an instance set for itself."""
+        chosen = self.sage_plan.steps(unsloth_patched=self._sage_patched)
+        return chosen._replace(**getattr(self, "_sage_own_steps", {}))
+
+    rollout_steps = _settable_steps("after_each_rollout")
+    batch_steps = _settable_steps("after_the_batch")
+    loss_steps = _settable_steps("in_the_loss")
+
+    def sage_step_context(self) -> taps.StepContext:
+        """What the steps of one rollout or loss call read besides their record (filled once per call)."""
+        mode = self.sage_mode
+        return taps.StepContext(
+            plan=self.sage_plan,
+            mode=mode,
+            log=compat.metrics(self, mode),
+            beta=self.sage_beta,
+            accelerator=self.accelerator,
+            q=self.sage_q,
+            noise=self._sage_draw,
+            reward_weights=self.reward_weights,
+            num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
+            pad_token_id=compat.pad_token_id(self.processing_class),
+            unsloth_patched=self._sage_patched,
+        )
 
     # -- q ----------------------------------------------------------------------------------------------
 
@@ -237,74 +284,40 @@ class SageTrainerMixin:
             )
         return logps, entropies, logits
 
-    def sage_compute_q(self, output: dict, captured: dict | None = None) -> torch.Tensor:
-        """q (B, C) in TRL's layout for this batch; 1 on masked tokens. ``captured`` may hold the policy's
-        logps / entropies / logit signals already computed by a forward TRL ran anyway (or the loss's own)."""
-        mask = compat.loss_mask(output)
-        plan = self.sage_plan
+    def sage_q(
+        self, batch: dict, mask: torch.Tensor, *, layout: str, policy: dict, reference: dict | None = None
+    ) -> torch.Tensor:
+        """The one q entry point: q for ``batch`` (1 on masked tokens) from the signals given, logged.
+
+        ``policy`` holds the policy's logps / entropies / logit signals (the loss's forward, TRL's old-logp pass or
+        the kit's own), ``reference`` a captured reference pass (else the batch's ref_per_token_logps is the
+        reference). Layout "trl": (B, C), the batch's own signals (old logps, ids) added as the guide needs them;
+        "unsloth": Unsloth's left-packed loss layout (B, C + max_left_pad), where only the entropies exist. The
+        guide runs on its Signals without gradient, and guides.run_guide checks, clips and masks its q; then
+        sage/q_clipped_frac and the q metrics are logged. No guide: q = 1 (logged as such)."""
+        plan, cfg = self.sage_plan, self.args
         if not plan.guided:
-            return torch.ones_like(mask, dtype=torch.float32)
-        needs = plan.guide_needs
-        step = int(self.state.global_step)
-        if "ref_entropies" in needs and (captured or {}).get("ref_entropies") is None:
-            raise RuntimeError(  # the config refuses a guide without a KL anchor (beta 0), so a pass always runs
-                f"sage_guide={plan.guide.name!r} needs ref_entropies, but no reference pass ran in this rollout"
-            )
-        stats = {}
-        if plan.reads_policy:
-            logps, entropies, logits = self.sage_policy_stats(output, captured)
-            stats = {"logps": logps, "entropies": entropies, "logits": logits}
-        return self._sage_q_from(plan.guide, plan.guide_fn, mask, step, output, stats, captured)
-
-    def _sage_q_from(self, entry, guide, mask, step, output, stats, captured) -> torch.Tensor:
-        """Run the guide on its Signals (no gradient) and let guides.finalise_q check, clip and mask its q."""
-        extra = captured or {}
-        needs = entry.meta["needs"]
-        return self._sage_run_guide(
-            entry,
-            guide,
-            mask,
-            step,
-            layout="trl",
-            entropies=_detached(stats.get("entropies")),
-            logps=_detached(stats.get("logps")),
-            ref_logps=_detached(extra.get("ref_logps", output.get("ref_per_token_logps")))
-            if "ref_logps" in needs
-            else None,
-            ref_entropies=_detached(extra.get("ref_entropies")) if "ref_entropies" in needs else None,
-            old_logps=_detached(output.get("old_per_token_logps")) if "old_logps" in needs else None,
-            prompt_ids=output.get("prompt_ids"),
-            completion_ids=output.get("completion_ids"),
-            logits=stats.get("logits") or {},
-        )
-
-    def sage_unsloth_q(self, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The configured guide's q (the branch guide's, or any guide that reads only the entropies) in Unsloth's
-        layout: its Signals carry ``entropies`` and ``mask`` in that layout (``layout='unsloth'``)."""
-        plan = self.sage_plan
-        step = int(self.state.global_step)
-        return self._sage_run_guide(
-            plan.guide, plan.guide_fn, mask, step, layout="unsloth", entropies=entropies.detach()
-        )
-
-    def _sage_run_guide(self, entry, guide, mask, step, *, layout: str, **signals) -> torch.Tensor:
-        """The guide on its Signals (the per-step fields filled here, the per-layout ones given): guides.run_guide
-        (a copy of the signals, no gradient, the plug-in contract's checks, clipping and masking), one path for the
-        TRL and Unsloth layouts."""
-        cfg = self.args
+            q = torch.ones_like(mask, dtype=torch.float32)
+            self.sage_log_q(q, mask)
+            return q
+        if layout == "trl":
+            signals = _trl_signals(plan, batch, policy if plan.reads_policy else {}, reference or {})
+        else:
+            signals = {"entropies": policy["entropies"].detach()}
         bundle = guides.Signals(
             mask=mask,
-            step=step,
+            step=int(self.state.global_step),
             max_steps=guides.default_max_steps(cfg.max_steps),
-            generator=self.sage_noise("guide", cfg.guide_seed),
+            generator=self._sage_draw("guide"),
             rank=self.accelerator.process_index,
             layout=layout,
             **signals,
         )
         q, raw = guides.run_guide(
-            entry, guide, bundle, step=self.sage_step, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max
+            plan.guide, plan.guide_fn, bundle, step=self.sage_step, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max
         )
         self._sage_log_q_clipping(guides.clipped_fraction_counts(raw, mask, cfg.sage_q_min, cfg.sage_q_max))
+        self.sage_log_q(q, mask)
         return q
 
     def _sage_log_q_clipping(self, counts: torch.Tensor) -> None:
@@ -326,26 +339,6 @@ class SageTrainerMixin:
 
     def sage_log_q(self, q: torch.Tensor, mask: torch.Tensor) -> None:
         log_q_metrics(self, q, mask)
-
-    def sage_shift_reference(self, output: dict, q: torch.Tensor) -> None:
-        """ref_per_token_logps <- ref + log q, in whichever layout the scorer produced."""
-        ref = output.get("ref_per_token_logps")
-        if ref is None:
-            return
-        log_q = anchor.log_q(q).to(ref.dtype)
-        completion_len = output["completion_ids"].size(1)
-        if ref.shape == log_q.shape and not ("max_left_pad" in output and self._sage_patched):
-            output["ref_per_token_logps"] = ref + log_q
-            return
-        pad_id = compat.pad_token_id(self.processing_class)
-        mapped = to_unsloth_layout(log_q, output["prompt_ids"], output["completion_ids"], pad_id)
-        if mapped.shape != ref.shape:
-            raise RuntimeError(
-                f"SAGE cannot place log q: ref_per_token_logps has shape {tuple(ref.shape)}, expected (B, C)="
-                f"{tuple(log_q.shape)} (TRL) or (B, C + max_left_pad)={tuple(mapped.shape)} (Unsloth); "
-                f"completion length {completion_len}. Check the pinned trl/unsloth versions."
-            )
-        output["ref_per_token_logps"] = ref + mapped.to(ref.device)
 
     @torch.no_grad()
     def sage_reference_scores(self, output: dict, entropies: bool = False):
@@ -379,34 +372,30 @@ class SageTrainerMixin:
     # -- interception point 1: after the rollout ---------------------------------------------------------
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        """TRL's scorer. Before TRL runs, the trainer names the scoring calls it is about to make (the loss's one
+        forward; the rollout's old-logp and reference passes, compat.trl_rollout_scoring_calls); each call takes
+        the next name, and the ones the steps read are recorded (with what the guide needs asked of TRL's pass)."""
         score = super()._get_per_token_logps_and_entropies
-        loss = self._sage_open_loss
-        if loss is not None and loss.layout == "trl" and loss.logps is None:
-            return self._sage_loss_forward(loss, score, model, args, kwargs)
-        rollout = self._sage_open_rollout
-        if rollout is None:
+        record = self._sage_open_loss or self._sage_open_rollout
+        if record is None or not record.scoring_calls:
             return score(model, *args, **kwargs)
-        want = rollout.want_reference
-        if want is not None:
-            if want["skip"]:
-                want["skip"] -= 1  # TRL's old-logp pass comes first (compat.trl_reference_scoring_index)
-            else:
-                # TRL's reference pass: the same call, asked for the reference's entropies as well.
-                rollout.want_reference = None
-                kwargs["compute_entropy"] = True
-                result = score(model, *args, **kwargs)
-                rollout.reference = {"ref_logps": result[0], "ref_entropies": result[1]}
-                return result
-        want = rollout.want_policy
-        if want is not None and not self._sage_patched:
-            # The first scoring call of the rollout is TRL's old-logp pass of the policy: ask it for the
-            # entropies (and the guide's logit signals) too, so the guide needs no extra forward.
-            rollout.want_policy = None
-            kwargs["compute_entropy"] = kwargs.get("compute_entropy", False) or want["need_entropy"]
-            result, logits = self._sage_score_with_signals(score, model, args, kwargs)
-            rollout.policy = {"logps": result[0], "entropies": result[1], "logits": logits}
+        call = record.scoring_calls.pop(0)
+        if call == "loss_forward":
+            return self._sage_loss_forward(record, score, model, args, kwargs)
+        want = record.capture.get(call)
+        if want is None:
+            return score(model, *args, **kwargs)
+        if call == "reference":  # asked for the reference's entropies as well
+            kwargs["compute_entropy"] = True
+            result = score(model, *args, **kwargs)
+            record.reference = {"ref_logps": result[0], "ref_entropies": result[1]}
             return result
-        return score(model, *args, **kwargs)
+        # TRL's old-logp pass of the policy: with the entropies (and the guide's logit signals) the guide reads, so
+        # that q needs no forward of its own.
+        kwargs["compute_entropy"] = kwargs.get("compute_entropy", False) or want["need_entropy"]
+        result, logits = self._sage_score_with_signals(score, model, args, kwargs)
+        record.policy = {"logps": result[0], "entropies": result[1], "logits": logits}
+        return result
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         from sage_unsloth.rlvr import reward
@@ -424,27 +413,23 @@ class SageTrainerMixin:
             batch = Rollout(output=dapo.dynamic_sampling(self, inputs, self.sage_rollout))
         else:
             batch = self.sage_rollout(inputs)
+        batch.context = self.sage_step_context()
         for step in self.batch_steps:
             step(self, batch)
         return batch.output
 
     def sage_rollout(self, inputs) -> Rollout:
-        """One TRL rollout, then taps.AFTER_EACH_ROLLOUT on it."""
+        """One TRL rollout, then the steps after each rollout on it."""
         plan = self.sage_plan
-        rollout = Rollout()
+        rollout = Rollout(scoring_calls=compat.trl_rollout_scoring_calls(self))
         if not self.sage_q_in_loss:
             # Ask TRL's own scoring passes for what q reads, so that it costs no forward of its own.
             needs = plan.guide_needs
-            if (
-                (plan.reads_policy or plan.placement == "reward")
-                and not self._sage_patched
-                and compat.trl_scores_old_logps(self)
-            ):
-                rollout.want_policy = {"need_entropy": "entropies" in needs}
-            ref_index = compat.trl_reference_scoring_index(self)
-            if "ref_entropies" in needs and plan.placement == "loss" and ref_index is not None:
-                rollout.want_reference = {"skip": ref_index}
-        asked_reference = rollout.want_reference is not None
+            if (plan.reads_policy or plan.placement == "reward") and not self._sage_patched:
+                rollout.capture["old_logps"] = {"need_entropy": "entropies" in needs}
+            if "ref_entropies" in needs and plan.placement == "loss":
+                rollout.capture["reference"] = {}
+        asked_reference = "reference" in rollout.capture and "reference" in rollout.scoring_calls
         self._sage_open_rollout = rollout
         try:
             rollout.output = super()._generate_and_score_completions(inputs)
@@ -454,23 +439,44 @@ class SageTrainerMixin:
             raise
         finally:
             self._sage_open_rollout = None
-            rollout.want_policy = rollout.want_reference = None
+            rollout.scoring_calls, rollout.capture = [], {}
         if asked_reference:
             rollout.reference = _checked_reference(rollout.output, rollout.reference)
+        self._sage_rollout_signals(rollout)
+        rollout.context = self.sage_step_context()
         for step in self.rollout_steps:
             step(self, rollout)
         self.last_rollout = rollout
         return rollout
 
+    def _sage_rollout_signals(self, rollout: Rollout) -> None:
+        """What q at rollout reads, in rollout.policy / rollout.reference: for the reward placement the rollout
+        policy's signals (its logps make the pseudo-KL) and the kit's own reference pass; for a guide reading the
+        policy with q at rollout its signals (TRL's old-logp pass when it ran, else one no-grad pass of the kit's)
+        beside TRL's captured reference pass."""
+        plan, output = self.sage_plan, rollout.output
+        if plan.placement == "reward":
+            logps, entropies, logits = self.sage_policy_stats(output, rollout.policy)
+            ref, ref_entropies = self.sage_reference_scores(
+                output, entropies="ref_entropies" in plan.guide_needs
+            )
+            rollout.reference = {"ref_logps": ref, "ref_entropies": ref_entropies}
+        elif plan.guided and plan.reads_policy and not self.sage_q_in_loss:
+            captured = {**rollout.policy, **rollout.reference}
+            logps, entropies, logits = self.sage_policy_stats(output, captured)
+        else:
+            return
+        rollout.policy = {"logps": logps, "entropies": entropies, "logits": logits}
+
     # -- interception point 2: the loss ------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
-        plan = self.sage_plan
-        in_trl_loss = plan.kl_in_trl_loss or self.beta == 0.0
-        if in_trl_loss and not self.sage_q_in_loss and plan.policy_term_fn is None:
+        if not self.loss_steps:
             return super()._compute_loss(model, inputs)
-        # The batch is reused across num_iterations: the steps change a copy, never the buffer.
-        loss = self._sage_open_loss = LossBatch(batch=dict(inputs))
+        # The batch is reused across num_iterations: the steps change a copy, never the buffer. TRL's loss scores
+        # the policy once, before it reads the advantages or the reference: there the steps run.
+        loss = LossBatch(batch=dict(inputs), context=self.sage_step_context(), scoring_calls=["loss_forward"])
+        self._sage_open_loss = loss
         try:
             value = super()._compute_loss(model, loss.batch)
         finally:
@@ -485,7 +491,7 @@ class SageTrainerMixin:
 
     def _sage_loss_forward(self, loss: LossBatch, score, model, args: tuple, kwargs: dict):
         """The loss's own forward (TRL reads the advantages and the reference only after it): record its
-        outputs, with the guide's logit signals from its chunked pass, and run taps.IN_THE_LOSS."""
+        outputs, with the guide's logit signals from its chunked pass, and run the steps in the loss."""
         if self.sage_q_in_loss:
             result, logits = self._sage_score_with_signals(score, model, args, kwargs)
         else:
@@ -507,6 +513,27 @@ class SageTrainerMixin:
         return unsloth_hooks.entropies_handed_over(
             self, loss, super().get_high_entropy_mask, entropies, mask, threshold
         )
+
+
+def _trl_signals(plan, batch: dict, policy: dict, reference: dict) -> dict:
+    """The guide's signals in TRL's layout (B, C), detached: the policy's from ``policy``, the reference's from
+    ``reference`` (a captured pass) or the batch, the rest from the batch (those the guide reads)."""
+    needs = plan.guide_needs
+    if "ref_entropies" in needs and reference.get("ref_entropies") is None:
+        raise RuntimeError(  # the config refuses a guide without a KL anchor (beta 0), so a pass always runs
+            f"sage_guide={plan.guide.name!r} needs ref_entropies, but no reference pass ran in this rollout"
+        )
+    ref_logps = reference.get("ref_logps", batch.get("ref_per_token_logps"))
+    return {
+        "entropies": _detached(policy.get("entropies")),
+        "logps": _detached(policy.get("logps")),
+        "ref_logps": _detached(ref_logps) if "ref_logps" in needs else None,
+        "ref_entropies": _detached(reference.get("ref_entropies")) if "ref_entropies" in needs else None,
+        "old_logps": _detached(batch.get("old_per_token_logps")) if "old_logps" in needs else None,
+        "prompt_ids": batch.get("prompt_ids"),
+        "completion_ids": batch.get("completion_ids"),
+        "logits": policy.get("logits") or {},
+    }
 
 
 def _checked_reference(output: dict, captured: dict) -> dict:

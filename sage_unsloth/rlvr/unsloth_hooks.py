@@ -55,7 +55,9 @@ def compute_loss_with_q(trainer, compute_loss, model, inputs, args: tuple, kwarg
     batch = dict(inputs)
     batch["ref_per_token_logps"] = batch["ref_per_token_logps"].clone()
     user_quantile = getattr(trainer.args, compat.ENTROPY_QUANTILE_FIELD, 1.0)
-    loss = taps.LossBatch(batch=batch, layout="unsloth", user_quantile=user_quantile)
+    loss = taps.LossBatch(
+        batch=batch, layout="unsloth", context=trainer.sage_step_context(), user_quantile=user_quantile
+    )
     if user_quantile is None or user_quantile >= 1.0:
         setattr(trainer.args, compat.ENTROPY_QUANTILE_FIELD, ENTROPY_TAP_QUANTILE)
     trainer._sage_open_loss = loss

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,19 @@ def test_an_unreadable_data_file_is_named(tmp_path):
     path.chmod(0)
     with pytest.raises(ValueError, match="cannot be read"):
         check_data_file(path)
+
+
+def test_a_file_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
+    """An OSError other than a missing file (a folder here; root reads a chmod-0 file), data and config alike."""
+    from sage_unsloth.config_args import ConfigError, load_config
+
+    folder = tmp_path / "input.yaml"
+    folder.mkdir()
+    why = r"cannot be read \(.*\): fix its permissions$"
+    with pytest.raises(ValueError, match=rf"^dataset_path={re.escape(str(folder))} {why}"):
+        check_data_file(folder)
+    with pytest.raises(ConfigError, match=rf"^config file {re.escape(str(folder))} {why}"):
+        load_config(folder)
 
 
 def _sft(tiny_model_dir, tmp_path, *extra) -> list[str]:

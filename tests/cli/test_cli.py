@@ -198,7 +198,7 @@ def test_dry_run_of_eval_sweep_and_report(sft_dir, tmp_path, capsys, monkeypatch
     monkeypatch.delenv("HF_TOKEN", raising=False)  # the sweep moves the flag there; undone after the test
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert "    grpo_s3407:\n      would: run\n" in out and "would: run after grpo_branch_s3407" in out
+    assert "    grpo_seed3407:\n      would: run\n" in out and "would: run after grpo_branch_seed3407" in out
     # the credential flag moved to the environment (sage_unsloth/credentials.py): the plan shows the rest
     assert TOKEN not in out and "  rlvr_args: --max_steps 2\n" in out
     (tmp_path / "sr").mkdir()

@@ -236,6 +236,23 @@ def test_every_bad_value_is_reported_at_once(tmp_path):
     ]
 
 
+def test_a_limit_says_its_interval_as_written():
+    """Each end closed ([ ]), open (( )) or absent; a lone end as an inequality; a non-finite value adds 'finite'."""
+    from sage_unsloth.field_rules import Limit
+
+    assert Limit(ge=0, le=1).describe() == "in [0, 1]"
+    assert Limit(gt=0.5, lt=1).describe() == "in (0.5, 1)"
+    assert Limit(gt=0, le=1).describe() == "in (0, 1]"
+    assert Limit(ge=1, lt=2**32).describe() == "in [1, 2**32)"
+    assert [Limit(ge=2).describe(), Limit(gt=0).describe()] == [">= 2", "> 0"]
+    assert [Limit(le=3).describe(), Limit(lt=0.25).describe()] == ["<= 3", "< 0.25"]
+    assert [Limit().describe(), Limit().describe(float("nan")), Limit(ge=0).describe(float("inf"))] == [
+        "anything",
+        "finite",
+        ">= 0 and finite",
+    ]
+
+
 def test_a_value_the_command_line_replaces_is_not_judged(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text(f"base: {REPO / BASE_CONFIG['rlvr']}\nbeta: -1\nmax_steps: ten\n")

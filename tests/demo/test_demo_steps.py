@@ -1,11 +1,14 @@
-"""The demo's step runner: fingerprinted stamps, reruns of changed steps only, failures, CPU time, progress."""
+"""The kit's job graph (sage_unsloth/jobs) as the demo lab runs it: fingerprinted stamps, reruns of changed steps
+only, failures, CPU time, thread shares, progress."""
 
 import json
 import sys
 
 import pytest
 
-from sage_unsloth.demo import steps as S
+from sage_unsloth import jobs as S
+from sage_unsloth.jobs import cores
+from sage_unsloth.jobs.progress import file_progress, progress_line
 
 
 def python_step(name, code, *outputs, **kw):
@@ -102,48 +105,48 @@ def test_cpu_time_is_measured_and_threads_reach_the_step(tmp_path):
 def test_idle_cores_read_the_cpu_time_now_not_the_load_average(monkeypatch):
     # (idle jiffies, total jiffies) before and after the sample: 2 CPUs, 150 of 200 jiffies idle -> 1.5 -> 2
     samples = iter([(1000, 4000), (1150, 4200)])
-    monkeypatch.setattr(S, "_cpu_times", lambda: next(samples))
-    monkeypatch.setattr(S.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(S, "usable_cores", lambda: 2)
-    monkeypatch.setattr(S.os, "getloadavg", lambda: (1.1, 1.0, 1.0))  # the idle VM's load average
-    assert S.idle_cores(interval=0) == 2
+    monkeypatch.setattr(cores, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(cores.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    monkeypatch.setattr(cores.os, "getloadavg", lambda: (1.1, 1.0, 1.0))  # the idle VM's load average
+    assert cores.idle_cores(interval=0) == 2
     samples = iter([(1000, 4000), (1040, 4200)])  # 20% idle: 0.4 of a core -> still 1 (at least one)
-    assert S.idle_cores(interval=0) == 1
+    assert cores.idle_cores(interval=0) == 1
     samples = iter([(1000, 4000), (1200, 4200)])  # all idle, but only 1 usable core (affinity)
-    monkeypatch.setattr(S, "usable_cores", lambda: 1)
-    assert S.idle_cores(interval=0) == 1
+    monkeypatch.setattr(cores, "usable_cores", lambda: 1)
+    assert cores.idle_cores(interval=0) == 1
 
 
 def test_idle_cores_fall_back_to_the_load_average_without_proc_stat(monkeypatch):
     def missing():
         raise OSError("no /proc/stat")
 
-    monkeypatch.setattr(S, "_cpu_times", missing)
-    monkeypatch.setattr(S, "usable_cores", lambda: 4)
-    monkeypatch.setattr(S.os, "getloadavg", lambda: (2.2, 1.0, 1.0))
-    assert S.idle_cores(interval=0) == 2
+    monkeypatch.setattr(cores, "_cpu_times", missing)
+    monkeypatch.setattr(cores, "usable_cores", lambda: 4)
+    monkeypatch.setattr(cores.os, "getloadavg", lambda: (2.2, 1.0, 1.0))
+    assert cores.idle_cores(interval=0) == 2
 
 
 def test_cpu_times_parse_this_machines_proc_stat():
-    idle, total = S._cpu_times()
+    idle, total = cores._cpu_times()
     assert 0 <= idle <= total and total > 0
 
 
 def test_a_light_step_beside_a_heavy_one_takes_no_share_of_the_idle_cores():
     heavy, light = S.Step("model", ["x"], outputs=()), S.Step("data", ["x"], outputs=(), light=True)
     # the pre-training starts beside the data step: it gets both idle cores, the data step one thread
-    assert S.threads_for(heavy, free=2, heavy_waiting=0, heavy_running=0, jobs=2) == 2
-    assert S.threads_for(light, free=2, heavy_waiting=0, heavy_running=1, jobs=2) == 1
+    assert cores.threads_for(heavy, free=2, heavy_waiting=0, heavy_running=0, jobs=2) == 2
+    assert cores.threads_for(light, free=2, heavy_waiting=0, heavy_running=1, jobs=2) == 1
     # two heavy steps at once share the cores; jobs caps how many count
-    assert S.threads_for(heavy, free=2, heavy_waiting=3, heavy_running=0, jobs=2) == 1
-    assert S.threads_for(heavy, free=8, heavy_waiting=5, heavy_running=1, jobs=2) == 4
-    assert S.threads_for(heavy, free=1, heavy_waiting=0, heavy_running=1, jobs=2) == 1
+    assert cores.threads_for(heavy, free=2, heavy_waiting=3, heavy_running=0, jobs=2) == 1
+    assert cores.threads_for(heavy, free=8, heavy_waiting=5, heavy_running=1, jobs=2) == 4
+    assert cores.threads_for(heavy, free=1, heavy_waiting=0, heavy_running=1, jobs=2) == 1
 
 
 def test_the_first_heavy_step_gets_every_idle_core_when_only_light_steps_start_beside_it(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(S, "idle_cores", lambda: 2)
+    monkeypatch.setattr(cores, "idle_cores", lambda: 2)
     seen = {}
 
     def thread_step(name, **kw):
@@ -166,19 +169,19 @@ def test_progress_line_reads_the_last_tqdm_bar_and_metrics():
         "{'loss': '0.52', 'reward': '0.25'}\n 10%|#  | 20/200 [00:10<01:30,  2.00it/s]\r"
         " 20%|## | 40/200 [00:20<01:20,  1.25s/it]\n{'loss': '0.31', 'reward': '0.5', 'step': 40}\n"
     )
-    assert S.progress_line(log) == "40/200, 0.80 steps/s, ETA 01:20, reward 0.500, loss 0.310"
-    assert S.progress_line("no bar yet") is None
-    assert S.progress_line("Loading weights: 100%|##| 26/26 [00:00<00:00, 9000.00it/s]") is None
+    assert progress_line(log) == "40/200, 0.80 steps/s, ETA 01:20, reward 0.500, loss 0.310"
+    assert progress_line("no bar yet") is None
+    assert progress_line("Loading weights: 100%|##| 26/26 [00:00<00:00, 9000.00it/s]") is None
 
 
 def test_file_progress_counts_the_files_written_so_far(tmp_path):
     for i in range(3):
         (tmp_path / f"chunk_{i}.jsonl.gz").write_text("")
     assert (
-        S.file_progress(str(tmp_path / "chunk_*.jsonl.gz"), 10, elapsed=30.0)
+        file_progress(str(tmp_path / "chunk_*.jsonl.gz"), 10, elapsed=30.0)
         == "3/10 chunks, 0.10 chunks/s, ETA 01:10"
     )
-    assert S.file_progress(str(tmp_path / "none_*"), 10, elapsed=5.0).endswith("ETA ?")
+    assert file_progress(str(tmp_path / "none_*"), 10, elapsed=5.0).endswith("ETA ?")
 
 
 @pytest.mark.slow

@@ -204,12 +204,20 @@ def test_rerun_continues_an_interrupted_stage_from_its_checkpoint(monkeypatch, t
     from sage_unsloth import checkpoints, recipe
 
     started = []
-    monkeypatch.setattr(recipe, "stream", lambda argv, **kw: (started.append(argv), (0, []))[1])
     run = _recipe("colab", tmp_path)
+    folder = run.rlvr_dir("grpo")
+
+    def stream(argv, **kw):  # the stage: its manifest, written last
+        started.append(argv)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "manifest.json").write_text("{}")
+        return 0, []
+
+    monkeypatch.setattr(recipe, "stream", stream)
     run.run("rlvr", "grpo")
     assert "--resume" not in started[-1] and "--save_steps" in started[-1]
-    folder = run.rlvr_dir("grpo")
-    (folder / "checkpoint-8").mkdir(parents=True)  # what the stopped run left
+    (folder / "manifest.json").unlink()  # what the stopped run left: no manifest, a checkpoint
+    (folder / "checkpoint-8").mkdir(parents=True)
     monkeypatch.setattr(checkpoints, "last_complete_checkpoint", lambda out: Path(out) / "checkpoint-8")
     assert "grpo: stopped part-way: resumes from checkpoint-8" in run.progress()
     run.run("rlvr", "grpo")

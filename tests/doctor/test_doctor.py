@@ -227,7 +227,10 @@ def test_doctor_fails_when_the_hook_drops_q(tmp_path):
     script.write_text(
         "import sys, torch\n"
         "from sage_unsloth.rlvr import trainer\n"
-        "trainer.SageTrainerMixin.sage_unsloth_q = lambda self, entropies, mask: torch.ones_like(entropies)\n"
+        "q = trainer.SageTrainerMixin.sage_q\n"
+        "trainer.SageTrainerMixin.sage_q = lambda self, batch, mask, *, layout, policy, reference=None: (\n"
+        "    torch.ones_like(policy['entropies']) if layout == 'unsloth'\n"
+        "    else q(self, batch, mask, layout=layout, policy=policy, reference=reference))\n"
         "from sage_unsloth.doctor.selftest import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )

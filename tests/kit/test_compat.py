@@ -103,6 +103,11 @@ def test_triton_fallback_kernel(monkeypatch):
     torch.testing.assert_close(log_sum_sq, (log_probs.exp() ** 2).sum(-1).log())
     torch.testing.assert_close(mean_logits, logits.mean(-1))
     assert top1.tolist() == (logits.argmax(-1) == targets).tolist()
+    # A bias, a logit scale and a soft cap (Gemma-style heads), applied in that order before the temperature.
+    bias = torch.randn(11, generator=gen)
+    logp = compat.TorchChunkedLogProb.apply(hidden, weight, bias, targets, 0.7, 4, 2.0, 0.5, ())[0]
+    capped = 2.0 * torch.tanh((hidden @ weight.T + bias) * 0.5 / 2.0)
+    torch.testing.assert_close(logp, torch.log_softmax(capped / 0.7, -1)[torch.arange(5), targets])
 
 
 def test_logit_signal_tap(monkeypatch):
@@ -134,8 +139,8 @@ def test_logit_signal_tap(monkeypatch):
 
     tapped: dict = {}
     with compat.logit_signal_tap({"top1": top1}, attention, attention, 3, tapped):
-        logp = trl_utils._ChunkedLogProbFunction.apply(hidden, weight, None, targets, 0.7, 4, None, 1.0)[0]
-    log_probs = torch.log_softmax(hidden @ weight.T / 0.7, -1)
+        logp = trl_utils._ChunkedLogProbFunction.apply(hidden, weight, None, targets, 0.7, 4, 2.0, 0.5)[0]
+    log_probs = torch.log_softmax(2.0 * torch.tanh(hidden @ weight.T * 0.5 / 2.0) / 0.7, -1)  # capped, scaled
     torch.testing.assert_close(logp, log_probs[torch.arange(5), targets])  # TRL's result untouched
     placed = torch.zeros(mask.shape)
     placed[mask] = log_probs.max(-1).values
@@ -215,6 +220,9 @@ def test_old_logps_condition(accumulation, per_generation, iterations, vllm, exp
     for beta, index in ((0.0, None), (0.05, 1 if expected else 0)):
         trainer.beta = beta
         assert compat.trl_reference_scoring_index(trainer) == index
+        # the names the trainer gives TRL's scoring calls, in the order TRL makes them
+        named = ["old_logps"] * expected + ["reference"] * (beta != 0.0)
+        assert compat.trl_rollout_scoring_calls(trainer) == named
 
 
 def test_reference_pass_is_the_scoring_call_after_the_old_logps():

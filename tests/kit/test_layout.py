@@ -54,3 +54,22 @@ def test_the_committed_references_are_not_ignored_and_anything_else_under_result
         assert not ignored(tracked), tracked
     for stray in ("results/tiny/sft/passk.csv", "results/report.md", "results/demo/report.md"):
         assert ignored(stray), stray
+
+
+def test_one_run_name_for_a_method_at_a_seed_and_its_inverse():
+    """Every driver names a run <method>_seed<N> (sage_unsloth/layout.py run_name: the sweep, the demo lab) and
+    reads it back with split_run; the names before the one convention are read only where asked (the report)."""
+    assert layout.run_name("grpo_branch", 3) == "grpo_branch_seed3" and layout.run_name("sft", None) == "sft"
+    for method, seed in [("grpo", 0), ("a_b-tau0.3", 12), ("x_seed1", 2), ("sft", None)]:
+        assert layout.split_run(layout.run_name(method, seed)) == (method, seed)
+    assert layout.split_run("grpo_s1") == ("grpo_s1", None)  # a method of its own, unless legacy is asked for
+    assert layout.split_run("grpo_s1", legacy=True) == ("grpo", 1)
+    assert layout.split_run("dapo_full-seed3", legacy=True) == ("dapo_full", 3)
+    from sage_unsloth.demo.run import DemoBudget, run_names
+
+    assert run_names(DemoBudget(seeds=(0, 2), methods=("grpo",))) == [
+        "sft_seed0",
+        "sft_seed2",
+        "grpo_seed0",
+        "grpo_seed2",
+    ]

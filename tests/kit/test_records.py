@@ -374,7 +374,7 @@ def test_the_name_rule_keeps_the_names_the_kit_makes():
 
     for name in (
         "sft",
-        "grpo_branch_s3407",
+        "grpo_branch_seed3407",
         "qwen2.5-math-7b",
         "grpo_branch-tau0.3-gamma2",
         "kk_logicrl",
@@ -505,20 +505,23 @@ def test_a_damaged_manifest_is_named_with_its_line(content, needle, tmp_path, fa
 
 
 def test_a_damaged_training_log_and_job_record_are_named(tmp_path):
-    from sage_unsloth.recipe import finished
+    from sage_unsloth.jobs import Step, plan
     from sage_unsloth.training_log import read_log_history
 
     log = tmp_path / "log_history.jsonl"
     log.write_bytes(b'{"step": 1}\n\xff\xfe{"step": 2}\n{"step": 3}\n')
     with pytest.raises(ValueError, match=r"log_history.jsonl:2: not valid UTF-8"):
         read_log_history(log)
-    record = tmp_path / "jobs" / "grpo_s1.json"
+    record = tmp_path / "jobs" / "grpo_seed1.json"  # a sweep job's stamp (sage_unsloth/jobs)
     record.parent.mkdir()
     record.write_text('{"command": ["sage_unsloth.rlvr", ')
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "adapter_config.json").write_text("{}")
-    with pytest.raises(ValueError, match=r"grpo_s1.json line 1 is damaged"):
-        finished(tmp_path / "run", "rlvr", ["sage_unsloth.rlvr"], record)
+    step = Step(
+        "grpo_seed1", ["python", "-m", "sage_unsloth.rlvr"], (tmp_path / "run",), code=None, keep=True
+    )
+    with pytest.raises(ValueError, match=r"grpo_seed1.json line 1 is damaged"):
+        plan([step], tmp_path / "jobs")
 
 
 # ------------------------------------------------------ 5. eval: corrupt chunks, stale temp files, sampling.json, disk

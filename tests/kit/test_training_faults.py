@@ -51,27 +51,27 @@ def guide_exit(signals):
     return 1 + 0.1 * signals.entropies
 guide_exit.needs = ("entropies",)
 
-def est_nan_at_2(rewards, num_generations, args):
-    out = rewards - rewards.mean()
+def est_nan_at_2(inputs):
+    out = inputs.rewards - inputs.rewards.mean()
     return out * float("nan") if late("est_nan_at_2") else out
 
-def est_nan(rewards, num_generations, args):
-    out = rewards - rewards.mean()
+def est_nan(inputs):
+    out = inputs.rewards - inputs.rewards.mean()
     return out * float("nan") if late("est_nan") else out
 
-def est_absurd(rewards, num_generations, args):
-    out = rewards - rewards.mean()
+def est_absurd(inputs):
+    out = inputs.rewards - inputs.rewards.mean()
     return out * 0 + 1e30 if late("est_absurd") else out
 
-def est_short(rewards, num_generations, args):
-    out = rewards - rewards.mean()
+def est_short(inputs):
+    out = inputs.rewards - inputs.rewards.mean()
     return out[:-1] if late("est_short") else out
 
-def est_list(rewards, num_generations, args):
-    out = rewards - rewards.mean()
+def est_list(inputs):
+    out = inputs.rewards - inputs.rewards.mean()
     return out.tolist() if late("est_list") else out
 
-def term_nan(batch, args):
+def term_nan(batch):
     out = batch.advantages * (float("nan") if late("term_nan") else 1.0)
     return TermOutput(advantages=out)
 

@@ -155,7 +155,8 @@ def test_importance_sampling_pin_reaches_trls_vllm_path_and_clipped_fraction_is_
         return tuple(out)
 
     trainer._generate = generate_as_vllm
-    trainer.use_vllm = True
+    # the config too: the plan chooses the importance-sampling metric's step from it
+    trainer.use_vllm = trainer.args.use_vllm = True
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     torch.manual_seed(1)

@@ -26,7 +26,9 @@ def _example(spec: str):
 def test_centred_advantage_is_the_scaled_group_centred_reward():
     fn = _example("centred_advantage.py:centred_advantage")
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, float("nan"), 1.0])
-    got = fn(rewards, 3, None, scale=2.0)
+    from sage_unsloth.rlvr.advantages import GroupRewards
+
+    got = fn(GroupRewards(rewards, 3), scale=2.0)
     # groups (1, 0, 0) and (0, nan->0, 1): means 1/3 and 1/3
     want = [2 * (1 - 1 / 3), -2 / 3, -2 / 3, -2 / 3, -2 / 3, 2 * (1 - 1 / 3)]
     assert got.tolist() == pytest.approx(want)
@@ -48,7 +50,7 @@ def test_damped_advantage_keeps_the_floor_on_certain_tokens():
         epsilon_high=0.2,
         generator=torch.Generator(),
     )
-    out = fn(batch, None, floor=0.25, entropy_scale=1.0)
+    out = fn(batch, floor=0.25, entropy_scale=1.0)
     weights = [0.25, 0.25 + 0.75 * 0.5, 1.0]  # H / scale capped at 1
     assert out.advantages.tolist() == [pytest.approx([a * w for a, w in zip([1.0, 1.0, -1.0], weights)])]
     assert out.loss is None and out.metrics["damped/weight_mean"] == pytest.approx((0.25 + 0.625) / 2)
@@ -84,32 +86,18 @@ def test_my_methods_trains_all_three_plug_ins_through_the_cli(
     from sage_unsloth.rlvr.run import main
 
     ran = {"estimate": 0, "term": 0, "kl": 0}
-    steps = {
-        taps.estimate_advantages: "estimate",
-        taps.policy_term: "term",
-        taps.kl_term: "kl",
-    }
+    steps = {"estimate": "estimate_advantages", "term": "policy_term", "kl": "kl_term"}
 
     def counted(step, name):
         def run(trainer, record):
-            if name == "estimate" and trainer.sage_plan.estimator_fn is not None:
-                ran[name] += 1
-            if name == "term" and trainer.sage_plan.policy_term_fn is not None:
-                ran[name] += 1
-            if name == "kl" and not trainer.sage_plan.kl_in_trl_loss:
-                ran[name] += 1
+            ran[name] += 1
             return step(trainer, record)
 
         return run
 
-    monkeypatch.setattr(
-        taps,
-        "AFTER_EACH_ROLLOUT",
-        tuple(counted(s, steps[s]) if s in steps else s for s in taps.AFTER_EACH_ROLLOUT),
-    )
-    monkeypatch.setattr(
-        taps, "IN_THE_LOSS", tuple(counted(s, steps[s]) if s in steps else s for s in taps.IN_THE_LOSS)
-    )
+    # The plan chooses its steps from taps.py when the config is built: a step the method needs runs, counted.
+    for name, attribute in steps.items():
+        monkeypatch.setattr(taps, attribute, counted(getattr(taps, attribute), name))
     monkeypatch.chdir(REPO)  # the plug-ins' paths are relative to the working directory, as the file says
     argv = [
         "examples/my_methods.yaml",

@@ -90,13 +90,9 @@ def _batch(seed: int = 0, rows: int = 4, width: int = 12, spread: float = 3.0) -
     )
 
 
-class _Args:
-    entropy_adv_alpha, entropy_adv_kappa = 0.4, 2.0
-    clip_cov_ratio, clip_cov_lb, clip_cov_ub = 2e-4, 1.0, 5.0
-    kl_cov_ratio, kl_cov_coef = 2e-3, 1.0
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
+# The built-in terms' knobs at their flat fields' defaults (entropy_adv_alpha, ..., kl_cov_coef).
+ENTROPY_ADV = {"alpha": 0.4, "kappa": 2.0}
+CLIP_COV = {"ratio": 2e-4, "lb": 1.0, "ub": 5.0}
 
 
 def _cov_oracle(batch: TokenBatch) -> dict[tuple[int, int], float]:
@@ -115,7 +111,7 @@ def test_entropy_advantage_is_the_clipped_detached_bonus_of_the_paper():
     batch = _batch()
     entropies = batch.entropies.clone().requires_grad_()  # a term must not carry an entropy gradient
     batch = TokenBatch(**{**batch.__dict__, "entropies": entropies})
-    out = entropy_advantage(batch, _Args())
+    out = entropy_advantage(batch, **ENTROPY_ADV)
     for i in range(4):
         for t in range(12):
             a, h = batch.advantages[i, t].item(), entropies[i, t].item()
@@ -131,7 +127,7 @@ def test_entropy_advantage_is_the_clipped_detached_bonus_of_the_paper():
 
 
 def test_entropy_advantage_never_flips_the_sign_of_the_advantage():
-    out = entropy_advantage(_batch(seed=3), _Args())
+    out = entropy_advantage(_batch(seed=3), **ENTROPY_ADV)
     base = _batch(seed=3).advantages
     assert (torch.sign(out.advantages) == torch.sign(base)).all()
 
@@ -155,7 +151,7 @@ def test_clip_cov_detaches_exactly_the_covariance_window_outside_ppos_clip():
     ratio = {p: math.exp(batch.logps[p].item() - batch.old_logps[p].item()) for p in cov}
     window, ppo_clipped = _clip_cov_window(batch)
     assert window and ppo_clipped & {p for p, c in cov.items() if 1.0 < c < 5.0}  # both cases occur
-    out = clip_cov(batch, _Args(clip_cov_ratio=1.0))  # ratio 1: every candidate is detached
+    out = clip_cov(batch, **{**CLIP_COV, "ratio": 1.0})  # ratio 1: every candidate is detached
     zeroed = {p for p in cov if out.advantages[p].item() == 0.0 and batch.advantages[p].item() != 0.0}
     assert zeroed == window
     # Detached means no gradient through the policy term there, the plain one elsewhere.
@@ -172,7 +168,7 @@ def test_clip_cov_detaches_ratio_times_the_valid_tokens(ratio, expected_count):
     n_valid = int(batch.mask.sum())
     window, _ = _clip_cov_window(batch)
     assert n_valid == 32 and len(window) == 8
-    out = clip_cov(batch, _Args(clip_cov_ratio=ratio))
+    out = clip_cov(batch, **{**CLIP_COV, "ratio": ratio})
     zeroed = {p for p in _cov_oracle(batch) if out.advantages[p].item() == 0.0}
     assert len(zeroed) == min(max(int(ratio * n_valid), 1), len(window)) == expected_count
     assert zeroed <= window
@@ -184,7 +180,7 @@ def test_kl_cov_penalises_the_top_covariance_tokens_by_the_absolute_log_ratio(ra
     batch = _batch()
     cov = _cov_oracle(batch)
     top = set(sorted(cov, key=cov.get, reverse=True)[:count])
-    out = kl_cov(batch, _Args(kl_cov_ratio=ratio, kl_cov_coef=0.5))
+    out = kl_cov(batch, ratio=ratio, coef=0.5)
     assert out.advantages is None
     for p in cov:
         d = batch.logps[p].item() - batch.old_logps[p].item()
@@ -254,18 +250,20 @@ def test_combinations_that_compose_are_accepted(overrides):
 
 def test_the_subset_size_and_reuse_checks_read_the_metadata_not_the_names(tmp_path):
     """Pass@k's 1 <= k <= G and KL-Cov's "needs a reused batch" come from what an entry declares
-    (``group_subset_field``, ``needs_reuse``), so a plug-in that declares them is held to them too."""
+    (``group_subset_arg``, ``needs_reuse``), so a plug-in that declares them is held to them too."""
     plugin = tmp_path / "declared.py"
     plugin.write_text(
-        "def best_of(rewards, num_generations, args):\n    return rewards - rewards.mean()\n"
-        "best_of.group_subset_field = 'passk_k'\n"
+        "def best_of(inputs, *, k: int = 2):\n    return inputs.rewards - inputs.rewards.mean()\n"
+        "best_of.group_subset_arg = 'k'\n"
         "from sage_unsloth.rlvr.policy_terms import TermOutput\n"
-        "def stale(batch, args):\n    return TermOutput()\n"
+        "def stale(batch):\n    return TermOutput()\n"
         "stale.needs_reuse = 'reads log pi_old'\n"
     )
-    with pytest.raises(ConfigError, match=r"passk_k=9 must be in \[1, num_generations=8\]"):
-        _config(advantage_estimator=f"{plugin}:best_of", passk_k=9)
-    _config(advantage_estimator=f"{plugin}:best_of", passk_k=8)
+    match = r"advantage_estimator_args.k=9 must be in \[1, num_generations=8\]"
+    with pytest.raises(ConfigError, match=match):
+        _config(advantage_estimator=f"{plugin}:best_of", advantage_estimator_args={"k": 9})
+    _config(advantage_estimator=f"{plugin}:best_of", advantage_estimator_args={"k": 8})
+    _config(advantage_estimator=f"{plugin}:best_of")  # its default k = 2
     with pytest.raises(
         ConfigError, match="reads log pi_old, 0 with zero gradient when every batch is used once"
     ):
@@ -277,12 +275,12 @@ def test_plugin_estimators_and_terms_are_registry_entries_with_their_metadata(tm
     """A file plug-in is resolved like a guide; what it declares (backends, recomputed) drives the checks."""
     plugin = tmp_path / "my_baselines.py"
     plugin.write_text(
-        "def mean_adv(rewards, num_generations, args):\n    return rewards - rewards.mean()\n"
+        "def mean_adv(inputs):\n    return inputs.rewards - inputs.rewards.mean()\n"
         "mean_adv.backends = ('trl',)\n"
-        "def trl_own(rewards, num_generations, args):\n    return rewards\n"
+        "def trl_own(inputs):\n    return inputs.rewards\n"
         "trl_own.recomputed = False\n"
         "from sage_unsloth.rlvr.policy_terms import TermOutput\n"
-        "def no_term(batch, args):\n    return TermOutput()\n"
+        "def no_term(batch):\n    return TermOutput()\n"
     )
     _config(advantage_estimator=f"{plugin}:mean_adv", policy_term=f"{plugin}:no_term")
     with pytest.raises(ConfigError, match=r"supports backend in \('trl',\), got backend='unsloth'"):

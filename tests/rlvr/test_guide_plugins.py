@@ -235,8 +235,8 @@ def test_guide_by_name_path_and_module(tmp_path, monkeypatch):
             r"has no argument 'gama': did you mean 'gamma'",
         ),
         (
-            {"sage_guide": "branch", "sage_guide_args": {"gamma": 1}},
-            r"reads its parameters from .*sage_gamma",
+            {"sage_guide": "branch", "sage_gamma": 0.5, "sage_guide_args": {"gamma": 1}},
+            r"sage_gamma=0.5 and sage_guide_args: \{gamma: 1\} set one argument of guide 'branch' two ways",
         ),
         (
             {"sage_guide": EXAMPLE_SPEC, "sage_guide_args": "{gamma"},

@@ -89,6 +89,8 @@ def run_rollout_steps(trainer, output: dict, rewards: torch.Tensor) -> None:
     from sage_unsloth.rlvr.taps import Rollout
 
     rollout = Rollout(output=output, rewards_per_func=rewards)
+    trainer._sage_rollout_signals(rollout)  # what the trainer gathers after TRL's rollout
+    rollout.context = trainer.sage_step_context()
     for step in trainer.rollout_steps:
         step(trainer, rollout)
 
@@ -101,13 +103,13 @@ def _advantages(trainer, guide: str, position: int = 0) -> tuple[torch.Tensor, t
     trainer.sage_policy_stats = lambda output, captured: (logps, None, {})
     trainer.sage_reference_scores = lambda output, entropies=False: (ref, None)
     seen = {}
-    compute_q = type(trainer).sage_compute_q
+    compute_q = type(trainer).sage_q
 
-    def spy(self_output, captured=None):
-        seen["q"] = compute_q(trainer, self_output, captured)
+    def spy(*args, **kwargs):
+        seen["q"] = compute_q(trainer, *args, **kwargs)
         return seen["q"]
 
-    trainer.sage_compute_q = spy
+    trainer.sage_q = spy
     run_rollout_steps(trainer, output, rewards)
     return output["advantages"].clone(), seen["q"]
 

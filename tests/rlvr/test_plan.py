@@ -55,8 +55,13 @@ def test_a_field_changed_in_place_builds_a_new_plan(tmp_path):
     cfg.sage_guide = "none"
     second = cfg.method_plan
     assert second is not first and not second.guided and first.guided
-    cfg.sage_gamma = 0.7  # a built-in guide reads its flat fields at call time: no new plan needed
-    assert cfg.method_plan is second
+    assert cfg.method_plan is second  # nothing changed: the same plan
+    cfg.sage_guide = "branch"
+    third = cfg.method_plan
+    cfg.sage_gamma = (
+        0.7  # a built-in's flat field is one of its bound arguments: a new plan binds the new value
+    )
+    assert cfg.method_plan is not third and cfg.method_plan.guide_fn.keywords["gamma"] == 0.7
 
 
 def test_the_plan_does_not_travel_with_the_pickled_config(tmp_path):
@@ -74,3 +79,112 @@ def test_the_reward_placement_puts_q_at_rollout_on_either_class(tmp_path):
     assert plan.q_source(unsloth_patched=False) == "rollout" == plan.q_source(unsloth_patched=True)
     loss = _config(tmp_path, sage_guide="token").method_plan
     assert loss.q_source(unsloth_patched=False) == "loss" and loss.q_source(unsloth_patched=True) == "rollout"
+
+
+def _step_names(plan, *, unsloth_patched: bool) -> tuple:
+    steps = plan.steps(unsloth_patched=unsloth_patched)
+    return tuple(tuple(step.__name__ for step in kind) for kind in steps)
+
+
+# config -> (TRL's class, Unsloth's patched class): the step names after each rollout, after the batch, in the loss.
+CHOSEN_STEPS = [
+    (  # plain GRPO: q = 1 is logged at rollout (the metrics say so), nothing shifts, nothing in the loss
+        {},
+        (("summed_rewards", "q_at_rollout"), (), ()),
+        (("summed_rewards", "q_at_rollout"), (), ()),
+    ),
+    (
+        {"sage_guide": "branch"},
+        (("summed_rewards",), (), ("q_in_the_loss",)),
+        (("summed_rewards",), (), ("q_in_the_unsloth_loss",)),
+    ),
+    (  # no KL (a guide needs one: the config refuses it): no reference to shift, only the policy term in the loss
+        {"beta": 0.0, "policy_term": "entropy_adv"},
+        (("summed_rewards", "q_at_rollout"), (), ("policy_term",)),
+        (("summed_rewards", "q_at_rollout"), (), ()),
+    ),
+    (
+        {"sage_guide": "random"},
+        (("summed_rewards", "q_at_rollout", "shift_reference_at_rollout"), (), ()),
+        (("summed_rewards", "q_at_rollout", "shift_reference_at_rollout"), (), ()),
+    ),
+    (  # the token guide reads the log-probs: in TRL's loss, at rollout under Unsloth's
+        {"sage_guide": "token"},
+        (("summed_rewards",), (), ("q_in_the_loss",)),
+        (("summed_rewards", "q_at_rollout", "shift_reference_at_rollout"), (), ()),
+    ),
+    (  # the reward placement: q with the reward, the advantages recomputed, no q step in the loss
+        {"sage_guide": "branch", "sage_kl_placement": "reward"},
+        (("summed_rewards", "q_at_rollout", "reward_placement", "estimate_advantages"), (), ()),
+        (("summed_rewards", "q_at_rollout", "reward_placement", "estimate_advantages"), (), ()),
+    ),
+    (  # the TRL-only steps (policy term, KL term) never on Unsloth's layout
+        {"sage_guide": "branch", "policy_term": "clip_cov", "kl_estimator": "k2"},
+        (("summed_rewards",), (), ("q_in_the_loss", "policy_term", "kl_term")),
+        (("summed_rewards",), (), ("q_in_the_unsloth_loss",)),
+    ),
+    (
+        {"advantage_estimator": "passk", "loss_type": "dapo", "dapo_normalizer": "generation"},
+        (("summed_rewards", "estimate_advantages", "q_at_rollout"), ("dapo_normaliser",), ()),
+        (("summed_rewards", "estimate_advantages", "q_at_rollout"), ("dapo_normaliser",), ()),
+    ),
+    (
+        {"loss_type": "dapo", "dapo_normalizer": "window"},
+        (("summed_rewards", "q_at_rollout"), (), ()),
+        (("summed_rewards", "q_at_rollout"), (), ()),
+    ),
+]
+
+
+@pytest.mark.parametrize("fields,trl,unsloth", CHOSEN_STEPS)
+def test_the_plan_chooses_the_steps_that_run_for_each_configuration(tmp_path, fields, trl, unsloth):
+    plan = _config(tmp_path, **fields).method_plan
+    assert _step_names(plan, unsloth_patched=False) == trl
+    assert _step_names(plan, unsloth_patched=True) == unsloth
+
+
+def test_the_vllm_importance_sampling_metric_step_runs_only_with_the_correction(tmp_path):
+    cfg = _config(tmp_path)
+    cfg.use_vllm, cfg.vllm_importance_sampling_correction = True, True  # no vLLM here: set after validation
+    assert _step_names(cfg.method_plan, unsloth_patched=False)[1] == ("log_importance_sampling",)
+    cfg.vllm_importance_sampling_correction = False
+    assert _step_names(cfg.method_plan, unsloth_patched=False)[1] == ()
+
+
+def test_no_step_tests_a_setting_when_it_runs():
+    """The steps open with no `if <setting>: return` guard and read none of the settings the plan chose them by."""
+    import ast
+    import inspect
+    import textwrap
+
+    from sage_unsloth.rlvr import taps
+
+    chosen_by = {
+        "placement",
+        "guided",
+        "reads_policy",
+        "sage_q_in_loss",
+        "kl_in_trl_loss",
+        "dynamic_sampling",
+    }
+    for step in (
+        taps.summed_rewards,
+        taps.q_at_rollout,
+        taps.reward_placement,
+        taps.estimate_advantages,
+        taps.shift_reference_at_rollout,
+        taps.log_importance_sampling,
+        taps.dapo_normaliser,
+        taps.q_in_the_loss,
+        taps.q_in_the_unsloth_loss,
+        taps.policy_term,
+        taps.kl_term,
+    ):
+        body = ast.parse(textwrap.dedent(inspect.getsource(step))).body[0].body
+        first = body[1] if isinstance(body[0], ast.Expr) else body[0]  # after the docstring
+        guard = isinstance(first, ast.If) and isinstance(first.body[0], ast.Return)
+        assert not guard, f"{step.__name__} opens with a guard"
+        assert not chosen_by & set(step.__code__.co_names), (
+            step.__name__,
+            chosen_by & set(step.__code__.co_names),
+        )

@@ -92,15 +92,31 @@ def test_a_module_plugin_whose_own_import_fails_names_the_missing_dependency(tmp
         (
             "guide",
             "def f():\n    return 1\n",
-            r"takes 0 positional inputs; a guide is called with 1 \(signals\)",
+            r"takes no positional input; a guide is called as fn\(signals, \*\*sage_guide_args\)",
+        ),
+        ("kl", "def f():\n    pass\n", r"a KL term is called as fn\(tokens, \*\*kl_term_args\)"),
+        # the earlier call shapes of the estimators and the policy terms: one line naming the new one
+        (
+            "estimator",
+            "def f(rewards, num_generations, args):\n    return rewards\n",
+            (
+                r"takes 'num_generations', 'args', the earlier call shape: an advantage estimator is now called as "
+                r"fn\(inputs, \*\*advantage_estimator_args\) with its knobs as keyword arguments"
+            ),
         ),
         (
             "estimator",
-            "def f(rewards, args):\n    return rewards\n",
-            r"takes 2 positional inputs; a advantage estimator is called with 3 \(rewards, num_generations, args\)",
+            "def f(rewards, args, *, scale=1.0):\n    return rewards\n",
+            r"takes 'args', the earlier call shape",
         ),
-        ("term", "def f(batch):\n    pass\n", r"a policy term is called with 2 \(batch, args\)"),
-        ("kl", "def f():\n    pass\n", r"a KL term is called with 1 \(tokens\)"),
+        (
+            "term",
+            "def f(batch, args, *, factor=1.0):\n    pass\n",
+            (
+                r"takes 'args', the earlier call shape: a policy term is now called as fn\(batch, "
+                r"\*\*policy_term_args\)"
+            ),
+        ),
     ],
 )
 def test_a_plugin_that_cannot_take_its_inputs_is_refused(tmp_path, kind, source, expected):
@@ -152,9 +168,9 @@ def test_argument_types_of_every_kind_are_checked(tmp_path):
         from sage_unsloth.rlvr.kl_terms import KLOutput
         from sage_unsloth.rlvr.policy_terms import TermOutput
 
-        def est(rewards, num_generations, args, *, scale: float = 1.0):
-            return rewards * scale
-        def term(batch, args, *, factor: float = 1.0):
+        def est(inputs, *, scale: float = 1.0):
+            return inputs.rewards * scale
+        def term(batch, *, factor: float = 1.0):
             return TermOutput(advantages=batch.advantages * factor)
         def kl(tokens, *, cap: float = 10.0):
             d = tokens.ref_logps - tokens.logps
@@ -198,10 +214,10 @@ EXPECTED = {
 KIND_SOURCES = {
     "guide": "def f(signals):\n    out = 1 + 0.1 * signals.entropies\n    {fault}\n    return out\n"
     "f.needs = ('entropies',)\n",
-    "estimator": "def f(rewards, num_generations, args):\n    out = rewards - rewards.mean()\n    {fault}\n"
+    "estimator": "def f(inputs):\n    out = inputs.rewards - inputs.rewards.mean()\n    {fault}\n"
     "    return out\n",
     "term": "from sage_unsloth.rlvr.policy_terms import TermOutput\n"
-    "def f(batch, args):\n    out = batch.advantages * 0.5\n    {fault}\n    return TermOutput(advantages=out)\n",
+    "def f(batch):\n    out = batch.advantages * 0.5\n    {fault}\n    return TermOutput(advantages=out)\n",
     "kl": "from sage_unsloth.rlvr.kl_terms import KLOutput\n"
     "def f(tokens):\n    d = tokens.ref_logps - tokens.logps\n    out = d.exp() - d - 1\n    {fault}\n"
     "    return KLOutput(out, out)\n",
@@ -328,7 +344,7 @@ def test_a_policy_term_and_a_kl_term_get_copies_but_keep_the_gradient():
     mask, advantages, ref = torch.ones(2, 3), torch.ones(2, 3), -torch.rand(2, 3)
     tokens = TokenBatch(logps, logps.detach().clone(), torch.rand(2, 3), advantages, mask, 0.2, 0.2, None)
 
-    def term(batch, args):
+    def term(batch):
         batch.mask.zero_()
         batch.advantages.mul_(-5.0)
         return TermOutput(loss=batch.logps * 2.0)
@@ -338,7 +354,6 @@ def test_a_policy_term_and_a_kl_term_get_copies_but_keep_the_gradient():
         "t",
         term,
         tokens,
-        None,
         step=1,
         check=lambda o: plugin_calls.term_output_problem(o, (2, 3), mask),
     )
@@ -362,28 +377,24 @@ def test_a_policy_term_and_a_kl_term_get_copies_but_keep_the_gradient():
     assert torch.equal(ref, saved)
 
 
-def test_an_estimator_that_writes_into_the_config_changes_only_its_copy():
+def test_an_estimator_that_writes_into_its_inputs_changes_only_its_copy():
     from sage_unsloth import plugin_calls
+    from sage_unsloth.rlvr.advantages import GroupRewards
 
-    cfg = _config()
-
-    def greedy(rewards, num_generations, args):
-        args.beta = 0.0
-        rewards.zero_()
-        return rewards
+    def greedy(inputs):
+        inputs.rewards.zero_()
+        return inputs.rewards
 
     rewards = torch.ones(4)
     plugin_calls.call(
         "advantage estimator",
         "g",
         greedy,
-        rewards,
-        2,
-        cfg,
+        GroupRewards(rewards, 2),
         step=1,
         check=lambda o: plugin_calls.advantages_problem(o, 4),
     )
-    assert cfg.beta == 0.05 and torch.equal(rewards, torch.ones(4))
+    assert torch.equal(rewards, torch.ones(4))
 
 
 def test_a_run_time_fault_names_the_kind_the_plugin_and_the_step():

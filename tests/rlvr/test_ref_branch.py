@@ -104,14 +104,15 @@ def test_ref_branch_in_the_reward_placement_uses_the_kits_reference_pass(
     from sage_unsloth.rlvr.trainer import SageTrainerMixin
 
     seen = []
-    original = SageTrainerMixin._sage_q_from
+    original = SageTrainerMixin.sage_q
 
-    def spy(self, *args):
-        q = original(self, *args)
-        seen.append(q)
+    def spy(self, *args, **kwargs):
+        q = original(self, *args, **kwargs)
+        if self.sage_plan.guided:  # the guide's q (the plain trainer's q = 1 goes through here too)
+            seen.append(q)
         return q
 
-    monkeypatch.setattr(SageTrainerMixin, "_sage_q_from", spy)
+    monkeypatch.setattr(SageTrainerMixin, "sage_q", spy)
     trainer, forwards = _trainer(tiny_model_dir, tmp_path, "ref_branch", sage_kl_placement="reward")
     plain, plain_forwards = _trainer(tiny_model_dir, tmp_path, "none", sage_kl_placement="reward")
     batch = _rollout(trainer)

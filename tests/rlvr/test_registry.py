@@ -23,7 +23,7 @@ def _registry() -> Registry:
 def test_resolve_name_and_meta():
     entry = _registry().resolve("flat")
     assert entry.name == "flat" and entry.registered
-    assert entry.meta == {"needs": ("entropies",)}
+    assert entry.meta == {"needs": ("entropies",), "aliases": None}  # every kind declares aliases
 
 
 def test_unknown_name_suggests_and_names_field():
@@ -73,11 +73,11 @@ def test_import_path_module_and_file(tmp_path, monkeypatch):
     )
     reg = _registry()
     by_file = reg.resolve(f"{plugin}:half")
-    assert not by_file.registered and by_file.meta == {"needs": ("logps",)}
+    assert not by_file.registered and by_file.meta == {"needs": ("logps",), "aliases": None}
     assert reg.bind(by_file, {"k": 2.0})(3.0) == 6.0
     monkeypatch.syspath_prepend(str(tmp_path))
     by_module = reg.resolve("my_guides:Counter")
-    assert by_module.meta == {"needs": ()}  # no attribute: the declared default
+    assert by_module.meta == {"needs": (), "aliases": None}  # no attribute: the declared default
     counter = reg.bind(by_module, {"start": 5})
     assert counter(None) == 6 and counter(None) == 7  # a class keeps state between calls
     with pytest.raises(

@@ -758,6 +758,7 @@ CANARY = (
     FORCED_TRAINER_PREAMBLE
     + r"""
 from sage_unsloth.compat import to_unsloth_layout
+from sage_unsloth.rlvr import taps
 model._unsloth_user_float32 = True  # else Unsloth's loss autocasts this float32 model to fp16
 model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
 # tau = 0: every completion token gets q = q_max = 1.4, so the KL is known in closed form. q at rollout (the
@@ -775,12 +776,12 @@ def spy(model, inputs, *a, **k):
     seen.update({key: value.clone() if torch.is_tensor(value) else value for key, value in inputs.items()})
     return patched_compute_loss(model, inputs, *a, **k)
 trainer.compute_loss = spy
-shift = trainer.sage_shift_reference
-def spy_shift(output, q):
+shift = taps.shift_reference
+def spy_shift(output, q, **kwargs):
     before_shift.update(ref=output["ref_per_token_logps"].clone(), ids=output["completion_ids"].clone())
-    shift(output, q)
+    shift(output, q, **kwargs)
     before_shift["shifted"] = output["ref_per_token_logps"].clone()
-trainer.sage_shift_reference = spy_shift
+taps.shift_reference = spy_shift
 trainer.train()
 
 b = seen

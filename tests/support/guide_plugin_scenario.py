@@ -15,11 +15,11 @@ def record_q_calls(monkeypatch=None) -> list[dict]:
     top-2 margin the guide received and the q the kit produced."""
     from sage_unsloth.rlvr.trainer import SageTrainerMixin
 
-    original = SageTrainerMixin._sage_q_from
+    original = SageTrainerMixin.sage_q
     calls: list[dict] = []
 
-    def spy(self, entry, guide, mask, step, output, stats, captured):
-        q = original(self, entry, guide, mask, step, output, stats, captured)
+    def spy(self, output, mask, *, layout, policy, reference=None):
+        q = original(self, output, mask, layout=layout, policy=policy, reference=reference)
         calls.append(
             {
                 "in_loss": self.sage_q_in_loss,
@@ -29,16 +29,16 @@ def record_q_calls(monkeypatch=None) -> list[dict]:
                     k: output[k].tolist()
                     for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
                 },
-                "margin": stats["logits"]["top2_margin"].tolist(),
+                "margin": policy["logits"]["top2_margin"].tolist(),
                 "q": q.tolist(),
             }
         )
         return q
 
     if monkeypatch is not None:
-        monkeypatch.setattr(SageTrainerMixin, "_sage_q_from", spy)
+        monkeypatch.setattr(SageTrainerMixin, "sage_q", spy)
     else:
-        SageTrainerMixin._sage_q_from = spy
+        SageTrainerMixin.sage_q = spy
     return calls
 
 

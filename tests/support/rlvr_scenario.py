@@ -225,12 +225,14 @@ def fixed_batch_step(argv: list[str]) -> dict:
 def guide_noise(trainer, batch: dict) -> dict:
     """q of the token and random guides on the same completions, drawn with ``trainer``'s per-process
     generator at step 0 (the counters are put back: the run itself is not disturbed)."""
-    from sage_unsloth import anchor
+    from sage_unsloth import anchor, compat
 
     noise = trainer._sage_noise["guide"]
     saved = noise.last_step, noise.calls
     try:
-        token = trainer.sage_compute_q(batch)  # the run's own guide (grpo_token)
+        logps, entropies, logits = trainer.sage_policy_stats(batch, None)
+        policy = {"logps": logps, "entropies": entropies, "logits": logits}
+        token = trainer.sage_q(batch, compat.loss_mask(batch), layout="trl", policy=policy)  # the run's guide
         random = anchor.random_guide(
             batch["completion_mask"],
             eps=0.5,

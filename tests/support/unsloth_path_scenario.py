@@ -271,9 +271,9 @@ def contact_point_source():
 LATE_NAN_ESTIMATOR = """
 CALLS = []
 
-def late_nan(rewards, num_generations, args):
+def late_nan(inputs):
     CALLS.append(1)  # call 1: the trial call before loading; call 2: step 1
-    out = rewards - rewards.mean()
+    out = inputs.rewards - inputs.rewards.mean()
     return out * float("nan") if len(CALLS) > 1 else out
 """
 

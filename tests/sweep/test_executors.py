@@ -98,7 +98,7 @@ def test_executor_runs_the_tiny_sweep_resumes_a_killed_job_and_matches_local(
     argv = tiny_sweep_argv(sft_dir, tmp_path, *ONE_CONFIG, *EXECUTOR_ARGS[name])
     cfg = sweep.parse_args(argv)
     run_dir = sweep.build_jobs(cfg, sweep.validate(cfg))[3].manifest_dir
-    assert run_dir.name == "grpo_s1"
+    assert run_dir.name == "grpo_seed1"
     stop, killed = threading.Event(), []
     watcher = threading.Thread(
         target=_kill_after_first_checkpoint, args=(run_dir, f"{tmp_path}/outputs", stop, killed)
@@ -112,26 +112,26 @@ def test_executor_runs_the_tiny_sweep_resumes_a_killed_job_and_matches_local(
     out, err = capsys.readouterr()
     assert killed, f"the training job was not caught between its checkpoints; the sweep said:\n{out}\n{err}"
     assert first == 1
-    log = tmp_path / "outputs" / "tiny-cpu" / "logs" / "grpo_s1.log"
-    assert f"grpo_s1: FAILED (exit -{int(signal.SIGKILL)}), see {log}" in out
-    assert "eval_grpo_s1: not run, an input failed" in out and "eval_grpo_s3407: done" in out
-    assert "not finished: eval_grpo_s1, grpo_s1, report" in err  # the report waits for every evaluation
+    log = tmp_path / "outputs" / "tiny-cpu" / "logs" / "grpo_seed1.log"
+    assert f"grpo_seed1: FAILED (exit -{int(signal.SIGKILL)}), see {log}" in out
+    assert "eval_grpo_seed1: not run, an input failed" in out and "eval_grpo_seed3407: done" in out
+    assert "not finished: eval_grpo_seed1, grpo_seed1, report" in err  # the report waits for every evaluation
 
     assert sweep.main(argv) == 0
     out = capsys.readouterr().out
-    for job in ("grpo_s3407", "eval_grpo_s3407", "eval_sft"):
-        assert f"{job}: finished before, skipped" in out
-    assert "grpo_s1: started" in out and "report: done" in out
+    for job in ("grpo_seed3407", "eval_grpo_seed3407", "eval_sft"):
+        assert f"{job}: finished before with the same inputs, reused" in out
+    assert "grpo_seed1: started" in out and "report: done" in out
     assert "resuming from checkpoint-" in log.read_text()  # not from step 0
     assert (tmp_path / "results" / "tiny-cpu" / "report.md").is_file()
     ours, local = _summary(tmp_path), _summary(local_root)
-    assert sorted(ours) == ["grpo (mean of 2 seeds)", "grpo_s1", "grpo_s3407", "sft"]
+    assert sorted(ours) == ["grpo (mean of 2 seeds)", "grpo_seed1", "grpo_seed3407", "sft"]
     assert ours == {run: local[run] for run in ours}  # every run and the mean, number for number
     # the tiny model scores 0 everywhere, so the numbers alone would not tell runs apart: the trained
     # adapters are the local run's byte for byte (the killed run resumed exactly), and so are the samples
-    for run in ("grpo_s3407", "grpo_s1"):
+    for run in ("grpo_seed3407", "grpo_seed1"):
         assert _adapter(tmp_path, run) == _adapter(local_root, run), run
-    for run in ("sft", "grpo_s3407", "grpo_s1"):
+    for run in ("sft", "grpo_seed3407", "grpo_seed1"):
         assert _completions(tmp_path, run) == _completions(local_root, run), run
 
     assert sweep.main([*argv, "--rlvr_args", "--max_steps 3"]) == 2  # a folder written with other arguments
@@ -258,7 +258,7 @@ def test_gpus_per_job_above_a_node_is_a_multinode_slurm_job(monkeypatch, tmp_pat
     jobs = {j.name: j for j in sweep.build_jobs(cfg, "tiny")}
     tasks = [
         Task(j, sweep._argv(jobs[j], slots[0], cfg), tmp_path / f"{j}.log", kind=jobs[j].kind, gpus=16)
-        for j in ("grpo_s3407", "grpo_branch_s3407", "eval_grpo_s3407")
+        for j in ("grpo_seed3407", "grpo_branch_seed3407", "eval_grpo_seed3407")
     ]
     submitted = []
 
@@ -279,7 +279,9 @@ def test_gpus_per_job_above_a_node_is_a_multinode_slurm_job(monkeypatch, tmp_pat
     executor.submit(tasks)
     (train, fn1, args1), (_, fn2, _), (evaluate, fn3, _) = submitted
     assert fn1 is fn2 is slurm.run_on_node and fn3 is slurm.run_command
-    assert train["name"] == "sage-rlvr" and evaluate["name"] == "sage-eval_grpo_s3407"  # the 2 runs: an array
+    assert (
+        train["name"] == "sage-rlvr" and evaluate["name"] == "sage-eval_grpo_seed3407"
+    )  # the 2 runs: an array
     assert (train["nodes"], train["tasks_per_node"], train["gpus_per_node"]) == (2, 1, 8)
     assert (evaluate["nodes"], evaluate["gpus_per_node"]) == (1, 8)
     assert train["slurm_partition"] == "gpu" and train["slurm_account"] == "lab"
@@ -305,7 +307,7 @@ def test_gpus_per_job_above_a_node_is_a_multinode_slurm_job(monkeypatch, tmp_pat
     ran = {}
     monkeypatch.setattr(slurm, "run_command", lambda t, argv, log: ran.update(argv=argv, log=log) or 0)
     assert slurm.run_on_node(task, config, port) == 0
-    assert ran["log"] == tmp_path / "grpo_s3407.node1.log"  # node 0 writes the job's own log
+    assert ran["log"] == tmp_path / "grpo_seed3407.node1.log"  # node 0 writes the job's own log
     args = _accelerate_args(ran["argv"])
     assert args.multi_gpu and (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", 1, "8")
     endpoint = getattr(args, "rdzv_endpoint", None) or f"{args.master_addr}:{args.master_port}"
@@ -321,10 +323,10 @@ def test_a_multinode_job_needs_whole_nodes():
 
 # ---------------------------------------------------------------------------------------- the lab's runner
 def test_the_lab_runner_runs_its_steps_through_an_executor(tmp_path):
-    """sage_unsloth/demo/steps.py run_steps with submitit's local executor: steps in dependency order, the
+    """The job graph's run_steps (sage_unsloth/jobs), as the lab calls it, with submitit's local executor: steps in dependency order, the
     same stamps (a rerun reuses both), and a failing step is an error naming its log."""
     from sage_unsloth.demo import run as lab
-    from sage_unsloth.demo.steps import Step, run_steps
+    from sage_unsloth.jobs import Step, run_steps
 
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     write_a = f"import pathlib; pathlib.Path({str(a)!r}).write_text('1')"
@@ -335,23 +337,23 @@ def test_the_lab_runner_runs_its_steps_through_an_executor(tmp_path):
     ]
     args = lab.parse_args(["--executor", "slurm", "--executor-settings", "{cluster: local, cpus_per_job: 1}"])
     executor = lab._executor(args, tmp_path / "work")
-    records = run_steps(
-        steps, work=tmp_path / "work", jobs=2, threads=1, echo=lambda line: None, executor=executor
-    )
+
+    def run(steps, jobs=2):  # as the lab runs its steps, on this executor
+        work = tmp_path / "work"
+        return run_steps(
+            steps, work=work, jobs=jobs, threads=1, echo=lambda line: None, executor=executor, **lab.LAB_RUN
+        )
+
+    records = run(steps)
     assert [r.status for r in records] == ["ran", "ran"] and b.read_text() == "12"
     assert list(
         (tmp_path / "work" / "executor" / "slurm").glob("*/*_submitted.pkl")
     )  # it went through submitit
-    records = run_steps(
-        steps, work=tmp_path / "work", jobs=2, threads=1, echo=lambda line: None, executor=executor
-    )
-    assert [r.status for r in records] == ["reused", "reused"]
+    assert [r.status for r in run(steps)] == ["reused", "reused"]
 
     failing = [Step("c", [sys.executable, "-c", "raise SystemExit(3)"], (tmp_path / "c.txt",), light=True)]
     with pytest.raises(RuntimeError, match=r"\[demo\] c failed \(exit 3\); last lines of .*c\.log"):
-        run_steps(
-            failing, work=tmp_path / "work", jobs=1, threads=1, echo=lambda line: None, executor=executor
-        )
+        run(failing, jobs=1)
 
 
 def test_a_bad_lab_executor_is_one_line(tmp_path):

@@ -1,5 +1,6 @@
-"""The recipe driver (sage_unsloth/recipe.py): stage commands, skipping a stage whose manifest matches this run's
-command, streaming a child's log, and failures with the last lines of the log."""
+"""The recipe driver (sage_unsloth/recipe.py): stage commands, streaming a child's log, and failures with the last
+lines of the log; a stage run in the foreground under the job graph's done rule (sage_unsloth/jobs, as the
+notebooks run theirs)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ def test_stage_command_runs_the_stage_package():
         recipe.stage_command("tune", "c.yaml")
 
 
-def test_run_stage_streams_output_skips_finished_stages_and_reports_failures(tmp_path, capsys):
+def test_run_stage_streams_output_and_reports_failures(tmp_path, capsys):
     ok = [sys.executable, "-c", "import sys; print('step 1'); print('warn', file=sys.stderr)"]
-    assert recipe.run_stage(ok, cwd=tmp_path)
+    recipe.run_stage(ok, cwd=tmp_path)
     out = capsys.readouterr().out
     assert "step 1" in out and "warn" in out and out.startswith("$ python -c")
 
@@ -37,36 +38,44 @@ def test_run_stage_streams_output_skips_finished_stages_and_reports_failures(tmp
         recipe.run_stage(fail, cwd=tmp_path, tail_lines=5)
     assert str(info.value).splitlines()[1:] == [f"line {i}" for i in range(95, 100)]
 
-    (tmp_path / "done").mkdir()
-    (tmp_path / "done" / "manifest.json").write_text("{}")
-    assert not recipe.run_stage(fail, cwd=tmp_path, done=tmp_path / "done")  # finished earlier: not run
-    assert "[skip]" in capsys.readouterr().out
 
+def _stage(out_dir, extra=""):
+    from sage_unsloth.jobs import Step
 
-def test_a_stage_is_skipped_only_when_its_manifest_matches_this_command(tmp_path, capsys):
-    out_dir, record = tmp_path / "sft", tmp_path / "stages" / "sft.json"
     write = (
         f"from sage_unsloth.manifest import write_manifest; "
-        f"write_manifest({str(out_dir)!r}, stage='sft', config={{}})"
+        f"write_manifest({str(out_dir)!r}, stage='sft', config={{}}){extra}"
     )
-    command = [sys.executable, "-c", write]
-    assert recipe.run_stage(command, cwd=tmp_path, done=out_dir, stage="sft", record=record)  # ran
-    assert json.loads(record.read_text())["command"] == command[1:]  # without the interpreter
-    assert not recipe.run_stage(
-        command, cwd=tmp_path, done=out_dir, stage="sft", record=record
-    )  # same: skipped
-    assert "[skip]" in capsys.readouterr().out
-    other = [sys.executable, "-c", write + "  # --max_steps 5"]
+    argv = [sys.executable, "-c", write]
+    return Step("sft", argv, (out_dir,), code=None, done_file="manifest.json", keep=True)
+
+
+def test_a_stage_run_here_is_skipped_only_when_the_job_graph_says_it_is_done(tmp_path, capsys):
+    from sage_unsloth.jobs import fingerprint
+    from sage_unsloth.jobs.graph import run_here
+
+    out_dir, stamps = tmp_path / "sft", tmp_path / "stages"
+    step = _stage(out_dir)
+    start = lambda: recipe.run_stage(step.argv, cwd=tmp_path)
+    assert run_here(step, fingerprint(step, {}), stamps, start)  # ran
+    assert (
+        json.loads((stamps / "sft.json").read_text())["command"] == step.argv[1:]
+    )  # without the interpreter
+    assert not run_here(step, fingerprint(step, {}), stamps, start)  # same inputs: skipped
+    assert "[skip] sft: finished before with the same inputs" in capsys.readouterr().out
+    other = _stage(out_dir, "  # --max_steps 5")
     with pytest.raises(ValueError, match="was written with .* not by"):
-        recipe.run_stage(other, cwd=tmp_path, done=out_dir, stage="sft", record=record)
-    with pytest.raises(ValueError, match="manifest"):  # the manifest of another stage is not a finished sft
-        recipe.finished(out_dir, "rlvr", command[1:], record)
+        run_here(other, fingerprint(other, {}), stamps, start)
+    (out_dir / "manifest.json").unlink()  # stopped before its manifest: runs again, in its folder
+    assert run_here(step, fingerprint(step, {}), stamps, start)
 
 
-def test_finished_refuses_a_folder_filled_without_a_record(tmp_path):
+def test_a_folder_filled_without_a_stamp_is_refused(tmp_path):
+    from sage_unsloth.jobs import fingerprint
+    from sage_unsloth.jobs.graph import run_here
+
     folder = tmp_path / "run"
-    assert not recipe.finished(folder, "eval", ["a"], tmp_path / "r.json")  # nothing there: run it
-    write_manifest(folder, stage="eval", config={})
+    write_manifest(folder, stage="sft", config={})
+    step = _stage(folder)
     with pytest.raises(ValueError, match="by another driver or by hand"):
-        recipe.finished(folder, "eval", ["a"], tmp_path / "r.json")
-    assert recipe.finished(folder, "eval", ["a"], None)  # no record kept: the manifest alone decides
+        run_here(step, fingerprint(step, {}), tmp_path / "stages", lambda: None)

@@ -16,7 +16,7 @@ from sage_unsloth import sweep
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "sweep" / "tiny-cpu.yaml"
-RUNS = ["sft", "grpo_s3407", "grpo_branch_s3407", "grpo_s1", "grpo_branch_s1"]
+RUNS = ["sft", "grpo_seed3407", "grpo_branch_seed3407", "grpo_seed1", "grpo_branch_seed1"]
 
 
 def _passk(path):
@@ -38,7 +38,7 @@ def in_repo(monkeypatch):
 def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
     root, _ = swept
     results = root / "results" / "tiny-cpu"
-    record = json.loads((root / "outputs" / "tiny-cpu" / "jobs" / "grpo_s3407.json").read_text())
+    record = json.loads((root / "outputs" / "tiny-cpu" / "jobs" / "grpo_seed3407.json").read_text())
     assert record["command"][:2] == ["sage_unsloth.rlvr", "configs/rlvr/tiny-cpu/grpo.yaml"]
     runs = sorted(p.name for p in results.glob("*/*") if (p / "passk.csv").is_file())
     assert runs == sorted(RUNS)
@@ -52,14 +52,15 @@ def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
         assert float(row["amc23 pass@1"]) == round(scores[("amc23", 1)], 4)
         assert float(row["amc23 pass@2"]) == round(scores[("amc23", 2)], 4)
         assert row["status"] == "done"
-    assert rows["grpo_s3407"]["steps"] == rows["grpo_branch_s3407"]["steps"] == "2"
+    assert rows["grpo_seed3407"]["steps"] == rows["grpo_branch_seed3407"]["steps"] == "2"
     assert (
-        rows["grpo_branch_s3407"]["config"] == "grpo_branch" and rows["grpo_branch_s3407"]["seed"] == "3407"
+        rows["grpo_branch_seed3407"]["config"] == "grpo_branch"
+        and rows["grpo_branch_seed3407"]["seed"] == "3407"
     )
-    run_dirs = sorted(p.name for p in (root / "outputs" / "tiny-cpu").glob("*/*_s*") if p.is_dir())
-    assert run_dirs == ["grpo_branch_s1", "grpo_branch_s3407", "grpo_s1", "grpo_s3407"]
+    run_dirs = sorted(p.name for p in (root / "outputs" / "tiny-cpu").glob("*/*_seed*") if p.is_dir())
+    assert run_dirs == ["grpo_branch_seed1", "grpo_branch_seed3407", "grpo_seed1", "grpo_seed3407"]
     mean = rows["grpo (mean of 2 seeds)"]  # over the two seeds' rows, recomputed here
-    pair = [float(rows[r]["amc23 pass@1"]) for r in ("grpo_s3407", "grpo_s1")]
+    pair = [float(rows[r]["amc23 pass@1"]) for r in ("grpo_seed3407", "grpo_seed1")]
     assert float(mean["amc23 pass@1"]) == round((pair[0] + pair[1]) / 2, 4)
     assert (results / "summary.md").read_text().startswith("| run | config | seed | status |")
 
@@ -69,7 +70,7 @@ def test_no_credential_reaches_any_file_the_sweep_wrote(swept):
     job record, log, run folder, result or report holds either (issue 42: the token was in jobs/<job>.json)."""
     root, _ = swept
     assert files_holding(root, HUB_TOKEN, WANDB_KEY) == []
-    record = json.loads((root / "outputs" / "tiny-cpu" / "jobs" / "grpo_s1.json").read_text())
+    record = json.loads((root / "outputs" / "tiny-cpu" / "jobs" / "grpo_seed1.json").read_text())
     assert "--hub_token" not in record["command"] and "--max_steps" in record["command"]
 
 
@@ -78,28 +79,38 @@ def test_a_rerun_skips_every_finished_job(swept, monkeypatch, capsys):
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail(f"started {a[0]}"))
     assert sweep.main(argv) == 0
     out = capsys.readouterr().out
-    assert out.count("finished before, skipped") == 2 * 2 * 2 + 1 + 1  # runs + evals, the SFT eval, report
+    assert (
+        out.count("finished before with the same inputs, reused") == 2 * 2 * 2 + 1 + 1
+    )  # runs + evals, the SFT eval, report
 
 
 def test_a_killed_run_resumes_and_what_reads_it_is_redone(swept, capsys):
     root, argv = swept
     cfg = sweep.parse_args(argv)
     jobs = {job.name: job for job in sweep.build_jobs(cfg, sweep.validate(cfg))}
-    run_dir = jobs["grpo_s3407"].manifest_dir
+    run_dir = jobs["grpo_seed3407"].manifest_dir
     slot = sweep.make_slots(cfg)[0]
-    assert "--resume" not in sweep._argv(jobs["grpo_s3407"], slot, cfg)  # finished: nothing to resume
+    assert "--resume" not in sweep._argv(jobs["grpo_seed3407"], slot, cfg)  # finished: nothing to resume
     manifest = (run_dir / "manifest.json").read_bytes()
     (run_dir / "manifest.json").unlink()  # killed after checkpoint-2, before its final save
-    assert sweep._argv(jobs["grpo_s3407"], slot, cfg)[-1] == "--resume"
+    assert sweep._argv(jobs["grpo_seed3407"], slot, cfg)[-1] == "--resume"
     (run_dir / "manifest.json").write_bytes(manifest)
 
-    (jobs["eval_grpo_s3407"].manifest_dir / "manifest.json").unlink()  # an evaluation killed before its CSVs
+    (
+        jobs["eval_grpo_seed3407"].manifest_dir / "manifest.json"
+    ).unlink()  # an evaluation killed before its CSVs
     assert sweep.main(argv) == 0
     out = capsys.readouterr().out
-    assert "eval_grpo_s3407: started" in out and "report: started" in out  # it, and what reads it
-    for name in ("grpo_s3407", "grpo_branch_s3407", "eval_grpo_branch_s3407", "eval_grpo_s1", "eval_sft"):
-        assert f"{name}: finished before, skipped" in out
-    log = (root / "outputs" / "tiny-cpu" / "logs" / "eval_grpo_s3407.log").read_text()
+    assert "eval_grpo_seed3407: started" in out and "report: started" in out  # it, and what reads it
+    for name in (
+        "grpo_seed3407",
+        "grpo_branch_seed3407",
+        "eval_grpo_branch_seed3407",
+        "eval_grpo_seed1",
+        "eval_sft",
+    ):
+        assert f"{name}: finished before with the same inputs, reused" in out
+    log = (root / "outputs" / "tiny-cpu" / "logs" / "eval_grpo_seed3407.log").read_text()
     assert (
         "2 problems already graded (0 chunks regraded), 0 chunks to sample" in log
     )  # resumed from its chunks, nothing sampled

@@ -1,0 +1,20 @@
+"""One job graph for every multi-step command of the kit: ``sage-unsloth sweep`` (sage_unsloth/sweep.py), the
+demo lab (sage_unsloth/demo/run.py) and the notebooks' recipe (sage_unsloth/notebook.py) describe their work as
+:class:`Step` s; one rule says which are done (:mod:`sage_unsloth.jobs.graph`: the input fingerprint recorded
+beside the outputs) and one scheduler runs the rest on an executor (:mod:`sage_unsloth.jobs.scheduler`).
+"""
+
+from sage_unsloth.jobs.graph import Step, StepRecord, fingerprint, is_done, plan, read_stamp
+from sage_unsloth.jobs.scheduler import STAMP_DIR, Slot, run_steps
+
+__all__ = [
+    "STAMP_DIR",
+    "Slot",
+    "Step",
+    "StepRecord",
+    "fingerprint",
+    "is_done",
+    "plan",
+    "read_stamp",
+    "run_steps",
+]
