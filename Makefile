@@ -54,13 +54,18 @@ $(EVAL_STAMP): pyproject.toml Makefile
 	rm -f $(EVAL_VENV)/.sage-installed-*
 	touch $(EVAL_STAMP)
 
+# The suite on TEST_WORKERS pytest-xdist workers (TEST_WORKERS=0: one process). --dist loadgroup keeps the
+# tests that share a module's trained run, or the tiny sweep, on one worker (tests/conftest.py); a result
+# never depends on the worker count. tests/README.md: where a test lives.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 # The quick tier: pure functions, no model, no subprocess (tests/conftest.py marks every test that needs the
 # tiny model as slow; other expensive tests carry @pytest.mark.slow). `make test` stays the full suite.
 test-quick: install
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 # The whole recipe offline on CPU (sage_unsloth/demo): tiny model, synthetic task, 01 -> 02 -> 03 -> 04
 # into outputs/results/demo/ (work files in outputs/demo/), compared with the committed results/demo-reference/.
@@ -85,7 +90,7 @@ notebooks: install
 
 # The [gpu] extra resolved for Linux x86-64 and Python 3.11 (Colab, Kaggle, a GPU server), committed as
 # requirements/gpu-lock.txt: `pip install -r requirements/gpu-lock.txt` installs exactly that set. uv runs from a
-# throwaway environment of its own (.venv-lock), never from .venv or .venv-eval; tests/test_gpu_lock.py checks that
+# throwaway environment of its own (.venv-lock), never from .venv or .venv-eval; tests/kit/test_gpu_lock.py checks that
 # the lock and pyproject.toml agree. Needs PyPI; rerun after changing a pin.
 LOCK_VENV := .venv-lock
 gpu-lock:

@@ -5,7 +5,7 @@ Tiny random Qwen2 + LoRA on CPU, transformers generation inside the trainer. Bac
 
 - ``trl``: TRL 1.15's GRPOTrainer (this process);
 - ``unsloth``: Unsloth 2026.10.9's generated UnslothGRPOTrainer, its patching forced onto the CPU in a child
-  process as tests/test_rlvr_trainer.py's canary does (PrefixGrouper off: a plain transformers model ignores
+  process as tests/rlvr/test_rlvr_trainer.py's canary does (PrefixGrouper off: a plain transformers model ignores
   its prefix_seg_info; sequence packing off: its re-verification adds forwards that depend on the rollout
   lengths, for every variant alike; float32 loss).
 

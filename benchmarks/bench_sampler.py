@@ -9,7 +9,7 @@
 demo's settings (configs/demo/eval.yaml: temperature 1, top-p 1, min-p 0, 56 new tokens, stop at
 </SOLUTION>); the rounds alternate (before, after, before, after, ...) so both see the same load. It prints
 completions per second of each, their ratio per round, and the mean completion length and share graded
-correct of each (the two draw different samples; their distributions are the same, tests/test_eval_sampler.py).
+correct of each (the two draw different samples; their distributions are the same, tests/eval/test_eval_sampler.py).
 ``--vllm`` (from .venv-eval) adds vLLM's CPU engine on the same job: its start-up and its sampling separately.
 Without ``--checkpoint`` it uses the demo's random model (it never stops early: the longest shape).
 """

@@ -6,7 +6,7 @@
 Per platform: the parameters cell gets its ``PLATFORM`` and ``MODEL`` (the model from
 :data:`sage_unsloth.notebook.PLATFORMS`), markdown cells tagged ``only-<platform>`` are kept for that
 platform only, and the notebook metadata asks Colab / Kaggle for the right accelerator. Cell ids are
-fixed, so the output depends on the source alone (tests/test_notebooks.py checks there is no drift).
+fixed, so the output depends on the source alone (tests/docs/test_notebooks.py checks there is no drift).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ Per-token estimators, d_t = m_t - log pi_theta(y_t | ...), a = q * pi_ref at one
 
 Gradient identities. Used as a loss on samples of pi (no gradient through the sampling), at one
 position with pi = pi_theta(. | prefix), the expected gradient of each term is (exact; checked by
-exact expectation in tests/test_estimators.py):
+exact expectation in tests/rlvr/test_estimators.py):
 
     k1                      0                                     (a value estimator only)
     k2                      grad sum_v pi log(pi / a)             reverse KL to the anchor

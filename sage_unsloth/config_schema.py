@@ -12,7 +12,7 @@ heavy is imported. It refuses only what the real parser and the configs' ``__pos
 run afterwards, with the checks that need more than one field, a file or the machine.
 
 The schema is generated from the parsers (``python -m sage_unsloth.config_schema --write``);
-tests/test_config_schema.py fails when it is out of date (a TRL bump that adds a field, a new rule) and holds each
+tests/cli/test_config_schema.py fails when it is out of date (a TRL bump that adds a field, a new rule) and holds each
 rule to what the real dataclass refuses.
 """
 

@@ -7,7 +7,7 @@ A stage's config classes list theirs in a ``FIELD_RULES`` class variable. ``pyth
 once, before torch is imported. The configs' ``__post_init__`` then check them again: stages 3 and 4, the sweep and
 stage 2's own fields through :func:`check_field_rules` (the same words), the TRL-based training configs with their
 own worded checks;
-tests/test_config_schema.py holds each rule to what the real dataclass refuses, at its bounds.
+tests/cli/test_config_schema.py holds each rule to what the real dataclass refuses, at its bounds.
 
 Stdlib only (no TRL, no torch).
 """

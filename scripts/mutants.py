@@ -28,16 +28,16 @@ TRAINER = "sage_unsloth/rlvr/trainer.py"
 CONFIG = "sage_unsloth/rlvr/config.py"
 GUIDES = "sage_unsloth/guides.py"
 
-GUIDE_TESTS = ("tests/test_anchor.py",
-               "tests/test_guides_oracle.py::test_token_guide_in_loss_matches_oracle_with_fixed_generator",
-               "tests/test_guides_oracle.py::test_random_guide_at_rollout_matches_oracle_with_fixed_generator")
-MATH_TESTS = ("tests/test_anchor.py", "tests/test_estimators.py")
-TRAINER_ORACLE = ("tests/test_rlvr_trainer.py::test_loss_and_gradients_match_oracle",
-                  "tests/test_rlvr_trainer.py::test_k2_and_forward_terms_use_anchor_functions")
-OFF_POLICY = ("tests/test_guides_oracle.py",)
-PLACEMENT = ("tests/test_placement.py::test_reward_placement_matches_the_formula",
-             "tests/test_placement.py::test_group_advantage_contact_point")
-DAPO = ("tests/test_dapo.py",)
+GUIDE_TESTS = ("tests/rlvr/test_anchor.py",
+               "tests/rlvr/test_guides_oracle.py::test_token_guide_in_loss_matches_oracle_with_fixed_generator",
+               "tests/rlvr/test_guides_oracle.py::test_random_guide_at_rollout_matches_oracle_with_fixed_generator")
+MATH_TESTS = ("tests/rlvr/test_anchor.py", "tests/rlvr/test_estimators.py")
+TRAINER_ORACLE = ("tests/rlvr/test_rlvr_trainer.py::test_loss_and_gradients_match_oracle",
+                  "tests/rlvr/test_rlvr_trainer.py::test_k2_and_forward_terms_use_anchor_functions")
+OFF_POLICY = ("tests/rlvr/test_guides_oracle.py",)
+PLACEMENT = ("tests/rlvr/test_placement.py::test_reward_placement_matches_the_formula",
+             "tests/rlvr/test_placement.py::test_group_advantage_contact_point")
+DAPO = ("tests/rlvr/test_dapo.py",)
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,9 @@ MUTANTS = [
     Mutant("pseudo-KL reference sign", ANCHOR, "(logp.detach() - ref_logp.detach() - log_q)",
            "(logp.detach() + ref_logp.detach() - log_q)", MATH_TESTS),
     Mutant("guide_effect reverse rule", ANCHOR, "(estimator == \"k3\" and ratio)", "(estimator == \"k3\" and not ratio)",
-           ("tests/test_dapo.py::test_warning_when_a_guide_has_no_effect_in_expectation",)),
+           ("tests/rlvr/test_dapo.py::test_warning_when_a_guide_has_no_effect_in_expectation",)),
     Mutant("guide_effect random rule", ANCHOR, "math.isclose(q_min + q_max, 2.0)", "math.isclose(q_min * q_max, 2.0)",
-           ("tests/test_dapo.py::test_warning_when_a_guide_has_no_effect_in_expectation",)),
+           ("tests/rlvr/test_dapo.py::test_warning_when_a_guide_has_no_effect_in_expectation",)),
     # --- trainer: where q and the estimators enter TRL's loss ---
     Mutant("rollout shift sign", TRAINER, "output[\"ref_per_token_logps\"] = ref + log_q\n",
            "output[\"ref_per_token_logps\"] = ref - log_q\n", TRAINER_ORACLE),
@@ -104,12 +104,12 @@ MUTANTS = [
            "inputs[\"ref_per_token_logps\"] - anchor.log_q(q)", TRAINER_ORACLE),
     Mutant("branch tau from gamma", GUIDES, "\"tau\": \"sage_tau\"", "\"tau\": \"sage_gamma\"", TRAINER_ORACLE),
     Mutant("guide q not 1 off the mask", GUIDES, "return torch.where(valid, q, torch.ones_like(q))", "return q",
-           ("tests/test_guide_plugins.py::test_every_guide_keeps_the_contract",)),
+           ("tests/rlvr/test_guide_plugins.py::test_every_guide_keeps_the_contract",)),
     Mutant("top-2 margin second index", GUIDES, "return top[..., 0] - top[..., 1]", "return top[..., 0] - top[..., 0]",
-           ("tests/test_guide_plugins.py::test_top2_margin_against_sorted_probabilities",)),
+           ("tests/rlvr/test_guide_plugins.py::test_top2_margin_against_sorted_probabilities",)),
     Mutant("TRL label mask unshifted", "sage_unsloth/compat.py", "return keep[:, 1:][:, -logits_to_keep:]",
            "return keep[:, :-1][:, -logits_to_keep:]",
-           ("tests/test_guide_plugins.py::test_trl_label_mask_is_the_scored_positions",)),
+           ("tests/rlvr/test_guide_plugins.py::test_trl_label_mask_is_the_scored_positions",)),
     Mutant("estimator correction sign", TRAINER, "wanted - trl_term, mask", "wanted + trl_term, mask",
            TRAINER_ORACLE + OFF_POLICY),
     Mutant("estimator correction old policy", TRAINER, "estimator=self.args.kl_estimator, old_logp=old)",

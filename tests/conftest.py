@@ -8,12 +8,24 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # as sage_unsloth/__init__.py, before any test imports torch
+# make test: N xdist workers share the cores, so each torch gets its share (before torch loads); N pools of
+# all the cores' threads would spin against each other
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+    os.environ.setdefault("MKL_NUM_THREADS", _threads)
 
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Test files live in one folder per area of the package (tests/README.md) and import each other and the
+# helpers in tests/support/ by module name: every folder of tests/ is on sys.path (test file names are unique).
+for _folder in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir()):
+    if _folder.name not in {"fixtures", "data", "__pycache__"} and str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +75,7 @@ HUB_IDS = ("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-1.5B")  # the presets' models, 
 def hub_cache(tiny_model_dir, tmp_path_factory) -> Path:
     """A Hugging Face hub cache (HF_HUB_CACHE layout) holding the tiny model under the presets' real hub ids, so
     that a stage reads `Qwen/Qwen2.5-Math-7B` the way it reads it on a GPU machine (offline: HF_HUB_OFFLINE=1).
-    Point HF_HUB_CACHE (and huggingface_hub.constants.HF_HUB_CACHE, in-process) at it: tests/test_hub_ids.py."""
+    Point HF_HUB_CACHE (and huggingface_hub.constants.HF_HUB_CACHE, in-process) at it: tests/cli/test_hub_ids.py."""
     import hashlib
     import shutil
 
@@ -80,7 +92,7 @@ def hub_cache(tiny_model_dir, tmp_path_factory) -> Path:
 TINY_SWEEP = REPO_ROOT / "configs" / "sweep" / "tiny-cpu.yaml"
 TINY_SWEEP_SEEDS = ("3407", "1")  # 2 configs x 2 seeds: a mean and sd per config in the summary
 # Credentials every tiny sweep carries (a flag in rlvr_args, a key in the environment: sweep_credentials) and
-# that no file it writes may hold (files_holding): tests/test_sweep.py, tests/test_executors.py.
+# that no file it writes may hold (files_holding): tests/sweep/test_sweep.py, tests/sweep/test_executors.py.
 HUB_TOKEN = "hf_SweepTokenThatNoFileMayHold0123456789"
 WANDB_KEY = "wandb-key-that-no-file-may-hold-0123456789"
 
@@ -135,8 +147,8 @@ def files_holding(root: Path, *secrets: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_sweep(sft_dir, tmp_path_factory):
-    """The tiny sweep run once on the local executor, shared by tests/test_sweep.py (which reruns, kills
-    and re-checks it) and tests/test_executors.py (whose other executors must give its summary numbers)."""
+    """The tiny sweep run once on the local executor, shared by tests/sweep/test_sweep.py (which reruns, kills
+    and re-checks it) and tests/sweep/test_executors.py (whose other executors must give its summary numbers)."""
     from sage_unsloth import sweep
 
     root = tmp_path_factory.mktemp("sweep")
@@ -165,10 +177,30 @@ def varied_reward(monkeypatch):
 MODEL_FIXTURES = {"tiny_model_dir", "sft_dir", "tiny_sweep", "hub_cache"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if getattr(config.option, "loadgroup", False):
+            group = worker_group(item)
+            if group:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
+def worker_group(item) -> str | None:
+    """Under `pytest -n N --dist loadgroup` (make test), the tests that must share one worker: a fixture
+    built once per worker is built once only if every test that uses it runs there. The tiny sweep's users
+    (test_sweep reruns and kills it, test_executors compares with it) form one group; a module's tests that
+    use a module- or class-scoped fixture (a trained run read by several tests) form one group per module.
+    Every other test goes to whichever worker is free; the cheap session fixtures (the tiny model, the SFT
+    folder, the hub cache) are built once per worker."""
+    if "tiny_sweep" in item.fixturenames:
+        return "tiny_sweep"
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d.scope in ("module", "class") for chain in defs.values() for d in chain):
+        return item.nodeid.split("::")[0]
+    return None
 
 
 @pytest.fixture

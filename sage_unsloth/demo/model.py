@@ -18,7 +18,7 @@ from ..tiny_model import build_tiny_model
 
 def demo_corpus() -> list[str]:
     """Text for the tokenizer's BPE merges: every plan word becomes one token (the branch point is one
-    token, tests/test_demo_task.py checks it), and the evaluator's user template is cheap."""
+    token, tests/demo/test_demo_task.py checks it), and the evaluator's user template is cheap."""
     from .task import STRATEGIES, working
 
     return [working(name, (5, 8, 6, 7)) for name in STRATEGIES] * 4 + [

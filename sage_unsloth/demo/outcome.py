@@ -7,7 +7,7 @@ seeds that would detect the paper's 0.015, and the reading -- "excludes 0", "exc
 
 Prose that quotes a lab embeds the block between ``<!-- lab-outcome:begin results/<folder> -->`` and
 ``<!-- lab-outcome:end -->``; ``--update README.md docs/lab.md`` rewrites every such block in place from its
-folder's CSVs, and tests/test_lab_numbers.py fails when a committed block differs from its regeneration.
+folder's CSVs, and tests/demo/test_lab_numbers.py fails when a committed block differs from its regeneration.
 """
 
 from __future__ import annotations

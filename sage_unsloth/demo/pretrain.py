@@ -173,7 +173,7 @@ def pretrain_base_model(
 ) -> dict:
     """Train every weight of the model in ``model_dir`` on the corpus above; save it back in place.
 
-    Deterministic for a given seed (and independent of the thread count: tests/test_demo_steps.py).
+    Deterministic for a given seed (and independent of the thread count: tests/demo/test_demo_steps.py).
     Returns a small summary (steps, final loss, seconds).
     """
     import torch

@@ -2,7 +2,7 @@
 math-verify work spread over worker processes (each worker's main thread owns the CPU deadline).
 
 A verdict depends on (gold, completion) alone: the same in-process, in a pool of any size, warm or cold,
-on an idle or a saturated machine (``tests/test_grading_determinism.py``). What could make it depend on
+on an idle or a saturated machine (``tests/grading/test_grading_determinism.py``). What could make it depend on
 more is handled at its cause: every worker warms up all parser paths before its first pair; the budget is
 CPU time of the grading thread, not wall time; a pair that runs out of budget is ``timeout``, never
 ``wrong``, and ``retry_timeouts`` grades it again, one at a time, with ``RETRY_TIMEOUT_S``.

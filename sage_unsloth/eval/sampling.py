@@ -313,7 +313,7 @@ class HFSampler:
     and finished rows leave the batch. Each row draws its tokens with :func:`sample_uniforms` of (problem seed,
     sample index, step), and a row's logits do not depend on the other rows (no padding: rows of one pass have
     the same length; passes keep >= ``MIN_ROWS`` rows), so completions are the same for any batching
-    (tests/test_eval_sampler.py)."""
+    (tests/eval/test_eval_sampler.py)."""
 
     def __init__(self, checkpoint: Checkpoint, cfg, rows_per_forward: int | None = None):
         import torch

@@ -9,7 +9,7 @@ samples them, so the chunk files are the ones a single process writes.
 Merging is the eval stage itself: it writes per_problem.csv / passk.csv only once every chunk of the run
 is on disk. The shard that completes the set writes them; otherwise a run without ``--shard`` finds all
 chunks, samples nothing (no model loads) and writes them. Either way the CSVs are those of one process,
-byte for byte (tests/test_eval_shard.py).
+byte for byte (tests/eval/test_eval_shard.py).
 
     CUDA_VISIBLE_DEVICES=0 sage-unsloth eval configs/eval/qwen2.5-math-7b.yaml --shard 0/2 &
     CUDA_VISIBLE_DEVICES=1 sage-unsloth eval configs/eval/qwen2.5-math-7b.yaml --shard 1/2 &

@@ -427,7 +427,7 @@ def _surely_different(gold_parsed, parsed) -> bool:
     a value), or a constant against an expression that takes two different values at two points (no constant).
     Then math-verify's verdict is wrong without its simplify, which took half the CPU of the symbolic pairs of
     benchmarks/bench_grading.py (profiled; 138 ms for 478 against p - q). Expressions over the same variables
-    were decided by ``_equal_by_value`` already; tests/test_grading_shortcut.py checks that no verdict moves."""
+    were decided by ``_equal_by_value`` already; tests/grading/test_grading_shortcut.py checks that no verdict moves."""
     import sympy
 
     gold = [g for g in gold_parsed if isinstance(g, sympy.Basic)]

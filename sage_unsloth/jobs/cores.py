@@ -6,7 +6,7 @@ average sits near 1 with nothing running (kernel threads in I/O wait count towar
 pre-training on one of two idle cores (190 s instead of about 90 s). On a loaded machine it is one thread per
 step: torch's OpenMP threads spin while they wait, and two threads on a busy core cost about five times the CPU
 of one (measured for the demo's pre-training step: 85 s against 16 s of CPU for the same 60 steps). The results
-do not depend on the thread count (tests/test_demo_steps.py checks the pre-training; torch's CPU kernels for
+do not depend on the thread count (tests/demo/test_demo_steps.py checks the pre-training; torch's CPU kernels for
 these shapes reduce in a fixed order).
 """
 

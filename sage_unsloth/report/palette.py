@@ -31,7 +31,7 @@ def method_of(run: str) -> str:
 # light/dark pairs did (BNPO beside GRPO, DAPO beside no-KL, the token guide beside Pass@k), which suggested links
 # between unrelated arms. The tab10 colours stay with the methods the lab has always drawn in them; the others
 # were chosen by a greedy search over sRGB for the largest smallest CIELAB distance to every colour they can be
-# plotted with, at least 12 degrees of hue away from each of them (tests/test_report_palette.py checks both).
+# plotted with, at least 12 degrees of hue away from each of them (tests/report/test_report_palette.py checks both).
 # The lab's methods carry their colour in their own file (configs/demo/<name>.yaml, lab: colour:, read by
 # sage_unsloth/method_cards.py); a preset of configs/rlvr/ with a lab method's name is that method and shares its
 # colour. Below: the names that are no lab method.

@@ -6,7 +6,7 @@ DAPO's soft overlong punishment is TRL's own reward function, added by the train
 
 Functions of the trainer (they read its settings; dynamic sampling reads each rollout record's rewards, see
 rlvr/taps.py) and pure helpers (``concat_rollouts``, ``importance_sampling_clipped_fraction``), tested in
-tests/test_dapo.py.
+tests/rlvr/test_dapo.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ adapter, and (``ref_reset_optimizer``, ProRL's hard reset) the optimizer's momen
 TRL's own ``sync_ref_model`` refuses PEFT models, hence this callback. It runs at the end of the optimizer
 step, before the Trainer saves that step's checkpoint, and transformers' checkpoints hold the ``ref`` adapter
 (``ref/`` beside the policy's) and the optimizer state, so a run resumed from any checkpoint continues with
-the reference and moments of the uninterrupted run (tests/test_exploration.py resumes across a reset).
+the reference and moments of the uninterrupted run (tests/rlvr/test_exploration.py resumes across a reset).
 """
 
 from __future__ import annotations

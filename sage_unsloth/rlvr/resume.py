@@ -29,7 +29,7 @@ Logged metrics are exact when ``save_steps`` is a multiple of ``logging_steps`` 
 loss and TRL's metric buffers are empty at such a save); :func:`logging_alignment_warning` says so.
 
 Contact points (row ``resume_internals`` of sage_unsloth/compat.py: trl 1.15.0 / transformers 5.17.0, tested in
-tests/test_compat.py and tests/test_rlvr_resume.py): the sampler's
+tests/kit/test_compat.py and tests/rlvr/test_rlvr_resume.py): the sampler's
 ``generator``/``num_samples``/``shuffle``/``seed`` attributes; the trainer's ``_step``, ``_buffered_inputs``,
 ``_load_from_checkpoint`` (the PEFT checkpoint layout), ``_get_train_sampler``, ``_save_checkpoint``,
 ``_load_optimizer_and_scheduler`` (TRL overrides the last two

