@@ -9,7 +9,8 @@
   that model and dataset, the MDE and the seeds that would detect the paper's +0.015;
 - ``multi_seed_support.csv``: support against the reference method (``sft``), paired by seed, at every k.
 
-kmax is the fewest samples per problem / 4 (n >= 4k, as in the lab); the ks are the powers of two up to it.
+kmax is the fewest samples per problem / 4 (n >= 4k, as in the lab); the ks are the powers of two up to it. A
+dataset with fewer than 4 samples per problem has no such k and is left out of the mode (the report goes on).
 The pairs: ``--pairs`` entries that name methods (``grpo_branch:grpo``), else every method against ``sft`` and
 the paper's method pairs (GRPO + Branch - GRPO, ...) by the run-name mapping, each where the runs pair by seed
 (a seedless B pairs with every seed of A, the lab's rule; a seedless A against B's seeds is left out).
@@ -79,7 +80,10 @@ def multi_seed_tables(
             lab = lab_runs(mine, dataset)
             if lab is None or max(len(v) for v in lab.methods.values()) < 2:
                 continue
-            kmax, ks = compare.lab_ks(int(min(n.min() for n in lab.n.values())))
+            n_min = int(min(n.min() for n in lab.n.values()))
+            if n_min < 4:  # pass@k over seeds needs n >= 4k (compare.lab_ks): a tiny sweep's n = 2 has no k
+                continue
+            kmax, ks = compare.lab_ks(n_min)
             pairs = compare.pair_table(
                 lab, method_pairs(lab, spec, model, mapping), sorted({1, kmax}), **stats
             )

@@ -20,15 +20,15 @@ SAMPLES, PROBLEMS, SEEDS = 16, 12, (0, 1, 2)
 SOLVE = {"sft": 0.35, "grpo": 0.55, "grpo_branch": 0.6}  # mean solve rate per method
 
 
-def write_run(folder: Path, run: str, correct: np.ndarray) -> None:
+def write_run(folder: Path, run: str, correct: np.ndarray, samples: int = SAMPLES) -> None:
     folder = folder / "tiny" / run
     folder.mkdir(parents=True)
     ids = [f"p{i:02d}" for i in range(PROBLEMS)]
-    pd.DataFrame({"dataset": "toy", "problem_id": ids, "n": SAMPLES, "c": correct}).to_csv(
+    pd.DataFrame({"dataset": "toy", "problem_id": ids, "n": samples, "c": correct}).to_csv(
         folder / "per_problem.csv", index=False
     )
-    ks = [1, 2, 4, 8, 16]
-    values = [np.mean([passk(SAMPLES, c, k) for c in correct]) for k in ks]
+    ks = [k for k in (1, 2, 4, 8, 16) if k <= samples]
+    values = [np.mean([passk(samples, c, k) for c in correct]) for k in ks]
     pd.DataFrame({"dataset": "toy", "k": ks, "pass_at_k": values}).to_csv(folder / "passk.csv", index=False)
 
 
@@ -123,6 +123,18 @@ def test_one_seed_per_method_is_no_multi_seed_report_and_unpairable_methods_are_
     pairs = found["multi_seed_pairs"]
     assert list(dict.fromkeys(zip(pairs["a"], pairs["b"]))) == [("grpo", "sft"), ("grpo_branch", "sft")]
     assert set(pairs.loc[pairs["a"] == "grpo", "interval"]) == {"t(seed), B shared"}
+
+
+def test_too_few_samples_for_any_k_leave_the_mode_out_and_the_report_goes_on(tmp_path):
+    """A tiny sweep's n = 2 samples per problem has no k with n >= 4k: no multi-seed tables, the report is written."""
+    rng = np.random.default_rng(1)
+    for run in ("sft", "grpo_seed0", "grpo_seed1", "grpo_branch_seed0", "grpo_branch_seed1"):
+        write_run(tmp_path / "few", run, rng.binomial(2, 0.5, PROBLEMS), samples=2)
+    found = multi_seed.multi_seed_tables(discover_runs(tmp_path / "few"), None, tables.BootstrapSettings())
+    assert found == {}
+    out = tmp_path / "r" / "report.md"
+    result = build_report(parse_args(["--results", str(tmp_path / "few"), "--out", str(out)]), console=False)
+    assert out.is_file() and "Across training seeds" not in result.markdown
 
 
 def test_on_a_committed_lab_the_mode_gives_the_labs_own_numbers():

@@ -224,11 +224,13 @@ def fixed_batch_step(argv: list[str]) -> dict:
 
 def guide_noise(trainer, batch: dict) -> dict:
     """q of the token and random guides on the same completions, drawn with ``trainer``'s per-process
-    generator at step 0 (the counters are put back: the run itself is not disturbed)."""
+    generator at step 0 (the counters and the metric buffers are put back: the run itself is not disturbed)."""
     from sage_unsloth import anchor, compat
 
     noise = trainer._sage_noise["guide"]
     saved = noise.last_step, noise.calls
+    metrics = compat.metrics(trainer, "train")  # sage_q logs q: this probe's q must not enter step 1's averages
+    logged = {name: list(values) for name, values in metrics.items()}
     try:
         logps, entropies, logits = trainer.sage_policy_stats(batch, None)
         policy = {"logps": logps, "entropies": entropies, "logits": logits}
@@ -243,6 +245,8 @@ def guide_noise(trainer, batch: dict) -> dict:
         )
     finally:
         noise.last_step, noise.calls = saved
+        metrics.clear()
+        metrics.update(logged)
     return {"token": token.cpu(), "random": random.cpu()}
 
 
