@@ -28,6 +28,22 @@ for _folder in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir()):
         sys.path.insert(0, str(_folder))
 
 
+@pytest.fixture(autouse=True)
+def _sigint_as_found():
+    """Put SIGINT's disposition and the thread's signal mask back after each test. A library set up in-process
+    (a multiprocessing helper, a compile worker) may leave SIGINT ignored or blocked; a child process inherits
+    both across exec, and then never sees a Ctrl-C (tests/rlvr/test_rlvr_resume.py's Ctrl-C test hung so in a
+    pytest-xdist worker)."""
+    import signal
+
+    handler, mask = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    yield
+    if signal.getsignal(signal.SIGINT) is not handler:
+        signal.signal(signal.SIGINT, handler)
+    if signal.pthread_sigmask(signal.SIG_BLOCK, ()) != mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from sage_unsloth.tiny_model import build_tiny_model

@@ -215,6 +215,15 @@ def test_resume_on_a_finished_run_says_so_and_changes_nothing(
     assert snapshot() == before
 
 
+def _as_from_a_terminal() -> None:
+    """The child starts as from a terminal: SIGINT handled and not blocked (an ignored or blocked SIGINT, which
+    a child inherits across exec from whatever ran before in this worker, would swallow the Ctrl-C)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(sft_dir, dapo_sample, tmp_path):
     """SIGINT (Ctrl-C) to a real stage-2 process once it has a checkpoint: exit 130 and one line naming the
     command that continues it, no KeyboardInterrupt traceback."""
@@ -235,6 +244,7 @@ def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(sft_dir, dapo_sample, t
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_from_a_terminal,  # noqa: PLW1509 - signal calls only
     )
     deadline = time.monotonic() + 300
     while not list(tmp_path.rglob("checkpoint-1/trainer_state.json")) and proc.poll() is None:

@@ -229,7 +229,9 @@ def guide_noise(trainer, batch: dict) -> dict:
 
     noise = trainer._sage_noise["guide"]
     saved = noise.last_step, noise.calls
-    metrics = compat.metrics(trainer, "train")  # sage_q logs q: this probe's q must not enter step 1's averages
+    metrics = compat.metrics(
+        trainer, "train"
+    )  # sage_q logs q: this probe's q must not enter step 1's averages
     logged = {name: list(values) for name, values in metrics.items()}
     try:
         logps, entropies, logits = trainer.sage_policy_stats(batch, None)
