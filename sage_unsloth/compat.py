@@ -262,13 +262,6 @@ def trl_rollout_scoring_calls(trainer) -> list[str]:
     return ["old_logps"] * trl_scores_old_logps(trainer) + ["reference"] * (trainer.beta != 0.0)
 
 
-def trl_reference_scoring_index(trainer) -> int | None:
-    """Which scoring call of TRL 1.15's _generate_and_score_completions scores the reference: the one after the
-    old-logp pass when that runs, else the first; None when TRL scores no reference (beta 0)."""
-    calls = trl_rollout_scoring_calls(trainer)
-    return calls.index("reference") if "reference" in calls else None
-
-
 def metrics(trainer, mode: str):
     """TRL's per-mode metric buffers (name -> list, averaged and logged by TRL's ``log``)."""
     return trainer._metrics[mode]

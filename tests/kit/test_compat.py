@@ -217,16 +217,15 @@ def test_old_logps_condition(accumulation, per_generation, iterations, vllm, exp
     )
     assert compat.trl_scores_old_logps(trainer) is expected
 
-    for beta, index in ((0.0, None), (0.05, 1 if expected else 0)):
+    for beta in (0.0, 0.05):
         trainer.beta = beta
-        assert compat.trl_reference_scoring_index(trainer) == index
         # the names the trainer gives TRL's scoring calls, in the order TRL makes them
         named = ["old_logps"] * expected + ["reference"] * (beta != 0.0)
         assert compat.trl_rollout_scoring_calls(trainer) == named
 
 
 def test_reference_pass_is_the_scoring_call_after_the_old_logps():
-    """compat.trl_reference_scoring_index: the rollout scores the policy's old logps (when it does) and then, under
+    """compat.trl_rollout_scoring_calls: the rollout scores the policy's old logps (when it does) and then, under
     ``if self.beta != 0.0``, the reference, with no other scoring call in between or before."""
     from trl.trainer.grpo_trainer import GRPOTrainer
 
