@@ -338,14 +338,14 @@ class DemoBudget:
 
 
 FULL = DemoBudget()
-QUICK = DemoBudget(  # the CI smoke run: a few steps of every stage, and every method
+QUICK = DemoBudget(  # the smoke run: a few steps of every stage, and every method
     pretrain_steps=20,
     sft_steps=4,
     rl_steps=2,
     eval_problems=6,  # 6 problems x 8 samples: pass@k up to k = 2
     eval_n=8,
     kmax=2,
-    methods=tuple(m.name for m in METHODS),  # the smoke run checks that every method runs
+    methods=tuple(m.name for m in METHODS),  # test_demo.py: default ones end to end, every file a step
     data=DemoDataSpec(n_eval=6, n_rl=32, n_sft=200),
     bootstrap_resamples=200,
 )

@@ -1,15 +1,23 @@
-"""A shortened `make demo` end to end: model -> data -> SFT -> RL methods -> eval -> analysis -> report -> lab."""
+"""A shortened `make demo` end to end: model -> data -> SFT -> RL methods -> eval -> analysis -> report -> lab.
 
+The quick lab runs once for this module (:func:`quick_lab`) with the default methods, a method from a file outside
+the kit and a --grid cell; every other method file of configs/demo/ trains one stage-2 step from that lab's SFT
+folder and data, in-process, with the command the lab gives it (each step of the lab is a subprocess that pays
+the import of torch, transformers and TRL, so the quick demo of every method cost about 45 of them)."""
+
+import contextlib
 import csv
+import io
 import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from sage_unsloth.demo.run import METHODS, MODEL_NAME, main
+from sage_unsloth.demo.run import DEFAULT_METHODS, METHODS, MODEL_NAME, main
 
 # a method of one's own, in a folder outside the kit: a config on the kit's demo base and a guide file
-# beside it (issue 29: "Tried as a new user would"), run through --methods beside every built-in one
+# beside it (issue 29: "Tried as a new user would"), run through --methods beside the default ones
 USER_CONFIG = """\
 base: demo:_grpo_base.yaml
 sage_guide: first_tokens.py:first_tokens
@@ -28,19 +36,42 @@ def first_tokens(signals, *, gamma: float = 0.5, tokens: int = 16):
 
 first_tokens.needs = ("logps",)
 """
+ADDED = ["my_guide", "grpo_branch-tau0.3"]  # the method from the file and the --grid cell
 
 
-@pytest.mark.slow
-def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(tmp_path, capsys):
-    work, results, mine = tmp_path / "work", tmp_path / "results", tmp_path / "elsewhere"
+@dataclass(frozen=True)
+class QuickLab:
+    root: Path
+    work: Path
+    results: Path
+    args: list[str]
+    out: str  # what the first run printed
+
+
+@pytest.fixture(scope="module")
+def quick_lab(tmp_path_factory) -> QuickLab:
+    """`python -m sage_unsloth.demo --quick --methods default,<my_guide.yaml> --grid grpo_branch:tau=0.3`, once
+    for the module (tests/conftest.py keeps the module's tests on one pytest-xdist worker)."""
+    root = tmp_path_factory.mktemp("quick_lab")
+    work, results, mine = root / "work", root / "results", root / "elsewhere"
     mine.mkdir()
     (mine / "my_guide.yaml").write_text(USER_CONFIG)
     (mine / "first_tokens.py").write_text(USER_GUIDE)
     args = ["--quick", "--work-dir", str(work), "--results-dir", str(results), "--reference", ""]
-    args += ["--methods", f"all,{mine / 'my_guide.yaml'}", "--grid", "grpo_branch:tau=0.3"]
-    assert main(args) == 0
-    added = ["my_guide", "grpo_branch-tau0.3"]
-    runs = ["sft_seed0", *[f"{m}_seed0" for m in [*(m.name for m in METHODS), *added]]]
+    args += ["--methods", f"default,{mine / 'my_guide.yaml'}", "--grid", "grpo_branch:tau=0.3"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(args)
+    assert code == 0, printed.getvalue()[-3000:]
+    return QuickLab(root, work, results, args, printed.getvalue())
+
+
+@pytest.mark.slow
+def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(quick_lab, capsys):
+    work, results, args = quick_lab.work, quick_lab.results, quick_lab.args
+    assert DEFAULT_METHODS == ("grpo", "grpo_nokl", "grpo_branch")  # the lab's control, beta 0 and the branch
+    methods = [*DEFAULT_METHODS, *ADDED]
+    runs = ["sft_seed0", *[f"{m}_seed0" for m in methods]]
 
     for run in runs:
         passk = list(csv.DictReader((results / MODEL_NAME / run / "passk.csv").open()))
@@ -49,7 +80,7 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
         assert json.loads((results / MODEL_NAME / run / "manifest.json").read_text())["stage"] == "eval"
     # 01 -> 02: every RL run starts from the SFT stage's folder and the same base model, with its own seed
     sft_manifest = json.loads((work / MODEL_NAME / "sft" / "manifest.json").read_text())
-    for method in [*(m.name for m in METHODS), *added]:
+    for method in methods:
         rl_manifest = json.loads((work / MODEL_NAME / f"{method}_seed0" / "manifest.json").read_text())
         assert rl_manifest["stage"] == "rlvr" and rl_manifest["anchor"] == "sft" and rl_manifest["seed"] == 0
         assert Path(rl_manifest["sft_dir"]).resolve() == (work / MODEL_NAME / "sft").resolve()
@@ -72,11 +103,11 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
         "### The branch point",
     ):
         assert report.count(section) == 1, section
-    assert str(tmp_path) not in report.split("## The lab")[1]  # the lab section names no machine paths
+    assert str(quick_lab.root) not in report.split("## The lab")[1]  # the lab section names no machine paths
     lab_methods = list(csv.DictReader((results / "lab" / "methods.csv").open()))
-    assert {r["method"] for r in lab_methods} == {"sft", *(m.name for m in METHODS), *added}
+    assert {r["method"] for r in lab_methods} == {"sft", *methods}
     assert max(int(r["k"]) for r in lab_methods) == 2  # kmax = n / 4: the lab reports k <= 2 of n = 8
-    out = capsys.readouterr().out
+    out = quick_lab.out
     assert "q > 1 at" in out and "GRPO + Branch - GRPO" in out and "s CPU over all steps" in out
     assert "Support against SFT at k = 2" in out and (results / "lab" / "headline.png").stat().st_size > 0
     support = list(csv.DictReader((results / "lab" / "support.csv").open()))
@@ -95,7 +126,7 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
     assert float(by_run["grpo_branch-tau0.3_seed0"]["tau"]) == 0.3 and by_run["grpo_seed0"]["tau"] == ""
     assert float(by_run["grpo_nokl_seed0"]["beta"]) == 0.0 and float(by_run["grpo_seed0"]["beta"]) == 0.05
     dose = {r["method"]: r for r in csv.DictReader((results / "lab" / "dose_response.csv").open())}
-    assert set(dose) == {"sft", *(m.name for m in METHODS), *added}
+    assert set(dose) == {"sft", *methods}
     assert float(dose["grpo_branch-tau0.3"]["tau"]) == 0.3 and float(dose["grpo_branch"]["tau"]) == 0.5
     assert (results / "lab" / "dose_response.png").stat().st_size > 0
     # the results folder's manifest: budget, seeds, n, kmax, methods with their files' sha256, commit, knobs
@@ -131,6 +162,61 @@ def test_quick_demo_runs_every_step_reports_the_lab_and_reuses_steps_on_a_rerun(
     }
     assert all(again[k]["status"] == "reused" for k in again if k != "total")
     assert (results / "report.md").read_text() == report
+
+
+# What the quick lab's runner passes to stage 2 on the command line (so a method file's value is not what runs),
+# and report_to, which TRL turns from 'none' into [].
+RUNNER_SETS = {"sft_dir", "output_root", "dataset_path", "max_steps", "seed", "variant", "report_to"}
+
+
+@pytest.mark.slow
+def test_every_method_file_trains_a_step_of_stage_2_with_its_keys_from_the_lab_s_sft(
+    quick_lab, tmp_path, monkeypatch, varied_reward
+):
+    """Every method of configs/demo/ (``--methods all``) with the stage-2 command the quick lab builds for it, one
+    step instead of two, in this process: it trains from the lab's SFT folder and base, every key of its config
+    chain reaches stage 2, and it takes a gradient step (a reward that differs between completions gives every
+    method a non-zero advantage: tests/conftest.py varied_reward; the quick lab's rewards are mostly 0)."""
+    from safetensors.torch import load_file
+
+    from sage_unsloth.demo.run import QUICK, REPO_ROOT, build_steps, resolve_method_config
+    from sage_unsloth.rlvr.run import main as stage2
+
+    every = replace(QUICK, methods=tuple(m.name for m in METHODS))
+    steps = {s.name: s for s in build_steps(every, quick_lab.work, quick_lab.results, None)}
+    sft = quick_lab.work / MODEL_NAME / "sft"
+    base_model = json.loads((sft / "manifest.json").read_text())["base_model"]
+    sft_lora = load_file(sft / "adapter_model.safetensors")
+    monkeypatch.chdir(REPO_ROOT)  # the lab's commands name the kit's configs relative to the project
+    assert len(METHODS) > 10
+    for method in METHODS:
+        run = f"{method.name}_seed0"
+        argv = steps[run].argv
+        assert argv[1:3] == ["-m", "sage_unsloth.rlvr"]
+        argv = argv[3:]
+        argv[argv.index("--output_root") + 1] = str(tmp_path)
+        argv[argv.index("--max_steps") + 1] = "1"
+        assert stage2(argv) == 0, method.name
+
+        folder = tmp_path / MODEL_NAME / run
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert (manifest["stage"], manifest["anchor"], manifest["seed"], manifest["global_step"]) == (
+            "rlvr",
+            "sft",
+            0,
+            1,
+        ), run
+        assert Path(manifest["sft_dir"]).resolve() == sft.resolve() and manifest["base_model"] == base_model
+        resolved = {k: v for part in manifest["config"].values() for k, v in part.items()}
+        chain = resolve_method_config(method.config_path(quick_lab.work))[0]
+        differ = {k: (v, resolved.get(k, "missing")) for k, v in chain.items() if k not in RUNNER_SETS}
+        assert {k: v for k, v in differ.items() if v[0] != v[1]} == {}, run
+        lora = load_file(folder / "adapter_model.safetensors")
+        assert lora.keys() == sft_lora.keys()
+        # Adam's first step moves a weight with a gradient by about the learning rate (3e-4); weight decay
+        # alone (0.01 x 3e-4 of the weight) by under 1e-5
+        moved = max(float((lora[k] - sft_lora[k]).abs().max()) for k in lora)
+        assert moved > 1e-4, f"{run}: no gradient step (the adapter moved at most {moved:.1e})"
 
 
 def test_bad_budget_arguments_fail_in_one_line(capsys):
