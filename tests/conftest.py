@@ -217,6 +217,58 @@ def pytest_collection_modifyitems(config, items):
             group = worker_group(item)
             if group:
                 item.add_marker(pytest.mark.xdist_group(group))
+    items[:] = run_order(items)
+
+
+def pytest_configure(config):
+    # the queue order is run_order's: xdist's default reorders work units by their number of tests
+    if config.getoption("dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
+
+
+# Importing Unsloth changes the process for good: on CPU it rewrites every TrainingArguments built afterwards
+# (optim adamw_8bit or adamw_torch -> adamw_torch_fused: unsloth_zoo/cpu/trainer.py) and it patches TRL's
+# trainers. A test that imports it in-process says so with @pytest.mark.unsloth_in_process and runs after
+# every test that does not (in one process, and on each xdist worker: such tests are the last work units),
+# so no other test's result depends on which tests ran before it in its process.
+UNSLOTH_MODULES = ("unsloth", "unsloth_zoo")
+
+
+def run_order(items) -> list:
+    """The suite's order, the same for one process and for N workers (each worker takes the next unit of this
+    order when it is free): units (a worker group, else a test) that train or load a model first, so that
+    the long ones start early and the quick tests fill the end; the units holding a test marked
+    unsloth_in_process last, their unmarked tests before their marked ones."""
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(worker_group(item) or item.nodeid, []).append(item)
+
+    def rank(unit: list) -> int:
+        if any(i.get_closest_marker("unsloth_in_process") for i in unit):
+            return 2
+        return 0 if any(i.get_closest_marker("slow") for i in unit) else 1
+
+    ordered = sorted(units.values(), key=rank)  # stable: the collection order within a rank
+    return [
+        item
+        for unit in ordered
+        for item in sorted(unit, key=lambda i: i.get_closest_marker("unsloth_in_process") is not None)
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _unsloth_only_where_declared(request):
+    """A test that brings Unsloth into a process where it was not must be marked unsloth_in_process (above)."""
+    before = any(name in sys.modules for name in UNSLOTH_MODULES)
+    yield
+    declared = request.node.get_closest_marker("unsloth_in_process") is not None
+    if not before and not declared and any(name in sys.modules for name in UNSLOTH_MODULES):
+        pytest.fail(
+            f"{request.node.nodeid} imported Unsloth in the test process: mark it "
+            "@pytest.mark.unsloth_in_process (tests/conftest.py) so that it runs after the tests that must "
+            "not see Unsloth's patches, or import it in a subprocess",
+            pytrace=False,
+        )
 
 
 SHARED_SESSION_RUNS = ("tiny_sweep", "eval_scenarios")  # session fixtures several test modules read

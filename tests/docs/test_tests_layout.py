@@ -40,17 +40,33 @@ def test_each_test_module_name_is_unique():
     assert [name for name, n in names.items() if n > 1] == []
 
 
-# The suite's own worker rule (tests/conftest.py worker_group): under `make test` (pytest -n 2 --dist loadgroup)
-# the tests that read one module-scoped fixture run on one worker, so a trained run is built once. pytest-xdist
-# 3.8 groups by renaming the test's node id, which pytest 9.2 no longer honours (pytest-dev/pytest-xdist#1386):
-# every group was then split over the workers silently and its fixture built twice (pytest pinned in pyproject).
-SHARED_MODULE = """\
+# The suite's own worker rules (tests/conftest.py worker_group and run_order), on a small suite with the kit's
+# hooks, under `make test`'s options (pytest -n 2 --dist loadgroup) and in one process:
+# - the tests that read one module-scoped fixture run on one worker, so a trained run is built once. pytest-xdist
+#   3.8 groups by renaming the test's node id, which pytest 9.2 no longer honours (pytest-dev/pytest-xdist#1386):
+#   every group was then split over the workers silently and its fixture built twice (pytest pinned in pyproject);
+# - units that are slow start first; a unit holding a test marked unsloth_in_process runs last in its process,
+#   its unmarked tests before its marked one.
+LOGGED = """\
 import os
 from pathlib import Path
 
 import pytest
 
 
+def ran(name):
+    with open(Path(__file__).parent / "ran.txt", "a") as fh:
+        fh.write(os.environ.get("PYTEST_XDIST_WORKER", "main") + " " + name + "\\n")
+"""
+SUITE = {
+    "test_free.py": LOGGED
+    + """
+@pytest.mark.parametrize("i", range(6))
+def test_free(i):
+    ran("free")
+""",
+    "test_shared.py": LOGGED
+    + """
 @pytest.fixture(scope="module")
 def trained():
     return "built once"
@@ -58,32 +74,66 @@ def trained():
 
 @pytest.mark.parametrize("i", range(6))
 def test_reads_the_module_run(trained, i):
-    with open(Path(__file__).parent / "grouped.txt", "a") as fh:
-        fh.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+    ran("shared")
+""",
+    "test_heavy.py": LOGGED
+    + """
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(2))
+def test_heavy(i):
+    ran("heavy")
+""",
+    "test_patched.py": LOGGED
+    + """
+@pytest.fixture(scope="module")
+def trainer():
+    return "built once"
 
 
-@pytest.mark.parametrize("i", range(6))
-def test_free(i):  # work for the other worker
-    pass
-"""
-KIT_HOOK = f"""\
+@pytest.mark.unsloth_in_process
+def test_imports_unsloth(trainer):
+    ran("marked")
+
+
+def test_reads_the_trainer(trainer):
+    ran("unmarked-of-marked-module")
+""",
+}
+KIT_HOOKS = f"""\
 import importlib.util
 
 _spec = importlib.util.spec_from_file_location("kit_conftest", {str(REPO / "tests" / "conftest.py")!r})
 _kit = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_kit)
-pytest_collection_modifyitems = _kit.pytest_collection_modifyitems
+pytest_collection_modifyitems, pytest_configure = _kit.pytest_collection_modifyitems, _kit.pytest_configure
 """
 
 
-def test_tests_sharing_a_module_fixture_run_on_one_worker(tmp_path):
+def _run_suite(folder, *options) -> list[tuple[str, str]]:
     import subprocess
     import sys
 
-    (tmp_path / "conftest.py").write_text(KIT_HOOK)
-    (tmp_path / "test_shared.py").write_text(SHARED_MODULE)
-    args = ["-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", str(tmp_path)]
-    done = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    folder.mkdir()
+    (folder / "conftest.py").write_text(KIT_HOOKS)
+    for name, text in SUITE.items():
+        (folder / name).write_text(text)
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *options, str(folder)]
+    done = subprocess.run(
+        [sys.executable, *args], check=False, cwd=folder, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
-    grouped = (tmp_path / "grouped.txt").read_text().split()
-    assert len(grouped) == 6 and len(set(grouped)) == 1, f"one group ran on {sorted(set(grouped))}"
+    return [tuple(line.split()) for line in (folder / "ran.txt").read_text().splitlines()]
+
+
+def test_the_suite_groups_and_orders_its_units_on_two_workers_and_in_one_process(tmp_path):
+    ran = _run_suite(tmp_path / "xdist", "-n", "2", "--dist", "loadgroup")
+    assert len(ran) == 16
+    shared = {worker for worker, name in ran if name == "shared"}
+    assert len(shared) == 1, f"one group ran on {sorted(shared)}"
+    for worker in {w for w, _ in ran}:
+        names = [name for w, name in ran if w == worker]
+        assert names[0] == "heavy", names  # each worker starts with a slow unit
+        if "marked" in names:
+            assert names[-2:] == ["unmarked-of-marked-module", "marked"], names  # nothing after it
+    alone = [name for _, name in _run_suite(tmp_path / "one")]
+    assert alone[:2] == ["heavy", "heavy"] and alone[-2:] == ["unmarked-of-marked-module", "marked"]

@@ -611,6 +611,7 @@ def test_unsloth_layout_mapping_on_hand_built_batch():
 
 
 @pytest.mark.slow
+@pytest.mark.unsloth_in_process
 def test_unsloth_layout_matches_zoo_packing():
     """Same permutation as unsloth_zoo's left_pack_padding + calculate_pad_tokens_in_prompt."""
     from sage_unsloth.backend import import_unsloth
@@ -643,6 +644,7 @@ def test_unsloth_layout_matches_zoo_packing():
             assert torch.equal(mapped_ids[row, start : start + n].long(), completion_ids[row, :n])
 
 
+@pytest.mark.unsloth_in_process
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
 def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch, monkeypatch, loss_type):
     """unsloth_zoo's grpo_compute_loss, fed the shifted reference in TRL's and in Unsloth's layout, equals
@@ -709,6 +711,7 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
         assert max((a - b).abs().max().item() for a, b in zip(zoo_grads, trl_grads)) < 1e-6, layout
 
 
+@pytest.mark.unsloth_in_process
 def test_zoo_dapo_normaliser_with_the_kits_num_items_rescale(branch_trainer, branch_batch):
     """dapo_normalizer=generation multiplies num_items_in_batch by steps_per_generation / accumulation; unsloth_zoo
     divides it back like TRL 1.15, which leaves TRL 0.23's (the official code's) normaliser under Unsloth too."""
