@@ -248,10 +248,9 @@ def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(sft_dir, dapo_sample, t
     )
     from sage_unsloth.checkpoints import STAGING_PREFIX
 
-    def saved() -> (
-        list
-    ):  # checkpoint-1 in place, not its staging copy (.saving-checkpoint-1/checkpoint-1), which
-        # holds trainer_state.json before its check and rename: a Ctrl-C then finds no complete checkpoint yet
+    def saved() -> list:
+        """checkpoint-1 in place, not its staging copy (.saving-checkpoint-1/checkpoint-1), which holds
+        trainer_state.json before its check and rename: a Ctrl-C then finds no complete checkpoint yet."""
         found = tmp_path.rglob("checkpoint-1/trainer_state.json")
         return [p for p in found if not p.parent.parent.name.startswith(STAGING_PREFIX)]
 
