@@ -175,28 +175,36 @@ def main() -> None:
     if args.child:
         child(args.child[0], Path(args.child[1]), Path(args.child[2]), 1)
         return
-    work = Path(tempfile.mkdtemp(prefix="bench_backend_"))
-    checkpoint = make_checkpoint(work)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    rows = []
-    for r in range(args.rounds):
-        for backend in ("hf", "vllm"):
-            # rows are streamed as they come: on a loaded machine a child takes long
-            with subprocess.Popen(
-                [sys.executable, __file__, "--child", backend, str(checkpoint), str(work / f"{backend}{r}")],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            ) as proc:
-                lines = []
-                for line in proc.stdout:
-                    if line.startswith("{"):
-                        lines.append(json.loads(line))
-                        print(line.strip(), flush=True)
-            if proc.returncode:
-                sys.exit(f"{backend} child failed (rc {proc.returncode}); run it with --child to see why")
-            rows.extend(lines)
+    with tempfile.TemporaryDirectory(prefix="bench_backend_") as tmp:  # removed after, a failure included
+        work = Path(tmp)
+        checkpoint = make_checkpoint(work)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+        rows = []
+        for r in range(args.rounds):
+            for backend in ("hf", "vllm"):
+                # rows are streamed as they come: on a loaded machine a child takes long
+                with subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        backend,
+                        str(checkpoint),
+                        str(work / f"{backend}{r}"),
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                ) as proc:
+                    lines = []
+                    for line in proc.stdout:
+                        if line.startswith("{"):
+                            lines.append(json.loads(line))
+                            print(line.strip(), flush=True)
+                if proc.returncode:
+                    sys.exit(f"{backend} child failed (rc {proc.returncode}); run it with --child to see why")
+                rows.extend(lines)
     print("summary (mean over rounds):")
     for what in ("startup", *JOBS):
         for backend in ("hf", "vllm"):
