@@ -70,16 +70,13 @@ def run_both(checkpoint: Path, merged_dir: Path, data_dir: Path, work: Path) -> 
 
 
 def completion_texts(outputs: Path) -> dict[str, list[str]]:
-    """Every completion's text under ``outputs`` by ``<dataset>/<problem_id>``, from the chunk files: the random tiny
-    model scores 0 everywhere, so the CSVs alone would not tell two samplings apart."""
-    import gzip
+    """Every completion's text under ``outputs`` by ``<dataset>/<problem_id>``, from the chunk files (read as stage 3
+    reads them back): the random tiny model scores 0 everywhere, so the CSVs alone would not tell two samplings
+    apart."""
+    from sage_unsloth.eval.records import read_chunk
 
-    texts = {}
-    for chunk in sorted(Path(outputs).rglob("chunk_*.jsonl.gz")):
-        for line in gzip.decompress(chunk.read_bytes()).splitlines():
-            row = json.loads(line)
-            texts[f"{row['dataset']}/{row['problem_id']}"] = [c["text"] for c in row["completions"]]
-    return texts
+    records = [r for chunk in sorted(Path(outputs).rglob("chunk_*.jsonl.gz")) for r in read_chunk(chunk)]
+    return {f"{r['dataset']}/{r['problem_id']}": [c["text"] for c in r["completions"]] for r in records}
 
 
 # the tiny model's engine on CPU: a short context, a small memory share, no graph capture, float32

@@ -61,12 +61,10 @@ def _adapter(root: Path, run: str) -> bytes:
 
 
 def _completions(root: Path, run: str) -> list[list[str]]:
-    import gzip
-    import json
+    from sage_unsloth.eval.records import read_chunk
 
     (folder,) = (root / "outputs" / "tiny-cpu").glob(f"*/eval/{run}/amc23")
-    chunks = sorted(folder.glob("chunk_*.jsonl.gz"))
-    rows = [json.loads(line) for c in chunks for line in gzip.decompress(c.read_bytes()).splitlines()]
+    rows = [row for chunk in sorted(folder.glob("chunk_*.jsonl.gz")) for row in read_chunk(chunk)]
     return [[c["text"] for c in row["completions"]] for row in rows]
 
 
