@@ -775,9 +775,8 @@ def vllm_cpu_memory_problem(utilization: float, total_bytes: int, available_byte
     if requested <= available_bytes:
         return None
     gib = 2**30
-    fits = (
-        math.floor(20 * 0.9 * available_bytes / total_bytes) / 20
-    )  # a 0.05 step, 10% of the free memory spare
+    # the largest share in 0.05 steps that leaves 10% of the free memory spare
+    fits = math.floor(20 * 0.9 * available_bytes / total_bytes) / 20
     fix = (
         f"pass --gpu_memory_utilization {fits:g} or less (configs/eval/tiny-cpu.yaml uses 0.2)"
         if fits >= 0.05
