@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sage_unsloth import compat
-from sage_unsloth.doctor.env import MIN_DRIVER
+from sage_unsloth.doctor import driver
 from sage_unsloth.doctor.memory import Estimate, estimate, model_of_config
 from sage_unsloth.doctor.report import Check
 
@@ -206,6 +206,12 @@ def memory_checks(guess: Estimate | None, card: Card, stage: str) -> list[Check]
         if stage != "eval"
         else "lower gpu_memory_utilization, or use a bigger card (estimate, not a measurement)"
     )
+    if any(name.startswith("weights (training copy") for name in guess.parts):
+        fix = (
+            "TRL's colocated vLLM holds a second copy of the weights: set vllm_enable_sleep_mode true (vLLM "
+            "sleeps during the training step), vllm_mode server (vLLM on another GPU), or lower "
+            "per_device_train_batch_size; or use a bigger card (estimate, not a measurement)"
+        )
     checks = []
     if guess.vllm_holds:
         share = guess.vllm_fraction * card.total_gib
@@ -229,22 +235,32 @@ def memory_checks(guess: Estimate | None, card: Card, stage: str) -> list[Check]
     return checks
 
 
-def driver_check(host: Host) -> Check:
-    need = MIN_DRIVER[13][0]
+def driver_check(host: Host, card: Card | None = None) -> Check:
+    """The driver of the machine that will run the stage (``--driver`` names it; on a GPU machine nvidia-smi's)
+    against CUDA 13, with what to do below 580 (sage_unsloth/doctor/driver.py)."""
+    label = card.label if card else "this GPU"
     if host.driver is None:
         return Check(
             "driver",
             "SKIP",
-            f"the GPU machine needs NVIDIA driver >= {need} (torch 2.13's CUDA 13.0): check nvidia-smi there",
+            f"the GPU machine needs NVIDIA driver >= {driver.MIN_DRIVER} for CUDA 13 (torch 2.13): "
+            "pass --driver VERSION (nvidia-smi there) to have it judged",
         )
-    major = int(host.driver.split(".")[0]) if host.driver.split(".")[0].isdigit() else 0
-    if major >= need:
-        return Check("driver", "PASS", f"driver {host.driver} runs CUDA 13")
+    verdict, line = driver.advice(label, host.driver)
+    if verdict == "ok":
+        return Check("driver", "PASS", line)
+    if verdict == "compat":
+        return Check(
+            "driver",
+            "WARN",
+            f"{label}, driver {host.driver}: older than {driver.MIN_DRIVER}; CUDA 13 needs NVIDIA's "
+            f"forward-compatibility package there (the notebooks install and check it in their first cell)",
+            f"apt-get install {driver.COMPAT_PACKAGE} && export LD_LIBRARY_PATH={driver.COMPAT_DIR}:"
+            "$LD_LIBRARY_PATH, then python -m sage_unsloth.doctor.driver --enable checks it loads; if it does "
+            f"not, {driver.NEWER_RUNTIME}",
+        )
     return Check(
-        "driver",
-        "FAIL",
-        f"driver {host.driver} is older than {need}, the oldest that runs torch 2.13's CUDA 13.0",
-        f"update the driver to >= {need} (Colab: Runtime version Latest; Kaggle: Always use latest environment)",
+        "driver", "FAIL", line.split(": update")[0], f"update the NVIDIA driver to >= {driver.MIN_DRIVER}"
     )
 
 
@@ -352,7 +368,7 @@ def card_checks(
         sampler_check(config, card, environ),
         four_bit_check(config, declared, plugin_installed),
         *memory_checks(guess, card, stage),
-        driver_check(host or Host()),
+        driver_check(host or Host(), card),
         *adapter,
         *host_checks(guess, host or Host()),
     ]
