@@ -325,7 +325,9 @@ def _load_unsloth(
             gpu_memory_utilization=gpu_memory_utilization,
             max_lora_rank=compat.vllm_max_lora_rank(rank),
         )
-        os.environ.update(compat.vllm_sampler_env(cuda_capability()))  # before Unsloth starts vLLM
+        # before Unsloth starts vLLM: FlashInfer off below 8.0, and unless its JIT toolchain matches torch's CUDA
+        toolchain = compat.flashinfer_toolchain_here() if cuda_available() else None
+        os.environ.update(compat.vllm_sampler_env(cuda_capability(), toolchain_problem=toolchain))
     if adapter_path:
         # Unsloth's own way to continue a LoRA: from_pretrained on the adapter folder loads the recorded base
         # (checked against model_name_or_path above; a mirror's name is replaced by it) and the adapter, trainable.

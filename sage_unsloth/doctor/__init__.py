@@ -132,6 +132,7 @@ def gpu_card_checks(
         sft_dir=sft_dir,
         host=this_host(True, facts.driver),
         plugin_installed=plugin,
+        toolchain=compat.flashinfer_toolchain_here(),
     )
     return [c for c in checks if c.name not in ("capability", "driver")]  # gpu_checks says these already
 

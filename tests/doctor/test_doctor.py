@@ -321,6 +321,23 @@ def test_sampler_switch_on_a_t4():
     assert _card_checks("configs/sft/qwen2.5-1.5b.yaml", "t4", environ={})["sampler"].status == "SKIP"
 
 
+def test_sampler_on_newer_cards_follows_the_flashinfer_toolchain():
+    """>= 8.0: FlashInfer JIT-compiles with nvcc; a CUDA 12 nvcc under the CUDA 13 torch fails, and with the sampler
+    forced vLLM raises. The doctor on the GPU machine knows the toolchain; for a named card it says the rule."""
+    path = "configs/rlvr/qwen2.5-1.5b/grpo_branch.yaml"
+    wrong = "nvcc is CUDA 12.5, torch CUDA 13.0: FlashInfer's JIT would build for the wrong CUDA"
+    forced = _card_checks(path, "l4", environ={"VLLM_USE_FLASHINFER_SAMPLER": "1"}, toolchain=wrong)[
+        "sampler"
+    ]
+    assert forced.status == "FAIL" and "vLLM raises" in forced.detail
+    opt_in = _card_checks(path, "l4", environ={"UNSLOTH_VLLM_NO_FLASHINFER": "0"}, toolchain=wrong)["sampler"]
+    assert opt_in.status == "FAIL" and "unset UNSLOTH_VLLM_NO_FLASHINFER" in opt_in.fix
+    off = _card_checks(path, "l4", environ={}, toolchain=wrong)["sampler"]
+    assert off.status == "PASS" and off.detail.startswith("FlashInfer off (nvcc is CUDA 12.5")
+    assert "FlashInfer on" in _card_checks(path, "l4", environ={}, toolchain=None)["sampler"].detail
+    assert "stays off unless" in _card_checks(path, "l4", environ={})["sampler"].detail
+
+
 def test_4bit_needs_the_plugin_with_unsloths_vllm():
     config = _config("configs/rlvr/qwen2.5-3b/grpo.yaml")
     declared = {"vllm-bnb-plugin": compat.PINNED["vllm-bnb-plugin"], "bitsandbytes": "0.50.2"}

@@ -87,6 +87,15 @@ def test_unsloth_loader_arguments(fake_unsloth, monkeypatch, tmp_path):
     _load(ModelConfig(model_name_or_path=MATH_7B, lora_r=64), same)
     assert fake_unsloth[-1]["model_name"] == str(same) and fake_unsloth[-1]["max_lora_rank"] == 8
     assert compat.UNSLOTH_NO_FLASHINFER_ENV not in os.environ
+    # on a GPU machine whose nvcc is not torch's CUDA (a CUDA 12 image under the CUDA 13 torch): FlashInfer off
+    monkeypatch.setattr(models, "cuda_available", lambda: True)
+    monkeypatch.setattr(compat, "flashinfer_toolchain_here", lambda: "nvcc is CUDA 12.5, torch CUDA 13.0")
+    _load(ModelConfig(model_name_or_path=MATH_7B, lora_r=64), same)
+    assert os.environ.pop(compat.UNSLOTH_NO_FLASHINFER_ENV) == "1"
+    monkeypatch.setattr(compat, "flashinfer_toolchain_here", lambda: None)  # nvcc 13.x: Unsloth's own choice
+    _load(ModelConfig(model_name_or_path=MATH_7B, lora_r=64), same)
+    assert compat.UNSLOTH_NO_FLASHINFER_ENV not in os.environ
+    monkeypatch.setattr(models, "cuda_available", lambda: False)
     # A fresh LoRA (no adapter): the config's rank, rounded up to one vLLM accepts; SFT starts no vLLM.
     _load(ModelConfig(model_name_or_path=MATH_7B, lora_r=12))
     assert fake_unsloth[-1]["model_name"] == MATH_7B and fake_unsloth[-1]["max_lora_rank"] == 16
