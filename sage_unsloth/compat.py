@@ -382,6 +382,9 @@ def current_sft_trainer_class() -> type:
 
 
 UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache")
+# Where unsloth_zoo's compiler writes (and imports) its generated trainers: this variable, else
+# ./unsloth_compiled_cache in the working directory (unsloth_zoo/compiler.py).
+UNSLOTH_COMPILE_LOCATION_ENV = "UNSLOTH_COMPILE_LOCATION"
 
 
 def is_unsloth_patched(cls: type) -> bool:

@@ -185,6 +185,16 @@ def preflight() -> list[GPU]:
     return gpus
 
 
+# Unsloth writes and imports its generated trainers under the working directory unless told otherwise; on Google
+# Drive every write and import goes over the network (and a disconnect leaves them half-written).
+LOCAL_COMPILE_CACHE = "/content/unsloth_compiled_cache"
+
+
+def on_drive(folder: str | Path) -> bool:
+    """Is ``folder`` on the Google Drive mount Colab gives (WORKDIR's default there)?"""
+    return Path(os.path.abspath(folder)).is_relative_to(DRIVE_MOUNT)
+
+
 def work_folder(platform: str, workdir: str = "", *, use_drive: bool = True, tiny: bool = False) -> str:
     """WORKDIR: the one given; else on Colab a folder on Google Drive (mounted here, it asks for access once) when
     ``use_drive``, on Kaggle /kaggle/working (kept with the notebook's output), else ./sage_run. A folder that
@@ -270,9 +280,13 @@ class Recipe:
         return layout.report_md(self.results)
 
     def env(self) -> dict[str, str]:
+        from sage_unsloth.compat import UNSLOTH_COMPILE_LOCATION_ENV
+
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.platform.env))
         if self.report_to == "wandb":
             env.setdefault("WANDB_PROJECT", "sage-unsloth")
+        if on_drive(self.workdir):  # the stages run in WORKDIR: keep Unsloth's generated modules off Drive
+            env.setdefault(UNSLOTH_COMPILE_LOCATION_ENV, LOCAL_COMPILE_CACHE)
         return env
 
     def _config(self, relative: str) -> str:

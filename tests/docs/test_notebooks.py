@@ -209,6 +209,20 @@ def test_first_cell_runs_cuda_13_on_an_old_driver_or_says_the_one_thing(
     assert bool(nb.platform_problems(gpus)) is ("runs" not in wanted)
 
 
+def test_unsloths_compile_cache_stays_off_google_drive(monkeypatch, tmp_path):
+    """The stages run in WORKDIR; on Drive, Unsloth's generated trainers go to local disk instead
+    (UNSLOTH_COMPILE_LOCATION, which unsloth_zoo's compiler reads: tests/kit/test_compat.py)."""
+    monkeypatch.delenv("UNSLOTH_COMPILE_LOCATION", raising=False)
+    drive = _recipe("colab", Path("/content/drive/MyDrive/sage_run"))
+    assert drive.env()["UNSLOTH_COMPILE_LOCATION"] == "/content/unsloth_compiled_cache"
+    assert (
+        "UNSLOTH_COMPILE_LOCATION" not in _recipe("colab", tmp_path).env()
+    )  # local WORKDIR: Unsloth's default
+    assert not nb.on_drive("/content/drive-backup") and nb.on_drive("/content/drive")
+    monkeypatch.setenv("UNSLOTH_COMPILE_LOCATION", "/mine")
+    assert drive.env()["UNSLOTH_COMPILE_LOCATION"] == "/mine"  # the user's choice is kept
+
+
 def test_work_folder_survives_a_disconnect(monkeypatch, tmp_path):
     import sys
     import types
