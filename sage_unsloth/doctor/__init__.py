@@ -264,6 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         help="with --gpu: the NVIDIA driver of the machine that will run it (nvidia-smi there), judged for CUDA 13",
     )
     args, overrides = parser.parse_known_args(argv)
+    if overrides and not args.config:  # no stage to read them: the doctor's own flags, misspelt
+        from sage_unsloth.config_args import suggestion
+
+        flag = overrides[0].split("=", 1)[0]
+        options = {o for a in parser._actions for o in a.option_strings}
+        parser.error(
+            f"unknown flag {flag}{suggestion(flag, options) or ' (sage-unsloth doctor --help lists the flags)'}"
+        )
     try:
         config = _config_with_overrides(args, overrides)
     except (OSError, ValueError, TypeError) as exc:
