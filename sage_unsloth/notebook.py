@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sage_unsloth import layout
+from sage_unsloth.doctor import driver as driver_rules
 from sage_unsloth.doctor.env import nvidia_smi
 from sage_unsloth.manifest import MANIFEST_NAME
 from sage_unsloth.recipe import StageFailed, run_stage, stage_command
@@ -116,9 +117,10 @@ PLATFORMS: dict[str, Platform] = {
 
 # ----------------------------------------------------------------------------------------------- GPU
 # The pinned torch 2.13.0 CUDA wheel is built for CUDA 13.0 with kernels for sm_75 and newer (vLLM 0.31's
-# likewise); a CUDA 13 runtime needs an NVIDIA driver >= 580. The install cell checks both before pip runs.
+# likewise); a CUDA 13 runtime needs an NVIDIA driver >= 580, or NVIDIA's forward-compatibility package over an
+# older one (sage_unsloth/doctor/driver.py, which the notebooks' first cell runs). The install cell checks both.
 MIN_COMPUTE_CAPABILITY = 7.5
-MIN_DRIVER = 580
+MIN_DRIVER = driver_rules.MIN_DRIVER
 
 
 @dataclass(frozen=True)
@@ -154,13 +156,17 @@ def platform_problems(gpus: list[GPU]) -> list[str]:
             f"(and vLLM 0.31's) need >= {MIN_COMPUTE_CAPABILITY:g}: on Kaggle choose Settings > "
             "Accelerator > GPU T4 x2 (not P100), on Colab a T4 or better"
         )
-    major = int(gpu.driver.split(".")[0]) if gpu.driver.split(".")[0].isdigit() else None
-    if major is not None and major < MIN_DRIVER:
+    verdict, line = driver_rules.advice(gpu.name, gpu.driver)
+    compat_on = driver_rules.COMPAT_DIR in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+    if verdict == "update" or (verdict == "compat" and not compat_on):
         problems.append(
-            f"NVIDIA driver {gpu.driver} is older than {MIN_DRIVER}, which the CUDA 13 build of torch "
-            "2.13 needs: on Kaggle set Settings > Environment > Always use latest environment, on Colab "
-            "Runtime > Change runtime type > Runtime version > Latest; else use a machine with a newer "
-            "driver"
+            f"NVIDIA driver {gpu.driver} is older than {MIN_DRIVER}, which the CUDA 13 build of torch 2.13 needs: "
+            + (
+                "run the notebook's first cell (it switches on NVIDIA's forward-compatibility package), or "
+                + driver_rules.NEWER_RUNTIME
+                if verdict == "compat"
+                else line.split(": ")[-1]
+            )
         )
     return problems
 
@@ -177,6 +183,16 @@ def preflight() -> list[GPU]:
     if problems:
         raise RuntimeError("this machine cannot run the pinned stack:\n" + "\n".join(problems))
     return gpus
+
+
+# Unsloth writes and imports its generated trainers under the working directory unless told otherwise; on Google
+# Drive every write and import goes over the network (and a disconnect leaves them half-written).
+LOCAL_COMPILE_CACHE = "/content/unsloth_compiled_cache"
+
+
+def on_drive(folder: str | Path) -> bool:
+    """Is ``folder`` on the Google Drive mount Colab gives (WORKDIR's default there)?"""
+    return Path(os.path.abspath(folder)).is_relative_to(DRIVE_MOUNT)
 
 
 def work_folder(platform: str, workdir: str = "", *, use_drive: bool = True, tiny: bool = False) -> str:
@@ -264,9 +280,13 @@ class Recipe:
         return layout.report_md(self.results)
 
     def env(self) -> dict[str, str]:
+        from sage_unsloth.compat import UNSLOTH_COMPILE_LOCATION_ENV
+
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.platform.env))
         if self.report_to == "wandb":
             env.setdefault("WANDB_PROJECT", "sage-unsloth")
+        if on_drive(self.workdir):  # the stages run in WORKDIR: keep Unsloth's generated modules off Drive
+            env.setdefault(UNSLOTH_COMPILE_LOCATION_ENV, LOCAL_COMPILE_CACHE)
         return env
 
     def _config(self, relative: str) -> str:

