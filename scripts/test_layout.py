@@ -55,6 +55,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_rlvr_resume",
             "test_rlvr_trainer",
             "test_unsloth_path",
+            "test_seq_packing",
             "test_examples",
         )
     },
@@ -149,6 +150,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_checkpoints",
             "test_compat",
             "test_finite_steps",
+            "test_gpu_acceptance",
             "test_gpu_lock",
             "test_gpu_path",
             "test_interrupt",
@@ -188,6 +190,7 @@ SUPPORT = (
     "subprocess_run",
     "unsloth_cpu",
     "unsloth_path_scenario",
+    "seq_packing_scenario",
 )
 
 
