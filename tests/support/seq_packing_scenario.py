@@ -173,14 +173,14 @@ def guide_case(model_dir: str, guide: str) -> dict:
     trainer.model.train()
     packed, rollout_q, log_q = count_packed(trainer), [], trainer.sage_log_q
     trainer.sage_log_q = lambda q, mask: (rollout_q.append(q.detach().clone()), log_q(q, mask))[1]
+    if os.environ.get("SAGE_SCENARIO_DRIFT") == "1":
+        drift(trainer)
     compat.set_unsloth_seq_packing(type(trainer), True)
     torch.manual_seed(1)
     batch = trainer._generate_and_score_completions(
         [{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS * 4]
     )
     trainer.sage_log_q = log_q
-    if os.environ.get("SAGE_SCENARIO_DRIFT") == "1":
-        drift(trainer)
     runs = {}
     for on in (True, False):
         compat.set_unsloth_seq_packing(type(trainer), on)
