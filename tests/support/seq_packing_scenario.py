@@ -161,7 +161,7 @@ def drift(trainer) -> None:
 
     def drifted(*args, **kwargs):
         out = score(*args, **kwargs)
-        if os.environ.get(compat.UNSLOTH_SEQ_PACKING_ENV) == "1":
+        if os.environ.get(compat.UNSLOTH_SEQ_PACKING_ENV) == "1" and torch.is_tensor(out[0]):
             return (torch.roll(out[0], 1, dims=1), *out[1:])
         return out
 
