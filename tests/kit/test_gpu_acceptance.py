@@ -57,7 +57,7 @@ def test_stages_train_through_unsloths_gpu_rewrites(verdict, stage, trainer, ste
         "_inner_training_loop": "_fast_inner_training_loop",
     }
     assert check["calls"] == {"training_step": steps, "_inner_training_loop": 1}
-    kit = "SageUnslothSFTTrainer" if stage == "sft" else "SageGRPOTrainer"
+    kit = f"Sage{trainer}"  # the kit's class over Unsloth's generated one
     assert check["classes"][0] == kit and trainer in check["classes"]
 
 
