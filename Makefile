@@ -30,7 +30,7 @@ export TOKENIZERS_PARALLELISM := false
 UNSLOTH_CPU_DEPS := tyro protobuf sentencepiece hf_transfer typer pydantic json5 nest-asyncio structlog \
 	click msgspec pillow regex einops psutil wheel
 
-.PHONY: install test test-quick demo demo-reference lint notebooks gpu-lock clean
+.PHONY: install test test-quick demo demo-reference lint notebooks gpu-lock wheelhouse clean
 install: $(STAMP) $(EVAL_STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -97,6 +97,14 @@ gpu-lock:
 	test -x $(LOCK_VENV)/bin/uv || { $(PY) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install -q uv; }
 	$(LOCK_VENV)/bin/uv pip compile pyproject.toml --extra gpu --python-version 3.11 \
 		--python-platform x86_64-manylinux_2_28 --upgrade -o requirements/gpu-lock.txt
+
+# The wheel bundle for a GPU machine or cluster node without network (scripts/wheelhouse.py; docs/troubleshooting.md):
+# every package the training stages need besides torch and vLLM, at the GPU lock's versions, for CPython
+# WHEEL_PYTHON on Linux x86-64, at most 60 MiB, into wheelhouse/ (ignored by git). WHEELHOUSE_FULL=1 adds numpy,
+# pandas, pyarrow, pillow, W&B, scipy and matplotlib (no size limit). Needs PyPI; scripts/gpu_acceptance.sh installs it.
+WHEEL_PYTHON ?= 3.12
+wheelhouse:
+	$(PY) scripts/wheelhouse.py wheelhouse --python $(WHEEL_PYTHON) $(if $(WHEELHOUSE_FULL),--full)
 
 clean:
 	rm -rf $(VENV) $(EVAL_VENV) $(LOCK_VENV) outputs .pytest_cache

@@ -101,6 +101,11 @@ flashinfer_sampler      vLLM refuses its FlashInfer sampler below compute       
 vllm_bnb_plugin         vLLM >= 0.28 loads bitsandbytes (4-bit with Unsloth's     vllm 0.31.0,         test_vllm_bnb_plugin_contact;
                         vLLM) from the ``vllm-bnb-plugin`` package                unsloth_zoo          test_gpu_lock.py
                         (:data:`VLLM_BNB_PLUGIN`)                                 2026.10.9
+unsloth_gpu_rewrites    what Unsloth does to the trainers only on a GPU: the      unsloth / unsloth_   test_unsloth_gpu_rewrites_source;
+                        inner-loop rewrite of FastLlamaModel.from_pretrained,     zoo 2026.10.9        test_gpu_acceptance.py (the CPU
+                        patch_gradient_accumulation_fix, the generated trainers                        rehearsal); test_seq_packing.py
+                        (:func:`force_unsloth_gpu_rewrites`); GRPO sequence
+                        packing's switch (:func:`set_unsloth_seq_packing`)
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
@@ -1215,3 +1220,120 @@ def flashinfer_toolchain_here() -> str | None:
 
 # unsloth_zoo imports vLLM's bitsandbytes layer from here on vLLM >= 0.28 (load_in_4bit with fast_inference).
 VLLM_BNB_PLUGIN = ("vllm-bnb-plugin", "vllm_bnb_plugin")  # (distribution, module)
+
+
+# --------------------------------------------------------------------------- unsloth_gpu_rewrites
+
+# What Unsloth does to the trainers only where CUDA is: FastLanguageModel.from_pretrained (unsloth/models/llama.py,
+# the loader of Qwen2 and Llama) replaces transformers' Trainer._inner_training_loop with a rewritten copy of its
+# source, _fast_inner_training_loop, and calls patch_gradient_accumulation_fix (unsloth/models/_utils.py), which
+# replaces Trainer.training_step with _unsloth_training_step (and get_batch_samples, compute_loss); `import unsloth`
+# generates UnslothSFTTrainer / UnslothGRPOTrainer (unsloth/models/rl.py, _patch_trl_rl_trainers). Without CUDA
+# none of it happens. force_unsloth_gpu_rewrites runs those same library functions on a CPU, so that the kit's
+# trainers (CheckpointMixin, SageTrainerMixin) are tested over them (sage_unsloth/acceptance/forced.py).
+UNSLOTH_FORCED_CPU_ENV = {
+    "UNSLOTH_ALLOW_CPU": "1",  # `import unsloth` takes its GPU path (the one that patches TRL) on a CPU
+    "UNSLOTH_COMPILE_DISABLE": "1",  # no torch.compile of the generated trainers on a CPU
+    # Unsloth's PrefixGrouper needs its own model forward (prefix_seg_info); a plain transformers model ignores
+    # it and mis-scores every completion after the first of a group. Off, as a GPU run under vLLM has it.
+    "UNSLOTH_GRPO_PREFIX_GROUPER": "0",
+}
+UNSLOTH_TRAINER_REWRITES = {
+    "training_step": "_unsloth_training_step",
+    "_inner_training_loop": "_fast_inner_training_loop",
+}
+UNSLOTH_GENERATED_TRAINERS = ("sft_trainer", "grpo_trainer")  # unsloth.models.rl._patch_trl_rl_trainers(name)
+# The block of FastLlamaModel.from_pretrained (unsloth/models/llama.py) that rewrites the inner loop: from the
+# line importing Trainer before the first assignment below, to that assignment.
+UNSLOTH_LOOP_REWRITE = (
+    "from transformers.trainer import Trainer\n",
+    "Trainer._inner_training_loop = _fast_inner_training_loop\n",
+)
+# Unsloth's GRPO sequence packing (on unless "0"): one varlen forward of every row, scattered back to (B, C + M).
+UNSLOTH_SEQ_PACKING_ENV = "UNSLOTH_GRPO_SEQ_PACKING"
+# unsloth_zoo marks the model once its self-check trusted the packed forward for a batch shape (True) or refused it
+UNSLOTH_SEQ_PACKING_VERIFIED = "_unsloth_seq_packing_grad_ok"
+# The loss (unsloth_zoo) reads the variable at each call; the generated trainer's scorer reads this global of its
+# module, set from the variable when the trainer was generated (unsloth/models/rl_replacements.py).
+UNSLOTH_SEQ_PACKING_GLOBAL = "UNSLOTH_GRPO_SEQ_PACKING_ON"
+
+
+class UnslothRewritesChanged(RuntimeError):
+    """Unsloth's GPU-only trainer rewrites are not where the kit expects them (an unpinned Unsloth)."""
+
+
+def unsloth_loop_rewrite_source(llama_source: str) -> str:
+    """The inner-loop rewrite of FastLlamaModel.from_pretrained, cut from the source of unsloth/models/llama.py, as
+    the body of a function ``rewrite_inner_training_loop`` (its lines keep their indentation: the block's own string
+    templates are cut by column). Run in that module's globals it does what from_pretrained does on a GPU."""
+    first, last = UNSLOTH_LOOP_REWRITE
+    end = llama_source.find(last)
+    start = llama_source.rfind(first, 0, end)
+    if end < 0 or start < 0:
+        raise UnslothRewritesChanged(
+            f"unsloth/models/llama.py has no {first.strip()!r} ... {last.strip()!r} block: the kit's forced rewrites "
+            f"are pinned to unsloth {PINNED['unsloth']}"
+        )
+    start = llama_source.rfind("\n", 0, start) + 1  # from the start of its line
+    return "def rewrite_inner_training_loop():\n" + llama_source[start : end + len(last)]
+
+
+def force_unsloth_gpu_rewrites() -> dict[str, str]:
+    """Run Unsloth's GPU-only trainer rewrites here (after :func:`import_unsloth` with
+    :data:`UNSLOTH_FORCED_CPU_ENV` set); returns what each rewritten name now is. Raises
+    :class:`UnslothRewritesChanged` when one did not take."""
+    import inspect
+
+    import transformers
+    import trl
+    import unsloth.models.llama as unsloth_llama
+    import unsloth.models.rl as unsloth_rl
+    from unsloth.models._utils import patch_gradient_accumulation_fix
+
+    for name in UNSLOTH_GENERATED_TRAINERS:
+        unsloth_rl._patch_trl_rl_trainers(name)  # private: what `import unsloth` does on a GPU
+    trainer = transformers.Trainer
+    if trainer._inner_training_loop.__name__ != UNSLOTH_TRAINER_REWRITES["_inner_training_loop"]:
+        scope = unsloth_llama.__dict__  # from_pretrained's globals: the rewritten loop is defined there
+        # Unsloth's own code, cut from its installed file (what from_pretrained runs on a GPU): no input of ours
+        exec(unsloth_loop_rewrite_source(inspect.getsource(unsloth_llama)), scope)  # noqa: S102
+        scope.pop("rewrite_inner_training_loop")()
+    patch_gradient_accumulation_fix(trainer)
+    found = {name: getattr(trainer, name).__name__ for name in UNSLOTH_TRAINER_REWRITES}
+    found.update(SFTTrainer=trl.SFTTrainer.__name__, GRPOTrainer=trl.GRPOTrainer.__name__)
+    wanted = {
+        **UNSLOTH_TRAINER_REWRITES,
+        "SFTTrainer": "UnslothSFTTrainer",
+        "GRPOTrainer": "UnslothGRPOTrainer",
+    }
+    if found != wanted:
+        raise UnslothRewritesChanged(
+            f"Unsloth's rewrites did not take ({found}, expected {wanted}): pinned to unsloth {PINNED['unsloth']}"
+        )
+    return found
+
+
+def set_unsloth_seq_packing(trainer_class: type, on: bool) -> None:
+    """Turn Unsloth's GRPO sequence packing on or off in this process, in both places that read it (tests compare
+    the two on one batch; a run sets :data:`UNSLOTH_SEQ_PACKING_ENV` before it starts)."""
+    os.environ[UNSLOTH_SEQ_PACKING_ENV] = "1" if on else "0"
+    for klass in trainer_class.__mro__:
+        module = sys.modules.get(klass.__module__)
+        if module is not None and hasattr(module, UNSLOTH_SEQ_PACKING_GLOBAL):
+            setattr(module, UNSLOTH_SEQ_PACKING_GLOBAL, on)
+            return
+    raise UnslothRewritesChanged(
+        f"{trainer_class.__name__}'s generated module has no {UNSLOTH_SEQ_PACKING_GLOBAL}: pinned to unsloth "
+        f"{PINNED['unsloth']}"
+    )
+
+
+def as_unsloth_model(model) -> None:
+    """What FastLanguageModel.from_pretrained sets on the model it returns, for a transformers + PEFT model standing
+    in for it on a CPU: the mode switches Unsloth's trainers call (no-ops: nothing to switch), a float32 model kept
+    in float32 by Unsloth's GRPO loss (else it autocasts to float16), and Unsloth's accepts_loss_kwargs decision."""
+    from unsloth.models._utils import apply_accepts_loss_kwargs_fix
+
+    model.for_training = model.for_inference = lambda *args, **kwargs: None
+    model._unsloth_user_float32 = True
+    apply_accepts_loss_kwargs_fix(model)

@@ -55,6 +55,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_rlvr_resume",
             "test_rlvr_trainer",
             "test_unsloth_path",
+            "test_seq_packing",
             "test_examples",
         )
     },
@@ -153,6 +154,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_checkpoints",
             "test_compat",
             "test_finite_steps",
+            "test_gpu_acceptance",
             "test_gpu_lock",
             "test_gpu_path",
             "test_interrupt",
@@ -192,6 +194,7 @@ SUPPORT = (
     "subprocess_run",
     "unsloth_cpu",
     "unsloth_path_scenario",
+    "seq_packing_scenario",
 )
 
 

@@ -859,3 +859,46 @@ def test_vllm_bnb_plugin_contact():
     assert f'"{module}.bitsandbytes"' in vllm_utils and f"pip install {dist}" in vllm_utils
     gpu = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
     assert f"{dist}=={compat.PINNED[dist]}" in gpu and f"vllm=={compat.PINNED['vllm']}" in gpu
+
+
+def test_unsloth_gpu_rewrites_source():
+    """What compat.force_unsloth_gpu_rewrites runs on a CPU is where Unsloth runs it on a GPU, read from the installed
+    files (the forced run itself: test_gpu_acceptance.py, test_seq_packing.py): the inner-loop rewrite is one block of
+    FastLlamaModel.from_pretrained that compiles as a function and installs _fast_inner_training_loop; the training
+    step rewrite is patch_gradient_accumulation_fix's; the packing switch is the variable the zoo's loss reads and
+    the global the generated scorer reads; the flag the zoo sets once its packed forward is verified."""
+    import ast
+
+    llama = _package_source("unsloth", "unsloth/models/llama.py")
+    block = compat.unsloth_loop_rewrite_source(llama)
+    function = ast.parse(block).body
+    assert [type(f).__name__ for f in function] == ["FunctionDef"] and function[
+        0
+    ].name == "rewrite_inner_training_loop"
+    assert '"_inner_training_loop",\n' in block and '"_fast_inner_training_loop",' in block
+    assert block.rstrip().endswith(compat.UNSLOTH_LOOP_REWRITE[1].strip())
+    first_line = llama[: llama.index(block.split("\n", 2)[1])].count("\n") + 1
+    model = next(
+        n for n in ast.parse(llama).body if isinstance(n, ast.ClassDef) and n.name == "FastLlamaModel"
+    )
+    loader = next(n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == "from_pretrained")
+    assert loader.lineno < first_line < first_line + block.count("\n") < loader.end_lineno
+    fix = _function_source(
+        _package_source("unsloth", "unsloth/models/_utils.py"), "patch_gradient_accumulation_fix"
+    )
+    assert (
+        '"def training_step", "def _unsloth_training_step"' in fix
+        and "Trainer.training_step = _unsloth_training_step" in fix
+    )
+    templates = _package_source("unsloth", "unsloth/models/rl_replacements.py")
+    assert (
+        f"{compat.UNSLOTH_SEQ_PACKING_GLOBAL} = _unsloth_os.environ.get('{compat.UNSLOTH_SEQ_PACKING_ENV}'"
+        in templates
+    )
+    zoo = _function_source(
+        _package_source("unsloth_zoo", "unsloth_zoo/rl_replacements.py"), "grpo_accumulated_loss"
+    )
+    assert f'os.environ.get("{compat.UNSLOTH_SEQ_PACKING_ENV}", "1")' in zoo
+    assert f"unwrapped_model.{compat.UNSLOTH_SEQ_PACKING_VERIFIED} = True" in zoo
+    rl = _package_source("unsloth", "unsloth/models/rl.py")
+    assert "def _patch_trl_rl_trainers(trainer_file" in rl
