@@ -148,6 +148,7 @@ AREAS: dict[str, dict[str, str]] = {
         for name in (
             "test_checkpoints",
             "test_compat",
+            "test_dependencies",
             "test_finite_steps",
             "test_gpu_lock",
             "test_gpu_path",

@@ -140,7 +140,7 @@ def test_install_cell_checks_the_gpu_before_pip_and_installs_the_gpu_extra():
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     # Colab ships its own torchvision: the [gpu] extra installs the one built for the pinned torch.
-    assert "torch==2.13.0" in project["dependencies"]
+    assert "torch==2.13.0" in project["optional-dependencies"]["gpu"]
     assert "torchvision==0.28.0" in project["optional-dependencies"]["gpu"]
 
 
