@@ -157,6 +157,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_lifeline",
             "test_manifest",
             "test_models",
+            "test_optional_extras",
             "test_records",
             "test_training_faults",
             "test_training_log",
