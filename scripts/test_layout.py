@@ -86,6 +86,7 @@ AREAS: dict[str, dict[str, str]] = {
                 "test_grading_public_suites",
                 "test_grading_regressions",
                 "test_grading_shortcut",
+                "test_grading_verdicts",
             )
         },
         "test_grading_issue24": "test_grading_error_classes",  # issue 24's error classes, one test each
