@@ -125,7 +125,7 @@ if TINY:  # CI: the whole recipe on CPU in about a minute: tiny random model, 2 
 # pinned torch 2.13 and vLLM 0.31 need; a problem stops the cell with what to change. Then
 # `pip install -r requirements/gpu-py3.X-lock.txt` (X: this runtime's Python, 3.11 or 3.12) installs exactly the
 # tested set (torch, the torchvision built for it, transformers, TRL, Unsloth, vLLM, bitsandbytes and all they
-# need; about 4 GB of downloads, docs/install.md), then `pip install --no-deps -e <repo>` the kit, and checks that
+# need; 3.6 to 4.8 GiB of downloads, docs/install.md), then `pip install --no-deps -e <repo>` the kit, and checks that
 # torch and torchvision import as a pair (Colab's own torchvision would not). A read-only folder (a Kaggle dataset) is
 # copied to `./sage-unsloth` first. The stages run in fresh processes, so the new packages are used without a
 # restart; if the platform still asks for one, restart and run all cells again with `INSTALL = False`.
