@@ -95,7 +95,7 @@ WORKDIR = ""  # outputs/ and results/ go here; empty: Drive (Colab, USE_DRIVE), 
 USE_DRIVE = True  # Colab: keep WORKDIR on your Google Drive, so that a disconnect loses nothing
 REPO_URL = ""  # set it to the git URL of your copy of sage-unsloth (not on PyPI), unless a checkout is found
 REPO_DIR = ""  # a checkout; empty: the folder above this notebook, ./sage-unsloth, or a /kaggle/input dataset
-INSTALL = True  # pip install the kit with its GPU extra (pinned torch, Unsloth, vLLM, bitsandbytes)
+INSTALL = True  # pip install the GPU lock (torch, Unsloth, vLLM, bitsandbytes... at tested versions), then the kit
 USE_WANDB = False  # log training curves to Weights & Biases
 TINY = os.environ.get("SAGE_NOTEBOOK_TINY") == "1"  # CI only: the tiny offline model on CPU
 
@@ -111,9 +111,10 @@ if TINY:  # CI: the whole recipe on CPU in about a minute: tiny random model, 2 
 # `/kaggle/input`) or clones `REPO_URL`. Then, **before installing anything**, checks the GPU: compute capability
 # 7.5 or newer (T4, L4, A10, A100, H100...) and an NVIDIA driver of at least 580, which the CUDA 13 builds of the
 # pinned torch 2.13 and vLLM 0.31 need; a problem stops the cell with what to change. Then
-# `pip install -e "<repo>[gpu]"` installs the versions pinned in `pyproject.toml` (torch, the torchvision built for
-# it, transformers, TRL, Unsloth, vLLM, bitsandbytes), several GB, ~5-10 minutes, and checks that torch and
-# torchvision import as a pair (Colab's own torchvision would not). A read-only folder (a Kaggle dataset) is
+# `pip install -r requirements/gpu-py3.X-lock.txt` (X: this runtime's Python, 3.11 or 3.12) installs exactly the
+# tested set (torch, the torchvision built for it, transformers, TRL, Unsloth, vLLM, bitsandbytes and all they
+# need; 3.6 to 4.8 GiB of downloads, docs/install.md), then `pip install --no-deps -e <repo>` the kit, and checks that
+# torch and torchvision import as a pair (Colab's own torchvision would not). A read-only folder (a Kaggle dataset) is
 # copied to `./sage-unsloth` first. The stages run in fresh processes, so the new packages are used without a
 # restart; if the platform still asks for one, restart and run all cells again with `INSTALL = False`.
 

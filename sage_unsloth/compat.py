@@ -948,7 +948,7 @@ def check_pinned_versions(versions: dict[str, str | None] | None = None) -> None
     install = " ".join(f'"{name}=={pin}"' for name, _, pin in off)
     raise UnpinnedVersion(
         f"{found}: SAGE's hooks reach into these libraries and are tested with the pins only: pip install "
-        f"{install} (the [gpu] extra, requirements/gpu-lock.txt), or set {UNPINNED_ENV}=1 to run untested"
+        f"{install} (the [gpu] extra, requirements/gpu-py3.X-lock.txt), or set {UNPINNED_ENV}=1 to run untested"
     )
 
 

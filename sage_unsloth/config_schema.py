@@ -372,3 +372,7 @@ if __name__ == "__main__":
         sys.exit("usage: python -m sage_unsloth.config_schema --write")
     SCHEMA.write_text(json.dumps(live_schema(), indent=0, sort_keys=True) + "\n")
     print(f"wrote {SCHEMA}")
+    from sage_unsloth import editor_schema  # the same rules as JSON Schema, for editors
+
+    for path in editor_schema.write():
+        print(f"wrote {path}")

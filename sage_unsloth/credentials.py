@@ -119,6 +119,8 @@ def _redact_words(text: str) -> str:
         inner = shlex.split(text)
     except ValueError:
         return text
+    if inner == [text] and _secret_flag(text) is None:
+        return text  # one word with "--" inside (a path like /tmp/a--b), not a flag: nothing more to split
     redacted = redact_argv(inner)
     return shlex.join(redacted) if redacted != inner else text
 

@@ -1,9 +1,9 @@
 """Bad input found before any model loads, each as one line naming the file or field and the fix.
 
 Shared by the training stages (and stage 3 for output folders): local data files that are unreadable,
-truncated or empty (naming the line), output folders that are files or not writable, W&B asked for with no
-key and not offline, ``backend=unsloth`` on a machine without a GPU, and a truncated adapter. Stdlib only,
-apart from the CUDA probe (torch) of :func:`check_unsloth_has_gpu`.
+truncated or empty (naming the line), output folders that are files or not writable, W&B asked for without wandb
+installed or with no key and not offline, ``backend=unsloth`` on a machine without a GPU, and a truncated
+adapter. Stdlib only, apart from the CUDA probe (torch) of :func:`check_unsloth_has_gpu`.
 """
 
 from __future__ import annotations
@@ -104,10 +104,26 @@ def wandb_has_key() -> bool:
         return False
 
 
+WANDB_EXTRA_HINT = "pip install 'sage-unsloth[wandb]' (or pip install wandb)"
+
+
+def check_wandb_installed(field_name: str) -> None:
+    """W&B is an extra of the kit: a field that asks for it without wandb installed is one line naming the
+    extra (``report_to: all`` means the installed integrations, so it asks for nothing)."""
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        raise ValueError(f"{field_name}: wandb is not installed: {WANDB_EXTRA_HINT}, or leave W&B off")
+
+
 def check_wandb(report_to) -> None:
-    """``report_to: wandb`` needs a key (``wandb login`` or WANDB_API_KEY) unless W&B runs offline."""
+    """``report_to: wandb`` needs wandb installed and a key (``wandb login`` or WANDB_API_KEY) unless W&B runs
+    offline."""
     if not _reports_to_wandb(report_to):
         return
+    values = report_to if isinstance(report_to, (list, tuple)) else [report_to]
+    if any(str(v).strip().lower() == "wandb" for v in values if v is not None):
+        check_wandb_installed("report_to=wandb")
     if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or wandb_has_key():
         return
     raise ValueError(

@@ -213,10 +213,29 @@ def work_folder(platform: str, workdir: str = "", *, use_drive: bool = True, tin
     return DEFAULT_WORKDIR
 
 
-def install(repo: Path, extra: str = "gpu") -> None:
-    """``pip install -e repo[gpu]`` (torch, torchvision built for it, Unsloth, vLLM, bitsandbytes, all
-    pinned), then check in a fresh process that torch and torchvision import as a matching pair."""
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{repo}[{extra}]"], check=True)
+def gpu_lock(repo: Path, python: tuple[int, int] | None = None) -> Path:
+    """The GPU lock of this Python (requirements/gpu-py3.X-lock.txt: the [gpu] extra resolved, `make locks`), or
+    a one-line error naming the Pythons the kit has locks for."""
+    major, minor = python or sys.version_info[:2]
+    lock = Path(repo) / "requirements" / f"gpu-py{major}.{minor}-lock.txt"
+    if not lock.is_file():
+        have = sorted(
+            p.name.split("-")[1][2:] for p in (Path(repo) / "requirements").glob("gpu-py*-lock.txt")
+        )
+        raise RuntimeError(
+            f"no GPU lock for Python {major}.{minor}: the kit has locks for Python {', '.join(have) or 'none'} "
+            "(requirements/gpu-py3.X-lock.txt); choose a runtime with one of them"
+        )
+    return lock
+
+
+def install(repo: Path) -> None:
+    """Install exactly the GPU lock of this Python (torch, the torchvision built for it, Unsloth, vLLM,
+    bitsandbytes and everything they need, each at its locked version), then the kit itself without
+    dependencies, then check in a fresh process that torch and torchvision import as a matching pair."""
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "-r", str(gpu_lock(repo))], check=True)
+    subprocess.run([*pip, "--no-deps", "-e", str(repo)], check=True)
     probe = (
         "import torch, torchvision; torchvision.ops.nms; "
         "print(torch.__version__, torchvision.__version__, torch.version.cuda)"

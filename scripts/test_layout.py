@@ -87,6 +87,7 @@ AREAS: dict[str, dict[str, str]] = {
                 "test_grading_public_suites",
                 "test_grading_regressions",
                 "test_grading_shortcut",
+                "test_grading_verdicts",
             )
         },
         "test_grading_issue24": "test_grading_error_classes",  # issue 24's error classes, one test each
@@ -140,6 +141,7 @@ AREAS: dict[str, dict[str, str]] = {
                 "test_config_args",
                 "test_config_schema",
                 "test_configs",
+                "test_editor_schema",
                 "test_hub_ids",
                 "test_input_errors",
                 "test_multi_gpu_configs",
@@ -153,6 +155,7 @@ AREAS: dict[str, dict[str, str]] = {
         for name in (
             "test_checkpoints",
             "test_compat",
+            "test_dependencies",
             "test_finite_steps",
             "test_gpu_acceptance",
             "test_gpu_lock",
@@ -162,6 +165,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_lifeline",
             "test_manifest",
             "test_models",
+            "test_optional_extras",
             "test_records",
             "test_training_faults",
             "test_training_log",

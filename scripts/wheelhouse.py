@@ -3,7 +3,7 @@
 every package the kit's training stages need besides torch and vLLM, at the versions of the GPU lock, as wheels for
 one Python and Linux x86-64, at most 60 MiB.
 
-    python scripts/wheelhouse.py [OUT] [--python 3.12] [--lock requirements/gpu-lock.txt] [--full]
+    python scripts/wheelhouse.py [OUT] [--python 3.12] [--lock requirements/gpu-py3.12-lock.txt] [--full]
 
 Which packages: the lock's dependency graph (its "# via" lines) walked from sage-unsloth's own requirements, without
 the groups of :data:`LEFT_OUT` and whatever only they need. ``--full`` adds the groups a machine's Python usually
@@ -160,12 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--python", default="3.12", help="the GPU machine's Python (major.minor; default 3.12)"
     )
-    parser.add_argument("--lock", type=Path, default=REPO / "requirements" / "gpu-lock.txt")
+    parser.add_argument(
+        "--lock", type=Path, help="the GPU lock to bundle from (default: requirements/gpu-py<PYTHON>-lock.txt)"
+    )
     parser.add_argument(
         "--full", action="store_true", help="also numpy, pandas, pyarrow, pillow, W&B, scipy, ..."
     )
     args = parser.parse_args(argv)
-    chosen, skipped = bundle(args.lock, args.full)
+    lock = args.lock or REPO / "requirements" / f"gpu-py{args.python}-lock.txt"
+    chosen, skipped = bundle(lock, args.full)
     if args.out.exists():
         shutil.rmtree(args.out)
     args.out.mkdir(parents=True)

@@ -132,20 +132,30 @@ def declared_requirements() -> list[str]:
 
 
 def kit_pins(requirements: list[str] | None = None) -> list[Pin]:
-    """The ``==`` pins of sage-unsloth's pyproject.toml (:func:`declared_requirements`), core and per extra."""
+    """The ``==`` pins of sage-unsloth's pyproject.toml (:func:`declared_requirements`), core and per extra; an
+    extra that names others (``gpu = ["sage-unsloth[unsloth,wandb]", ...]``) holds their pins too."""
     from packaging.requirements import Requirement
 
     requirements = declared_requirements() if requirements is None else requirements
     pins: dict[str, Pin] = {}
+    includes: dict[str, set[str]] = {}  # extra -> the extras it names
     for text in requirements or []:
         req = Requirement(text)
+        extra = re.findall(r'extra\s*==\s*"([^"]+)"', str(req.marker or ""))
+        name = req.name.lower().replace("_", "-")
+        if name == DIST:
+            for outer in extra:
+                includes.setdefault(outer, set()).update(req.extras)
+            continue
         exact = [s.version for s in req.specifier if s.operator == "=="]
         if not exact:
             continue
-        extra = re.findall(r'extra\s*==\s*"([^"]+)"', str(req.marker or ""))
-        name = req.name.lower().replace("_", "-")
         old = pins.get(name)
         pins[name] = Pin(name, exact[0], tuple(sorted(set((old.extras if old else ()) + tuple(extra)))))
+    for outer, inner in includes.items():
+        for name, pin in pins.items():
+            if inner & set(pin.extras) and outer not in pin.extras:
+                pins[name] = Pin(name, pin.version, tuple(sorted({*pin.extras, outer})))
     return list(pins.values())
 
 

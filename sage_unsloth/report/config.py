@@ -90,6 +90,10 @@ class ReportArguments(DryRunArgs):
         check_field_rules(self)  # resamples, level, plot size, pattern samples: the pre-import check's words
         if self.wandb_entity and not self.wandb_project:
             raise ValueError("wandb_entity is set without wandb_project: add --wandb_project NAME or drop it")
+        if self.wandb_project:
+            from sage_unsloth.input_checks import check_wandb_installed
+
+            check_wandb_installed(f"wandb_project={self.wandb_project}")
         parse_pairs(self.pairs)  # "run_a:run_b,..." or a one-line error naming --pairs
 
 

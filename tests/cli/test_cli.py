@@ -120,7 +120,7 @@ def test_env_reports_this_machine_without_a_secret(monkeypatch, capsys):
     out = capsys.readouterr().out
     report = json.loads(out)
     names = {row["name"] for row in report["packages"]}
-    assert {name.replace("_", "-") for name in PINNED} <= names and {"torch", "peft"} <= names
+    assert {name.replace("_", "-") for name in PINNED} <= names and {"torch", "math-verify"} <= names
     assert report["python"].startswith("3.") and TOKEN not in out
 
 

@@ -145,8 +145,30 @@ def test_install_cell_checks_the_gpu_before_pip_and_installs_the_gpu_extra():
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     # Colab ships its own torchvision: the [gpu] extra installs the one built for the pinned torch.
-    assert "torch==2.13.0" in project["dependencies"]
+    assert "torch==2.13.0" in project["optional-dependencies"]["gpu"]
     assert "torchvision==0.28.0" in project["optional-dependencies"]["gpu"]
+
+
+def test_the_notebooks_install_the_gpu_lock_of_their_python(monkeypatch, tmp_path):
+    """Colab runs Python 3.12, Kaggle 3.11: each installs requirements/gpu-py3.X-lock.txt, then the kit alone."""
+    assert nb.gpu_lock(REPO, (3, 12)) == REPO / "requirements" / "gpu-py3.12-lock.txt"
+    assert nb.gpu_lock(REPO, (3, 11)).name == "gpu-py3.11-lock.txt"
+    with pytest.raises(
+        RuntimeError, match=r"no GPU lock for Python 3.10: the kit has locks for Python 3.11, 3.12"
+    ):
+        nb.gpu_lock(REPO, (3, 10))
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv[3:])
+        return __import__("subprocess").CompletedProcess(argv, 0, "2.13.0+cu130 0.28.0 13.0\n", "")
+
+    monkeypatch.setattr(nb.subprocess, "run", run)
+    nb.install(REPO)
+    lock = str(nb.gpu_lock(REPO))
+    assert calls[:2] == [["install", "-q", "-r", lock], ["install", "-q", "--no-deps", "-e", str(REPO)]]
+    cell = next(_source(c) for c in _cells(build.TARGETS["colab"]) if "## 2. Install" in _source(c))
+    assert "requirements/gpu-py3.X-lock.txt" in cell and "--no-deps" in cell
 
 
 def _first_code_cell(name: str) -> str:

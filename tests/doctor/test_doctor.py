@@ -97,10 +97,11 @@ def test_no_gpu_is_a_skip_unless_the_config_needs_one():
 # ----------------------------------------------------------------------------------------------- stack
 def test_kit_pins_come_from_the_package_metadata():
     pins = {p.name: p for p in env.kit_pins()}
-    assert pins["torch"].version == "2.13.0" and pins["torch"].extras == ()
+    assert pins["torch"].version == "2.13.0" and pins["torch"].extras == ("gpu",)  # the core takes a range
     assert pins["trl"].version == "1.15.0" and pins["vllm"].extras == ("gpu",)
     assert pins["bitsandbytes"].version == "0.50.2" and pins["torchvision"].version == "0.28.0"
-    assert set(pins["unsloth"].extras) == {"gpu", "unsloth"}
+    assert set(pins["unsloth"].extras) == {"gpu", "unsloth"}  # [gpu] names [unsloth]
+    assert pins["math-verify"].extras == () and "numpy" not in pins
 
 
 def test_stack_rules():

@@ -423,6 +423,12 @@ def test_the_redaction_reaches_flags_inside_one_argument():
         and "--max_steps 2" in redacted[1]
         and redacted[3:] == ["--seed", "1"]
     )
+    plain = [
+        "--output_dir=/tmp/a--b",
+        "main(['--results',",
+        "x--y",
+    ]  # "--" inside one word: kept, no recursion
+    assert redact_argv(plain) == plain
 
 
 def test_a_ray_task_carries_the_path_of_the_credentials_not_the_credentials(tmp_path, monkeypatch):
