@@ -119,6 +119,8 @@ def _redact_words(text: str) -> str:
         inner = shlex.split(text)
     except ValueError:
         return text
+    if inner == [text]:  # one word with "--" inside (a run named my--run, a python -c program): no flag in it
+        return text
     redacted = redact_argv(inner)
     return shlex.join(redacted) if redacted != inner else text
 
