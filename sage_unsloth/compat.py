@@ -96,6 +96,11 @@ flashinfer_sampler      vLLM refuses its FlashInfer sampler below compute       
 vllm_bnb_plugin         vLLM >= 0.28 loads bitsandbytes (4-bit with Unsloth's     vllm 0.31.0,         test_vllm_bnb_plugin_contact;
                         vLLM) from the ``vllm-bnb-plugin`` package                unsloth_zoo          test_gpu_lock.py
                         (:data:`VLLM_BNB_PLUGIN`)                                 2026.10.9
+wandb_offline_reader    an offline W&B run's records (``run-<id>.wandb``) are     wandb 0.31.0         test_wandb_offline_reader;
+                        read by the wandb package's own reader, ``wandb leet      (gpu-lock)           test_wandb_stages.py
+                        inspect --json`` (its wandb-core binary, found by
+                        ``wandb.util.get_core_path``): one JSON record per line
+                        (:func:`wandb_transaction_log`)
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
@@ -1144,3 +1149,36 @@ def vllm_sampler_env(capability: tuple[int, int] | None, environ: dict | None = 
 
 # unsloth_zoo imports vLLM's bitsandbytes layer from here on vLLM >= 0.28 (load_in_4bit with fast_inference).
 VLLM_BNB_PLUGIN = ("vllm-bnb-plugin", "vllm_bnb_plugin")  # (distribution, module)
+
+
+# --------------------------------------------------------------------------- wandb_offline_reader
+
+# `wandb leet inspect --json --run-file F`: the records of a run's transaction log, one JSON object per line
+# ({"num", "type": "run" | "config" | "history" | "summary" | ..., "<type>": {...}}), printed by the wandb-core
+# binary the wandb package ships. --no-observability: no telemetry leaves the machine.
+WANDB_INSPECT = ("leet", "inspect", "--no-observability", "--json")
+WANDB_READER_TESTED = "0.31.0"
+
+
+def wandb_transaction_log(path: str | os.PathLike, timeout_s: float = 300) -> list[dict]:
+    """The records of the W&B transaction log ``path`` (``<wandb>/offline-run-*/run-<id>.wandb``), read by the wandb
+    package's own reader; a log cut short (a killed run) gives the records before the cut. A file the reader
+    refuses is a ValueError naming it and the reader's words, in one line."""
+    import json
+    import subprocess
+
+    from wandb.util import get_core_path
+
+    done = subprocess.run(
+        [get_core_path(), *WANDB_INSPECT, "--run-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode != 0:
+        words = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise ValueError(
+            f"{path}: the wandb package's reader cannot read it ({words}); is it a W&B run file?"
+        )
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
