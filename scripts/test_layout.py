@@ -69,6 +69,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_eval_regrade",
             "test_eval_sampler",
             "test_eval_shard",
+            "test_eval_wandb",
             "test_lora_serving",
             "test_passk",
         )
@@ -100,6 +101,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_report_plots",
             "test_report_support",
             "test_report_wandb_log",
+            "test_report_wandb_read",
             "test_report_multi_seed",
             "test_patterns",
         )
@@ -155,6 +157,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_layout",
             "test_lifeline",
             "test_manifest",
+            "test_wandb_stages",
             "test_models",
             "test_records",
             "test_training_faults",
@@ -188,6 +191,7 @@ SUPPORT = (
     "subprocess_run",
     "unsloth_cpu",
     "unsloth_path_scenario",
+    "wandb_api_standin",
 )
 
 
