@@ -13,6 +13,7 @@ equal zeros would prove little): counts that differ per problem and per checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -214,6 +215,20 @@ def local_report(walkthrough):
     return _report(walkthrough, "local")
 
 
+@contextlib.contextmanager
+def _training_folders_moved(walkthrough):
+    """The stage 1-2 folders out of reach while a report reads W&B: its training curves and KL placements must come
+    from the W&B runs (the eval manifests still name those folders; the completions stay, for the patterns)."""
+    folders = [walkthrough["out"] / walkthrough["model"] / v for v in ("sft", "grpo", "grpo_branch")]
+    for folder in folders:
+        folder.rename(folder.with_name(f"{folder.name}.away"))
+    try:
+        yield
+    finally:
+        for folder in folders:
+            folder.with_name(f"{folder.name}.away").rename(folder)
+
+
 def _same_report(mine, local) -> None:
     assert _tables(mine.markdown) == _tables(local.markdown) and len(_tables(local.markdown)) > 20
     for name in REPORT_CSVS:
@@ -223,7 +238,8 @@ def _same_report(mine, local) -> None:
 
 
 def test_report_from_the_offline_runs_equals_the_local_report(walkthrough, local_report):
-    mine = _report(walkthrough, "from-wandb", **{"--from_wandb": str(walkthrough["wandb"])})
+    with _training_folders_moved(walkthrough):
+        mine = _report(walkthrough, "from-wandb", **{"--from_wandb": str(walkthrough["wandb"])})
     _same_report(mine, local_report)
     into = walkthrough["results"] / "wandb"
     assert sorted(json.loads((into / ".from_wandb.json").read_text())["runs"]) == sorted(
@@ -262,7 +278,8 @@ def test_report_through_the_wandb_api_standin_equals_the_local_report(walkthroug
         "--from_wandb",
         "me/sage-unsloth",
     ]
-    mine = build_report(parse_args(argv), console=False, api=api)
+    with _training_folders_moved(walkthrough):
+        mine = build_report(parse_args(argv), console=False, api=api)
     assert api.calls == [("me/sage-unsloth", {})]
     _same_report(mine, local_report)
     downloaded = list((walkthrough["root"] / "online" / "wandb" / ".wandb-files").rglob("*.table.json"))
@@ -292,6 +309,45 @@ def test_the_paper_is_logged_beside_the_runs(walkthrough):
         ("ci_high", "ci_high"),
     ):
         assert runs[mine_column].astype(float).tolist() == curves[theirs].astype(float).tolist(), mine_column
+
+
+@pytest.mark.slow  # a wandb run offline
+def test_a_resumed_training_stage_continues_its_wandb_run(tmp_path, monkeypatch):
+    """``--resume true``: the stage's W&B run is the one its folder's wandb_run.json names (written when the run
+    started, so a killed run has it), with its project and group; a fresh start gets a new run."""
+    import wandb
+
+    from sage_unsloth.wandb_runs import finish_training_run, start_training_run
+
+    wandb.teardown()
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("WANDB_RUN_GROUP", "mine")
+    folder = tmp_path / "out"
+    first = start_training_run(
+        "wandb", job_type="rlvr", model_short="m", variant="v", output_dir=folder, resume=False
+    )
+    record = json.loads((folder / "wandb_run.json").read_text())
+    assert (record["id"], record["group"], record["name"]) == (first.id, "mine", "m/v")
+    first.finish()  # as a killed run leaves it: no manifest, its wandb_run.json written
+    monkeypatch.delenv("WANDB_RUN_GROUP")
+    again = start_training_run(
+        "wandb", job_type="rlvr", model_short="m", variant="v", output_dir=folder, resume=True
+    )
+    assert (again.id, again.group) == (record["id"], "mine")
+    assert finish_training_run(again)["id"] == record["id"]
+    fresh = start_training_run(
+        "wandb", job_type="rlvr", model_short="m", variant="v", output_dir=folder, resume=False
+    )
+    assert fresh.id != record["id"] and fresh.group == "m"
+    fresh.finish()
+    assert (
+        start_training_run(
+            "none", job_type="rlvr", model_short="m", variant="v", output_dir=folder, resume=False
+        )
+        is None
+    )
 
 
 def test_no_credential_in_any_wandb_file(walkthrough):

@@ -116,6 +116,19 @@ def test_pass_at_k_tables_become_passk_csv_rows_in_the_eval_stage_s_order():
     assert evaluation.per_problem["problem_id"].tolist() == ["007"]  # an id stays text
 
 
+def test_an_evaluation_logged_twice_is_read_from_the_later_row():
+    """A rerun of stage 3 logs the same results folder again (into the same training run, or a new eval run): the
+    later row wins, whichever run holds it."""
+    table = lambda value: {"columns": ["k", "pass@k", "n_problems", "n_samples"], "data": [[1, value, 2, 8]]}
+    manifest = {"model_short_name": "m", "run": "r"}
+    late = _logged_run(manifest, {"eval/math500/pass@k": table(0.75)})
+    early = _logged_run(manifest, {"eval/math500/pass@k": table(0.25)})
+    late.rows[0]["_timestamp"], early.rows[0]["_timestamp"] = 20.0, 10.0
+    for order in ([late, early], [early, late]):
+        ((_, evaluation),) = wandb_read.evaluations(order).items()
+        assert evaluation.passk["pass_at_k"].tolist() == [0.75]
+
+
 def test_the_reader_replaces_only_a_folder_it_wrote(tmp_path):
     into = tmp_path / "wandb"
     (into / "m" / "r").mkdir(parents=True)
@@ -161,7 +174,9 @@ def test_runs_vs_paper_holds_each_run_point_and_the_paper_rows_they_map_to():
     runs, paper = table[table["source"] == "run"], table[table["source"] == "paper"]
     assert runs["series"].tolist() == ["qwen2.5-math-7b/grpo_branch"] * 2 + ["tiny/grpo"]
     assert runs["method"].tolist() == ["GRPO + Branch", "GRPO + Branch", "GRPO"]  # by run name
-    assert runs["paper_model"].tolist()[:2] == ["Qwen2.5-Math-7B"] * 2 and pd.isna(runs["paper_model"].iloc[2])
+    assert runs["paper_model"].tolist()[:2] == ["Qwen2.5-Math-7B"] * 2 and pd.isna(
+        runs["paper_model"].iloc[2]
+    )
     assert runs["paper"].iloc[1] == 0.75 and runs["diff"].iloc[1] == pytest.approx(0.70 - 0.75)
     assert pd.isna(runs["paper"].iloc[0]) and runs["ci_low"].tolist()[:2] == [0.2, 0.6]
     assert (
