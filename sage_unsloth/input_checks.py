@@ -87,11 +87,6 @@ def check_output_folder(folder: str | os.PathLike, field_name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- W&B
-def reports_to_wandb(report_to) -> bool:
-    values = report_to if isinstance(report_to, (list, tuple)) else [report_to]
-    return any(str(v).strip().lower() in ("wandb", "all") for v in values if v is not None)
-
-
 def wandb_has_key() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
@@ -107,13 +102,13 @@ def wandb_has_key() -> bool:
 def check_wandb(report_to) -> None:
     """``report_to: wandb`` needs the wandb package and a key (``wandb login`` or WANDB_API_KEY) unless W&B runs
     offline."""
+    from sage_unsloth.wandb_runs import INSTALL_HINT, reports_to_wandb
+
     if not reports_to_wandb(report_to):
         return
     import importlib.util
 
     if importlib.util.find_spec("wandb") is None:
-        from sage_unsloth.wandb_runs import INSTALL_HINT
-
         raise ValueError(
             f"report_to=wandb: the wandb package is not installed in this environment: {INSTALL_HINT} (or pass "
             "--report_to none)"

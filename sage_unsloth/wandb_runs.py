@@ -78,6 +78,12 @@ def dataset_of_table_key(key: str) -> str | None:
     return dataset if dataset and "/" not in dataset else None
 
 
+def reports_to_wandb(report_to) -> bool:
+    """Whether a stage's ``report_to`` (TRL's: a name or a list; "all" includes W&B) asks for W&B."""
+    values = report_to if isinstance(report_to, (list, tuple)) else [report_to]
+    return any(str(v).strip().lower() in ("wandb", "all") for v in values if v is not None)
+
+
 def import_wandb(asked_by: str):
     """The wandb module, or a one-line ValueError naming what asked for W&B and how to install it."""
     try:
@@ -138,7 +144,6 @@ def start_training_run(
 ):
     """Start the W&B run of a training stage (the Trainer's W&B callback logs into the run it finds), or None when
     the stage does not report to W&B or is not rank 0. ``resume``: continue the run ``wandb_run.json`` names."""
-    from sage_unsloth.input_checks import reports_to_wandb
     from sage_unsloth.manifest import atomic_write_json
 
     if not reports_to_wandb(report_to) or not is_main_process():
