@@ -140,10 +140,18 @@ def read_run_record(folder: str | os.PathLike) -> dict | None:
 
 # ----------------------------------------------------------------------------------------- stages 1 and 2
 def start_training_run(
-    report_to, *, job_type: str, model_short: str, variant: str, output_dir: str | os.PathLike, resume: bool
+    report_to,
+    *,
+    job_type: str,
+    model_short: str,
+    variant: str,
+    output_dir: str | os.PathLike,
+    resume: bool,
+    name: str | None = None,
 ):
     """Start the W&B run of a training stage (the Trainer's W&B callback logs into the run it finds), or None when
-    the stage does not report to W&B or is not rank 0. ``resume``: continue the run ``wandb_run.json`` names."""
+    the stage does not report to W&B or is not rank 0. ``resume``: continue the run ``wandb_run.json`` names;
+    ``name``: the user's ``run_name`` (default ``<model>/<variant>``)."""
     from sage_unsloth.manifest import atomic_write_json
 
     if not reports_to_wandb(report_to) or not is_main_process():
@@ -156,7 +164,7 @@ def start_training_run(
         entity=(earlier or {}).get("entity") or os.environ.get("WANDB_ENTITY") or None,
         group=(earlier or {}).get("group") or os.environ.get("WANDB_RUN_GROUP") or model_short,
         job_type=job_type,
-        name=f"{model_short}/{variant}",
+        name=name if name and name != str(output_dir) else f"{model_short}/{variant}",
         id=(earlier or {}).get("id"),
         resume="allow" if earlier else None,
         config={

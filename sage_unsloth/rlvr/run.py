@@ -430,6 +430,7 @@ class RLVRStage:
             variant=self.plan.variant,
             output_dir=self.plan.output_dir,
             resume=bool(self.plan.resume_from),
+            name=grpo_args.run_name,
         )
         self.trainer.train(resume_from_checkpoint=self.plan.resume_from)
         out = self.plan.output_dir

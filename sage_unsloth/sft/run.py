@@ -132,6 +132,7 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
         variant="sft",
         output_dir=out,
         resume=bool(checkpoint),
+        name=sft_args.run_name,
     )
     started = time.time()
     result = trainer.train(resume_from_checkpoint=checkpoint)

@@ -314,7 +314,8 @@ def test_the_paper_is_logged_beside_the_runs(walkthrough):
 @pytest.mark.slow  # a wandb run offline
 def test_a_resumed_training_stage_continues_its_wandb_run(tmp_path, monkeypatch):
     """``--resume true``: the stage's W&B run is the one its folder's wandb_run.json names (written when the run
-    started, so a killed run has it), with its project and group; a fresh start gets a new run."""
+    started, so a killed run has it), with its project and group; a fresh start gets a new run, named by the user's
+    run_name when there is one."""
     import wandb
 
     from sage_unsloth.wandb_runs import finish_training_run, start_training_run
@@ -337,10 +338,10 @@ def test_a_resumed_training_stage_continues_its_wandb_run(tmp_path, monkeypatch)
     )
     assert (again.id, again.group) == (record["id"], "mine")
     assert finish_training_run(again)["id"] == record["id"]
-    fresh = start_training_run(
-        "wandb", job_type="rlvr", model_short="m", variant="v", output_dir=folder, resume=False
+    fresh = start_training_run(  # the user's run_name is the run's name
+        "wandb", job_type="rlvr", model_short="m", variant="v", output_dir=folder, resume=False, name="my run"
     )
-    assert fresh.id != record["id"] and fresh.group == "m"
+    assert fresh.id != record["id"] and fresh.group == "m" and fresh.name == "my run"
     fresh.finish()
     assert (
         start_training_run(
