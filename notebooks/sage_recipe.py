@@ -151,7 +151,11 @@ print("sage-unsloth from", REPO)
 # With `USE_WANDB = True` the key is looked up in the Colab / Kaggle secrets as `WANDB_API_KEY`, else asked for
 # with a hidden prompt. It is kept in this kernel's environment, which the stage processes inherit; nothing
 # prints it and `wandb login` (which would save it to `~/.netrc`) is not used. Runs go to project
-# `sage-unsloth` unless `WANDB_PROJECT` is set.
+# `sage-unsloth` unless `WANDB_PROJECT` is set, in one group per model (`WANDB_RUN_GROUP` to change it): one
+# run per training stage (its curves under `train/`), into which stage 3 logs that checkpoint's pass@k
+# (`eval/<benchmark>/pass@k`), and a `report` run with the paper's tables beside yours (`report/runs_vs_paper`).
+# If this runtime is recycled, the report can be rebuilt from W&B alone:
+# `sage-unsloth report --from_wandb ENTITY/sage-unsloth` (docs/stages.md, "W&B").
 
 # %%
 if USE_WANDB:
@@ -223,6 +227,7 @@ for run, _ in recipe.eval_runs():
 # %%
 recipe.run("report")
 nb.show_report(recipe)
+print(recipe.wandb_where())
 
 # %% [markdown]
 # ## Next

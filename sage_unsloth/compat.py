@@ -106,6 +106,11 @@ unsloth_gpu_rewrites    what Unsloth does to the trainers only on a GPU: the    
                         patch_gradient_accumulation_fix, the generated trainers                        rehearsal); test_seq_packing.py
                         (:func:`force_unsloth_gpu_rewrites`); GRPO sequence
                         packing's switch (:func:`set_unsloth_seq_packing`)
+wandb_offline_reader    an offline W&B run's records (``run-<id>.wandb``) are     wandb 0.31.0         test_wandb_offline_reader;
+                        read by the wandb package's own reader, ``wandb leet      (gpu-lock)           test_wandb_stages.py
+                        inspect --json`` (its wandb-core binary, found by
+                        ``wandb.util.get_core_path``): one JSON record per line
+                        (:func:`wandb_transaction_log`)
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
@@ -1337,3 +1342,36 @@ def as_unsloth_model(model) -> None:
     model.for_training = model.for_inference = lambda *args, **kwargs: None
     model._unsloth_user_float32 = True
     apply_accepts_loss_kwargs_fix(model)
+
+
+# --------------------------------------------------------------------------- wandb_offline_reader
+
+# `wandb leet inspect --json --run-file F`: the records of a run's transaction log, one JSON object per line
+# ({"num", "type": "run" | "config" | "history" | "summary" | ..., "<type>": {...}}), printed by the wandb-core
+# binary the wandb package ships. --no-observability: no telemetry leaves the machine.
+WANDB_INSPECT = ("leet", "inspect", "--no-observability", "--json")
+WANDB_READER_TESTED = "0.31.0"
+
+
+def wandb_transaction_log(path: str | os.PathLike, timeout_s: float = 300) -> list[dict]:
+    """The records of the W&B transaction log ``path`` (``<wandb>/offline-run-*/run-<id>.wandb``), read by the wandb
+    package's own reader; a log cut short (a killed run) gives the records before the cut. A file the reader
+    refuses is a ValueError naming it and the reader's words, in one line."""
+    import json
+    import subprocess
+
+    from wandb.util import get_core_path
+
+    done = subprocess.run(
+        [get_core_path(), *WANDB_INSPECT, "--run-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode != 0:
+        words = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise ValueError(
+            f"{path}: the wandb package's reader cannot read it ({words}); is it a W&B run file?"
+        )
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]

@@ -87,11 +87,6 @@ def check_output_folder(folder: str | os.PathLike, field_name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- W&B
-def _reports_to_wandb(report_to) -> bool:
-    values = report_to if isinstance(report_to, (list, tuple)) else [report_to]
-    return any(str(v).strip().lower() in ("wandb", "all") for v in values if v is not None)
-
-
 def wandb_has_key() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
@@ -104,26 +99,25 @@ def wandb_has_key() -> bool:
         return False
 
 
-WANDB_EXTRA_HINT = "pip install 'sage-unsloth[wandb]' (or pip install wandb)"
-
-
 def check_wandb_installed(field_name: str) -> None:
     """W&B is an extra of the kit: a field that asks for it without wandb installed is one line naming the
-    extra (``report_to: all`` means the installed integrations, so it asks for nothing)."""
+    extra."""
     import importlib.util
 
+    from sage_unsloth.wandb_runs import INSTALL_HINT
+
     if importlib.util.find_spec("wandb") is None:
-        raise ValueError(f"{field_name}: wandb is not installed: {WANDB_EXTRA_HINT}, or leave W&B off")
+        raise ValueError(f"{field_name}: wandb is not installed: {INSTALL_HINT}, or leave W&B off")
 
 
 def check_wandb(report_to) -> None:
     """``report_to: wandb`` needs wandb installed and a key (``wandb login`` or WANDB_API_KEY) unless W&B runs
-    offline."""
-    if not _reports_to_wandb(report_to):
+    offline; ``report_to: all`` (the installed integrations) asks for W&B only where wandb is installed."""
+    from sage_unsloth.wandb_runs import reports_to_wandb
+
+    if not reports_to_wandb(report_to):
         return
-    values = report_to if isinstance(report_to, (list, tuple)) else [report_to]
-    if any(str(v).strip().lower() == "wandb" for v in values if v is not None):
-        check_wandb_installed("report_to=wandb")
+    check_wandb_installed("report_to=wandb")
     if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or wandb_has_key():
         return
     raise ValueError(

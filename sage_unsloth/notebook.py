@@ -18,7 +18,7 @@ Public API::
     run_stage(argv, cwd=..., env=...)  (sage_unsloth/recipe.py) stream a child's output, raise StageFailed
     gpu_info() -> list[GPU];  platform_problems(gpus) -> [what to do];  preflight() (raises on a problem)
     install(repo)                      pip install -e repo[gpu], then torch / torchvision checked as a pair
-    wandb_api_key() -> str (never printed or written)
+    wandb_api_key() -> str (never printed or written);  Recipe.wandb_where() -> where the runs are in W&B
     show_report(recipe)                the comparison table and the pass@k plots
 """
 
@@ -303,10 +303,27 @@ class Recipe:
 
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.platform.env))
         if self.report_to == "wandb":
-            env.setdefault("WANDB_PROJECT", "sage-unsloth")
+            from sage_unsloth.wandb_runs import DEFAULT_PROJECT
+
+            env.setdefault("WANDB_PROJECT", DEFAULT_PROJECT)
         if on_drive(self.workdir):  # the stages run in WORKDIR: keep Unsloth's generated modules off Drive
             env.setdefault(UNSLOTH_COMPILE_LOCATION_ENV, LOCAL_COMPILE_CACHE)
         return env
+
+    def wandb_where(self) -> str:
+        """Where this run's numbers are in W&B (the project, the group, each run and what to look at), or that
+        W&B is off."""
+        if self.report_to != "wandb":
+            return "W&B is off (USE_WANDB = False, or no key): everything is in the work folder"
+        project = self.env()["WANDB_PROJECT"]
+        group = os.environ.get("WANDB_RUN_GROUP") or self.model_short
+        runs = ", ".join(f"{self.model_short}/{run}" for run, _ in self.eval_runs())
+        return (
+            f"W&B project {project}, group {group} (https://wandb.ai, Projects -> {project} -> group by Group): the "
+            f"runs {runs}, each with its training curves (train/*) and its pass@k (eval/<benchmark>/pass@k "
+            f"tables and curves, eval/<benchmark>/pass@1 in the summary); the run 'report' holds the report's "
+            "tables and report/runs_vs_paper, your runs beside the paper's rows (paper/passk)"
+        )
 
     def _config(self, relative: str) -> str:
         return str(self.repo / relative)
@@ -374,11 +391,16 @@ class Recipe:
                 str(self.results),
                 "--outputs_dir",
                 str(self.outputs),
+                "--report_to",
+                self.report_to,  # wandb: into the W&B run that trained the checkpoint
             ]
         else:
             pairs = ",".join(f"{v}:grpo" for v in self.variants if v != "grpo") + ",grpo:sft"
             config = self._config("configs/report/default.yaml")
             args = ["--results", str(self.results), "--pairs", pairs.lstrip(",")]
+            if self.report_to == "wandb":  # the report and the paper's tables beside the runs, in their group
+                group = os.environ.get("WANDB_RUN_GROUP") or self.model_short
+                args += ["--wandb_project", self.env()["WANDB_PROJECT"], "--wandb_group", group]
         return stage_command(stage, config, *args, *self.extra.get(stage, []))
 
     def output_of(self, stage: str, variant: str | None = None) -> Path | None:

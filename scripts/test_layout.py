@@ -70,6 +70,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_eval_regrade",
             "test_eval_sampler",
             "test_eval_shard",
+            "test_eval_wandb",
             "test_lora_serving",
             "test_passk",
         )
@@ -102,6 +103,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_report_plots",
             "test_report_support",
             "test_report_wandb_log",
+            "test_report_wandb_read",
             "test_report_multi_seed",
             "test_patterns",
         )
@@ -164,6 +166,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_layout",
             "test_lifeline",
             "test_manifest",
+            "test_wandb_stages",
             "test_models",
             "test_optional_extras",
             "test_records",
@@ -199,6 +202,7 @@ SUPPORT = (
     "unsloth_cpu",
     "unsloth_path_scenario",
     "seq_packing_scenario",
+    "wandb_api_standin",
 )
 
 

@@ -363,7 +363,27 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
         "regraded_chunks": chunks.regraded,
     }
     _write_eval_manifest(cfg, checkpoint, problem_sets, ks, chunks, grading_stats, backend_choice, timings)
+    if cfg.report_to == "wandb":
+        log_to_wandb(cfg, checkpoint, results)
     return results
+
+
+def log_to_wandb(cfg: EvalConfig, checkpoint, results: Path) -> None:
+    """Log the finished results to W&B (sage_unsloth/eval/wandb_log.py) and add the run's record to the manifest
+    (``wandb``); a failure is one line saying the results are kept and how to log them."""
+    from sage_unsloth.eval.wandb_log import log_checkpoint_results
+    from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_json, read_manifest
+
+    try:
+        record = log_checkpoint_results(cfg, checkpoint, results)
+    except Exception as exc:  # any W&B failure: the results on disk stay, one line says so
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(
+            f"W&B: logging {checkpoint.model}/{checkpoint.run} failed ({type(exc).__name__}: {first}); its results "
+            f"are written in {results}: run the same command again to log them (the chunks on disk are reused)"
+        ) from exc
+    manifest = read_manifest(results, expect_stage="eval")
+    atomic_write_json(results / MANIFEST_NAME, {**manifest, "wandb": record})
 
 
 def _prepare_folders(
@@ -519,6 +539,9 @@ def prepare(cfg: EvalConfig):
         problem_sets[dataset] = problems
     check_output_folder(cfg.results_dir, "results_dir")
     check_output_folder(cfg.outputs_dir, "outputs_dir")
+    from sage_unsloth.input_checks import check_wandb
+
+    check_wandb(cfg.report_to)  # the package and a key (or offline mode), before any model loads
     return ks, checkpoints, problem_sets
 
 

@@ -21,6 +21,7 @@ from sage_unsloth.results import (
     PER_PROBLEM_FILE,
     PER_PROBLEM_REQUIRED,
     POOLED_AIME,
+    TRAINING_RUN_DIR,
     pass_at_k_matrix,
     stored_parts,
 )
@@ -41,6 +42,17 @@ class RunResults:
     @property
     def name(self) -> str:
         return f"{self.model}/{self.run}"
+
+    @property
+    def stage_folder(self) -> Path | None:
+        """The folder of the evaluated checkpoint's training stage (its manifest, its training log): the copy the
+        W&B reader wrote beside the results (``training_run/``, sage_unsloth/report/wandb_read.py), else the eval
+        manifest's ``checkpoint`` when it is a folder on this machine; None otherwise."""
+        copy = self.path / TRAINING_RUN_DIR
+        if (copy / MANIFEST_NAME).is_file():
+            return copy
+        checkpoint = (self.manifest or {}).get("checkpoint")
+        return Path(checkpoint) if checkpoint and Path(str(checkpoint)).is_dir() else None
 
     def reported(self, dataset: str, k: int) -> float | None:
         """The eval stage's pass@k for (dataset, k), or None when it did not report it."""

@@ -428,6 +428,17 @@ class RLVRStage:
         if self.plan.resume_from and self.trainer.accelerator.is_main_process:
             # Exact: weights, optimizer, RNG, sampler position and TRL's generation buffer (rlvr/resume.py).
             print(f"resuming from {Path(self.plan.resume_from).name} in {self.plan.output_dir}", flush=True)
+        from sage_unsloth.wandb_runs import finish_training_run, start_training_run
+
+        wandb_run = start_training_run(  # before train(): the Trainer's W&B callback logs into it
+            grpo_args.report_to,
+            job_type="rlvr",
+            model_short=self.plan.model_short,
+            variant=self.plan.variant,
+            output_dir=self.plan.output_dir,
+            resume=bool(self.plan.resume_from),
+            name=grpo_args.run_name,
+        )
         self.trainer.train(resume_from_checkpoint=self.plan.resume_from)
         out = self.plan.output_dir
         accelerator = self.trainer.accelerator
@@ -441,6 +452,7 @@ class RLVRStage:
         from sage_unsloth.checkpoint_contents import weights_problem
         from sage_unsloth.checkpoints import UnsaneCheckpoint
 
+        wandb_record = finish_training_run(wandb_run)
         policy = get_peft_model_state_dict(self.model, adapter_name=POLICY_ADAPTER)
         if (problem := weights_problem(policy, "the policy adapter")) is not None:
             raise UnsaneCheckpoint(f"the final adapter was not written to {out}: {problem}")
@@ -472,6 +484,7 @@ class RLVRStage:
             train_prompts=len(self.dataset),
             num_processes=accelerator.num_processes,
             log_history=LOG_HISTORY_FILE,
+            wandb=wandb_record,  # the W&B run (id, project, entity, group) stage 3 logs this model's results into
         )
         logger.info("RLVR output written to %s", out)
         return out
@@ -491,7 +504,6 @@ def build_stage(
     grpo_args.output_dir = str(plan.output_dir)
     if not grpo_args.run_name:
         grpo_args.run_name = f"{plan.model_short}/{plan.variant}"
-    os.environ.setdefault("WANDB_PROJECT", "sage-unsloth")  # read by transformers' W&B callback
 
     # Data before the model: a bad dataset fails in seconds, not after loading 15 GB of weights.
     trust = bool(grpo_args.trust_remote_code)  # trl 1.15's ModelConfig has no such field

@@ -352,6 +352,31 @@ def test_make_recipe_checks_parameters_before_anything_runs(tmp_path):
             nb.make_recipe("colab", **common)
 
 
+def test_with_wandb_every_stage_logs_to_it_and_the_notebook_says_where(tmp_path, monkeypatch):
+    """USE_WANDB: training and evaluation report to W&B (stage 3 into the runs that trained each checkpoint), the
+    report logs itself and the paper's tables into the runs' group; the closing line names project, group, runs."""
+    from sage_unsloth.eval.run import parse_args as eval_parse
+    from sage_unsloth.report.stage import parse_args as report_parse
+
+    for key in ("WANDB_PROJECT", "WANDB_RUN_GROUP"):
+        monkeypatch.delenv(key, raising=False)
+    recipe = _recipe("colab", tmp_path, [T4])
+    assert eval_parse(recipe.command("eval", "grpo")[3:]).report_to == "none"
+    assert report_parse(recipe.command("report")[3:]).wandb_project is None
+    assert recipe.wandb_where().startswith("W&B is off")
+    recipe.report_to = "wandb"
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the stages' key check
+    command = recipe.command("rlvr", "grpo")
+    assert command[command.index("--report_to") + 1] == "wandb"
+    for run, _ in recipe.eval_runs():
+        assert eval_parse(recipe.command("eval", run)[3:]).report_to == "wandb"
+    report = report_parse(recipe.command("report")[3:])
+    assert (report.wandb_project, report.wandb_group) == ("sage-unsloth", recipe.model_short)
+    where = recipe.wandb_where()
+    assert "project sage-unsloth" in where and f"group {recipe.model_short}" in where
+    assert all(f"{recipe.model_short}/{run}" in where for run, _ in recipe.eval_runs())
+
+
 def test_wandb_key_comes_from_the_environment_and_is_not_printed(monkeypatch, capsys):
     monkeypatch.setenv("WANDB_API_KEY", "secret-123")
     assert nb.wandb_api_key() == "secret-123"

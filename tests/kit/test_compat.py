@@ -902,3 +902,47 @@ def test_unsloth_gpu_rewrites_source():
     assert f"unwrapped_model.{compat.UNSLOTH_SEQ_PACKING_VERIFIED} = True" in zoo
     rl = _package_source("unsloth", "unsloth/models/rl.py")
     assert "def _patch_trl_rl_trainers(trainer_file" in rl
+
+
+@pytest.mark.slow  # a wandb run offline: its wandb-core service process
+def test_wandb_offline_reader(tmp_path, monkeypatch):
+    """An offline run written by the installed wandb, read back with its own reader (wandb leet inspect --json):
+    the run record (id, project, entity, group, job type, config), the config updates and each history row with
+    its table's file, as the report's W&B reader uses them; a file that is not a W&B log is one line."""
+    import json
+
+    import wandb
+
+    wandb.teardown()  # an earlier in-process run leaves wandb's settings behind
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "data"))
+    run = wandb.init(project="p", entity="e", group="g", job_type="rlvr", name="m/v", config={"a": {"b": 1}})
+    run.config.update({"later": 0.25})
+    run.log({"train/loss": 0.5, "train/global_step": 1})
+    run.log(
+        {"eval/x/pass@k": wandb.Table(columns=["k", "pass@k"], data=[[1, 1 / 3]]), "train/global_step": 2}
+    )
+    run_id, folder = run.id, Path(run.dir).parent
+    run.finish()
+    (log_file,) = folder.glob("run-*.wandb")
+    records = compat.wandb_transaction_log(log_file)
+    (head,) = [r["run"] for r in records if r["type"] == "run"]
+    assert (head["run_id"], head["project"], head["entity"], head["run_group"], head["job_type"]) == (
+        run_id,
+        "p",
+        "e",
+        "g",
+        "rlvr",
+    )
+    assert head["display_name"] == "m/v" and head["config"]["update"]["a"] == {"b": 1}
+    assert any(r["type"] == "config" and r["config"]["update"].get("later") == 0.25 for r in records)
+    rows = [r["history"]["item"] for r in records if r["type"] == "history"]
+    assert rows[0]["train/loss"] == 0.5 and rows[0]["train/global_step"] == 1
+    assert rows[1]["eval/x/pass@k._type"] == "table-file"
+    table = json.loads((folder / "files" / rows[1]["eval/x/pass@k.path"]).read_text())
+    assert table["columns"] == ["k", "pass@k"] and table["data"] == [[1, 1 / 3]]  # floats exact
+    (tmp_path / "junk.wandb").write_bytes(b"not a log")
+    with pytest.raises(ValueError, match="the wandb package's reader cannot read it") as err:
+        compat.wandb_transaction_log(tmp_path / "junk.wandb")
+    assert "\n" not in str(err.value)

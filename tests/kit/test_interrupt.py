@@ -48,6 +48,15 @@ def test_a_value_equal_to_a_flag_name_is_not_redacted(capsys, monkeypatch):
     assert line.endswith("sage-unsloth eval x.yaml --hub_token --limit 2 --run_name token"), line
 
 
+def test_a_word_with_dashes_inside_is_kept_as_it_is():
+    """``my--run`` (or a ``python -c`` program whose text holds flags, as a lock records its command) is one word, no
+    flag: kept, while a credential flag inside an argument of flags is still redacted (it once recursed forever)."""
+    from sage_unsloth.credentials import redact_argv
+
+    given = ["--run_name", "my--run", "a--b--c", "--rlvr_args", f"--max_steps 2 --hub_token {SECRET}"]
+    assert redact_argv(given) == [*given[:4], f"--max_steps 2 --hub_token {shlex.quote(REDACTED)}"]
+
+
 def _stage_argv(stage: str, tmp_path: Path, tiny_model_dir: Path, sft_dir: Path) -> list[str]:
     if stage == "sft":
         data = tmp_path / "rows.jsonl"
