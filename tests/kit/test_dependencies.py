@@ -134,7 +134,7 @@ def test_the_scan_finds_the_kit_imports_and_their_extras():
     for lazy in ("wandb", "unsloth", "vllm", "submitit", "ray", "math_verify", "latex2sympy2_extended"):
         assert lazy in uses, lazy  # require("submitit", ...) and import_module("unsloth") are found too
     where = declared(REPO / "pyproject.toml")
-    assert where["wandb"] == {"wandb", "gpu", "dev"} and where["unsloth"] == {"unsloth", "gpu"}
+    assert where["wandb"] == {"wandb", "gpu", "dev", "cpu-vllm"} and where["unsloth"] == {"unsloth", "gpu"}
     assert where["ray"] == {"ray", "dev"} and where["submitit"] == {"slurm", "dev"}
     for dist in ("numpy", "sympy", "huggingface-hub", "psutil", "tqdm", "safetensors", "packaging"):
         assert "core" in where[dist], dist
