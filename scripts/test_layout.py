@@ -45,6 +45,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_plan",
             "test_plugin_args",
             "test_plugin_contract",
+            "test_plugin_misbehaviour",
             "test_q_clipping",
             "test_ref_branch",
             "test_registry",
