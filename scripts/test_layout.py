@@ -134,6 +134,7 @@ AREAS: dict[str, dict[str, str]] = {
             for name in (
                 "test_bad_input_before_loading",
                 "test_config_args",
+                "test_config_loading",
                 "test_config_schema",
                 "test_configs",
                 "test_hub_ids",
