@@ -364,10 +364,8 @@ def _check_rule(key: str, value, fields: dict, values: dict, report: _Report, pr
     for item in items:
         if item is not None and (problem := rule.problem(key, item, extra)):
             report.add(prefix + problem)
-        elif field.get("plugins") and isinstance(item, str) and ":" in item:
-            report.add(
-                plugin_location_problem(key, item)
-            )  # where the plug-in is: with the other problems, now
+        elif field.get("plugins") and isinstance(item, str) and ":" in item:  # with the other problems, now
+            report.add(plugin_location_problem(key, item))
 
 
 def plugin_location_problem(key: str, spec: str) -> str | None:

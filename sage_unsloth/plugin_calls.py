@@ -81,9 +81,8 @@ def copied(value):
     if isinstance(value, dict):
         if type(value) is dict:
             return {key: copied(item) for key, item in value.items()}
-        out = copy.copy(
-            value
-        )  # a mapping of the kit's own (the trial call's declared logit signals) keeps its class
+        # a mapping of the kit's own (the trial call's declared logit signals) keeps its class
+        out = copy.copy(value)
         for key, item in value.items():
             out[key] = copied(item)
         return out
@@ -122,18 +121,15 @@ def call(
         except PluginFault:  # a nested plug-in named itself already
             raise
         except KeyboardInterrupt as exc:
-            if (
-                guard.signalled
-            ):  # the user's Ctrl-C (or the stage's SIGTERM): the stage's own line and exit code
+            # the user's Ctrl-C (or the stage's SIGTERM): the stage's own line and exit code
+            if guard.signalled:
                 raise
             raise PluginFault(kind, name, _raised(exc, fn), step) from exc
-        except (
-            BaseException
-        ) as exc:  # SystemExit, os._exit and the budget too: a plug-in never ends the run in silence
+        # SystemExit, os._exit and the budget too: a plug-in never ends the run in silence
+        except BaseException as exc:
             raise PluginFault(kind, name, _ended(guard, exc, fn), step) from exc
-    if (
-        guard.exited or guard.over_budget()
-    ):  # it swallowed what stopped it, or ran past its budget off the main thread
+    # it swallowed what stopped it, or ran past its budget off the main thread
+    if guard.exited or guard.over_budget():
         raise PluginFault(kind, name, _ended(guard, None, fn), step)
     problem = placement_problem(kind, output, inputs)
     if problem is None:

@@ -576,9 +576,8 @@ def dry_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None
 
     resolved = dry.resolved_config("rlvr", (grpo_args, stage, model_args), argv)
     dry.show("rlvr", resolved)
-    elsewhere = dry.show_gpu_needs(
-        config_path, resolved
-    )  # what the config's GPU needs, on a machine without one
+    # what the config's GPU needs, on a machine without one (whose own checks are then that GPU's)
+    elsewhere = dry.show_gpu_needs(config_path, resolved)
     plan = plan_run(grpo_args, stage, model_args, config_path, for_another_machine=elsewhere)
     method = grpo_args.method_plan
     dry.show_plan(
