@@ -9,7 +9,7 @@ is its one ``error:`` line after the config, exit 2.
 On a machine without a GPU a dry run plans for the GPU the config asks for: the config is parsed as on that GPU
 (:func:`parse_anywhere`: transformers refuses ``bf16: true`` on a CPU while parsing), the GPU's own checks (vLLM
 needs a GPU) are left to it, and a ``gpu:`` line says what it would need, as ``sage-unsloth doctor`` does
-(:func:`gpu_needs`: bfloat16, Unsloth, vLLM, 4-bit, and the memory estimate).
+(:func:`gpu_needs`: bfloat16, Unsloth, vLLM, 4-bit; the doctor's ``--gpu NAME`` judges a card and its memory).
 """
 
 from __future__ import annotations
@@ -97,9 +97,10 @@ def parse_anywhere(parse, argv: list[str]):
 
 
 def gpu_needs(config_path: str | None, resolved: dict) -> str | None:
-    """On a machine without CUDA: what the config's GPU would need (bfloat16, Unsloth's kernels, vLLM, 4-bit
-    weights) and the doctor's memory estimate, in one line; None on a GPU, or for a config that needs none.
-    ``resolved``: the dry run's config (its values win over the YAML's)."""
+    """On a machine without CUDA: what the config's GPU would need (bfloat16 and its compute capability, Unsloth's
+    kernels, vLLM, 4-bit weights), in one line naming the doctor's command that judges a card and estimates its
+    memory; None on a GPU, or for a config that needs none. ``resolved``: the dry run's config (its values win over
+    the YAML's)."""
     from sage_unsloth.backend import cuda_available
 
     if cuda_available():
@@ -121,17 +122,10 @@ def gpu_needs(config_path: str | None, resolved: dict) -> str | None:
         wants.append("4-bit weights (bitsandbytes)")
     if not wants:
         return None
-    from sage_unsloth.doctor.memory import estimate
-
-    guess = estimate(config, config_path)
-    memory = f"; memory estimate {guess.describe()}" if guess is not None else ""
-    judge = (
-        f"sage-unsloth doctor {config_path} --gpu NAME"
-        if config_path
-        else "sage-unsloth doctor CONFIG --gpu NAME"
-    )
+    doctor = f"sage-unsloth doctor {config_path or 'CONFIG'} --gpu NAME"
     return (
-        f"this machine has no GPU; the run needs one for {', '.join(wants)}{memory} ({judge} judges a card)"
+        f"this machine has no GPU; the run needs one for {', '.join(wants)} ({doctor} judges a card and estimates "
+        "the memory)"
     )
 
 

@@ -21,12 +21,12 @@ import signal
 import sys
 import textwrap
 import time
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from subprocess_run import env_with_repo, run_python
+from test_plugin_contract import _config, _plugin  # the configs and plug-in files the contract tests build
 
 from sage_unsloth import plugin_calls
 from sage_unsloth.config_args import ConfigError
@@ -34,20 +34,6 @@ from sage_unsloth.config_args import ConfigError
 REPO = Path(__file__).resolve().parents[2]
 TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
 TRIAL = "its trial call on a synthetic batch before loading"
-
-
-def _config(**kw):
-    from sage_unsloth.rlvr.config import SageGRPOConfig
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return SageGRPOConfig(output_dir="/tmp/unused", report_to="none", **{"backend": "trl", **kw})
-
-
-def _plugin(folder: Path, source: str, name: str = "mine.py") -> Path:
-    path = folder / name
-    path.write_text(textwrap.dedent(source))
-    return path
 
 
 def _refused(field: str, spec: str, **kw) -> str:
