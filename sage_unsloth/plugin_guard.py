@@ -9,7 +9,7 @@ runs every trial and run-time call of every plug-in kind inside it) and says aft
   there), and again each second after, so a plug-in whose ``except BaseException`` swallows it is cut again; a
   call that swallowed it and returned still counts as over its budget. A call still running
   :data:`HANG_GRACE_S` after its budget (it swallows every stop, it waits in C code that released the
-  interpreter, or it runs off the main thread, where no signal reaches) is ended by a watchdog thread: its one
+  interpreter, or it runs off the main thread, where no signal reaches) is ended by the watchdog thread: its one
   ``error:`` line on stderr and the process exits (:data:`EXIT_TRIAL` for a trial call, :data:`EXIT_TRAINING` in
   training), skipping clean-up as ``os._exit`` does. Only C code that holds the interpreter and never returns is
   out of reach of both, as for the grader's deadline (sage_unsloth/grading/deadline.py).
@@ -19,8 +19,9 @@ runs every trial and run-time call of every plug-in kind inside it) and says aft
 - **Ctrl-C.** The call's SIGINT (and SIGTERM, where a handler is installed) handler is wrapped to note that a
   signal came before it runs, so a ``KeyboardInterrupt`` with no signal behind it is the plug-in's own.
 
-Each guard costs a few ``signal.signal`` and ``setitimer`` system calls per call (microseconds); everything is put
-back as it was when the call ends, an outer timer of someone else's included (approximately: its remaining time).
+Each guard costs a few ``signal.signal`` and ``setitimer`` system calls and a lock of the one watchdog thread per
+call (tens of microseconds); everything is put back as it was when the call ends, an outer timer of someone else's
+included (approximately: its remaining time).
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# The signal module's C functions without its wrappers, which convert each handler to an enum through an exception
+# when it is a function (~50 us a guard); the same calls.
+try:
+    import _signal as _handlers
+except ImportError:  # pragma: no cover (an interpreter without it: the wrappers)
+    _handlers = signal
 
 TIMEOUT_ENV = "SAGE_PLUGIN_TIMEOUT_S"  # a call in training
 TRIAL_TIMEOUT_ENV = "SAGE_PLUGIN_TRIAL_TIMEOUT_S"  # the trial call on the synthetic batch before loading
@@ -128,14 +136,59 @@ def guarded(*, trial: bool, hang_line: Callable[[Guard], str]):
     finally:
         guard.active = False
         if watchdog is not None:
-            watchdog.cancel()
+            _WATCHDOG.disarm(watchdog)
         if main:
             _depth -= 1
             _restore(saved)
 
 
-def _watchdog(guard: Guard, hang_line: Callable[[Guard], str], code: int) -> threading.Timer | None:
-    """A daemon timer that ends the process :data:`HANG_GRACE_S` after the budget if the call is still running."""
+class _Watchdog:
+    """One daemon thread for every guard (a thread per call would cost more than the call's other guards): it
+    sleeps until the earliest armed deadline and, if that guard is still armed then, prints its line and ends the
+    process."""
+
+    def __init__(self):
+        self._condition = threading.Condition()
+        self._armed: dict[int, tuple[float, Callable[[], None]]] = {}
+        self._thread: threading.Thread | None = None
+        self._wakes_at = float("inf")  # when the thread wakes next (inf: waiting for a guard)
+
+    def arm(self, key: int, deadline: float, fire: Callable[[], None]) -> None:
+        with self._condition:
+            self._armed[key] = (deadline, fire)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._watch, name="sage-plugin-watchdog", daemon=True)
+                self._thread.start()
+            if deadline < self._wakes_at:  # else it wakes before this deadline anyway, and looks again
+                self._condition.notify()
+
+    def disarm(self, key: int) -> None:
+        with self._condition:
+            self._armed.pop(key, None)
+
+    def _watch(self) -> None:
+        with self._condition:
+            while True:
+                if not self._armed:
+                    self._wakes_at = float("inf")
+                    self._condition.wait()
+                    continue
+                key, (deadline, fire) = min(self._armed.items(), key=lambda item: item[1][0])
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self._wakes_at = deadline
+                    self._condition.wait(left)
+                    continue
+                del self._armed[key]
+                fire()
+
+
+_WATCHDOG = _Watchdog()
+
+
+def _watchdog(guard: Guard, hang_line: Callable[[Guard], str], code: int) -> int | None:
+    """Arm the watchdog to end the process :data:`HANG_GRACE_S` after the budget if the call is still running;
+    returns the key that disarms it (None without a budget)."""
     if guard.budget_s <= 0:
         return None
 
@@ -145,20 +198,18 @@ def _watchdog(guard: Guard, hang_line: Callable[[Guard], str], code: int) -> thr
             os.write(2, f"error: {hang_line(guard)}\n".encode(errors="replace"))
             _REAL_EXIT(code)
 
-    timer = threading.Timer(guard.budget_s + HANG_GRACE_S, stop)
-    timer.daemon = True
-    timer.start()
-    return timer
+    _WATCHDOG.arm(id(guard), guard.started + guard.budget_s + HANG_GRACE_S, stop)
+    return id(guard)
 
 
 def _install(guard: Guard) -> dict:
     """The guard's SIGALRM timer and signal-noting handlers; returns what to put back."""
     saved: dict = {"handlers": {}, "timer": None}
     for signum in (signal.SIGINT, signal.SIGTERM):
-        previous = signal.getsignal(signum)
+        previous = _handlers.getsignal(signum)
         if callable(previous):  # SIG_DFL / SIG_IGN: no exception can come from it
             saved["handlers"][signum] = previous
-            signal.signal(signum, _noting(previous))
+            _handlers.signal(signum, _noting(previous))
     if guard.budget_s > 0 and hasattr(signal, "setitimer"):
 
         def expire(signum, frame):
@@ -166,7 +217,7 @@ def _install(guard: Guard) -> dict:
                 guard.overtime = True
                 raise Overtime()
 
-        saved["handlers"][signal.SIGALRM] = signal.signal(signal.SIGALRM, expire)
+        saved["handlers"][signal.SIGALRM] = _handlers.signal(signal.SIGALRM, expire)
         saved["timer"] = signal.setitimer(signal.ITIMER_REAL, guard.budget_s, REPEAT_S)
     return saved
 
@@ -184,7 +235,7 @@ def _restore(saved: dict) -> None:
     if saved["timer"] is not None:
         signal.setitimer(signal.ITIMER_REAL, 0)
     for signum, handler in saved["handlers"].items():
-        signal.signal(signum, handler)
+        _handlers.signal(signum, handler)
     if saved["timer"] is not None and saved["timer"][0] > 0:  # someone else's timer: give it back
         signal.setitimer(signal.ITIMER_REAL, *saved["timer"])
 
