@@ -207,7 +207,14 @@ def test_every_shipped_config_passes_the_check(stage, path, monkeypatch):
             "--advantage_estimator",
             "sage_unsloth.rlvr.advantages:passk_group_advantages",
         ],
-        ["--policy_term", "none", "--kl_term", f"{REPO}/examples/clipped_k3.py:clipped_k3", "--sage_seed", "none"],
+        [
+            "--policy_term",
+            "none",
+            "--kl_term",
+            f"{REPO}/examples/clipped_k3.py:clipped_k3",
+            "--sage_seed",
+            "none",
+        ],
         ["--max-steps", "3", "--report_to", "none", "--lora_target_modules", "q_proj", "v_proj"],
     ],
 )

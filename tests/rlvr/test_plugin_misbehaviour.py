@@ -504,3 +504,36 @@ def test_a_logit_signals_path_in_needs_is_found_beside_the_guides_own_file(tmp_p
     os.remove(tmp_path / "signals.py")  # and without the file beside it, the line names the need as written
     with pytest.raises(ConfigError, match=r"declares needs 'signals\.py:second_prob', which is no signal"):
         _config(sage_guide=f"{guide}:g")
+
+
+def test_a_credential_like_plugin_argument_reaches_no_file_of_a_trained_run(
+    sft_dir, dapo_sample, tmp_path, monkeypatch
+):
+    """One step of the tiny recipe with a keyed estimator, a checkpoint at the step: no file under the output root
+    (training_args.bin's pickle, trainer_state.json, the manifest, the log) holds the key; the plug-in had it."""
+    from conftest import files_holding
+    from rlvr_scenario import rlvr_argv
+
+    from sage_unsloth.rlvr.run import main
+
+    secret = "sk-live-9d8c7b6a5f"
+    log = tmp_path / "seen.jsonl"
+    monkeypatch.setenv("KEYED_LOG", str(log))
+    path = _plugin(tmp_path, KEYED)
+    root = tmp_path / "out"
+    args = json.dumps({"api_key": secret, "scale": 1.0})
+    argv = rlvr_argv("grpo", sft_dir, root, dapo_sample, "--max_steps", "1", "--save_steps", "1")
+    argv += [
+        "--max_train_rows",
+        "20",
+        "--advantage_estimator",
+        f"{path}:est",
+        "--advantage_estimator_args",
+        args,
+    ]
+    monkeypatch.setattr(sys, "argv", ["sage-unsloth-rlvr", *argv])
+    assert main(argv) == 0
+    written = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert any(name.endswith("training_args.bin") for name in written), written
+    assert files_holding(root, secret) == []
+    assert {json.loads(line)["api_key"] for line in log.read_text().splitlines()} == {secret}
