@@ -120,13 +120,15 @@ def call(
             output = fn(*copies)
         except PluginFault:  # a nested plug-in named itself already
             raise
-        except KeyboardInterrupt as exc:
-            # the user's Ctrl-C (or the stage's SIGTERM): the stage's own line and exit code
-            if guard.signalled:
-                raise
-            raise PluginFault(kind, name, _raised(exc, fn), step) from exc
-        # SystemExit, os._exit and the budget too: a plug-in never ends the run in silence
         except BaseException as exc:
+            # What a signal's handler raised during the call (the user's Ctrl-C, a SIGTERM the stage turns into
+            # one): the stage's own line and exit code. Anything else, SystemExit, os._exit, the budget and a
+            # KeyboardInterrupt with no signal behind it included, is the plug-in's: it never ends the run in silence.
+            is_signal = guard.signalled and not isinstance(
+                exc, (Exception, plugin_guard.Overtime, plugin_guard.ProcessExit)
+            )
+            if is_signal:
+                raise
             raise PluginFault(kind, name, _ended(guard, exc, fn), step) from exc
     # it swallowed what stopped it, or ran past its budget off the main thread
     if guard.exited or guard.over_budget():

@@ -208,6 +208,23 @@ def test_a_plugins_own_keyboard_interrupt_is_its_fault_a_real_ctrl_c_stays_the_u
     with pytest.raises(KeyboardInterrupt):
         plugin_calls.call("guide", "g", pressed_ctrl_c, 1, step=3, check=lambda out: None)
 
+    class Terminated(BaseException):
+        """What a stage's own SIGTERM handler might raise (it handles SIGTERM as Ctrl-C)."""
+
+    def terminated(signum, frame):
+        raise Terminated()
+
+    def sent_sigterm(signals):
+        os.kill(os.getpid(), signal.SIGTERM)  # what SLURM's pre-emption and `timeout` send
+        time.sleep(5)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with pytest.raises(Terminated):
+            plugin_calls.call("guide", "g", sent_sigterm, 1, step=3, check=lambda out: None)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
 
 def test_a_plugins_keyboard_interrupt_through_the_stage_is_exit_2_not_130(tmp_path, capsys, monkeypatch):
     from sage_unsloth import cli
