@@ -311,6 +311,11 @@ def _check_config(stage, path, config: dict, fields: dict, report: _Report) -> d
 def _yaml_value(path, key: str, value, field: dict, report: _Report):
     kind = field["type"]
     listed = field.get("list", False)
+    if kind == "str" and any(
+        isinstance(item, bool) for item in (value if isinstance(value, list) else [value])
+    ):
+        report.add(_boolean_text(path, key, value))
+        return _BAD
     if value is None or kind == "str":
         return value
     if listed and isinstance(value, str) and kind in ("int", "float"):  # ks: "1, 8"
@@ -327,6 +332,28 @@ def _yaml_value(path, key: str, value, field: dict, report: _Report):
             return _BAD
         converted.append(ok)
     return converted if listed and isinstance(value, list) else converted[0]
+
+
+def _boolean_text(path, key: str, value) -> str:
+    """A text field given an unquoted yes/no/on/off/true/false, which YAML 1.1 (PyYAML) reads as a boolean: the line
+    naming the file and line where it is written, its spelling and the quoted form."""
+    from sage_unsloth.config_args import config_files
+    from sage_unsloth.config_yaml import key_spelling
+
+    try:
+        found = key_spelling(config_files(path), key)
+    except (ValueError, OSError):
+        found = None
+    if found is None or isinstance(value, list):
+        return (
+            f"{path}: {key}: {value!r} is a YAML boolean, not text (an unquoted yes, no, on, off, true or false): "
+            f"quote the text, e.g. {key}: 'no'"
+        )
+    file, line, text = found
+    return (
+        f"{file}, line {line}: {key}: {text} is read by YAML as the boolean {value}, not as text: quote it, "
+        f"{key}: '{text}'"
+    )
 
 
 def _is_instance(value, kind: str) -> bool:
@@ -356,6 +383,77 @@ def _check_rule(key: str, value, fields: dict, values: dict, report: _Report, pr
     for item in items:
         if item is not None and (problem := rule.problem(key, item, extra)):
             report.add(prefix + problem)
+        elif field.get("plugins") and isinstance(item, str) and ":" in item:  # with the other problems, now
+            report.add(plugin_location_problem(key, item))
+
+
+def plugin_location_problem(key: str, spec: str) -> str | None:
+    """Why the plug-in ``spec`` (``path/to/file.py:function`` or ``package.module:function``) cannot be where it says,
+    found without importing it, in the words of the stage's own import (sage_unsloth/registry.py), or None: a file
+    that does not exist, does not parse (its line) or defines no such name at its top level; a module whose top-level
+    package is not on the path. What only importing it shows (a failing import, the signature, the arguments, the
+    trial call) is the stage's, after this check."""
+    import ast
+    import importlib.util
+
+    from sage_unsloth.config_args import suggestion
+
+    module, _, attr = spec.partition(":")
+    if not (module.endswith(".py") or "/" in module):
+        top = module.split(".")[0]
+        if importlib.util.find_spec(top) is None:
+            return (
+                f"{key}={spec!r}: cannot import module {module!r} (No module named {top!r}); put its folder on "
+                "PYTHONPATH or name the file ('path/to/file.py:function')"
+            )
+        return None
+    path = Path(module).expanduser()
+    if not path.is_file():
+        return f"{key}={spec!r}: no file {str(path)!r} (paths are relative to the working directory)"
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as err:
+        return f"{key}={spec!r}: {path.name} line {err.lineno}: {type(err).__name__}: {err.msg}"
+    except (OSError, ValueError):
+        return None  # unreadable, or null bytes: the import says what
+    names = _top_level_names(tree)
+    if names is None or attr in names:
+        return None
+    public = sorted(n for n in names if not n.startswith("_"))
+    return f"{key}={spec!r}: module {module!r} has no {attr!r}{suggestion(attr, public)}"
+
+
+def _top_level_names(tree) -> set[str] | None:
+    """The names a module's top level binds (definitions, assignments, imports, in its if / try / with blocks too);
+    None where it cannot be told without running it (a star import, a module __getattr__, globals())."""
+    import ast
+
+    names: set[str] = set()
+    blocks = [tree.body]
+    while blocks:
+        for node in blocks.pop():
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                if any(alias.name == "*" for alias in node.names):
+                    return None
+                names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                targets += [item.optional_vars for item in getattr(node, "items", ())]
+                names.update(
+                    n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)
+                )
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    blocks.extend(
+                        [getattr(node, field)] if isinstance(getattr(node, field, None), list) else []
+                    )
+    if "__getattr__" in names or any(
+        isinstance(n, ast.Name) and n.id in ("globals", "setattr", "exec") for n in ast.walk(tree)
+    ):
+        return None
+    return names
 
 
 def refuse_bad_input(stage: str, argv: list[str]) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import netrc
 import os
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -21,8 +22,14 @@ UNSLOTH_ON_CPU_FLAG = "--unsloth_without_gpu true"
 
 
 # ---------------------------------------------------------------------------------------------- data files
-def check_data_file(path: str | os.PathLike, field: str = "dataset_path") -> None:
-    """A local JSONL/JSON/parquet file must be readable, non-empty and whole; ValueError names the line."""
+def check_data_file(
+    path: str | os.PathLike,
+    field: str = "dataset_path",
+    row_problem: Callable[[dict], str | None] | None = None,
+) -> None:
+    """A local JSONL/JSON/parquet file must be readable, non-empty and whole; ValueError names the line. With
+    ``row_problem`` (row -> what is wrong with it, e.g. "has no 'expected_answer'", or None) each JSON row is read
+    by the stage's own rule too, naming its line (a parquet file's rows are the loader's to check)."""
     path = Path(path)
     try:
         with path.open("rb") as fh:
@@ -40,11 +47,16 @@ def check_data_file(path: str | os.PathLike, field: str = "dataset_path") -> Non
         return
     if suffix == ".json":
         try:
-            json.loads(data)
-            return  # one JSON document (datasets reads a list of rows or a dict of columns)
+            document = json.loads(data)
         except ValueError:
             pass  # else it must be JSON lines
-    _check_json_lines(data, path, field)
+        else:  # one JSON document (datasets reads a list of rows or a dict of columns)
+            rows = document if isinstance(document, list) else []
+            for number, row in enumerate(rows, 1):
+                if row_problem is not None and isinstance(row, dict) and (problem := row_problem(row)):
+                    raise ValueError(f"{field}={path} row {number} {problem}: fix or remove that row")
+            return
+    _check_json_lines(data, path, field, row_problem)
 
 
 def unreadable_line(what: str, exc: OSError) -> str:
@@ -52,7 +64,7 @@ def unreadable_line(what: str, exc: OSError) -> str:
     return f"{what} cannot be read ({exc.strerror or exc}): fix its permissions"
 
 
-def _check_json_lines(data: bytes, path: Path, field: str) -> None:
+def _check_json_lines(data: bytes, path: Path, field: str, row_problem=None) -> None:
     for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
@@ -69,6 +81,8 @@ def _check_json_lines(data: bytes, path: Path, field: str) -> None:
             raise ValueError(  # noqa: TRY004  (bad input: the stages report ValueError in one line)
                 f"{field}={path} line {number} is not a JSON object (one row per line): fix it"
             )
+        if row_problem is not None and (problem := row_problem(row)):
+            raise ValueError(f"{field}={path} line {number} {problem}: fix or remove that line")
 
 
 # ---------------------------------------------------------------------------------------------- output folders

@@ -396,8 +396,11 @@ class Registry:
                 )
 
     def bind(self, entry: Entry, args: dict | None) -> Callable:
-        """A function with ``args`` bound (functools.partial), or an instance of a class built with them."""
-        args = self.check_args(entry, args)
+        """A function with ``args`` bound (functools.partial), or an instance of a class built with them; a sealed
+        credential (sage_unsloth/credentials.py) is handed over as its value."""
+        from sage_unsloth.credentials import unsealed
+
+        args = unsealed(self.check_args(entry, args))
         if inspect.isclass(entry.obj):
             try:
                 return entry.obj(**args)

@@ -45,6 +45,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_plan",
             "test_plugin_args",
             "test_plugin_contract",
+            "test_plugin_misbehaviour",
             "test_q_clipping",
             "test_ref_branch",
             "test_registry",
@@ -141,6 +142,7 @@ AREAS: dict[str, dict[str, str]] = {
             for name in (
                 "test_bad_input_before_loading",
                 "test_config_args",
+                "test_config_loading",
                 "test_config_schema",
                 "test_configs",
                 "test_editor_schema",

@@ -206,20 +206,30 @@ def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any]
 
 
 def plan_run(
-    grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None, claim=None
+    grpo_args,
+    stage: RLVRStageArgs,
+    model_args,
+    config_path: str | None = None,
+    claim=None,
+    *,
+    for_another_machine: bool = False,
 ) -> RLVRPlan:
     """Resolve and check every input of the stage; one-line errors, nothing loads a model. ``claim(output_dir)``
-    (the stage's folder lock) is called before anything in the output folder is read or deleted."""
+    (the stage's folder lock) is called before anything in the output folder is read or deleted.
+    ``for_another_machine``: a dry run on a machine without the GPU the config asks for leaves that GPU's own
+    checks (vLLM needs one) to it."""
     from sage_unsloth.input_checks import check_adapter, check_data_file, check_wandb
     from sage_unsloth.models import check_gpu_setup
     from sage_unsloth.rlvr.resume import logging_alignment_warning
 
-    _check_vllm_mode(grpo_args)
+    _check_vllm_mode(grpo_args, on_this_machine=not for_another_machine)
     unsloth_vllm = grpo_args.use_vllm and grpo_args.backend == "unsloth"
     check_gpu_setup(model_args, grpo_args, backend=grpo_args.backend, fast_inference=unsloth_vllm)
     check_wandb(grpo_args.report_to)
-    if stage.dataset_path and Path(stage.dataset_path).is_file():
-        check_data_file(stage.dataset_path)  # unreadable, empty or truncated: one line naming the line
+    if stage.dataset_path:  # missing, unreadable, empty, truncated, or a row without its fields: one line
+        from sage_unsloth.rlvr.data import row_problem
+
+        check_data_file(stage.dataset_path, row_problem=row_problem)
     sft_dir, sft_manifest, base = _resolve_sft(stage, model_args)
     check_adapter(sft_dir, "sft_dir")
     context, max_prompt = _prompt_budget(grpo_args, stage, model_args, base)
@@ -255,8 +265,8 @@ def plan_run(
     )
 
 
-def _check_vllm_mode(grpo_args) -> None:
-    """vLLM's mode against the backend and the machine."""
+def _check_vllm_mode(grpo_args, *, on_this_machine: bool = True) -> None:
+    """vLLM's mode against the backend and (``on_this_machine``) the machine."""
     from sage_unsloth.backend import cuda_available
 
     if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
@@ -264,7 +274,7 @@ def _check_vllm_mode(grpo_args) -> None:
             "vllm_mode=server needs backend=trl: Unsloth runs its own engine in each process "
             "(it rewrites vllm_mode to colocate)"
         )
-    if grpo_args.use_vllm and not cuda_available():
+    if grpo_args.use_vllm and on_this_machine and not cuda_available():
         raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
     if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
         logger.warning("vllm_mode=%s: a vLLM server must already be running", grpo_args.vllm_mode)
@@ -583,8 +593,11 @@ def dry_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None
     from sage_unsloth import dry_run as dry
     from sage_unsloth.backend import cuda_available
 
-    dry.show("rlvr", dry.resolved_config("rlvr", (grpo_args, stage, model_args), argv))
-    plan = plan_run(grpo_args, stage, model_args, config_path)
+    resolved = dry.resolved_config("rlvr", (grpo_args, stage, model_args), argv)
+    dry.show("rlvr", resolved)
+    # what the config's GPU needs, on a machine without one (whose own checks are then that GPU's)
+    elsewhere = dry.show_gpu_needs(config_path, resolved)
+    plan = plan_run(grpo_args, stage, model_args, config_path, for_another_machine=elsewhere)
     method = grpo_args.method_plan
     dry.show_plan(
         {
@@ -639,7 +652,12 @@ def main(argv: list[str] | None = None) -> int:
         # Everything here is input checking (config, folders, data, loader and trainer arguments): one line.
         if not dry_run_requested(argv):
             _import_unsloth_early(argv)
-        grpo_args, stage, model_args, config_path = parse_args(argv)
+        if dry_run_requested(argv):  # on any machine: parsed as on the config's GPU
+            from sage_unsloth.dry_run import parse_anywhere
+
+            grpo_args, stage, model_args, config_path = parse_anywhere(parse_args, argv)
+        else:
+            grpo_args, stage, model_args, config_path = parse_args(argv)
         if stage.dry_run:
             return dry_run(grpo_args, stage, model_args, config_path, argv)
         plan = plan_run(grpo_args, stage, model_args, config_path, claim=settle)  # fail fast, no model yet

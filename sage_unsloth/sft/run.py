@@ -264,7 +264,9 @@ def dry_run(sft_args, model_args, argv: list[str]):
     from .. import dry_run as dry
     from ..backend import cuda_available
 
-    dry.show("sft", dry.resolved_config("sft", (sft_args, model_args), argv))
+    resolved = dry.resolved_config("sft", (sft_args, model_args), argv)
+    dry.show("sft", resolved)
+    dry.show_gpu_needs(argv[0] if argv and not argv[0].startswith("-") else None, resolved)
     plan = settle_sft(sft_args, model_args)
     rows = sft_args.dataset_max_rows
     dry.show_plan(
