@@ -155,7 +155,7 @@ def describe(out: Path, skipped: dict[str, str], python: str) -> tuple[float, st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("out", nargs="?", type=Path, default=REPO / "wheelhouse")
     parser.add_argument(
         "--python", default="3.12", help="the GPU machine's Python (major.minor; default 3.12)"

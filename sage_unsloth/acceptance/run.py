@@ -349,7 +349,7 @@ def summary(verdict: dict, path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sage_unsloth.acceptance", description=__doc__.split("\n\n")[0]
+        prog="python -m sage_unsloth.acceptance", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
     parser.add_argument("workdir", type=Path, help="where the model, the stage folders and verdict.json go")
     parser.add_argument("--cpu-rehearsal", action="store_true", help="the same steps on this CPU, tiny model")

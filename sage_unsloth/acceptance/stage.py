@@ -81,7 +81,7 @@ def peak_memory() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.acceptance.stage")
+    parser = argparse.ArgumentParser(prog="python -m sage_unsloth.acceptance.stage", allow_abbrev=False)
     parser.add_argument("--forced-cpu", action="store_true")
     parser.add_argument("--kill-at-save", type=int)
     parser.add_argument("--poison-step", type=int)
