@@ -83,6 +83,7 @@ AREAS: dict[str, dict[str, str]] = {
                 "test_grading_determinism",
                 "test_grading_fuzz",
                 "test_grading_hidden",
+                "test_grading_hidden_content",
                 "test_grading_public_suites",
                 "test_grading_regressions",
                 "test_grading_shortcut",
