@@ -136,6 +136,7 @@ AREAS: dict[str, dict[str, str]] = {
                 "test_config_args",
                 "test_config_schema",
                 "test_configs",
+                "test_export_checks",
                 "test_hub_ids",
                 "test_input_errors",
                 "test_multi_gpu_configs",
