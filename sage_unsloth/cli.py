@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if stage in STAGE_TYPES and (code := refuse_bad_input(stage, rest)) is not None:
         return code  # every bad input, one line each, before torch/TRL are imported
+    from sage_unsloth.interrupt import handle_sigterm
+
+    handle_sigterm()  # SIGTERM (SLURM's pre-emption, `timeout`) takes a stage's Ctrl-C path: one line, exit 143
     module = importlib.import_module(STAGES[stage][0])
     try:
         return int(module.main(rest) or 0)

@@ -1081,9 +1081,11 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     except (RuntimeError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (sage_unsloth/interrupt.py): 130 or 143
+        from sage_unsloth.interrupt import exit_code_of
+
         print("[demo] interrupted; finished steps are kept (rerun to continue)", file=sys.stderr)
-        return 130
+        return exit_code_of(exc)
     finally:
         executor.close()
     total = write_timings(results, work, records, time.perf_counter() - started)

@@ -579,7 +579,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cfg.dry_run:
         return show_plan(cfg, ks, checkpoints, problem_sets, choices)
-    from sage_unsloth.interrupt import EXIT_INTERRUPTED, QUIET_ENV, interrupted_eval
+    from sage_unsloth.interrupt import QUIET_ENV, exit_code_stopped, handle_sigterm, interrupted_eval
+
+    handle_sigterm()
 
     try:
         if len(checkpoints) > 1:
@@ -594,15 +596,15 @@ def main(argv: list[str] | None = None) -> int:
             for spec in cfg.checkpoints:
                 command = [sys.executable, "-m", "sage_unsloth.eval", *argv, "--checkpoints", spec]
                 code = subprocess.call(command, env=env)
-                if code == EXIT_INTERRUPTED:
-                    raise KeyboardInterrupt
+                if (stopped := exit_code_stopped(code)) is not None:
+                    raise stopped
                 if code:
                     return code
             return 0
         resolved, choice = choices[0]
         out = evaluate_checkpoint(resolved, checkpoints[0], problem_sets, ks, backend_choice=choice)
-    except KeyboardInterrupt:
-        return interrupted_eval(argv)
+    except KeyboardInterrupt as exc:
+        return interrupted_eval(argv, exc)
     except ValueError as exc:  # a folder another writer took since the checks above; chunks of other settings
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
