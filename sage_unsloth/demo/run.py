@@ -134,9 +134,6 @@ def method_pairs(methods) -> list[tuple[str, str]]:
     return [(a, b) for *_, a, b in sorted(placed)]
 
 
-METHOD_NAME = layout.FOLDER_NAME  # a method names run folders (sage_unsloth/layout.py, check_name)
-
-
 def _is_config_path(item: str) -> bool:
     return item.endswith((".yaml", ".yml")) or "/" in item
 
@@ -194,7 +191,7 @@ def check_new_methods(methods, *, taken) -> None:
     seen = set(taken)
     for method in methods:
         where = method.source or method.base_method
-        if not METHOD_NAME.fullmatch(method.name) or method.name == SFT_RUN:
+        if not layout.is_folder_name(method.name) or method.name == SFT_RUN:
             raise ValueError(
                 f"--methods {where}: {method.name!r} cannot name a method (letters, digits and _ . + = -, "
                 "not 'sft'): rename the file"
