@@ -82,9 +82,16 @@ def test_version_and_the_stage_list(capsys):
 
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"sage-unsloth {__version__}"
-    assert cli.main([]) == 0
+    assert cli.main(["--help"]) == 0
     usage = capsys.readouterr().out
     assert all(f"  {name} " in usage for name in ("sample", "export", "env", "doctor"))
+    assert cli.main([]) == 2  # no stage is a usage error (main 0298207: exit 0), the help on stderr
+    missing = capsys.readouterr()
+    assert (
+        missing.out == ""
+        and missing.err.startswith("usage: sage-unsloth <stage>")
+        and "  sample " in missing.err
+    )
 
 
 def test_env_lists_each_pin_and_what_differs():
