@@ -76,7 +76,13 @@ def sample(args) -> list[dict]:
     from sage_unsloth.eval.gradepool import GradingPool
     from sage_unsloth.eval.records import build_records
     from sage_unsloth.eval.run import check_backend, grading_pairs, prepare
-    from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
+    from sage_unsloth.eval.sampling import (
+        load_tokenizer,
+        make_sampler,
+        problem_seed,
+        prompt_token_limit,
+        render_prompts,
+    )
 
     cfg = parse_eval_args(eval_argv(args))
     if args.prompts:
@@ -92,9 +98,10 @@ def sample(args) -> list[dict]:
     print(choice.line(), file=sys.stderr, flush=True)
     tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
     seeds = [problem_seed(cfg.seed, p.dataset, p.problem_id) for p in problems]
-    samples = make_sampler(checkpoint, cfg).generate(
-        render_prompts(tokenizer, problems, cfg.user_template), seeds
-    )
+    prompts = render_prompts(
+        tokenizer, problems, cfg.user_template, prompt_token_limit(cfg)
+    )  # before loading
+    samples = make_sampler(checkpoint, cfg).generate(prompts, seeds)
     graded = [i for i, p in enumerate(problems) if p.is_kk or p.gold]
     pool = GradingPool(cfg.grading_workers, timeout_s=cfg.grading_timeout_s)
     try:

@@ -410,9 +410,17 @@ def _reuse_kept_chunks(cfg: EvalConfig, problem_sets, chunks: _Chunks, pool):
 def _sample_chunks(cfg, checkpoint, problem_sets, pending, sampler, pool, chunks, timings, fail_after):
     """Sample and grade the ``pending`` chunks, each written as soon as it is graded; the grading of one chunk
     overlaps the next generate call."""
-    from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
+    from sage_unsloth.eval.sampling import (
+        load_tokenizer,
+        make_sampler,
+        problem_seed,
+        prompt_token_limit,
+        render_prompts,
+    )
 
     tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
+    limit = prompt_token_limit(cfg)  # every prompt is checked before the engine starts: one line, not an OOM
+    prompts_of = {(n, i): render_prompts(tokenizer, c, cfg.user_template, limit) for n, i, c in pending}
     sampler = sampler or make_sampler(checkpoint, cfg)
     bar = _progress(sum(len(p) for p in problem_sets.values()), f"{checkpoint.model}/{checkpoint.run}")
     bar.update(sum(len(v) for v in chunks.summaries.values()))
@@ -436,7 +444,7 @@ def _sample_chunks(cfg, checkpoint, problem_sets, pending, sampler, pool, chunks
 
     for name, index, chunk in pending:
         seeds = [problem_seed(cfg.seed, p.dataset, p.problem_id) for p in chunk]
-        prompts = render_prompts(tokenizer, chunk, cfg.user_template)
+        prompts = prompts_of.pop((name, index))
         t0 = time.perf_counter()
         samples = sampler.generate(prompts, seeds)
         timings["generate_s"] += time.perf_counter() - t0

@@ -236,7 +236,7 @@ def test_sample_grades_each_completion_as_stage_3_does(tmp_path, monkeypatch, ca
     (model / "config.json").write_text("{}")
     monkeypatch.setattr(sampling, "load_tokenizer", lambda *a: None)
     monkeypatch.setattr(
-        sampling, "render_prompts", lambda tokenizer, problems, template: [[1]] * len(problems)
+        sampling, "render_prompts", lambda tokenizer, problems, template, limit=None: [[1]] * len(problems)
     )
     monkeypatch.setattr(sampling, "make_sampler", FixedSampler)
     prompts = tmp_path / "p.jsonl"
