@@ -255,6 +255,38 @@ def test_sample_grades_each_completion_as_stage_3_does(tmp_path, monkeypatch, ca
     assert records[1]["completions"][1]["answer"] == "15"  # what the grader would read, shown
 
 
+@pytest.mark.parametrize("source", ["prompts", "local benchmark"])
+def test_sample_reads_a_demo_checkpoint_with_the_demos_config(source, tmp_path, monkeypatch, capsys):
+    """configs/demo/eval.yaml names the benchmark `demo`, which only the lab's runner registers: sample takes the
+    config's sampling settings (the bare problem as the user turn, which the demo model was trained on, and its
+    lengths) and samples --prompts, or --benchmark demo with --local_benchmarks (main 0298207: "benchmarks='demo'
+    is unknown", exit 2)."""
+    from sage_unsloth.eval import sampling
+
+    monkeypatch.chdir(REPO)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    seen = {}
+
+    def render(tokenizer, problems, template, limit=None):
+        seen.update(template=template, limit=limit, problems=[p.problem for p in problems])
+        return [[1]] * len(problems)
+
+    monkeypatch.setattr(sampling, "load_tokenizer", lambda *a: None)
+    monkeypatch.setattr(sampling, "render_prompts", render)
+    monkeypatch.setattr(sampling, "make_sampler", FixedSampler)
+    data = tmp_path / "demo.jsonl"
+    data.write_text(json.dumps({"problem": "What is 5+9?", "answer": "14", "unique_id": "demo/0000"}) + "\n")
+    given = ["--prompts", str(data)]
+    if source == "local benchmark":
+        given = ["--benchmark", "demo", "--local_benchmarks", f"demo={data}"]
+    argv = [str(model), "--config", "configs/demo/eval.yaml", *given, "-n", "2", "--backend", "hf"]
+    assert cli.main(["sample", *argv]) == 0, capsys.readouterr().err
+    assert seen == {"template": "{problem}", "limit": 256 - 56, "problems": ["What is 5+9?"]}
+    assert "gold: 14  correct: 1/2" in capsys.readouterr().out
+
+
 def test_sample_reads_prompt_files_and_refuses_bad_ones(tmp_path):
     text = tmp_path / "p.txt"
     text.write_text("first\n\nsecond\n")
