@@ -67,6 +67,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_eval_backends",
             "test_eval_gradepool_priority",
             "test_eval_prompt_length",
+            "test_eval_progress",
             "test_eval_regrade",
             "test_eval_sampler",
             "test_eval_shard",

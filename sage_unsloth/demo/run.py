@@ -1085,7 +1085,8 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
         return exit_code_of(exc)
     finally:
         executor.close()
-    total = write_timings(results, work, records, time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    total = write_timings(results, work, records, elapsed)
     for draw_budget, draw_work, draw_results in draws:
         prefix = f"draw{draw_budget.draw}." if len(draws) > 1 else ""
         own = {"cpu_s": round(sum(r.cpu_s for r in records if r.name.startswith(prefix)), 1)}
@@ -1097,11 +1098,24 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
         write_manifest(budget, work, results, finished=total, draws=[b.draw for b, _, _ in draws])
         print(f"[demo] ---- the frontier across draws ({_rel(results / FRONTIER_DIR)})")
         print((results / FRONTIER_DIR / "summary.txt").read_text().rstrip())
-    wall = f"{total['wall_s']:.0f} s wall, " if total.get("wall_s") else ""
-    print(
-        f"[demo] finished: {wall}{total['cpu_s']:.0f} s CPU over all steps; report {_rel(results / 'report.md')}"
-    )
+    done = finished_line(records, elapsed, total)
+    print(f"[demo] finished: {done}; report {_rel(results / 'report.md')}")
     return 0
+
+
+def finished_line(records: list[StepRecord], wall_now: float, total: dict) -> str:
+    """What this invocation cost, apart from the steps it reused: a rerun that reuses most steps says how long it
+    took itself, and what the reused steps had cost when they ran (``total``: :func:`write_timings`'s)."""
+    ran = [r for r in records if r.status == "ran"]
+    reused = [r for r in records if r.status == "reused"]
+    cpu_ran = sum(r.cpu_s for r in ran)
+    if not reused:
+        return f"{wall_now:.0f} s wall, {cpu_ran:.0f} s CPU over all {len(records)} steps"
+    before = f", the last complete run {total['wall_s']:.0f} s wall" if total.get("wall_s") else ""
+    return (
+        f"{wall_now:.0f} s wall and {cpu_ran:.0f} s CPU for the {len(ran)} steps that ran; {len(reused)} reused "
+        f"from earlier runs ({sum(r.cpu_s for r in reused):.0f} s CPU when they ran{before})"
+    )
 
 
 if __name__ == "__main__":

@@ -79,12 +79,6 @@ def read_kept_chunk(path: Path, expected_ids: list[str]) -> list[dict] | None:
         return None
 
 
-def _progress(total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="problem", dynamic_ncols=True, disable=None)
-
-
 def grading_pairs(problems: list[Problem], samples) -> list[tuple[str, object]]:
     items = []
     for problem, group in zip(problems, samples):
@@ -336,6 +330,9 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
                 chunks,
                 timings,
                 fail_after,
+                estimate_s=(backend_choice.estimate_s or {}).get(backend_choice.backend)
+                if backend_choice
+                else None,
             )
     finally:
         pool.close()
@@ -407,9 +404,13 @@ def _reuse_kept_chunks(cfg: EvalConfig, problem_sets, chunks: _Chunks, pool):
     return pending
 
 
-def _sample_chunks(cfg, checkpoint, problem_sets, pending, sampler, pool, chunks, timings, fail_after):
+def _sample_chunks(
+    cfg, checkpoint, problem_sets, pending, sampler, pool, chunks, timings, fail_after, estimate_s=None
+):
     """Sample and grade the ``pending`` chunks, each written as soon as it is graded; the grading of one chunk
-    overlaps the next generate call."""
+    overlaps the next generate call. Progress from measured rates (sage_unsloth/eval/progress.py; ``estimate_s``:
+    the backend rule's, said beside the measured time at the end)."""
+    from sage_unsloth.eval.progress import SamplingProgress
     from sage_unsloth.eval.sampling import (
         load_tokenizer,
         make_sampler,
@@ -421,9 +422,14 @@ def _sample_chunks(cfg, checkpoint, problem_sets, pending, sampler, pool, chunks
     tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
     limit = prompt_token_limit(cfg)  # every prompt is checked before the engine starts: one line, not an OOM
     prompts_of = {(n, i): render_prompts(tokenizer, c, cfg.user_template, limit) for n, i, c in pending}
+    bar = SamplingProgress(
+        sum(len(p) for p in problem_sets.values()),
+        sum(len(v) for v in chunks.summaries.values()),
+        f"{checkpoint.model}/{checkpoint.run}",
+        estimate_s=estimate_s,
+    )
     sampler = sampler or make_sampler(checkpoint, cfg)
-    bar = _progress(sum(len(p) for p in problem_sets.values()), f"{checkpoint.model}/{checkpoint.run}")
-    bar.update(sum(len(v) for v in chunks.summaries.values()))
+    bar.ready()
     in_flight = None  # grading of the previous chunk overlaps the next generate call
     written = 0
 
