@@ -178,6 +178,19 @@ def test_first_cell_checks_the_driver_before_anything_else(monkeypatch, capsys, 
     assert bool(nb.platform_problems(gpus)) is (wanted is not None)
 
 
+def test_a_local_run_writes_into_an_ignored_folder():
+    """A notebook run on CPU (no Drive, no Kaggle) writes its work folder beside the notebook: git ignores it, so
+    the clone stays clean (main 0298207 left an untracked notebooks/sage_run/)."""
+    import subprocess
+
+    repo = Path(build.__file__).resolve().parents[1]
+    local = nb.work_folder("local", "", tiny=True)
+    assert local == nb.DEFAULT_WORKDIR
+    for where in (repo / "notebooks" / local / "stages" / "sft.json", repo / local / "results" / "x.csv"):
+        done = subprocess.run(["git", "check-ignore", "-q", str(where)], cwd=repo, check=False)
+        assert done.returncode == 0, f"{where.relative_to(repo)} is not ignored"
+
+
 def test_work_folder_survives_a_disconnect(monkeypatch, tmp_path):
     import sys
     import types
