@@ -10,7 +10,6 @@ figures are a cost model's, measured on the tiny model on an idle machine: the r
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 
@@ -40,7 +39,9 @@ class SamplingProgress:
         )
         self.lines = self.bar.disable if lines is None else lines  # no bar to draw: lines instead
         self.estimate_s, self.every_s, self.clock = estimate_s, every_s, clock
-        self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.echo = echo or (
+            lambda line: print(line, flush=True)
+        )  # stdout, as the backend line: stderr is errors
         self.started = self.ready_at = clock()
         self.sampled = 0  # problems sampled by this run
         self.last_line = None

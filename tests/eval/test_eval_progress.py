@@ -56,6 +56,6 @@ def test_stage_3_in_a_log_prints_its_progress(sft_dir, tmp_path, capsys, monkeyp
     argv += ["--n", "2", "--max_tokens", "4", "--limit", "2", "--problems_per_batch", "1", "--backend", "hf"]
     argv += ["--results_dir", str(tmp_path / "r"), "--outputs_dir", str(tmp_path / "o")]
     assert cli.main(argv) == 0
-    err = capsys.readouterr().err  # captured: not a terminal, as a log is not
-    assert "problems, " in err and "s a problem: about " in err and "/2 problems" in err, err[-3000:]
-    assert "sampled 2 problems in " in err, err[-3000:]
+    out = capsys.readouterr().out  # captured: not a terminal, as a log is not
+    assert "problems, " in out and "s a problem: about " in out and "/2 problems" in out, out[-3000:]
+    assert "sampled 2 problems in " in out, out[-3000:]
