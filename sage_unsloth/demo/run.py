@@ -1110,7 +1110,7 @@ def finished_line(records: list[StepRecord], wall_now: float, total: dict) -> st
     reused = [r for r in records if r.status == "reused"]
     cpu_ran = sum(r.cpu_s for r in ran)
     if not reused:
-        return f"{wall_now:.0f} s wall, {cpu_ran:.0f} s CPU over all {len(records)} steps"
+        return f"{wall_now:.0f} s wall, {cpu_ran:.0f} s CPU over all steps"
     before = f", the last complete run {total['wall_s']:.0f} s wall" if total.get("wall_s") else ""
     return (
         f"{wall_now:.0f} s wall and {cpu_ran:.0f} s CPU for the {len(ran)} steps that ran; {len(reused)} reused "
