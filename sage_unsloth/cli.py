@@ -70,15 +70,23 @@ def main(argv: list[str] | None = None) -> int:
 
     if stage in STAGE_TYPES and (code := refuse_bad_input(stage, rest)) is not None:
         return code  # every bad input, one line each, before torch/TRL are imported
-    from sage_unsloth.interrupt import handle_sigterm
+    from sage_unsloth.interrupt import handle_sigterm, restore_sigterm
 
-    handle_sigterm()  # SIGTERM (SLURM's pre-emption, `timeout`) takes a stage's Ctrl-C path: one line, exit 143
+    previous = (
+        handle_sigterm()
+    )  # SIGTERM (SLURM's pre-emption, `timeout`) takes the Ctrl-C path: one line, 143
     module = importlib.import_module(STAGES[stage][0])
     try:
         return int(module.main(rest) or 0)
     except ConfigError as exc:  # bad input a stage did not report itself: one line, exit 2
         print(f"sage-unsloth {stage}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM in a stage without a line of its own: one line
+        from sage_unsloth.interrupt import interrupted_stage
+
+        return interrupted_stage(stage, rest, exc)
+    finally:
+        restore_sigterm(previous)
 
 
 if __name__ == "__main__":

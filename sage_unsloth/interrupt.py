@@ -29,16 +29,22 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread where Ctrl-C's KeyboardInterrupt would be."""
 
 
-def handle_sigterm() -> None:
-    """From now on SIGTERM raises :class:`Terminated` in this process's main thread (a no-op elsewhere: only the
-    main thread may set a handler)."""
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+def handle_sigterm():
+    """From now on SIGTERM raises :class:`Terminated` in this process's main thread; returns the handler it
+    replaced, for :func:`restore_sigterm` (a caller in-process, a test, gets its own back). None off the main
+    thread, where a handler cannot be set."""
     if threading.current_thread() is not threading.main_thread():
-        return
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
-    def raise_terminated(signum, frame):
-        raise Terminated
 
-    signal.signal(signal.SIGTERM, raise_terminated)
+def restore_sigterm(previous) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _how(exc: BaseException | None) -> tuple[str, int]:
@@ -106,6 +112,19 @@ def interrupted_training(
         what = f"{last} is kept: continue with {_command(stage, plain, resume_flag)}"
     close_progress_bars()
     print(f"sage-unsloth {stage}: interrupted ({how}); {what}", file=sys.stderr, flush=True)
+    return code
+
+
+def interrupted_stage(stage: str, argv: list[str], stopped_by: BaseException | None = None) -> int:
+    """The one line for a command without a line of its own (report, sample, export, ...) stopped by Ctrl-C or
+    SIGTERM; returns the exit code."""
+    how, code = _how(stopped_by)
+    close_progress_bars()
+    print(
+        f"sage-unsloth {stage}: interrupted ({how}); run the same command again: {_command(stage, argv)}",
+        file=sys.stderr,
+        flush=True,
+    )
     return code
 
 

@@ -132,9 +132,9 @@ def run_training_stage(
     point prints how to continue (``resume_flag`` is the stage's way of saying ``resume``), exit 130; SIGTERM
     the same, exit 143."""
     from sage_unsloth.folder_lock import FolderLock
-    from sage_unsloth.interrupt import handle_sigterm
+    from sage_unsloth.interrupt import handle_sigterm, restore_sigterm
 
-    handle_sigterm()
+    previous_sigterm = handle_sigterm()
     output_dir: Path | None = None
     lock: FolderLock | None = None
 
@@ -177,6 +177,7 @@ def run_training_stage(
     finally:
         if lock is not None:
             lock.release()
+        restore_sigterm(previous_sigterm)
     return 0
 
 

@@ -593,9 +593,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cfg.dry_run:
         return show_plan(cfg, ks, checkpoints, problem_sets, choices)
-    from sage_unsloth.interrupt import QUIET_ENV, exit_code_stopped, handle_sigterm, interrupted_eval
+    from sage_unsloth.interrupt import (
+        QUIET_ENV,
+        exit_code_stopped,
+        handle_sigterm,
+        interrupted_eval,
+        restore_sigterm,
+    )
 
-    handle_sigterm()
+    previous_sigterm = handle_sigterm()
 
     try:
         if len(checkpoints) > 1:
@@ -639,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    finally:
+        restore_sigterm(previous_sigterm)
     print(f"results written to {out}")
     return 0
 

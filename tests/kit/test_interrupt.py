@@ -158,3 +158,22 @@ def test_a_stage_sent_sigterm_says_so_in_one_line_and_exits_143(tmp_path, tiny_m
     assert line.startswith("sage-unsloth sft: interrupted (SIGTERM); no checkpoint yet in "), line
     assert line.endswith(shlex.join(["sage-unsloth", "sft", *argv])), line
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("stopped", [KeyboardInterrupt, interrupt.Terminated])
+def test_a_command_without_its_own_line_still_says_one(stopped, capsys, monkeypatch):
+    """report, sample, export, ...: Ctrl-C or SIGTERM is one line and 130 or 143, not a traceback."""
+    from sage_unsloth import cli
+    from sage_unsloth.report import run as report_run
+
+    def stop(argv):
+        raise stopped
+
+    monkeypatch.setattr(report_run, "main", stop)
+    code = cli.main(["report", "--results", "somewhere"])
+    assert code == (143 if stopped is interrupt.Terminated else 130)
+    line = capsys.readouterr().err.strip()
+    how = "SIGTERM" if stopped is interrupt.Terminated else "Ctrl-C"
+    assert line == f"sage-unsloth report: interrupted ({how}); run the same command again: " + (
+        "sage-unsloth report --results somewhere"
+    )
