@@ -86,18 +86,41 @@ def _check_json_lines(data: bytes, path: Path, field: str, row_problem=None) -> 
 
 
 # ---------------------------------------------------------------------------------------------- output folders
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long: not there (creating it says why)
+        return False
+
+
 def check_output_folder(folder: str | os.PathLike, field_name: str) -> None:
-    """An output folder must be a folder (or not exist yet, below one) that this process can write into."""
+    """An output folder must be a folder (or not exist yet, below one) that this process can write into: the
+    first folder to create is created and removed again, so a refusal that permissions do not show (a special or
+    read-only file system, a name too long, root on /sys) is this one line too."""
     path = Path(folder).expanduser().absolute()
-    probe = path
-    while not probe.exists():
+    probe, missing = path, None
+    while not _exists(probe):
         if probe.parent == probe:
             break
-        probe = probe.parent
+        probe, missing = probe.parent, probe
     if probe.exists() and not probe.is_dir():
         raise ValueError(f"{field_name}={folder}: {probe} is a file, not a folder; pick another {field_name}")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError(f"{field_name}={folder}: {probe} is not writable; pick another {field_name}")
+    if missing is not None:
+        try:
+            missing.mkdir()
+        except FileExistsError:  # another process made it meanwhile
+            return
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise ValueError(
+                f"{field_name}={folder}: cannot create {missing} ({reason}); pick another {field_name}"
+            )
+        try:
+            missing.rmdir()
+        except OSError:  # another process wrote into it meanwhile: it stays
+            pass
 
 
 # ---------------------------------------------------------------------------------------------- W&B

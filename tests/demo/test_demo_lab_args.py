@@ -215,3 +215,26 @@ def test_dose_response_rows_pair_net_support_with_sft_by_seed_and_read_knobs_not
     lines = D.write(tmp_path, runs, knobs, 2, {"x": "X"}, resamples=100, seed=0, level=0.95)
     assert (tmp_path / "dose_response.png").stat().st_size > 0 and any("| X | beta 0.5 |" in l for l in lines)
     assert list(pd.read_csv(tmp_path / "dose_response.csv").columns[:6]) == ["method", *D.KNOBS]
+
+
+@pytest.mark.parametrize(
+    "seeds, words",
+    [
+        ([1, 1], "problem bootstrap, one seed"),
+        ([3, 3], "t over 3 seeds"),
+        ([2, 5], "t over 2-5 seeds"),
+        ([1, 3], "t over seeds; a problem bootstrap for a method with one seed"),
+    ],
+)
+def test_the_dose_response_title_names_the_intervals_its_data_have(seeds, words, figures):
+    """A 1-seed lab's intervals are a problem bootstrap: its plot says so (main 0298207: "t over seeds")."""
+    rows = []
+    for method, n in zip(("sft", "grpo"), seeds):
+        row = {"method": method, "seeds": n, "beta": 0.05, "tau": np.nan, "gamma": np.nan, "q_max": np.nan}
+        row["guide"] = "none"
+        for name in ("pass_at_1", "net_support_at_8"):
+            row.update({name: 0.5, f"{name}_ci_low": 0.4, f"{name}_ci_high": 0.6})
+        rows.append(row)
+    D.plot(pd.DataFrame(rows), {}, 8, Path("unused.png"))
+    (fig,) = figures
+    assert fig.axes[0].get_title() == f"pass@1 against net support per method (bars: 95% CI, {words})"

@@ -245,6 +245,19 @@ def test_unsloths_compile_cache_stays_off_google_drive(monkeypatch, tmp_path):
     assert drive.env()["UNSLOTH_COMPILE_LOCATION"] == "/mine"  # the user's choice is kept
 
 
+def test_a_local_run_writes_into_an_ignored_folder():
+    """A notebook run on CPU (no Drive, no Kaggle) writes its work folder beside the notebook: git ignores it, so
+    the clone stays clean (main 0298207 left an untracked notebooks/sage_run/)."""
+    import subprocess
+
+    repo = Path(build.__file__).resolve().parents[1]
+    local = nb.work_folder("local", "", tiny=True)
+    assert local == nb.DEFAULT_WORKDIR
+    for where in (repo / "notebooks" / local / "stages" / "sft.json", repo / local / "results" / "x.csv"):
+        done = subprocess.run(["git", "check-ignore", "-q", str(where)], cwd=repo, check=False)
+        assert done.returncode == 0, f"{where.relative_to(repo)} is not ignored"
+
+
 def test_work_folder_survives_a_disconnect(monkeypatch, tmp_path):
     import sys
     import types
