@@ -105,7 +105,9 @@ unsloth_gpu_rewrites    what Unsloth does to the trainers only on a GPU: the    
                         inner-loop rewrite of FastLlamaModel.from_pretrained,     zoo 2026.10.9        test_gpu_acceptance.py (the CPU
                         patch_gradient_accumulation_fix, the generated trainers                        rehearsal); test_seq_packing.py
                         (:func:`force_unsloth_gpu_rewrites`); GRPO sequence
-                        packing's switch (:func:`set_unsloth_seq_packing`)
+                        packing's switch (:func:`set_unsloth_seq_packing`); the
+                        loader's pad-token repair on the CPU stand-in
+                        (:func:`as_unsloth_tokenizer`)
 wandb_offline_reader    an offline W&B run's records (``run-<id>.wandb``) are     wandb 0.31.0         test_wandb_offline_reader;
                         read by the wandb package's own reader, ``wandb leet      (gpu-lock)           test_wandb_stages.py
                         inspect --json`` (its wandb-core binary, found by
@@ -1342,6 +1344,18 @@ def as_unsloth_model(model) -> None:
     model.for_training = model.for_inference = lambda *args, **kwargs: None
     model._unsloth_user_float32 = True
     apply_accepts_loss_kwargs_fix(model)
+
+
+def as_unsloth_tokenizer(model, tokenizer) -> None:
+    """What FastLanguageModel.from_pretrained does to the tokenizer it returns (unsloth_zoo's patch_tokenizer calls
+    ``unsloth_zoo.pad_token.fix_pad_token``), for the stand-in on a CPU: a pad token equal to EOS (or none) is
+    replaced by a reserved pad-like token, or a new one on a free row of the embedding, and the model's config and
+    generation config get its id. Why it matters: Unsloth's GRPO loss and scorer drop every pad-valued token
+    (unsloth_zoo ``left_pack_padding`` / ``create_completion_attention_mask``), so with pad == EOS a finished
+    completion's EOS would leave the loss on the stand-in but not on a GPU."""
+    from unsloth_zoo.pad_token import fix_pad_token
+
+    fix_pad_token(tokenizer, model=model, model_config=getattr(model, "config", None))
 
 
 # --------------------------------------------------------------------------- wandb_offline_reader

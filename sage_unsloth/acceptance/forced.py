@@ -5,7 +5,8 @@ generated UnslothSFTTrainer / UnslothGRPOTrainer, as on a GPU (sage_unsloth/comp
 
 One part of the GPU path cannot run here: FastLanguageModel's model (its Triton kernels, fast LoRA forwards,
 offloaded gradient checkpointing, vLLM). The model is transformers + PEFT instead, given what Unsloth's loader sets on
-its model (:func:`sage_unsloth.compat.as_unsloth_model`); docs/verification.md lists what is run and what is read.
+its model and tokenizer (:func:`sage_unsloth.compat.as_unsloth_model`, :func:`sage_unsloth.compat.as_unsloth_tokenizer`:
+a pad token distinct from EOS); docs/verification.md lists what is run and what is read.
 
 :func:`force_on_cpu` must run before TRL, transformers or the stages are imported, once per process: the rewrites
 stay for the process (tests run it in a fresh interpreter).
@@ -37,4 +38,5 @@ def _load_stand_in(model_args, seed, adapter_path, use_4bit, trust_remote_code, 
 
     model, tokenizer = models._load_trl(model_args, seed, adapter_path, use_4bit, trust_remote_code)
     compat.as_unsloth_model(model)
+    compat.as_unsloth_tokenizer(model, tokenizer)
     return model, tokenizer

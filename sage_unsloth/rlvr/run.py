@@ -39,14 +39,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sage_unsloth import layout
-from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER, UNSLOTH_SEQ_PACKING_ENV
+from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER
 from sage_unsloth.field_rules import Limit, Names
 from sage_unsloth.training_cli import StageRunArgs
 
 logger = logging.getLogger(__name__)
 
 ANCHORS = ("sft", "base")
-_OFF = ("0", "false", "no", "off")  # how Unsloth reads its switches
 
 
 @dataclass
@@ -242,12 +241,6 @@ def plan_run(
             "backend=unsloth on %s processes: not tested by this kit; backend=trl is (docs/scaling.md, "
             "'Under Unsloth')",
             os.environ["WORLD_SIZE"],
-        )
-    if grpo_args.backend == "unsloth" and os.environ.get(UNSLOTH_SEQ_PACKING_ENV, "1").lower() in _OFF:
-        logger.warning(
-            "%s=0: Unsloth's padded reference scorer is not the one the kit verified (it disagrees with the packed "
-            "one when completions end at different lengths; docs/verification.md): unset it for SAGE runs",
-            UNSLOTH_SEQ_PACKING_ENV,
         )
     if (alignment := logging_alignment_warning(grpo_args)) is not None:
         logger.warning(alignment)
