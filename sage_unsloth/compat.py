@@ -315,18 +315,23 @@ def aggregate_like_trl(
     raise ValueError(f"loss-level KL terms support loss_type in {TOKEN_LEVEL_LOSS_TYPES}, got {loss_type!r}")
 
 
+def trl_aggregation(trainer) -> dict:
+    """:func:`aggregate_like_trl`'s settings (all but ``num_items_in_batch``) of ``trainer`` (a GRPOTrainer) at its
+    current loss call."""
+    return {
+        "loss_type": trainer.loss_type,
+        "max_completion_length": trainer.max_completion_length,
+        "num_processes": trainer.accelerator.num_processes,
+        "accumulation_steps": getattr(trainer, "current_gradient_accumulation_steps", None),
+        "steps_per_generation": trainer.args.steps_per_generation,
+        "training": trainer.model.training,
+    }
+
+
 def aggregate_like_trainer(trainer, per_token, mask, inputs: dict):
     """:func:`aggregate_like_trl` with the settings of ``trainer`` (a GRPOTrainer) and its current loss call."""
     return aggregate_like_trl(
-        per_token,
-        mask,
-        loss_type=trainer.loss_type,
-        max_completion_length=trainer.max_completion_length,
-        num_items_in_batch=inputs.get("num_items_in_batch"),
-        num_processes=trainer.accelerator.num_processes,
-        accumulation_steps=trainer.current_gradient_accumulation_steps,
-        steps_per_generation=trainer.args.steps_per_generation,
-        training=trainer.model.training,
+        per_token, mask, num_items_in_batch=inputs.get("num_items_in_batch"), **trl_aggregation(trainer)
     )
 
 

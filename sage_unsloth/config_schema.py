@@ -77,6 +77,9 @@ def live_schema() -> dict:
         if unknown_rules:
             raise ValueError(f"{stage}: FIELD_RULES name fields its parser lacks: {unknown_rules}")
         out[stage] = {"flags": dict(sorted(flags.items())), "switches": switches, "fields": fields}
+        retired = {old: hint for cls in types for old, hint in getattr(cls, "RETIRED_FIELDS", {}).items()}
+        if retired:
+            out[stage]["retired"] = dict(sorted(retired.items()))
     return out
 
 
@@ -132,7 +135,10 @@ def check_stage_input(stage: str, argv: list[str]) -> list[str]:
     if not entry:
         return report.lines + flag_report.lines
     fields = entry["fields"]
-    from_yaml = _check_config(stage, config_path, config, fields, report) if config is not None else {}
+    retired = entry.get("retired", {})
+    from_yaml = (
+        _check_config(stage, config_path, config, fields, report, retired) if config is not None else {}
+    )
     values = {**from_yaml, **given}  # the command line replaces the YAML's value
     for key, value in values.items():
         if key in given:
@@ -189,7 +195,10 @@ def _read_flags(stage: str, argv: list[str], entry: dict, report: _Report) -> tu
             continue
         dest = flags.get(name)
         if dest is None:
-            if name == "--output_dir" and stage in OUTPUT_FLAGS:
+            retired = entry.get("retired", {}).get(name[2:].replace("-", "_"))
+            if retired:
+                report.add(f"--{retired}")
+            elif name == "--output_dir" and stage in OUTPUT_FLAGS:
                 report.add(f"--output_dir is not a flag of sage-unsloth {stage}: {OUTPUT_FLAGS[stage]}")
             else:
                 hint = suggestion(name, flags) or f" (sage-unsloth {stage} --help lists the fields)"
@@ -270,7 +279,9 @@ def _example(field: dict, prefix: str) -> str:
     return f"; e.g. {prefix}{field['example']}" if "example" in field else ""
 
 
-def _check_config(stage, path, config: dict, fields: dict, report: _Report) -> dict:
+def _check_config(
+    stage, path, config: dict, fields: dict, report: _Report, retired: dict | None = None
+) -> dict:
     """The YAML's keys and value types, as config_args' parser checks them; returns field -> converted value."""
     from sage_unsloth.config_args import BASE_KEY, ENV_KEY, suggestion
 
@@ -279,6 +290,9 @@ def _check_config(stage, path, config: dict, fields: dict, report: _Report) -> d
         if key in (ENV_KEY, BASE_KEY):
             continue
         field = fields.get(key)
+        if field is None and key in (retired or {}):
+            report.add(f"{path}: {retired[key]}")
+            continue
         if field is None:
             hint = suggestion(key, fields) or f": not a field of sage-unsloth {stage}; remove it"
             report.add(f"{path}: unknown key {key!r}{hint}")

@@ -54,6 +54,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_rlvr_pipeline",
             "test_rlvr_resume",
             "test_rlvr_trainer",
+            "test_taps",
             "test_unsloth_path",
             "test_examples",
         )
@@ -137,6 +138,7 @@ AREAS: dict[str, dict[str, str]] = {
                 "test_configs",
                 "test_hub_ids",
                 "test_input_errors",
+                "test_migrate_configs",
                 "test_multi_gpu_configs",
             )
         },

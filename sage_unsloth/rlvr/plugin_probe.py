@@ -85,7 +85,7 @@ def _probe_guide(cfg, plan, batch: dict, rows: int) -> None:
     log_probs = torch.log_softmax(batch["logits"], dim=-1) if signal_fns else None
     for name, fn in signal_fns.items():
         flat = _call(
-            "sage_guide's logit signal",
+            "guide's logit signal",
             rows,
             "logit signal",
             name,
@@ -109,10 +109,8 @@ def _probe_guide(cfg, plan, batch: dict, rows: int) -> None:
         completion_ids=batch["completion_ids"],
         logits=logits,
     )
-    with _trial("sage_guide", rows):
-        guides.run_guide(
-            plan.guide, plan.guide_fn, signals, step=None, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max
-        )
+    with _trial("guide", rows):
+        guides.run_guide(plan.guide, plan.guide_fn, signals, step=None, q_min=plan.q_min, q_max=plan.q_max)
 
 
 def _probe_estimator(cfg, plan, batch: dict, rows: int) -> None:
@@ -164,4 +162,4 @@ def _probe_kl_term(cfg, plan, batch: dict, rows: int) -> None:
     )
     shape, mask = tuple(logps.shape), batch["mask"]
     check = lambda out: plugin_calls.kl_output_problem(out, shape, mask)
-    _call("kl_estimator", rows, "KL term", plan.kl_term.name, plan.kl_term_fn, tokens, check=check)
+    _call("kl_term", rows, "KL term", plan.kl_term.name, plan.kl_term_fn, tokens, check=check)
