@@ -1022,15 +1022,11 @@ def default_dirs(*, quick: bool) -> tuple[Path, Path]:
 
 def _executor(args, work: Path):
     """``--executor NAME --executor-settings '{...}'`` (sage_unsloth/executors); bad ones are one line."""
-    import yaml
+    from ..executors import make_executor, settings_mapping
 
-    from ..executors import make_executor
-
-    settings = yaml.safe_load(args.executor_settings) if args.executor_settings else {}
-    if not isinstance(settings, dict):
-        raise ValueError(  # noqa: TRY004 - main's one-line error path catches ValueError
-            f"--executor-settings {args.executor_settings!r}: a YAML mapping, e.g. '{{key: value}}'"
-        )
+    settings = settings_mapping(
+        args.executor_settings, "executor-settings"
+    )  # as the sweep's executor_settings
     return make_executor(args.executor, settings, work / "executor" / args.executor)
 
 
