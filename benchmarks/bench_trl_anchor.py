@@ -156,18 +156,16 @@ def build(arm: str, model_dir: Path, config, prompts):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear")
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in prompts])
-    cls = SageGRPOTrainer if arm == "kit" else GRPOTrainer
+    rows = [{"prompt": [{"role": "user", "content": p}]} for p in prompts]
+    same = {
+        "reward_funcs": _reward,
+        "train_dataset": Dataset.from_list(rows),
+        "peft_config": lora,
+    }  # both arms'
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = cls(
-            model=model,
-            reward_funcs=_reward,
-            args=config,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            peft_config=lora,
-        )
+        make = SageGRPOTrainer if arm == "kit" else GRPOTrainer
+        trainer = make(model=model, args=config, processing_class=tokenizer, **same)
     for quiet in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(quiet)
     return trainer

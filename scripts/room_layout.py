@@ -26,7 +26,8 @@ becomes ``from sage_unsloth.plugins import anchor``; a module renamed in its roo
 sage_unsloth.plugins import calls as plugin_calls``; a relative import stays relative to the file's new place),
 dotted names anywhere (``"sage_unsloth.rlvr.kl_terms.KL_TERMS"`` in a monkeypatch target, ``python -m
 sage_unsloth.config_schema``), file paths (``sage_unsloth/config_args.py``, ``rlvr/kl_terms.py``, a bare
-``config_args.py`` in prose), and the package data of pyproject.toml; then ruff sorts and formats the Python files
+``config_args.py`` in prose), a moved file's ``Path(__file__).resolve().parents[k]`` (it sits deeper), and the
+package data of pyproject.toml; then ruff sorts and formats the Python files
 it changed (under sage_unsloth/, tests/, benchmarks/) and notebooks/build.py regenerates the notebooks. A branch
 that still has flat modules (or names them) is brought over by running this again.
 """
@@ -305,7 +306,8 @@ def rewrite_pyproject(text: str) -> str:
 
 
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".yaml", ".yml", ".txt", ".cfg", ".sh", ".in", ".ini"}
-SKIP = {"scripts/room_layout.py"}
+# this script, and the rooms' own docstrings it writes (they name their modules by their new, short names)
+SKIP = {"scripts/room_layout.py", *(f"{PKG}/{room}/__init__.py" for room in ROOMS)}
 
 
 def tracked_text_files() -> list[Path]:
@@ -320,9 +322,19 @@ def tracked_text_files() -> list[Path]:
     return out
 
 
+def rewrite_depth(path: Path, text: str) -> str:
+    """A file moving into a room sits deeper: its ``Path(__file__).resolve().parents[k]`` (a folder above its own)
+    gains the levels it went down."""
+    down = len(future_package(path)) - len(file_module(path))
+    if down <= 0:
+        return text
+    pattern = re.compile(r"(Path\(__file__\)(?:\.resolve\(\))?\.parents\[)(\d+)(\])")
+    return pattern.sub(lambda m: f"{m[1]}{int(m[2]) + down}{m[3]}", text)
+
+
 def rewrite_file(path: Path) -> bool:
     text = path.read_text(errors="strict")
-    new = rewrite_imports(path, text) if path.suffix == ".py" else text
+    new = rewrite_depth(path, rewrite_imports(path, text)) if path.suffix == ".py" else text
     new = rewrite_names(new)
     if path.name == "pyproject.toml":
         new = rewrite_pyproject(new)
@@ -351,8 +363,8 @@ def stale(paths: list[Path]) -> list[str]:
 def tidy(changed: list[Path]) -> None:
     """Sort the imports and format the Python files this run changed (the lint's folders only), rebuild the
     notebooks."""
-    ruff = REPO / ".venv" / "bin" / "ruff"
-    ruff = str(ruff) if ruff.exists() else "ruff"
+    found = [p for p in (Path(sys.executable).parent / "ruff", REPO / ".venv" / "bin" / "ruff") if p.exists()]
+    ruff = str(found[0]) if found else "ruff"
     linted = [
         str(p)
         for p in changed
