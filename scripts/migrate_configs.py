@@ -8,6 +8,8 @@
     advantage_estimator: passk              advantage_estimator: {name: passk, k: 4}
     passk_k: 4
 
+and a sweep config's executor section (``slurm: {...}`` under ``executor: slurm``) to ``executor_settings: {...}``.
+
     python scripts/migrate_configs.py                # every YAML under configs/, examples/, tests/ and notebooks/
     python scripts/migrate_configs.py FILE ...       # these files (a lab method file of your own, say)
     python scripts/migrate_configs.py --check        # exit 1 naming each file (YAML, or a YAML key in a .md/.py
@@ -194,14 +196,47 @@ def rewrite(text: str, nodes: dict[str, dict | str], retired: dict) -> str:
     return "".join(out)
 
 
+# A sweep config's executor sections of before (``slurm: {...}``, ``ray: {...}``): the chosen executor's becomes
+# executor_settings, the other is kept as a comment.
+EXECUTOR_SECTIONS = ("slurm", "ray")
+
+
 def old_keys(data: dict) -> list[str]:
     retired, _ = _kit()
-    return [key for key in data if key in retired]
+    sweep = [key for key in EXECUTOR_SECTIONS if key in data and "configs" in data]
+    return [key for key in data if key in retired] + sweep
+
+
+def migrate_sweep(path: Path, data: dict) -> str | None:
+    """A sweep config's executor section to executor_settings (line by line, comments kept)."""
+    present = [key for key in EXECUTOR_SECTIONS if key in data]
+    if not present or "executor_settings" in data:
+        return None
+    chosen = data.get("executor") if data.get("executor") in present else present[0]
+    lines, out, inside = path.read_text().splitlines(keepends=True), [], None
+    for line in lines:
+        match = TOP_KEY.match(line)
+        if match:
+            inside = match[1] if match[1] in present else None
+        if inside == chosen and match:
+            out.append("executor_settings" + line[len(chosen) :])
+        elif inside is not None and inside != chosen:
+            out.append(f"# (executor {inside}) {line}" if line.strip() else line)
+        else:
+            out.append(line)
+    new_text = "".join(out)
+    want = {k: v for k, v in data.items() if k not in present} | {"executor_settings": data[chosen]}
+    if (yaml.safe_load(new_text) or {}) != want:
+        return f"NOT rewritten (the line edit did not read back as {want}): edit it by hand"
+    path.write_text(new_text)
+    return f"rewritten: {chosen}: -> executor_settings:"
 
 
 def migrate(path: Path) -> str | None:
     """Rewrite ``path`` in place when it holds old keys; returns what happened, or None when nothing did."""
     data = _own(path)
+    if any(key in data for key in EXECUTOR_SECTIONS) and "configs" in data:  # a sweep config
+        return migrate_sweep(path, data)
     found = old_keys(data)
     if not found:
         return None

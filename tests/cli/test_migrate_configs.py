@@ -130,6 +130,20 @@ def test_the_migration_is_idempotent_and_check_names_what_is_flat(migrated, tmp_
     assert old.read_text() == OLD_BASE  # --check changes nothing
 
 
+def test_a_sweep_s_executor_section_becomes_executor_settings(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        "configs: [a.yaml]\nexecutor: slurm\nslurm:\n  partition: gpu  # ours\nray: {address: auto}\n"
+    )
+    assert _migrate(sweep, check=True).returncode == 1
+    assert _migrate(sweep).returncode == 0
+    assert sweep.read_text() == (
+        "configs: [a.yaml]\nexecutor: slurm\nexecutor_settings:\n  partition: gpu  # ours\n"
+        "# (executor ray) ray: {address: auto}\n"
+    )
+    assert _migrate(sweep, check=True).returncode == 0
+
+
 def test_every_shipped_config_is_in_the_node_spelling():
     """configs/, examples/, the tests' YAML and the docs' inline configs: nothing left for the lead to migrate."""
     result = _migrate(check=True)
