@@ -69,7 +69,8 @@ class ScoringForwards:
 def _trainer(tiny_model_dir, tmp_path, guide, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = _config(tmp_path / guide, guide={"name": guide, "gamma": GAMMA, "tau": TAU}, **kw)
+        node = "none" if guide == "none" else {"name": guide, "gamma": GAMMA, "tau": TAU}
+        args = _config(tmp_path / guide, guide=node, **kw)
     trainer = _build(tiny_model_dir, args)
     return trainer, ScoringForwards(trainer)
 

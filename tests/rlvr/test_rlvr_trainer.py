@@ -577,12 +577,12 @@ def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_sourc
         n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])
     ]
     assert len(changed) == len(before)
-    logged = [entry for entry in trainer.state.log_history if "sage/q_mean" in entry]
-    assert len(logged) == 2 and all(math.isfinite(e["loss"]) for e in logged)
-    if guide == "none":
-        assert all(e["sage/q_mean"] == 1.0 for e in logged)
+    steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(steps) == 2 and all(math.isfinite(e["loss"]) for e in steps)
+    if guide == "none":  # q = 1 by definition: nothing of q is computed or logged
+        assert not any(key.startswith("sage/") for e in steps for key in e)
     else:
-        assert any(e["sage/q_max"] > 1.0 for e in logged)
+        assert all("sage/q_mean" in e for e in steps) and any(e["sage/q_max"] > 1.0 for e in steps)
     # the extra no-grad policy pass runs only where no forward of TRL's provides the statistics
     assert trainer.sage_forward_passes == (2 if (guide, q_source) == ("branch", "rollout") else 0)
 
