@@ -26,6 +26,19 @@ PLATFORM_METADATA = {
                           "language": "python", "sourceType": "notebook"}},
 }
 ONLY_PREFIX = "only-"
+DRIVER_TAG = "driver-check"  # the first code cell: the kit's driver rules, copied (the kit is not installed yet)
+DRIVER_MODULE = HERE.parent / "sage_unsloth" / "doctor" / "driver.py"
+DRIVER_CALL = (
+    'if os.environ.get("SAGE_NOTEBOOK_TINY") != "1":  # CI runs the notebook on a CPU\n'
+    "    print(first_contact())\n"
+)
+
+
+def driver_cell_source() -> str:
+    """sage_unsloth/doctor/driver.py without its command-line entry, then the call the notebook makes."""
+    text = DRIVER_MODULE.read_text(encoding="utf-8")
+    module = text[: text.index('\n\nif __name__ == "__main__":')].rstrip()
+    return f"{module}\n\n\n{DRIVER_CALL}".rstrip()
 
 
 def set_parameter(source: str, name: str, value: str) -> str:
@@ -62,6 +75,8 @@ def build(platform: str) -> str:
             cell.metadata["tags"] = kept
         else:
             cell.metadata.pop("tags", None)
+        if DRIVER_TAG in kept:
+            cell.source = driver_cell_source()
         if "parameters" in kept:
             n_parameter_cells += 1
             cell.source = set_parameter(cell.source, "PLATFORM", platform)

@@ -50,29 +50,17 @@
 # A W&B key, if you use one, goes in *Add-ons → Secrets* as `WANDB_API_KEY`.
 
 # %% [markdown]
-# ## 0. Driver check
+# ## 0. The GPU and its driver
 #
 # Before anything else: the pinned torch 2.13 and vLLM 0.31 are CUDA 13 builds, which need an NVIDIA driver of at
-# least 580. An older driver (an older runtime image) would only show up later, as torch failing to find the GPU;
-# this cell says it now, with what to change.
+# least 580. On an older driver (Colab's T4 image has been reported on 550) this cell installs NVIDIA's CUDA
+# forward-compatibility package (`cuda-compat-13-0`, made for data-centre GPUs such as the T4), checks in a fresh
+# process that CUDA 13 starts through it, and points every stage of this notebook at it; where that cannot work it
+# stops with the one thing to do. The code is the kit's `sage_unsloth/doctor/driver.py`, copied here by
+# `notebooks/build.py` because the kit is not installed yet (docs/troubleshooting.md, "The NVIDIA driver").
 
-# %%
-import os
-import subprocess
-
-if os.environ.get("SAGE_NOTEBOOK_TINY") != "1":  # CI runs the notebook on a CPU
-    query = ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]
-    try:
-        rows = subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip().splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        rows = []
-    if not rows:
-        raise RuntimeError("no NVIDIA GPU visible: switch the notebook to a GPU runtime (a T4 or newer)")
-    name, driver = (part.strip() for part in rows[0].split(",")[:2])
-    if int(driver.split(".")[0]) < 580:
-        raise RuntimeError(f"{name}: NVIDIA driver {driver} is older than 580, which CUDA 13 (torch 2.13) needs: "
-                           "switch to the platform's latest runtime image (see the platform notes above)")
-    print(f"{name}, driver {driver}: OK")
+# %% tags=["driver-check"]
+# notebooks/build.py writes sage_unsloth/doctor/driver.py here, then runs first_contact()
 
 # %% [markdown]
 # ## 1. Parameters
@@ -107,7 +95,7 @@ WORKDIR = ""  # outputs/ and results/ go here; empty: Drive (Colab, USE_DRIVE), 
 USE_DRIVE = True  # Colab: keep WORKDIR on your Google Drive, so that a disconnect loses nothing
 REPO_URL = ""  # set it to the git URL of your copy of sage-unsloth (not on PyPI), unless a checkout is found
 REPO_DIR = ""  # a checkout; empty: the folder above this notebook, ./sage-unsloth, or a /kaggle/input dataset
-INSTALL = True  # pip install the kit with its GPU extra (pinned torch, Unsloth, vLLM, bitsandbytes)
+INSTALL = True  # pip install the GPU lock (torch, Unsloth, vLLM, bitsandbytes... at tested versions), then the kit
 USE_WANDB = False  # log training curves to Weights & Biases
 TINY = os.environ.get("SAGE_NOTEBOOK_TINY") == "1"  # CI only: the tiny offline model on CPU
 
@@ -123,9 +111,10 @@ if TINY:  # CI: the whole recipe on CPU in about a minute: tiny random model, 2 
 # `/kaggle/input`) or clones `REPO_URL`. Then, **before installing anything**, checks the GPU: compute capability
 # 7.5 or newer (T4, L4, A10, A100, H100...) and an NVIDIA driver of at least 580, which the CUDA 13 builds of the
 # pinned torch 2.13 and vLLM 0.31 need; a problem stops the cell with what to change. Then
-# `pip install -e "<repo>[gpu]"` installs the versions pinned in `pyproject.toml` (torch, the torchvision built for
-# it, transformers, TRL, Unsloth, vLLM, bitsandbytes), several GB, ~5-10 minutes, and checks that torch and
-# torchvision import as a pair (Colab's own torchvision would not). A read-only folder (a Kaggle dataset) is
+# `pip install -r requirements/gpu-py3.X-lock.txt` (X: this runtime's Python, 3.11 or 3.12) installs exactly the
+# tested set (torch, the torchvision built for it, transformers, TRL, Unsloth, vLLM, bitsandbytes and all they
+# need; 3.6 to 4.8 GiB of downloads, docs/install.md), then `pip install --no-deps -e <repo>` the kit, and checks that
+# torch and torchvision import as a pair (Colab's own torchvision would not). A read-only folder (a Kaggle dataset) is
 # copied to `./sage-unsloth` first. The stages run in fresh processes, so the new packages are used without a
 # restart; if the platform still asks for one, restart and run all cells again with `INSTALL = False`.
 
@@ -162,7 +151,11 @@ print("sage-unsloth from", REPO)
 # With `USE_WANDB = True` the key is looked up in the Colab / Kaggle secrets as `WANDB_API_KEY`, else asked for
 # with a hidden prompt. It is kept in this kernel's environment, which the stage processes inherit; nothing
 # prints it and `wandb login` (which would save it to `~/.netrc`) is not used. Runs go to project
-# `sage-unsloth` unless `WANDB_PROJECT` is set.
+# `sage-unsloth` unless `WANDB_PROJECT` is set, in one group per model (`WANDB_RUN_GROUP` to change it): one
+# run per training stage (its curves under `train/`), into which stage 3 logs that checkpoint's pass@k
+# (`eval/<benchmark>/pass@k`), and a `report` run with the paper's tables beside yours (`report/runs_vs_paper`).
+# If this runtime is recycled, the report can be rebuilt from W&B alone:
+# `sage-unsloth report --from_wandb ENTITY/sage-unsloth` (docs/stages.md, "W&B").
 
 # %%
 if USE_WANDB:
@@ -234,6 +227,7 @@ for run, _ in recipe.eval_runs():
 # %%
 recipe.run("report")
 nb.show_report(recipe)
+print(recipe.wandb_where())
 
 # %% [markdown]
 # ## Next

@@ -20,26 +20,43 @@ import pickle
 from collections import Counter
 from pathlib import Path
 
-__all__ = ["contents_problem", "weights_problem"]
+__all__ = ["contents_problem", "stored_weights_problem", "weights_problem"]
 
 ADAPTER_FILE = "adapter_model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 LORA_A, LORA_B = ".lora_A.", ".lora_B."
 
 
-def weights_problem(tensors: dict, what: str) -> str | None:
-    """Why the named tensors (name -> tensor) of ``what`` cannot be kept: a non-finite value, or a degenerate
-    LoRA factor A; None if they can."""
+def weights_problem(tensors, what: str) -> str | None:
+    """Why the named tensors of ``what`` (a mapping name -> tensor, or an iterable of (name, tensor) read one at
+    a time) cannot be kept: a non-finite value, or a degenerate LoRA factor A; None if they can."""
     import torch
 
-    floating = {name: t for name, t in tensors.items() if torch.is_tensor(t) and t.is_floating_point()}
-    bad = [name for name, t in floating.items() if not torch.isfinite(t).all()]
+    pairs = tensors.items() if hasattr(tensors, "items") else tensors
+    floating, bad, zero_a = 0, [], []
+    for name, tensor in pairs:
+        if not (torch.is_tensor(tensor) and tensor.is_floating_point()):
+            continue
+        floating += 1
+        if not torch.isfinite(tensor).all():
+            bad.append(name)
+        elif LORA_A in name and not tensor.any():
+            zero_a.append(name)
     if bad:
-        return f"{what} holds {len(bad)} non-finite tensors of {len(floating)} (first: {bad[0]})"
-    zero_a = [name for name, t in floating.items() if LORA_A in name and not t.any()]
+        return f"{what} holds {len(bad)} non-finite tensors of {floating} (first: {bad[0]})"
     if zero_a:
         return f"{what} has an all-zero lora_A tensor ({zero_a[0]}): the adapter is degenerate"
     return None
+
+
+def stored_weights_problem(path: str | Path, what: str | None = None) -> str | None:
+    """:func:`weights_problem` of a safetensors file, read one tensor at a time (a merged model's shard is never
+    held twice in memory)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as stored:
+        names = stored.keys()  # a safe_open is not iterable
+        return weights_problem(((name, stored.get_tensor(name)) for name in names), what or Path(path).name)
 
 
 def _safetensors(path: Path) -> dict:

@@ -48,7 +48,10 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:  # no stage: a usage error, as argparse's (exit 2), the help on stderr
+        print(_usage(), file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
     if argv[0] in VERSION_FLAGS:
@@ -67,12 +70,23 @@ def main(argv: list[str] | None = None) -> int:
 
     if stage in STAGE_TYPES and (code := refuse_bad_input(stage, rest)) is not None:
         return code  # every bad input, one line each, before torch/TRL are imported
+    from sage_unsloth.interrupt import handle_sigterm, restore_sigterm
+
+    previous = (
+        handle_sigterm()
+    )  # SIGTERM (SLURM's pre-emption, `timeout`) takes the Ctrl-C path: one line, 143
     module = importlib.import_module(STAGES[stage][0])
     try:
         return int(module.main(rest) or 0)
     except ConfigError as exc:  # bad input a stage did not report itself: one line, exit 2
         print(f"sage-unsloth {stage}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM in a stage without a line of its own: one line
+        from sage_unsloth.interrupt import interrupted_stage
+
+        return interrupted_stage(stage, rest, exc)
+    finally:
+        restore_sigterm(previous)
 
 
 if __name__ == "__main__":

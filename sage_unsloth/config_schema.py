@@ -124,6 +124,13 @@ def check_stage_input(stage: str, argv: list[str]) -> list[str]:
     """Every problem of ``argv`` (``[CONFIG] [--key value ...]``) and its YAML found without TRL, one line each
     (without the ``error:`` prefix); [] when the real parser should go on. With ``--help`` only the config file is
     checked (the parser prints the help after reading it); a stage without a schema gets only that check too."""
+    return stage_input(stage, argv)[1]
+
+
+def stage_input(stage: str, argv: list[str]) -> tuple[dict, list[str]]:
+    """(the values ``argv`` sets, field by field: the YAML with its ``base:`` chain under the flags, each converted
+    as the stage's parser converts it; the problems :func:`check_stage_input` reports). What a check that must not
+    import TRL (the doctor judging a card) reads a stage's command line with."""
     report, flag_report = _Report(), _Report()  # the config file's problems first, then the command line's
     entry = _schema().get(stage) or {}
     if HELP_FLAGS & set(argv):
@@ -133,7 +140,7 @@ def check_stage_input(stage: str, argv: list[str]) -> list[str]:
     if config_path is not None:
         config = _read_config(config_path, CONFIGS_DIRS.get(stage, "configs/"), report)
     if not entry:
-        return report.lines + flag_report.lines
+        return dict(config or {}), report.lines + flag_report.lines
     fields = entry["fields"]
     retired = entry.get("retired", {})
     from_yaml = (
@@ -145,7 +152,19 @@ def check_stage_input(stage: str, argv: list[str]) -> list[str]:
             _check_rule(key, value, fields, values, flag_report, prefix="")
         else:
             _check_rule(key, value, fields, values, report, prefix=f"{config_path}: ")
-    return report.lines + flag_report.lines
+    return values, report.lines + flag_report.lines
+
+
+def stage_defaults(stage: str) -> dict:
+    """Each field's default as the stage's parser has it (the schema's examples, converted as a flag is); a field
+    whose default is None, a sentinel or a list is left out."""
+    out = {}
+    for name, field in ((_schema().get(stage) or {}).get("fields") or {}).items():
+        if "example" in field and not field.get("list"):
+            value = _convert(field["example"], field)
+            if value is not _BAD:
+                out[name] = value
+    return out
 
 
 def given_fields(stage: str, argv: list[str]) -> list[str]:
@@ -306,6 +325,11 @@ def _check_config(
 def _yaml_value(path, key: str, value, field: dict, report: _Report):
     kind = field["type"]
     listed = field.get("list", False)
+    if kind == "str" and any(
+        isinstance(item, bool) for item in (value if isinstance(value, list) else [value])
+    ):
+        report.add(_boolean_text(path, key, value))
+        return _BAD
     if value is None or kind == "str":
         return value
     if listed and isinstance(value, str) and kind in ("int", "float"):  # ks: "1, 8"
@@ -322,6 +346,28 @@ def _yaml_value(path, key: str, value, field: dict, report: _Report):
             return _BAD
         converted.append(ok)
     return converted if listed and isinstance(value, list) else converted[0]
+
+
+def _boolean_text(path, key: str, value) -> str:
+    """A text field given an unquoted yes/no/on/off/true/false, which YAML 1.1 (PyYAML) reads as a boolean: the line
+    naming the file and line where it is written, its spelling and the quoted form."""
+    from sage_unsloth.config_args import config_files
+    from sage_unsloth.config_yaml import key_spelling
+
+    try:
+        found = key_spelling(config_files(path), key)
+    except (ValueError, OSError):
+        found = None
+    if found is None or isinstance(value, list):
+        return (
+            f"{path}: {key}: {value!r} is a YAML boolean, not text (an unquoted yes, no, on, off, true or false): "
+            f"quote the text, e.g. {key}: 'no'"
+        )
+    file, line, text = found
+    return (
+        f"{file}, line {line}: {key}: {text} is read by YAML as the boolean {value}, not as text: quote it, "
+        f"{key}: '{text}'"
+    )
 
 
 def _is_instance(value, kind: str) -> bool:
@@ -351,6 +397,77 @@ def _check_rule(key: str, value, fields: dict, values: dict, report: _Report, pr
     for item in items:
         if item is not None and (problem := rule.problem(key, item, extra)):
             report.add(prefix + problem)
+        elif field.get("plugins") and isinstance(item, str) and ":" in item:  # with the other problems, now
+            report.add(plugin_location_problem(key, item))
+
+
+def plugin_location_problem(key: str, spec: str) -> str | None:
+    """Why the plug-in ``spec`` (``path/to/file.py:function`` or ``package.module:function``) cannot be where it says,
+    found without importing it, in the words of the stage's own import (sage_unsloth/registry.py), or None: a file
+    that does not exist, does not parse (its line) or defines no such name at its top level; a module whose top-level
+    package is not on the path. What only importing it shows (a failing import, the signature, the arguments, the
+    trial call) is the stage's, after this check."""
+    import ast
+    import importlib.util
+
+    from sage_unsloth.config_args import suggestion
+
+    module, _, attr = spec.partition(":")
+    if not (module.endswith(".py") or "/" in module):
+        top = module.split(".")[0]
+        if importlib.util.find_spec(top) is None:
+            return (
+                f"{key}={spec!r}: cannot import module {module!r} (No module named {top!r}); put its folder on "
+                "PYTHONPATH or name the file ('path/to/file.py:function')"
+            )
+        return None
+    path = Path(module).expanduser()
+    if not path.is_file():
+        return f"{key}={spec!r}: no file {str(path)!r} (paths are relative to the working directory)"
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as err:
+        return f"{key}={spec!r}: {path.name} line {err.lineno}: {type(err).__name__}: {err.msg}"
+    except (OSError, ValueError):
+        return None  # unreadable, or null bytes: the import says what
+    names = _top_level_names(tree)
+    if names is None or attr in names:
+        return None
+    public = sorted(n for n in names if not n.startswith("_"))
+    return f"{key}={spec!r}: module {module!r} has no {attr!r}{suggestion(attr, public)}"
+
+
+def _top_level_names(tree) -> set[str] | None:
+    """The names a module's top level binds (definitions, assignments, imports, in its if / try / with blocks too);
+    None where it cannot be told without running it (a star import, a module __getattr__, globals())."""
+    import ast
+
+    names: set[str] = set()
+    blocks = [tree.body]
+    while blocks:
+        for node in blocks.pop():
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                if any(alias.name == "*" for alias in node.names):
+                    return None
+                names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+                targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                targets += [item.optional_vars for item in getattr(node, "items", ())]
+                names.update(
+                    n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)
+                )
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    blocks.extend(
+                        [getattr(node, field)] if isinstance(getattr(node, field, None), list) else []
+                    )
+    if "__getattr__" in names or any(
+        isinstance(n, ast.Name) and n.id in ("globals", "setattr", "exec") for n in ast.walk(tree)
+    ):
+        return None
+    return names
 
 
 def refuse_bad_input(stage: str, argv: list[str]) -> int | None:
@@ -367,3 +484,7 @@ if __name__ == "__main__":
         sys.exit("usage: python -m sage_unsloth.config_schema --write")
     SCHEMA.write_text(json.dumps(live_schema(), indent=0, sort_keys=True) + "\n")
     print(f"wrote {SCHEMA}")
+    from sage_unsloth import editor_schema  # the same rules as JSON Schema, for editors
+
+    for path in editor_schema.write():
+        print(f"wrote {path}")

@@ -7,6 +7,15 @@ library reads instead (``hub_token`` -> ``HF_TOKEN``, which huggingface_hub uses
 ``token=None``) and set to None on the object. So the pickled ``training_args.bin`` of every checkpoint, the
 manifests and the W&B run config (built from the arguments) never hold it, and pushing still works.
 
+A plug-in's argument named like a credential (``sage_guide_args: {api_key: ...}``: a key of a mapping field) cannot
+move to the environment, since the plug-in takes it as a keyword argument. It is sealed instead
+(:func:`seal_secret_arguments`, from the same call): the mapping holds a :class:`SealedArgument`, a string whose text
+is ``<redacted>`` and which carries the value beside it. So the pickled ``training_args.bin`` (it pickles as the plain
+text ``<redacted>``), the config's ``to_dict`` / JSON (W&B's run config), its repr and the manifests hold
+``<redacted>``, and only the binding of the plug-in's arguments (sage_unsloth/registry.py, :func:`unsealed`) hands
+the plug-in the value. A JSON mapping given on the command line (``--sage_guide_args '{"api_key": ...}'``) is
+redacted in ``sys.argv`` and in every command line the kit prints or records (:func:`redact_argv`).
+
 Drivers that start stages elsewhere (``sage-unsloth sweep``, the lab's runner) never put a credential into a
 job's argument list either: a credential flag inside ``rlvr_args`` / ``eval_args`` / ``report_args`` is moved
 into the driver's environment the same way (:func:`split_secret_flags`), and an executor that runs jobs on
@@ -46,11 +55,13 @@ def environment_variable(field_name: str) -> str:
 
 def move_secrets_to_environment(*parsed) -> list[str]:
     """Move each credential field's value of the dataclass objects ``parsed`` into the environment and clear
-    it; returns the names of the fields moved (for a test, never the values)."""
+    it, and seal each credential-like key of their mapping fields (:func:`seal_secret_arguments`); returns the
+    names of the fields moved and of the keys sealed (``field.key``; for a test, never the values)."""
     moved = []
     for obj in parsed:
         if not dataclasses.is_dataclass(obj):
             continue
+        moved += seal_secret_arguments(obj)
         for field in dataclasses.fields(obj):
             value = getattr(obj, field.name, None)
             if not value or not isinstance(value, str) or not is_secret_key(field.name):
@@ -71,6 +82,66 @@ def move_secrets_to_environment(*parsed) -> list[str]:
 
 
 REDACTED = "<redacted>"
+
+
+class SealedArgument(str):
+    """A plug-in argument holding a credential: the text ``<redacted>``, the value in :attr:`secret`. It pickles as
+    the plain text (``training_args.bin``), copies as itself (the same process keeps the value)."""
+
+    secret: str
+
+    def __new__(cls, secret: str):
+        sealed = super().__new__(cls, REDACTED)
+        sealed.secret = str(getattr(secret, "secret", secret))
+        return sealed
+
+    def __reduce__(self):
+        return (str, (REDACTED,))
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def unsealed(value):
+    """``value`` with each :class:`SealedArgument` in it (a mapping's values, a list's items) replaced by its
+    secret: what a plug-in receives."""
+    if isinstance(value, SealedArgument):
+        return value.secret
+    if isinstance(value, dict):
+        return {key: unsealed(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(unsealed(item) for item in value)
+    return value
+
+
+def seal_secret_arguments(obj) -> list[str]:
+    """Seal the credential-like keys (:func:`~sage_unsloth.manifest.is_secret_key`) holding text in each mapping
+    field of the dataclass ``obj`` (a plug-in's ``<kind>_args``), at any depth; returns ``field.key`` of each."""
+    sealed: list[str] = []
+
+    def seal(mapping: dict, where: str) -> None:
+        for key, value in mapping.items():
+            if isinstance(value, dict):
+                seal(value, f"{where}.{key}")
+            elif (
+                is_secret_key(key)
+                and isinstance(value, str)
+                and value
+                and not isinstance(value, SealedArgument)
+            ):
+                mapping[key] = SealedArgument(value)
+                sealed.append(f"{where}.{key}")
+
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name, None)
+        if isinstance(value, dict):
+            seal(value, field.name)
+    if sealed:
+        logger.info("%s: sealed (<redacted> in every record; the plug-in gets the value)", ", ".join(sealed))
+    return sealed
 
 
 def _secret_flag(arg: str) -> tuple[str, bool] | None:
@@ -101,9 +172,31 @@ def redact_argv(argv: list[str]) -> list[str]:
             arg = f"{arg.partition('=')[0]}={REDACTED}"
         elif flag is None and "--" in arg[2:]:  # flags inside one argument
             arg = _redact_inner(arg)
+        else:
+            arg = _redact_mapping(arg)
         hide_next = bool(flag) and not flag[1]
         out.append(arg)
     return out
+
+
+def _redact_mapping(arg: str) -> str:
+    """A JSON mapping argument (``{"api_key": ...}``, or ``--x_args={...}``) with its credential-like keys'
+    values redacted; any other argument as it is."""
+    name, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    if not value.lstrip().startswith("{") or (arg.startswith("--") and not eq):
+        return arg
+    try:
+        mapping = json.loads(value)
+    except ValueError:
+        return arg
+    if not isinstance(mapping, dict):
+        return arg
+    from sage_unsloth.manifest import scrub_secrets
+
+    scrubbed = scrub_secrets(mapping)
+    if scrubbed == mapping:
+        return arg
+    return f"{name}{eq}{json.dumps(scrubbed)}"
 
 
 def _redact_inner(text: str) -> str:
@@ -119,6 +212,8 @@ def _redact_words(text: str) -> str:
         inner = shlex.split(text)
     except ValueError:
         return text
+    if inner == [text] and _secret_flag(text) is None:
+        return text  # one word with "--" inside (a path like /tmp/a--b), not a flag: nothing more to split
     redacted = redact_argv(inner)
     return shlex.join(redacted) if redacted != inner else text
 

@@ -5,6 +5,11 @@ resume), then prints, as YAML: the resolved config (the kit's own fields and eve
 line set, with the values the run would use) and the plan (where the outputs go, what would be resumed or skipped,
 the method, the sampler); and exits 0 without loading a model or writing anything. An input the run would refuse
 is its one ``error:`` line after the config, exit 2.
+
+On a machine without a GPU a dry run plans for the GPU the config asks for: the config is parsed as on that GPU
+(:func:`parse_anywhere`: transformers refuses ``bf16: true`` on a CPU while parsing), the GPU's own checks (vLLM
+needs a GPU) are left to it, and a ``gpu:`` line says what it would need, as ``sage-unsloth doctor`` does
+(:func:`gpu_needs`: bfloat16, Unsloth, vLLM, 4-bit; the doctor's ``--gpu NAME`` judges a card and its memory).
 """
 
 from __future__ import annotations
@@ -73,3 +78,61 @@ def redacted_command(argv: list[str]) -> str:
     from sage_unsloth.credentials import redact_argv
 
     return shlex.join(redact_argv(list(argv)))
+
+
+def parse_anywhere(parse, argv: list[str]):
+    """``parse(argv)`` for a dry run: on a machine without CUDA, with ``--use_cpu true`` added for the parse (a
+    config asking for bf16 is then not refused by transformers on this CPU) and ``use_cpu`` put back to what the
+    command asked on each parsed object, so the plan shows the config the GPU would run."""
+    from sage_unsloth.backend import cuda_available
+    from sage_unsloth.config_args import requested_flag
+
+    if cuda_available() or requested_flag(argv, "use_cpu"):
+        return parse(argv)
+    parsed = parse([*argv, "--use_cpu", "true"])
+    for item in parsed if isinstance(parsed, tuple) else (parsed,):
+        if hasattr(item, "use_cpu"):
+            item.use_cpu = False
+    return parsed
+
+
+def gpu_needs(config_path: str | None, resolved: dict) -> str | None:
+    """On a machine without CUDA: what the config's GPU would need (bfloat16 and its compute capability, Unsloth's
+    kernels, vLLM, 4-bit weights), in one line naming the doctor's command that judges a card and estimates its
+    memory; None on a GPU, or for a config that needs none. ``resolved``: the dry run's config (its values win over
+    the YAML's)."""
+    from sage_unsloth.backend import cuda_available
+
+    if cuda_available():
+        return None
+    from sage_unsloth.config_args import load_config
+
+    try:
+        config = {**(load_config(config_path) if config_path else {}), **resolved}
+    except (ValueError, OSError):
+        config = dict(resolved)
+    wants = []
+    if config.get("bf16") or str(config.get("dtype")).replace("torch.", "") == "bfloat16":
+        wants.append("bfloat16 (compute capability 8.0+: A100, L4, H100)")
+    if config.get("backend") == "unsloth":
+        wants.append("Unsloth (CUDA kernels)")
+    if config.get("use_vllm"):
+        wants.append("vLLM")
+    if config.get("load_in_4bit"):
+        wants.append("4-bit weights (bitsandbytes)")
+    if not wants:
+        return None
+    doctor = f"sage-unsloth doctor {config_path or 'CONFIG'} --gpu NAME"
+    return (
+        f"this machine has no GPU; the run needs one for {', '.join(wants)} ({doctor} judges a card and estimates "
+        "the memory)"
+    )
+
+
+def show_gpu_needs(config_path: str | None, resolved: dict) -> bool:
+    """Print :func:`gpu_needs` as the plan's ``gpu:`` line when there is one; True when this machine plans for
+    another (the GPU's own checks are then that machine's)."""
+    need = gpu_needs(config_path, resolved)
+    if need is not None:
+        _print_yaml({"gpu": need})
+    return need is not None

@@ -14,6 +14,11 @@ CHECKPOINT is a stage-1 or stage-2 output folder (its manifest names the base mo
 ``--push_to_hub ORG/NAME`` uploads the folder. The token is the Hugging Face client's own (``hf auth login`` or
 ``HF_TOKEN``): the command takes none, and no file it writes holds one (the manifest is scrubbed of credential
 keys and values before it becomes the card).
+
+No non-finite weight leaves the kit: the adapter is checked before any model loads and the merged weights before
+the folder gets its name, as resume checks a checkpoint (``checkpoint_contents.weights_problem``); either is
+one line, and nothing is written. The card and the manifest copy name the base model by its hub id (read from
+a Hugging Face cache path, ``.../models--ORG--NAME/snapshots/...``) and hold no absolute local path.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -59,6 +65,7 @@ def plan_export(checkpoint: str, out: str, backend: str) -> ExportPlan:
             "outputs/<model>/sft or outputs/<model>/<method>"
         )
     check_adapter(resolved.adapter_dir, "checkpoint")
+    _refuse_non_finite_adapter(checkpoint, Path(resolved.adapter_dir))
     target = Path(out)
     if target.exists() and any(target.iterdir()):
         raise FileExistsError(f"--out {out} is not empty: choose a new folder (nothing is overwritten)")
@@ -74,6 +81,29 @@ def plan_export(checkpoint: str, out: str, backend: str) -> ExportPlan:
         out=target,
         backend=backend,
     )
+
+
+def _refuse_non_finite_adapter(checkpoint: str, adapter_dir: Path) -> None:
+    from sage_unsloth.checkpoint_contents import ADAPTER_FILE, stored_weights_problem
+
+    if (adapter_dir / ADAPTER_FILE).is_file() and (
+        problem := stored_weights_problem(adapter_dir / ADAPTER_FILE)
+    ):
+        raise ValueError(
+            f"checkpoint {checkpoint}: {problem}; nothing was exported: export an earlier checkpoint of the run "
+            "(its checkpoint-N folder) or retrain"
+        )
+
+
+def merged_weights_problem(folder: Path, dtype: str) -> str | None:
+    """Why the merged model written in ``folder`` cannot leave the kit (a non-finite weight), or None."""
+    from sage_unsloth.checkpoint_contents import stored_weights_problem
+
+    for shard in sorted(folder.glob("*.safetensors")):
+        if problem := stored_weights_problem(shard, f"the merged model ({shard.name})"):
+            fix = "export with --dtype float32" if dtype != "float32" else "check the base model's weights"
+            return f"{problem}: the base model or the merge overflows in --dtype {dtype}; {fix}"
+    return None
 
 
 def choose_backend(requested: str, gguf: str | None) -> str:
@@ -101,17 +131,19 @@ def model_card(plan: ExportPlan, *, repo_id: str | None, gguf: str | None) -> st
     from sage_unsloth import __version__
     from sage_unsloth.manifest import scrub_secrets
 
-    manifest = scrub_secrets(plan.manifest)
+    hub_id = hub_id_of(plan.base_model)
+    manifest = portable_manifest(scrub_secrets(plan.manifest), hub_id)
     method = manifest.get("variant") or plan.stage
     meta = {
-        "base_model": plan.base_model if not Path(plan.base_model).exists() else None,
+        "base_model": hub_id,
         "library_name": "transformers",
         "tags": ["sage-unsloth", "trl", "grpo" if plan.stage == "rlvr" else "sft", "lora-merged"],
     }
     front = yaml.safe_dump({k: v for k, v in meta.items() if v is not None}, sort_keys=False).strip()
     what = "RLVR" if plan.stage == "rlvr" else "SFT"
+    base = f"`{hub_id}`" if hub_id else f"a local model (`{Path(plan.base_model).name}`)"
     intro = (
-        f"The {what} stage `{method}` of sage-unsloth (SAGE, arXiv 2605.18864) on `{manifest.get('base_model')}`, "
+        f"The {what} stage `{method}` of sage-unsloth (SAGE, arXiv 2605.18864) on {base}, "
         f"its LoRA adapter merged into the base model (sage-unsloth {__version__}, backend {plan.backend})."
         + (f" GGUF ({gguf}) files are in this repository too." if gguf else "")
     )
@@ -123,6 +155,41 @@ def model_card(plan: ExportPlan, *, repo_id: str | None, gguf: str | None) -> st
     lines = ["---", front, "---", "", f"# {repo_id or plan.out.name}", "", intro, "", template, ""]
     lines += ["## The stage's manifest", "", "```json", manifest_json, "```", ""]
     return "\n".join(lines)
+
+
+_CACHE_FOLDER = re.compile(r"^models--([^/]+?)--(.+)$")
+# An absolute local path in a manifest's strings (a URL's "//" and a relative path are left alone).
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|[A-Za-z]:)?[/\\](?:[^\s\"'/\\]+[/\\])*([^\s\"'/\\,;]+)")
+
+
+def hub_id_of(base_model: str) -> str | None:
+    """The hub id of a base model: itself when it is one, the repository of a Hugging Face cache path
+    (``.../models--Qwen--Qwen2.5-1.5B/snapshots/<sha>``), else None (a model only on this machine)."""
+    from sage_unsloth.config_args import HUB_ID
+
+    path = Path(base_model).expanduser()
+    if not path.exists():
+        return base_model if HUB_ID.match(base_model) else None
+    for part in reversed(path.resolve().parts):
+        if match := _CACHE_FOLDER.match(part):
+            repo_id = f"{match.group(1)}/{match.group(2)}"
+            return repo_id if HUB_ID.match(repo_id) else None
+    return None
+
+
+def portable_manifest(value, hub_id: str | None):
+    """``value`` (a manifest) without absolute local paths: the base model by its hub id where known, any other
+    path as ``<local>/<its last name>``."""
+    if isinstance(value, dict):
+        portable = {k: portable_manifest(v, hub_id) for k, v in value.items()}
+        if hub_id and "base_model" in portable:
+            portable["base_model"] = hub_id
+        return portable
+    if isinstance(value, list | tuple):
+        return [portable_manifest(v, hub_id) for v in value]
+    if isinstance(value, str):
+        return _ABSOLUTE_PATH.sub(lambda m: f"<local>/{m.group(1)}", value)
+    return value
 
 
 def export(
@@ -151,9 +218,11 @@ def export(
             dtype=dtype,
             trust_remote_code=trust_remote_code,
         )
-    atomic_write_text(
-        work / MANIFEST_COPY, json.dumps(scrub_secrets(plan.manifest), indent=2, default=str) + "\n"
-    )
+    if problem := merged_weights_problem(work, dtype):
+        shutil.rmtree(work, ignore_errors=True)
+        raise ValueError(f"{problem}; nothing was written to {plan.out}")
+    manifest = portable_manifest(scrub_secrets(plan.manifest), hub_id_of(plan.base_model))
+    atomic_write_text(work / MANIFEST_COPY, json.dumps(manifest, indent=2, default=str) + "\n")
     atomic_write_text(work / CARD, model_card(plan, repo_id=repo_id, gguf=gguf))
     if plan.out.exists():
         plan.out.rmdir()  # empty (plan_export refused a non-empty one)

@@ -9,13 +9,14 @@ How it holds. The lock file is opened and locked with ``flock`` (exclusive, non-
 releases when the holder ends in any way, ``kill -9`` included; the file holds the holder's record (JSON:
 pid, host, command, started). On release the file is removed. So:
 
-- a lock whose ``flock`` is free and whose record names a process of *this* host that no longer runs is a
-  crashed run's: it is taken over with a warning (``taking over the lock of pid N ...``);
+- a lock whose ``flock`` is free and whose record names *this* host is a crashed run's, whatever its pid (a pid
+  is reused after a crash: a live process of that number is unrelated, since the holder's flock would not be
+  free): it is taken over with a warning (``taking over the lock of pid N ...``);
 - a record from *another* host is never taken over, even when ``flock`` is free (on a shared file system
   mounted without cross-host locks, ``flock`` is local to each node): the message names the host and says to
   delete the file once that host's run has ended. A holder that ends normally removes its file, so only a
   crash on another host leaves one behind;
-- on a file system without ``flock`` (it raises), the record alone decides, as above.
+- on a file system without ``flock`` (it raises), the record alone decides: a live pid of this host holds it.
 
 Sharded evaluation (``--shard i/N``) runs N writers into one folder on purpose: each holds
 ``.writer.shard-i-of-N.lock``; shards of the same N coexist, anything else conflicts with them.
@@ -79,6 +80,10 @@ def _read_record(path: Path) -> dict | None:
     return record if isinstance(record, dict) else {}
 
 
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
 def describe(owner: dict) -> str:
     what = f"pid {owner.get('pid', '?')} on host {owner.get('host', '?')}"
     if owner.get("command"):
@@ -114,9 +119,9 @@ def _owner_if_live(record: dict | None, free: bool | None) -> dict | None:
     host, pid = record.get("host"), record.get("pid")
     if host not in (None, socket.gethostname()):
         return record  # cannot be checked from here: never taken over (see the module docstring)
-    if isinstance(pid, int) and pid != os.getpid() and _alive(pid):
-        return record  # no flock here, or a holder that does not flock: the pid decides
-    return None
+    if free is None and isinstance(pid, int) and pid != os.getpid() and _alive(pid):
+        return record  # no flock on this file system: the pid decides
+    return None  # a free flock here: the holder has ended, a live process of that pid is another one
 
 
 def live_owner(folder: str | os.PathLike, shard: tuple[int, int] | None = None) -> dict | None:
@@ -183,13 +188,23 @@ class FolderLock:
     def acquire(self) -> Self:
         if self.held:
             return self
-        missing = self.folder.absolute()
-        while not missing.parent.exists() and missing.parent != missing:
-            missing = missing.parent
-        self._created = None if missing.exists() else missing
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:  # refused: permissions, a file on the path, a name too long, a read-only or special file system
+            missing = self.folder.absolute()
+            while not missing.parent.exists() and missing.parent != missing:
+                missing = missing.parent
+            self._created = None if missing.exists() else missing
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(
+                f"{self.folder}: cannot create this folder ({_reason(exc)}): {self.fix}"
+            ) from None
         for _ in range(5):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise ValueError(
+                    f"{self.folder}: cannot write in this folder ({_reason(exc)}): {self.fix}"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 locked = True

@@ -137,20 +137,46 @@ def logit_signal_names(needs) -> tuple[str, ...]:
 
 
 def check_needs(entry: Entry) -> tuple[str, ...]:
-    """``needs`` of a guide, each a known signal or a resolvable logit signal; one line otherwise."""
+    """``needs`` of a guide, each a known signal or a resolvable logit signal; one line otherwise. A logit signal
+    named by a relative file path (``signals.py:fn``) is looked for beside the guide's own file first (where it
+    sits next to its YAML, in a lab method or a folder of one's own), then in the working directory
+    (:func:`logit_signal`); the guide reads it under the name it declared."""
     needs = entry.meta.get("needs") or ()
     if isinstance(needs, str):
         needs = (needs,)
     for name in logit_signal_names(needs):
         try:
-            LOGIT_SIGNALS.resolve(name)
+            logit_signal(name, entry)
         except ConfigError:
             known = ", ".join(POLICY_SIGNALS + BATCH_SIGNALS + LOGIT_SIGNALS.names())
             raise ConfigError(
                 f"guide={entry.name!r} declares needs {name!r}, which is no signal (known: {known}, or a "
-                "logit signal 'package.module:function')"
+                "logit signal 'package.module:function', a file's path relative to the guide's file)"
             ) from None
     return tuple(needs)
+
+
+def logit_signal(name: str, guide: Entry | None = None) -> Entry:
+    """The logit signal ``name`` of ``guide``'s needs: a registered one, or the function at its import path, a
+    relative file path taken beside the guide's own file when that file is there, else from the working directory."""
+    return LOGIT_SIGNALS.resolve(_beside_the_guide(name, guide) if guide is not None else name)
+
+
+def _beside_the_guide(name: str, entry: Entry) -> str:
+    """``name`` with a relative ``file.py:fn`` path made absolute where that file lies beside the guide's own file."""
+    import inspect
+    from pathlib import Path
+
+    module, colon, fn = name.partition(":")
+    if not colon or not (module.endswith(".py") or "/" in module) or Path(module).expanduser().is_absolute():
+        return name
+    obj = entry.obj if inspect.isfunction(entry.obj) or inspect.isclass(entry.obj) else type(entry.obj)
+    try:
+        source = inspect.getsourcefile(obj)
+    except TypeError:
+        source = None
+    candidate = Path(source).parent / module if source else None
+    return f"{candidate.resolve()}:{fn}" if candidate is not None and candidate.is_file() else name
 
 
 def reads_policy(needs) -> bool:
@@ -193,11 +219,11 @@ def unsloth_cannot(needs, *, requested: str, guide: str) -> str | None:
     return None
 
 
-def token_dependent(needs) -> bool:
+def token_dependent(needs, guide: Entry | None = None) -> bool:
     """Can q differ between candidate tokens at one position? Only through the sampled token's own signals."""
     if any(n in ("logps", "completion_ids", "ref_logps", "old_logps") for n in needs):
         return True
-    return any(LOGIT_SIGNALS.resolve(n).meta["uses_target"] for n in logit_signal_names(needs))
+    return any(logit_signal(n, guide).meta["uses_target"] for n in logit_signal_names(needs))
 
 
 def guide_effect(
@@ -207,7 +233,7 @@ def guide_effect(
     ``gradient_rule``, or where it declares none, the rule its ``needs`` imply (a q that can differ between
     candidate tokens at a position follows the token guide's rule, any other the branch guide's)."""
     rule = entry.meta.get("gradient_rule") or (
-        "token" if token_dependent(entry.meta.get("needs") or ()) else "branch"
+        "token" if token_dependent(entry.meta.get("needs") or (), entry) else "branch"
     )
     return anchor.guide_effect(rule, estimator, ratio=ratio, placement=placement, q_min=q_min, q_max=q_max)
 
@@ -379,9 +405,10 @@ def top1_prob(log_probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return log_probs.max(dim=-1).values.exp()
 
 
-def logit_signal_functions(needs) -> dict:
-    """name -> fn for the logit signals in ``needs`` (the functions the chunked pass evaluates)."""
-    return {name: LOGIT_SIGNALS.resolve(name).obj for name in logit_signal_names(needs)}
+def logit_signal_functions(needs, guide: Entry | None = None) -> dict:
+    """name -> fn for the logit signals in ``needs`` of ``guide`` (the functions the chunked pass evaluates), each
+    under the name the guide declared (:func:`logit_signal` finds it)."""
+    return {name: logit_signal(name, guide).obj for name in logit_signal_names(needs)}
 
 
 def default_max_steps(max_steps: int) -> int:

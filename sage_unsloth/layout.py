@@ -19,9 +19,11 @@ A run trained or evaluated at a seed is named ``<method>_seed<N>`` (:func:`run_n
 
 Names that become one folder (a run or variant, a model's short name, a benchmark, a sweep, a lab method) are
 checked by :func:`check_name` before anything is written: one path component of letters, digits and
-``. _ - + =``, starting with a letter or digit, at most 128 characters. So ``../x``, ``/abs``, ``a/b`` and
-shell metacharacters (spaces, quotes, ``; | & $ * ?``) are refused with one line, and every folder stays
-inside the root it was given.
+``. _ - + =``, starting with a letter or digit, at most 128 characters, portable to every file system the kit's
+outputs are copied to: no trailing dot (Windows drops it) and none of the device names Windows reserves (``CON``,
+``PRN``, ``AUX``, ``NUL``, ``COM1``-``COM9``, ``LPT1``-``LPT9``, in any case, with or without an extension). So
+``../x``, ``/abs``, ``a/b``, ``run.``, ``CON`` and shell metacharacters (spaces, quotes, ``; | & $ * ?``) are
+refused with one line, and every folder stays inside the root it was given.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ EVAL = "eval"
 REPORT_MD = "report.md"
 REPORT_DIR = "report"
 FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]{0,127}")
-FOLDER_NAME_RULE = "letters, digits and . _ - + =, starting with a letter or digit, at most 128 characters"
+FOLDER_NAME_RULE = (
+    "letters, digits and . _ - + =, starting with a letter or digit, not ending with '.', at most 128 "
+    "characters, not a device name Windows reserves (CON, PRN, AUX, NUL, COM1-9, LPT1-9)"
+)
+RESERVED_NAMES = frozenset(
+    ["CON", "PRN", "AUX", "NUL", *(f"{port}{i}" for port in ("COM", "LPT") for i in range(1, 10))]
+)
 
 
 SEED_SUFFIX = "_seed"
@@ -61,11 +69,20 @@ def split_run(run: str, *, legacy: bool = False) -> tuple[str, int | None]:
     return (match["method"], int(match["seed"])) if match else (run, None)
 
 
+def is_folder_name(text: str) -> bool:
+    """Whether ``text`` can name one folder on every file system (module docstring)."""
+    return (
+        FOLDER_NAME.fullmatch(text) is not None
+        and not text.endswith(".")
+        and text.split(".")[0].upper() not in RESERVED_NAMES
+    )
+
+
 def check_name(value: object, field: str, example: str = "grpo_seed1") -> str:
     """``value`` when it can name one folder (:data:`FOLDER_NAME`), else ValueError naming ``field`` and the
     rule, in one line."""
     text = str(value)
-    if FOLDER_NAME.fullmatch(text) is None:
+    if not is_folder_name(text):
         shown = text if len(text) <= 80 else text[:77] + "..."
         raise ValueError(
             f"{field}={shown!r} cannot name a folder: use one name of {FOLDER_NAME_RULE} (no '/', no '..'), "

@@ -43,11 +43,15 @@ def is_secret_key(name: str) -> bool:
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temp file + rename, so a crash never leaves half a file."""
+    """Write ``text`` to ``path`` via a temp file + rename, so a crash never leaves half a file. The file gets the
+    mode an ordinary ``open`` would give (0644 under the usual umask 022: results are readable by the group and
+    others, as the plots beside them are; mkstemp alone makes 0600), and the folder is synced after the rename,
+    so the new name survives a power cut too."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -56,7 +60,33 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_folder(path.parent)
     return path
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask can only set it, and setting
+    it twice races with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def fsync_folder(folder: str | Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk; a no-op where folders cannot be opened (Windows)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> Path:

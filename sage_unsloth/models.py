@@ -325,16 +325,19 @@ def _load_unsloth(
             gpu_memory_utilization=gpu_memory_utilization,
             max_lora_rank=compat.vllm_max_lora_rank(rank),
         )
-        os.environ.update(compat.vllm_sampler_env(cuda_capability()))  # before Unsloth starts vLLM
+        # before Unsloth starts vLLM: FlashInfer off below 8.0, and unless its JIT toolchain matches torch's CUDA
+        toolchain = compat.flashinfer_toolchain_here() if cuda_available() else None
+        os.environ.update(compat.vllm_sampler_env(cuda_capability(), toolchain_problem=toolchain))
+    weights = weights_repository(model_args.model_name_or_path, use_4bit, model_args.model_revision)
     if adapter_path:
         # Unsloth's own way to continue a LoRA: from_pretrained on the adapter folder loads the recorded base
-        # (checked against model_name_or_path above; a mirror's name is replaced by it) and the adapter, trainable.
-        with adapter_on_base(adapter_path, model_args.model_name_or_path) as folder:
+        # (checked against model_name_or_path above; a mirror's name is replaced by the weights to load) and the
+        # adapter, trainable.
+        with adapter_on_base(adapter_path, weights) as folder:
             model, tokenizer = FastLanguageModel.from_pretrained(model_name=folder, **kwargs)
-        return model, tokenizer
-    model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=model_args.model_name_or_path, revision=model_args.model_revision, **kwargs
-    )
+        return record_base(model, model_args.model_name_or_path), tokenizer
+    revision = model_args.model_revision if weights == model_args.model_name_or_path else None
+    model, tokenizer = FastLanguageModel.from_pretrained(model_name=weights, revision=revision, **kwargs)
     model = FastLanguageModel.get_peft_model(
         model,
         r=model_args.lora_r,
@@ -347,7 +350,23 @@ def _load_unsloth(
         use_rslora=model_args.use_rslora,
         modules_to_save=model_args.lora_modules_to_save,
     )
-    return model, tokenizer
+    return record_base(model, model_args.model_name_or_path), tokenizer
+
+
+def weights_repository(name: str, four_bit: bool, revision: str | None = None) -> str:
+    """What Unsloth loads for ``name``: the name itself, or, for a 4-bit load of a hub id without a pinned
+    revision, Unsloth's pre-quantised mirror where one exists (the 4-bit files, not the 16-bit ones quantised
+    while loading; the same NF4 quantisation: unsloth_zoo's loader uses these mirrors itself)."""
+    if not four_bit or Path(name).expanduser().exists() or revision not in (None, "", "main"):
+        return name
+    return compat.unsloth_four_bit_mirror(name) or name
+
+
+def record_base(model, base: str):
+    """The adapter records ``base`` (the configured model) as its base, whichever repository held the weights."""
+    for config in (getattr(model, "peft_config", None) or {}).values():
+        config.base_model_name_or_path = base
+    return model
 
 
 def _load_trl(model_args, seed, adapter_path, use_4bit, trust_remote_code):

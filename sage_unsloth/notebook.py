@@ -18,7 +18,7 @@ Public API::
     run_stage(argv, cwd=..., env=...)  (sage_unsloth/recipe.py) stream a child's output, raise StageFailed
     gpu_info() -> list[GPU];  platform_problems(gpus) -> [what to do];  preflight() (raises on a problem)
     install(repo)                      pip install -e repo[gpu], then torch / torchvision checked as a pair
-    wandb_api_key() -> str (never printed or written)
+    wandb_api_key() -> str (never printed or written);  Recipe.wandb_where() -> where the runs are in W&B
     show_report(recipe)                the comparison table and the pass@k plots
 """
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sage_unsloth import layout
+from sage_unsloth.doctor import driver as driver_rules
 from sage_unsloth.doctor.env import nvidia_smi
 from sage_unsloth.manifest import MANIFEST_NAME
 from sage_unsloth.recipe import StageFailed, run_stage, stage_command
@@ -116,9 +117,10 @@ PLATFORMS: dict[str, Platform] = {
 
 # ----------------------------------------------------------------------------------------------- GPU
 # The pinned torch 2.13.0 CUDA wheel is built for CUDA 13.0 with kernels for sm_75 and newer (vLLM 0.31's
-# likewise); a CUDA 13 runtime needs an NVIDIA driver >= 580. The install cell checks both before pip runs.
+# likewise); a CUDA 13 runtime needs an NVIDIA driver >= 580, or NVIDIA's forward-compatibility package over an
+# older one (sage_unsloth/doctor/driver.py, which the notebooks' first cell runs). The install cell checks both.
 MIN_COMPUTE_CAPABILITY = 7.5
-MIN_DRIVER = 580
+MIN_DRIVER = driver_rules.MIN_DRIVER
 
 
 @dataclass(frozen=True)
@@ -154,13 +156,17 @@ def platform_problems(gpus: list[GPU]) -> list[str]:
             f"(and vLLM 0.31's) need >= {MIN_COMPUTE_CAPABILITY:g}: on Kaggle choose Settings > "
             "Accelerator > GPU T4 x2 (not P100), on Colab a T4 or better"
         )
-    major = int(gpu.driver.split(".")[0]) if gpu.driver.split(".")[0].isdigit() else None
-    if major is not None and major < MIN_DRIVER:
+    verdict, line = driver_rules.advice(gpu.name, gpu.driver)
+    compat_on = driver_rules.COMPAT_DIR in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+    if verdict == "update" or (verdict == "compat" and not compat_on):
         problems.append(
-            f"NVIDIA driver {gpu.driver} is older than {MIN_DRIVER}, which the CUDA 13 build of torch "
-            "2.13 needs: on Kaggle set Settings > Environment > Always use latest environment, on Colab "
-            "Runtime > Change runtime type > Runtime version > Latest; else use a machine with a newer "
-            "driver"
+            f"NVIDIA driver {gpu.driver} is older than {MIN_DRIVER}, which the CUDA 13 build of torch 2.13 needs: "
+            + (
+                "run the notebook's first cell (it switches on NVIDIA's forward-compatibility package), or "
+                + driver_rules.NEWER_RUNTIME
+                if verdict == "compat"
+                else line.split(": ")[-1]
+            )
         )
     return problems
 
@@ -177,6 +183,16 @@ def preflight() -> list[GPU]:
     if problems:
         raise RuntimeError("this machine cannot run the pinned stack:\n" + "\n".join(problems))
     return gpus
+
+
+# Unsloth writes and imports its generated trainers under the working directory unless told otherwise; on Google
+# Drive every write and import goes over the network (and a disconnect leaves them half-written).
+LOCAL_COMPILE_CACHE = "/content/unsloth_compiled_cache"
+
+
+def on_drive(folder: str | Path) -> bool:
+    """Is ``folder`` on the Google Drive mount Colab gives (WORKDIR's default there)?"""
+    return Path(os.path.abspath(folder)).is_relative_to(DRIVE_MOUNT)
 
 
 def work_folder(platform: str, workdir: str = "", *, use_drive: bool = True, tiny: bool = False) -> str:
@@ -197,10 +213,29 @@ def work_folder(platform: str, workdir: str = "", *, use_drive: bool = True, tin
     return DEFAULT_WORKDIR
 
 
-def install(repo: Path, extra: str = "gpu") -> None:
-    """``pip install -e repo[gpu]`` (torch, torchvision built for it, Unsloth, vLLM, bitsandbytes, all
-    pinned), then check in a fresh process that torch and torchvision import as a matching pair."""
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", f"{repo}[{extra}]"], check=True)
+def gpu_lock(repo: Path, python: tuple[int, int] | None = None) -> Path:
+    """The GPU lock of this Python (requirements/gpu-py3.X-lock.txt: the [gpu] extra resolved, `make locks`), or
+    a one-line error naming the Pythons the kit has locks for."""
+    major, minor = python or sys.version_info[:2]
+    lock = Path(repo) / "requirements" / f"gpu-py{major}.{minor}-lock.txt"
+    if not lock.is_file():
+        have = sorted(
+            p.name.split("-")[1][2:] for p in (Path(repo) / "requirements").glob("gpu-py*-lock.txt")
+        )
+        raise RuntimeError(
+            f"no GPU lock for Python {major}.{minor}: the kit has locks for Python {', '.join(have) or 'none'} "
+            "(requirements/gpu-py3.X-lock.txt); choose a runtime with one of them"
+        )
+    return lock
+
+
+def install(repo: Path) -> None:
+    """Install exactly the GPU lock of this Python (torch, the torchvision built for it, Unsloth, vLLM,
+    bitsandbytes and everything they need, each at its locked version), then the kit itself without
+    dependencies, then check in a fresh process that torch and torchvision import as a matching pair."""
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "-r", str(gpu_lock(repo))], check=True)
+    subprocess.run([*pip, "--no-deps", "-e", str(repo)], check=True)
     probe = (
         "import torch, torchvision; torchvision.ops.nms; "
         "print(torch.__version__, torchvision.__version__, torch.version.cuda)"
@@ -264,10 +299,31 @@ class Recipe:
         return layout.report_md(self.results)
 
     def env(self) -> dict[str, str]:
+        from sage_unsloth.compat import UNSLOTH_COMPILE_LOCATION_ENV
+
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.platform.env))
         if self.report_to == "wandb":
-            env.setdefault("WANDB_PROJECT", "sage-unsloth")
+            from sage_unsloth.wandb_runs import DEFAULT_PROJECT
+
+            env.setdefault("WANDB_PROJECT", DEFAULT_PROJECT)
+        if on_drive(self.workdir):  # the stages run in WORKDIR: keep Unsloth's generated modules off Drive
+            env.setdefault(UNSLOTH_COMPILE_LOCATION_ENV, LOCAL_COMPILE_CACHE)
         return env
+
+    def wandb_where(self) -> str:
+        """Where this run's numbers are in W&B (the project, the group, each run and what to look at), or that
+        W&B is off."""
+        if self.report_to != "wandb":
+            return "W&B is off (USE_WANDB = False, or no key): everything is in the work folder"
+        project = self.env()["WANDB_PROJECT"]
+        group = os.environ.get("WANDB_RUN_GROUP") or self.model_short
+        runs = ", ".join(f"{self.model_short}/{run}" for run, _ in self.eval_runs())
+        return (
+            f"W&B project {project}, group {group} (https://wandb.ai, Projects -> {project} -> group by Group): the "
+            f"runs {runs}, each with its training curves (train/*) and its pass@k (eval/<benchmark>/pass@k "
+            f"tables and curves, eval/<benchmark>/pass@1 in the summary); the run 'report' holds the report's "
+            "tables and report/runs_vs_paper, your runs beside the paper's rows (paper/passk)"
+        )
 
     def _config(self, relative: str) -> str:
         return str(self.repo / relative)
@@ -335,11 +391,16 @@ class Recipe:
                 str(self.results),
                 "--outputs_dir",
                 str(self.outputs),
+                "--report_to",
+                self.report_to,  # wandb: into the W&B run that trained the checkpoint
             ]
         else:
             pairs = ",".join(f"{v}:grpo" for v in self.variants if v != "grpo") + ",grpo:sft"
             config = self._config("configs/report/default.yaml")
             args = ["--results", str(self.results), "--pairs", pairs.lstrip(",")]
+            if self.report_to == "wandb":  # the report and the paper's tables beside the runs, in their group
+                group = os.environ.get("WANDB_RUN_GROUP") or self.model_short
+                args += ["--wandb_project", self.env()["WANDB_PROJECT"], "--wandb_group", group]
         return stage_command(stage, config, *args, *self.extra.get(stage, []))
 
     def output_of(self, stage: str, variant: str | None = None) -> Path | None:

@@ -452,8 +452,10 @@ class Registry:
 
     def bind(self, node: Node) -> Callable:
         """A function with the node's call arguments bound (functools.partial), or an instance of a class built
-        with them."""
-        entry, args = node.entry, node.call_args
+        with them; a sealed credential (sage_unsloth/credentials.py) is handed over as its value."""
+        from sage_unsloth.credentials import unsealed
+
+        entry, args = node.entry, unsealed(node.call_args)
         if inspect.isclass(entry.obj):
             try:
                 return entry.obj(**args)

@@ -5,6 +5,8 @@ and the one unbiased pass@k both compute with.
   per_problem.csv: dataset, problem_id, n, c, mean_completion_tokens   (n samples, c of them correct)
   passk.csv:       dataset, k, pass_at_k, n_problems, n_samples        (pooled sets included)
   manifest.json:   stage "eval", ``checkpoint`` = the evaluated stage folder
+  training_run/:   only in a folder the report's W&B reader wrote (sage_unsloth/report/wandb_read.py): the
+                   stage manifest and log_history.jsonl of the checkpoint's training run, rebuilt from W&B
 
 Pooled sets: the paper scores AIME as one 60-problem set, aime24 + aime25 pooled ("aime"), and averages
 pooled AIME, AMC23 and MATH-500 ("avg_paper", the mean of the three set means).
@@ -21,6 +23,7 @@ import numpy as np
 
 PER_PROBLEM_FILE = "per_problem.csv"
 PASSK_FILE = "passk.csv"
+TRAINING_RUN_DIR = "training_run"
 PER_PROBLEM_COLUMNS = ("dataset", "problem_id", "n", "c", "mean_completion_tokens")  # as written
 PASSK_COLUMNS = ("dataset", "k", "pass_at_k", "n_problems", "n_samples")  # as written
 # What a reader needs (older or hand-made files may lack the rest).

@@ -4,11 +4,19 @@ A few completions per prompt, each with what the grader read and its verdict, pr
 also keeps them as stage 3's records). It is stage 3 on a handful of problems with nothing written to the
 results: the same checkpoints (a stage output folder, a model folder or a hub id), the same chat template and
 per-problem seeds, the same samplers (``--backend auto|hf|vllm``, as stage 3 chooses) and the same grader. The
-sampling settings are stage 3's defaults, a stage-3 config's (``--config configs/eval/tiny-cpu.yaml``) or
-flags.
+sampling settings (the user turn's wording included) are stage 3's defaults, a stage-3 config's (``--config
+configs/eval/tiny-cpu.yaml``) or flags; a config's ``benchmarks`` are not read (``--benchmark`` or ``--prompts``
+says what to sample).
 
 ``--prompts FILE``: JSON lines with ``problem`` (or ``prompt`` / ``question``) and, to grade it, ``answer``; or a
-text file, one prompt a line (not graded).
+text file, one prompt a line (not graded). ``--benchmark NAME --local_benchmarks NAME=FILE`` samples a file of
+your own as stage 3 does.
+
+A checkpoint of the demo lab is read with the demo's own wording and lengths (its stage-3 config) on its held-out
+problems::
+
+    sage-unsloth sample outputs/demo/demo-tiny/sft --config configs/demo/eval.yaml \
+        --prompts outputs/demo/data/demo.jsonl -n 4
 """
 
 from __future__ import annotations
@@ -58,10 +66,15 @@ def read_prompts(path: str | Path):
 
 def eval_argv(args) -> list[str]:
     """The stage-3 command line these flags stand for (its parser and its checks build the config)."""
+    from sage_unsloth.eval.benchmarks import BENCHMARKS
+
     argv = [args.config] if args.config else []
     argv += ["--checkpoints", args.checkpoint, "--n", str(args.n)]
-    if args.benchmark:
-        argv += ["--benchmarks", args.benchmark]
+    if args.local_benchmarks:
+        argv += ["--local_benchmarks", *args.local_benchmarks]
+    # The config's benchmarks are never sampled here (the demo's names one only its runner registers): the one
+    # to sample, or with --prompts a built-in that is never read.
+    argv += ["--benchmarks", args.benchmark or next(iter(BENCHMARKS))]
     for name in ("limit", "max_tokens", "temperature", "top_p", "seed", "backend", "dtype"):
         if getattr(args, name) is not None:
             argv += [f"--{name}", str(getattr(args, name))]
@@ -76,7 +89,13 @@ def sample(args) -> list[dict]:
     from sage_unsloth.eval.gradepool import GradingPool
     from sage_unsloth.eval.records import build_records
     from sage_unsloth.eval.run import check_backend, grading_pairs, prepare
-    from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
+    from sage_unsloth.eval.sampling import (
+        load_tokenizer,
+        make_sampler,
+        problem_seed,
+        prompt_token_limit,
+        render_prompts,
+    )
 
     cfg = parse_eval_args(eval_argv(args))
     if args.prompts:
@@ -92,9 +111,10 @@ def sample(args) -> list[dict]:
     print(choice.line(), file=sys.stderr, flush=True)
     tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
     seeds = [problem_seed(cfg.seed, p.dataset, p.problem_id) for p in problems]
-    samples = make_sampler(checkpoint, cfg).generate(
-        render_prompts(tokenizer, problems, cfg.user_template), seeds
-    )
+    prompts = render_prompts(
+        tokenizer, problems, cfg.user_template, prompt_token_limit(cfg)
+    )  # before loading
+    samples = make_sampler(checkpoint, cfg).generate(prompts, seeds)
     graded = [i for i, p in enumerate(problems) if p.is_kk or p.gold]
     pool = GradingPool(cfg.grading_workers, timeout_s=cfg.grading_timeout_s)
     try:
@@ -139,6 +159,13 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("-n", "--n", type=int, default=4, help="completions per prompt (default 4)")
     parser.add_argument("--limit", type=int, default=3, help="prompts to sample (default 3; 0 = all)")
     parser.add_argument("--config", help="a stage-3 config whose sampling settings to use")
+    parser.add_argument(
+        "--local_benchmarks",
+        "--local-benchmarks",
+        nargs="+",
+        metavar="NAME=FILE",
+        help="benchmarks of your own, as stage 3's (name=path.jsonl), to sample with --benchmark NAME",
+    )
     parser.add_argument("--max_tokens", "--max-tokens", type=int, help="new tokens per completion")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top_p", "--top-p", type=float)

@@ -129,9 +129,12 @@ def run_training_stage(
     at DEBUG level); a save out of room while training is one line naming the folder, exit 2; a training fault
     (a plug-in's, a non-finite step, an unsane checkpoint: sage_unsloth/finite_steps.py) is one line naming it and
     the checkpoint kept, exit 1, nothing of the faulty step applied or written; Ctrl-C at any
-    point prints how to continue (``resume_flag`` is the stage's way of saying ``resume``), exit 130."""
+    point prints how to continue (``resume_flag`` is the stage's way of saying ``resume``), exit 130; SIGTERM
+    the same, exit 143."""
     from sage_unsloth.folder_lock import FolderLock
+    from sage_unsloth.interrupt import handle_sigterm, restore_sigterm
 
+    previous_sigterm = handle_sigterm()
     output_dir: Path | None = None
     lock: FolderLock | None = None
 
@@ -166,14 +169,15 @@ def run_training_stage(
             raise
         print(f"error: {line}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line saying how to continue, not the Trainer's traceback
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line saying how to continue, not a traceback
         from sage_unsloth.checkpoints import last_complete_checkpoint
         from sage_unsloth.interrupt import interrupted_training
 
-        return interrupted_training(stage, argv, output_dir, resume_flag, last_complete_checkpoint)
+        return interrupted_training(stage, argv, output_dir, resume_flag, last_complete_checkpoint, exc)
     finally:
         if lock is not None:
             lock.release()
+        restore_sigterm(previous_sigterm)
     return 0
 
 

@@ -9,8 +9,9 @@ resumed run logs them again) and none logged up to step N is lost or repeated. `
 writes floats with ``json`` too, so the rewritten lines equal the ones first written.
 
 The writer is the TrainerCallback in sage_unsloth/log_writer.py (training side, imports transformers);
-this module is the format and the reader, light enough for the report. W&B and other ``report_to``
-integrations are for the user's own dashboards, the kit reads none of them.
+this module is the format and the reader, light enough for the report. With ``report_to: wandb`` the same
+entries go to the stage's W&B run (``train/<key>``), from which the report's ``--from_wandb`` rebuilds this file
+(sage_unsloth/report/wandb_read.py ``log_history``).
 """
 
 from __future__ import annotations

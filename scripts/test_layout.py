@@ -45,6 +45,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_plan",
             "test_plugin_args",
             "test_plugin_contract",
+            "test_plugin_misbehaviour",
             "test_q_clipping",
             "test_ref_branch",
             "test_registry",
@@ -56,6 +57,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_rlvr_trainer",
             "test_taps",
             "test_unsloth_path",
+            "test_seq_packing",
             "test_examples",
         )
     },
@@ -67,9 +69,12 @@ AREAS: dict[str, dict[str, str]] = {
             "test_eval_backend_choice",
             "test_eval_backends",
             "test_eval_gradepool_priority",
+            "test_eval_prompt_length",
+            "test_eval_progress",
             "test_eval_regrade",
             "test_eval_sampler",
             "test_eval_shard",
+            "test_eval_wandb",
             "test_lora_serving",
             "test_passk",
         )
@@ -84,9 +89,11 @@ AREAS: dict[str, dict[str, str]] = {
                 "test_grading_determinism",
                 "test_grading_fuzz",
                 "test_grading_hidden",
+                "test_grading_hidden_content",
                 "test_grading_public_suites",
                 "test_grading_regressions",
                 "test_grading_shortcut",
+                "test_grading_verdicts",
             )
         },
         "test_grading_issue24": "test_grading_error_classes",  # issue 24's error classes, one test each
@@ -101,6 +108,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_report_plots",
             "test_report_support",
             "test_report_wandb_log",
+            "test_report_wandb_read",
             "test_report_multi_seed",
             "test_patterns",
         )
@@ -126,7 +134,11 @@ AREAS: dict[str, dict[str, str]] = {
     },
     # `sage-unsloth sweep` and its executors (sweep.py, executors/), the recipe driver (recipe.py)
     "sweep": {name: name for name in ("test_sweep", "test_executors", "test_recipe", "test_jobs")},
-    "doctor": {"test_doctor": "test_doctor"},
+    "doctor": {
+        "test_doctor": "test_doctor",
+        "test_memory_model": "test_memory_model",
+        "test_driver": "test_driver",
+    },
     # the command line: cli.py, config_args.py, config_schema.py, input_checks.py, the configs/ it reads
     "cli": {
         **{
@@ -134,8 +146,11 @@ AREAS: dict[str, dict[str, str]] = {
             for name in (
                 "test_bad_input_before_loading",
                 "test_config_args",
+                "test_config_loading",
                 "test_config_schema",
                 "test_configs",
+                "test_editor_schema",
+                "test_export_checks",
                 "test_hub_ids",
                 "test_input_errors",
                 "test_migrate_configs",
@@ -150,14 +165,18 @@ AREAS: dict[str, dict[str, str]] = {
         for name in (
             "test_checkpoints",
             "test_compat",
+            "test_dependencies",
             "test_finite_steps",
+            "test_gpu_acceptance",
             "test_gpu_lock",
             "test_gpu_path",
             "test_interrupt",
             "test_layout",
             "test_lifeline",
             "test_manifest",
+            "test_wandb_stages",
             "test_models",
+            "test_optional_extras",
             "test_records",
             "test_training_faults",
             "test_training_log",
@@ -190,6 +209,8 @@ SUPPORT = (
     "subprocess_run",
     "unsloth_cpu",
     "unsloth_path_scenario",
+    "seq_packing_scenario",
+    "wandb_api_standin",
 )
 
 

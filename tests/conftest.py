@@ -257,6 +257,15 @@ def run_order(items) -> list:
 
 
 @pytest.fixture(autouse=True)
+def _wandb_settings_per_test():
+    """W&B keeps its first settings (WANDB_DIR among them) in a process-wide singleton: a test that ran W&B
+    would send the next test's runs into its own, by then deleted, folder. Tear it down after each test."""
+    yield
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+
+
+@pytest.fixture(autouse=True)
 def _unsloth_only_where_declared(request):
     """A test that brings Unsloth into a process where it was not must be marked unsloth_in_process (above)."""
     before = any(name in sys.modules for name in UNSLOTH_MODULES)

@@ -169,6 +169,17 @@ def setting_text(row) -> str:
 MARKERS = "osD^v<>Pp*hX"
 
 
+def interval_words(seeds) -> str:
+    """What the intervals of methods with these numbers of seeds are (compare.ci: Student t over seeds from two
+    seeds on, a problem bootstrap with one), as a plot title says it."""
+    counts = sorted({int(s) for s in seeds}) if seeds is not None else []
+    if counts == [1]:
+        return "problem bootstrap, one seed"
+    if counts and counts[0] >= 2:
+        return f"t over {counts[0]} seeds" if len(counts) == 1 else f"t over {counts[0]}-{counts[-1]} seeds"
+    return "t over seeds; a problem bootstrap for a method with one seed"
+
+
 def plot(table: pd.DataFrame, labels: dict[str, str], kmax: int, path: Path) -> Path:
     """pass@1 against net support at kmax, one point per method with its intervals in both directions; each
     method in its palette colour (report/palette.py: the same in every plot, no implied pairs), the legend
@@ -199,7 +210,8 @@ def plot(table: pd.DataFrame, labels: dict[str, str], kmax: int, path: Path) -> 
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_xlabel(f"net support against SFT at k = {kmax} (share of problems)")
     ax.set_ylabel("pass@1")
-    ax.set_title("pass@1 against net support per method (bars: 95% CI, t over seeds)", fontsize=10)
+    words = interval_words(table["seeds"] if "seeds" in table.columns else None)
+    ax.set_title(f"pass@1 against net support per method (bars: 95% CI, {words})", fontsize=10)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     handles, names = ax.get_legend_handles_labels()

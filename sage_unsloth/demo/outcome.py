@@ -51,9 +51,20 @@ def _seeds(value: float) -> str:
     return "> 100000" if math.isinf(value) else f"{int(value)}"
 
 
+def _upper_text(high: float) -> str | None:
+    """The upper end as a reading prints it: 3 decimals, more where 3 would print the paper's effect for another
+    value (+0.0151, not +0.015; +0.01496, not +0.015); None when it is the paper's effect to 6 decimals."""
+    for places in range(3, 7):
+        text = f"{high:+.{places}f}"
+        if abs(float(text) - PAPER_EFFECT) > 1e-12:
+            return text
+    return None
+
+
 def reading(row) -> str:
     """What the interval says: the sign when it excludes 0, and for a pass@k whether it excludes the paper's
-    gain, else the largest gain it leaves possible."""
+    gain, else the largest gain it leaves possible (printed to as many decimals as it takes to differ from the
+    paper's effect: a sentence that cannot contradict itself after rounding)."""
     low, high = row["ci_low"], row["ci_high"]
     if not high > low:  # every resample gave the same difference (e.g. all 0 in a quick run): nothing to read
         return "no spread (an interval of width 0): no verdict"
@@ -63,9 +74,13 @@ def reading(row) -> str:
         return "excludes 0 (lower with A)" if high < 0 else "includes 0"
     if high < 0:
         return f"excludes 0 (lower with A); excludes the paper's +{PAPER_EFFECT:g}"
+    upper = _upper_text(high)
     if high < PAPER_EFFECT:
-        return f"includes 0; excludes the paper's +{PAPER_EFFECT:g} (a gain above {high:+.3f} is excluded)"
-    return f"includes 0 and the paper's +{PAPER_EFFECT:g}: a gain above {high:+.3f} is excluded"
+        above = f" (a gain above {upper} is excluded)" if upper else ""
+        return f"includes 0; excludes the paper's +{PAPER_EFFECT:g}{above}"
+    if upper is None:  # the upper end is the paper's effect itself
+        return f"includes 0 and, at its upper end, the paper's +{PAPER_EFFECT:g}"
+    return f"includes 0 and the paper's +{PAPER_EFFECT:g}: a gain above {upper} is excluded"
 
 
 def outcome_block(lab_dir: Path) -> str:

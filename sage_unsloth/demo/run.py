@@ -135,9 +135,6 @@ def method_pairs(methods) -> list[tuple[str, str]]:
     return [(a, b) for *_, a, b in sorted(placed)]
 
 
-METHOD_NAME = layout.FOLDER_NAME  # a method names run folders (sage_unsloth/layout.py, check_name)
-
-
 def _is_config_path(item: str) -> bool:
     return item.endswith((".yaml", ".yml")) or "/" in item
 
@@ -195,7 +192,7 @@ def check_new_methods(methods, *, taken) -> None:
     seen = set(taken)
     for method in methods:
         where = method.source or method.base_method
-        if not METHOD_NAME.fullmatch(method.name) or method.name == SFT_RUN:
+        if not layout.is_folder_name(method.name) or method.name == SFT_RUN:
             raise ValueError(
                 f"--methods {where}: {method.name!r} cannot name a method (letters, digits and _ . + = -, "
                 "not 'sft'): rename the file"
@@ -1094,12 +1091,15 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     except (RuntimeError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (sage_unsloth/interrupt.py): 130 or 143
+        from sage_unsloth.interrupt import exit_code_of
+
         print("[demo] interrupted; finished steps are kept (rerun to continue)", file=sys.stderr)
-        return 130
+        return exit_code_of(exc)
     finally:
         executor.close()
-    total = write_timings(results, work, records, time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    total = write_timings(results, work, records, elapsed)
     for draw_budget, draw_work, draw_results in draws:
         prefix = f"draw{draw_budget.draw}." if len(draws) > 1 else ""
         own = {"cpu_s": round(sum(r.cpu_s for r in records if r.name.startswith(prefix)), 1)}
@@ -1111,11 +1111,24 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
         write_manifest(budget, work, results, finished=total, draws=[b.draw for b, _, _ in draws])
         print(f"[demo] ---- the frontier across draws ({_rel(results / FRONTIER_DIR)})")
         print((results / FRONTIER_DIR / "summary.txt").read_text().rstrip())
-    wall = f"{total['wall_s']:.0f} s wall, " if total.get("wall_s") else ""
-    print(
-        f"[demo] finished: {wall}{total['cpu_s']:.0f} s CPU over all steps; report {_rel(results / 'report.md')}"
-    )
+    done = finished_line(records, elapsed, total)
+    print(f"[demo] finished: {done}; report {_rel(results / 'report.md')}")
     return 0
+
+
+def finished_line(records: list[StepRecord], wall_now: float, total: dict) -> str:
+    """What this invocation cost, apart from the steps it reused: a rerun that reuses most steps says how long it
+    took itself, and what the reused steps had cost when they ran (``total``: :func:`write_timings`'s)."""
+    ran = [r for r in records if r.status == "ran"]
+    reused = [r for r in records if r.status == "reused"]
+    cpu_ran = sum(r.cpu_s for r in ran)
+    if not reused:
+        return f"{wall_now:.0f} s wall, {cpu_ran:.0f} s CPU over all steps"
+    before = f", the last complete run {total['wall_s']:.0f} s wall" if total.get("wall_s") else ""
+    return (
+        f"{wall_now:.0f} s wall and {cpu_ran:.0f} s CPU for the {len(ran)} steps that ran; {len(reused)} reused "
+        f"from earlier runs ({sum(r.cpu_s for r in reused):.0f} s CPU when they ran{before})"
+    )
 
 
 if __name__ == "__main__":

@@ -32,17 +32,34 @@ from sage_unsloth.doctor import env
 from sage_unsloth.doctor.memory import estimate
 from sage_unsloth.doctor.report import Check, passed
 
-__all__ = ["machine_checks", "main"]
+__all__ = ["machine_checks", "main", "read_stage_config"]
+
+OVERRIDES = (
+    "Any other flag is CONFIG's stage's (e.g. --load_in_4bit true, --per_device_train_batch_size 4), read and "
+    "checked as that stage reads it; --backend and --sft_dir are the stage's too."
+)
 
 
-def _read_config(path: str | None) -> dict:
+def read_stage_config(path: str | None, overrides: list[str]) -> dict:
+    """CONFIG's values with the stage's own flags applied (``--load_in_4bit true``, ``--backend trl``, ...), read
+    as the stage reads its command line before it loads anything (config_schema.stage_input: the YAML with its
+    base: chain, each flag converted and checked as the stage's parser does); a bad flag or value is a ValueError
+    of one line each."""
     if not path:
+        if overrides:
+            raise ValueError(f"unknown argument {overrides[0]}: stage flags need a CONFIG (configs/...)")
         return {}
     from sage_unsloth.config_args import load_config
+    from sage_unsloth.config_schema import stage_input
+    from sage_unsloth.doctor.memory import stage_of
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"CONFIG {path} not found: pass a YAML from configs/ (or none)")
-    return load_config(path)  # with its base: chain; a non-mapping is a ConfigError
+    stage = stage_of(load_config(path), path)  # with its base: chain; a non-mapping is a ConfigError
+    values, problems = stage_input(stage, [path, *overrides])
+    if problems:
+        raise ValueError("\n".join(problems))
+    return values
 
 
 def _needs(config: dict, backend: str, on_gpu: bool) -> tuple[bool, bool, set[str]]:
@@ -115,6 +132,7 @@ def gpu_card_checks(
         sft_dir=sft_dir,
         host=this_host(True, facts.driver),
         plugin_installed=plugin,
+        toolchain=compat.flashinfer_toolchain_here(),
     )
     return [c for c in checks if c.name not in ("capability", "driver")]  # gpu_checks says these already
 
@@ -214,7 +232,9 @@ def selftest_checks(backend: str, workdir: str | None, quick: bool) -> list[Chec
 def main(argv: list[str] | None = None) -> int:
     from sage_unsloth.config_args import KitArgumentParser
 
-    parser = KitArgumentParser(prog="sage-unsloth doctor", description=__doc__.splitlines()[0])
+    parser = KitArgumentParser(
+        prog="sage-unsloth doctor", description=__doc__.splitlines()[0], epilog=OVERRIDES
+    )
     parser.add_argument(
         "config",
         nargs="?",
@@ -238,16 +258,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sft_dir", help="the SFT adapter stage 2 continues: its rank and base are checked too"
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--driver",
+        metavar="VERSION",
+        help="with --gpu: the NVIDIA driver of the machine that will run it (nvidia-smi there), judged for CUDA 13",
+    )
+    args, overrides = parser.parse_known_args(argv)
+    if overrides and not args.config:  # no stage to read them: the doctor's own flags, misspelt
+        from sage_unsloth.config_args import suggestion
+
+        flag = overrides[0].split("=", 1)[0]
+        options = {o for a in parser._actions for o in a.option_strings}
+        parser.error(
+            f"unknown flag {flag}{suggestion(flag, options) or ' (sage-unsloth doctor --help lists the flags)'}"
+        )
     try:
-        config = _read_config(args.config)
-        if args.gpu and not config:
-            raise ValueError("--gpu NAME checks a CONFIG: pass one (configs/...)")
+        config = _config_with_overrides(args, overrides)
     except (OSError, ValueError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"error: {line}", file=sys.stderr)
         return 2
     if args.gpu:
-        return card_main(config, args.config, CARDS[args.gpu], args.sft_dir, args.json)
+        return card_main(config, args.config, CARDS[args.gpu], args.sft_dir, args.json, args.driver)
     backend = args.backend or (
         config.get("backend") if config.get("backend") in ("unsloth", "trl") else "unsloth"
     )
@@ -264,6 +296,21 @@ def main(argv: list[str] | None = None) -> int:
     return _summary(checks, args.json)
 
 
+def _config_with_overrides(args, overrides: list[str]) -> dict:
+    """CONFIG read as its stage reads it, with the stage flags the doctor was given (its own ``--backend`` and
+    ``--sft_dir`` are the stage's too)."""
+    if args.driver and not args.gpu:
+        raise ValueError("--driver VERSION judges the machine a card you name runs on: add --gpu NAME")
+    if args.gpu and not args.config and not args.driver:
+        raise ValueError("--gpu NAME checks a CONFIG: pass one (configs/...), or --driver VERSION alone")
+    if args.config:
+        overrides = [*overrides, *(["--backend", args.backend] if args.backend else [])]
+    config = read_stage_config(args.config, overrides)
+    if args.sft_dir and "max_completion_length" in config:
+        config["sft_dir"] = args.sft_dir
+    return config
+
+
 def _summary(checks: list[Check], json_path: str | None) -> int:
     counts = {status: sum(c.status == status for c in checks) for status in ("PASS", "WARN", "FAIL", "SKIP")}
     print(
@@ -277,16 +324,23 @@ def _summary(checks: list[Check], json_path: str | None) -> int:
     return 0 if passed(checks) else 1
 
 
-def card_main(config: dict, config_path: str, card, sft_dir: str | None, json_path: str | None) -> int:
+def card_main(
+    config: dict, config_path: str | None, card, sft_dir: str | None, json_path: str | None, driver=None
+) -> int:
     """``--gpu NAME``: the card checks for a card this machine need not have; disk and RAM are this machine's
-    (a WARN, not a FAIL, when short: the GPU machine is another one)."""
-    from sage_unsloth.doctor.card import card_checks, this_host
+    (a WARN, not a FAIL, when short: the GPU machine is another one). Without a CONFIG (``--driver`` alone): the
+    card's compute capability and the driver."""
+    from sage_unsloth.doctor.card import capability_check, card_checks, driver_check, this_host
 
     print(
-        f"sage-unsloth doctor: {config_path} on a {card.label} (--gpu {card.name}; no model is loaded)",
+        f"sage-unsloth doctor: {config_path or 'no CONFIG'} on a {card.label} (--gpu {card.name}; no model is loaded)",
         flush=True,
     )
-    checks = card_checks(config, config_path, card, sft_dir=sft_dir, host=this_host(False))
+    host = this_host(False, driver)
+    if not config_path:
+        checks = [capability_check(card), driver_check(host, card)]
+    else:
+        checks = card_checks(config, config_path, card, sft_dir=sft_dir, host=host)
     for check in checks:
         print(check.line(), flush=True)
     return _summary(checks, json_path)

@@ -6,7 +6,8 @@ One line per check, each from what the pinned libraries do (sage_unsloth/compat.
   capability  the pinned CUDA 13 wheels (torch 2.13, vLLM 0.31) carry kernels for compute capability 7.5 and newer
   precision   every dtype the config implies: bfloat16 weights or bf16 mixed precision need 8.0 (Ampere)
   sampler     vLLM's FlashInfer sampler refuses compute capability below 8.0 once VLLM_USE_FLASHINFER_SAMPLER is
-              set, and Unsloth sets it unless UNSLOTH_VLLM_NO_FLASHINFER: the kit sets that switch there
+              set, and Unsloth sets it unless UNSLOTH_VLLM_NO_FLASHINFER: the kit sets that switch there, and on
+              newer cards unless nvcc's CUDA is torch's (FlashInfer JIT-compiles with it)
   4-bit       load_in_4bit with Unsloth's vLLM needs vllm-bnb-plugin (vLLM >= 0.28 moved bitsandbytes into it)
   memory      training beside vLLM's share, and what that share must hold (sage_unsloth/doctor/memory.py)
   driver      NVIDIA driver >= 580 for the CUDA 13 runtime (read on a GPU machine; named for a card)
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sage_unsloth import compat
-from sage_unsloth.doctor.env import MIN_DRIVER
+from sage_unsloth.doctor import driver
 from sage_unsloth.doctor.memory import Estimate, estimate, model_of_config
 from sage_unsloth.doctor.report import Check
 
@@ -135,13 +136,16 @@ def precision_check(config: dict, card: Card) -> Check:
     return Check("precision", "PASS", f"{', '.join(used)} on compute capability {_cc(card.capability)}")
 
 
-def sampler_check(config: dict, card: Card, environ) -> Check:
+UNKNOWN = "unknown"  # the toolchain of a machine the doctor is not on
+
+
+def sampler_check(config: dict, card: Card, environ, toolchain: str | None = UNKNOWN) -> Check:
+    """``toolchain``: why FlashInfer's JIT cannot build against torch here (compat.flashinfer_toolchain_problem),
+    None when it can, :data:`UNKNOWN` for a card judged from another machine."""
     if not _uses_vllm(config):
         return Check("sampler", "SKIP", "the config starts no vLLM engine")
     if card.capability >= compat.FLASHINFER_MIN_CAPABILITY:
-        return Check(
-            "sampler", "PASS", f"vLLM's FlashInfer sampler runs on compute capability {_cc(card.capability)}"
-        )
+        return _toolchain_check(config, environ, toolchain)
     forced = environ.get(compat.VLLM_FLASHINFER_SAMPLER_ENV, "0") not in ("", "0")
     switch = environ.get(compat.UNSLOTH_NO_FLASHINFER_ENV)
     if forced or (_uses_unsloth_vllm(config) and switch is not None and switch in ("", "0")):
@@ -163,6 +167,33 @@ def sampler_check(config: dict, card: Card, environ) -> Check:
         else f"vLLM falls back to its own sampler ({compat.VLLM_FLASHINFER_SAMPLER_ENV} unset)"
     )
     return Check("sampler", "PASS", f"compute capability {_cc(card.capability)} < 8.0: {how}")
+
+
+def _toolchain_check(config: dict, environ, toolchain: str | None) -> Check:
+    forced = environ.get(compat.VLLM_FLASHINFER_SAMPLER_ENV, "0") not in ("", "0")
+    if toolchain not in (None, UNKNOWN) and forced:
+        return Check(
+            "sampler",
+            "FAIL",
+            f"{compat.VLLM_FLASHINFER_SAMPLER_ENV}=1 with {toolchain}: vLLM raises when FlashInfer's JIT fails",
+            f"unset {compat.VLLM_FLASHINFER_SAMPLER_ENV}, or install the CUDA toolkit of torch's CUDA",
+        )
+    if toolchain == UNKNOWN:
+        how = "that machine's nvcc is torch's CUDA 13 (the doctor checks it there)"
+        return Check(
+            "sampler", "PASS", f"FlashInfer stays off unless {how}, or you set UNSLOTH_VLLM_NO_FLASHINFER=0"
+        )
+    if toolchain is None:
+        return Check("sampler", "PASS", "FlashInfer on: nvcc's CUDA is torch's (its JIT builds)")
+    user = environ.get(compat.UNSLOTH_NO_FLASHINFER_ENV)
+    if user is not None and user in ("", "0") and _uses_unsloth_vllm(config):
+        return Check(
+            "sampler",
+            "FAIL",
+            f"{compat.UNSLOTH_NO_FLASHINFER_ENV}={user} turns FlashInfer on, but {toolchain}",
+            f"unset {compat.UNSLOTH_NO_FLASHINFER_ENV} (the kit then turns FlashInfer off)",
+        )
+    return Check("sampler", "PASS", f"FlashInfer off ({toolchain}): vLLM's own sampler and attention")
 
 
 def four_bit_check(config: dict, declared: dict[str, str], installed: bool | None) -> Check:
@@ -206,6 +237,12 @@ def memory_checks(guess: Estimate | None, card: Card, stage: str) -> list[Check]
         if stage != "eval"
         else "lower gpu_memory_utilization, or use a bigger card (estimate, not a measurement)"
     )
+    if any(name.startswith("weights (training copy") for name in guess.parts):
+        fix = (
+            "TRL's colocated vLLM holds a second copy of the weights: set vllm_enable_sleep_mode true (vLLM "
+            "sleeps during the training step), vllm_mode server (vLLM on another GPU), or lower "
+            "per_device_train_batch_size; or use a bigger card (estimate, not a measurement)"
+        )
     checks = []
     if guess.vllm_holds:
         share = guess.vllm_fraction * card.total_gib
@@ -229,22 +266,32 @@ def memory_checks(guess: Estimate | None, card: Card, stage: str) -> list[Check]
     return checks
 
 
-def driver_check(host: Host) -> Check:
-    need = MIN_DRIVER[13][0]
+def driver_check(host: Host, card: Card | None = None) -> Check:
+    """The driver of the machine that will run the stage (``--driver`` names it; on a GPU machine nvidia-smi's)
+    against CUDA 13, with what to do below 580 (sage_unsloth/doctor/driver.py)."""
+    label = card.label if card else "this GPU"
     if host.driver is None:
         return Check(
             "driver",
             "SKIP",
-            f"the GPU machine needs NVIDIA driver >= {need} (torch 2.13's CUDA 13.0): check nvidia-smi there",
+            f"the GPU machine needs NVIDIA driver >= {driver.MIN_DRIVER} for CUDA 13 (torch 2.13): "
+            "pass --driver VERSION (nvidia-smi there) to have it judged",
         )
-    major = int(host.driver.split(".")[0]) if host.driver.split(".")[0].isdigit() else 0
-    if major >= need:
-        return Check("driver", "PASS", f"driver {host.driver} runs CUDA 13")
+    verdict, line = driver.advice(label, host.driver)
+    if verdict == "ok":
+        return Check("driver", "PASS", line)
+    if verdict == "compat":
+        return Check(
+            "driver",
+            "WARN",
+            f"{label}, driver {host.driver}: older than {driver.MIN_DRIVER}; CUDA 13 needs NVIDIA's "
+            f"forward-compatibility package there (the notebooks install and check it in their first cell)",
+            f"apt-get install {driver.COMPAT_PACKAGE} && export LD_LIBRARY_PATH={driver.COMPAT_DIR}:"
+            "$LD_LIBRARY_PATH, then python -m sage_unsloth.doctor.driver --enable checks it loads; if it does "
+            f"not, {driver.NEWER_RUNTIME}",
+        )
     return Check(
-        "driver",
-        "FAIL",
-        f"driver {host.driver} is older than {need}, the oldest that runs torch 2.13's CUDA 13.0",
-        f"update the driver to >= {need} (Colab: Runtime version Latest; Kaggle: Always use latest environment)",
+        "driver", "FAIL", line.split(": update")[0], f"update the NVIDIA driver to >= {driver.MIN_DRIVER}"
     )
 
 
@@ -336,6 +383,7 @@ def card_checks(
     host: Host | None = None,
     environ=None,
     plugin_installed: bool | None = None,
+    toolchain: str | None = UNKNOWN,
 ) -> list[Check]:
     """Every check for ``config`` on ``card``; loads no model (the adapter and the configs are read as JSON/YAML)."""
     from sage_unsloth.doctor.env import kit_pins
@@ -349,10 +397,10 @@ def card_checks(
     return [
         capability_check(card),
         precision_check(config, card),
-        sampler_check(config, card, environ),
+        sampler_check(config, card, environ, toolchain),
         four_bit_check(config, declared, plugin_installed),
         *memory_checks(guess, card, stage),
-        driver_check(host or Host()),
+        driver_check(host or Host(), card),
         *adapter,
         *host_checks(guess, host or Host()),
     ]

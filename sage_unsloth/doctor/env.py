@@ -36,7 +36,10 @@ class GpuFacts:
     torch_cuda: str | None  # CUDA runtime the torch wheel was built with (None: CPU build)
     arch_list: list[str] = field(default_factory=list)  # kernels in the wheel: sm_XY (SASS), compute_XY (PTX)
     devices: list[Device] = field(default_factory=list)
-    driver: str | None = None  # NVIDIA driver version from nvidia-smi
+    driver: str | None = None  # NVIDIA driver version from nvidia-smi (the kernel module's)
+    # the CUDA driver API version of the libcuda this process loads (13000 = 13.0): above what ``driver`` runs when
+    # NVIDIA's forward-compatibility package is first on LD_LIBRARY_PATH (sage_unsloth/doctor/driver.py)
+    driver_api: int | None = None
 
 
 def nvidia_smi(fields: str) -> list[list[str]]:
@@ -71,6 +74,7 @@ def collect_gpu_facts() -> GpuFacts:
         driver=_nvidia_smi_driver(),
     )
     if torch.cuda.is_available():
+        facts.driver_api = loaded_driver_api()
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
             free, total = torch.cuda.mem_get_info(index)
@@ -78,6 +82,18 @@ def collect_gpu_facts() -> GpuFacts:
                 Device(props.name, (props.major, props.minor), total / 2**30, free / 2**30, props.major >= 8)
             )
     return facts
+
+
+def loaded_driver_api() -> int | None:
+    """cuDriverGetVersion of the libcuda.so.1 this process resolves (torch has loaded it by now); None without."""
+    import ctypes
+
+    try:
+        version = ctypes.c_int(0)
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+    except (OSError, AttributeError):
+        return None
+    return version.value or None
 
 
 def installed_versions(names) -> dict[str, str | None]:
@@ -116,20 +132,30 @@ def declared_requirements() -> list[str]:
 
 
 def kit_pins(requirements: list[str] | None = None) -> list[Pin]:
-    """The ``==`` pins of sage-unsloth's pyproject.toml (:func:`declared_requirements`), core and per extra."""
+    """The ``==`` pins of sage-unsloth's pyproject.toml (:func:`declared_requirements`), core and per extra; an
+    extra that names others (``gpu = ["sage-unsloth[unsloth,wandb]", ...]``) holds their pins too."""
     from packaging.requirements import Requirement
 
     requirements = declared_requirements() if requirements is None else requirements
     pins: dict[str, Pin] = {}
+    includes: dict[str, set[str]] = {}  # extra -> the extras it names
     for text in requirements or []:
         req = Requirement(text)
+        extra = re.findall(r'extra\s*==\s*"([^"]+)"', str(req.marker or ""))
+        name = req.name.lower().replace("_", "-")
+        if name == DIST:
+            for outer in extra:
+                includes.setdefault(outer, set()).update(req.extras)
+            continue
         exact = [s.version for s in req.specifier if s.operator == "=="]
         if not exact:
             continue
-        extra = re.findall(r'extra\s*==\s*"([^"]+)"', str(req.marker or ""))
-        name = req.name.lower().replace("_", "-")
         old = pins.get(name)
         pins[name] = Pin(name, exact[0], tuple(sorted(set((old.extras if old else ()) + tuple(extra)))))
+    for outer, inner in includes.items():
+        for name, pin in pins.items():
+            if inner & set(pin.extras) and outer not in pin.extras:
+                pins[name] = Pin(name, pin.version, tuple(sorted({*pin.extras, outer})))
     return list(pins.values())
 
 
@@ -307,13 +333,25 @@ def driver_check(facts: GpuFacts) -> Check:
         return Check(
             "driver", "PASS", f"driver {facts.driver} runs CUDA {facts.torch_cuda} (torch's runtime)"
         )
+    if (facts.driver_api or 0) >= cuda_major * 1000:
+        return Check(
+            "driver",
+            "PASS",
+            f"driver {facts.driver} runs CUDA {facts.torch_cuda} through NVIDIA's forward-compatibility libcuda "
+            f"(driver API {facts.driver_api // 1000}.{facts.driver_api % 1000 // 10})",
+        )
+    from sage_unsloth.doctor import driver
+
+    verdict = driver.advice(facts.devices[0].name if facts.devices else "this GPU", facts.driver)[0]
     return Check(
         "driver",
         "FAIL",
         f"driver {facts.driver} is older than {need[0]}.{need[1]:02d}, the oldest that runs "
         f"CUDA {cuda_major}.x (torch {facts.torch_version} is built for CUDA {facts.torch_cuda})",
-        f"update the NVIDIA driver to >= {need[0]} (on Colab / Kaggle: pick a newer image), or install a "
-        "torch built for an older CUDA (the kit is tested with the CUDA 13 wheel only)",
+        "python -m sage_unsloth.doctor.driver --enable (installs NVIDIA's forward-compatibility package, checks it "
+        f"loads, prints the LD_LIBRARY_PATH line); if it does not load, {driver.NEWER_RUNTIME}"
+        if verdict == "compat" and cuda_major == driver.CUDA_MAJOR
+        else f"update the NVIDIA driver to >= {need[0]}",
     )
 
 

@@ -3,7 +3,8 @@
 The kit's version and commit, Python and the platform, torch's CUDA build, each GPU and the NVIDIA driver, and
 every pinned package (pyproject.toml's ``==`` pins, core and extras, and the versions the kit's contact points
 with TRL / Unsloth / vLLM are pinned to in sage_unsloth/compat.py) with the version installed here, or in the
-evaluation interpreter (``SAGE_EVAL_PYTHON``: vLLM lives there on CPU), and the pins it differs from. The facts
+evaluation interpreter (``SAGE_EVAL_PYTHON``, else the kit's ``.venv-eval`` as ``scripts/03_eval.sh`` picks it:
+vLLM lives there on CPU), and the pins it differs from. The facts
 come from the doctor's queries (sage_unsloth/doctor/env.py); nothing here judges them (that is the doctor's job).
 Never prints an environment variable's value: tokens stay out of bug reports.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from sage_unsloth.doctor import env
 
 EVAL_PYTHON_ENV = ("SAGE_EVAL_PYTHON", "SAGE_VLLM_PYTHON")
+KIT_EVAL_PYTHON = Path(__file__).resolve().parents[2] / ".venv-eval" / "bin" / "python"  # make install's
 
 
 @dataclass
@@ -82,11 +84,19 @@ def pinned_packages(
 
 
 def _eval_python() -> str | None:
-    for name in EVAL_PYTHON_ENV:
-        path = os.environ.get(name)
-        if path and Path(path).exists() and Path(path).resolve() != Path(sys.executable).resolve():
-            return path
-    return None
+    """The evaluation interpreter: the first of EVAL_PYTHON_ENV that is set, else the kit's ``.venv-eval``; None
+    when it is missing or is this interpreter."""
+    given = [os.environ.get(name) for name in EVAL_PYTHON_ENV if os.environ.get(name)]
+    path = given[0] if given else str(KIT_EVAL_PYTHON)
+    return path if Path(path).exists() and not _this_environment(path) else None
+
+
+def _this_environment(python: str) -> bool:
+    """Whether ``python`` runs in this process's environment. A virtual environment's python is a link to its base
+    interpreter, so two environments of one base resolve to one file: they are told apart by their folders
+    (``<env>/bin/python``'s ``<env>`` against ``sys.prefix``)."""
+    folder = Path(python).absolute().parent.parent
+    return os.path.realpath(folder) == os.path.realpath(sys.prefix)
 
 
 def versions_in(python: str, names: list[str]) -> dict[str, str | None]:

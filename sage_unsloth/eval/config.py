@@ -46,6 +46,7 @@ class EvalConfig(DryRunArgs):
         "grading_timeout_s": Limit(gt=0),
         "grading_retry_timeout_s": Limit(gt=0, finite=False),
         "gpu_memory_utilization": Limit(gt=0, le=1, note="a fraction"),
+        "report_to": Names(("none", "wandb")),
     }
 
     checkpoints: list[str] = field(
@@ -145,6 +146,26 @@ class EvalConfig(DryRunArgs):
     trust_remote_code: bool = field(
         default=False, metadata={"help": "run the model repo's own code (only for a repo you trust)"}
     )
+    report_to: str = field(
+        default="none",
+        metadata={
+            "help": "none | wandb: log each checkpoint's pass@k into the W&B run that trained it (its manifest "
+            "names it), else into a new run (job_type eval) of the model's group"
+        },
+    )
+    wandb_project: str | None = field(
+        default=None,
+        metadata={"help": "W&B project of a new eval run (default: WANDB_PROJECT, else sage-unsloth)"},
+    )
+    wandb_entity: str | None = field(
+        default=None, metadata={"help": "W&B entity of a new eval run (default: WANDB_ENTITY, else yours)"}
+    )
+    wandb_group: str | None = field(
+        default=None,
+        metadata={
+            "help": "W&B group of a new eval run (default: WANDB_RUN_GROUP, else the model's short name)"
+        },
+    )
 
     def __post_init__(self):
         check_fields(self)
@@ -199,3 +220,8 @@ def check_fields(cfg: EvalConfig) -> None:
             f"{cfg.grading_retry_timeout_s}: need 0 < grading_timeout_s <= grading_retry_timeout_s"
         )
     parse_shard(cfg.shard)
+    if cfg.report_to != "wandb" and (cfg.wandb_project or cfg.wandb_entity or cfg.wandb_group):
+        raise ValueError(
+            "wandb_project / wandb_entity / wandb_group are set without report_to=wandb: add --report_to wandb "
+            "or drop them"
+        )

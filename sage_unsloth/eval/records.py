@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sage_unsloth import grading
 from sage_unsloth.eval.passk import passk_rows
-from sage_unsloth.manifest import atomic_write_text
+from sage_unsloth.manifest import atomic_write_text, fsync_folder
 from sage_unsloth.results import PASSK_COLUMNS, PASSK_FILE, PER_PROBLEM_COLUMNS, PER_PROBLEM_FILE
 
 
@@ -54,6 +54,7 @@ def write_chunk(path: Path, records: list[dict]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    fsync_folder(path.parent)
 
 
 class CorruptChunk(ValueError):

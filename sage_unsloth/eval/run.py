@@ -79,12 +79,6 @@ def read_kept_chunk(path: Path, expected_ids: list[str]) -> list[dict] | None:
         return None
 
 
-def _progress(total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="problem", dynamic_ncols=True, disable=None)
-
-
 def grading_pairs(problems: list[Problem], samples) -> list[tuple[str, object]]:
     items = []
     for problem, group in zip(problems, samples):
@@ -336,6 +330,9 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
                 chunks,
                 timings,
                 fail_after,
+                estimate_s=(backend_choice.estimate_s or {}).get(backend_choice.backend)
+                if backend_choice
+                else None,
             )
     finally:
         pool.close()
@@ -363,7 +360,27 @@ def _evaluate_locked(cfg: EvalConfig, checkpoint, problem_sets, ks, sampler, bac
         "regraded_chunks": chunks.regraded,
     }
     _write_eval_manifest(cfg, checkpoint, problem_sets, ks, chunks, grading_stats, backend_choice, timings)
+    if cfg.report_to == "wandb":
+        log_to_wandb(cfg, checkpoint, results)
     return results
+
+
+def log_to_wandb(cfg: EvalConfig, checkpoint, results: Path) -> None:
+    """Log the finished results to W&B (sage_unsloth/eval/wandb_log.py) and add the run's record to the manifest
+    (``wandb``); a failure is one line saying the results are kept and how to log them."""
+    from sage_unsloth.eval.wandb_log import log_checkpoint_results
+    from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_json, read_manifest
+
+    try:
+        record = log_checkpoint_results(cfg, checkpoint, results)
+    except Exception as exc:  # any W&B failure: the results on disk stay, one line says so
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(
+            f"W&B: logging {checkpoint.model}/{checkpoint.run} failed ({type(exc).__name__}: {first}); its results "
+            f"are written in {results}: run the same command again to log them (the chunks on disk are reused)"
+        ) from exc
+    manifest = read_manifest(results, expect_stage="eval")
+    atomic_write_json(results / MANIFEST_NAME, {**manifest, "wandb": record})
 
 
 def _prepare_folders(
@@ -407,15 +424,32 @@ def _reuse_kept_chunks(cfg: EvalConfig, problem_sets, chunks: _Chunks, pool):
     return pending
 
 
-def _sample_chunks(cfg, checkpoint, problem_sets, pending, sampler, pool, chunks, timings, fail_after):
+def _sample_chunks(
+    cfg, checkpoint, problem_sets, pending, sampler, pool, chunks, timings, fail_after, estimate_s=None
+):
     """Sample and grade the ``pending`` chunks, each written as soon as it is graded; the grading of one chunk
-    overlaps the next generate call."""
-    from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
+    overlaps the next generate call. Progress from measured rates (sage_unsloth/eval/progress.py; ``estimate_s``:
+    the backend rule's, said beside the measured time at the end)."""
+    from sage_unsloth.eval.progress import SamplingProgress
+    from sage_unsloth.eval.sampling import (
+        load_tokenizer,
+        make_sampler,
+        problem_seed,
+        prompt_token_limit,
+        render_prompts,
+    )
 
     tokenizer = load_tokenizer(checkpoint, cfg.trust_remote_code)
+    limit = prompt_token_limit(cfg)  # every prompt is checked before the engine starts: one line, not an OOM
+    prompts_of = {(n, i): render_prompts(tokenizer, c, cfg.user_template, limit) for n, i, c in pending}
+    bar = SamplingProgress(
+        sum(len(p) for p in problem_sets.values()),
+        sum(len(v) for v in chunks.summaries.values()),
+        f"{checkpoint.model}/{checkpoint.run}",
+        estimate_s=estimate_s,
+    )
     sampler = sampler or make_sampler(checkpoint, cfg)
-    bar = _progress(sum(len(p) for p in problem_sets.values()), f"{checkpoint.model}/{checkpoint.run}")
-    bar.update(sum(len(v) for v in chunks.summaries.values()))
+    bar.ready()
     in_flight = None  # grading of the previous chunk overlaps the next generate call
     written = 0
 
@@ -436,7 +470,7 @@ def _sample_chunks(cfg, checkpoint, problem_sets, pending, sampler, pool, chunks
 
     for name, index, chunk in pending:
         seeds = [problem_seed(cfg.seed, p.dataset, p.problem_id) for p in chunk]
-        prompts = render_prompts(tokenizer, chunk, cfg.user_template)
+        prompts = prompts_of.pop((name, index))
         t0 = time.perf_counter()
         samples = sampler.generate(prompts, seeds)
         timings["generate_s"] += time.perf_counter() - t0
@@ -519,6 +553,9 @@ def prepare(cfg: EvalConfig):
         problem_sets[dataset] = problems
     check_output_folder(cfg.results_dir, "results_dir")
     check_output_folder(cfg.outputs_dir, "outputs_dir")
+    from sage_unsloth.input_checks import check_wandb
+
+    check_wandb(cfg.report_to)  # the package and a key (or offline mode), before any model loads
     return ks, checkpoints, problem_sets
 
 
@@ -579,7 +616,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cfg.dry_run:
         return show_plan(cfg, ks, checkpoints, problem_sets, choices)
-    from sage_unsloth.interrupt import EXIT_INTERRUPTED, QUIET_ENV, interrupted_eval
+    from sage_unsloth.interrupt import (
+        QUIET_ENV,
+        exit_code_stopped,
+        handle_sigterm,
+        interrupted_eval,
+        restore_sigterm,
+    )
+
+    previous_sigterm = handle_sigterm()
 
     try:
         if len(checkpoints) > 1:
@@ -594,15 +639,15 @@ def main(argv: list[str] | None = None) -> int:
             for spec in cfg.checkpoints:
                 command = [sys.executable, "-m", "sage_unsloth.eval", *argv, "--checkpoints", spec]
                 code = subprocess.call(command, env=env)
-                if code == EXIT_INTERRUPTED:
-                    raise KeyboardInterrupt
+                if (stopped := exit_code_stopped(code)) is not None:
+                    raise stopped
                 if code:
                     return code
             return 0
         resolved, choice = choices[0]
         out = evaluate_checkpoint(resolved, checkpoints[0], problem_sets, ks, backend_choice=choice)
-    except KeyboardInterrupt:
-        return interrupted_eval(argv)
+    except KeyboardInterrupt as exc:
+        return interrupted_eval(argv, exc)
     except ValueError as exc:  # a folder another writer took since the checks above; chunks of other settings
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -623,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    finally:
+        restore_sigterm(previous_sigterm)
     print(f"results written to {out}")
     return 0
 

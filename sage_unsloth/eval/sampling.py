@@ -133,17 +133,46 @@ def load_tokenizer(checkpoint: Checkpoint, trust_remote_code: bool = False):
     return prepare_tokenizer(tokenizer)  # the kit's chat template: same prompt text as training
 
 
-def render_prompts(tokenizer, problems, user_template: str) -> list[list[int]]:
-    """Token ids of each problem's prompt: system + user turn under the kit's chat template."""
-    texts = []
+def prompt_token_limit(cfg) -> int:
+    """How many tokens a prompt may have: what a sequence holds (``max_model_len``) less the completion's room
+    (``max_tokens``)."""
+    return cfg.max_model_len - cfg.max_tokens
+
+
+def render_prompts(tokenizer, problems, user_template: str, limit: int | None = None) -> list[list[int]]:
+    """Token ids of each problem's prompt: system + user turn under the kit's chat template. ``limit``
+    (:func:`prompt_token_limit`): a longer prompt is a ValueError naming the problem, in one line, before any
+    generation; a prompt longer in characters than ``limit`` of the tokenizer's longest tokens is refused before
+    it is tokenized (a 10 MB prompt costs no minutes)."""
+    widest = _longest_token_chars(tokenizer) if limit is not None else 0
+    ids = []
     for problem in problems:
+        if limit is not None and len(problem.problem) > limit * widest:
+            raise ValueError(_too_long(problem, f"{len(problem.problem):,} characters", limit))
         messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": user_template.format(problem=problem.problem)},
         ]
-        texts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-    # The template already holds every special token it wants; adding BOS again would differ from training.
-    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # The template already holds every special token it wants; adding BOS again would differ from training.
+        ids.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if limit is not None and len(ids[-1]) > limit:
+            raise ValueError(_too_long(problem, f"{len(ids[-1]):,} tokens", limit))
+    return ids
+
+
+def _longest_token_chars(tokenizer) -> int:
+    """Characters of the tokenizer's longest token (a byte-level token's characters are its bytes), at least 1:
+    no prompt of more than ``n`` times this many characters fits in ``n`` tokens."""
+    return max(1, max((len(token) for token in tokenizer.get_vocab()), default=1))
+
+
+def _too_long(problem, size: str, limit: int) -> str:
+    return (
+        f"{problem.dataset}/{problem.problem_id}: the prompt is {size}; the model reads at most {limit:,} tokens "
+        "of prompt (max_model_len - max_tokens): shorten it, lower max_tokens or raise max_model_len (up to the "
+        "model's context)"
+    )
 
 
 @dataclass

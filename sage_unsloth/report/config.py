@@ -64,6 +64,20 @@ class ReportArguments(DryRunArgs):
     )
     wandb_project: str | None = field(default=None, metadata={"help": "log the report to this W&B project"})
     wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity for --wandb_project"})
+    from_wandb: str | None = field(
+        default=None,
+        metadata={
+            "help": "build the report from W&B instead of --results' folders: ENTITY/PROJECT, or a folder of "
+            "local runs (wandb/, offline-run-*) for runs never synced; the runs read are written to "
+            "<results>/wandb/ and the report to <results>/wandb/report.md (unless --out)"
+        },
+    )
+    wandb_group: str | None = field(
+        default=None,
+        metadata={
+            "help": "W&B group: --from_wandb reads only its runs; the report's own run (--wandb_project) joins it"
+        },
+    )
     training_runs: str | None = field(
         default=None,
         metadata={
@@ -90,6 +104,19 @@ class ReportArguments(DryRunArgs):
         check_field_rules(self)  # resamples, level, plot size, pattern samples: the pre-import check's words
         if self.wandb_entity and not self.wandb_project:
             raise ValueError("wandb_entity is set without wandb_project: add --wandb_project NAME or drop it")
+        if self.wandb_project:
+            from sage_unsloth.input_checks import check_wandb_installed
+
+            check_wandb_installed(f"wandb_project={self.wandb_project}")
+        if self.wandb_group and not (self.wandb_project or self.from_wandb):
+            raise ValueError(
+                "wandb_group is set without from_wandb or wandb_project: add --from_wandb ENTITY/PROJECT (or "
+                "--wandb_project NAME) or drop it"
+            )
+        if self.from_wandb:
+            from sage_unsloth.report.wandb_read import source_kind
+
+            source_kind(self.from_wandb)  # a folder here or ENTITY/PROJECT, else one line
         parse_pairs(self.pairs)  # "run_a:run_b,..." or a one-line error naming --pairs
 
 

@@ -1,6 +1,9 @@
 """Find and load the eval stage's outputs: results/<model>/<run>/{passk.csv, per_problem.csv, manifest.json}.
 
-The contract with the eval stage (files, columns, pooled sets, pass@k) is sage_unsloth/results.py.
+The contract with the eval stage (files, columns, pooled sets, pass@k) is sage_unsloth/results.py. A pass@k is a
+probability: a value of passk.csv outside [0, 1] is refused naming its line, and where per_problem.csv is there
+each value of passk.csv is recomputed from its counts (the eval stage's own aggregation, eval/passk.py) and must
+agree, so a hand-edited or mixed-up table never reaches the report beside intervals from other numbers.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from sage_unsloth.results import (
     PER_PROBLEM_FILE,
     PER_PROBLEM_REQUIRED,
     POOLED_AIME,
+    TRAINING_RUN_DIR,
     pass_at_k_matrix,
     stored_parts,
 )
@@ -41,6 +45,17 @@ class RunResults:
     @property
     def name(self) -> str:
         return f"{self.model}/{self.run}"
+
+    @property
+    def stage_folder(self) -> Path | None:
+        """The folder of the evaluated checkpoint's training stage (its manifest, its training log): the copy the
+        W&B reader wrote beside the results (``training_run/``, sage_unsloth/report/wandb_read.py), else the eval
+        manifest's ``checkpoint`` when it is a folder on this machine; None otherwise."""
+        copy = self.path / TRAINING_RUN_DIR
+        if (copy / MANIFEST_NAME).is_file():
+            return copy
+        checkpoint = (self.manifest or {}).get("checkpoint")
+        return Path(checkpoint) if checkpoint and Path(str(checkpoint)).is_dir() else None
 
     def reported(self, dataset: str, k: int) -> float | None:
         """The eval stage's pass@k for (dataset, k), or None when it did not report it."""
@@ -115,6 +130,44 @@ def _numbers(frame: pd.DataFrame, column: str, path: Path, *, integer: bool) -> 
     return values.astype(int) if integer else values
 
 
+FIX = "re-run the eval stage for this run (or sage-unsloth regrade it), or restore the file"
+AGREEMENT = 1e-6  # passk.csv holds the value as computed (10 significant digits in older files)
+
+
+def _check_probabilities(passk: pd.DataFrame, path: Path) -> None:
+    """Every pass@k of ``passk`` in [0, 1] (an empty cell is a missing value); else the line, in one ValueError."""
+    values = passk["pass_at_k"]
+    bad = values.notna() & ~values.between(0.0, 1.0)
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        item = passk.iloc[row]
+        raise ValueError(
+            f"{path} line {row + 2}: {item['dataset']} pass@{item['k']} = {item['pass_at_k']:g} is not a "
+            f"probability (outside [0, 1]): {FIX}"
+        )
+
+
+def _check_against_counts(passk: pd.DataFrame, per_problem: pd.DataFrame, path: Path) -> None:
+    """Each pass@k of ``passk`` the counts of ``per_problem`` give (a set, pooled AIME, the paper's average) must
+    be what they give, within :data:`AGREEMENT`; else the line and both values, in one ValueError."""
+    from sage_unsloth.eval.passk import passk_rows
+
+    ks = sorted({int(k) for k in passk["k"].dropna()})
+    counts = per_problem[["dataset", "n", "c"]].to_dict("records")
+    try:
+        expected = {(r["dataset"], r["k"]): r["pass_at_k"] for r in passk_rows(counts, ks)}
+    except ValueError as exc:  # c > n, k < 1: the counts themselves are wrong
+        raise ValueError(f"{path.with_name(PER_PROBLEM_FILE)}: {exc}: {FIX}") from None
+    for row, item in enumerate(passk.itertuples(index=False)):
+        want = expected.get((str(item.dataset), int(item.k)))
+        if want is None or pd.isna(item.pass_at_k) or abs(item.pass_at_k - want) <= AGREEMENT:
+            continue
+        raise ValueError(
+            f"{path} line {row + 2}: {item.dataset} pass@{item.k} = {item.pass_at_k:.6g}, but {PER_PROBLEM_FILE} "
+            f"gives {want:.6g}: the two files disagree (one was edited, or they are from different runs): {FIX}"
+        )
+
+
 def load_run(run_dir: str | Path) -> RunResults:
     run_dir = Path(run_dir)
     passk_path = run_dir / PASSK_FILE
@@ -127,6 +180,7 @@ def load_run(run_dir: str | Path) -> RunResults:
     passk["dataset"] = passk["dataset"].astype(str)
     passk["k"] = _numbers(passk, "k", passk_path, integer=True)
     passk["pass_at_k"] = _numbers(passk, "pass_at_k", passk_path, integer=False)  # an empty cell: missing
+    _check_probabilities(passk, passk_path)
     notes = []
     per_problem = None
     pp_path = run_dir / PER_PROBLEM_FILE
@@ -136,6 +190,7 @@ def load_run(run_dir: str | Path) -> RunResults:
         per_problem["dataset"] = per_problem["dataset"].astype(str)
         for column in ("n", "c"):
             per_problem[column] = _numbers(per_problem, column, pp_path, integer=True)
+        _check_against_counts(passk, per_problem, passk_path)
     else:
         notes.append("per_problem.csv missing: no confidence intervals")
     manifest = None

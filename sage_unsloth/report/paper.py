@@ -98,13 +98,14 @@ def load_mapping(path: str | Path | None) -> dict[str, dict]:
     return {key: (value if isinstance(value, dict) else {"method": value}) for key, value in runs.items()}
 
 
-def kl_placement(run: str, eval_manifest: dict | None) -> str:
+def kl_placement(run: str, eval_manifest: dict | None, stage_folder: str | Path | None = None) -> str:
     """Where the run's RL put the pseudo-KL: "loss" (per token, the paper's) or "reward", read from the RLVR
-    manifest of the checkpoint the eval stage scored; "—" for a run without RL (SFT / base). Without a readable
-    manifest, by name: a run name ending in "_reward" is the reward placement, anything else unknown ("?")."""
+    manifest of the checkpoint the eval stage scored (in ``stage_folder``, default the eval manifest's
+    ``checkpoint``); "—" for a run without RL (SFT / base). Without a readable manifest, by name: a run name ending
+    in "_reward" is the reward placement, anything else unknown ("?")."""
     from sage_unsloth.manifest import MANIFEST_NAME
 
-    checkpoint = (eval_manifest or {}).get("checkpoint")
+    checkpoint = stage_folder or (eval_manifest or {}).get("checkpoint")
     manifest_file = Path(str(checkpoint)) / MANIFEST_NAME if checkpoint else None
     if manifest_file is not None and manifest_file.is_file():
         try:

@@ -1,5 +1,6 @@
 """Stage 4 report: `python -m sage_unsloth.report [CONFIG.yaml] [--results results] [--out results/report.md]
-[--pairs "grpo_branch:grpo,..."] [--mapping map.yaml] [--training_runs 'outputs/*/*'] [--wandb_project P]`.
+[--pairs "grpo_branch:grpo,..."] [--mapping map.yaml] [--training_runs 'outputs/*/*'] [--wandb_project P]
+[--from_wandb ENTITY/PROJECT|wandb/ [--wandb_group G]]`.
 
 Reads results/<model>/<run>/{passk.csv, per_problem.csv, manifest.json} and the log_history.jsonl of each
 evaluated RLVR folder, writes results/report.md and results/report/ (comparison/pairs/patterns/support/
@@ -20,6 +21,21 @@ def dry_run(args, argv: list[str]) -> int:
     from sage_unsloth.results import PASSK_FILE
 
     dry.show("report", dry.resolved_config("report", (args,), argv))
+    if args.from_wandb:
+        from sage_unsloth.report.stage import WANDB_RESULTS
+
+        into = Path(args.results) / WANDB_RESULTS
+        out = Path(args.out) if args.out else into / "report.md"
+        dry.show_plan(
+            {
+                "source": f"W&B {args.from_wandb}"
+                + (f", group {args.wandb_group}" if args.wandb_group else ""),
+                "runs read into": into,
+                "report": out,
+                "tables and plots": out.with_suffix(""),
+            }
+        )
+        return 0
     results = Path(args.results)
     if not results.is_dir():
         raise FileNotFoundError(f"results folder {results} not found: pass --results DIR")
@@ -49,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return dry_run(args, argv)
         build_report(args)
-    except (ValueError, FileNotFoundError) as exc:  # bad input: one line, no traceback
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:  # bad input: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -26,6 +26,7 @@ from sage_unsloth.report.paper import (
 from sage_unsloth.report.tables import fmt, fmt_ci, fmt_signed, md_table
 
 log = logging.getLogger(__name__)
+WANDB_RESULTS = "wandb"  # <results>/wandb/: the evaluations --from_wandb read, as results folders
 
 __all__ = ["ReportArguments", "ReportResult", "build_report", "parse_args"]
 
@@ -102,6 +103,13 @@ def _ungraded(manifest: dict) -> str:
     return "?" if unresolved is None else str(unresolved)
 
 
+def _source(args: ReportArguments) -> str:
+    if args.from_wandb:
+        group = f", group `{args.wandb_group}`" if args.wandb_group else ""
+        return f"W&B `{args.from_wandb}`{group} (as results folders in `{args.results}`)"
+    return f"`{args.results}`"
+
+
 def render_markdown(
     args: ReportArguments,
     runs,
@@ -114,7 +122,7 @@ def render_markdown(
     parts = [
         "# SAGE reproduction report",
         (
-            f"Generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')} from `{args.results}`. "
+            f"Generated {_dt.datetime.now(_dt.UTC).isoformat(timespec='seconds')} from {_source(args)}. "
             "Point values: the eval stage's passk.csv (unbiased pass@k). "
             f"CIs: {int(args.level * 100)}% percentile bootstrap over problems ({args.resamples} resamples, "
             f"seed {args.seed}); avg_paper resamples within each set. Paper values from results/paper/, each "
@@ -153,7 +161,7 @@ def runs_section(runs, mapping) -> list[str]:
                 run.name,
                 row.model or "—",
                 row.method or "— (no paper row)",
-                kl_placement(run.run, manifest),
+                kl_placement(run.run, manifest, run.stage_folder),
                 str(checkpoint or ""),
                 sampling_summary(manifest),
                 f"{ks[0]}–{ks[-1]}" if ks else "none",
@@ -282,12 +290,31 @@ def print_console(comparison: pd.DataFrame) -> None:
 
 
 # ---------------------------------------------------------------- pipeline
-def build_report(args: ReportArguments, *, console: bool = True) -> ReportResult:
+def read_from_wandb(args: ReportArguments, api=None) -> ReportArguments:
+    """``--from_wandb``: the evaluations the W&B runs hold, written as results folders under ``<results>/wandb/``
+    (locked while written; sage_unsloth/report/wandb_read.py); returns ``args`` reading that folder. ``api``: a
+    stand-in for ``wandb.Api()`` (tests)."""
+    from sage_unsloth.folder_lock import FolderLock
+    from sage_unsloth.report.wandb_read import read_wandb
+    from sage_unsloth.wandb_runs import import_wandb
+
+    import_wandb("--from_wandb")  # both sources need it (the offline files are read with its own reader)
+    into = Path(args.results) / WANDB_RESULTS
+    with FolderLock(into, fix="pass another --results"):
+        names = read_wandb(args.from_wandb, args.wandb_group, into, api=api)
+    log.info("read %d evaluation(s) from W&B %s into %s", len(names), args.from_wandb, into)
+    return dataclasses.replace(args, results=str(into))
+
+
+def build_report(args: ReportArguments, *, console: bool = True, api=None) -> ReportResult:
     """Write the report; its folder (``<out without .md>/``, which also covers ``out``) is locked while it is
-    written (sage_unsloth/folder_lock.py): a second report into the same place stops in one line."""
+    written (sage_unsloth/folder_lock.py): a second report into the same place stops in one line. With
+    ``--from_wandb`` the results are first read from W&B (:func:`read_from_wandb`; ``api``: its stand-in)."""
     from sage_unsloth.folder_lock import FolderLock
 
     args.validate()
+    if args.from_wandb:
+        args = read_from_wandb(args, api=api)
     if not Path(args.results).is_dir():
         discover_runs(
             args.results
@@ -344,7 +371,7 @@ def _build_report(args: ReportArguments, out: Path, *, console: bool) -> ReportR
     if console:
         print_console(comparison)
     if args.wandb_project:
-        _log_to_wandb(args, result, training_png)
+        _log_to_wandb(args, result, training_png, (published, published_patterns, mapping))
     log.info("wrote %s (tables and plots in %s/)", out, assets)
     return result
 
@@ -393,21 +420,28 @@ def _write_report_files(args: ReportArguments, runs, result: ReportResult, asset
     atomic_write_text(result.out, result.markdown)
 
 
-def _log_to_wandb(args: ReportArguments, result: ReportResult, training_png: Path | None) -> None:
+def _log_to_wandb(args: ReportArguments, result: ReportResult, training_png: Path | None, paper) -> None:
+    """The report's tables and plots, the paper's tables and the runs beside the paper's rows (``paper``: the
+    published pass@k and pattern tables and the run mapping) to a W&B run of the report's own."""
     from sage_unsloth.report import wandb_log
 
+    published, published_patterns, mapping = paper
     all_images = dict(result.images)
     if training_png is not None:
         all_images["training_curves"] = training_png
     wandb_log.log_report(
         args.wandb_project,
         entity=args.wandb_entity,
+        group=args.wandb_group,
         markdown=result.markdown,
         tables={
             "comparison": result.comparison,
+            "passk_all_k": result.curves,
             "pairs": result.pairs,
             "patterns": result.patterns,
             "training": result.training,
+            "runs_vs_paper": wandb_log.runs_vs_paper(result.curves, published, mapping),
         },
+        paper={"passk": published, "reasoning_patterns": published_patterns},
         images=all_images,
     )

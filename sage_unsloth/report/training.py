@@ -1,7 +1,8 @@
 """Training curves of the RLVR runs behind the evaluated results, read from their stage folders.
 
-Each eval manifest names the checkpoint it evaluated (``checkpoint``: an RLVR output folder); that
-folder's manifest names its training log (``log_history``: ``log_history.jsonl``, written by
+Each eval manifest names the checkpoint it evaluated (``checkpoint``: an RLVR output folder; for results read
+from W&B, the copy of its training run beside them: RunResults.stage_folder); that folder's manifest names its
+training log (``log_history``: ``log_history.jsonl``, written by
 sage_unsloth/training_log.py). More RLVR folders can be given by glob (``--training_runs``), e.g. runs
 not evaluated yet. The report plots one panel per metric (TRL's reward, kl, entropy, the SAGE trainer's
 ``sage/*`` q statistics, completion length) with one line per run, and tabulates first/last values.
@@ -52,11 +53,7 @@ def _rlvr_folder(path: Path) -> Path | None:
 
 def training_folders(runs: list[RunResults], extra_glob: str | None = None) -> dict[str, Path]:
     """{"<model>/<variant>": RLVR folder} for every evaluated RLVR checkpoint and every folder matching the glob."""
-    candidates = []
-    for run in runs:
-        checkpoint = (run.manifest or {}).get("checkpoint")
-        if checkpoint and Path(checkpoint).is_dir():
-            candidates.append(Path(checkpoint))
+    candidates = [run.stage_folder for run in runs if run.stage_folder is not None]
     candidates += [Path(p) for p in sorted(glob.glob(extra_glob))] if extra_glob else []
     found: dict[str, Path] = {}
     seen: set[Path] = set()

@@ -42,6 +42,15 @@ def _gold(row: dict[str, Any]) -> Any:
     return None
 
 
+def row_problem(row: dict[str, Any]) -> str | None:
+    """What a local RLVR row lacks (its problem text or its gold answer, in any accepted layout), or None."""
+    if _problem_text(row) is None:
+        return "has no problem text (a string 'prompt' or 'problem', or a verl 'prompt' message list)"
+    if _gold(row) is None:
+        return f"has no gold answer (one of {', '.join(GOLD_FIELDS)}, or 'reward_model.ground_truth')"
+    return None
+
+
 def to_rlvr_row(row: dict[str, Any]) -> dict[str, Any]:
     """One source row in any accepted layout -> ``{"prompt": messages, "answer": gold string}``."""
     problem, gold = _problem_text(row), _gold(row)

@@ -39,13 +39,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from sage_unsloth import layout
-from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER
+from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER, UNSLOTH_SEQ_PACKING_ENV
 from sage_unsloth.field_rules import Limit, Names
 from sage_unsloth.training_cli import StageRunArgs
 
 logger = logging.getLogger(__name__)
 
 ANCHORS = ("sft", "base")
+_OFF = ("0", "false", "no", "off")  # how Unsloth reads its switches
 
 
 @dataclass
@@ -205,20 +206,30 @@ def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any]
 
 
 def plan_run(
-    grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = None, claim=None
+    grpo_args,
+    stage: RLVRStageArgs,
+    model_args,
+    config_path: str | None = None,
+    claim=None,
+    *,
+    for_another_machine: bool = False,
 ) -> RLVRPlan:
     """Resolve and check every input of the stage; one-line errors, nothing loads a model. ``claim(output_dir)``
-    (the stage's folder lock) is called before anything in the output folder is read or deleted."""
+    (the stage's folder lock) is called before anything in the output folder is read or deleted.
+    ``for_another_machine``: a dry run on a machine without the GPU the config asks for leaves that GPU's own
+    checks (vLLM needs one) to it."""
     from sage_unsloth.input_checks import check_adapter, check_data_file, check_wandb
     from sage_unsloth.models import check_gpu_setup
     from sage_unsloth.rlvr.resume import logging_alignment_warning
 
-    _check_vllm_mode(grpo_args)
+    _check_vllm_mode(grpo_args, on_this_machine=not for_another_machine)
     unsloth_vllm = grpo_args.use_vllm and grpo_args.backend == "unsloth"
     check_gpu_setup(model_args, grpo_args, backend=grpo_args.backend, fast_inference=unsloth_vllm)
     check_wandb(grpo_args.report_to)
-    if stage.dataset_path and Path(stage.dataset_path).is_file():
-        check_data_file(stage.dataset_path)  # unreadable, empty or truncated: one line naming the line
+    if stage.dataset_path:  # missing, unreadable, empty, truncated, or a row without its fields: one line
+        from sage_unsloth.rlvr.data import row_problem
+
+        check_data_file(stage.dataset_path, row_problem=row_problem)
     sft_dir, sft_manifest, base = _resolve_sft(stage, model_args)
     check_adapter(sft_dir, "sft_dir")
     context, max_prompt = _prompt_budget(grpo_args, stage, model_args, base)
@@ -231,6 +242,12 @@ def plan_run(
             "backend=unsloth on %s processes: not tested by this kit; backend=trl is (docs/scaling.md, "
             "'Under Unsloth')",
             os.environ["WORLD_SIZE"],
+        )
+    if grpo_args.backend == "unsloth" and os.environ.get(UNSLOTH_SEQ_PACKING_ENV, "1").lower() in _OFF:
+        logger.warning(
+            "%s=0: Unsloth's padded reference scorer is not the one the kit verified (it disagrees with the packed "
+            "one when completions end at different lengths; docs/verification.md): unset it for SAGE runs",
+            UNSLOTH_SEQ_PACKING_ENV,
         )
     if (alignment := logging_alignment_warning(grpo_args)) is not None:
         logger.warning(alignment)
@@ -248,8 +265,8 @@ def plan_run(
     )
 
 
-def _check_vllm_mode(grpo_args) -> None:
-    """vLLM's mode against the backend and the machine."""
+def _check_vllm_mode(grpo_args, *, on_this_machine: bool = True) -> None:
+    """vLLM's mode against the backend and (``on_this_machine``) the machine."""
     from sage_unsloth.backend import cuda_available
 
     if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
@@ -257,7 +274,7 @@ def _check_vllm_mode(grpo_args) -> None:
             "vllm_mode=server needs backend=trl: Unsloth runs its own engine in each process "
             "(it rewrites vllm_mode to colocate)"
         )
-    if grpo_args.use_vllm and not cuda_available():
+    if grpo_args.use_vllm and on_this_machine and not cuda_available():
         raise ValueError("use_vllm=true needs a GPU: pass --use_vllm false on a CPU-only machine")
     if grpo_args.use_vllm and grpo_args.backend == "trl" and grpo_args.vllm_mode != "colocate":
         logger.warning("vllm_mode=%s: a vLLM server must already be running", grpo_args.vllm_mode)
@@ -421,6 +438,17 @@ class RLVRStage:
         if self.plan.resume_from and self.trainer.accelerator.is_main_process:
             # Exact: weights, optimizer, RNG, sampler position and TRL's generation buffer (rlvr/resume.py).
             print(f"resuming from {Path(self.plan.resume_from).name} in {self.plan.output_dir}", flush=True)
+        from sage_unsloth.wandb_runs import finish_training_run, start_training_run
+
+        wandb_run = start_training_run(  # before train(): the Trainer's W&B callback logs into it
+            grpo_args.report_to,
+            job_type="rlvr",
+            model_short=self.plan.model_short,
+            variant=self.plan.variant,
+            output_dir=self.plan.output_dir,
+            resume=bool(self.plan.resume_from),
+            name=grpo_args.run_name,
+        )
         self.trainer.train(resume_from_checkpoint=self.plan.resume_from)
         out = self.plan.output_dir
         accelerator = self.trainer.accelerator
@@ -434,6 +462,7 @@ class RLVRStage:
         from sage_unsloth.checkpoint_contents import weights_problem
         from sage_unsloth.checkpoints import UnsaneCheckpoint
 
+        wandb_record = finish_training_run(wandb_run)
         policy = get_peft_model_state_dict(self.model, adapter_name=POLICY_ADAPTER)
         if (problem := weights_problem(policy, "the policy adapter")) is not None:
             raise UnsaneCheckpoint(f"the final adapter was not written to {out}: {problem}")
@@ -465,6 +494,7 @@ class RLVRStage:
             train_prompts=len(self.dataset),
             num_processes=accelerator.num_processes,
             log_history=LOG_HISTORY_FILE,
+            wandb=wandb_record,  # the W&B run (id, project, entity, group) stage 3 logs this model's results into
         )
         logger.info("RLVR output written to %s", out)
         return out
@@ -484,7 +514,6 @@ def build_stage(
     grpo_args.output_dir = str(plan.output_dir)
     if not grpo_args.run_name:
         grpo_args.run_name = f"{plan.model_short}/{plan.variant}"
-    os.environ.setdefault("WANDB_PROJECT", "sage-unsloth")  # read by transformers' W&B callback
 
     # Data before the model: a bad dataset fails in seconds, not after loading 15 GB of weights.
     trust = bool(grpo_args.trust_remote_code)  # trl 1.15's ModelConfig has no such field
@@ -564,8 +593,11 @@ def dry_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None
     from sage_unsloth import dry_run as dry
     from sage_unsloth.backend import cuda_available
 
-    dry.show("rlvr", dry.resolved_config("rlvr", (grpo_args, stage, model_args), argv))
-    plan = plan_run(grpo_args, stage, model_args, config_path)
+    resolved = dry.resolved_config("rlvr", (grpo_args, stage, model_args), argv)
+    dry.show("rlvr", resolved)
+    # what the config's GPU needs, on a machine without one (whose own checks are then that GPU's)
+    elsewhere = dry.show_gpu_needs(config_path, resolved)
+    plan = plan_run(grpo_args, stage, model_args, config_path, for_another_machine=elsewhere)
     method = grpo_args.method_plan
     dry.show_plan(
         {
@@ -620,7 +652,12 @@ def main(argv: list[str] | None = None) -> int:
         # Everything here is input checking (config, folders, data, loader and trainer arguments): one line.
         if not dry_run_requested(argv):
             _import_unsloth_early(argv)
-        grpo_args, stage, model_args, config_path = parse_args(argv)
+        if dry_run_requested(argv):  # on any machine: parsed as on the config's GPU
+            from sage_unsloth.dry_run import parse_anywhere
+
+            grpo_args, stage, model_args, config_path = parse_anywhere(parse_args, argv)
+        else:
+            grpo_args, stage, model_args, config_path = parse_args(argv)
         if stage.dry_run:
             return dry_run(grpo_args, stage, model_args, config_path, argv)
         plan = plan_run(grpo_args, stage, model_args, config_path, claim=settle)  # fail fast, no model yet

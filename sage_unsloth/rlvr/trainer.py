@@ -253,7 +253,7 @@ class SageTrainerMixin:
     def _sage_score_with_signals(self, score, model, args: tuple, kwargs: dict):
         """TRL's scorer ``score`` called once; the guide's logit signals computed in the same chunked pass
         (compat.logit_signal_tap). Returns (TRL's result, {signal: (B, C)})."""
-        fns = guides.logit_signal_functions(self.sage_plan.guide_needs)
+        fns = guides.logit_signal_functions(self.sage_plan.guide_needs, self.sage_plan.guide)
         if not fns:
             return score(model, *args, **kwargs), {}
         names = ("input_ids", "attention_mask", "logits_to_keep")
@@ -288,7 +288,7 @@ class SageTrainerMixin:
             if self.sage_mode == "train"
             else self.args.per_device_eval_batch_size
         )
-        fns = {name: guides.LOGIT_SIGNALS.resolve(name).obj for name in logit_signals}
+        fns = guides.logit_signal_functions(logit_signals, self.sage_plan.guide)
         if self._sage_patched:
             # Unsloth's scorer returns neither entropies nor logits: the kit's own pass gives both.
             return policy_logps_and_entropies(

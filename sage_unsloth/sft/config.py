@@ -137,7 +137,10 @@ class SageSFTConfig(StageRunArgs, SFTConfig):
                 raise FileNotFoundError(
                     f"dataset_path {self.dataset_path} does not exist: fix it or unset it"
                 )
-            check_data_file(self.dataset_path)  # unreadable, empty or truncated: one line naming the line
+            from .data import row_problem
+
+            # unreadable, empty, truncated, or a row without its fields: one line naming the line
+            check_data_file(self.dataset_path, row_problem=row_problem)
         elif not self.dataset_name:
             raise ValueError("no dataset: set dataset_name (hub id) or dataset_path (local JSONL/parquet)")
         if not 0 < self.max_length_fraction <= 1:

@@ -162,6 +162,15 @@ def _load_hub_dataset(datasets, dataset_name: str, split: str):
         raise hub_unreachable(dataset_name, why) from None
 
 
+def row_problem(row: dict) -> str | None:
+    """What a local SFT row lacks ("has no 'expected_answer'"), or None: each required field present and not null
+    (a missing answer is bad input, named by its line, not a row dropped as "non-numeric")."""
+    missing = [name for name in REQUIRED_FIELDS if row.get(name) is None]
+    if not missing:
+        return None
+    return f"has no {', '.join(map(repr, missing))} (SFT rows need {', '.join(REQUIRED_FIELDS)})"
+
+
 def check_fields(raw, source: str) -> None:
     missing = [f for f in REQUIRED_FIELDS if f not in raw.column_names]
     if missing:

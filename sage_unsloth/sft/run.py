@@ -113,38 +113,26 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
     """Train (or resume) and write the stage-1 output folder; returns its path."""
     from ..compat import unsloth_mirrors
     from ..manifest import write_manifest
-    from ..models import load_for_training, model_short_name
+    from ..models import model_short_name
 
     plan = plan or prepare_sft(sft_args, model_args)
     if plan.finished:
         return plan.out
     out, checkpoint, data = plan.out, plan.checkpoint, plan.data
-    if sft_args.backend == "unsloth":
-        from ..backend import import_unsloth
-
-        import_unsloth()  # before the trainer is looked up: Unsloth rebinds trl.SFTTrainer
-    model, tokenizer = load_for_training(
-        model_args,
-        backend=sft_args.backend,
-        max_seq_length=sft_args.max_seq_length,
-        seed=sft_args.seed,
-        gradient_checkpointing=sft_args.gradient_checkpointing,
-        trust_remote_code=sft_args.trust_remote_code,
-    )
-    if sft_args.backend == "unsloth":
-        # Unsloth set up its own (offloaded) checkpointing in the loader; the Trainer must not redo it.
-        sft_args.gradient_checkpointing = False
-
-    trainer_cls = sft_trainer_class()
-    from ..log_writer import LogHistoryWriter
+    model, tokenizer = load_sft_model(sft_args, model_args)
     from ..training_log import LOG_HISTORY_FILE
+    from ..wandb_runs import finish_training_run, start_training_run
 
-    trainer = trainer_cls(
-        model=model,
-        args=sft_args,
-        train_dataset=data.dataset,
-        processing_class=tokenizer,
-        callbacks=[LogHistoryWriter(out)],
+    trainer = build_sft_trainer(sft_args, model, tokenizer, data, out)
+    short = sft_args.model_short_name or model_short_name(model_args.model_name_or_path)
+    wandb_run = start_training_run(  # before train(): the Trainer's W&B callback logs into it
+        sft_args.report_to,
+        job_type="sft",
+        model_short=short,
+        variant="sft",
+        output_dir=out,
+        resume=bool(checkpoint),
+        name=sft_args.run_name,
     )
     started = time.time()
     result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -162,6 +150,7 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
             trust_remote_code=sft_args.trust_remote_code,
         )
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    wandb_record = finish_training_run(wandb_run)
     write_manifest(
         out,
         stage="sft",
@@ -171,7 +160,7 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
         base_model_mirrors=unsloth_mirrors(model_args.model_name_or_path),  # what stage 3 accepts as the base
         adapter=True,
         backend=sft_args.backend,
-        model_short_name=sft_args.model_short_name or model_short_name(model_args.model_name_or_path),
+        model_short_name=short,
         merged=str(merged_dir.relative_to(out)) if merged_dir else None,
         resumed_from=Path(checkpoint).name if checkpoint else None,
         data=data.summary(),
@@ -183,9 +172,45 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
             "last_loss": losses[-1] if losses else None,
             "seconds": round(time.time() - started, 1),
         },
+        wandb=wandb_record,  # the W&B run (id, project, entity, group) stage 3 logs this model's results into
     )
     logger.info("SFT output written to %s", out)
     return out
+
+
+def load_sft_model(sft_args, model_args):
+    """(model with its LoRA, tokenizer) for the stage's backend."""
+    from ..models import load_for_training
+
+    if sft_args.backend == "unsloth":
+        from ..backend import import_unsloth
+
+        import_unsloth()  # before the trainer is looked up: Unsloth rebinds trl.SFTTrainer
+    model, tokenizer = load_for_training(
+        model_args,
+        backend=sft_args.backend,
+        max_seq_length=sft_args.max_seq_length,
+        seed=sft_args.seed,
+        gradient_checkpointing=sft_args.gradient_checkpointing,
+        trust_remote_code=sft_args.trust_remote_code,
+    )
+    if sft_args.backend == "unsloth":
+        # Unsloth set up its own (offloaded) checkpointing in the loader; the Trainer must not redo it.
+        sft_args.gradient_checkpointing = False
+    return model, tokenizer
+
+
+def build_sft_trainer(sft_args, model, tokenizer, data, out: Path):
+    """The stage's Trainer over the loaded model: the kit's SFT trainer class, streaming its log to ``out``."""
+    from ..log_writer import LogHistoryWriter
+
+    return sft_trainer_class()(
+        model=model,
+        args=sft_args,
+        train_dataset=data.dataset,
+        processing_class=tokenizer,
+        callbacks=[LogHistoryWriter(out)],
+    )
 
 
 def sft_trainer_class():
@@ -239,7 +264,9 @@ def dry_run(sft_args, model_args, argv: list[str]):
     from .. import dry_run as dry
     from ..backend import cuda_available
 
-    dry.show("sft", dry.resolved_config("sft", (sft_args, model_args), argv))
+    resolved = dry.resolved_config("sft", (sft_args, model_args), argv)
+    dry.show("sft", resolved)
+    dry.show_gpu_needs(argv[0] if argv and not argv[0].startswith("-") else None, resolved)
     plan = settle_sft(sft_args, model_args)
     rows = sft_args.dataset_max_rows
     dry.show_plan(

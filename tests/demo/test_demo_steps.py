@@ -90,6 +90,32 @@ def test_a_failing_step_stops_the_run_with_its_log_and_a_missing_output_is_a_fai
     assert not (tmp_path / "work" / "steps" / "silent.json").exists()
 
 
+def test_a_rerun_says_what_it_cost_itself_apart_from_the_reused_steps(tmp_path):
+    """A rerun that reused 12 steps and ran 3 in 125 s says 125 s, not the 400 s of the last complete run that
+    the timings' total keeps (main 0298207: "finished: 400 s wall, ... over all steps")."""
+    from sage_unsloth.demo.run import finished_line, write_timings
+
+    def record(name, status, cpu):
+        return S.StepRecord(name, status, wall_s=cpu, cpu_s=cpu, threads=1, finished="t")
+
+    first = [record(f"s{i}", "ran", 25.0) for i in range(15)]
+    (tmp_path / "r").mkdir()
+    total = write_timings(tmp_path / "r", tmp_path / "w", first, 400.0)
+    assert finished_line(first, 400.0, total) == "400 s wall, 375 s CPU over all steps"
+    rerun = [record(f"s{i}", "reused", 25.0) for i in range(12)] + [
+        record(f"s{i}", "ran", 10.0) for i in (12, 13, 14)
+    ]
+    total = write_timings(tmp_path / "r", tmp_path / "w", rerun, 125.0)
+    assert total["wall_s"] == 400.0  # the timings keep the last complete run's wall time ...
+    line = finished_line(rerun, 125.0, total)
+    assert line.startswith("125 s wall and 30 s CPU for the 3 steps that ran; 12 reused from earlier runs"), (
+        line
+    )
+    assert line.endswith("(300 s CPU when they ran, the last complete run 400 s wall)"), (
+        line
+    )  # ... said as such
+
+
 def test_cpu_time_is_measured_and_threads_reach_the_step(tmp_path):
     out = tmp_path / "threads.txt"
     code = (

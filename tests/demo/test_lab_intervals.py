@@ -155,3 +155,24 @@ def test_the_reading_of_each_interval_shape():
     assert "a gain above +0.010 is excluded" in reading(row(-0.05, 0.01))
     assert reading(row(-0.05, 0.08)).startswith("includes 0 and the paper's")
     assert reading(row(-0.05, 0.08, metric="pair-plan share")) == "includes 0"
+
+
+@pytest.mark.parametrize(
+    "high, expected",
+    [
+        (0.0151, "includes 0 and the paper's +0.015: a gain above +0.0151 is excluded"),
+        (0.01503, "includes 0 and the paper's +0.015: a gain above +0.01503 is excluded"),
+        (0.015, "includes 0 and, at its upper end, the paper's +0.015"),
+        (0.01496, "includes 0; excludes the paper's +0.015 (a gain above +0.01496 is excluded)"),
+        (0.0139, "includes 0; excludes the paper's +0.015 (a gain above +0.014 is excluded)"),
+        (0.08, "includes 0 and the paper's +0.015: a gain above +0.080 is excluded"),
+    ],
+)
+def test_a_reading_never_contradicts_itself_after_rounding(high, expected):
+    """Main 0298207 read an upper end of +0.0151 as "includes 0 and the paper's +0.015: a gain above +0.015 is
+    excluded". The upper end is printed to as many decimals as it takes to differ from the paper's effect, so a
+    reading never names the paper's effect as both inside and beyond the interval (and every number it prints
+    is its CSV's, rounded: tests/demo/test_lab_numbers.py)."""
+    from sage_unsloth.demo.outcome import reading
+
+    assert reading({"ci_low": -0.02, "ci_high": high, "metric": "pass@64"}) == expected

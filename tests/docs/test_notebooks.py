@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,9 @@ def test_notebooks_differ_only_in_platform_parameters_and_platform_cells():
     }
     assert 'PLATFORM = "colab"' in params["colab"] and 'MODEL = "Qwen/Qwen2.5-1.5B"' in params["colab"]
     assert 'PLATFORM = "kaggle"' in params["kaggle"] and 'MODEL = "Qwen/Qwen2.5-3B"' in params["kaggle"]
-    text = {
-        name: "\n".join(_source(c) for c in cells) for name, cells in (("colab", colab), ("kaggle", kaggle))
+    text = {  # the driver cell is the kit's own code, the same on both platforms (it names both)
+        name: "\n".join(_source(c) for c in cells if build.DRIVER_TAG not in c["metadata"].get("tags", []))
+        for name, cells in (("colab", colab), ("kaggle", kaggle))
     }
     assert (
         "Runtime → Change runtime type → T4" in text["colab"]
@@ -75,7 +77,10 @@ def test_notebook_kernel_holds_no_recipe_logic():
         assert f"import {module}" not in joined and f"from {module}" not in joined
     assert 'recipe.run("sft")' in joined and 'recipe.run("rlvr", variant)' in joined
     assert 'recipe.run("eval", run)' in joined and 'recipe.run("report")' in joined
-    assert max(len(c.splitlines()) for c in code) <= 25
+    # the first cell is the kit's driver rules, copied because the kit is not installed yet (tested in
+    # tests/doctor/test_driver.py); every other cell is a few calls
+    assert code[0] == build.driver_cell_source()
+    assert max(len(c.splitlines()) for c in code[1:]) <= 25
 
 
 # ----------------------------------------------------------------------------------------------- presets
@@ -140,42 +145,117 @@ def test_install_cell_checks_the_gpu_before_pip_and_installs_the_gpu_extra():
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     # Colab ships its own torchvision: the [gpu] extra installs the one built for the pinned torch.
-    assert "torch==2.13.0" in project["dependencies"]
+    assert "torch==2.13.0" in project["optional-dependencies"]["gpu"]
     assert "torchvision==0.28.0" in project["optional-dependencies"]["gpu"]
+
+
+def test_the_notebooks_install_the_gpu_lock_of_their_python(monkeypatch, tmp_path):
+    """Colab runs Python 3.12, Kaggle 3.11: each installs requirements/gpu-py3.X-lock.txt, then the kit alone."""
+    assert nb.gpu_lock(REPO, (3, 12)) == REPO / "requirements" / "gpu-py3.12-lock.txt"
+    assert nb.gpu_lock(REPO, (3, 11)).name == "gpu-py3.11-lock.txt"
+    with pytest.raises(
+        RuntimeError, match=r"no GPU lock for Python 3.10: the kit has locks for Python 3.11, 3.12"
+    ):
+        nb.gpu_lock(REPO, (3, 10))
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv[3:])
+        return __import__("subprocess").CompletedProcess(argv, 0, "2.13.0+cu130 0.28.0 13.0\n", "")
+
+    monkeypatch.setattr(nb.subprocess, "run", run)
+    nb.install(REPO)
+    lock = str(nb.gpu_lock(REPO))
+    assert calls[:2] == [["install", "-q", "-r", lock], ["install", "-q", "--no-deps", "-e", str(REPO)]]
+    cell = next(_source(c) for c in _cells(build.TARGETS["colab"]) if "## 2. Install" in _source(c))
+    assert "requirements/gpu-py3.X-lock.txt" in cell and "--no-deps" in cell
 
 
 def _first_code_cell(name: str) -> str:
     return next(_source(c) for c in _cells(name) if c["cell_type"] == "code")
 
 
+class FakeMachine:
+    """What the first cell runs, answered: nvidia-smi's rows, apt, and the probe of the forward-compatibility
+    libcuda in a fresh process (``probe``: cuInit's result and the driver API version it prints)."""
+
+    def __init__(self, rows: str, probe: str = "0 13000"):
+        self.rows, self.probe, self.commands = rows, probe, []
+
+    def __call__(self, command, *args, **kwargs):
+        import types
+
+        self.commands.append(command[0] if command[0] != sys.executable else "probe")
+        if command[0] == "nvidia-smi":
+            return types.SimpleNamespace(returncode=0, stdout=self.rows, stderr="")
+        out = self.probe if command[0] == sys.executable else ""
+        return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
+
+
 @pytest.mark.parametrize(
-    "rows, wanted",
+    "rows, probe, wanted",
     [
-        ("Tesla T4, 580.82.07\n", None),
-        ("NVIDIA H100 80GB HBM3, 590.44.01\nNVIDIA H100 80GB HBM3, 590.44.01\n", None),
-        ("Tesla T4, 550.54.15\n", "driver 550.54.15 is older than 580"),
-        ("Tesla T4, 575.57.08\n", "driver 575.57.08 is older than 580"),
-        ("", "no NVIDIA GPU visible"),
+        ("Tesla T4, 580.82.07\n", "", "runs CUDA 13"),
+        ("NVIDIA H100 80GB HBM3, 590.44.01\nNVIDIA H100 80GB HBM3, 590.44.01\n", "", "runs CUDA 13"),
+        ("Tesla T4, 550.54.15\n", "0 13000", "CUDA 13 runs through cuda-compat-13-0"),
+        ("Tesla T4, 550.54.15\n", "803 12040", "does not load here .cuInit 803"),
+        ("NVIDIA GeForce RTX 4090, 550.54.15\n", "", "update the NVIDIA driver to >= 580"),
+        ("", "", "no NVIDIA GPU visible"),
     ],
 )
-def test_first_cell_checks_the_driver_before_anything_else(monkeypatch, capsys, rows, wanted):
-    """The first code cell, run as the notebook runs it (nvidia-smi faked), stops on a driver older than 580 or no
-    GPU, with what to change; its rule agrees with the package's (nb.platform_problems)."""
+def test_first_cell_runs_cuda_13_on_an_old_driver_or_says_the_one_thing(
+    monkeypatch, capsys, rows, probe, wanted
+):
+    """The first code cell, run as the notebook runs it (the machine faked): on a driver older than 580 it installs
+    NVIDIA's forward-compatibility package, checks it loads in a fresh process and puts it first on the stages'
+    LD_LIBRARY_PATH; where it cannot, it stops with the one thing to do. nb.platform_problems (the install cell)
+    then agrees."""
     import subprocess
-    import types
 
     code = _first_code_cell(build.TARGETS["kaggle"])
     assert code == _first_code_cell(build.TARGETS["colab"]) and "nvidia-smi" in code
     monkeypatch.delenv("SAGE_NOTEBOOK_TINY", raising=False)
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=rows))
-    if wanted is None:
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/lib64-nvidia")
+    machine = FakeMachine(rows, probe)
+    monkeypatch.setattr(subprocess, "run", machine)
+    if "runs" in wanted:
         exec(code, {})  # noqa: S102 - the notebook's own cell
-        assert ": OK" in capsys.readouterr().out
+        assert wanted in capsys.readouterr().out
     else:
         with pytest.raises(RuntimeError, match=wanted):
             exec(code, {})  # noqa: S102
+    compat_on = os.environ["LD_LIBRARY_PATH"].startswith("/usr/local/cuda-13.0/compat:")
+    assert compat_on is ("cuda-compat" in wanted)
+    assert ("apt-get" in machine.commands) is ("550" in rows and "GeForce" not in rows)
     gpus = [nb.GPU(r.split(",")[0], 15360, 7.5, r.split(",")[1].strip()) for r in rows.splitlines()]
-    assert bool(nb.platform_problems(gpus)) is (wanted is not None)
+    assert bool(nb.platform_problems(gpus)) is ("runs" not in wanted)
+
+
+def test_unsloths_compile_cache_stays_off_google_drive(monkeypatch, tmp_path):
+    """The stages run in WORKDIR; on Drive, Unsloth's generated trainers go to local disk instead
+    (UNSLOTH_COMPILE_LOCATION, which unsloth_zoo's compiler reads: tests/kit/test_compat.py)."""
+    monkeypatch.delenv("UNSLOTH_COMPILE_LOCATION", raising=False)
+    drive = _recipe("colab", Path("/content/drive/MyDrive/sage_run"))
+    assert drive.env()["UNSLOTH_COMPILE_LOCATION"] == "/content/unsloth_compiled_cache"
+    assert (
+        "UNSLOTH_COMPILE_LOCATION" not in _recipe("colab", tmp_path).env()
+    )  # local WORKDIR: Unsloth's default
+    assert not nb.on_drive("/content/drive-backup") and nb.on_drive("/content/drive")
+    monkeypatch.setenv("UNSLOTH_COMPILE_LOCATION", "/mine")
+    assert drive.env()["UNSLOTH_COMPILE_LOCATION"] == "/mine"  # the user's choice is kept
+
+
+def test_a_local_run_writes_into_an_ignored_folder():
+    """A notebook run on CPU (no Drive, no Kaggle) writes its work folder beside the notebook: git ignores it, so
+    the clone stays clean (main 0298207 left an untracked notebooks/sage_run/)."""
+    import subprocess
+
+    repo = Path(build.__file__).resolve().parents[1]
+    local = nb.work_folder("local", "", tiny=True)
+    assert local == nb.DEFAULT_WORKDIR
+    for where in (repo / "notebooks" / local / "stages" / "sft.json", repo / local / "results" / "x.csv"):
+        done = subprocess.run(["git", "check-ignore", "-q", str(where)], cwd=repo, check=False)
+        assert done.returncode == 0, f"{where.relative_to(repo)} is not ignored"
 
 
 def test_work_folder_survives_a_disconnect(monkeypatch, tmp_path):
@@ -283,6 +363,31 @@ def test_make_recipe_checks_parameters_before_anything_runs(tmp_path):
     if not nb.gpu_info():
         with pytest.raises(RuntimeError, match="no NVIDIA GPU"):
             nb.make_recipe("colab", **common)
+
+
+def test_with_wandb_every_stage_logs_to_it_and_the_notebook_says_where(tmp_path, monkeypatch):
+    """USE_WANDB: training and evaluation report to W&B (stage 3 into the runs that trained each checkpoint), the
+    report logs itself and the paper's tables into the runs' group; the closing line names project, group, runs."""
+    from sage_unsloth.eval.run import parse_args as eval_parse
+    from sage_unsloth.report.stage import parse_args as report_parse
+
+    for key in ("WANDB_PROJECT", "WANDB_RUN_GROUP"):
+        monkeypatch.delenv(key, raising=False)
+    recipe = _recipe("colab", tmp_path, [T4])
+    assert eval_parse(recipe.command("eval", "grpo")[3:]).report_to == "none"
+    assert report_parse(recipe.command("report")[3:]).wandb_project is None
+    assert recipe.wandb_where().startswith("W&B is off")
+    recipe.report_to = "wandb"
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the stages' key check
+    command = recipe.command("rlvr", "grpo")
+    assert command[command.index("--report_to") + 1] == "wandb"
+    for run, _ in recipe.eval_runs():
+        assert eval_parse(recipe.command("eval", run)[3:]).report_to == "wandb"
+    report = report_parse(recipe.command("report")[3:])
+    assert (report.wandb_project, report.wandb_group) == ("sage-unsloth", recipe.model_short)
+    where = recipe.wandb_where()
+    assert "project sage-unsloth" in where and f"group {recipe.model_short}" in where
+    assert all(f"{recipe.model_short}/{run}" in where for run, _ in recipe.eval_runs())
 
 
 def test_wandb_key_comes_from_the_environment_and_is_not_printed(monkeypatch, capsys):

@@ -61,10 +61,24 @@ def test_compute_capability_against_the_wheels_kernels(capability, ok):
     ],
 )
 def test_driver_against_the_cuda_of_torch(driver, cuda, ok):
-    check = env.driver_check(facts((7, 5), driver=driver, cuda=cuda))
+    check = env.driver_check(facts((7, 5), name="Tesla T4", driver=driver, cuda=cuda))
     assert check.status == ("PASS" if ok else "FAIL"), check
     if not ok:
-        assert f"CUDA {cuda.split('.')[0]}.x" in check.detail and "update the NVIDIA driver" in check.fix
+        assert f"CUDA {cuda.split('.')[0]}.x" in check.detail
+        # CUDA 13 on a data-centre card: NVIDIA's forward-compatibility package; CUDA 12 is not the kit's pin
+        wanted = "sage_unsloth.doctor.driver --enable" if cuda == "13.0" else "update the NVIDIA driver"
+        assert wanted in check.fix, check.fix
+
+
+def test_forward_compatible_libcuda_passes_an_older_kernel_driver():
+    """nvidia-smi reports the kernel module (550); the libcuda the process loaded runs the CUDA 13 driver API."""
+    old = facts((7, 5), name="Tesla T4", driver="550.54.15")
+    assert env.driver_check(old).status == "FAIL"
+    old.driver_api = 13000
+    check = env.driver_check(old)
+    assert check.status == "PASS" and "forward-compatibility libcuda (driver API 13.0)" in check.detail
+    consumer = facts((8, 9), name="NVIDIA GeForce RTX 4090", driver="550.54.15")
+    assert "update the NVIDIA driver to >= 580" in env.driver_check(consumer).fix
 
 
 def test_bf16_on_a_t4_fails_with_the_fp16_fix():
@@ -83,10 +97,11 @@ def test_no_gpu_is_a_skip_unless_the_config_needs_one():
 # ----------------------------------------------------------------------------------------------- stack
 def test_kit_pins_come_from_the_package_metadata():
     pins = {p.name: p for p in env.kit_pins()}
-    assert pins["torch"].version == "2.13.0" and pins["torch"].extras == ()
+    assert pins["torch"].version == "2.13.0" and pins["torch"].extras == ("gpu",)  # the core takes a range
     assert pins["trl"].version == "1.15.0" and pins["vllm"].extras == ("gpu",)
     assert pins["bitsandbytes"].version == "0.50.2" and pins["torchvision"].version == "0.28.0"
-    assert set(pins["unsloth"].extras) == {"gpu", "unsloth"}
+    assert set(pins["unsloth"].extras) == {"gpu", "unsloth"}  # [gpu] names [unsloth]
+    assert pins["math-verify"].extras == () and "numpy" not in pins
 
 
 def test_stack_rules():
@@ -140,22 +155,27 @@ def _config(relative: str) -> dict:
 
 def test_memory_estimate_for_the_paper_config():
     """Finding 8: the preset's activation checkpoints live in CPU RAM (Unsloth's offloaded checkpointing), not on
-    the GPU. Each term from the equations: hidden states of every layer for 8 x (1024 + 3072) tokens, 16-bit."""
+    the GPU. Each term from the equations: hidden states of every layer for 8 x (1024 + 3072) tokens, 16-bit; one
+    layer's saved tensors 2 x (6h + 2 kv d + 4I) bytes a token; Unsloth's logits one sequence in 4 float32 chunks
+    with their gradient; Unsloth's vLLM holds the weights (one copy) and a 16 x 4096-token KV cache."""
     path = "configs/rlvr/qwen2.5-math-7b/grpo_branch.yaml"
     guess = memory.estimate(_config(path), path)
     assert guess.model == "qwen2.5-math-7b" and guess.vllm_fraction == 0.5
     tokens, hidden, layers, inter, vocab = 8 * 4096, 3584, 28, 18944, 152064
     assert guess.cpu_parts == {"offloaded checkpoints": pytest.approx(tokens * hidden * 2 * layers / 2**30)}
-    assert guess.parts["activations (1 layer)"] == pytest.approx(
-        tokens * (4 * hidden + 3 * inter) * 2 / 2**30
+    step = guess.phases["training step"]
+    assert step["activations (1 layer)"] == pytest.approx(
+        tokens * 2 * (6 * hidden + 2 * 4 * 128 + 4 * inter) / 2**30
     )
-    assert guess.parts["logits chunk"] == pytest.approx(4096 * vocab * 4 * 2 / 4 / 2**30)  # one row, 4 chunks
-    assert guess.vllm_holds["weights"] == pytest.approx(7.62e9 * 2 / 2**30)
+    assert step["logits"] == pytest.approx(4096 * vocab * 4 * 2 / 4 / 2**30)
+    assert "weights" not in guess.parts and guess.vllm_holds["weights"] == pytest.approx(7.62e9 * 2 / 2**30)
     assert guess.vllm_holds["KV cache (16 x 4096 tokens)"] == pytest.approx(
         16 * 4096 * layers * 2 * 4 * 128 * 2 / 2**30
     )
     trl = memory.estimate(_config(path) | {"backend": "trl"}, path)  # without Unsloth they stay on the GPU
-    assert not trl.cpu_parts and trl.parts["activations"] > guess.parts["activations (1 layer)"] + 6
+    assert not trl.cpu_parts
+    kept = trl.phases["training step"]["activations (1 layer + checkpoints)"] - step["activations (1 layer)"]
+    assert kept == pytest.approx(tokens * hidden * 2 * layers / 2**30)
 
 
 def test_memory_estimate_parts_follow_the_config():
@@ -184,6 +204,16 @@ def test_memory_estimate_parts_follow_the_config():
         }
     )
     assert shape.params == pytest.approx(7.62e9, rel=0.01)  # Qwen2.5-7B's 7.62B, biases aside
+
+
+def test_breakdown_names_every_term_and_the_total():
+    """What the GPU acceptance script compares with the measured peak: every term and the total, in GiB."""
+    path = "configs/rlvr/qwen2.5-math-7b/grpo.yaml"
+    guess = memory.estimate(_config(path), path)
+    parts = guess.breakdown(40.0)
+    assert parts["vLLM share"] == 20.0 and parts["total"] == pytest.approx(guess.total_gib(40.0))
+    assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
+    assert guess.breakdown()["total"] is None  # the share needs the card
 
 
 # ----------------------------------------------------------------------------------------------- whole doctor
@@ -292,6 +322,23 @@ def test_sampler_switch_on_a_t4():
     assert _card_checks("configs/sft/qwen2.5-1.5b.yaml", "t4", environ={})["sampler"].status == "SKIP"
 
 
+def test_sampler_on_newer_cards_follows_the_flashinfer_toolchain():
+    """>= 8.0: FlashInfer JIT-compiles with nvcc; a CUDA 12 nvcc under the CUDA 13 torch fails, and with the sampler
+    forced vLLM raises. The doctor on the GPU machine knows the toolchain; for a named card it says the rule."""
+    path = "configs/rlvr/qwen2.5-1.5b/grpo_branch.yaml"
+    wrong = "nvcc is CUDA 12.5, torch CUDA 13.0: FlashInfer's JIT would build for the wrong CUDA"
+    forced = _card_checks(path, "l4", environ={"VLLM_USE_FLASHINFER_SAMPLER": "1"}, toolchain=wrong)[
+        "sampler"
+    ]
+    assert forced.status == "FAIL" and "vLLM raises" in forced.detail
+    opt_in = _card_checks(path, "l4", environ={"UNSLOTH_VLLM_NO_FLASHINFER": "0"}, toolchain=wrong)["sampler"]
+    assert opt_in.status == "FAIL" and "unset UNSLOTH_VLLM_NO_FLASHINFER" in opt_in.fix
+    off = _card_checks(path, "l4", environ={}, toolchain=wrong)["sampler"]
+    assert off.status == "PASS" and off.detail.startswith("FlashInfer off (nvcc is CUDA 12.5")
+    assert "FlashInfer on" in _card_checks(path, "l4", environ={}, toolchain=None)["sampler"].detail
+    assert "stays off unless" in _card_checks(path, "l4", environ={})["sampler"].detail
+
+
 def test_4bit_needs_the_plugin_with_unsloths_vllm():
     config = _config("configs/rlvr/qwen2.5-3b/grpo.yaml")
     declared = {"vllm-bnb-plugin": compat.PINNED["vllm-bnb-plugin"], "bitsandbytes": "0.50.2"}
@@ -325,7 +372,9 @@ def test_adapter_rank_and_base_with_sft_dir(tmp_path):
 
 def test_driver_disk_and_ram_lines():
     assert cards.driver_check(cards.Host()).status == "SKIP"
-    assert cards.driver_check(cards.Host(driver="575.57.08")).status == "FAIL"
+    old = cards.driver_check(cards.Host(driver="550.54.15"), cards.CARDS["t4"])
+    assert old.status == "WARN" and "forward-compatibility package" in old.detail
+    assert "apt-get install cuda-compat-13-0" in old.fix and "/usr/local/cuda-13.0/compat" in old.fix
     assert cards.driver_check(cards.Host(driver="580.65.06")).status == "PASS"
     path = "configs/rlvr/qwen2.5-math-7b/grpo.yaml"
     small = cards.Host(free_disk_gib=5.0, available_ram_gib=4.0)

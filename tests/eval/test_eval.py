@@ -474,9 +474,17 @@ def test_a_folder_has_one_writer_and_a_dead_writers_lock_is_taken_over(
     completions = layout.completions_dir(cfg.outputs_dir, checkpoints[0].model, checkpoints[0].run)
     completions.mkdir(parents=True)
     lock = completions / LOCK_NAME
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    hold = (  # a live writer holds the flock (a record alone, naming a live pid, does not: issue 52)
+        "import fcntl, json, os, socket, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname(), 'started': 'then'}).encode())\n"
+        "print('held', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
     try:
-        lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": "then"}))
         with monkeypatch.context() as m:
             _no_model(m)
             err = _main_error(capsys, _argv(cfg))

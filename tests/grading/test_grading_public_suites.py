@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from test_grading_verdicts import PUBLIC, assert_recorded
 
 from sage_unsloth import grading
 
@@ -63,6 +64,7 @@ def test_grader_agrees_with_each_public_suite(cases, capsys):
         for suite in SUITES:
             print(f"  {suite:12s} {agree[suite]:4d}/{total[suite]:4d} = {agree[suite] / total[suite]:.3f}")
         print("\n".join(misses))
+    assert_recorded(PUBLIC, scoped, [g.correct for g in grades])  # under the pinned math-verify
     assert all(g.status != "timeout" for g in grades)
     assert not still_different, f"documented as deliberate but now agreeing: {still_different}"
     low = {s: round(agree[s] / total[s], 3) for s in SUITES if agree[s] / total[s] < TARGET}

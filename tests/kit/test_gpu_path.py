@@ -33,7 +33,9 @@ class FakeFastLanguageModel:
         config = Path(model_name) / "adapter_config.json"
         recorded = json.loads(config.read_text())["base_model_name_or_path"] if config.is_file() else None
         FakeFastLanguageModel.calls.append({"model_name": model_name, "recorded": recorded, **kwargs})
-        return "model", "tokenizer"
+        # what PEFT records as the adapter's base: the repository the weights came from
+        base = types.SimpleNamespace(base_model_name_or_path=recorded or model_name)
+        return types.SimpleNamespace(peft_config={"default": base}), "tokenizer"
 
     @staticmethod
     def get_peft_model(model, **kwargs):
@@ -52,12 +54,12 @@ def fake_unsloth(monkeypatch):
     return FakeFastLanguageModel.calls
 
 
-def _load(model_args, adapter=None, fast_inference=True):
+def _load(model_args, adapter=None, fast_inference=True, four_bit=False):
     return models._load_unsloth(
         model_args,
         0,
         None if adapter is None else str(adapter),
-        False,
+        four_bit,
         False,
         max_seq_length=1024,
         fast_inference=fast_inference,
@@ -87,11 +89,57 @@ def test_unsloth_loader_arguments(fake_unsloth, monkeypatch, tmp_path):
     _load(ModelConfig(model_name_or_path=MATH_7B, lora_r=64), same)
     assert fake_unsloth[-1]["model_name"] == str(same) and fake_unsloth[-1]["max_lora_rank"] == 8
     assert compat.UNSLOTH_NO_FLASHINFER_ENV not in os.environ
+    # on a GPU machine whose nvcc is not torch's CUDA (a CUDA 12 image under the CUDA 13 torch): FlashInfer off
+    monkeypatch.setattr(models, "cuda_available", lambda: True)
+    monkeypatch.setattr(compat, "flashinfer_toolchain_here", lambda: "nvcc is CUDA 12.5, torch CUDA 13.0")
+    _load(ModelConfig(model_name_or_path=MATH_7B, lora_r=64), same)
+    assert os.environ.pop(compat.UNSLOTH_NO_FLASHINFER_ENV) == "1"
+    monkeypatch.setattr(compat, "flashinfer_toolchain_here", lambda: None)  # nvcc 13.x: Unsloth's own choice
+    _load(ModelConfig(model_name_or_path=MATH_7B, lora_r=64), same)
+    assert compat.UNSLOTH_NO_FLASHINFER_ENV not in os.environ
+    monkeypatch.setattr(models, "cuda_available", lambda: False)
     # A fresh LoRA (no adapter): the config's rank, rounded up to one vLLM accepts; SFT starts no vLLM.
     _load(ModelConfig(model_name_or_path=MATH_7B, lora_r=12))
     assert fake_unsloth[-1]["model_name"] == MATH_7B and fake_unsloth[-1]["max_lora_rank"] == 16
     _load(ModelConfig(model_name_or_path=MATH_7B, lora_r=12), fast_inference=False)
     assert "max_lora_rank" not in fake_unsloth[-1] and fake_unsloth[-1][compat.EXACT_NAME_KWARG] is True
+
+
+@pytest.fixture
+def unsloth_tables():
+    """Unsloth's mapper, read before fake_unsloth hides the package (compat caches it)."""
+    return compat.unsloth_mapper()
+
+
+def test_four_bit_loads_unsloths_prequantised_mirror(unsloth_tables, fake_unsloth, tmp_path):
+    """load_in_4bit: the 4-bit files of Unsloth's mirror (its mapper's FLOAT_TO_INT_MAPPER, the repository its own
+    loader picks), not the 16-bit ones quantised on load; the adapter still records the configured base. A local
+    folder, a pinned revision and 16-bit loads keep the configured repository."""
+    mirror = unsloth_tables.FLOAT_TO_INT_MAPPER["qwen/qwen2.5-3b"]  # Unsloth's own table
+    assert mirror.lower().endswith("bnb-4bit")
+    model, _ = _load(ModelConfig(model_name_or_path="Qwen/Qwen2.5-3B"), fast_inference=False, four_bit=True)
+    assert fake_unsloth[-1]["model_name"] == mirror and fake_unsloth[-1]["revision"] is None
+    assert fake_unsloth[-1]["load_in_4bit"] is True
+    assert model.peft_config["default"].base_model_name_or_path == "Qwen/Qwen2.5-3B"
+    _load(ModelConfig(model_name_or_path="Qwen/Qwen2.5-3B"), fast_inference=False)
+    assert fake_unsloth[-1]["model_name"] == "Qwen/Qwen2.5-3B"  # 16-bit
+    pinned = ModelConfig(model_name_or_path="Qwen/Qwen2.5-3B", model_revision="0123abc")
+    _load(pinned, fast_inference=False, four_bit=True)
+    assert fake_unsloth[-1]["model_name"] == "Qwen/Qwen2.5-3B" and fake_unsloth[-1]["revision"] == "0123abc"
+    (tmp_path / "local").mkdir()
+    _load(ModelConfig(model_name_or_path=str(tmp_path / "local")), fast_inference=False, four_bit=True)
+    assert fake_unsloth[-1]["model_name"] == str(tmp_path / "local")
+    # stage 2 continuing the SFT adapter in 4-bit: Unsloth reads the base from a view that names the mirror
+    adapter = write_adapter(tmp_path / "sft", "Qwen/Qwen2.5-3B", rank=8)
+    model, _ = _load(
+        ModelConfig(model_name_or_path="Qwen/Qwen2.5-3B"), adapter, fast_inference=False, four_bit=True
+    )
+    assert fake_unsloth[-1]["recorded"] == mirror
+    assert model.peft_config["default"].base_model_name_or_path == "Qwen/Qwen2.5-3B"
+    assert (
+        json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+        == "Qwen/Qwen2.5-3B"
+    )
 
 
 def test_adapter_base_is_the_model_or_its_mirror(tmp_path):

@@ -48,6 +48,15 @@ def test_a_value_equal_to_a_flag_name_is_not_redacted(capsys, monkeypatch):
     assert line.endswith("sage-unsloth eval x.yaml --hub_token --limit 2 --run_name token"), line
 
 
+def test_a_word_with_dashes_inside_is_kept_as_it_is():
+    """``my--run`` (or a ``python -c`` program whose text holds flags, as a lock records its command) is one word, no
+    flag: kept, while a credential flag inside an argument of flags is still redacted (it once recursed forever)."""
+    from sage_unsloth.credentials import redact_argv
+
+    given = ["--run_name", "my--run", "a--b--c", "--rlvr_args", f"--max_steps 2 --hub_token {SECRET}"]
+    assert redact_argv(given) == [*given[:4], f"--max_steps 2 --hub_token {shlex.quote(REDACTED)}"]
+
+
 def _stage_argv(stage: str, tmp_path: Path, tiny_model_dir: Path, sft_dir: Path) -> list[str]:
     if stage == "sft":
         data = tmp_path / "rows.jsonl"
@@ -107,3 +116,73 @@ def test_moving_a_secret_also_redacts_it_from_sys_argv(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "before")  # restored at teardown: the moved value does not leak
     assert move_secrets_to_environment(Args(hub_token=SECRET)) == ["hub_token"]
     assert sys.argv == [*argv[:3], REDACTED, "--wandb-api-key=" + REDACTED, "--output_dir", "out"]
+
+
+# ----------------------------------------------------------------------------------------------- SIGTERM
+def test_sigterm_gets_the_ctrl_c_line_and_its_own_exit_code(tmp_path, capsys, monkeypatch):
+    """What SLURM's pre-emption and `timeout` send: the same line as Ctrl-C, naming SIGTERM, exit 128 + 15."""
+    monkeypatch.delenv(interrupt.QUIET_ENV, raising=False)
+    argv = [TINY_SFT, "--max_steps", "3"]
+    kept = tmp_path / "checkpoint-2"
+    stopped = interrupt.Terminated()
+    assert (
+        interrupt.interrupted_training("sft", argv, tmp_path, ("--resume", "true"), lambda _: kept, stopped)
+        == 143
+    )
+    assert interrupt.interrupted_eval(argv, stopped) == 143
+    sft_line, eval_line = capsys.readouterr().err.strip().splitlines()
+    assert sft_line == (
+        f"sage-unsloth sft: interrupted (SIGTERM); {kept} is kept: continue with "
+        f"sage-unsloth sft {TINY_SFT} --max_steps 3 --resume true"
+    )
+    assert eval_line.startswith(
+        "sage-unsloth eval: interrupted (SIGTERM); the completion chunks already written"
+    )
+    assert interrupt.exit_code_stopped(143).__class__ is interrupt.Terminated  # a child's code, re-raised
+    assert interrupt.exit_code_stopped(
+        130
+    ).__class__ is KeyboardInterrupt and not interrupt.exit_code_stopped(1)
+
+
+def test_a_stage_sent_sigterm_says_so_in_one_line_and_exits_143(tmp_path, tiny_model_dir):
+    """A real SIGTERM to a stage's process while it trains (main 0298207: killed, exit -15, no line)."""
+    from subprocess_run import REPO, env_with_repo, run_python
+
+    code = (
+        "import os, signal, sys, time\n"
+        "import sage_unsloth.sft.run as stage\n"
+        "def training(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(60)\n"
+        "stage.run_sft = training\n"
+        "sys.exit(stage.main(sys.argv[1:]))\n"
+    )
+    argv = _stage_argv("sft", tmp_path, tiny_model_dir, None)
+    argv[0] = str(REPO / argv[0])
+    env = env_with_repo()
+    env.pop(interrupt.QUIET_ENV, None)
+    done = run_python(["-c", code, *argv], cwd=tmp_path, timeout=300, env=env)
+    assert done.returncode == 143, (done.returncode, done.stderr[-2000:])
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("sage-unsloth sft: interrupted (SIGTERM); no checkpoint yet in "), line
+    assert line.endswith(shlex.join(["sage-unsloth", "sft", *argv])), line
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("stopped", [KeyboardInterrupt, interrupt.Terminated])
+def test_a_command_without_its_own_line_still_says_one(stopped, capsys, monkeypatch):
+    """report, sample, export, ...: Ctrl-C or SIGTERM is one line and 130 or 143, not a traceback."""
+    from sage_unsloth import cli
+    from sage_unsloth.report import run as report_run
+
+    def stop(argv):
+        raise stopped
+
+    monkeypatch.setattr(report_run, "main", stop)
+    code = cli.main(["report", "--results", "somewhere"])
+    assert code == (143 if stopped is interrupt.Terminated else 130)
+    line = capsys.readouterr().err.strip()
+    how = "SIGTERM" if stopped is interrupt.Terminated else "Ctrl-C"
+    assert line == f"sage-unsloth report: interrupted ({how}); run the same command again: " + (
+        "sage-unsloth report --results somewhere"
+    )

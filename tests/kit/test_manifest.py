@@ -1,10 +1,18 @@
 """Manifests: provenance written atomically, credentials never."""
 
 import json
+import os
+import stat
 
 import pytest
 
-from sage_unsloth.manifest import atomic_write_text, read_manifest, scrub_secrets, write_manifest
+from sage_unsloth.manifest import (
+    atomic_write_text,
+    current_umask,
+    read_manifest,
+    scrub_secrets,
+    write_manifest,
+)
 
 
 def test_scrub_secrets_redacts_credentials_but_not_token_counts():
@@ -56,3 +64,30 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path):
         atomic_write_text(target, object())  # fails while writing: the old content must survive
     assert json.loads(target.read_text()) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temp file left behind
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_atomic_write_gives_the_mode_of_an_ordinary_file(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        written = atomic_write_text(tmp_path / "passk.csv", "k,v\n")
+        (tmp_path / "plain.csv").write_text("k,v\n")  # what open() gives, as the plots beside it get
+        assert current_umask() == umask
+    finally:
+        os.umask(old)
+    assert (
+        stat.S_IMODE(written.stat().st_mode) == mode == stat.S_IMODE((tmp_path / "plain.csv").stat().st_mode)
+    )
+
+
+def test_atomic_write_syncs_the_file_then_its_folder(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    atomic_write_text(tmp_path / "sub" / "manifest.json", "{}")
+    assert synced == [False, True]  # the data, then the folder holding the new name

@@ -263,6 +263,56 @@ def test_the_lock_module_follows_the_protocol_and_shards_of_one_run_share_a_fold
                 FolderLock(folder, shard=shard).acquire()
 
 
+def test_a_free_flock_is_taken_over_whatever_pid_its_record_names(
+    tmp_path, fake_sft, no_training, caplog, monkeypatch
+):
+    """A crash leaves the record; its pid is then reused by an unrelated live process (here: a sleeper). The
+    flock is free, so the folder is free (main 0298207: 'being written by pid N', exit 2)."""
+    monkeypatch.chdir(REPO_ROOT)
+    from sage_unsloth.folder_lock import FolderLock
+    from sage_unsloth.rlvr.run import main
+
+    out = tmp_path / "grpo"
+    out.mkdir()
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        record = {"pid": unrelated.pid, "host": socket.gethostname(), "command": "crashed", "started": "then"}
+        (out / LOCK).write_text(json.dumps(record))
+        with caplog.at_level("WARNING"):
+            assert main(rlvr_argv(fake_sft, out)) == 0
+        assert no_training == [out] and f"taking over the lock of pid {unrelated.pid}" in caplog.text
+        (out / LOCK).write_text(json.dumps(record))
+        with FolderLock(out) as lock:  # the module itself, and live_owner, read it the same way
+            assert lock.held
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+
+
+@pytest.mark.parametrize("refusal", ["under a file", "a name too long"])
+def test_an_output_folder_that_cannot_be_made_is_one_line(refusal, tmp_path, fake_sft, capsys, monkeypatch):
+    """mkdir refused (here by a file on the path, or a name longer than the file system allows; on a cluster by
+    permissions or a read-only mount): each stage says so in one line (main 0298207: a traceback)."""
+    from sage_unsloth.folder_lock import FolderLock
+    from sage_unsloth.report.run import main as report
+    from sage_unsloth.sft.run import main as sft
+
+    (tmp_path / "a_file").write_text("")
+    bad = tmp_path / "a_file" / "x" if refusal == "under a file" else tmp_path / ("n" * 300) / "x"
+    write_results(tmp_path / "res")
+    line = one_line(capsys, report(["--results", str(tmp_path / "res"), "--out", str(bad / "report.md")]))
+    assert str(bad / "report") in line and "cannot create" in line and "--out" in line, line
+    monkeypatch.chdir(REPO_ROOT)
+    model = tmp_path / "tinybase"
+    model.mkdir()
+    argv = ["configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(model), "--output_dir", str(bad)]
+    line = one_line(capsys, sft(argv))
+    assert "output_dir" in line and ("cannot create" in line or "is a file" in line), line
+    with pytest.raises(ValueError, match="cannot create this folder") as refused:
+        FolderLock(bad, fix="choose another folder").acquire()
+    assert "\n" not in str(refused.value)
+
+
 # ---------------------------------------------------------------------------- 2. names stay inside their roots
 BAD_NAMES = [
     "../../../escaped",
@@ -275,6 +325,10 @@ BAD_NAMES = [
     "a b",
     "x|y",
     "",
+    "run.",  # Windows drops a trailing dot: run. and run are one folder there
+    "CON",  # device names Windows reserves, in any case, with an extension too
+    "nul.json",
+    "Com1",
 ]
 
 
@@ -381,7 +435,9 @@ def test_the_name_rule_keeps_the_names_the_kit_makes():
         "a=b+c",
     ):
         assert check_name(name, "x") == name
-    for name in ("x" * 129, "-x", ".hidden", "x\n", "é"):
+    for name in ("CONSOLE", "com10", "LPT", "run.1", "nul_results", "a.b.c"):
+        assert check_name(name, "x") == name
+    for name in ("x" * 129, "-x", ".hidden", "x\n", "é", "run.", "a..", "CON", "aux", "PRN.txt", "LPT9.log"):
         with pytest.raises(ValueError, match="cannot name a folder"):
             check_name(name, "x")
 
@@ -423,6 +479,12 @@ def test_the_redaction_reaches_flags_inside_one_argument():
         and "--max_steps 2" in redacted[1]
         and redacted[3:] == ["--seed", "1"]
     )
+    plain = [
+        "--output_dir=/tmp/a--b",
+        "main(['--results',",
+        "x--y",
+    ]  # "--" inside one word: kept, no recursion
+    assert redact_argv(plain) == plain
 
 
 def test_a_ray_task_carries_the_path_of_the_credentials_not_the_credentials(tmp_path, monkeypatch):

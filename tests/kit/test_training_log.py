@@ -6,6 +6,7 @@ tiny RLVR run feeding the report is in test_rlvr_pipeline.py, exact resume of th
 """
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -110,9 +111,13 @@ def _rlvr_folder(root, variant, entries, *, named=True):
     return folder
 
 
-class _Run:  # the part of RunResults the training section reads
-    def __init__(self, checkpoint):
-        self.manifest = {"stage": "eval", "checkpoint": str(checkpoint)}
+def _Run(checkpoint):  # an evaluated run whose eval manifest names ``checkpoint`` (no CSV is read here)
+    from sage_unsloth.report.loading import RunResults
+
+    manifest = {"stage": "eval", "checkpoint": str(checkpoint)}
+    return RunResults(
+        "tiny", Path(checkpoint).name, Path(checkpoint).parent / "results", None, None, manifest
+    )
 
 
 @pytest.mark.slow

@@ -8,7 +8,9 @@ pass@1 = c/4; pass@2 = 1 - C(4-c, 2)/6 -> c=0: 0, 1: 1/2, 2: 5/6, 3+: 1; pass@4 
 """
 
 import math
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +177,34 @@ def test_cli_writes_report_and_tables(tmp_path, capsys):
     assert "SAGE report" in capsys.readouterr().out  # the rich console table
     pairs = pd.read_csv(out.parent / "my_report" / "pairs.csv")
     assert set(pairs["model"]) == {"tiny"}  # pairs stay within one model
+
+
+def test_the_report_is_readable_by_group_and_others_under_umask_022(tmp_path, capsys):
+    """Every file stage 4 writes (markdown, CSVs, manifest, plots) is 0644 under the usual umask: a shared results
+    folder (a lab group's, a cluster's) is readable by the teammates."""
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURE, results)
+    out = tmp_path / "out" / "report.md"
+    old = os.umask(0o022)
+    try:
+        args = [
+            "--results",
+            str(results),
+            "--out",
+            str(out),
+            "--paper-dir",
+            str(PAPER_DIR),
+            "--resamples",
+            "100",
+        ]
+        assert main(args) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    written = [p for p in out.parent.rglob("*") if p.is_file()]
+    assert {p.suffix for p in written} >= {".md", ".csv", ".json", ".png"}
+    modes = {str(p.relative_to(out.parent)): oct(stat.S_IMODE(p.stat().st_mode)) for p in written}
+    assert set(modes.values()) == {"0o644"}, modes
 
 
 def test_bad_input_fails_with_a_clear_message(tmp_path):

@@ -1,7 +1,8 @@
 """The report's optional W&B upload (sage_unsloth/report/wandb_log.py), against the installed wandb, offline.
 
-The report reads nothing from W&B (training curves come from log_history.jsonl); this checks what it
-writes: the media files the wandb SDK puts in the offline run folder when the run is logged.
+This checks what it writes: the run (project, group, job type "report", read with wandb's own reader) and the
+media files the wandb SDK puts in the offline run folder: the report's tables, the paper's, plots, markdown. What
+the report reads back from W&B: tests/kit/test_wandb_stages.py.
 """
 
 import json
@@ -10,6 +11,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from sage_unsloth import compat
 from sage_unsloth.report import wandb_log
 
 
@@ -24,15 +26,26 @@ def test_log_report_to_an_offline_run(tmp_path, monkeypatch):
     png = tmp_path / "p.png"
     Image.new("RGB", (32, 32), color=(200, 10, 10)).save(png)
     frame = pd.DataFrame({"run": ["a"], "value": [0.5], "ci_low": [float("nan")]})
+    paper = pd.DataFrame({"model": ["Qwen2.5-Math-7B"], "method": ["GRPO"], "k": [256], "value": [0.8]})
     run_dir = wandb_log.log_report(
         "sage-test",
         tables={"comparison": frame, "empty": frame.iloc[:0]},
         images={"avg_paper": png},
         markdown="# report <b>",
+        group="qwen",
+        paper={"passk": paper},
     )
     folder = next((tmp_path / "wandb").glob("offline-run-*"))
     assert str(folder) in run_dir
+    (log_file,) = folder.glob("run-*.wandb")
+    (head,) = [r["run"] for r in compat.wandb_transaction_log(log_file) if r["type"] == "run"]
+    assert (head["project"], head["run_group"], head["job_type"]) == ("sage-test", "qwen", "report")
     media = folder / "files" / "media"
+    (reference,) = (media / "table" / "paper").glob("passk_*.table.json")  # the paper's table beside the runs
+    assert json.loads(reference.read_text()) == {
+        "columns": ["model", "method", "k", "value"],
+        "data": [["Qwen2.5-Math-7B", "GRPO", 256, 0.8]],
+    }
     (table,) = (media / "table" / "report").glob("comparison_*.table.json")
     assert json.loads(table.read_text()) == {
         "columns": ["run", "value", "ci_low"],

@@ -419,7 +419,10 @@ def test_bad_dataset_is_a_one_line_error_before_the_model_loads(
     argv[argv.index("--dataset_path") + 1] = str(rows)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # datasets' progress bars come before it
-    assert err.startswith("error: dataset row has no gold answer")
+    assert err == (
+        f"error: dataset_path={rows} line 1 has no gold answer (one of solution, answer, or "
+        "'reward_model.ground_truth'): fix or remove that line"
+    )
 
 
 def test_the_cli_plans_the_run_once(sft_dir, tmp_path, dapo_sample, monkeypatch, capsys):

@@ -318,7 +318,7 @@ def test_missing_fields_give_one_clear_error(tmp_path, tiny_model_dir):
     data = write_jsonl([{"problem": "1+1?", "solution": "2", "answer": "2"}], tmp_path / "bad.jsonl")
     sft_args, model_args = parse_args(sft_argv(tiny_model_dir, data, tmp_path / "out"))
     with pytest.raises(
-        ValueError, match=r"bad\.jsonl: missing field\(s\) \['generated_solution', 'expected_answer'\]"
+        ValueError, match=r"dataset_path=\S*bad\.jsonl line 1 has no 'generated_solution', 'expected_answer'"
     ):
         run_sft(sft_args, model_args)
     assert not (tmp_path / "out").exists()
@@ -335,9 +335,8 @@ def test_script_reports_input_errors_in_one_line_before_loading(tmp_path, tiny_m
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
         (
-            f"error: dataset {data}: missing field(s) ['generated_solution', 'expected_answer'] in 1 "
-            "rows (has ['problem', 'answer']); SFT rows need "
-            "['problem', 'generated_solution', 'expected_answer']"
+            f"error: dataset_path={data} line 1 has no 'generated_solution', 'expected_answer' "
+            "(SFT rows need problem, generated_solution, expected_answer): fix or remove that line"
         )
     ]
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()

@@ -1,0 +1,3 @@
+from sage_unsloth.acceptance.run import main
+
+raise SystemExit(main())
