@@ -379,7 +379,7 @@ def _is_instance(value, kind: str) -> bool:
 
 def _check_rule(key: str, value, fields: dict, values: dict, report: _Report, prefix: str) -> None:
     from sage_unsloth.config_args import suggestion
-    from sage_unsloth.field_rules import names_in, rule_from_json
+    from sage_unsloth.field_rules import names_in, node_name, rule_from_json
 
     field = fields[key]
     items = value if isinstance(value, list) else [value]
@@ -397,8 +397,10 @@ def _check_rule(key: str, value, fields: dict, values: dict, report: _Report, pr
     for item in items:
         if item is not None and (problem := rule.problem(key, item, extra)):
             report.add(prefix + problem)
-        elif field.get("plugins") and isinstance(item, str) and ":" in item:  # with the other problems, now
-            report.add(plugin_location_problem(key, item))
+            continue
+        spec = node_name(item) if field.get("node") else item  # a node's plug-in is its name
+        if field.get("plugins") and isinstance(spec, str) and ":" in spec:  # with the other problems, now
+            report.add(plugin_location_problem(key, spec))
 
 
 def plugin_location_problem(key: str, spec: str) -> str | None:
