@@ -138,8 +138,10 @@ print(code, ",".join(sorted(m for m in ("torch", "transformers", "trl") if m in 
         ),
         (  # a node's plug-in that is not there: the same first round, before the heavy imports
             "guide: {name: missing_guide_file.py:fn, gamma: 0.8}",
-            "guide='missing_guide_file.py:fn': no file 'missing_guide_file.py' (paths are relative to the working "
-            "directory)",
+            (
+                "guide='missing_guide_file.py:fn': no file 'missing_guide_file.py' (paths are relative to the "
+                "working directory)"
+            ),
         ),
     ],
 )
