@@ -9,13 +9,14 @@ follows) and rewrites every name that points at one.
 Rooms (each a package with a docstring saying what it holds; ``compat.py``, the one contact with TRL / Unsloth /
 vLLM internals, and ``cli.py``, the entry point, stay where they are):
 
-    config/    what a run is asked: the stage parsers, the pre-import schema check, field rules, input checks,
-               the dry run, the training stages' command line, the lab's method cards
+    config/    what a run is asked: the stage parsers, the pre-import schema check, field rules, bounded YAML
+               reading, the editors' JSON Schemas, input checks, the dry run, the training stages' command
+               line, the lab's method cards
     runtime/   what keeps a run safe and recorded: checkpoints and their contents, the finite-step guard,
                interrupts, the process lifeline, folder locks, logs, manifests, credentials, the output layout,
-               the results contract, the backend (which stack runs)
-    plugins/   the four plug-in kinds and their one contract: the registry, the call wrapper and trial call,
-               the guides (with the SAGE math, anchor.py), advantage estimators, policy terms, KL terms
+               the results contract, the W&B run contract, the backend (which stack runs)
+    plugins/   the four plug-in kinds and their one contract: the registry, the call wrapper, its guard and the
+               trial call, the guides (with the SAGE math, anchor.py), advantage estimators, policy terms, KL terms
     model/     loading the model stacks, and the tiny offline model
     jobs/      the job graph and what runs multi-step work on it: executors, the sweep, the stage commands
                (recipe), the notebooks' recipe
@@ -56,6 +57,8 @@ MOVES: dict[str, str] = {
     "training_cli.py": "config/training_cli.py",
     "method_cards.py": "config/method_cards.py",
     "stage_schema.json": "config/stage_schema.json",
+    "config_yaml.py": "config/yaml_files.py",
+    "editor_schema.py": "config/editor_schema.py",
     # runtime safety and records
     **{
         f"{name}.py": f"runtime/{name}.py"
@@ -73,11 +76,13 @@ MOVES: dict[str, str] = {
             "backend",
             "layout",
             "results",
+            "wandb_runs",
         )
     },
     # plug-ins
     "registry.py": "plugins/registry.py",
     "plugin_calls.py": "plugins/calls.py",
+    "plugin_guard.py": "plugins/guard.py",
     "guides.py": "plugins/guides.py",
     "anchor.py": "plugins/anchor.py",
     "rlvr/advantages.py": "plugins/advantages.py",
@@ -100,14 +105,17 @@ MOVES: dict[str, str] = {
 
 ROOMS = {
     "config": "What a run is asked: each stage's parser over its config classes (args.py), the check of every input "
-    "before TRL is imported (schema.py, stage_schema.json, field_rules.py), input files and folders "
-    "(input_checks.py), the dry run, the training stages' command line and the lab's method cards.",
+    "before TRL is imported (schema.py, stage_schema.json, field_rules.py), bounded YAML reading (yaml_files.py), "
+    "the editors' JSON Schemas (editor_schema.py), input files and folders (input_checks.py), the dry run, the "
+    "training stages' command line and the lab's method cards.",
     "runtime": "What keeps a run safe and recorded: complete and sane checkpoints, the finite-step guard, interrupts "
     "and the process lifeline, folder locks, the training log, manifests and credentials, the output layout, the "
-    "results contract between eval and report, and which stack runs (backend.py).",
+    "results contract between eval and report, the W&B run contract (wandb_runs.py), and which stack runs "
+    "(backend.py).",
     "plugins": "The four plug-in kinds and their one contract (docs/extending.md): the registry that resolves a "
-    "config's node, the call wrapper and the trial call before loading, the guides with the SAGE math they use "
-    "(anchor.py), the advantage estimators, the policy terms and the KL terms.",
+    "config's node, the call wrapper with its guard (guard.py: time budgets, signals, exits) and the trial call "
+    "before loading, the guides with the SAGE math they use (anchor.py), the advantage estimators, the policy terms "
+    "and the KL terms.",
     "model": "Loading the model stacks (TRL / Unsloth, the base and its LoRA) and the tiny offline model the tests and "
     "the demo build.",
 }
