@@ -292,9 +292,35 @@ PATTERNS = _patterns()
 
 
 def rewrite_names(text: str) -> str:
+    text = rewrite_import_lines(text)
     for pattern, new in PATTERNS:
         text = pattern.sub(new, text)
     return text
+
+
+IMPORT_LINE = re.compile(
+    rf"^([ \t]*)(from[ \t]+{PKG}[\w.]*[ \t]+import[ \t]+[\w, \t]+?)([ \t]*#[^\n]*)?[ \t]*$", re.MULTILINE
+)
+
+
+def rewrite_import_lines(text: str) -> str:
+    """A one-line absolute ``from sage_unsloth import a, b`` that the AST does not see as an import (inside a
+    string of code a test runs in a subprocess, a doc's code block) rewritten as an import statement is: a moved
+    module's name would not be dotted, so :data:`PATTERNS` would miss it."""
+
+    def one(match: re.Match) -> str:
+        try:
+            (node,) = ast.parse(match[2]).body
+        except (SyntaxError, ValueError):
+            return match[0]
+        if not isinstance(node, ast.ImportFrom) or node.level:
+            return match[0]
+        lines = _from_lines(node, node.module or "", [])
+        if lines is None:
+            return match[0]
+        return "\n".join(match[1] + line for line in lines) + (match[3] or "")
+
+    return IMPORT_LINE.sub(one, text)
 
 
 def rewrite_pyproject(text: str) -> str:
