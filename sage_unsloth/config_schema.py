@@ -25,7 +25,8 @@ import sys
 from functools import cache
 from pathlib import Path
 
-SCHEMA = Path(__file__).with_name("stage_schema.json")
+from sage_unsloth.field_rules import FALSE, SCHEMA, TRUE
+
 # stage -> the (module, class) of each dataclass its parser is built over, by name: only `--write` imports them,
 # so the stages can import this module (to check their input) without this module importing the stages.
 STAGE_TYPES = {
@@ -48,7 +49,6 @@ UPSTREAM_NAMES = {
 }
 HELP_FLAGS = {"--help", "-h", "--help-all"}
 KINDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
-TRUE, FALSE = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")  # TRL's string_to_bool
 _BAD = object()  # a value that did not convert (already reported)
 
 

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from sage_unsloth.config_schema import FALSE, SCHEMA, TRUE
+from sage_unsloth.field_rules import FALSE, SCHEMA, TRUE
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 OUT_DIR = Path(__file__).resolve().parents[1] / "configs" / "schemas"

@@ -17,8 +17,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 PLUGIN_HINT = "'package.module:function' or 'path/to/file.py:function'"
+# The committed copy of every stage's fields and rules, read by the pre-import check (config_schema.py) and turned
+# into the editors' JSON Schemas (editor_schema.py); here, below both, so that neither imports the other for it.
+SCHEMA = Path(__file__).with_name("stage_schema.json")
+TRUE, FALSE = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")  # TRL's string_to_bool
 
 
 @dataclass(frozen=True)
