@@ -29,7 +29,7 @@ dotted names anywhere (``"sage_unsloth.rlvr.kl_terms.KL_TERMS"`` in a monkeypatc
 sage_unsloth.config_schema``), file paths (``sage_unsloth/config_args.py``, ``rlvr/kl_terms.py``, a bare
 ``config_args.py`` in prose), a moved file's ``Path(__file__).resolve().parents[k]`` (it sits deeper), and the
 package data of pyproject.toml; then ruff sorts and formats the Python files
-it changed (under sage_unsloth/, tests/, benchmarks/) and notebooks/build.py regenerates the notebooks. A branch
+it changed (under sage_unsloth/, tests/, benchmarks/, scripts/) and notebooks/build.py regenerates the notebooks. A branch
 that still has flat modules (or names them) is brought over by running this again.
 """
 
@@ -402,7 +402,7 @@ def tidy(changed: list[Path]) -> None:
     linted = [
         str(p)
         for p in changed
-        if p.suffix == ".py" and p.relative_to(REPO).parts[0] in (PKG, "tests", "benchmarks")
+        if p.suffix == ".py" and p.relative_to(REPO).parts[0] in (PKG, "tests", "benchmarks", "scripts")
     ]
     if linted:
         subprocess.run(
