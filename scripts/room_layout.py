@@ -29,7 +29,8 @@ dotted names anywhere (``"sage_unsloth.rlvr.kl_terms.KL_TERMS"`` in a monkeypatc
 sage_unsloth.config_schema``), file paths (``sage_unsloth/config_args.py``, ``rlvr/kl_terms.py``, a bare
 ``config_args.py`` in prose), a moved file's ``Path(__file__).resolve().parents[k]`` (it sits deeper), and the
 package data of pyproject.toml; then ruff sorts and formats the Python files
-it changed (under sage_unsloth/, tests/, benchmarks/, scripts/) and notebooks/build.py regenerates the notebooks. A branch
+it changed (under sage_unsloth/, tests/, benchmarks/, scripts/), notebooks/build.py regenerates the notebooks
+and the editor schema module its JSON Schemas. A branch
 that still has flat modules (or names them) is brought over by running this again.
 """
 
@@ -396,7 +397,7 @@ def stale(paths: list[Path]) -> list[str]:
 
 def tidy(changed: list[Path]) -> None:
     """Sort the imports and format the Python files this run changed (the lint's folders only), rebuild the
-    notebooks."""
+    notebooks and the editors' JSON Schemas (generated text naming the modules' paths)."""
     found = [p for p in (Path(sys.executable).parent / "ruff", REPO / ".venv" / "bin" / "ruff") if p.exists()]
     ruff = str(found[0]) if found else "ruff"
     linted = [
@@ -411,6 +412,9 @@ def tidy(changed: list[Path]) -> None:
         subprocess.run([ruff, "format", "-q", *linted], cwd=REPO, check=False)
     if (REPO / "notebooks" / "build.py").exists():
         subprocess.run([sys.executable, str(REPO / "notebooks" / "build.py")], cwd=REPO, check=True)
+    if (REPO / PKG / MOVES["editor_schema.py"]).exists():  # the editors' JSON Schemas name the modules' paths
+        editor = module_of(MOVES["editor_schema.py"])
+        subprocess.run([sys.executable, "-m", editor, "--write"], cwd=REPO, check=True, capture_output=True)
 
 
 def main(argv: list[str] | None = None) -> int:
