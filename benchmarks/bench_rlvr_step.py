@@ -9,7 +9,7 @@ Tiny random Qwen2 + LoRA on CPU, transformers generation inside the trainer. Bac
   its prefix_seg_info; sequence packing off: its re-verification adds forwards that depend on the rollout
   lengths, for every variant alike; float32 loss).
 
-Variants per backend (``--variants sage``, the default): ``plain`` (sage_guide none), ``branch`` (the default q
+Variants per backend (``--variants sage``, the default): ``plain`` (guide none), ``branch`` (the default q
 source: in the loss, from the entropies of the loss's own forward, on both backends), ``branch-rollout``
 (sage_q_source rollout: q from the rollout policy, one extra no-grad pass; what the Unsloth backend did before q
 went into its loss), ``ref_branch`` (the branch formula on the reference's entropy, an extension beyond the paper:
@@ -52,9 +52,9 @@ os.environ.setdefault("UNSLOTH_SKIP_TORCHVISION_CHECK", "1")
 VARIANT_SETS = {
     "sage": {
         "plain": {},
-        "branch": {"sage_guide": "branch"},
-        "branch-rollout": {"sage_guide": "branch", "sage_q_source": "rollout"},
-        "ref_branch": {"sage_guide": "ref_branch"},
+        "branch": {"guide": "branch"},
+        "branch-rollout": {"guide": "branch", "sage_q_source": "rollout"},
+        "ref_branch": {"guide": "ref_branch"},
     },
     "exploration": {
         "plain": {},
@@ -62,7 +62,7 @@ VARIANT_SETS = {
         "high_entropy": {"top_entropy_quantile": 0.2},
         "clip_cov": {"policy_term": "clip_cov"},
         "kl_cov": {"policy_term": "kl_cov"},
-        "passk": {"advantage_estimator": "passk", "passk_k": 4},
+        "passk": {"advantage_estimator": {"name": "passk", "k": 4}},
         "ref_reset": {"ref_reset_steps": 1},
     },
 }

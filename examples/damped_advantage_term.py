@@ -1,13 +1,12 @@
 r"""A policy term of your own: shrink the advantage of the tokens the policy is already sure of.
 
-    policy_term: examples/damped_advantage_term.py:damped_advantage
-    policy_term_args: {floor: 0.5, entropy_scale: 1.0}
+    policy_term: {name: examples/damped_advantage_term.py:damped_advantage, floor: 0.5, entropy_scale: 1.0}
 
 Per token: A_t <- A_t * (floor + (1 - floor) * min(1, H_t / entropy_scale)), with H_t the current policy's token
 entropy (no gradient): a token near-deterministic under the policy keeps ``floor`` of its advantage, an
 uncertain one all of it. Per sequence nothing else changes (TRL's clipped surrogate and aggregation).
 
-The contract (docs/extending.md): ``fn(batch, **policy_term_args) -> TermOutput``, the one call shape of every
+The contract (docs/extending.md): ``fn(batch, **arguments) -> TermOutput``, the one call shape of every
 plug-in kind. ``batch`` is a
 sage_unsloth.rlvr.policy_terms.TokenBatch of the loss call (logps with gradient, old_logps, entropies,
 per-token advantages, mask, the clip range, a per-step seeded generator); return replacement ``advantages``

@@ -2,8 +2,8 @@ r"""Top-2 margin guide: raise the anchor where the policy is torn between its tw
 
 A guide that lives outside the kit (no kit file edited, no kit import): name it in a config as
 
-    sage_guide: examples/top2_margin.py:top2_margin_guide     # a file path, relative to the working directory
-    sage_guide_args: {gamma: 0.3, threshold: 0.2}
+    guide: {name: examples/top2_margin.py:top2_margin_guide, gamma: 0.3, threshold: 0.2}  # a path, relative to the
+                                                                                          # working directory
 
 With m_t = p_t(1st) - p_t(2nd), the gap between the two most likely next tokens at position t (at the sampling
 temperature, over the full vocabulary),

@@ -201,7 +201,7 @@ recipe.run("sft")
 # %% [markdown]
 # ## 6. Stage 2: RLVR, GRPO and GRPO + Branch
 #
-# Both runs continue the SFT adapter with the same data, seed and budget; they differ only in `sage_guide`
+# Both runs continue the SFT adapter with the same data, seed and budget; they differ only in `guide`
 # (`none` vs `branch`). Reward: 1 when the `<SOLUTION>` answer matches (math-verify), else 0.
 
 # %%

@@ -306,7 +306,7 @@ def guide_effect(
     reverse = estimator == "k2" or (estimator == "k3" and ratio)
     if reverse:
         return (
-            f"its q is the same for every candidate token at a position, and kl_estimator={estimator}"
+            f"its q is the same for every candidate token at a position, and kl_term={estimator}"
             f"{' with use_bias_correction_kl' if estimator == 'k3' else ''} has the reverse-KL gradient, "
             "which a position-constant q does not change"
         )

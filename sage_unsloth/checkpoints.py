@@ -31,7 +31,7 @@ import struct
 import zipfile
 from pathlib import Path
 
-from sage_unsloth.finite_steps import TrainingFault, check_micro_step
+from sage_unsloth.finite_steps import TrainingFault, check_gradient_norm, check_micro_step
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class CheckpointMixin:
     :class:`CheckpointSaveError` (one line) after removing what it wrote; a resume from the checkpoint of the
     last step trains nothing more (``compat.every_step_done``) and continues the run's summed loss (train_loss);
     no micro-batch with a non-finite loss, no window with non-finite gradients reaches the optimizer
-    (sage_unsloth/finite_steps.py, row ``step_guard``).
+    (sage_unsloth/finite_steps.py, row ``step_guard``: the window's gradient norm is the one the clip computes).
 
     Contact (sage_unsloth/compat.py, row ``resume_internals``): ``_save_checkpoint(model, trial)`` and every save
     inside it (TRL's own, and the stage's extra resume state: a trainer that defines
@@ -362,9 +362,38 @@ class CheckpointMixin:
 
     def training_step(self, model, inputs, *args, **kwargs):
         loss = super().training_step(model, inputs, *args, **kwargs)
-        # before the optimizer step: a non-finite loss or gradient stops the run (finite_steps.py)
-        check_micro_step(self, model, loss, self._sage_step_batch)
+        # before the optimizer step: a non-finite loss or gradient stops the run (finite_steps.py); the gradients
+        # here only where the clip below cannot measure them for the guard
+        check_micro_step(
+            self, model, loss, self._sage_step_batch, gradients=not self._sage_guard_at_clip(model)
+        )
         return loss
+
+    _sage_plain_clip: bool | None = None
+
+    def _sage_guard_at_clip(self, model) -> bool:
+        """Does the guard read the norm the clip computes (accelerate's plain clip, compat.plain_gradient_clip)?
+        Decided once: the accelerator and the parameters' kind do not change within a run."""
+        if self._sage_plain_clip is None:
+            from sage_unsloth.compat import plain_gradient_clip
+
+            self._sage_plain_clip = plain_gradient_clip(self, model)
+        return self._sage_plain_clip
+
+    def _sage_clip(self, model, max_norm: float):
+        from sage_unsloth.compat import clip_with_norm
+
+        return clip_with_norm(self, model, max_norm, lambda norm: check_gradient_norm(self, model, norm))
+
+    def _clip_grad_norm(self, model):
+        if not self._sage_guard_at_clip(model):
+            return super()._clip_grad_norm(model)
+        return self._sage_clip(model, self.args.max_grad_norm)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        if grad_norm is None and self._sage_guard_at_clip(model):  # no clipping (max_grad_norm 0): its norm
+            grad_norm = self._sage_clip(model, float("inf"))
+        return super()._get_grad_norm(model, grad_norm=grad_norm)
 
     def _run_epoch(self, *args, **kwargs):
         from sage_unsloth.compat import every_step_done

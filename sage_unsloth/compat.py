@@ -57,10 +57,13 @@ resume_internals        Trainer / GRPOTrainer internals exact resume touches:   
                         (:func:`every_step_done`, SFT and RLVR);
                         ``_get_output_dir`` inside ``_save_checkpoint`` (atomic
                         saves, sage_unsloth/checkpoints.py, SFT and RLVR)
-step_guard              ``training_step`` returns the micro-batch's loss after    transformers 5.17.0  test_step_guard_internals;
-                        its backward, ``_prepare_inputs`` the batch it reads,                          test_training_faults.py
+step_guard              ``training_step`` returns the micro-batch's loss after    transformers 5.17.0, test_step_guard_internals;
+                        its backward, ``_prepare_inputs`` the batch it reads,     accelerate 1.15.0    test_training_faults.py
                         ``accelerator.sync_gradients`` marks the last micro-batch
-                        before ``optimizer.step()`` (:data:`STEP_GUARD_HOOKS`);
+                        before ``optimizer.step()``, ``_clip_grad_norm`` /
+                        ``_get_grad_norm`` measure the norm before it, through
+                        accelerate's clip (:data:`STEP_GUARD_HOOKS`,
+                        :func:`clip_with_norm`);
                         the summed loss ``_total_loss_scalar`` / ``_tr_loss``
                         that ``train_loss`` divides (:data:`LOSS_TOTALS`);
                         torch.multinomial's NaN-probability error
@@ -332,18 +335,23 @@ def aggregate_like_trl(
     raise ValueError(f"loss-level KL terms support loss_type in {TOKEN_LEVEL_LOSS_TYPES}, got {loss_type!r}")
 
 
+def trl_aggregation(trainer) -> dict:
+    """:func:`aggregate_like_trl`'s settings (all but ``num_items_in_batch``) of ``trainer`` (a GRPOTrainer) at its
+    current loss call."""
+    return {
+        "loss_type": trainer.loss_type,
+        "max_completion_length": trainer.max_completion_length,
+        "num_processes": trainer.accelerator.num_processes,
+        "accumulation_steps": getattr(trainer, "current_gradient_accumulation_steps", None),
+        "steps_per_generation": trainer.args.steps_per_generation,
+        "training": trainer.model.training,
+    }
+
+
 def aggregate_like_trainer(trainer, per_token, mask, inputs: dict):
     """:func:`aggregate_like_trl` with the settings of ``trainer`` (a GRPOTrainer) and its current loss call."""
     return aggregate_like_trl(
-        per_token,
-        mask,
-        loss_type=trainer.loss_type,
-        max_completion_length=trainer.max_completion_length,
-        num_items_in_batch=inputs.get("num_items_in_batch"),
-        num_processes=trainer.accelerator.num_processes,
-        accumulation_steps=trainer.current_gradient_accumulation_steps,
-        steps_per_generation=trainer.args.steps_per_generation,
-        training=trainer.model.training,
+        per_token, mask, num_items_in_batch=inputs.get("num_items_in_batch"), **trl_aggregation(trainer)
     )
 
 
@@ -741,8 +749,54 @@ EPOCH_LOOP = "_run_epoch"
 STEP_GUARD_HOOKS = {
     "training_step": ("model", "inputs", "num_items_in_batch"),
     "_prepare_inputs": ("inputs",),
+    # where the Trainer clips (max_grad_norm > 0) or, without clipping, measures the gradient norm: the guard
+    # reads that norm instead of computing its own (plain_gradient_clip, clip_with_norm)
+    "_clip_grad_norm": ("model",),
+    "_get_grad_norm": ("model", "grad_norm"),
 }
 LOSS_TOTALS = ("_total_loss_scalar", "_tr_loss")
+
+
+def plain_gradient_clip(trainer, model) -> bool:
+    """Does ``trainer`` clip through accelerate's plain path (``Accelerator.clip_grad_norm_`` as accelerate 1.15
+    defines it: unscale the fp16 gradients, then torch's ``clip_grad_norm_`` over every parameter), which
+    :func:`clip_with_norm` reproduces op for op? Not under DeepSpeed, FSDP, XLA or Megatron, SageMaker model
+    parallelism, DTensor gradients, or an accelerator whose clip another library replaced (Unsloth's loss scaler
+    sets its own on the instance): there the guard checks the gradients itself (finite_steps.py)."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+    from transformers.utils import is_sagemaker_mp_enabled
+
+    accelerator = trainer.accelerator
+    special = (
+        DistributedType.DEEPSPEED,
+        DistributedType.FSDP,
+        DistributedType.XLA,
+        DistributedType.MEGATRON_LM,
+    )
+    return not (
+        accelerator.distributed_type in special
+        or "clip_grad_norm_" in vars(accelerator)
+        or type(accelerator).clip_grad_norm_ is not Accelerator.clip_grad_norm_
+        or Accelerator.clip_grad_norm_.__module__ != "accelerate.accelerator"
+        or (is_sagemaker_mp_enabled() and trainer.args.fp16)
+        or trainer._has_mixed_mesh_grads(model)
+        or any(type(p.grad).__name__ == "DTensor" for p in model.parameters() if p.grad is not None)
+    )
+
+
+def clip_with_norm(trainer, model, max_norm: float, check) -> object:
+    """``trainer.accelerator.clip_grad_norm_(model.parameters(), max_norm)`` on the plain path
+    (:func:`plain_gradient_clip`), op for op (the same gradients, the same norm), with ``check(total_norm)`` called
+    between the norm and the clip, while the gradients are still as the backward left them."""
+    import torch
+
+    trainer.accelerator.unscale_gradients()
+    parameters = list(model.parameters())
+    total = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None], 2.0)
+    check(total)
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return total
 
 
 # torch.multinomial's refusal of a probability row with inf / NaN (what transformers' sampler hits when the policy

@@ -230,26 +230,6 @@ def check_hub_model_cached(
             )
 
 
-def same_field_error(alias: str, alias_value, name: str, value, where: str = "") -> ConfigError:
-    """A field set under both its names (``FIELD_ALIASES``) to different values."""
-    return ConfigError(f"{where}{alias}={alias_value!r} and {name}={value!r} name the same field: set one")
-
-
-def resolve_field_aliases(cfg) -> None:
-    """A field given under its alias (``FIELD_ALIASES``, e.g. kl_term -> kl_estimator) to a config built in
-    Python becomes the field itself; the field may be left at its default or set to the same value. (The stage
-    parser renames an alias while it reads the YAML and the flags, so that a flag wins over the file whichever
-    name each uses; a parsed config reaches here with the alias unset.)"""
-    for alias, name in getattr(type(cfg), "FIELD_ALIASES", {}).items():
-        alias_value = getattr(cfg, alias)
-        if alias_value is None:
-            continue
-        value = getattr(cfg, name)
-        if value not in (cfg.__dataclass_fields__[name].default, alias_value):
-            raise same_field_error(alias, alias_value, name, value)
-        setattr(cfg, name, alias_value)
-
-
 def _is_steps(strategy) -> bool:
     return str(getattr(strategy, "value", strategy)) == "steps"
 
@@ -446,36 +426,22 @@ class StageParserMethods:
             )
         return formatter.format_help()
 
-    def _aliases(self) -> dict[str, str]:
-        """alias -> field, from each dataclass's FIELD_ALIASES (e.g. kl_term -> kl_estimator)."""
-        return {a: f for cls in self.dataclass_types for a, f in getattr(cls, "FIELD_ALIASES", {}).items()}
+    def _retired(self) -> dict[str, str]:
+        """old key -> its one line, from each dataclass's RETIRED_FIELDS (a spelling the config no longer takes)."""
+        return {
+            k: hint for cls in self.dataclass_types for k, hint in getattr(cls, "RETIRED_FIELDS", {}).items()
+        }
 
-    # A YAML key or a flag spelled by its alias becomes the field itself, so that the command line's flag
-    # overrides the file's key whichever name each uses (and --help shows the file's value).
-    def _unalias_config(self, config: dict, path: str) -> None:
-        for alias, name in self._aliases().items():
-            if alias not in config:
-                continue
-            value = config.pop(alias)
-            if name in config and config[name] != value:
-                raise same_field_error(alias, value, name, config[name], where=f"{path}: ")
-            config[name] = value
-
-    def _unalias_argv(self, argv: list[str]) -> list[str]:
-        for alias, name in self._aliases().items():
-            spellings = {f"--{alias}", f"--{alias.replace('_', '-')}"}
-            own = {f"--{name}", f"--{name.replace('_', '-')}"}
-            flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-            if flags & spellings and flags & own:
-                raise ConfigError(f"--{alias} and --{name} name the same field: pass one")
-            argv = [
-                f"--{name}" + a[len(a.split("=", 1)[0]) :] if a.split("=", 1)[0] in spellings else a
-                for a in argv
-            ]
-        return argv
+    def _refuse_retired(self, keys, where: str = "") -> None:
+        retired = self._retired()
+        for key in keys:
+            if key in retired:
+                raise ConfigError(f"{where}{retired[key]}")
 
     def parse(self, argv: list[str]):
-        argv = self._unalias_argv(list(argv))
+        argv = list(argv)
+        flags = [a.split("=", 1)[0][2:].replace("-", "_") for a in argv if a.startswith("--")]
+        self._refuse_retired(flags, where="--")
         if "--config" in argv:
             at = argv.index("--config")
             if at + 1 >= len(argv):
@@ -483,7 +449,7 @@ class StageParserMethods:
             config_path = argv[at + 1]
             del argv[at : at + 2]
             config = load_config(config_path)
-            self._unalias_config(config, config_path)
+            self._refuse_retired(config, where=f"{config_path}: ")
             for key, value in (config.pop(ENV_KEY, None) or {}).items():
                 os.environ[key] = str(value)
             self._check_config(config, config_path)

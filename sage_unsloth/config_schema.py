@@ -25,7 +25,8 @@ import sys
 from functools import cache
 from pathlib import Path
 
-SCHEMA = Path(__file__).with_name("stage_schema.json")
+from sage_unsloth.field_rules import FALSE, SCHEMA, TRUE
+
 # stage -> the (module, class) of each dataclass its parser is built over, by name: only `--write` imports them,
 # so the stages can import this module (to check their input) without this module importing the stages.
 STAGE_TYPES = {
@@ -48,7 +49,6 @@ UPSTREAM_NAMES = {
 }
 HELP_FLAGS = {"--help", "-h", "--help-all"}
 KINDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
-TRUE, FALSE = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")  # TRL's string_to_bool
 _BAD = object()  # a value that did not convert (already reported)
 
 
@@ -77,6 +77,9 @@ def live_schema() -> dict:
         if unknown_rules:
             raise ValueError(f"{stage}: FIELD_RULES name fields its parser lacks: {unknown_rules}")
         out[stage] = {"flags": dict(sorted(flags.items())), "switches": switches, "fields": fields}
+        retired = {old: hint for cls in types for old, hint in getattr(cls, "RETIRED_FIELDS", {}).items()}
+        if retired:
+            out[stage]["retired"] = dict(sorted(retired.items()))
     return out
 
 
@@ -139,7 +142,10 @@ def stage_input(stage: str, argv: list[str]) -> tuple[dict, list[str]]:
     if not entry:
         return dict(config or {}), report.lines + flag_report.lines
     fields = entry["fields"]
-    from_yaml = _check_config(stage, config_path, config, fields, report) if config is not None else {}
+    retired = entry.get("retired", {})
+    from_yaml = (
+        _check_config(stage, config_path, config, fields, report, retired) if config is not None else {}
+    )
     values = {**from_yaml, **given}  # the command line replaces the YAML's value
     for key, value in values.items():
         if key in given:
@@ -208,7 +214,10 @@ def _read_flags(stage: str, argv: list[str], entry: dict, report: _Report) -> tu
             continue
         dest = flags.get(name)
         if dest is None:
-            if name == "--output_dir" and stage in OUTPUT_FLAGS:
+            retired = entry.get("retired", {}).get(name[2:].replace("-", "_"))
+            if retired:
+                report.add(f"--{retired}")
+            elif name == "--output_dir" and stage in OUTPUT_FLAGS:
                 report.add(f"--output_dir is not a flag of sage-unsloth {stage}: {OUTPUT_FLAGS[stage]}")
             else:
                 hint = suggestion(name, flags) or f" (sage-unsloth {stage} --help lists the fields)"
@@ -289,7 +298,9 @@ def _example(field: dict, prefix: str) -> str:
     return f"; e.g. {prefix}{field['example']}" if "example" in field else ""
 
 
-def _check_config(stage, path, config: dict, fields: dict, report: _Report) -> dict:
+def _check_config(
+    stage, path, config: dict, fields: dict, report: _Report, retired: dict | None = None
+) -> dict:
     """The YAML's keys and value types, as config_args' parser checks them; returns field -> converted value."""
     from sage_unsloth.config_args import BASE_KEY, ENV_KEY, suggestion
 
@@ -298,6 +309,9 @@ def _check_config(stage, path, config: dict, fields: dict, report: _Report) -> d
         if key in (ENV_KEY, BASE_KEY):
             continue
         field = fields.get(key)
+        if field is None and key in (retired or {}):
+            report.add(f"{path}: {retired[key]}")
+            continue
         if field is None:
             hint = suggestion(key, fields) or f": not a field of sage-unsloth {stage}; remove it"
             report.add(f"{path}: unknown key {key!r}{hint}")
@@ -365,7 +379,7 @@ def _is_instance(value, kind: str) -> bool:
 
 def _check_rule(key: str, value, fields: dict, values: dict, report: _Report, prefix: str) -> None:
     from sage_unsloth.config_args import suggestion
-    from sage_unsloth.field_rules import names_in, rule_from_json
+    from sage_unsloth.field_rules import names_in, node_name, rule_from_json
 
     field = fields[key]
     items = value if isinstance(value, list) else [value]
@@ -383,8 +397,10 @@ def _check_rule(key: str, value, fields: dict, values: dict, report: _Report, pr
     for item in items:
         if item is not None and (problem := rule.problem(key, item, extra)):
             report.add(prefix + problem)
-        elif field.get("plugins") and isinstance(item, str) and ":" in item:  # with the other problems, now
-            report.add(plugin_location_problem(key, item))
+            continue
+        spec = node_name(item) if field.get("node") else item  # a node's plug-in is its name
+        if field.get("plugins") and isinstance(spec, str) and ":" in spec:  # with the other problems, now
+            report.add(plugin_location_problem(key, spec))
 
 
 def plugin_location_problem(key: str, spec: str) -> str | None:

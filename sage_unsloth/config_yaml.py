@@ -11,7 +11,7 @@ what YAML lets through in silence.
   silence; ``<<`` merge keys are overridden by design and are not duplicates).
 
 :func:`key_spelling` finds how a key's value is written in a file of a ``base:`` chain (the pre-import check names
-``sage_guide: no``, which YAML 1.1 reads as the boolean False, by its own spelling and line). Stdlib and PyYAML
+``guide: no``, which YAML 1.1 reads as the boolean False, by its own spelling and line). Stdlib and PyYAML
 only.
 """
 

@@ -7,13 +7,13 @@ library reads instead (``hub_token`` -> ``HF_TOKEN``, which huggingface_hub uses
 ``token=None``) and set to None on the object. So the pickled ``training_args.bin`` of every checkpoint, the
 manifests and the W&B run config (built from the arguments) never hold it, and pushing still works.
 
-A plug-in's argument named like a credential (``sage_guide_args: {api_key: ...}``: a key of a mapping field) cannot
-move to the environment, since the plug-in takes it as a keyword argument. It is sealed instead
-(:func:`seal_secret_arguments`, from the same call): the mapping holds a :class:`SealedArgument`, a string whose text
-is ``<redacted>`` and which carries the value beside it. So the pickled ``training_args.bin`` (it pickles as the plain
-text ``<redacted>``), the config's ``to_dict`` / JSON (W&B's run config), its repr and the manifests hold
-``<redacted>``, and only the binding of the plug-in's arguments (sage_unsloth/registry.py, :func:`unsealed`) hands
-the plug-in the value. A JSON mapping given on the command line (``--sage_guide_args '{"api_key": ...}'``) is
+A plug-in's argument named like a credential (``guide: {name: my.py:fn, api_key: ...}``: a key of a plug-in node,
+a mapping field) cannot move to the environment, since the plug-in takes it as a keyword argument. It is sealed
+instead (:func:`seal_secret_arguments`, from the same call): the mapping holds a :class:`SealedArgument`, a string
+whose text is ``<redacted>`` and which carries the value beside it. So the pickled ``training_args.bin`` (it pickles
+as the plain text ``<redacted>``), the config's ``to_dict`` / JSON (W&B's run config), its repr and the manifests
+hold ``<redacted>``, and only the binding of the plug-in's arguments (sage_unsloth/registry.py, :func:`unsealed`)
+hands the plug-in the value. A node given as JSON on the command line (``--guide '{"name": ..., "api_key": ...}'``) is
 redacted in ``sys.argv`` and in every command line the kit prints or records (:func:`redact_argv`).
 
 Drivers that start stages elsewhere (``sage-unsloth sweep``, the lab's runner) never put a credential into a
@@ -119,7 +119,7 @@ def unsealed(value):
 
 def seal_secret_arguments(obj) -> list[str]:
     """Seal the credential-like keys (:func:`~sage_unsloth.manifest.is_secret_key`) holding text in each mapping
-    field of the dataclass ``obj`` (a plug-in's ``<kind>_args``), at any depth; returns ``field.key`` of each."""
+    field of the dataclass ``obj`` (a plug-in node), at any depth; returns ``field.key`` of each."""
     sealed: list[str] = []
 
     def seal(mapping: dict, where: str) -> None:

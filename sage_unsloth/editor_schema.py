@@ -12,8 +12,10 @@ shows the same for other editors). The command line keeps the kit's own one-line
 Each field accepts what the kit's pre-import check accepts: a number or bool also as the text TRL's parser reads
 (``"1e-5"``, ``"true"``), a list field also as one item (a numeric list also as ``"1, 8"``), ``null`` where the
 parser takes None; a text field without names takes any value (TRL's ``dict | str`` fields are text to the
-parser). A field that is a node (``{name: ..., ...}``: type ``dict``/``object``, optionally with ``names`` for its
-``name`` and ``fields`` for its other keys) is an object, or its bare name where it has names. Stdlib only.
+parser). A field that is a node (``{name: ..., ...}``: type ``dict``/``object``, or a plug-in node of stage 2,
+``node: true``; optionally with ``names`` for its ``name`` and ``fields`` for its other keys) is an object, or its
+bare name where it has names (a plug-in node also its JSON text; its arguments are the plug-in's, checked by the
+stage: sage_unsloth/registry.py). Stdlib only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from sage_unsloth.config_schema import FALSE, SCHEMA, TRUE
+from sage_unsloth.field_rules import FALSE, SCHEMA, TRUE
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 OUT_DIR = Path(__file__).resolve().parents[1] / "configs" / "schemas"
@@ -44,6 +46,7 @@ FLOAT_TEXT = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$|^\s*[+-
 PLUGIN = r"^([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*|[^:]*(/|\.py)[^:]*):[A-Za-z_][A-Za-z0-9_]*$"
 BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
 NODE_TYPES = ("dict", "object")
+NODE_TEXT = r"^\s*\{"
 
 
 def editor_schemas(stage_schema: dict | None = None) -> dict[str, dict]:
@@ -67,7 +70,7 @@ def stage_json_schema(stage: str, fields: dict) -> dict:
 def field_json_schema(record: dict) -> dict:
     """One field's schema: its value (a node, a number, a name...), as a list where it is one, null where allowed."""
     kind = record["type"]
-    if kind in NODE_TYPES:
+    if kind in NODE_TYPES or record.get("node"):
         one = _node(record)
     else:
         one = {"int": _integer, "float": _number, "bool": _boolean}.get(kind, _text)(record)
@@ -123,7 +126,10 @@ def _node(record: dict) -> dict:
         node["required"] = ["name"]
     if "fields" in record:
         node["additionalProperties"] = False
-    return {"anyOf": [_names(record), node]} if "names" in record else node
+    forms = [_names(record), node] if "names" in record else [node]
+    if record.get("node"):  # a plug-in node may also be its JSON text (config_args reads it as the flag's)
+        forms.append({"type": "string", "pattern": NODE_TEXT})
+    return {"anyOf": forms} if len(forms) > 1 else node
 
 
 def _bounds(record: dict) -> dict:

@@ -17,8 +17,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 PLUGIN_HINT = "'package.module:function' or 'path/to/file.py:function'"
+# The committed copy of every stage's fields and rules, read by the pre-import check (config_schema.py) and turned
+# into the editors' JSON Schemas (editor_schema.py); here, below both, so that neither imports the other for it.
+SCHEMA = Path(__file__).with_name("stage_schema.json")
+TRUE, FALSE = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")  # TRL's string_to_bool
 
 
 @dataclass(frozen=True)
@@ -77,15 +82,19 @@ class Limit:
 class Names:
     """A name field: one of ``names``, or with ``plugins`` an import path of a plug-in (syntax checked here, the
     import later, by the stage). ``also_from``: a list field whose ``name=path`` items add names (eval's
-    ``local_benchmarks``)."""
+    ``local_benchmarks``). ``node``: a plug-in node, ``{name: ..., <its arguments>}`` (or its JSON text, or a bare
+    name), whose ``name`` is checked here and its arguments by the stage (sage_unsloth/registry.py)."""
 
     names: tuple[str, ...]
     plugins: bool = False
     also_from: str | None = None
+    node: bool = False
 
     def problem(self, name: str, value, extra: tuple[str, ...] = ()) -> str | None:
         from sage_unsloth.config_args import suggestion
 
+        if self.node:
+            value = node_name(value)
         if not isinstance(value, str):
             return None
         known = (*self.names, *extra)
@@ -108,7 +117,41 @@ class Names:
             out["plugins"] = True
         if self.also_from:
             out["also_from"] = self.also_from
+        if self.node:
+            out["node"] = True
         return out
+
+
+# The config fields of stage 2 that hold a plug-in node (sage_unsloth/rlvr/plan.py: one registry each).
+PLUGIN_NODES = ("guide", "advantage_estimator", "policy_term", "kl_term")
+
+
+def node_name(value):
+    """The name of a plug-in node: the ``name`` of a mapping or of its JSON text, or the bare name itself; any
+    other value as it is (its type is the stage's to report)."""
+    if isinstance(value, str) and value.strip().startswith("{"):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None  # not JSON: the stage reports it in one line
+    if isinstance(value, dict):
+        return value.get("name")
+    return value.strip() if isinstance(value, str) else value
+
+
+def node_mapping(value) -> dict:
+    """A plug-in node as a mapping ``{name: ..., <its arguments>}`` (from a bare name or its JSON text), for a tool
+    that edits one of its keys; a value that is no node comes back as ``{name: value}`` for the stage to refuse."""
+    if isinstance(value, str) and value.strip().startswith("{"):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {"name": value}
+    return dict(value) if isinstance(value, dict) else {"name": value}
 
 
 def _end(closed: float | None, closed_form: str, open_: float | None, open_form: str) -> str | None:
@@ -162,7 +205,9 @@ def rule_from_json(data: dict) -> Limit | Names | None:
     if "limit" in data:
         return Limit(**data["limit"], finite=not data.get("infinite_ok", False))
     if "names" in data:
-        return Names(tuple(data["names"]), data.get("plugins", False), data.get("also_from"))
+        return Names(
+            tuple(data["names"]), data.get("plugins", False), data.get("also_from"), data.get("node", False)
+        )
     return None
 
 

@@ -4,9 +4,11 @@ GRPOTrainer or Unsloth's patched one; CheckpointMixin in sage_unsloth/checkpoint
 The Trainer's own answer to a NaN loss is to leave it out of the logged mean (``logging_nan_inf_filter``) and apply
 the step anyway: NaN gradients turn every weight they touch into NaN, the next checkpoint holds them, and the run
 dies steps later somewhere unrelated (a sampler fed NaN probabilities). :func:`check_micro_step` checks each
-micro-batch's loss and, on the micro-batch after which the optimizer steps, every trainable gradient, before the
-optimizer step; a non-finite one stops the run with one :class:`NonFiniteStep` line saying where it came from (the
-batch entries that were already non-finite, else the loss or the gradient of the first parameter concerned). A step
+micro-batch's loss and :func:`check_gradient_norm` the norm of the window's gradients, before the optimizer step:
+the norm gradient clipping computes anyway (compat.clip_with_norm, between that norm and the clip), or, where the
+Trainer clips otherwise (DeepSpeed, FSDP, ...), its own on the micro-batch after which the optimizer steps. A
+non-finite one stops the run with one :class:`NonFiniteStep` line saying where it came from (the batch entries
+that were already non-finite, else the loss or the gradient of the first parameter concerned). A step
 with finite gradients can still leave weights that overflow the next forward (a learning rate of 1e30): the RLVR
 rollout that then samples from NaN probabilities stops in one line too (:func:`sampling_fault`), not in a
 traceback from ``torch.multinomial``.
@@ -25,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "NonFiniteStep",
     "TrainingFault",
+    "check_gradient_norm",
     "check_micro_step",
     "gradient_problem",
     "nonfinite_entries",
@@ -105,11 +108,12 @@ def sampling_fault(trainer, model, exc: BaseException) -> NonFiniteStep | None:
     return fault
 
 
-def check_micro_step(trainer, model, loss, batch) -> None:
+def check_micro_step(trainer, model, loss, batch, *, gradients: bool = True) -> None:
     """Raise :class:`NonFiniteStep` (one line) when this micro-batch's ``loss`` is not finite (naming what of its
-    ``batch`` was already non-finite), or, on the micro-batch after which the optimizer steps, when the accumulated
-    gradients of ``model`` are not (see the module docstring). Called by the trainers' ``training_step``
-    (sage_unsloth/checkpoints.py, CheckpointMixin) right after the backward, before the optimizer step."""
+    ``batch`` was already non-finite), or, with ``gradients`` (the Trainer's clip does not measure them for the
+    guard) on the micro-batch after which the optimizer steps, when the accumulated gradients of ``model`` are not
+    (see the module docstring). Called by the trainers' ``training_step`` (sage_unsloth/checkpoints.py,
+    CheckpointMixin) right after the backward, before the optimizer step."""
     import torch
 
     step = int(trainer.state.global_step) + 1
@@ -124,10 +128,24 @@ def check_micro_step(trainer, model, loss, batch) -> None:
         raise NonFiniteStep(
             f"step {step}: the loss is {loss.detach().float().mean().item()}: {origin}; {_KEPT}"
         )
-    if trainer.accelerator.sync_gradients:
+    if gradients and trainer.accelerator.sync_gradients:
         problem = gradient_problem(model.named_parameters())
         if problem is not None:
             raise NonFiniteStep(f"step {step}: the loss is finite but {problem}; {_KEPT}")
+
+
+def check_gradient_norm(trainer, model, total_norm) -> None:
+    """Raise :class:`NonFiniteStep` (the words of :func:`check_micro_step`) when ``total_norm``, the norm gradient
+    clipping computed over the window's gradients before clipping them, is not finite; the gradients are still as
+    the backward left them, so the line names the first non-finite one. One device sync per optimizer step (the
+    Trainer reads the same norm for its log)."""
+    import torch
+
+    if torch.isfinite(total_norm).item():
+        return
+    step = int(trainer.state.global_step) + 1
+    problem = gradient_problem(model.named_parameters()) or f"the gradient norm is {total_norm.item()}"
+    raise NonFiniteStep(f"step {step}: the loss is finite but {problem}; {_KEPT}")
 
 
 _KEPT = "the step was not applied and no checkpoint of it was written"

@@ -2,8 +2,9 @@
 guides and of per-token logit signals, and everything the kit does around a guide's raw q.
 
 A guide is one function ``guide(signals, **args) -> q`` (or a class built with ``**args`` whose instances are
-called with ``signals``, for state such as a schedule), named in a config as ``sage_guide: <registered name>``
-or ``sage_guide: package.module:function`` / ``path/to/file.py:function`` with ``sage_guide_args: {...}``. It
+called with ``signals``, for state such as a schedule), named in a config's node ``guide: {name: <registered
+name>, <its arguments>}`` or ``guide: {name: package.module:function}`` / ``path/to/file.py:function``. The
+node's ``q_min`` / ``q_max`` are the kit's clip range (every guide's; passed on to a guide that names them). It
 declares the signals it reads, as registration metadata or an attribute ``guide.needs = ("entropies", ...)``:
 
 - ``entropies``, ``logps``: the policy's token entropy / log-prob of the sampled token (B, T);
@@ -32,7 +33,9 @@ from dataclasses import dataclass, field
 import torch
 
 from sage_unsloth import anchor, plugin_calls
+from sage_unsloth.anchor import TOKEN_NORMS
 from sage_unsloth.config_args import ConfigError
+from sage_unsloth.field_rules import Limit, Names
 from sage_unsloth.plugin_calls import PluginFault, q_problem
 from sage_unsloth.registry import Entry, Registry
 
@@ -65,14 +68,30 @@ UNSLOTH_NO_REF_ENTROPY = ("ref_entropies",)  # Unsloth's reference scorer return
 # ``gradient_rule``: which of anchor.guide_effect's rules says whether the guide changes the expected gradient
 # ("none": q = 1; "random": token-independent noise, mean 1 under bounds symmetric about 1); None (most guides):
 # read from ``needs`` (a q that can differ between candidate tokens follows the token rule, else the branch rule).
+# The kit's clip of every guide's q, keys of every guide node (the paper's range): log q must stay finite.
+Q_CLIP = {
+    "q_min": (0.6, Limit(gt=0, note="log q must stay finite; e.g. 0.6")),
+    "q_max": (1.4, Limit(ge=0, note="the paper's 1.4")),
+}
+
+
+def _clip_order(args: dict) -> str | None:
+    if args["q_min"] > args["q_max"]:
+        return f"q_min={args['q_min']} > q_max={args['q_max']}: make q_min <= q_max"
+    return None
+
+
 GUIDES = Registry(
     "guide",
-    field="sage_guide",
+    field="guide",
     meta={"needs": (), "gradient_rule": None},
     inputs="signals",
+    kit_args=Q_CLIP,
+    kit_check=_clip_order,
+    example="branch",
 )
 LOGIT_SIGNALS = Registry(
-    "logit signal", field="sage_guide", meta={"uses_target": False}, inputs="log_probs, targets"
+    "logit signal", field="guide", meta={"uses_target": False}, inputs="log_probs, targets"
 )
 
 
@@ -131,7 +150,7 @@ def check_needs(entry: Entry) -> tuple[str, ...]:
         except ConfigError:
             known = ", ".join(POLICY_SIGNALS + BATCH_SIGNALS + LOGIT_SIGNALS.names())
             raise ConfigError(
-                f"sage_guide={entry.name!r} declares needs {name!r}, which is no signal (known: {known}, or a "
+                f"guide={entry.name!r} declares needs {name!r}, which is no signal (known: {known}, or a "
                 "logit signal 'package.module:function', a file's path relative to the guide's file)"
             ) from None
     return tuple(needs)
@@ -182,19 +201,19 @@ def unsloth_cannot(needs, *, requested: str, guide: str) -> str | None:
     no_entropy = [n for n in needs if n in UNSLOTH_NO_REF_ENTROPY]
     if no_entropy:
         return (
-            f"sage_guide={guide!r} needs {', '.join(no_entropy)}, which Unsloth's reference scorer does not "
+            f"guide={guide!r} needs {', '.join(no_entropy)}, which Unsloth's reference scorer does not "
             "compute (its packed reference pass returns log-probs only): set backend=trl"
         )
     never = [n for n in needs if n in UNSLOTH_NEVER]
     if never:
         return (
-            f"sage_guide={guide!r} needs {', '.join(never)}, which Unsloth's trainer keeps only in its own packed "
+            f"guide={guide!r} needs {', '.join(never)}, which Unsloth's trainer keeps only in its own packed "
             "layout: set backend=trl"
         )
     beyond = [n for n in needs if n not in UNSLOTH_IN_LOSS]
     if requested == "loss" and beyond:
         return (
-            f"sage_q_source='loss' with sage_guide={guide!r} needs {', '.join(beyond)} inside the loss; Unsloth's "
+            f"sage_q_source='loss' with guide={guide!r} needs {', '.join(beyond)} inside the loss; Unsloth's "
             "patched loss hands out entropies only: use sage_q_source=rollout or auto, or backend=trl"
         )
     return None
@@ -261,11 +280,12 @@ def clipped_fraction_counts(
 
 # --------------------------------------------------------------------------------------------- built-ins
 # The paper's guides, through the same interface: thin calls of anchor.py's formulas (the oracle tests' subject).
-# Their knobs come in sage_guide_args like any guide's; each also has its flat config field (``aliases``: keyword
-# -> SageGRPOConfig field), read where sage_guide_args leaves it out (registry.Registry.knobs).
-_CLIP = {"q_min": "sage_q_min", "q_max": "sage_q_max"}
-_BRANCH = {"gamma": "sage_gamma", "tau": "sage_tau", **_CLIP}
-_SCHEDULE = {"cycles": "sage_schedule_cycles", "decay": "sage_schedule_decay", **_CLIP}
+# Their knobs are keyword arguments with the paper's values as defaults (arXiv 2605.18864, Section 4 and the
+# official code's defaults); the clip range q_min / q_max is the node's (GUIDES.kit_args).
+_SCHEDULE_LIMITS = {
+    "cycles": Limit(ge=1, note="cosine restarts over max_steps"),
+    "decay": Limit(gt=0, le=1, note="default 0.9; 1 = no decay"),
+}
 
 
 def _schedule(signals: Signals, upper, lower, sigma_upper, sigma_lower, cycles, decay):
@@ -280,25 +300,22 @@ def guide_none(signals: Signals) -> torch.Tensor:
     return torch.ones_like(signals.mask, dtype=torch.float32)
 
 
-@GUIDES.register(
-    "branch",
-    needs=("entropies",),
-    aliases=_BRANCH,
-)
-def guide_branch(signals: Signals, *, gamma: float, tau: float, q_min: float, q_max: float) -> torch.Tensor:
+_BRANCH_LIMITS = {"gamma": Limit(ge=0), "tau": Limit(note="an entropy threshold in nats")}
+
+
+@GUIDES.register("branch", needs=("entropies",), limits=_BRANCH_LIMITS)
+def guide_branch(
+    signals: Signals, *, gamma: float = 0.3, tau: float = 1.2, q_min: float, q_max: float
+) -> torch.Tensor:
     """q = 1 + gamma * relu(H - tau)."""
     return anchor.branch_guide(
         signals.entropies, signals.mask, gamma=gamma, tau=tau, q_min=q_min, q_max=q_max
     )
 
 
-@GUIDES.register(
-    "ref_branch",
-    needs=("ref_entropies",),
-    aliases=_BRANCH,
-)
+@GUIDES.register("ref_branch", needs=("ref_entropies",), limits=_BRANCH_LIMITS)
 def guide_ref_branch(
-    signals: Signals, *, gamma: float, tau: float, q_min: float, q_max: float
+    signals: Signals, *, gamma: float = 0.3, tau: float = 1.2, q_min: float, q_max: float
 ) -> torch.Tensor:
     """q = 1 + gamma * relu(H_ref - tau), H_ref the reference (SFT anchor) model's token entropy: an extension
     beyond the paper (docs/methods.md). The anchor's entropy does not fall as the policy sharpens, so the guide
@@ -312,17 +329,24 @@ def guide_ref_branch(
 @GUIDES.register(
     "token",
     needs=("logps",),
-    aliases={
-        "alpha_upper": "sage_alpha_upper",
-        "alpha_lower": "sage_alpha_lower",
-        "sigma_upper": "sage_sigma_upper",
-        "sigma_lower": "sage_sigma_lower",
-        "norm": "sage_token_norm",
-        **_SCHEDULE,
+    limits={
+        **dict.fromkeys(("alpha_upper", "alpha_lower", "sigma_upper", "sigma_lower"), Limit(ge=0)),
+        "norm": Names(TOKEN_NORMS),
+        **_SCHEDULE_LIMITS,
     },
 )
 def guide_token(
-    signals: Signals, *, alpha_upper, alpha_lower, sigma_upper, sigma_lower, norm, cycles, decay, q_min, q_max
+    signals: Signals,
+    *,
+    alpha_upper: float = 0.3,
+    alpha_lower: float = 0.1,
+    sigma_upper: float = 0.25,
+    sigma_lower: float = 0.1,
+    norm: str = "minmax",
+    cycles: int = 8,
+    decay: float = 0.9,
+    q_min: float,
+    q_max: float,
 ):
     """q = 1 + alpha * w + sigma * w * N(0, 1), w the normalised surprisal, alpha / sigma on the cosine schedule."""
     alpha, sigma = _schedule(signals, alpha_upper, alpha_lower, sigma_upper, sigma_lower, cycles, decay)
@@ -342,16 +366,23 @@ def guide_token(
     "random",
     needs=(),
     gradient_rule="random",
-    aliases={
-        "eps_upper": "sage_eps_upper",
-        "eps_lower": "sage_eps_lower",
-        "sigma_upper": "sage_random_sigma_upper",
-        "sigma_lower": "sage_random_sigma_lower",
-        **_SCHEDULE,
+    limits={
+        **dict.fromkeys(("eps_upper", "eps_lower"), Limit(ge=0, le=1, note="a token probability")),
+        **dict.fromkeys(("sigma_upper", "sigma_lower"), Limit(ge=0)),
+        **_SCHEDULE_LIMITS,
     },
 )
 def guide_random(
-    signals: Signals, *, eps_upper, eps_lower, sigma_upper, sigma_lower, cycles, decay, q_min, q_max
+    signals: Signals,
+    *,
+    eps_upper: float = 0.1,
+    eps_lower: float = 0.0,
+    sigma_upper: float = 0.15,
+    sigma_lower: float = 0.05,
+    cycles: int = 8,
+    decay: float = 0.9,
+    q_min: float,
+    q_max: float,
 ):
     """q = 1 + sigma * N(0, 1) on a fraction eps of tokens, eps / sigma on the cosine schedule."""
     eps, sigma = _schedule(signals, eps_upper, eps_lower, sigma_upper, sigma_lower, cycles, decay)
@@ -385,26 +416,8 @@ def default_max_steps(max_steps: int) -> int:
     return max(1, int(max_steps if max_steps > 0 else 1000))
 
 
-def guide_args(value) -> dict:
-    """sage_guide_args as a dict: a YAML mapping, a JSON string from the command line, or None."""
-    return GUIDES.parse_args(value)
-
-
-def resolve_guide(cfg, *, check_args: bool = False) -> tuple[Entry, tuple[str, ...]]:
-    """The config's guide entry and its checked ``needs``; with ``check_args`` its arguments too (sage_guide_args
-    over a built-in's flat fields; each keyword the mapping sets is written to its flat field; a class guide is
-    built once to run its own checks; sage_guide_args stored as a plain mapping). One line each, before any model
-    loads."""
-    entry = GUIDES.resolve(cfg.sage_guide)
-    needs = check_needs(entry)
-    if check_args:  # a class guide is built once to run its own checks
-        GUIDES.bind(entry, GUIDES.settle(entry, cfg))
-    return entry, needs
-
-
-def build_guide(cfg, entry: Entry | None = None):
-    """The callable ``signals -> raw q`` for the config's guide (``entry``: its resolved entry, if the caller has it):
-    its arguments (sage_guide_args over a built-in's flat fields) bound once, a class built once. The plan that holds
-    it is rebuilt when any of those fields changes (rlvr/plan.py)."""
-    entry = entry or resolve_guide(cfg)[0]
-    return GUIDES.bind(entry, GUIDES.knobs(entry, cfg, getattr(cfg, "sage_guide_args", None)))
+def resolve_guide(value):
+    """The guide node ``value`` (a config's ``guide``) resolved once: (its Node, its checked ``needs``). One line on
+    bad input, before any model loads."""
+    node = GUIDES.node(value)
+    return node, check_needs(node.entry)

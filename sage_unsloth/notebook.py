@@ -422,7 +422,7 @@ class Recipe:
 
     def step(self, stage: str, variant: str | None = None):
         """A training stage as a step of the kit's job graph (sage_unsloth/jobs): done when its stamp in
-        ``<workdir>/stages/`` holds its inputs' fingerprint and its folder a manifest; None for eval and report,
+        ``<workdir>/steps/`` holds its inputs' fingerprint and its folder a manifest; None for eval and report,
         which run every time (an evaluation resumes chunk by chunk by itself; the report is cheap)."""
         from sage_unsloth.config_args import config_files
         from sage_unsloth.jobs import Step
@@ -440,7 +440,7 @@ class Recipe:
         """Run one stage in this cell, its output streamed; skipped when the job graph says it is done (same
         inputs, manifest written), continued from its newest complete checkpoint when it stopped part-way
         (``--resume true``: the same inputs), refused in one line when its folder holds another command's run."""
-        from sage_unsloth.jobs import fingerprint
+        from sage_unsloth.jobs import fingerprint, stamp_folder
         from sage_unsloth.jobs.graph import run_here
 
         command = self.command(stage, variant)
@@ -451,7 +451,7 @@ class Recipe:
             start()
             return
         upstream = {name: fingerprint(self.step(name), {}) for name in step.after}
-        run_here(step, fingerprint(step, upstream), self.workdir / "stages", start)
+        run_here(step, fingerprint(step, upstream), stamp_folder(self.workdir), start)
 
     def progress(self) -> str:
         """Where each stage of this run stands in its work folder: finished, resumes from checkpoint-N, evaluation

@@ -4,7 +4,7 @@ Every call of a plug-in, in training and in the trial call before any model load
 through :func:`call`:
 
 - the plug-in gets a copy of its one input record (:func:`copied`: tensors cloned, the kit's frozen records rebuilt
-  around the clones; every kind is called as ``fn(inputs, **<kind>_args)``, sage_unsloth/registry.py), so a guide that writes into ``signals.mask`` changes its own copy,
+  around the clones; every kind is called as ``fn(inputs, **arguments)``, sage_unsloth/registry.py), so a guide that writes into ``signals.mask`` changes its own copy,
   never the mask, entropies or log-probs the loss uses;
 - anything it raises, ``sys.exit`` included, becomes one :class:`PluginFault` line naming the kind, the plug-in
   (its registered name or ``file.py:function``), the step and the line of the plug-in that raised;
@@ -56,7 +56,7 @@ __all__ = [
 # The largest magnitude a plug-in may return on completion tokens, per kind. An advantage or a policy term of 1e6
 # is no sane method's (GRPO's advantages are within sqrt(N), a raw reward difference is the reward's scale) and a
 # few beyond it overflow the gradient norm in float32. A KL value of 1e10 is a log-ratio of 23 nats, beyond the
-# 20 at which Unsloth's own loss clamps. q has no limit: the kit clips it to [sage_q_min, sage_q_max].
+# 20 at which Unsloth's own loss clamps. q has no limit: the kit clips it to the guide node's [q_min, q_max].
 LIMITS = {"advantages": 1e6, "policy term": 1e6, "KL term": 1e10}
 
 

@@ -1,23 +1,23 @@
-"""Named extension points: a config names a registered entry (``branch``) or an import path
-(``pkg.module:function``, or ``path/to/file.py:function``) and the kit resolves it, checks the arguments the
-config gives it against its signature, and binds them. Every failure is one :class:`ConfigError` line naming
-the config field and the fix, raised before any model loads.
+"""Named extension points: a config names a plug-in in one node, ``guide: {name: branch, gamma: 0.8}``, whose
+``name`` is a registered entry (``branch``) or an import path (``pkg.module:function``, or
+``path/to/file.py:function``) and whose other keys are its arguments. The kit resolves the name, checks the
+arguments against its signature (and the entry's declared limits) and binds them. Every failure is one
+:class:`ConfigError` line naming the config field and the fix, raised before any model loads.
 
-    GUIDES = Registry("guide", field="sage_guide", args_field="sage_guide_args", meta={"needs": ()})
+    GUIDES = Registry("guide", field="guide", meta={"needs": ()}, kit_args={"q_min": (0.6, Limit(gt=0))})
 
-    @GUIDES.register("branch", needs=("entropies",), aliases={"gamma": "sage_gamma", "tau": "sage_tau"})
-    def branch(signals, *, gamma: float, tau: float): ...
+    @GUIDES.register("branch", needs=("entropies",), limits={"gamma": Limit(ge=0)})
+    def branch(signals, *, gamma: float = 0.3, tau: float = 1.2, q_min: float, q_max: float): ...
 
-    entry = GUIDES.resolve(cfg.sage_guide)                       # Entry(name, obj, meta)
-    args = GUIDES.knobs(entry, cfg, cfg.sage_guide_args)          # <kind>_args over the aliased flat fields
-    fn = GUIDES.bind(entry, args)                                 # functools.partial(fn, **args), or Class(**args)
+    node = GUIDES.node(cfg.guide)   # Node(entry, args with the defaults filled, the call's arguments)
+    fn = GUIDES.bind(node)          # functools.partial(fn, **node.call_args), or Class(**node.call_args)
 
-One call shape for every kind: ``fn(inputs, **args)``, ``inputs`` the kind's one frozen record (a guide's
-``Signals``, an estimator's ``GroupRewards``, a policy term's ``TokenBatch``, a KL term's ``KLTokens``) and
-``args`` the validated ``<kind>_args``. A built-in's knobs also have flat config fields (``sage_gamma``,
-``passk_k``, TRL's flags among them): its ``aliases`` metadata maps each keyword to its field, and
-:meth:`Registry.knobs` reads the field where ``<kind>_args`` leaves the keyword out; both set to different
-values is one line naming both.
+A node is a mapping ``{name: ..., <arguments>}``, its JSON text on the command line, or a bare name (no
+arguments). One call shape for every kind: ``fn(inputs, **args)``, ``inputs`` the kind's one frozen record (a
+guide's ``Signals``, an estimator's ``GroupRewards``, a policy term's ``TokenBatch``, a KL term's ``KLTokens``).
+A kind's ``kit_args`` are node keys the kit reads itself (a guide's clip range ``q_min`` / ``q_max``), passed on
+to the function only where its signature names them; an entry's ``trl_fields`` are keywords bound from TRL's own
+config field of that name (the grpo estimator's ``scale_rewards``, which TRL reads itself), never set in the node.
 
 ``meta`` declares what an entry may say about itself and the defaults. A registered entry gives it at
 registration; an entry reached by import path gives it as attributes of the object (``fn.needs = (...)``),
@@ -27,7 +27,6 @@ an error (verl's rule), so a plug-in can never silently replace a built-in.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -43,7 +42,7 @@ from typing import Any
 
 from sage_unsloth.config_args import ConfigError, suggestion
 
-__all__ = ["Entry", "Registry", "import_object"]
+__all__ = ["NAME", "Entry", "Node", "Registry", "import_object"]
 
 # Every kind's per-call inputs: one frozen record.
 INPUTS = 1
@@ -177,42 +176,62 @@ def import_failure(err: BaseException, path: Path | None) -> str:
     return what if frame is None else f"{what} ({Path(frame.filename).name}:{frame.lineno})"
 
 
+NAME = "name"  # the key of a node that names its entry
+
+
+@dataclass(frozen=True)
+class Node:
+    """A config's plug-in node resolved: the entry, its arguments as the config records them (the signature's
+    defaults filled, the kit's own keys included) and the arguments the function is called with."""
+
+    entry: Entry
+    args: dict
+    call_args: dict
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    def as_config(self) -> dict:
+        """The node as a config holds it after resolution: ``{name: ..., <every argument>}``."""
+        return {NAME: self.entry.name, **self.args}
+
+
 class Registry:
-    """Entries of one kind, resolved from a config field by name or import path."""
+    """Entries of one kind, resolved from a config node by name or import path."""
 
     def __init__(
         self,
         kind: str,
         *,
         field: str,
-        args_field: str | None = None,
         meta: dict | None = None,
         inputs: str = "",
         retired: tuple[str, ...] = (),
+        kit_args: dict | None = None,
+        kit_check: Callable[[dict], str | None] | None = None,
+        example: str = "",
     ):
         self.kind = kind
         self.inputs = inputs  # the per-call inputs, as a message names them ("signals")
         self.field = field
-        self.args_field = args_field or f"{field}_args"
-        # ``aliases``: keyword -> the flat config field that also sets it (a built-in's; see knobs)
-        self.meta_defaults = {"aliases": None, **(meta or {})}
+        # ``limits``: keyword -> a field_rules Limit / Names its value must keep; ``check``: args -> problem or
+        # None (a rule across arguments); ``trl_fields``: keyword -> TRL's config field it is bound from
+        self.meta_defaults = {"limits": None, "check": None, "trl_fields": None, **(meta or {})}
         self.retired = retired  # parameter names of the kind's earlier call shape: named in the error
+        self.kit_args = dict(kit_args or {})  # node key -> (default, rule): keys the kit reads itself
+        self.kit_check = kit_check  # the kit's own rule across its keys (a guide's q_min <= q_max)
+        self.example = example  # a registered name the messages show
         self._entries: dict[str, Entry] = {}
 
     # -- config fields -----------------------------------------------------------------------------
-    def name_help(self, what: str, *, none: bool = False) -> dict:
-        """The metadata (``help``) of the dataclass field naming the entry."""
+    def node_help(self, what: str, *, none: bool = False) -> dict:
+        """The metadata (``help``) of the dataclass field holding the node."""
         names = ", ".join((("none",) if none else ()) + self.names())
         return {
-            "help": f"{what}: one of {names}, or package.module:function / file.py:function, called as "
-            f"fn({self.inputs}, **{self.args_field})."
-        }
-
-    def args_help(self) -> dict:
-        """The metadata (``help``) of the dataclass field ``<kind>_args``."""
-        return {
-            "help": f"Keyword arguments of the {self.kind}, a mapping; JSON on the command line. A built-in's are "
-            "also flat fields: set either, not both differently (docs/extending.md)."
+            "help": f"{what}: a node {{name: ..., <its arguments>}} (JSON on the command line, or a bare name); "
+            f"name one of {names}, or package.module:function / file.py:function, called as "
+            f"fn({self.inputs}, **arguments) (docs/extending.md)."
         }
 
     # -- registration ------------------------------------------------------------------------------
@@ -242,10 +261,6 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
 
-    def aliased_fields(self) -> tuple[str, ...]:
-        """The flat config fields the registered entries' keywords alias."""
-        return tuple(f for e in self._entries.values() for f in (e.meta["aliases"] or {}).values())
-
     def __contains__(self, name: str) -> bool:
         return name in self._entries
 
@@ -270,58 +285,93 @@ class Registry:
         meta = same.meta if same else {key: getattr(obj, key, d) for key, d in self.meta_defaults.items()}
         return Entry(spec, obj, meta, registered=False)
 
-    # -- arguments -------------------------------------------------------------------------------------
-    def parse_args(self, value) -> dict:
-        """The ``<kind>_args`` field as a dict: a YAML mapping, a JSON string from the command line, or None."""
-        if value is None or value == "":
-            return {}
-        if isinstance(value, str):
+    # -- nodes -----------------------------------------------------------------------------------------
+    def read_node(self, value) -> tuple[str, dict]:
+        """(name, arguments) of a node: a mapping ``{name: ..., **arguments}``, its JSON text (the command line:
+        ``--guide '{"name": "branch", "gamma": 0.8}'``), or a bare name."""
+        if isinstance(value, str) and value.strip().startswith("{"):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as err:
                 raise ConfigError(
-                    f"{self.args_field}={value!r} is not a JSON object ({err.msg}): e.g. --{self.args_field} "
-                    "'{\"k\": 2}'"
+                    f"{self.field}={value!r} is not a JSON object ({err.msg}): e.g. --{self.field} "
+                    f'\'{{"name": "{self.example}"}}\''
                 ) from None
+        if isinstance(value, str):
+            return value.strip(), {}
         if not isinstance(value, dict):
             raise ConfigError(
-                f"{self.args_field} must be a mapping of argument names to values, got {type(value).__name__}"
+                f"{self.field} must be a {self.kind} name or a mapping {{name: ..., <its arguments>}}, got "
+                f"{type(value).__name__} {value!r}"
             )
-        return dict(value)
+        args = dict(value)
+        name = args.pop(NAME, None)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(
+                f"{self.field}: the mapping {value!r} names no {self.kind}: e.g. {self.field}: "
+                f"{{name: {self.example}, ...}}"
+            )
+        return name, args
 
-    def knobs(self, entry: Entry, cfg, value=None, *, write: bool = False) -> dict:
-        """The entry's arguments, checked: ``value`` (the ``<kind>_args`` field) over the flat config fields its
-        ``aliases`` name (a built-in's), so ``passk_k: 2`` and ``advantage_estimator_args: {k: 2}`` are one
-        run. A keyword set both ways to different values (the flat field off its default) is one line naming
-        both. ``write``: set each aliased field a keyword of ``value`` names to its value (the config then
-        reads the same either way: TRL's own flags, the manifest)."""
-        args = self.parse_args(value)
-        given = dict(args)
-        for key, flat in (entry.meta.get("aliases") or {}).items():
-            current, default = getattr(cfg, flat), _field_default(cfg, flat)
-            typed = key in given and default is not None and default is not dataclasses.MISSING
-            if typed and (problem := annotation_mismatch(given[key], type(default))):  # the flat field's type
-                raise ConfigError(f"{self.args_field}: {self.kind} {entry.name!r} argument {key!r} {problem}")
-            if key in given and given[key] != current and current != default:
+    def node(self, value, *, trl: dict | None = None) -> Node:
+        """The node ``value`` resolved and checked: its entry, its arguments against the signature, the entry's
+        ``limits`` and ``check``, the kit's own keys; ``trl``: TRL's config fields an entry's ``trl_fields`` read."""
+        name, given = self.read_node(value)
+        entry = self.resolve(name)
+        trl_fields = entry.meta.get("trl_fields") or {}
+        for key in given:
+            if key in trl_fields:
                 raise ConfigError(
-                    f"{flat}={current!r} and {self.args_field}: {{{key}: {given[key]!r}}} set one argument of "
-                    f"{self.kind} {entry.name!r} two ways: keep one of them"
+                    f"{self.field}.{key}: {self.kind} {name!r} reads TRL's own field {trl_fields[key]} (TRL uses it "
+                    f"too): set {trl_fields[key]}: {given[key]!r} instead"
                 )
-            args.setdefault(key, current)
-        args = self.check_args(entry, args)
-        if write:
-            for key, flat in (entry.meta.get("aliases") or {}).items():
-                if key in given:
-                    setattr(cfg, flat, given[key])
-        return args
+        kit = {key: given.get(key, default) for key, (default, _) in self.kit_args.items()}
+        for key, (default, _) in self.kit_args.items():
+            if key in given and (problem := annotation_mismatch(given[key], type(default))):
+                raise ConfigError(f"{self.field}.{key} {problem}")
+        takes = self._parameters(entry)
+        call = {k: v for k, v in given.items() if k not in self.kit_args}
+        call |= {k: v for k, v in kit.items() if takes is not None and k in takes}
+        call |= {key: (trl or {})[source] for key, source in trl_fields.items()}
+        call = self.check_args(entry, call)
+        rules = {**{k: rule for k, (_, rule) in self.kit_args.items()}, **(entry.meta.get("limits") or {})}
+        filled = {**self._defaults(entry), **call, **kit}
+        for key, rule in rules.items():
+            if (
+                rule is not None
+                and key in filled
+                and (problem := rule.problem(f"{self.field}.{key}", filled[key]))
+            ):
+                raise ConfigError(problem)
+        for check in (self.kit_check, entry.meta.get("check")):
+            if check is not None and (problem := check(filled)):
+                raise ConfigError(f"{self.field}: {problem}")
+        args = {k: v for k, v in filled.items() if k not in trl_fields}
+        return Node(entry, args, {**self._defaults(entry), **call})  # bound with every value it runs with
 
-    def settle(self, entry: Entry, cfg) -> dict:
-        """At config time: the entry's arguments checked (:meth:`knobs`, each keyword ``<kind>_args`` sets written
-        to its flat field) and the ``<kind>_args`` field stored as a plain mapping (None when empty)."""
-        value = getattr(cfg, self.args_field, None)
-        args = self.knobs(entry, cfg, value, write=True)
-        setattr(cfg, self.args_field, self.parse_args(value) or None)
-        return args
+    def _parameters(self, entry: Entry) -> set[str] | None:
+        """The keyword parameters the entry's callable names (None: no signature to read)."""
+        try:
+            params = list(inspect.signature(entry.obj).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        if not inspect.isclass(entry.obj):
+            params = params[INPUTS:]
+        return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    def _defaults(self, entry: Entry) -> dict:
+        """The entry's keyword parameters that have a default, with it (what a node left out takes)."""
+        try:
+            params = list(inspect.signature(entry.obj).parameters.values())
+        except (TypeError, ValueError):
+            return {}
+        if not inspect.isclass(entry.obj):
+            params = params[INPUTS:]
+        return {
+            p.name: p.default
+            for p in params
+            if p.default is not p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
 
     def check_args(self, entry: Entry, args: dict | None) -> dict:
         """``args`` checked against the entry's signature: for a function its parameters after its one per-call
@@ -343,16 +393,16 @@ class Registry:
         for key, value in args.items():
             declared = next((p for p in params if p.name == key), None)
             if declared is not None and (problem := annotation_mismatch(value, declared.annotation)):
-                raise ConfigError(f"{self.args_field}: {self.kind} {entry.name!r} argument {key!r} {problem}")
+                raise ConfigError(f"{self.field}: {self.kind} {entry.name!r} argument {key!r} {problem}")
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return args
         accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         for key in args:
             if key not in accepted:
-                known = ", ".join(sorted(accepted)) or "none"
+                known = ", ".join(sorted(accepted | set(self.kit_args))) or "none"
                 raise ConfigError(
-                    f"{self.args_field}: {self.kind} {entry.name!r} has no argument {key!r}"
-                    f"{suggestion(key, accepted)} (it takes: {known})"
+                    f"{self.field}: {self.kind} {entry.name!r} has no argument {key!r}"
+                    f"{suggestion(key, accepted | set(self.kit_args))} (it takes: {known})"
                 )
         missing = [
             p.name
@@ -363,8 +413,8 @@ class Registry:
         ]
         if missing:
             raise ConfigError(
-                f"{self.args_field}: {self.kind} {entry.name!r} needs {', '.join(map(repr, missing))}: "
-                f"e.g. {self.args_field}: {{{missing[0]}: ...}}"
+                f"{self.field}: {self.kind} {entry.name!r} needs {', '.join(map(repr, missing))}: "
+                f"e.g. {self.field}: {{name: {entry.name}, {missing[0]}: ...}}"
             )
         return args
 
@@ -375,7 +425,7 @@ class Registry:
         if not positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
             raise ConfigError(
                 f"{self.field}={entry.name!r} takes no positional input; {_a(self.kind)} is called as "
-                f"fn({self.inputs or 'inputs'}, **{self.args_field})"
+                f"fn({self.inputs or 'inputs'}, **arguments)"
             )
         old = [
             p.name
@@ -385,22 +435,27 @@ class Registry:
         if old:
             raise ConfigError(
                 f"{self.field}={entry.name!r} takes {', '.join(map(repr, old))}, the earlier call shape: "
-                f"{_a(self.kind)} is now called as fn({self.inputs}, **{self.args_field}) with its knobs as keyword "
+                f"{_a(self.kind)} is now called as fn({self.inputs}, **arguments) with its knobs as keyword "
                 "arguments (docs/extending.md)"
             )
         for p in params[INPUTS:]:
+            if p.name == NAME and p.kind is not p.VAR_KEYWORD:
+                raise ConfigError(
+                    f"{self.field}={entry.name!r} has a parameter {NAME!r}, the key that names the plug-in in its "
+                    f"node ({self.field}: {{name: ..., <its arguments>}}): rename the parameter"
+                )
             if p.kind is p.POSITIONAL_ONLY and p.default is p.empty:
                 raise ConfigError(
                     f"{self.field}={entry.name!r}: parameter {p.name!r} is positional-only without a default, so "
-                    f"{self.args_field} cannot set it: make it keyword-capable or give it a default"
+                    f"its node cannot set it: make it keyword-capable or give it a default"
                 )
 
-    def bind(self, entry: Entry, args: dict | None) -> Callable:
-        """A function with ``args`` bound (functools.partial), or an instance of a class built with them; a sealed
-        credential (sage_unsloth/credentials.py) is handed over as its value."""
+    def bind(self, node: Node) -> Callable:
+        """A function with the node's call arguments bound (functools.partial), or an instance of a class built
+        with them; a sealed credential (sage_unsloth/credentials.py) is handed over as its value."""
         from sage_unsloth.credentials import unsealed
 
-        args = unsealed(self.check_args(entry, args))
+        entry, args = node.entry, unsealed(node.call_args)
         if inspect.isclass(entry.obj):
             try:
                 return entry.obj(**args)
@@ -409,17 +464,9 @@ class Registry:
                 ValueError,
             ) as err:  # the class refused its arguments: say which field holds them
                 raise ConfigError(
-                    f"{self.args_field}: {self.kind} {entry.name!r} refused its arguments: {err}"
+                    f"{self.field}: {self.kind} {entry.name!r} refused its arguments: {err}"
                 ) from None
         return functools.partial(entry.obj, **args) if args else entry.obj
-
-
-def _field_default(cfg, name: str):
-    """The dataclass default of ``cfg``'s field ``name`` (a sentinel where it has none)."""
-    for item in dataclasses.fields(cfg) if dataclasses.is_dataclass(cfg) else ():
-        if item.name == name:
-            return item.default
-    return dataclasses.MISSING
 
 
 def _a(kind: str) -> str:

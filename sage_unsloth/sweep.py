@@ -6,14 +6,14 @@ launch --config_file configs/accelerate/ddp.yaml --num_processes K -m sage_unslo
 ``gpus_per_job`` K > 1), ``sage_unsloth.eval``, ``sage_unsloth.report``. Jobs wait for their inputs and
 then go to the sweep's executor (sage_unsloth/executors): ``local`` (the default) gives each a free slot, a
 group of ``gpus_per_job`` GPUs (``CUDA_VISIBLE_DEVICES`` set per job) or, without GPUs, one of ``jobs`` CPU
-slots; ``slurm`` submits it through submitit (``slurm:`` settings), ``ray`` runs it as a Ray task (``ray:``
-settings). What is finished, resumed or refused is decided by the kit's one job graph (sage_unsloth/jobs), the
+slots; ``slurm`` submits it through submitit, ``ray`` runs it as a Ray task, each with its
+``executor_settings`` (the lab's ``--executor-settings``). What is finished, resumed or refused is decided by the kit's one job graph (sage_unsloth/jobs), the
 same for every executor and for the demo lab.
 
 Layout (``name`` = the sweep's name):
 
     <output_root>/<name>/<model>/<config>_seed<seed>/ RLVR run (adapter, checkpoints, manifest.json)
-    <output_root>/<name>/jobs/<job>.json              each job's stamp: its command and inputs' fingerprint
+    <output_root>/<name>/steps/<job>.json             each job's stamp: its command and inputs' fingerprint
     <output_root>/<name>/logs/<job>.log               its console output
     <results_dir>/<name>/<model>/<run>/               pass@k CSVs; report.md and summary.{csv,md} beside
 
@@ -39,10 +39,10 @@ from typing import ClassVar
 
 from sage_unsloth import layout
 from sage_unsloth.config_args import DryRunArgs, config_files
-from sage_unsloth.executors import EXECUTORS
+from sage_unsloth.executors import EXECUTORS, settings_mapping
 from sage_unsloth.executors.base import ExecutorUnavailable
 from sage_unsloth.field_rules import Limit, Names, check_field_rules
-from sage_unsloth.jobs import Slot, Step, plan, run_steps
+from sage_unsloth.jobs import Slot, Step, plan, run_steps, stamp_folder
 from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_text, read_manifest
 from sage_unsloth.recipe import stage_command
 
@@ -56,6 +56,12 @@ class SweepConfig(DryRunArgs):
         "executor": Names(tuple(EXECUTORS)),
         "gpus_per_job": Limit(ge=1),
         "jobs": Limit(ge=1),
+    }
+    # An executor's settings had a section of its own name: one line naming executor_settings.
+    RETIRED_FIELDS: ClassVar[dict[str, str]] = {
+        name: f"{name} is retired: write executor: {name} and its settings as executor_settings: {{...}} (the "
+        "lab's --executor-settings, docs/scaling.md)"
+        for name in ("slurm", "ray")
     }
 
     configs: list[str] = field(
@@ -93,12 +99,12 @@ class SweepConfig(DryRunArgs):
         default="local", metadata={"help": "where jobs run: local (this machine's slots), slurm or ray"}
     )
     # str | None for the parser: a YAML mapping is kept as it is, a flag's text is read as a YAML mapping
-    slurm: str | None = field(
+    executor_settings: str | None = field(
         default=None,
-        metadata={"help": "slurm settings, e.g. '{partition: gpu, time_min: 600}' (docs/scaling.md)"},
-    )
-    ray: str | None = field(
-        default=None, metadata={"help": "ray settings, e.g. '{address: auto, resources: {GPU: 1}}'"}
+        metadata={
+            "help": "the executor's settings, e.g. slurm's '{partition: gpu, time_min: 600}', ray's '{address: auto}' "
+            "(docs/scaling.md)"
+        },
     )
 
     def __post_init__(self):
@@ -122,25 +128,8 @@ class SweepConfig(DryRunArgs):
             gpu_ids(self)  # the id list's format (auto asks torch, so it is resolved when the sweep runs)
         from sage_unsloth.executors import parse_settings
 
-        for name in ("slurm", "ray"):
-            setattr(self, name, _mapping(name, getattr(self, name)))
-        parse_settings(self.executor, getattr(self, self.executor, None))  # its settings, one line each
-
-
-def _mapping(name: str, value) -> dict:
-    """An executor's section: a YAML mapping, or a flag's text holding one."""
-    if value is None or value == "":
-        return {}
-    if isinstance(value, str):
-        import yaml
-
-        try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError:
-            value = None
-    if not isinstance(value, dict):
-        raise ValueError(f"{name}={value!r}: a mapping, e.g. --{name} '{{key: value}}'")  # noqa: TRY004 - the CLI's one-line path
-    return value
+        self.executor_settings = settings_mapping(self.executor_settings)
+        parse_settings(self.executor, self.executor_settings)  # its settings, one line each
 
 
 @dataclass
@@ -175,12 +164,11 @@ def parse_args(argv: list[str]) -> SweepConfig:
     from sage_unsloth.config_args import parse_stage_args
 
     (cfg,), path = parse_stage_args((SweepConfig,), argv, stage="sweep", configs_dir="configs/sweep/")
-    if path:  # --slurm '{time_min: 60}' changes that key; the YAML's other settings stay
+    if path and "--executor_settings" in argv:  # --executor_settings '{time_min: 60}' changes that key only
         from sage_unsloth.config_args import load_config
 
-        for name in ("slurm", "ray"):
-            if f"--{name}" in argv:
-                setattr(cfg, name, {**_mapping(name, load_config(path).get(name)), **getattr(cfg, name)})
+        from_yaml = settings_mapping(load_config(path).get("executor_settings"))
+        cfg.executor_settings = {**from_yaml, **cfg.executor_settings}
     return cfg
 
 
@@ -211,13 +199,12 @@ def validate(cfg: SweepConfig) -> str:
             f"sft_dir={cfg.sft_dir} does not exist: run stage 1 first or point sft_dir to it"
         )
     from sage_unsloth.executors import parse_settings
-    from sage_unsloth.executors.slurm import check_gpus
 
-    settings = parse_settings(cfg.executor, getattr(cfg, cfg.executor, None))  # again: a flag merged in
-    if cfg.executor == "local":
+    settings = parse_settings(cfg.executor, cfg.executor_settings)  # again: a flag merged in
+    executor = EXECUTORS[cfg.executor]
+    if executor.uses_local_slots:
         gpu_ids(cfg)  # the driver's GPUs matter only where it runs the jobs itself
-    elif cfg.executor == "slurm":
-        check_gpus(settings, cfg.gpus_per_job)
+    executor.check_jobs(settings, cfg.gpus_per_job)
     return _model_short(Path(cfg.sft_dir))
 
 
@@ -388,7 +375,6 @@ def run_jobs(jobs: list[Job], slots: list[Slot], cfg: SweepConfig, executor=None
         slots=slots,
         share_cores=False,  # the slots' environments say the threads
         executor=executor,
-        stamp_dir="jobs",
         echo=lambda line: print(line, flush=True),
         tag="[sweep]",
         command=lambda job, slot: _argv(job, slot, cfg),
@@ -499,7 +485,7 @@ def _run_locked(cfg: SweepConfig, model: str) -> tuple[dict[str, str], str]:
 
     jobs = build_jobs(cfg, model)
     executor = make_executor(
-        cfg.executor, getattr(cfg, cfg.executor, None), Path(cfg.output_root) / cfg.name / cfg.executor
+        cfg.executor, cfg.executor_settings, Path(cfg.output_root) / cfg.name / cfg.executor
     )
     slots = executor_slots(cfg, executor)
     print(
@@ -530,7 +516,9 @@ def dry_run(cfg: SweepConfig, argv: list[str]) -> int:
     dry.show("sweep", shown)
     model = validate(cfg)
     steps = build_jobs(cfg, model)
-    _, to_run = plan(steps, Path(cfg.output_root) / cfg.name / "jobs")  # as run_jobs decides
+    _, to_run = plan(
+        steps, stamp_folder(Path(cfg.output_root) / cfg.name, adopt=False)
+    )  # as run_jobs decides
     jobs = {}
     for job in steps:
         after = f" after {', '.join(job.after)}" if job.after else ""

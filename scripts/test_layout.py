@@ -55,6 +55,7 @@ AREAS: dict[str, dict[str, str]] = {
             "test_rlvr_pipeline",
             "test_rlvr_resume",
             "test_rlvr_trainer",
+            "test_taps",
             "test_unsloth_path",
             "test_seq_packing",
             "test_examples",
@@ -152,6 +153,7 @@ AREAS: dict[str, dict[str, str]] = {
                 "test_export_checks",
                 "test_hub_ids",
                 "test_input_errors",
+                "test_migrate_configs",
                 "test_multi_gpu_configs",
             )
         },

@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         "--python", default="3.12", help="the GPU machine's Python (major.minor; default 3.12)"
     )
     parser.add_argument(
-        "--lock", type=Path, help="the GPU lock to bundle from (default: requirements/gpu-py<PYTHON>-lock.txt)"
+        "--lock",
+        type=Path,
+        help="the GPU lock to bundle from (default: requirements/gpu-py<PYTHON>-lock.txt)",
     )
     parser.add_argument(
         "--full", action="store_true", help="also numpy, pandas, pyarrow, pillow, W&B, scipy, ..."

@@ -7,8 +7,9 @@ writes into ``R/analysis/``: ``strategies.csv`` and ``strategies.png`` (plan sha
 The branch point is the first token of the completion (the plan word, see sage_unsloth.demo.task). For each
 run's policy (base model + its LoRA adapter) and each RL prompt, one forward pass gives the next-token
 distribution at the branch point at the RL sampling temperature; its entropy H gives the branch guide's
-q = clip(1 + gamma * relu(H - tau), q_min, q_max), computed by the kit's own sage_unsloth.anchor.branch_guide
-with gamma / tau / bounds / temperature read from the branch config. Reported: the mean entropy, the share of
+q = clip(1 + gamma * relu(H - tau), q_min, q_max), computed by the branch config's guide as training resolves and
+runs it (its guide node resolved by sage_unsloth.guides.resolve_guide, the defaults filled, then called through
+guides.run_guide), at the branch config's temperature. Reported: the mean entropy, the share of
 prompts with q > 1, the mean q, and the policy's probability of each plan word (its plan prior, without
 sampling noise). For contrast, the same for the other completion tokens, scored on up to
 ``--other-samples`` eval completions per problem. For RL runs that trained with the branch guide, the
@@ -77,16 +78,21 @@ def checkpoint_run(run: str) -> str:
 
 
 def branch_settings(config_path: Path) -> dict:
+    """The branch config's temperature and guide as training resolves it (its ``base:`` chain merged, the guide
+    node resolved once, the plug-in's defaults filled): its arguments (gamma, tau, q_min, q_max) and, under
+    ``guide``, the resolved node, which :func:`_lab_q` runs."""
+    from sage_unsloth import guides
     from sage_unsloth.config_args import load_config
 
     cfg = load_config(config_path)  # with its base: chain
-    return {
-        "temperature": float(cfg.get("temperature", 1.0)),
-        "gamma": float(cfg["sage_gamma"]),
-        "tau": float(cfg["sage_tau"]),
-        "q_min": float(cfg["sage_q_min"]),
-        "q_max": float(cfg["sage_q_max"]),
-    }
+    node, needs = guides.resolve_guide(cfg.get("guide", "none"))
+    if tuple(needs) != ("entropies",):
+        raise ValueError(
+            f"--branch-config {config_path}: guide {node.name!r} reads {', '.join(needs) or 'no signal'}; the "
+            "branch-point analysis scores the policy's entropy alone: name a config whose guide reads entropies "
+            "(branch)"
+        )
+    return {"temperature": float(cfg.get("temperature", 1.0)), **node.args, "guide": node}
 
 
 def load_policy(run_dir: Path):
@@ -119,18 +125,27 @@ def _entropy(logits, temperature: float):
 
 
 def _lab_q(entropy, settings: dict):
-    """The lab's branch q of each entropy in the 1-D tensor ``entropy`` (every token counted)."""
+    """The lab's branch q of each entropy in the 1-D tensor ``entropy`` (every token counted): the branch
+    config's guide, run as training runs it (guides.run_guide: the guide, then the clip to its q_min / q_max)."""
     import torch
 
-    from ..anchor import branch_guide
+    from sage_unsloth import guides
 
-    q = branch_guide(
-        entropy[None, :],
-        torch.ones_like(entropy)[None, :],
-        gamma=settings["gamma"],
-        tau=settings["tau"],
-        q_min=settings["q_min"],
-        q_max=settings["q_max"],
+    node = settings["guide"]
+    signals = guides.Signals(
+        mask=torch.ones_like(entropy)[None, :],
+        step=0,
+        max_steps=1,
+        generator=torch.Generator().manual_seed(0),
+        entropies=entropy[None, :],
+    )
+    q, _ = guides.run_guide(
+        node.entry,
+        guides.GUIDES.bind(node),
+        signals,
+        step=None,
+        q_min=node.args["q_min"],
+        q_max=node.args["q_max"],
     )
     return q[0]
 
@@ -208,14 +223,37 @@ TRAINING_Q_KEYS = {
 }
 
 
-def training_log_stats(log_path: Path) -> dict:
+# An RL run without a guide trains against q = 1 (the plan runs and logs nothing of q): its q columns by definition.
+UNGUIDED_Q = {
+    "train_frac_boosted_mean": 0.0,
+    "train_q_first_mean": 1.0,
+    "train_q_first_last": 1.0,
+    "train_first_boosted_mean": 0.0,
+    "train_later_boosted_mean": 0.0,
+}
+
+
+def run_is_unguided(work: Path, run: str) -> bool:
+    """Did ``run`` train without a guide (its stage-2 manifest's resolved guide node is ``none``)? SFT runs and
+    runs without a manifest: no."""
+    path = layout.run_dir(work, MODEL_NAME, run) / "manifest.json"
+    if not path.is_file():
+        return False
+    training = json.loads(path.read_text()).get("config", {}).get("training", {})
+    return (training.get("guide") or {}).get("name") == "none"
+
+
+def training_log_stats(log_path: Path, *, unguided: bool = False) -> dict:
     """From an RL step's log (TRL's log dicts): the first / last logged reward and, for guided runs, the means
     over training of sage/frac_boosted, of q at the first completion token (the demo's branch point; also its
-    last logged value) and of the shares of first and of later tokens with q > 1 (rlvr/trainer.py logs them)."""
+    last logged value) and of the shares of first and of later tokens with q > 1 (rlvr/trainer.py logs them).
+    ``unguided``: the run trained without a guide, whose q is 1 everywhere (:data:`UNGUIDED_Q`)."""
     out = {column: float("nan") for column in TRAINING_Q_KEYS.values()}
     out.update(
         train_q_first_last=float("nan"), train_reward_first=float("nan"), train_reward_last=float("nan")
     )
+    if unguided:
+        out.update(UNGUIDED_Q)
     if not log_path.is_file():
         return out
     entries = []
@@ -291,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             **{k: settings[k] for k in ("temperature", "gamma", "tau")},
             **branch_at[checkpoint],
             **other_token_stats(model, tokenizer, eval_problems, records, settings, args.other_samples),
-            **training_log_stats(work / "logs" / f"{run}.log"),
+            **training_log_stats(work / "logs" / f"{run}.log", unguided=run_is_unguided(work, run)),
         }
         branch_rows.append(row)
         print(

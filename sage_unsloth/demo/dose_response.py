@@ -3,9 +3,10 @@ the largest k, so sharpening (pass@1 up) against keeping support (net support at
 at a glance.
 
 Knob values come from each run's stage-2 manifest (``<work>/<model>/<run>/manifest.json``: the resolved
-training config the run trained with), never from the method's name: ``beta``, the guide (``sage_guide``;
-a plug-in guide by its file and function name), ``tau`` and ``gamma`` (branch guides only), ``q_max``
-(any guide), the KL placement and estimator, the guide's arguments. ``lab/runs.csv`` carries them per run,
+training config the run trained with, each plug-in node resolved with every argument), never from the method's
+name: ``beta``, the guide (the ``guide`` node's name; a plug-in guide by its file and function name), ``tau``
+and ``gamma`` (branch guides only), ``q_max`` (any guide), the KL placement and term (column ``kl_estimator``),
+the guide's other arguments (``guide_args``). ``lab/runs.csv`` carries them per run,
 ``lab/dose_response.csv`` per method, ``lab/dose_response.png`` plots pass@1 against net support.
 
 Intervals: the lab's (sage_unsloth.report.compare.ci: Student t over the seed-level means, a problem bootstrap
@@ -42,18 +43,26 @@ def _guide_name(guide) -> str:
 
 
 def knobs_from_config(training: dict) -> dict:
-    """The knob values of one run's resolved stage-2 training config (its manifest's config.training)."""
-    guide = _guide_name(training.get("sage_guide"))
+    """The knob values of one run's resolved stage-2 training config (its manifest's config.training, where each
+    plug-in node holds every argument it ran with)."""
+    # A manifest of the flat spelling (sage_guide, sage_tau, ...) is refused, not read as GRPO.
+    if "guide" not in training:
+        raise ValueError(
+            "a stage-2 manifest without the guide node predates plug-in nodes: train the run again"
+        )
+    node = dict(training["guide"])
+    guide = _guide_name(node.pop("name", "none"))
     guided = guide != "none"
     branch = guide in BRANCH_GUIDES
-    args = training.get("sage_guide_args")
+    shown = ("q_min", "q_max", *(("tau", "gamma") if branch else ()))  # the columns' own, or the clip range
+    args = {k: v for k, v in node.items() if k not in shown}
     return {
         "beta": float(training.get("beta", math.nan)),
-        "tau": float(training["sage_tau"]) if branch and "sage_tau" in training else math.nan,
-        "gamma": float(training["sage_gamma"]) if branch and "sage_gamma" in training else math.nan,
-        "q_max": float(training["sage_q_max"]) if guided and "sage_q_max" in training else math.nan,
+        "tau": float(node["tau"]) if branch and "tau" in node else math.nan,
+        "gamma": float(node["gamma"]) if branch and "gamma" in node else math.nan,
+        "q_max": float(node["q_max"]) if guided and "q_max" in node else math.nan,
         "guide": guide,
-        "kl_estimator": training.get("kl_estimator", ""),
+        "kl_estimator": (training.get("kl_term") or {}).get("name", ""),
         "kl_placement": training.get("sage_kl_placement", ""),
         "guide_args": json.dumps(args, sort_keys=True) if guided and args else "",
     }

@@ -73,7 +73,7 @@ def paper_shape() -> dict[str, str]:
     from .run import resolve_method_config
 
     config, _ = resolve_method_config(role_holder("paper_shape").path)
-    return {k: _num(config[f"sage_{k}"]) for k in ("tau", "gamma", "q_max")}
+    return {k: _num(config["guide"][k]) for k in ("tau", "gamma", "q_max")}
 
 
 def arm_label(row, paper: dict[str, str] | None = None) -> str:

@@ -44,6 +44,7 @@ import yaml
 
 from .. import layout
 from ..config_args import config_files, merge_over_base, read_config_file
+from ..field_rules import PLUGIN_NODES, node_mapping, node_name
 from ..folder_lock import LOCK_NAME, FolderLock
 from ..jobs import STAMP_DIR, Step, StepRecord, run_steps
 from ..jobs.cores import usable_cores
@@ -204,14 +205,16 @@ def check_new_methods(methods, *, taken) -> None:
         seen.add(method.name)
 
 
-# --grid key names: the short names of the SAGE knobs (their runs' rows show them under these names)
-GRID_KEYS = {"tau": "sage_tau", "gamma": "sage_gamma", "q_max": "sage_q_max", "q_min": "sage_q_min"}
+# --grid key names: the short names of the guide's knobs (their runs' rows show them under these names); any
+# other key is a stage-2 field, or ``node.key`` a plug-in node's argument (``policy_term.ratio``)
+GRID_KEYS = {"tau": "guide.tau", "gamma": "guide.gamma", "q_max": "guide.q_max", "q_min": "guide.q_min"}
 
 
 def parse_grid(spec: str, files: tuple[Method, ...] = ()) -> tuple[Method, ...]:
     """``--grid METHOD:key=v1,v2;key2=v3,...``: one method per combination of the values, each METHOD's config
-    (a name from METHODS or a YAML path) with those stage-2 keys set (tau, gamma, q_max, q_min stand for
-    sage_tau, ...). Named ``METHOD-key<v>-key2<v>``, e.g. ``<method>-tau0.3-gamma2``."""
+    (a name from METHODS or a YAML path) with those stage-2 keys set (tau, gamma, q_max, q_min stand for the guide
+    node's, guide.tau, ...; ``node.key`` sets a plug-in node's argument). Named ``METHOD-key<v>-key2<v>``, e.g.
+    ``<method>-tau0.3-gamma2``."""
     target, sep, body = spec.partition(":")
     target = target.strip()
     hint = f"write METHOD:key=v1,v2;key2=v3, e.g. {GRID_EXAMPLES}"
@@ -238,7 +241,7 @@ def parse_grid(spec: str, files: tuple[Method, ...] = ()) -> tuple[Method, ...]:
         key, eq, values = part.partition("=")
         key = key.strip()
         values = [v.strip() for v in values.split(",") if v.strip()]
-        if not eq or not key or not values or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        if not eq or not key or not values or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)?", key):
             raise ValueError(f"--grid {spec!r}: {part.strip()!r} is not key=v1,v2; {hint}")
         if any(axis[0][1] == GRID_KEYS.get(key, key) for axis in axes):
             raise ValueError(f"--grid {spec!r}: {key} is given twice; list its values once, key=v1,v2")
@@ -392,11 +395,19 @@ def _kit_base(path: Path, base) -> Path:
     return target
 
 
-def _guide_path(path: Path, guide) -> tuple[Any, list[Path]]:
-    """``sage_guide: file.py:fn`` of the YAML at ``path``: the file relative to the YAML's folder (else to the
-    project, where the stages run), made absolute so that stage 2 finds it from any working directory."""
+def _plugin_path(path: Path, node) -> tuple[Any, list[Path]]:
+    """A plug-in node of the YAML at ``path`` whose name is ``file.py:fn``: the file relative to the YAML's folder
+    (else to the project, where the stages run), made absolute so that stage 2 finds it from any working
+    directory; returned with the file."""
+    guide = node_name(node)
     if not isinstance(guide, str) or ":" not in guide:
-        return guide, []
+        return node, []
+    resolved, files = _guide_path(path, guide)
+    return ({**node_mapping(node), "name": resolved} if files else node), files
+
+
+def _guide_path(path: Path, guide: str) -> tuple[str, list[Path]]:
+    """``file.py:fn`` named in the YAML at ``path``, absolute (see :func:`_plugin_path`)."""
     module, _, fn = guide.partition(":")
     if not (module.endswith(".py") or "/" in module):
         return guide, []  # package.module:function, importable
@@ -405,23 +416,24 @@ def _guide_path(path: Path, guide) -> tuple[Any, list[Path]]:
         if candidate.is_file():
             return f"{candidate.resolve()}:{fn}", [candidate.resolve()]
     raise ValueError(
-        f"{path}: sage_guide: {guide}: no file {module!r} next to the YAML ({path.parent / file}): give the "
-        "guide's path relative to the YAML's folder"
+        f"{path}: {guide}: no file {module!r} next to the YAML ({path.parent / file}): give the plug-in's path "
+        "relative to the YAML's folder"
     )
 
 
 def resolve_method_config(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict, list[Path]]:
     """(the merged stage-2 mapping, every file it read) of a method's YAML: its ``base:`` chain merged as the
-    kit merges it (this file's keys win; ``env`` merged key by key), ``base:`` and ``sage_guide`` paths
-    resolved as :func:`_kit_base` and :func:`_guide_path` say."""
+    kit merges it (this file's keys win; ``env`` merged key by key), ``base:`` and the plug-in nodes' file paths
+    resolved as :func:`_kit_base` and :func:`_plugin_path` say."""
     path = Path(path)
     data = read_config_file(path, chain)  # its errors are ValueErrors (ConfigError): the runner's exit 2
     data.pop(LAB_KEY, None)  # the lab's card, no stage's key
     base = data.pop("base", None)
     files = [path]
-    if "sage_guide" in data:
-        data["sage_guide"], guide_files = _guide_path(path, data["sage_guide"])
-        files += guide_files
+    for name in PLUGIN_NODES:
+        if name in data:
+            data[name], plugin_files = _plugin_path(path, data[name])
+            files += plugin_files
     if base is None:
         return data, files
     merged, base_files = resolve_method_config(_kit_base(path, base), (*chain, path.resolve()))
@@ -437,7 +449,12 @@ def materialise(method: Method, work: Path) -> tuple[Path, tuple[Path, ...]]:
         return path, config_files(path)
     source = Path(method.source) if method.source else CONFIG_DIR / f"{method.base_method}.yaml"
     data, files = resolve_method_config(source)
-    data.update(dict(method.overrides))
+    for key, value in method.overrides:
+        node, dot, arg = key.partition(".")
+        if dot:  # a plug-in node's argument: the node's other keys stay
+            data[node] = {**node_mapping(data.get(node, "none")), arg: value}
+        else:
+            data[key] = value
     data["variant"] = method.name
     target = method.config_path(work)
     set_keys = "".join(f", {k}: {v}" for k, v in method.overrides)
@@ -1002,15 +1019,11 @@ def default_dirs(*, quick: bool) -> tuple[Path, Path]:
 
 def _executor(args, work: Path):
     """``--executor NAME --executor-settings '{...}'`` (sage_unsloth/executors); bad ones are one line."""
-    import yaml
+    from ..executors import make_executor, settings_mapping
 
-    from ..executors import make_executor
-
-    settings = yaml.safe_load(args.executor_settings) if args.executor_settings else {}
-    if not isinstance(settings, dict):
-        raise ValueError(  # noqa: TRY004 - main's one-line error path catches ValueError
-            f"--executor-settings {args.executor_settings!r}: a YAML mapping, e.g. '{{key: value}}'"
-        )
+    settings = settings_mapping(
+        args.executor_settings, "executor-settings"
+    )  # as the sweep's executor_settings
     return make_executor(args.executor, settings, work / "executor" / args.executor)
 
 

@@ -9,7 +9,7 @@ Checks (``--quick``: the first four, 1 step):
   patched     backend unsloth: the trainer subclasses Unsloth's generated UnslothGRPOTrainer (on a CPU
               machine Unsloth's patching is forced, as on a GPU); backend trl: TRL's own GRPOTrainer
   trains      the optimizer steps finish with finite losses; only the "default" adapter trains and it moved
-  q_in_loss   with sage_tau 0 every completion token gets q = q_max = 1.4, so on the first batch (policy ==
+  q_in_loss   with the branch guide at tau 0 every completion token gets q = q_max = 1.4, so on the first batch (policy ==
               reference, both the SFT adapter) KL(with q) - KL(without q) = 1.4 - ln 1.4 - 1 = 0.0635 and the
               loss difference is beta times that; no extra policy pass was run for q
   q_source    the entropies q is computed from are those of the current policy (an independent unpadded
@@ -175,8 +175,7 @@ def build(
         output_dir=str(work / "unused"),
         backend=backend,
         use_vllm=False,
-        sage_guide="branch",
-        sage_tau=0.0,
+        guide={"name": "branch", "tau": 0.0},
         beta=0.05,
         loss_type="grpo",
         num_generations=4,  # 2 prompts x 4 completions a step
@@ -258,20 +257,20 @@ class Recorder:
             trainer.get_high_entropy_mask = spy_mask
 
     def _without_q(self, compute_loss, model, inputs, args, kwargs):
-        """The same batch through the same loss with sage_guide none, leaving no trace in the metrics."""
+        """The same batch through the same loss with the guide none, leaving no trace in the metrics."""
         import torch
 
         trainer = self.trainer
         metrics = trainer._metrics["train"]
         sizes = {name: len(values) for name, values in metrics.items()}
-        guide = trainer.args.sage_guide
-        trainer.args.sage_guide = "none"
+        guide = trainer.args.guide
+        trainer.args.guide = "none"
         try:
             with torch.no_grad():
                 loss = float(compute_loss(model, dict(inputs), *args, **kwargs).float())
             kl = metrics["kl"][-1]
         finally:
-            trainer.args.sage_guide = guide
+            trainer.args.guide = guide
             for name, values in list(metrics.items()):
                 del values[sizes.get(name, 0) :]
         return loss, kl
@@ -407,7 +406,7 @@ def check_q_source(t: SelfTest, built, rec: Recorder, tol: dict) -> None:
 
     from sage_unsloth import anchor
 
-    cfg = built.trainer.args
+    knobs = built.trainer.args.method_plan.guide_args  # the resolved plan's: what training used
     worst_h, worst_kl, rows = 0.0, 0.0, []
     for index, record in enumerate(rec.losses):
         ind = record["independent"]
@@ -419,10 +418,10 @@ def check_q_source(t: SelfTest, built, rec: Recorder, tol: dict) -> None:
         q = anchor.branch_guide(
             ind["entropy"],
             ind["mask"],
-            gamma=cfg.sage_gamma,
-            tau=cfg.sage_tau,
-            q_min=cfg.sage_q_min,
-            q_max=cfg.sage_q_max,
+            gamma=knobs["gamma"],
+            tau=knobs["tau"],
+            q_min=knobs["q_min"],
+            q_max=knobs["q_max"],
         )
         want = k3_kl_metric(
             record["ref_per_token_logps"].float().cpu(),

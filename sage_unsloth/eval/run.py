@@ -591,6 +591,24 @@ def show_plan(cfg: EvalConfig, ks, checkpoints, problem_sets, choices) -> int:
     return 0
 
 
+def _each_checkpoint_in_its_process(cfg, argv: list[str]) -> int:
+    """Evaluate each checkpoint in a process of its own (a vLLM engine does not reliably give its memory back
+    in-process); the first failing child's exit code, a child stopped by a signal raised here as the stop."""
+    from sage_unsloth.interrupt import QUIET_ENV, exit_code_stopped
+    from sage_unsloth.lifeline import guard_descendants
+
+    env = {**os.environ, QUIET_ENV: "1"}  # on Ctrl-C this process says how to continue, not each child
+    guard_descendants()  # a kill -9 of this process ends each child and its engine too
+    for spec in cfg.checkpoints:
+        command = [sys.executable, "-m", "sage_unsloth.eval", *argv, "--checkpoints", spec]
+        code = subprocess.call(command, env=env)
+        if (stopped := exit_code_stopped(code)) is not None:
+            raise stopped
+        if code:
+            return code
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -616,34 +634,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cfg.dry_run:
         return show_plan(cfg, ks, checkpoints, problem_sets, choices)
-    from sage_unsloth.interrupt import (
-        QUIET_ENV,
-        exit_code_stopped,
-        handle_sigterm,
-        interrupted_eval,
-        restore_sigterm,
-    )
+    from sage_unsloth.interrupt import handle_sigterm, interrupted_eval, restore_sigterm
 
     previous_sigterm = handle_sigterm()
 
     try:
         if len(checkpoints) > 1:
-            # One process per checkpoint: a vLLM engine does not reliably give its memory back in-process.
-            env = {
-                **os.environ,
-                QUIET_ENV: "1",
-            }  # on Ctrl-C this process says how to continue, not each child
-            from sage_unsloth.lifeline import guard_descendants
-
-            guard_descendants()  # a kill -9 of this process ends each child and its engine too
-            for spec in cfg.checkpoints:
-                command = [sys.executable, "-m", "sage_unsloth.eval", *argv, "--checkpoints", spec]
-                code = subprocess.call(command, env=env)
-                if (stopped := exit_code_stopped(code)) is not None:
-                    raise stopped
-                if code:
-                    return code
-            return 0
+            return _each_checkpoint_in_its_process(cfg, argv)
         resolved, choice = choices[0]
         out = evaluate_checkpoint(resolved, checkpoints[0], problem_sets, ks, backend_choice=choice)
     except KeyboardInterrupt as exc:

@@ -99,6 +99,10 @@ class Executor:
     def capacity(self, n_jobs: int) -> int:
         return n_jobs
 
+    @classmethod
+    def check_jobs(cls, settings: Any, gpus_per_job: int) -> None:
+        """Before any job starts: what this executor refuses of the jobs' shape (one ValueError line)."""
+
     @property
     def runs_here(self) -> bool:
         """Whether the jobs run on this machine though the executor's own scheduler starts them (submitit's
@@ -161,9 +165,26 @@ def check_name(name: str) -> str:
     return name
 
 
+def settings_mapping(value, field: str = "executor_settings") -> dict:
+    """An executor's settings as the sweep's ``executor_settings`` and the lab's ``--executor-settings`` take them:
+    a YAML mapping, or a flag's text holding one; one line otherwise."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        import yaml
+
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}={value!r}: a mapping, e.g. --{field} '{{key: value}}'")  # noqa: TRY004 - one line
+    return value
+
+
 def parse_settings(name: str, mapping: dict | None) -> Any:
-    """The executor's settings from its config section (``slurm: {...}``), checked field by field: an
-    unknown key is one line with "did you mean"."""
+    """The executor's settings (``executor_settings: {...}``), checked field by field: an unknown key is one line
+    with "did you mean"."""
     cls = EXECUTORS[check_name(name)].settings_class
     mapping = dict(mapping or {})
     if cls is None:

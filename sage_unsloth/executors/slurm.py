@@ -178,6 +178,10 @@ class SlurmExecutor(Executor):
     def capacity(self, n_jobs: int) -> int:
         return max(1, min(n_jobs, self.settings.array_parallelism))
 
+    @classmethod
+    def check_jobs(cls, settings: SlurmSettings | None, gpus_per_job: int) -> None:
+        check_gpus(settings or SlurmSettings(), gpus_per_job)
+
     @property
     def runs_here(self) -> bool:
         return self.settings.cluster in ("local", "debug")

@@ -29,7 +29,27 @@ from sage_unsloth.jobs.graph import (
 from sage_unsloth.jobs.progress import file_progress, progress_line, tail
 
 STAMP_DIR = "steps"  # <work>/steps/<name>.json: the stamps; <work>/logs/<name>.log: the logs
+# The record folder's names before it had one (the sweep's, the notebooks'): adopted under STAMP_DIR once.
+EARLIER_STAMP_DIRS = ("jobs", "stages")
 OK = ("ran", "reused")
+
+
+def stamp_folder(work: Path, *, adopt: bool = True) -> Path:
+    """``<work>/steps``, the job graph's one record folder (the lab's, a sweep's, a notebook's). A folder of an
+    earlier name (:data:`EARLIER_STAMP_DIRS`) there and none of this one: it is renamed to it (``adopt``), so a
+    sweep or a notebook started before keeps its finished steps, or only read (a dry run writes nothing)."""
+    import os
+
+    folder = Path(work) / STAMP_DIR
+    if not folder.exists():
+        for name in EARLIER_STAMP_DIRS:
+            earlier = Path(work) / name
+            if earlier.is_dir():
+                if not adopt:
+                    return earlier
+                os.replace(earlier, folder)
+                break
+    return folder
 
 
 @dataclass
@@ -200,13 +220,13 @@ def run_steps(
     threads: int | None = None,
     share_cores: bool = True,
     executor: Executor | None = None,
-    stamp_dir: str = STAMP_DIR,
     progress_every: float = 20.0,
     echo: Callable[[str], object] = print,
     **how,
 ) -> list[StepRecord]:
     """Run every step that is not done; returns one record per step (measured now, read from its stamp, or
-    failed / blocked with ``keep_going``). Stamps go to ``<work>/<stamp_dir>/``, logs to ``<work>/logs/``.
+    failed / blocked with ``keep_going``). Stamps go to ``<work>/steps/`` (:func:`stamp_folder`), logs to
+    ``<work>/logs/``.
 
     ``slots`` (default: ``jobs`` plain ones) bound the steps in flight; ``executor`` (default: local child
     processes) runs them. Torch threads: ``threads`` each, else (``share_cores``) the cores idle now shared
@@ -214,7 +234,7 @@ def run_steps(
     :class:`Scheduler`'s ``tag``, ``env``, ``command``, ``keep_going`` and ``cwd``."""
     from sage_unsloth.executors import make_executor
 
-    stamps, logs = work / stamp_dir, work / "logs"
+    stamps, logs = stamp_folder(work), work / "logs"
     stamps.mkdir(parents=True, exist_ok=True)
     logs.mkdir(parents=True, exist_ok=True)
     fingerprints, to_run = plan(steps, stamps)

@@ -4,10 +4,10 @@ Training's analytic advantage (Chen et al., arXiv 2508.10751).
 An estimator maps the rollout's summed rewards (N,) -- ordered group by group, every process's rows -- to
 one advantage per completion. ``advantage_estimator: grpo`` leaves TRL's own advantage in place (TRL computed
 exactly :func:`sage_unsloth.compat.group_advantages`); any other name, or ``package.module:function`` /
-``path/to/file.py:function`` with the signature ``fn(inputs, **advantage_estimator_args) -> advantages``
-(``inputs`` a :class:`GroupRewards`), replaces it after TRL's rollout. Estimators are entries of
-:data:`ADVANTAGE_ESTIMATORS`, a :class:`sage_unsloth.registry.Registry` like the guides; a built-in's knobs are
-keyword arguments with a flat config field each (``passk_k`` is ``advantage_estimator_args: {k: ...}``).
+``path/to/file.py:function`` with the signature ``fn(inputs, **arguments) -> advantages`` (``inputs`` a
+:class:`GroupRewards`), replaces it after TRL's rollout. Estimators are entries of :data:`ADVANTAGE_ESTIMATORS`,
+a :class:`sage_unsloth.registry.Registry` like the guides; a built-in's knobs are keyword arguments set in the
+node (``advantage_estimator: {name: passk, k: 4}``); grpo's ``scale_rewards`` is TRL's own field.
 
 Pass@k Training rewards a group's k-subsets by their best member and credits each response with the mean
 normalised reward of the subsets that contain it. Enumerating the C(N, k) subsets is not needed: sorted
@@ -82,16 +82,18 @@ ADVANTAGE_ESTIMATORS = Registry(
     meta={"backends": ("trl", "unsloth"), "recomputed": True, "group_subset_arg": None},
     inputs="inputs",
     retired=("num_generations", "args"),
+    example="passk",
 )
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo", recomputed=False, aliases={"scale_rewards": "scale_rewards"})
+# TRL reads scale_rewards itself (its own advantage): the grpo estimator is bound from TRL's field, one value.
+@ADVANTAGE_ESTIMATORS.register("grpo", recomputed=False, trl_fields={"scale_rewards": "scale_rewards"})
 def _grpo(inputs: GroupRewards, *, scale_rewards: Literal["group", "batch", "none"]):
     from sage_unsloth.compat import group_advantages
 
     return group_advantages(inputs.rewards, inputs.num_generations, scale_rewards)
 
 
-@ADVANTAGE_ESTIMATORS.register("passk", group_subset_arg="k", aliases={"k": "passk_k"})
-def _passk(inputs: GroupRewards, *, k: int):
+@ADVANTAGE_ESTIMATORS.register("passk", group_subset_arg="k")
+def _passk(inputs: GroupRewards, *, k: int = 4):
     return passk_group_advantages(inputs.rewards, inputs.num_generations, k)

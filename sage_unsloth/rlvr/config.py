@@ -1,4 +1,8 @@
-"""SageGRPOConfig: TRL's GRPOConfig plus the SAGE guide fields, with the paper's values as defaults.
+"""SageGRPOConfig: TRL's GRPOConfig plus the SAGE fields, with the paper's values as defaults.
+
+The method's four plug-ins are one node each (``guide``, ``advantage_estimator``, ``policy_term``, ``kl_term``:
+``{name: ..., <its arguments>}``, sage_unsloth/registry.py); their knobs' defaults are the plug-ins' own (the
+paper's for the built-ins), resolved once into the method plan (rlvr/plan.py).
 
 It subclasses TRL's own ``GRPOConfig`` (imported from its defining module, so the class is the same
 whether or not Unsloth has rebound ``trl.GRPOConfig``), which keeps YAML configs parseable by
@@ -17,9 +21,8 @@ from typing import Any, ClassVar
 
 from trl.trainer.grpo_config import GRPOConfig
 
-from sage_unsloth.anchor import TOKEN_NORMS
 from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
-from sage_unsloth.config_args import ConfigError, check_training_fields, resolve_field_aliases, suggestion
+from sage_unsloth.config_args import ConfigError, check_training_fields, suggestion
 from sage_unsloth.field_rules import TRAINING_RULES, Limit, Names
 from sage_unsloth.guides import GUIDES
 from sage_unsloth.rlvr.exploration import ExplorationArgs
@@ -31,17 +34,49 @@ BACKENDS = ("unsloth", "trl")
 Q_SOURCES = ("auto", "loss", "rollout")
 PLACEMENTS = ("loss", "reward")
 DAPO_NORMALIZERS = ("generation", "window")
-# The guides' knobs that must be finite and >= 0 (sage_tau, an entropy threshold, only finite).
-NONNEGATIVE_KNOBS = (
-    "sage_q_max",
-    "sage_gamma",
-    "sage_alpha_upper",
-    "sage_alpha_lower",
-    "sage_sigma_upper",
-    "sage_sigma_lower",
-    "sage_random_sigma_upper",
-    "sage_random_sigma_lower",
-)
+# The spellings before one node per plug-in, refused in one line naming the new one (issue 51): old key ->
+# (the node's field, the key it became in the node: "name" for the entry, None for a whole argument mapping,
+# the entry that takes it).
+RETIRED_KEYS = {
+    "sage_guide": ("guide", "name", None),
+    "sage_guide_args": ("guide", None, None),
+    **{f"sage_{k}": ("guide", k, "branch") for k in ("q_min", "q_max", "gamma", "tau")},
+    **{
+        f"sage_{k}": ("guide", k, "token")
+        for k in ("alpha_upper", "alpha_lower", "sigma_upper", "sigma_lower")
+    },
+    "sage_token_norm": ("guide", "norm", "token"),
+    "sage_eps_upper": ("guide", "eps_upper", "random"),
+    "sage_eps_lower": ("guide", "eps_lower", "random"),
+    "sage_random_sigma_upper": ("guide", "sigma_upper", "random"),
+    "sage_random_sigma_lower": ("guide", "sigma_lower", "random"),
+    "sage_schedule_cycles": ("guide", "cycles", "token"),
+    "sage_schedule_decay": ("guide", "decay", "token"),
+    "kl_estimator": ("kl_term", "name", None),
+    "kl_term_args": ("kl_term", None, None),
+    "advantage_estimator_args": ("advantage_estimator", None, None),
+    "passk_k": ("advantage_estimator", "k", "passk"),
+    "policy_term_args": ("policy_term", None, None),
+    "entropy_adv_alpha": ("policy_term", "alpha", "entropy_adv"),
+    "entropy_adv_kappa": ("policy_term", "kappa", "entropy_adv"),
+    **{f"clip_cov_{k}": ("policy_term", k, "clip_cov") for k in ("ratio", "lb", "ub")},
+    **{f"kl_cov_{k}": ("policy_term", k, "kl_cov") for k in ("ratio", "coef")},
+}
+MIGRATE = "scripts/migrate_configs.py FILE rewrites a config"
+
+
+def retired_hint(old: str) -> str:
+    """The one line for a retired key: what it became, as the new node spells it."""
+    node, key, entry = RETIRED_KEYS[old]
+    if key == "name":
+        what = f"name the {node.replace('_', ' ').replace('kl ', 'KL ')} in its node, {node}: {{name: <name>, <its arguments>}}"
+    elif key is None:
+        what = f"its arguments go into the {node} node, {node}: {{name: <name>, <argument>: <value>}}"
+    else:
+        what = f"it is the argument {key} of the {node} node, {node}: {{name: {entry}, {key}: <value>}}"
+    return f"{old} is retired: {what} ({MIGRATE}; docs/extending.md)"
+
+
 # TRL 1.15's loss types. SAGE only shifts the KL anchor, so any of them works with k3; a KL term added to the
 # loss (k2, forward: rlvr/kl_terms.py) re-aggregates the KL and knows only the token-level ones.
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
@@ -54,41 +89,34 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def unsloth_conflict(cfg, unsloth_patched: bool, guide_needs: tuple[str, ...] | None = None) -> str | None:
-    """What ``cfg`` asks that Unsloth's patched GRPOTrainer cannot do (None: nothing), as one line with the fix.
+def unsloth_conflict(plan: MethodPlan, cfg, unsloth_patched: bool) -> str | None:
+    """What ``plan`` (the config's method) and ``cfg`` ask that Unsloth's patched GRPOTrainer cannot do (None:
+    nothing), as one line with the fix.
 
     The one definition of these checks: the config makes them in __post_init__ (patched = backend unsloth, on
     any machine, before any model loads), the trainer again only for the class it really subclasses when that
     differs (a patched base built by hand)."""
     if not unsloth_patched:
         return None
-    if "unsloth" not in KL_TERMS.resolve(cfg.kl_estimator).meta["backends"]:
+    if "unsloth" not in plan.kl_term.meta["backends"]:
         return (
-            f"kl_estimator={cfg.kl_estimator!r} is not expressible as a shifted reference, which is all "
-            "Unsloth's patched loss reads: set backend=trl or kl_estimator=k3"
+            f"kl_term={plan.kl_term.name!r} is not expressible as a shifted reference, which is all "
+            "Unsloth's patched loss reads: set backend=trl or kl_term=k3"
         )
     if cfg.dynamic_sampling:
         return (
             "dynamic_sampling merges rollouts in TRL's layout, not Unsloth's: set backend=trl or "
             "dynamic_sampling=false"
         )
-    term = getattr(cfg, "policy_term", "none")
-    if term != "none":
-        from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
-
-        if "unsloth" not in POLICY_TERMS.resolve(term).meta["backends"]:
-            return (
-                f"policy_term={term!r} needs TRL's loss (Unsloth's compiled loss has no slot for "
-                "it): set backend=trl"
-            )
+    term = plan.policy_term
+    if term is not None and "unsloth" not in term.meta["backends"]:
+        return (
+            f"policy_term={term.name!r} needs TRL's loss (Unsloth's compiled loss has no slot for "
+            "it): set backend=trl"
+        )
     from sage_unsloth import guides
 
-    if (
-        guide_needs is None
-    ):  # a SageGRPOConfig has its plan; anything else with the same fields is resolved here
-        plan = getattr(cfg, "method_plan", None)
-        guide_needs = plan.guide_needs if plan is not None else guides.resolve_guide(cfg)[1]
-    return guides.unsloth_cannot(guide_needs, requested=cfg.sage_q_source, guide=cfg.sage_guide)
+    return guides.unsloth_cannot(plan.guide_needs, requested=cfg.sage_q_source, guide=plan.guide.name)
 
 
 def off_policy_q_warning(cfg, q_source: str) -> str | None:
@@ -105,7 +133,7 @@ def off_policy_q_warning(cfg, q_source: str) -> str | None:
     ):
         return None
     return (
-        f"sage_guide={cfg.sage_guide!r} with num_iterations={cfg.num_iterations}, steps_per_generation="
+        f"guide={plan.guide.name!r} with num_iterations={cfg.num_iterations}, steps_per_generation="
         f"{cfg.steps_per_generation}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}: q is "
         "computed from the rollout policy (sage_q_source rollout, or a guide Unsloth's loss cannot feed), not the "
         "in-loss policy as in the official code"
@@ -127,29 +155,21 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     exploration baselines' fields (Pass@k, entropy advantage, Clip-Cov, KL-Cov, reference reset) come from
     ExplorationArgs (rlvr/exploration.py)."""
 
-    # A YAML key or flag under an alias is read as the field itself (config_args.StageParser).
-    FIELD_ALIASES: ClassVar[dict[str, str]] = {"kl_term": "kl_estimator"}
+    # A key of the spellings before one node per plug-in: refused in one line naming the new spelling (the
+    # pre-import check and the stage parser read it).
+    RETIRED_FIELDS: ClassVar[dict[str, str]] = {old: retired_hint(old) for old in RETIRED_KEYS}
     # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py); the checks
     # below keep their own wording and add those that need several fields.
     FIELD_RULES: ClassVar[dict] = {
         **TRAINING_RULES,
-        "sage_guide": Names(GUIDES.names(), plugins=True),
-        "kl_estimator": Names(KL_TERMS.names(), plugins=True),
-        "kl_term": Names(KL_TERMS.names(), plugins=True),
-        "sage_token_norm": Names(TOKEN_NORMS),
+        "guide": Names(GUIDES.names(), plugins=True, node=True),
+        "kl_term": Names(KL_TERMS.names(), plugins=True, node=True),
         "sage_q_source": Names(Q_SOURCES),
         "backend": Names(BACKENDS),
         "loss_type": Names(LOSS_TYPES),
         "sage_kl_placement": Names(PLACEMENTS),
         "dapo_normalizer": Names(DAPO_NORMALIZERS),
         "beta": Limit(ge=0, note="the KL coefficient; paper: 0.05; 0 = no KL"),
-        "sage_q_min": Limit(gt=0, note="log q must stay finite; e.g. 0.6"),
-        **dict.fromkeys(NONNEGATIVE_KNOBS, Limit(ge=0)),
-        "sage_tau": Limit(),
-        "sage_eps_upper": Limit(ge=0, le=1, note="a token probability"),
-        "sage_eps_lower": Limit(ge=0, le=1, note="a token probability"),
-        "sage_schedule_decay": Limit(gt=0, le=1, note="default 0.9; 1 = no decay"),
-        "sage_schedule_cycles": Limit(ge=1),
         "dynamic_sampling_max_rounds": Limit(ge=1),
         "soft_overlong_punish_cache": Limit(ge=0, note="0 = off"),
         "num_generations": Limit(
@@ -167,33 +187,14 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     }
 
     # --- SAGE guide ---------------------------------------------------------------------------------
-    sage_guide: str = field(
-        default="none", metadata=GUIDES.name_help("Anchor guide q (docs/writing-a-guide.md)")
+    # str for the command line (a bare name, or the node's JSON); a YAML mapping is kept as it is.
+    guide: dict[str, Any] | str | None = field(
+        default="none",
+        metadata=GUIDES.node_help(
+            "Anchor guide q and its arguments, e.g. {name: branch, gamma: 0.3, tau: 1.2}; q_min / q_max (default "
+            "0.6 / 1.4, the paper's) clip every guide's q (docs/writing-a-guide.md)"
+        ),
     )
-    sage_guide_args: dict[str, Any] | str | None = field(default=None, metadata=GUIDES.args_help())
-    sage_q_min: float = field(default=0.6, metadata=_help("Lower clip of q (> 0)."))
-    sage_q_max: float = field(default=1.4, metadata=_help("Upper clip of q (>= sage_q_min)."))
-    sage_gamma: float = field(default=0.3, metadata=_help("Branch guide: q = 1 + gamma * relu(H - tau)."))
-    sage_tau: float = field(default=1.2, metadata=_help("Branch guide: entropy threshold tau (nats)."))
-    sage_alpha_upper: float = field(
-        default=0.3, metadata=_help("Token guide: alpha at the start of a cycle.")
-    )
-    sage_alpha_lower: float = field(default=0.1, metadata=_help("Token guide: alpha at the end of a cycle."))
-    sage_sigma_upper: float = field(default=0.25, metadata=_help("Token guide: noise sigma, start of cycle."))
-    sage_sigma_lower: float = field(default=0.1, metadata=_help("Token guide: noise sigma, end of cycle."))
-    sage_token_norm: str = field(
-        default="minmax", metadata=_help(f"Token guide surprisal norm: {TOKEN_NORMS}.")
-    )
-    sage_eps_upper: float = field(
-        default=0.1, metadata=_help("Random guide: token probability, cycle start.")
-    )
-    sage_eps_lower: float = field(default=0.0, metadata=_help("Random guide: token probability, cycle end."))
-    sage_random_sigma_upper: float = field(default=0.15, metadata=_help("Random guide: sigma, cycle start."))
-    sage_random_sigma_lower: float = field(default=0.05, metadata=_help("Random guide: sigma, cycle end."))
-    sage_schedule_cycles: int = field(
-        default=8, metadata=_help("Cosine restarts over max_steps (token/random).")
-    )
-    sage_schedule_decay: float = field(default=0.9, metadata=_help("Upper bounds shrink by this each cycle."))
     sage_seed: int | None = field(
         default=None, metadata=_help("Seed of the token/random guide noise generator; None uses `seed`.")
     )
@@ -207,25 +208,17 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             "rollout."
         ),
     )
-    kl_estimator: str = field(
+    kl_term: dict[str, Any] | str | None = field(
         default="k3",
-        metadata=_help(
+        metadata=KL_TERMS.node_help(
             "Per-token KL term (sage_kl_placement=loss): 'k3' (paper/TRL, exp(d)-d-1 against the shaped anchor; "
             "its gradient is the forward-KL gradient, the reverse-KL one with use_bias_correction_kl), 'k2' "
             "(0.5 d^2 times the stop-gradient ratio pi/pi_old: the reverse-KL gradient to q*pi_ref; "
             "use_bias_correction_kl does not apply; TRL backend only), 'forward' ((u log u - u + 1) times the "
             "ratio pi/pi_old, u = pi_ref/pi: the gradient of KL(pi_ref||pi) whatever use_bias_correction_kl "
-            "says; the forward-KL baseline; needs sage_guide='none'; TRL backend only), or your own KL term as "
-            "'package.module:function' / 'path/to/file.py:function' (rlvr/kl_terms.py, docs/extending.md)."
+            "says; the forward-KL baseline; needs guide none; TRL backend only), or your own (rlvr/kl_terms.py)"
         ),
     )
-    kl_term: str | None = field(
-        default=None,
-        metadata=_help(
-            "The KL term, the same field as kl_estimator under the plug-in kinds' name (set one)."
-        ),
-    )
-    kl_term_args: dict[str, Any] | str | None = field(default=None, metadata=KL_TERMS.args_help())
     sage_kl_placement: str = field(
         default="loss",
         metadata=_help(
@@ -304,40 +297,46 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
     def __post_init__(self):
         # transformers fills a missing output_dir with "trainer_output"; stage 2 then uses its own layout
         self.output_dir_given = self.output_dir is not None
-        self._validate_sage()
+        self._validate_names()
+        self._validate_knobs()
+        self._validate_dapo_extras()
         self._validate_rollouts()
         if self.bf16 is None and not self.fp16 and not _cuda_available():
             self.bf16 = False  # TRL turns None into True, which transformers rejects on a CPU-only machine
         super().__post_init__()
-        self.validate_exploration()  # the exploration baselines (rlvr/exploration.py); needs steps_per_generation
-        # Resolved once, here: the trainer only reads it (rlvr/plan.py); each plug-in is then called once on a
-        # synthetic batch through the run-time checks (rlvr/plugin_probe.py), still before any model loads.
-        probe_plan(self, self.method_plan)
+        # Resolved once, here (after TRL settled scale_rewards and the batch fields): everything else reads the
+        # plan (rlvr/plan.py); each plug-in is then called once on a synthetic batch through the run-time checks
+        # (rlvr/plugin_probe.py), still before any model loads.
+        plan = self._settle_plan()
+        self._validate_method(plan)
+        self.validate_exploration(plan)  # the exploration baselines (rlvr/exploration.py)
+        probe_plan(self, plan)
         self._warn_off_policy_q()
         self._warn_guide_without_effect()
 
+    def _settle_plan(self) -> MethodPlan:
+        """Build the method plan (each plug-in node resolved and checked once) and write each node back as it
+        resolved, every argument with its value (what the manifest records and the lab's analysis reads)."""
+        plan = build_plan(self)
+        for name, node in plan.nodes().items():
+            setattr(self, name, node)
+        self.__dict__["_method_plan"] = (plan_key(self), plan)
+        return plan
+
     # One-line errors naming the field and the fix; nothing here touches a model. The checks depend on the
     # config alone, never on the machine: a config refused on a GPU is refused on CPU too.
-    def _validate_sage(self) -> None:
-        from sage_unsloth import guides
-
-        # a known name or an importable guide, its needs and arguments checked
-        _, guide_needs = guides.resolve_guide(self, check_args=True)
-        resolve_field_aliases(self)  # kl_term -> kl_estimator, for a config built in Python
-        kl_term = KL_TERMS.resolve(self.kl_estimator)
-        KL_TERMS.settle(kl_term, self)
-        self._validate_names()
-        self._validate_knobs()
-        self._validate_kl_term(kl_term)
+    def _validate_method(self, plan: MethodPlan) -> None:
+        """What the plug-ins' metadata allows together with the rest of the config."""
+        if plan.guided and self.beta == 0.0:
+            _fail(f"guide={plan.guide.name!r} needs a KL anchor: set beta > 0 (paper: 0.05) or guide: none")
+        self._validate_kl_term(plan)
         # Refused on CPU too (where Unsloth would leave TRL's trainer in place): a config means one thing.
-        if (conflict := unsloth_conflict(self, self.backend == "unsloth", guide_needs)) is not None:
+        if (conflict := unsloth_conflict(plan, self, self.backend == "unsloth")) is not None:
             raise ConfigError(conflict)
-        self._validate_dapo_extras()
 
     def _validate_names(self) -> None:
         """Each field that takes one of a fixed set of names."""
         for name, choices in (
-            ("sage_token_norm", TOKEN_NORMS),
             ("sage_q_source", Q_SOURCES),
             ("backend", BACKENDS),
             ("loss_type", LOSS_TYPES),
@@ -351,7 +350,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
                 )
 
     def _validate_knobs(self) -> None:
-        """The KL coefficient, the training fields, the run's length and the guides' numeric knobs."""
+        """The KL coefficient, the training fields and the run's length."""
         if self.beta < 0.0:
             _fail(f"beta={self.beta} is negative: the KL coefficient must be >= 0 (paper: 0.05; 0 = no KL)")
         check_training_fields(self, learning_rate_hint="paper: 5e-6")
@@ -360,57 +359,32 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
                 f"max_steps={self.max_steps}, num_train_epochs={self.num_train_epochs}: nothing to train; "
                 "set max_steps > 0 (paper: 1000) or num_train_epochs > 0"
             )
-        if self.sage_guide != "none" and self.beta == 0.0:
-            _fail(
-                f"sage_guide={self.sage_guide!r} needs a KL anchor: set beta > 0 (paper: 0.05) or sage_guide=none"
-            )
-        for name in (*NONNEGATIVE_KNOBS, "sage_tau"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or (name != "sage_tau" and value < 0):
-                _fail(f"{name}={value} must be {'finite' if name == 'sage_tau' else 'finite and >= 0'}")
-        for name in ("sage_eps_upper", "sage_eps_lower"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                _fail(f"{name}={getattr(self, name)} is a token probability: use a value in [0, 1]")
-        if not 0.0 < self.sage_schedule_decay <= 1.0:
-            _fail(
-                f"sage_schedule_decay={self.sage_schedule_decay} must be in (0, 1] (default 0.9; 1 = no decay)"
-            )
-        if self.sage_q_min <= 0.0:
-            _fail(f"sage_q_min={self.sage_q_min} must be > 0 (log q must stay finite): e.g. sage_q_min=0.6")
-        if self.sage_q_min > self.sage_q_max:
-            _fail(
-                f"sage_q_min={self.sage_q_min} > sage_q_max={self.sage_q_max}: make sage_q_min <= sage_q_max"
-            )
 
-    def _validate_kl_term(self, kl_term) -> None:
+    def _validate_kl_term(self, plan: MethodPlan) -> None:
         """What the KL term's registry metadata allows (a guided anchor, beta, loss types), and the reward
-        placement's needs (the guides' cycle count checked between them: the order the checks have always run in,
-        so a config with two faults still names the same one first)."""
-        if not kl_term.meta["guided"] and self.sage_guide != "none":
+        placement's needs."""
+        kl_term, name = plan.kl_term, plan.kl_term.name
+        if not kl_term.meta["guided"] and plan.guided:
             _fail(
-                f"kl_estimator={self.kl_estimator!r} has no q * pi_ref anchor (the plain forward-KL baseline): "
-                "set sage_guide=none or kl_estimator=k3"
+                f"kl_term={name!r} has no q * pi_ref anchor (the plain forward-KL baseline): set guide: none or "
+                "kl_term: k3"
             )
         if not kl_term.meta["shifted_reference"] and self.beta == 0.0:
-            _fail(
-                f"kl_estimator={self.kl_estimator!r} has no effect with beta=0: set beta > 0 or kl_estimator=k3"
-            )
+            _fail(f"kl_term={name!r} has no effect with beta=0: set beta > 0 or kl_term: k3")
         loss_types = kl_term.meta["loss_types"]
         if loss_types is not None and self.loss_type not in loss_types:
             _fail(
-                f"kl_estimator={self.kl_estimator!r} supports loss_type in {tuple(loss_types)}, "
-                f"got loss_type={self.loss_type!r}: change one of them"
+                f"kl_term={name!r} supports loss_type in {tuple(loss_types)}, got loss_type={self.loss_type!r}: "
+                "change one of them"
             )
-        if self.sage_schedule_cycles < 1:
-            _fail(f"sage_schedule_cycles={self.sage_schedule_cycles} must be >= 1")
         if self.sage_kl_placement != "reward":
             return
         if self.beta == 0.0:
             _fail("sage_kl_placement=reward puts beta * pseudo-KL in the reward: set beta > 0 (paper: 0.05)")
         if not kl_term.meta["shifted_reference"]:
             _fail(
-                f"kl_estimator={self.kl_estimator!r} is a per-token loss term; sage_kl_placement=reward uses the "
-                "sequence log-ratio instead: set kl_estimator=k3 or sage_kl_placement=loss"
+                f"kl_term={name!r} is a per-token loss term; sage_kl_placement=reward uses the sequence log-ratio "
+                "instead: set kl_term: k3 or sage_kl_placement=loss"
             )
         if self.multi_objective_aggregation != "sum_then_normalize":
             _fail(
@@ -524,17 +498,18 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
 
         if self.method_plan.kl_term.meta["gradient"] is None:
             return  # a plug-in KL term that does not say which KL's gradient it has: no claim either way
+        plan = self.method_plan
         reason = guides.guide_effect(
-            self.method_plan.guide,
-            self.kl_estimator,
+            plan.guide,
+            plan.kl_term.name,
             ratio=self.use_bias_correction_kl,
             placement=self.sage_kl_placement,
-            q_min=self.sage_q_min,
-            q_max=self.sage_q_max,
+            q_min=plan.q_min,
+            q_max=plan.q_max,
         )
         if reason is not None and self.beta != 0.0:
             warnings.warn(
-                f"sage_guide={self.sage_guide!r} has no effect on the expected gradient here: {reason} "
+                f"guide={plan.guide.name!r} has no effect on the expected gradient here: {reason} "
                 "(docs/theory.md: what the guide does to the gradient)",
                 stacklevel=3,
             )

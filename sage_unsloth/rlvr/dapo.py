@@ -147,38 +147,39 @@ def dynamic_sampling(trainer, inputs, rollout):
 
 
 def official_normaliser(trainer, output: dict) -> None:
+    """dapo_normalizer=generation: TRL 0.23's (the official code's) "dapo" normaliser on ``trainer``'s settings
+    (:func:`generation_normaliser`, which the method plan's step calls with the settings its context holds)."""
+    generation_normaliser(
+        output,
+        training=trainer.model.training,
+        steps_per_generation=trainer.args.steps_per_generation,
+        accumulation_steps=getattr(trainer, "current_gradient_accumulation_steps", None)
+        or trainer.args.gradient_accumulation_steps,
+    )
+
+
+def generation_normaliser(
+    output: dict, *, training: bool, steps_per_generation: int, accumulation_steps: int
+) -> None:
     """dapo_normalizer=generation: TRL 0.23's (the official code's) "dapo" normaliser, all completion tokens
     of the generation batch. TRL 1.15 and unsloth_zoo divide num_items_in_batch by steps_per_generation /
     gradient_accumulation_steps in training; scaling it by the inverse here cancels that on both backends. The
     method plan runs it only for loss_type dapo with dapo_normalizer generation (rlvr/plan.py, choose_steps)."""
-    if not trainer.model.training:
+    if not training:
         return  # eval: neither TRL version rescales
-    accumulation = (
-        getattr(trainer, "current_gradient_accumulation_steps", None)
-        or trainer.args.gradient_accumulation_steps
-    )
-    factor = trainer.args.steps_per_generation / accumulation
+    factor = steps_per_generation / accumulation_steps
     if factor != 1:
         output["num_items_in_batch"] = output["num_items_in_batch"] * factor
 
 
-def log_importance_sampling(trainer, output: dict) -> None:
-    """The fraction of vLLM importance ratios TRL truncates / masks (TRL logs their min / mean / max); the method
-    plan runs it only when vLLM's importance-sampling correction is on (rlvr/plan.py, choose_steps)."""
+def clipped_importance_fraction(output: dict, *, mode, clip_min, clip_max) -> float | None:
+    """The fraction of vLLM importance ratios TRL truncates / masks (TRL logs their min / mean / max), None in
+    Unsloth's packed layout; the method plan's step runs it only when vLLM's importance-sampling correction is
+    on (rlvr/plan.py, choose_steps)."""
     old, sampling = output.get("old_per_token_logps"), output.get("sampling_per_token_logps")
     mask = compat.loss_mask(output)
     if old is None or sampling is None or old.shape != mask.shape or sampling.shape != mask.shape:
-        return  # Unsloth's packed layout (its zoo loss computes the ratios itself)
-    setting = lambda name: getattr(
-        trainer, name, getattr(trainer.args, name, None)
-    )  # TRL copies them to trainer
-    fraction = importance_sampling_clipped_fraction(
-        old,
-        sampling,
-        mask,
-        mode=setting("vllm_importance_sampling_mode"),
-        clip_min=setting("vllm_importance_sampling_clip_min"),
-        clip_max=setting("vllm_importance_sampling_clip_max"),
+        return None  # Unsloth's packed layout (its zoo loss computes the ratios itself)
+    return importance_sampling_clipped_fraction(
+        old, sampling, mask, mode=mode, clip_min=clip_min, clip_max=clip_max
     )
-    mode = "train" if trainer.model.training else "eval"
-    compat.metrics(trainer, mode)["sampling/importance_sampling_ratio/clipped_frac"].append(fraction)

@@ -3,10 +3,10 @@
 A KL term sees one loss call's tokens (:class:`KLTokens`: the current policy's log-probs with their gradient,
 the anchor's log(q * pi_ref) -- the reference already shifted by log q --, the sampling policy's log-probs,
 TRL's ``use_bias_correction_kl``) and returns the per-token term the loss carries (with its gradient) and the
-plain per-token value logged as ``kl`` (:class:`KLOutput`). The config names it in ``kl_estimator`` (or its
-alias ``kl_term``): a registered name, ``package.module:function`` or ``path/to/file.py:function`` with the
-signature ``fn(tokens, **kl_term_args) -> KLOutput``; its arguments come from ``kl_term_args``, checked against
-the signature before any model loads (sage_unsloth/registry.py).
+plain per-token value logged as ``kl`` (:class:`KLOutput`). The config names it in its node ``kl_term: {name:
+..., <its arguments>}``: a registered name, ``package.module:function`` or ``path/to/file.py:function`` with the
+signature ``fn(tokens, **arguments) -> KLOutput``; its arguments are checked against the signature before any
+model loads (sage_unsloth/registry.py).
 
 What each term is (anchor.kl_loss_term has the formulas and why each has its KL's gradient):
 
@@ -41,8 +41,7 @@ from sage_unsloth.registry import Registry
 
 KL_TERMS = Registry(
     "KL term",
-    field="kl_estimator",
-    args_field="kl_term_args",
+    field="kl_term",
     meta={
         "backends": ("trl",),
         "shifted_reference": False,
@@ -51,6 +50,7 @@ KL_TERMS = Registry(
         "gradient": None,
     },
     inputs="tokens",
+    example="k2",
 )
 
 

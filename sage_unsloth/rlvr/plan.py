@@ -1,14 +1,16 @@
 """The method plan: what one SageGRPOConfig asks the trainer to run, resolved once.
 
-A config names up to four plug-ins -- the guide (``sage_guide``), the advantage estimator, the policy term and
-the KL term -- each a registered name, ``package.module:function`` or ``file.py:function`` with its
-``<kind>_args``. :func:`build_plan` resolves and binds all four (sage_unsloth/registry.py checks each argument
-against the function's signature) and decides where q is computed and where the KL goes. The trainer
-(rlvr/trainer.py) and its steps (rlvr/taps.py) only read the plan; none of them resolves a name again.
+A config names up to four plug-ins, one node each -- ``guide``, ``advantage_estimator``, ``policy_term`` and
+``kl_term``, each ``{name: <registered name, package.module:function or file.py:function>, <its arguments>}``.
+:func:`build_plan` resolves and binds all four once (sage_unsloth/registry.py checks each argument against the
+function's signature and the entry's limits, and fills the defaults) and decides where q is computed and where the
+KL goes. The trainer (rlvr/trainer.py), its steps (rlvr/taps.py) and everything else that needs a plug-in's
+knob (the config's checks, the doctor, the manifest the lab's analysis reads) read the plan; none of them
+resolves a name again.
 
 The plan is frozen. ``SageGRPOConfig.method_plan`` builds it in ``__post_init__`` and builds a new one only when a
-field it was built from changes (a test or the doctor's self-test switching the guide on a live trainer); it is
-never pickled with the config (it holds the bound plug-ins).
+field it was built from changes (a test switching the guide on a live config); it is never pickled with the
+config (it holds the bound plug-ins).
 
 The plan also chooses the steps (rlvr/taps.py) that run at TRL's interception points for this configuration:
 :func:`choose_steps` keeps, for each of the two trainer classes (TRL's, Unsloth's patched), only the steps that
@@ -21,31 +23,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sage_unsloth import guides
-from sage_unsloth.registry import Entry
+from sage_unsloth.config_args import ConfigError
+from sage_unsloth.field_rules import PLUGIN_NODES
+from sage_unsloth.registry import NAME, Entry, Node
 from sage_unsloth.rlvr import taps
 from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
 from sage_unsloth.rlvr.kl_terms import KL_TERMS
 from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
 
-# Every kind is called as fn(inputs, **<kind>_args): one frozen record, then its keyword arguments
-# (sage_unsloth/registry.py). The flat config fields the built-ins' keywords alias, by kind:
-REGISTRIES = (guides.GUIDES, ADVANTAGE_ESTIMATORS, POLICY_TERMS, KL_TERMS)
-ALIAS_FIELDS = tuple(sorted({flat for registry in REGISTRIES for flat in registry.aliased_fields()}))
+# Every kind is called as fn(inputs, **arguments): one frozen record, then its node's keyword arguments
+# (sage_unsloth/registry.py). The config field holding each kind's node, and its registry:
+NODES = dict(zip(PLUGIN_NODES, (guides.GUIDES, ADVANTAGE_ESTIMATORS, POLICY_TERMS, KL_TERMS), strict=True))
+NO_POLICY_TERM = "none"
 
 # The config fields a plan is built from: a change to any of them builds a new plan.
 PLAN_FIELDS = (
-    "sage_guide",
-    "sage_guide_args",
+    *NODES,
     "sage_q_source",
     "sage_kl_placement",
     "backend",
-    "advantage_estimator",
-    "advantage_estimator_args",
-    "policy_term",
-    "policy_term_args",
-    "kl_estimator",
-    "kl_term_args",
-    *ALIAS_FIELDS,
+    "scale_rewards",  # TRL's own field, the grpo estimator's argument
     # what chooses the steps besides the plug-ins (choose_steps)
     "beta",
     "loss_type",
@@ -57,9 +54,11 @@ PLAN_FIELDS = (
 
 @dataclass(frozen=True)
 class MethodPlan:
-    """One run's method: the four plug-ins (entry, and the callable with its arguments bound) and the placement."""
+    """One run's method: the four plug-ins (entry, resolved arguments, and the callable with its arguments bound)
+    and the placement."""
 
     guide: Entry
+    guide_args: dict  # every argument, defaults filled; q_min / q_max the kit's clip of q
     guide_needs: tuple[str, ...]
     guide_fn: Callable  # Signals -> raw q
     q_source_requested: str  # sage_q_source: auto, loss or rollout
@@ -68,13 +67,34 @@ class MethodPlan:
     )
     placement: str  # sage_kl_placement: loss or reward
     estimator: Entry
+    estimator_args: dict
     estimator_fn: Callable | None  # None: TRL's own group advantage stands (the grpo estimator)
     estimator_call: Callable  # the estimator with its arguments bound (the grpo one too: a shaped reward)
     policy_term: Entry | None
+    policy_term_args: dict
     policy_term_fn: Callable | None
     kl_term: Entry
+    kl_term_args: dict
     kl_term_fn: Callable
     steps_by_class: dict  # {unsloth_patched: taps.Steps}, chosen by choose_steps when the plan is built
+
+    @property
+    def q_min(self) -> float:
+        return self.guide_args["q_min"]
+
+    @property
+    def q_max(self) -> float:
+        return self.guide_args["q_max"]
+
+    def nodes(self) -> dict[str, dict]:
+        """Each kind's node as the config records it once resolved: ``{name: ..., <every argument>}``."""
+        term = self.policy_term
+        return {
+            "guide": {NAME: self.guide.name, **self.guide_args},
+            "advantage_estimator": {NAME: self.estimator.name, **self.estimator_args},
+            "policy_term": {NAME: NO_POLICY_TERM if term is None else term.name, **self.policy_term_args},
+            "kl_term": {NAME: self.kl_term.name, **self.kl_term_args},
+        }
 
     @property
     def guided(self) -> bool:
@@ -111,11 +131,14 @@ class MethodPlan:
 def choose_steps(plan: MethodPlan, cfg, *, unsloth_patched: bool) -> taps.Steps:
     """The steps of rlvr/taps.py that have work to do for this method on this trainer class, in their order.
 
-    q at rollout whenever it is not computed in the loss (it is logged, as q = 1 for no guide); the reference is
-    shifted by log q only for a guide with a KL anchor; the estimator runs when it replaces TRL's advantage or the
-    reward was shaped; the policy term and a KL term other than TRL's own k3 exist on TRL's loss only (Unsloth's
-    compiled loss has no slot for them, and the config refuses them there); DAPO's normaliser and the vLLM
-    importance-sampling metric only when their settings ask."""
+    Nothing of a guide runs without one (plain GRPO runs no step at all: its q is 1 by definition, neither computed
+    nor logged), except that the reward placement's pseudo-KL reads q = 1 there; q at rollout whenever a guide's q
+    is not computed in the loss; the reference is shifted by log q only for a guide with a KL anchor; the rewards
+    are summed and the estimator runs when it replaces TRL's advantage or the reward was shaped; the policy term
+    and a KL term other than TRL's own k3 exist on TRL's loss only (Unsloth's compiled loss has no slot for them,
+    and the config refuses them there); DAPO's normaliser and the vLLM importance-sampling metric only when their
+    settings ask."""
+    guided = plan.guided
     q_at_rollout = plan.q_source(unsloth_patched=unsloth_patched) == "rollout"
     kl_anchor = cfg.beta != 0.0 and plan.placement == "loss"
     estimate = plan.estimator_fn is not None or plan.placement == "reward"
@@ -123,17 +146,18 @@ def choose_steps(plan: MethodPlan, cfg, *, unsloth_patched: bool) -> taps.Steps:
         rollout = (taps.summed_rewards, taps.q_at_rollout, taps.reward_placement)
         rollout += (taps.estimate_advantages,) * estimate
     else:
-        rollout = (taps.summed_rewards,) + (taps.estimate_advantages,) * estimate
-        rollout += (taps.q_at_rollout,) * q_at_rollout
-        rollout += (taps.shift_reference_at_rollout,) * (q_at_rollout and plan.guided and cfg.beta != 0.0)
+        rollout = (taps.summed_rewards, taps.estimate_advantages) * estimate
+        rollout += (taps.q_at_rollout,) * (guided and q_at_rollout)
+        rollout += (taps.shift_reference_at_rollout,) * (q_at_rollout and guided and cfg.beta != 0.0)
     batch = (taps.log_importance_sampling,) * bool(cfg.use_vllm and cfg.vllm_importance_sampling_correction)
     batch += (taps.dapo_normaliser,) * (
         cfg.loss_type == "dapo" and getattr(cfg, "dapo_normalizer", "window") == "generation"
     )
+    q_in_loss = guided and not q_at_rollout
     if unsloth_patched:  # Unsloth's layout: its loss hands over the entropies only (rlvr/unsloth_hooks.py)
-        loss = (taps.q_in_the_unsloth_loss,) * (not q_at_rollout)
+        loss = (taps.q_in_the_unsloth_loss,) * q_in_loss
     else:
-        loss = (taps.q_in_the_loss,) * (not q_at_rollout)
+        loss = (taps.q_in_the_loss,) * q_in_loss
         loss += (taps.policy_term,) * (plan.policy_term_fn is not None)
         loss += (taps.kl_term,) * (kl_anchor and not plan.kl_in_trl_loss)
     return taps.Steps(after_each_rollout=rollout, after_the_batch=batch, in_the_loss=loss)
@@ -143,18 +167,25 @@ def plan_key(cfg) -> tuple:
     return tuple(repr(getattr(cfg, name, None)) for name in PLAN_FIELDS)
 
 
-def bind_plugin(registry, entry: Entry, cfg) -> Callable:
-    """``entry`` with its arguments bound: ``<kind>_args`` over the built-in's flat fields (Registry.knobs)."""
-    return registry.bind(entry, registry.knobs(entry, cfg, getattr(cfg, registry.args_field, None)))
+def policy_term_node(value) -> Node | None:
+    """The policy term's node resolved, or None for ``none`` (which takes no arguments)."""
+    name, args = POLICY_TERMS.read_node(value)
+    if name != NO_POLICY_TERM:
+        return POLICY_TERMS.node(value)
+    if args:
+        raise ConfigError(
+            f"policy_term: none takes no arguments, got {sorted(args)}: name a policy term or drop them"
+        )
+    return None
 
 
 def build_plan(cfg) -> MethodPlan:
-    """Resolve and bind the config's four plug-ins (one line naming the field on bad input)."""
-    guide, needs = guides.resolve_guide(cfg)
-    estimator = ADVANTAGE_ESTIMATORS.resolve(cfg.advantage_estimator)
-    estimator_call = bind_plugin(ADVANTAGE_ESTIMATORS, estimator, cfg)
-    policy_term = None if cfg.policy_term == "none" else POLICY_TERMS.resolve(cfg.policy_term)
-    kl_term = KL_TERMS.resolve(cfg.kl_estimator)
+    """Resolve and bind the config's four plug-in nodes, each once (one line naming the field on bad input)."""
+    guide, needs = guides.resolve_guide(cfg.guide)
+    estimator = ADVANTAGE_ESTIMATORS.node(cfg.advantage_estimator, trl={"scale_rewards": cfg.scale_rewards})
+    estimator_call = ADVANTAGE_ESTIMATORS.bind(estimator)
+    term = policy_term_node(cfg.policy_term)
+    kl_term = KL_TERMS.node(cfg.kl_term)
     requested = cfg.sage_q_source
     expected = (
         requested
@@ -162,19 +193,23 @@ def build_plan(cfg) -> MethodPlan:
         else guides.q_source(needs, requested="loss", unsloth_patched=cfg.backend == "unsloth")
     )
     plan = MethodPlan(
-        guide=guide,
+        guide=guide.entry,
+        guide_args=guide.args,
         guide_needs=needs,
-        guide_fn=guides.build_guide(cfg, guide),
+        guide_fn=guides.GUIDES.bind(guide),
         q_source_requested=requested,
         expected_q_source=expected,
         placement=cfg.sage_kl_placement,
-        estimator=estimator,
-        estimator_fn=estimator_call if estimator.meta["recomputed"] else None,
+        estimator=estimator.entry,
+        estimator_args=estimator.args,
+        estimator_fn=estimator_call if estimator.entry.meta["recomputed"] else None,
         estimator_call=estimator_call,
-        policy_term=policy_term,
-        policy_term_fn=None if policy_term is None else bind_plugin(POLICY_TERMS, policy_term, cfg),
-        kl_term=kl_term,
-        kl_term_fn=bind_plugin(KL_TERMS, kl_term, cfg),
+        policy_term=None if term is None else term.entry,
+        policy_term_args={} if term is None else term.args,
+        policy_term_fn=None if term is None else POLICY_TERMS.bind(term),
+        kl_term=kl_term.entry,
+        kl_term_args=kl_term.args,
+        kl_term_fn=KL_TERMS.bind(kl_term),
         steps_by_class={},
     )
     steps = {patched: choose_steps(plan, cfg, unsloth_patched=patched) for patched in (False, True)}

@@ -169,7 +169,7 @@ def _probe_guide(cfg, plan, batch: dict, rows: int) -> None:
     log_probs = torch.log_softmax(batch["logits"], dim=-1) if signal_fns else None
     for name, fn in signal_fns.items():
         flat = _call(
-            "sage_guide's logit signal",
+            "guide's logit signal",
             rows,
             "logit signal",
             name,
@@ -187,10 +187,8 @@ def _probe_guide(cfg, plan, batch: dict, rows: int) -> None:
         logits=DeclaredLogits(logits, plan.guide.name, needs),
         **_declared_signals(batch, plan.guide.name, needs),
     )
-    with _trial("sage_guide", rows):
-        guides.run_guide(
-            plan.guide, plan.guide_fn, signals, step=None, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max
-        )
+    with _trial("guide", rows):
+        guides.run_guide(plan.guide, plan.guide_fn, signals, step=None, q_min=plan.q_min, q_max=plan.q_max)
 
 
 def _probe_estimator(cfg, plan, batch: dict, rows: int) -> None:
@@ -250,7 +248,7 @@ def _probe_kl_term(cfg, plan, batch: dict, rows: int) -> None:
         plugin_calls.kl_output_problem(out, shape, mask)
         or _gradient_problem(out.term, logps, f"KL term (beta={cfg.beta:g})")
     )
-    _call("kl_estimator", rows, "KL term", plan.kl_term.name, plan.kl_term_fn, tokens, check=check)
+    _call("kl_term", rows, "KL term", plan.kl_term.name, plan.kl_term_fn, tokens, check=check)
 
 
 def _gradient_problem(value, logps: torch.Tensor, what: str) -> str | None:

@@ -7,18 +7,18 @@ replacement per-token advantages and/or an added per-token loss term (:class:`Te
 the added term exactly as TRL aggregates its loss; nothing else of TRL's loss changes. TRL backend only:
 Unsloth's compiled loss has no slot for either, so every term declares ``backends=("trl",)``. Terms are entries
 of :data:`POLICY_TERMS` (a :class:`sage_unsloth.registry.Registry`, resolved like the guides: a name,
-``package.module:function`` or ``path/to/file.py:function`` with the signature ``fn(batch,
-**policy_term_args) -> TermOutput``); a built-in's knobs are keyword arguments with a flat config field each
-(``clip_cov_ratio`` is ``policy_term_args: {ratio: ...}`` under ``policy_term: clip_cov``).
+``package.module:function`` or ``path/to/file.py:function`` with the signature ``fn(batch, **arguments) ->
+TermOutput``); a built-in's knobs are keyword arguments set in the node (``policy_term: {name: clip_cov, ratio:
+...}``), their defaults the papers'.
 
 - ``entropy_adv`` (Cheng et al., arXiv 2506.14758): A_t + min(alpha * H_t.detach(), |A_t| / kappa). The
   bonus is detached (it shapes the advantage, it is not an entropy gradient) and clipped by |A|/kappa, so it
   never flips the sign of A and is 0 where the group gives no signal.
 - ``clip_cov`` (Cui et al., arXiv 2505.22617): Cov_t = (A_t - mean A) (log pi_t - mean log pi) over the loss
-  call's valid tokens; of the tokens with clip_cov_lb < Cov_t < clip_cov_ub that PPO's clip has not clipped
-  already, ``clip_cov_ratio`` x N (at least 1) drawn at random get no gradient (advantage 0 there).
-- ``kl_cov`` (same paper): the ``kl_cov_ratio`` x N (at least 1) tokens of largest Cov_t get
-  kl_cov_coef * |log pi_t - log pi_old,t| added to their loss.
+  call's valid tokens; of the tokens with lb < Cov_t < ub that PPO's clip has not clipped already, ``ratio`` x N
+  (at least 1) drawn at random get no gradient (advantage 0 there).
+- ``kl_cov`` (same paper): the ``ratio`` x N (at least 1) tokens of largest Cov_t get
+  coef * |log pi_t - log pi_old,t| added to their loss.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sage_unsloth.field_rules import Limit
 from sage_unsloth.registry import Registry
 
 # An import-path term may declare ``fn.backends``; the default is TRL only (see above). ``needs_reuse``: what the
@@ -37,7 +38,9 @@ POLICY_TERMS = Registry(
     meta={"backends": ("trl",), "needs_reuse": None},
     inputs="batch",
     retired=("args",),
+    example="clip_cov",
 )
+_POSITIVE = Limit(gt=0, finite=False)
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,14 @@ def covariance(batch: TokenBatch) -> torch.Tensor:
     return (adv - adv[valid].mean()) * (logp - logp[valid].mean())
 
 
-@POLICY_TERMS.register("entropy_adv", aliases={"alpha": "entropy_adv_alpha", "kappa": "entropy_adv_kappa"})
-def entropy_advantage(batch: TokenBatch, *, alpha: float, kappa: float) -> TermOutput:
+@POLICY_TERMS.register(
+    "entropy_adv",
+    limits={
+        "alpha": _POSITIVE,
+        "kappa": Limit(gt=1, finite=False, note="the bonus must not flip sign(A); e.g. 2"),
+    },
+)
+def entropy_advantage(batch: TokenBatch, *, alpha: float = 0.4, kappa: float = 2.0) -> TermOutput:
     adv = batch.advantages
     bonus = torch.minimum(alpha * batch.entropies.detach(), adv.abs() / kappa)
     valid = batch.mask.bool()
@@ -79,10 +88,12 @@ def entropy_advantage(batch: TokenBatch, *, alpha: float, kappa: float) -> TermO
     )
 
 
-@POLICY_TERMS.register(
-    "clip_cov", aliases={"ratio": "clip_cov_ratio", "lb": "clip_cov_lb", "ub": "clip_cov_ub"}
-)
-def clip_cov(batch: TokenBatch, *, ratio: float, lb: float, ub: float) -> TermOutput:
+def _bounds_order(args: dict) -> str | None:
+    return None if args["lb"] < args["ub"] else f"lb={args['lb']} must be < ub={args['ub']}"
+
+
+@POLICY_TERMS.register("clip_cov", limits={"ratio": _POSITIVE}, check=_bounds_order)
+def clip_cov(batch: TokenBatch, *, ratio: float = 2e-4, lb: float = 1.0, ub: float = 5.0) -> TermOutput:
     valid = batch.mask.bool()
     adv = batch.advantages
     importance = torch.exp(batch.logps.detach() - batch.old_logps)
@@ -105,9 +116,9 @@ def clip_cov(batch: TokenBatch, *, ratio: float, lb: float, ub: float) -> TermOu
 @POLICY_TERMS.register(
     "kl_cov",
     needs_reuse="penalises |log pi - log pi_old|",
-    aliases={"ratio": "kl_cov_ratio", "coef": "kl_cov_coef"},
+    limits={"ratio": _POSITIVE, "coef": _POSITIVE},
 )
-def kl_cov(batch: TokenBatch, *, ratio: float, coef: float) -> TermOutput:
+def kl_cov(batch: TokenBatch, *, ratio: float = 2e-3, coef: float = 1.0) -> TermOutput:
     valid = batch.mask.bool()
     cov = covariance(batch).masked_fill(~valid, float("-inf"))
     n_valid = int(valid.sum())

@@ -601,10 +601,10 @@ def dry_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None
             + ("" if grpo_args.backend != "unsloth" or cuda_available() else " (this machine has no GPU)"),
             "anchor": f"{stage.anchor} (pi_ref = {'the SFT model' if stage.anchor == 'sft' else 'the base model'})",
             "guide": method.guide.name
-            + ("" if grpo_args.sage_guide == "none" else f" (q computed at the {method.expected_q_source})"),
-            "kl_estimator": f"{grpo_args.kl_estimator}, placement {grpo_args.sage_kl_placement}, beta {grpo_args.beta}",
-            "advantage_estimator": grpo_args.advantage_estimator,
-            "policy_term": grpo_args.policy_term,
+            + (f" (q computed at the {method.expected_q_source})" if method.guided else ""),
+            "kl_term": f"{method.kl_term.name}, placement {grpo_args.sage_kl_placement}, beta {grpo_args.beta}",
+            "advantage_estimator": method.estimator.name,
+            "policy_term": "none" if method.policy_term is None else method.policy_term.name,
             "context": f"{plan.context_length} tokens: prompts <= {plan.max_prompt_length}, completions <= "
             f"{grpo_args.max_completion_length}",
             "steps": grpo_args.max_steps

@@ -2,10 +2,10 @@
 
 SageGRPOTrainer (rlvr/trainer.py) intercepts TRL's GRPOTrainer in two places and runs there the steps that the
 method plan chose for this configuration (rlvr/plan.py, ``choose_steps``: only the steps with work to do, so no
-step tests a setting). Each step reads its record and the record's :class:`StepContext` (what the trainer fills
-once per call: the plan, the mode, the metric buffers, beta, the processes, the one q entry point) and writes its
-record; a plug-in call passes the trainer's config and step, and the loss's steps read TRL's own loss settings
-(epsilon, importance sampling, the aggregation) from the trainer:
+step tests a setting). A step is ``step(record)``: it reads its record and the record's :class:`StepContext`
+(what the trainer fills once per call: the plan, the step, the mode, the metric buffers, SAGE's KL coefficient,
+the processes, the one q entry point, and TRL's own settings the loss reads, :class:`TrlSettings`) and writes
+its record; no step sees the trainer, so each is testable on a hand-made record and context:
 
 - after the rollout (``_generate_and_score_completions``), on a :class:`Rollout`: TRL generated, scored the
   rewards (the trainer keeps them in ``rollout.rewards_per_func``) and computed its advantages, and the trainer
@@ -76,20 +76,44 @@ class Steps(NamedTuple):
 
 
 @dataclass(frozen=True)
+class TrlSettings:
+    """TRL's own settings the steps read, as TRL's loss reads them (the trainer copies them once per call)."""
+
+    aggregation: dict = field(default_factory=dict)  # compat.aggregate_like_trl's, but num_items_in_batch
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    importance_sampling_level: str = "token"
+    use_bias_correction_kl: bool = False
+    # use_vllm with its importance-sampling correction: TRL weighs its policy term by the ratio
+    vllm_importance_weights: bool = False
+    vllm_importance_sampling: dict = field(default_factory=dict)  # its mode, clip_min, clip_max
+    steps_per_generation: int = 1
+    accumulation_steps: int = 1  # this window's micro-batches (TRL's current_gradient_accumulation_steps)
+
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor, batch: dict) -> torch.Tensor:
+        """A per-token loss (B, T) aggregated exactly as TRL aggregates its own (compat.aggregate_like_trl)."""
+        return compat.aggregate_like_trl(
+            per_token, mask, num_items_in_batch=batch.get("num_items_in_batch"), **self.aggregation
+        )
+
+
+@dataclass(frozen=True)
 class StepContext:
     """What the steps read besides their record, filled by the trainer once per rollout or loss call."""
 
     plan: Any  # the config's frozen MethodPlan (rlvr/plan.py)
     mode: str  # "train" or "eval"
     log: dict  # TRL's metric buffers of this mode (name -> list of values)
-    beta: float  # the KL coefficient SAGE uses (in the reward placement TRL's own beta is 0)
+    kl_coef: float  # SAGE's KL coefficient, the config's beta (in the reward placement TRL's own beta is 0)
     accelerator: Any  # gather / reduce over the processes, this process's index
     q: Callable  # q(batch, mask, layout=, policy=, reference=): the trainer's one q entry point (guide, clip, log)
     noise: Callable  # noise(stream) -> the generator of that noise stream for this draw (step_seed)
+    step: int = 1  # the optimizer step being computed (1-based), as a plug-in fault names it
     reward_weights: torch.Tensor | None = None  # TRL's weight of each reward function
     num_generations: int = 0  # completions per prompt in this mode
     pad_token_id: int | None = None
     unsloth_patched: bool = False  # the trainer subclasses Unsloth's patched GRPOTrainer (its batch layout)
+    trl: TrlSettings = field(default_factory=TrlSettings)
 
 
 @dataclass
@@ -131,7 +155,7 @@ class LossBatch:
 # --------------------------------------------------------------------------- after each rollout
 
 
-def summed_rewards(trainer, rollout: Rollout) -> None:
+def summed_rewards(rollout: Rollout) -> None:
     """rewards = sum_f w_f r_f (NaN for a completion no function could score), as TRL sums them."""
     per_func = rollout.rewards_per_func
     if per_func is None:
@@ -145,7 +169,7 @@ def summed_rewards(trainer, rollout: Rollout) -> None:
     rollout.rewards = rewards
 
 
-def q_at_rollout(trainer, rollout: Rollout) -> None:
+def q_at_rollout(rollout: Rollout) -> None:
     """q of the rollout (TRL's layout, 1 off the mask, logged) from the signals the trainer gathered."""
     output = rollout.output
     rollout.q = rollout.context.q(
@@ -153,7 +177,7 @@ def q_at_rollout(trainer, rollout: Rollout) -> None:
     )
 
 
-def reward_placement(trainer, rollout: Rollout) -> None:
+def reward_placement(rollout: Rollout) -> None:
     """sage_kl_placement=reward: r~ = r - beta * sum_t [log pi - log pi_ref - log q_t] (rollout policy, no
     gradient); the estimator step then recomputes the advantages from r~."""
     ctx, output = rollout.context, rollout.output
@@ -162,11 +186,11 @@ def reward_placement(trainer, rollout: Rollout) -> None:
     log_q = anchor.log_q(rollout.q).to(logps.device)
     seq_kl = anchor.sequence_pseudo_kl(logps.float(), ref.float(), log_q, mask)
     all_seq_kl = ctx.accelerator.gather(seq_kl)
-    rollout.rewards = rollout.rewards - ctx.beta * all_seq_kl.to(rollout.rewards.device)
-    ctx.log["sage/kl_in_reward"].append((ctx.beta * all_seq_kl.float().mean()).item())
+    rollout.rewards = rollout.rewards - ctx.kl_coef * all_seq_kl.to(rollout.rewards.device)
+    ctx.log["sage/kl_in_reward"].append((ctx.kl_coef * all_seq_kl.float().mean()).item())
 
 
-def estimate_advantages(trainer, rollout: Rollout) -> None:
+def estimate_advantages(rollout: Rollout) -> None:
     """The configured estimator on ``rollout.rewards`` (shaped or not) replaces TRL's advantage; the grpo
     estimator runs only when the rewards were shaped (TRL's own stands otherwise), as GRPO's formula on them."""
     ctx = rollout.context
@@ -178,7 +202,7 @@ def estimate_advantages(trainer, rollout: Rollout) -> None:
         plan.estimator.name,
         plan.estimator_call,
         GroupRewards(rollout.rewards, num_generations),
-        step=trainer.sage_step,
+        step=ctx.step,
         check=lambda out: plugin_calls.advantages_problem(out, completions),
     )
     output = rollout.output
@@ -187,7 +211,7 @@ def estimate_advantages(trainer, rollout: Rollout) -> None:
     output["advantages"] = advantages[start : start + rows].to(output["advantages"])
 
 
-def shift_reference_at_rollout(trainer, rollout: Rollout) -> None:
+def shift_reference_at_rollout(rollout: Rollout) -> None:
     """q at rollout (placement loss, q not computed in the loss): ref_per_token_logps <- ref + log q."""
     ctx = rollout.context
     shift_reference(
@@ -219,20 +243,29 @@ def shift_reference(output: dict, q: torch.Tensor, *, pad_token_id, unsloth_patc
 # --------------------------------------------------------------------------- after the (merged) batch
 
 
-def log_importance_sampling(trainer, rollout: Rollout) -> None:
+def log_importance_sampling(rollout: Rollout) -> None:
     """vLLM importance sampling corrected: the share of ratios TRL truncates / masks."""
-    dapo.log_importance_sampling(trainer, rollout.output)
+    ctx = rollout.context
+    fraction = dapo.clipped_importance_fraction(rollout.output, **ctx.trl.vllm_importance_sampling)
+    if fraction is not None:
+        ctx.log["sampling/importance_sampling_ratio/clipped_frac"].append(fraction)
 
 
-def dapo_normaliser(trainer, rollout: Rollout) -> None:
+def dapo_normaliser(rollout: Rollout) -> None:
     """dapo_normalizer=generation with the dapo loss: TRL 0.23's normaliser."""
-    dapo.official_normaliser(trainer, rollout.output)
+    ctx = rollout.context
+    dapo.generation_normaliser(
+        rollout.output,
+        training=ctx.mode == "train",
+        steps_per_generation=ctx.trl.steps_per_generation,
+        accumulation_steps=ctx.trl.accumulation_steps,
+    )
 
 
 # --------------------------------------------------------------------------- in the loss
 
 
-def q_in_the_loss(trainer, loss: LossBatch) -> None:
+def q_in_the_loss(loss: LossBatch) -> None:
     """The official code's order: q from the current policy's forward (no gradient), ref <- ref + log q."""
     batch = loss.batch
     policy = {
@@ -245,7 +278,7 @@ def q_in_the_loss(trainer, loss: LossBatch) -> None:
         batch["ref_per_token_logps"] = batch["ref_per_token_logps"] + anchor.log_q(q).to(loss.logps.dtype)
 
 
-def q_in_the_unsloth_loss(trainer, loss: LossBatch) -> None:
+def q_in_the_unsloth_loss(loss: LossBatch) -> None:
     """q from the entropies Unsloth's loss handed over (its layout), log q added in place to the reference that
     loss holds (its own copy of the batch's: rlvr/unsloth_hooks.py)."""
     q = loss.context.q(loss.batch, loss.mask, layout="unsloth", policy={"entropies": loss.entropies})
@@ -253,7 +286,7 @@ def q_in_the_unsloth_loss(trainer, loss: LossBatch) -> None:
     ref.add_(anchor.log_q(q).to(device=ref.device, dtype=ref.dtype))
 
 
-def policy_term(trainer, loss: LossBatch) -> None:
+def policy_term(loss: LossBatch) -> None:
     """The configured policy term on the forward's outputs: it may replace batch['advantages'] (read by TRL after
     the forward) and/or add a per-token loss, aggregated as TRL aggregates its own."""
     ctx = loss.context
@@ -271,16 +304,16 @@ def policy_term(trainer, loss: LossBatch) -> None:
         entropies=torch.zeros_like(logps) if loss.entropies is None else loss.entropies.detach(),
         advantages=advantages,
         mask=mask,
-        epsilon_low=trainer.epsilon_low,
-        epsilon_high=trainer.epsilon_high,
+        epsilon_low=ctx.trl.epsilon_low,
+        epsilon_high=ctx.trl.epsilon_high,
         generator=ctx.noise("policy_term"),
     )
     out = plugin_calls.call(
         "policy term",
-        trainer.sage_plan.policy_term.name,
+        ctx.plan.policy_term.name,
         term,
         tokens,
-        step=trainer.sage_step,
+        step=ctx.step,
         check=lambda result: plugin_calls.term_output_problem(result, tuple(logps.shape), mask),
     )
     for name, value in out.metrics.items():
@@ -290,44 +323,42 @@ def policy_term(trainer, loss: LossBatch) -> None:
     if out.loss is None:
         return
     added = out.loss
-    if trainer.use_vllm and getattr(trainer, "vllm_importance_sampling_correction", False):
+    if ctx.trl.vllm_importance_weights:
         added = added * batch["importance_sampling_ratio"]  # as TRL weighs its policy term
-    loss.added.append(compat.aggregate_like_trainer(trainer, added, mask, batch))
+    loss.added.append(ctx.trl.aggregate(added, mask, batch))
 
 
-def kl_term(trainer, loss: LossBatch) -> None:
+def kl_term(loss: LossBatch) -> None:
     """A KL term other than TRL's own k3: beta * agg(term - TRL's k3 term) swaps TRL's k3 for the term's own,
     leaving the rest of TRL's loss as it is (TRL's path only; the config refuses the others under Unsloth)."""
-    correction, logged = kl_correction(trainer, loss.batch, loss.logps)
+    correction, logged = kl_correction(loss.context, loss.batch, loss.logps)
     loss.added.append(correction)
     loss.logged_kl = logged
 
 
-def kl_correction(trainer, batch: dict, logps: torch.Tensor) -> tuple[torch.Tensor, float]:
+def kl_correction(ctx: StepContext, batch: dict, logps: torch.Tensor) -> tuple[torch.Tensor, float]:
     """(beta * agg(term - TRL's k3 term), the term's plain value averaged over the tokens of all processes)."""
     ref = batch["ref_per_token_logps"]  # already shifted by log q
     mask = compat.loss_mask(batch)
     old = batch.get("old_per_token_logps")
-    ratio = trainer.args.use_bias_correction_kl
-    plan = trainer.sage_plan
+    ratio = ctx.trl.use_bias_correction_kl
+    plan = ctx.plan
     kl = plugin_calls.call(
         "KL term",
         plan.kl_term.name,
         plan.kl_term_fn,
         KLTokens(logps=logps, ref_logps=ref, old_logps=old, ratio=ratio),
-        step=trainer.sage_step,
+        step=ctx.step,
         check=lambda out: plugin_calls.kl_output_problem(out, tuple(logps.shape), mask),
     )
     # What TRL put in its loss: k3, times its importance weight (token or sequence level) if asked.
     trl_term = anchor.shaped_kl(logps, ref, 0.0, estimator="k3")
     if ratio:
         log_ratio = logps - (logps.detach() if old is None else old)
-        if trainer.importance_sampling_level == "sequence":
+        if ctx.trl.importance_sampling_level == "sequence":
             log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
         trl_term = trl_term * torch.exp(log_ratio)
-    correction = trainer.beta * compat.aggregate_like_trainer(trainer, kl.term - trl_term, mask, batch)
+    correction = ctx.kl_coef * ctx.trl.aggregate(kl.term - trl_term, mask, batch)
     value = kl.value.detach()
-    totals = trainer.accelerator.reduce(
-        torch.stack([(value * mask).sum(), mask.sum().float()]), reduction="sum"
-    )
+    totals = ctx.accelerator.reduce(torch.stack([(value * mask).sum(), mask.sum().float()]), reduction="sum")
     return correction, (totals[0] / totals[1].clamp(min=1.0)).item()

@@ -89,7 +89,7 @@ def _detached(value):
 
 def _settable_steps(kind: str) -> property:
     """The trainer's steps of one kind (``taps.Steps`` field): the plan's, unless the instance set its own (a test
-    inserting a probe: ``trainer.rollout_steps = (*trainer.rollout_steps, probe)``)."""
+    inserting a probe ``probe(record)``: ``trainer.rollout_steps = (*trainer.rollout_steps, probe)``)."""
 
     def get(self):
         return getattr(self.sage_steps, kind)
@@ -121,7 +121,7 @@ class SageTrainerMixin:
         self._sage_patched = is_unsloth_patched(type(self))
         plan = self.sage_plan
         # The config checked these for the class it expected (rlvr/config.py); this is the class we got.
-        if (conflict := unsloth_conflict(cfg, self._sage_patched, plan.guide_needs)) is not None:
+        if (conflict := unsloth_conflict(plan, cfg, self._sage_patched)) is not None:
             raise ValueError(conflict)
         # The KL coefficient SAGE uses: in the reward placement TRL's own beta becomes 0 (no KL in its loss,
         # no reference pass of its own) and this one weighs the pseudo-KL in the reward.
@@ -206,20 +206,46 @@ class SageTrainerMixin:
     loss_steps = _settable_steps("in_the_loss")
 
     def sage_step_context(self) -> taps.StepContext:
-        """What the steps of one rollout or loss call read besides their record (filled once per call)."""
+        """What the steps of one rollout or loss call read besides their record (filled once per call): the steps
+        never see the trainer (rlvr/taps.py)."""
         mode = self.sage_mode
         return taps.StepContext(
             plan=self.sage_plan,
             mode=mode,
             log=compat.metrics(self, mode),
-            beta=self.sage_beta,
+            kl_coef=self.sage_beta,
             accelerator=self.accelerator,
             q=self.sage_q,
             noise=self._sage_draw,
+            step=self.sage_step,
             reward_weights=self.reward_weights,
             num_generations=self.num_generations if mode == "train" else self.num_generations_eval,
             pad_token_id=compat.pad_token_id(self.processing_class),
             unsloth_patched=self._sage_patched,
+            trl=self._sage_trl_settings(),
+        )
+
+    def _sage_trl_settings(self) -> taps.TrlSettings:
+        """TRL's settings the steps read, copied as TRL's own loss reads them at this call."""
+        cfg = self.args
+        accumulation = getattr(self, "current_gradient_accumulation_steps", None)
+        setting = lambda name: getattr(self, name, getattr(cfg, name, None))  # TRL copies some to the trainer
+        return taps.TrlSettings(
+            aggregation=compat.trl_aggregation(self),
+            epsilon_low=setting("epsilon_low"),
+            epsilon_high=setting("epsilon_high"),
+            importance_sampling_level=setting("importance_sampling_level"),
+            use_bias_correction_kl=cfg.use_bias_correction_kl,
+            vllm_importance_weights=bool(
+                setting("use_vllm") and setting("vllm_importance_sampling_correction")
+            ),
+            vllm_importance_sampling={
+                "mode": setting("vllm_importance_sampling_mode"),
+                "clip_min": setting("vllm_importance_sampling_clip_min"),
+                "clip_max": setting("vllm_importance_sampling_clip_max"),
+            },
+            steps_per_generation=cfg.steps_per_generation,
+            accumulation_steps=accumulation or cfg.gradient_accumulation_steps,
         )
 
     # -- q ----------------------------------------------------------------------------------------------
@@ -294,12 +320,11 @@ class SageTrainerMixin:
         reference). Layout "trl": (B, C), the batch's own signals (old logps, ids) added as the guide needs them;
         "unsloth": Unsloth's left-packed loss layout (B, C + max_left_pad), where only the entropies exist. The
         guide runs on its Signals without gradient, and guides.run_guide checks, clips and masks its q; then
-        sage/q_clipped_frac and the q metrics are logged. No guide: q = 1 (logged as such)."""
-        plan, cfg = self.sage_plan, self.args
+        sage/q_clipped_frac and the q metrics are logged. No guide: q = 1 by definition, not logged (only the
+        reward placement's pseudo-KL asks for it)."""
+        plan = self.sage_plan
         if not plan.guided:
-            q = torch.ones_like(mask, dtype=torch.float32)
-            self.sage_log_q(q, mask)
-            return q
+            return torch.ones_like(mask, dtype=torch.float32)
         if layout == "trl":
             signals = _trl_signals(plan, batch, policy if plan.reads_policy else {}, reference or {})
         else:
@@ -307,33 +332,33 @@ class SageTrainerMixin:
         bundle = guides.Signals(
             mask=mask,
             step=int(self.state.global_step),
-            max_steps=guides.default_max_steps(cfg.max_steps),
+            max_steps=guides.default_max_steps(self.args.max_steps),
             generator=self._sage_draw("guide"),
             rank=self.accelerator.process_index,
             layout=layout,
             **signals,
         )
         q, raw = guides.run_guide(
-            plan.guide, plan.guide_fn, bundle, step=self.sage_step, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max
+            plan.guide, plan.guide_fn, bundle, step=self.sage_step, q_min=plan.q_min, q_max=plan.q_max
         )
-        self._sage_log_q_clipping(guides.clipped_fraction_counts(raw, mask, cfg.sage_q_min, cfg.sage_q_max))
+        self._sage_log_q_clipping(guides.clipped_fraction_counts(raw, mask, plan.q_min, plan.q_max))
         self.sage_log_q(q, mask)
         return q
 
     def _sage_log_q_clipping(self, counts: torch.Tensor) -> None:
-        """sage/q_clipped_frac: the share of completion tokens (all processes) whose raw q was clipped to
-        [sage_q_min, sage_q_max]; one warning per run when it exceeds Q_CLIPPED_WARN_FRAC, because a guide
-        meant to reach a q outside the clip range is otherwise silently flattened."""
-        cfg = self.args
+        """sage/q_clipped_frac: the share of completion tokens (all processes) whose raw q was clipped to the guide
+        node's [q_min, q_max]; one warning per run when it exceeds Q_CLIPPED_WARN_FRAC, because a guide meant to
+        reach a q outside the clip range is otherwise silently flattened."""
+        plan = self.sage_plan
         totals = self.accelerator.reduce(counts, reduction="sum")
         fraction = (totals[0] / totals[1].clamp(min=1.0)).item()
         compat.metrics(self, self.sage_mode)["sage/q_clipped_frac"].append(fraction)
         if fraction > Q_CLIPPED_WARN_FRAC and not getattr(self, "_sage_warned_q_clipped", False):
             self._sage_warned_q_clipped = True
             warnings.warn(
-                f"sage_guide={cfg.sage_guide!r}: {fraction:.0%} of the completion tokens' q were clipped to "
-                f"[sage_q_min={cfg.sage_q_min}, sage_q_max={cfg.sage_q_max}] at step {int(self.state.global_step)}; "
-                "widen sage_q_min / sage_q_max if the guide means those values (sage/q_clipped_frac)",
+                f"guide={plan.guide.name!r}: {fraction:.0%} of the completion tokens' q were clipped to "
+                f"[q_min={plan.q_min}, q_max={plan.q_max}] at step {int(self.state.global_step)}; "
+                "widen the guide node's q_min / q_max if the guide means those values (sage/q_clipped_frac)",
                 stacklevel=2,
             )
 
@@ -413,9 +438,10 @@ class SageTrainerMixin:
             batch = Rollout(output=dapo.dynamic_sampling(self, inputs, self.sage_rollout))
         else:
             batch = self.sage_rollout(inputs)
-        batch.context = self.sage_step_context()
-        for step in self.batch_steps:
-            step(self, batch)
+        if self.batch_steps:
+            batch.context = self.sage_step_context()
+            for step in self.batch_steps:
+                step(batch)
         return batch.output
 
     def sage_rollout(self, inputs) -> Rollout:
@@ -443,9 +469,10 @@ class SageTrainerMixin:
         if asked_reference:
             rollout.reference = _checked_reference(rollout.output, rollout.reference)
         self._sage_rollout_signals(rollout)
-        rollout.context = self.sage_step_context()
-        for step in self.rollout_steps:
-            step(self, rollout)
+        if self.rollout_steps:
+            rollout.context = self.sage_step_context()
+            for step in self.rollout_steps:
+                step(rollout)
         self.last_rollout = rollout
         return rollout
 
@@ -498,7 +525,7 @@ class SageTrainerMixin:
             result, logits = score(model, *args, **kwargs), {}
         loss.logps, loss.entropies, loss.logits = result[0], result[1], logits
         for step in self.loss_steps:
-            step(self, loss)
+            step(loss)
         return result
 
     def compute_loss(self, model, inputs, *args, **kwargs):
@@ -521,7 +548,7 @@ def _trl_signals(plan, batch: dict, policy: dict, reference: dict) -> dict:
     needs = plan.guide_needs
     if "ref_entropies" in needs and reference.get("ref_entropies") is None:
         raise RuntimeError(  # the config refuses a guide without a KL anchor (beta 0), so a pass always runs
-            f"sage_guide={plan.guide.name!r} needs ref_entropies, but no reference pass ran in this rollout"
+            f"guide={plan.guide.name!r} needs ref_entropies, but no reference pass ran in this rollout"
         )
     ref_logps = reference.get("ref_logps", batch.get("ref_per_token_logps"))
     return {

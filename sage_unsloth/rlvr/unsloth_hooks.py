@@ -87,7 +87,7 @@ def entropies_handed_over(trainer, loss, get_high_entropy_mask, entropies, mask,
         )
     loss.entropies, loss.mask = entropies, mask
     for step in trainer.loss_steps:
-        step(trainer, loss)
+        step(loss)
     user_quantile = loss.user_quantile
     if user_quantile is not None and user_quantile < 1.0:
         return get_high_entropy_mask(entropies, mask, threshold)

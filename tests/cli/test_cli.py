@@ -191,7 +191,10 @@ def test_dry_run_of_both_training_stages_prints_config_and_plan(tiny_model_dir, 
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "# sage-unsloth rlvr --dry-run: nothing is loaded or written" in out
-    assert "  beta: 0.1\n" in out and "  sage_guide: branch\n" in out and "  max_train_rows: 40\n" in out
+    assert "  beta: 0.1\n" in out and "  max_train_rows: 40\n" in out
+    assert (
+        "  guide:\n    name: branch\n    gamma: 0.3\n    tau: 1.2\n" in out
+    )  # the node resolved, defaults filled
     assert f"  output_dir: {tmp_path / 'out' / 'model' / 'grpo_branch'}\n" in out
     assert "  guide: branch (q computed at the loss)\n" in out and "would: train from the SFT adapter" in out
     argv = [

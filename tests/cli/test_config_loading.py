@@ -40,7 +40,7 @@ def _bomb(key: str, depth: int = 9) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ bounded YAML
-@pytest.mark.parametrize("key", ["sage_guide_args", "advantage_estimator_args"])
+@pytest.mark.parametrize("key", ["guide", "advantage_estimator"])  # plug-in nodes: mappings
 def test_an_alias_bomb_in_an_accepted_field_is_refused_before_it_expands(tmp_path, key):
     config = _yaml(tmp_path, f"base: {TINY_BASE}\n" + _bomb(key))
     start = time.monotonic()
@@ -82,35 +82,39 @@ def test_a_key_set_twice_is_refused_naming_both_lines(tmp_path):
         load_config(config)
     assert str(caught.value) == message
     assert config_schema.check_stage_input("rlvr", [str(config)]) == [message]
-    nested = _yaml(tmp_path, "sage_guide_args:\n  gamma: 0.5\n  tau: 1.0\n  gamma: 0.7\n", "nested.yaml")
-    with pytest.raises(ConfigError, match=r"key 'gamma' is set twice, on line 2 and line 4"):
+    nested = _yaml(
+        tmp_path, "guide:\n  name: branch\n  gamma: 0.5\n  tau: 1.0\n  gamma: 0.7\n", "nested.yaml"
+    )
+    with pytest.raises(ConfigError, match=r"key 'gamma' is set twice, on line 3 and line 5"):
         load_config(nested)
-    merged = _yaml(tmp_path, "sage_guide_args:\n  <<: {gamma: 0.5, tau: 1.0}\n  gamma: 0.7\n", "merged.yaml")
-    assert load_config(merged) == {"sage_guide_args": {"gamma": 0.7, "tau": 1.0}}  # a merge key is overridden
+    merged = _yaml(
+        tmp_path, "guide:\n  <<: {name: branch, gamma: 0.5, tau: 1.0}\n  gamma: 0.7\n", "merged.yaml"
+    )
+    assert load_config(merged) == {
+        "guide": {"name": "branch", "gamma": 0.7, "tau": 1.0}
+    }  # a merge key is overridden
 
 
 # ------------------------------------------------------------------------------------------------ YAML 1.1 booleans
 def test_a_text_field_given_an_unquoted_no_is_named_by_its_line(tmp_path):
     base = _yaml(tmp_path, f"base: {TINY_BASE}\nvariant: on\n", "base.yaml")
-    config = _yaml(
-        tmp_path, "base: base.yaml\n\nsage_guide: no\nbf16: no\nlora_target_modules: [q_proj, off]\n"
-    )
+    config = _yaml(tmp_path, "base: base.yaml\n\nguide: no\nbf16: no\nlora_target_modules: [q_proj, off]\n")
     lines = config_schema.check_stage_input("rlvr", [str(config)])
     assert lines == [  # the merged YAML's order: the base's keys first
         f"{base}, line 2: variant: on is read by YAML as the boolean True, not as text: quote it, variant: 'on'",
         (
-            f"{config}, line 3: sage_guide: no is read by YAML as the boolean False, not as text: quote it, "
-            "sage_guide: 'no'"
+            f"{config}, line 3: guide: no is read by YAML as the boolean False, not as text: quote it, "
+            "guide: 'no'"
         ),
         (
             f"{config}: lora_target_modules: ['q_proj', False] is a YAML boolean, not text (an unquoted yes, no, on, "
             "off, true or false): quote the text, e.g. lora_target_modules: 'no'"
         ),
     ], lines  # bf16: no is a boolean field's boolean: fine
-    quoted = _yaml(tmp_path, f"base: {TINY_BASE}\nsage_guide: 'no'\n", "quoted.yaml")
+    quoted = _yaml(tmp_path, f"base: {TINY_BASE}\nguide: 'no'\n", "quoted.yaml")
     assert config_schema.check_stage_input("rlvr", [str(quoted)]) == [
         (
-            f"{quoted}: sage_guide='no' is unknown: did you mean 'none'? (use one of none, branch, ref_branch, token, "
+            f"{quoted}: guide='no' is unknown: did you mean 'none'? (use one of none, branch, ref_branch, token, "
             "random, or 'package.module:function' or 'path/to/file.py:function')"
         )
     ]
@@ -125,42 +129,74 @@ print(code, ",".join(sorted(m for m in ("torch", "transformers", "trl") if m in 
 
 
 @pytest.mark.slow
-def test_an_unquoted_no_in_a_text_field_fails_before_torch_is_imported(tmp_path):
-    config = _yaml(tmp_path, f"base: {TINY_BASE}\nsage_guide: no\n")
+@pytest.mark.parametrize(
+    "line, error",
+    [
+        (
+            "guide: no",
+            "{config}, line 2: guide: no is read by YAML as the boolean False, not as text: quote it, guide: 'no'",
+        ),
+        (  # a node's plug-in that is not there: the same first round, before the heavy imports
+            "guide: {name: missing_guide_file.py:fn, gamma: 0.8}",
+            (
+                "guide='missing_guide_file.py:fn': no file 'missing_guide_file.py' (paths are relative to the "
+                "working directory)"
+            ),
+        ),
+    ],
+)
+def test_a_first_round_error_fails_before_torch_is_imported(tmp_path, line, error):
+    config = _yaml(tmp_path, f"base: {TINY_BASE}\n{line}\n")
     code = BEFORE_IMPORTS.format(config=str(config))
     done = run_python(["-c", code], cwd=REPO, env=env_with_repo(), timeout=300)
     assert done.stdout.split() == ["2"], done.stdout + done.stderr  # exit 2, and none of the three imported
-    assert done.stderr.strip() == (
-        f"error: {config}, line 2: sage_guide: no is read by YAML as the boolean False, not as text: quote it, "
-        "sage_guide: 'no'"
-    )
+    assert done.stderr.strip() == "error: " + error.format(config=config)
 
 
 # ------------------------------------------------------------------------------------------------ one round
 def test_every_config_error_of_every_kind_comes_in_one_round(tmp_path, monkeypatch):
-    """An unknown key, a value of the wrong type, a boolean for text and four plug-ins that are not where they say:
-    all in the first round, found without importing any of them (before: the plug-ins came in a second round,
-    after torch, one at a time)."""
+    """An unknown key, a retired key, a value of the wrong type, a boolean for text and four plug-ins that are not
+    where they say (bare names and nodes' names): all in the first round, found without importing any of them
+    (before: the plug-ins came in a second round, after torch, one at a time)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "broken.py").write_text("def g(signals)\n    return 1\n")
     (tmp_path / "named.py").write_text("import torch\n\ndef guide(signals):\n    return 1\n")
     config = _yaml(
         tmp_path,
-        f"base: {TINY_BASE}\nsage_gama: 0.5\nbeta: lots\nsage_guide: gone.py:g\nadvantage_estimator: broken.py:g\n"
-        "policy_term: named.py:gide\nkl_estimator: no_such_package_here.terms:k\n",
+        f"base: {TINY_BASE}\nlerning_rate: 1e-5\nsage_tau: 0.5\nbeta: lots\nguide: {{name: gone.py:g, gamma: 0.8}}\n"
+        "advantage_estimator: broken.py:g\npolicy_term: {name: named.py:gide, ratio: 0.1}\n"
+        "kl_term: no_such_package_here.terms:k\n",
     )
     assert config_schema.check_stage_input("rlvr", [str(config), "--max_steps", "x"]) == [
-        f"{config}: unknown key 'sage_gama': did you mean 'sage_gamma'?",
+        f"{config}: unknown key 'lerning_rate': did you mean 'learning_rate'?",
+        (
+            f"{config}: sage_tau is retired: it is the argument tau of the guide node, guide: {{name: branch, tau: "
+            "<value>} (scripts/migrate_configs.py FILE rewrites a config; docs/extending.md)"
+        ),
         f"{config}: beta: 'lots' is not a number; e.g. beta: 0.05",
-        "sage_guide='gone.py:g': no file 'gone.py' (paths are relative to the working directory)",
+        "guide='gone.py:g': no file 'gone.py' (paths are relative to the working directory)",
         "advantage_estimator='broken.py:g': broken.py line 1: SyntaxError: expected ':'",
         "policy_term='named.py:gide': module 'named.py' has no 'gide': did you mean 'guide'?",
         (
-            "kl_estimator='no_such_package_here.terms:k': cannot import module 'no_such_package_here.terms' (No module "
+            "kl_term='no_such_package_here.terms:k': cannot import module 'no_such_package_here.terms' (No module "
             "named 'no_such_package_here'); put its folder on PYTHONPATH or name the file ('path/to/file.py:function')"
         ),
         "--max_steps x: not an integer",
     ]
+
+
+def test_a_nodes_plugin_given_as_json_on_the_command_line_is_checked_in_the_first_round(
+    tmp_path, monkeypatch
+):
+    """A node on the command line (its JSON, which replaces the YAML's node whole) is looked for like a YAML one."""
+    monkeypatch.chdir(tmp_path)
+    config = _yaml(tmp_path, f"base: {TINY_BASE}\nguide: {{name: branch, gamma: 0.8}}\n")
+    node = json.dumps({"name": "missing.py:fn", "gamma": 0.8})
+    assert config_schema.check_stage_input("rlvr", [str(config), "--guide", node]) == [
+        "guide='missing.py:fn': no file 'missing.py' (paths are relative to the working directory)"
+    ]
+    (tmp_path / "missing.py").write_text("def fn(signals, *, gamma=0.3):\n    return 1 + gamma\n")
+    assert config_schema.check_stage_input("rlvr", [str(config), "--guide", node]) == []
 
 
 def test_a_plugin_that_is_where_it_says_passes_the_first_round(tmp_path, monkeypatch):
@@ -170,7 +206,7 @@ def test_a_plugin_that_is_where_it_says_passes_the_first_round(tmp_path, monkeyp
         "def g(signals):\n    return 1 + 0 * signals.entropies\n\ncentred = lambda inputs: inputs.rewards\n"
     )
     config = _yaml(
-        tmp_path, f"base: {TINY_BASE}\nsage_guide: mine.py:g\nadvantage_estimator: mine.py:centred\n"
+        tmp_path, f"base: {TINY_BASE}\nguide: mine.py:g\nadvantage_estimator: {{name: mine.py:centred}}\n"
     )
     assert config_schema.check_stage_input("rlvr", [str(config), "--policy_term", "mine.py:inf"]) == []
 

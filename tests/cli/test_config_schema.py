@@ -70,14 +70,13 @@ def _probes(field: dict) -> list[tuple[object, bool]]:
 
 # What an accepted value needs from other fields (or cannot be accepted at all, for another field's rule).
 CONTEXT = {
-    ("rlvr", "advantage_estimator", "passk"): ["--passk_k", "2"],
+    ("rlvr", "advantage_estimator", "passk"): ["--num_generations", "4"],  # passk's k defaults to 4
     ("rlvr", "policy_term", "kl_cov"): ["--num_iterations", "2"],
     ("rlvr", "steps_per_generation", 1): ["--generation_batch_size", "none"],
     ("eval", "grading_retry_timeout_s", 0.001): ["--grading_timeout_s", "0.001"],
     ("eval", "source", "local"): ["--data_dir", "sage_unsloth/data/benchmarks"],
 }
 OTHER_RULE = {  # value -> the other field whose rule refuses it
-    ("rlvr", "sage_q_max", 0): "sage_q_min",  # q_min > 0 and q_min <= q_max
     ("rlvr", "generation_batch_size", 1): "per_device_train_batch_size",  # whole batches of whole groups
     ("sft", "lr_scheduler_type", "reduce_lr_on_plateau"): "eval strategy",
     ("sft", "lr_scheduler_type", "greedy"): "eval strategy",
@@ -202,7 +201,7 @@ def test_every_shipped_config_passes_the_check(stage, path, monkeypatch):
         ["--resume", "false", "--no_vllm_importance_sampling_correction", "--learning_rate", "-1e-5"],
         # plug-ins that are where they say (the check looks for the file or the package, importing neither)
         [
-            "--sage_guide",
+            "--guide",
             f"{REPO}/examples/top2_margin.py:top2_margin_guide",
             "--advantage_estimator",
             "sage_unsloth.rlvr.advantages:passk_group_advantages",
@@ -231,7 +230,7 @@ def test_every_bad_value_is_reported_at_once(tmp_path):
     """beta: high used to hide max_steps: ten (one error at a time, each after the imports)."""
     config = tmp_path / "bad.yaml"
     config.write_text(
-        f"base: {REPO / BASE_CONFIG['rlvr']}\nbeta: high\nmax_steps: ten\nsage_guide: brnch\nlerning_rate: 1\n"
+        f"base: {REPO / BASE_CONFIG['rlvr']}\nbeta: high\nmax_steps: ten\nguide: {{name: brnch, gamma: 0.8}}\nlerning_rate: 1\n"
         "temperature: -1\n"
     )
     lines = config_schema.check_stage_input("rlvr", [str(config), "--top_p", "3", "--betaa", "2"])
@@ -240,7 +239,7 @@ def test_every_bad_value_is_reported_at_once(tmp_path):
         f"{config}: beta: 'high' is not a number; e.g. beta: 0.05",
         f"{config}: unknown key 'lerning_rate': did you mean 'learning_rate'?",
         (
-            f"{config}: sage_guide='brnch' is unknown: did you mean 'branch'? (use one of none, branch, "
+            f"{config}: guide='brnch' is unknown: did you mean 'branch'? (use one of none, branch, "
             "ref_branch, token, random, or 'package.module:function' or 'path/to/file.py:function')"
         ),
         f"{config}: temperature=-1 must be > 0 (GRPO samples its rollouts; paper: 1.0)",
@@ -297,13 +296,32 @@ def test_a_value_the_command_line_replaces_is_not_judged(tmp_path):
         ("sft", ["--optim", "adamw_torh"], "optim='adamw_torh' is unknown: did you mean 'adamw_torch'?"),
         ("sweep", ["--executor", "slurn"], "executor='slurn' is unknown: did you mean 'slurm'?"),
         ("report", ["--level", "0.5"], "level=0.5 must be in (0.5, 1) (the confidence level)"),
-        ("rlvr", ["--sage_guide", "mod:"], "sage_guide='mod:' is not a registered name nor an import path"),
+        ("rlvr", ["--guide", "mod:"], "guide='mod:' is not a registered name nor an import path"),
         ("eval", ["--output_dir", "x"], "--output_dir is not a flag of sage-unsloth eval: stage 3 writes"),
     ],
 )
 def test_every_name_the_kit_accepts_has_did_you_mean(stage, argv, expected):
     lines = config_schema.check_stage_input(stage, [BASE_CONFIG[stage], *argv])
     assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+def test_a_node_is_checked_by_its_name_before_trl_is_imported(tmp_path):
+    """A plug-in node's name is checked the same in its three spellings (mapping, JSON, bare name); a key of the
+    flat spelling is one line naming the node it became."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"base: {REPO / BASE_CONFIG['rlvr']}\npolicy_term: {{name: clip_covv, ratio: 0.1}}\nsage_tau: 0.5\n"
+    )
+    lines = config_schema.check_stage_input("rlvr", [str(config), "--guide", '{"name": "brnch"}'])
+    assert lines[0].startswith(f"{config}: sage_tau is retired: it is the argument tau of the guide node"), (
+        lines
+    )
+    assert lines[1].startswith(f"{config}: policy_term='clip_covv' is unknown: did you mean 'clip_cov'?"), (
+        lines
+    )
+    assert lines[2].startswith("guide='brnch' is unknown: did you mean 'branch'?") and len(lines) == 3, lines
+    config.write_text(f"base: {REPO / BASE_CONFIG['rlvr']}\nguide: {{name: branch, gamma: 0.8, tau: 0.5}}\n")
+    assert config_schema.check_stage_input("rlvr", [str(config), "--kl_term", '{"name": "k2"}']) == []
 
 
 def test_local_benchmarks_add_names():

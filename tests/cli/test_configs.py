@@ -49,7 +49,7 @@ def test_kit_yamls_are_every_kit_file_and_no_users(tmp_path):
         (CONFIGS / folder).is_dir() and list((CONFIGS / folder).glob("*.yaml")) for folder in KIT_FOLDERS
     )
     (tmp_path / "rlvr" / "mine").mkdir(parents=True)
-    (tmp_path / "rlvr" / "mine" / "my_branch.yaml").write_text("sage_guide: branch\n")
+    (tmp_path / "rlvr" / "mine" / "my_branch.yaml").write_text("guide: branch\n")
     (tmp_path / "rlvr" / "tiny-cpu").mkdir()
     (tmp_path / "rlvr" / "tiny-cpu" / "grpo.yaml").write_text("base: _base.yaml\n")
     assert kit_yamls(tmp_path) == [tmp_path / "rlvr" / "tiny-cpu" / "grpo.yaml"]
@@ -115,21 +115,32 @@ def test_every_yaml_under_configs_parses_into_its_stage_config(relative):
 # per-device batch 8, GA 1, temperature 1.0, top_p 1.0, min_p 0.01, epsilon 0.2, lr 5e-6 constant, weight
 # decay 0.01, adamw_8bit, 1000 steps, save every 100, seed 3407, stop </SOLUTION>; Qwen2.5-Math-7B's
 # 4096-token context.
+# The guides' knobs are their arguments' defaults (sage_unsloth/guides.py), recorded in the resolved node.
+PAPER_GUIDE_ARGS = {
+    "branch": {"gamma": 0.3, "tau": 1.2, "q_min": 0.6, "q_max": 1.4},
+    "token": {
+        "alpha_upper": 0.3,
+        "alpha_lower": 0.1,
+        "sigma_upper": 0.25,
+        "sigma_lower": 0.1,
+        "norm": "minmax",
+        "cycles": 8,
+        "decay": 0.9,
+        "q_min": 0.6,
+        "q_max": 1.4,
+    },
+    "random": {
+        "eps_upper": 0.1,
+        "eps_lower": 0.0,
+        "sigma_upper": 0.15,
+        "sigma_lower": 0.05,
+        "cycles": 8,
+        "decay": 0.9,
+        "q_min": 0.6,
+        "q_max": 1.4,
+    },
+}
 PAPER_RLVR_VALUES = {
-    "sage_q_min": 0.6,
-    "sage_q_max": 1.4,
-    "sage_gamma": 0.3,
-    "sage_tau": 1.2,
-    "sage_alpha_upper": 0.3,
-    "sage_alpha_lower": 0.1,
-    "sage_sigma_upper": 0.25,
-    "sage_sigma_lower": 0.1,
-    "sage_eps_upper": 0.1,
-    "sage_eps_lower": 0.0,
-    "sage_random_sigma_upper": 0.15,
-    "sage_random_sigma_lower": 0.05,
-    "sage_schedule_cycles": 8,
-    "sage_schedule_decay": 0.9,
     "num_generations": 8,
     "generation_batch_size": 16,
     "gradient_accumulation_steps": 1,
@@ -172,8 +183,9 @@ def test_7b_rlvr_configs_hold_the_papers_values(path):
     servers = method.endswith("_server")  # 2 per device x 4 processes = the paper's 8 per step
     assert args.per_device_train_batch_size == (2 if servers else 8)
     assert args.beta == (0.0 if method in NO_KL else 0.05), method
-    assert args.sage_guide == GUIDE.get(method, "none"), method
-    assert args.kl_estimator == ("forward" if method == "grpo_fkl" else "k3")
+    guide = GUIDE.get(method, "none")
+    assert args.guide == {"name": guide, **PAPER_GUIDE_ARGS.get(guide, {"q_min": 0.6, "q_max": 1.4})}, method
+    assert args.kl_term == {"name": "forward" if method == "grpo_fkl" else "k3"}
     assert args.use_bias_correction_kl is False  # the paper's TRL 0.23 had no such factor
     assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max) == (
         "token_truncate",
@@ -215,15 +227,15 @@ def test_7b_sft_config_holds_the_official_recipe():
 # What each method file changes against its folder's grpo.yaml: the method's keys and nothing else.
 METHOD_KEYS = {
     "grpo_nokl": {"beta"},
-    "grpo_branch": {"sage_guide"},
-    "grpo_token": {"sage_guide"},
-    "grpo_random": {"sage_guide"},
-    "grpo_fkl": {"kl_estimator", "backend"},
-    "grpo_branch_reward": {"sage_guide", "sage_kl_placement"},
+    "grpo_branch": {"guide"},
+    "grpo_token": {"guide"},
+    "grpo_random": {"guide"},
+    "grpo_fkl": {"kl_term", "backend"},
+    "grpo_branch_reward": {"guide", "sage_kl_placement"},
     "bnpo": {"loss_type", "beta"},
-    "bnpo_branch": {"loss_type", "sage_guide"},
+    "bnpo_branch": {"loss_type", "guide"},
     "dapo": {"loss_type", "beta", "epsilon_high"},  # (dapo_normalizer generation is the default)
-    "dapo_branch": {"loss_type", "sage_guide", "epsilon_high"},
+    "dapo_branch": {"loss_type", "guide", "epsilon_high"},
     "dapo_full": {
         "loss_type",
         "beta",
@@ -235,7 +247,7 @@ METHOD_KEYS = {
     },
     "dapo_full_branch": {
         "loss_type",
-        "sage_guide",
+        "guide",
         "epsilon_high",
         "dapo_normalizer",
         "soft_overlong_punish_cache",
@@ -259,7 +271,7 @@ METHOD_KEYS = {
         "vllm_gpu_memory_utilization",
         "per_device_train_batch_size",
         "steps_per_generation",
-        "sage_guide",
+        "guide",
     },
 }
 METHOD_KEYS.update(
@@ -268,7 +280,7 @@ METHOD_KEYS.update(
         "grpo_high_entropy": {"top_entropy_quantile"},
         "grpo_clip_cov": {"policy_term", "backend"},
         "grpo_kl_cov": {"policy_term", "backend"},
-        "grpo_passk": {"advantage_estimator"},  # (passk_k 4 is the default, written out in the file)
+        "grpo_passk": {"advantage_estimator"},  # (k 4 is the default, written out in the file)
         "grpo_ref_reset": {"ref_reset_steps"},
     }
 )
@@ -277,7 +289,7 @@ TINY_METHOD_KEYS = {
     # 2 micro-batches per generation batch (the 7B's 16 / 8 already has 2): pi_old != pi on the second.
     "grpo_kl_cov": {"policy_term", "per_device_train_batch_size", "steps_per_generation"},
     # 4 rollouts: with k = num_generations = 2 every response would share its group's one subset.
-    "grpo_passk": {"advantage_estimator", "passk_k", "num_generations"},
+    "grpo_passk": {"advantage_estimator", "num_generations"},
 }
 NAMED_AFTER_THE_FILE = {"variant", "run_name", "output_dir", "logging_dir"}
 METHOD_FILES = sorted(

@@ -68,14 +68,19 @@ def test_every_stage_config_validates_against_its_json_schema(relative):
 KIT_ONLY = "kit only"  # the kit refuses it in its first round (it looks at files); a JSON Schema cannot
 BAD = [
     ("rlvr", {"sage_gama": 0.8}, "sage_gama"),  # unknown key
-    ("rlvr", {"sage_gamma": -1}, "sage_gamma"),  # below its interval
-    ("rlvr", {"sage_guide": "brunch"}, "sage_guide"),  # not a name, not a plug-in
+    ("rlvr", {"sage_gamma": 0.8}, "sage_gamma"),  # a retired key (now the guide node's argument gamma)
+    ("rlvr", {"beta": -1}, "beta"),  # below its interval
+    ("rlvr", {"guide": "brunch"}, "guide"),  # not a name, not a plug-in
+    ("rlvr", {"guide": {"name": "brunch", "gamma": 0.8}}, "guide"),  # a node's name: the same
+    ("rlvr", {"guide": {"name": "branch", "gamma": 0.8, "tau": 0.5}}, None),  # the node spelling
+    ("rlvr", {"kl_term": '{"name": "k2"}'}, None),  # a node as its JSON text, as on the command line
     (
         "rlvr",
-        {"sage_guide": "my guide.py:fn"},
+        {"guide": "my guide.py:fn"},
         KIT_ONLY,
     ),  # a plug-in file that is not there: no schema sees files
-    ("rlvr", {"sage_guide": "pkg.mod:"}, "sage_guide"),  # plug-in syntax
+    ("rlvr", {"guide": {"name": "my guide.py:fn", "gamma": 0.8}}, KIT_ONLY),  # nor inside a node
+    ("rlvr", {"guide": "pkg.mod:"}, "guide"),  # plug-in syntax
     ("rlvr", {"max_steps": "ten"}, "max_steps"),  # not an integer
     ("rlvr", {"learning_rate": "1e-5", "bf16": "true"}, None),  # text TRL's parser reads as a number, a bool
     ("eval", {"ks": "1, 8", "backend": "hf"}, None),  # a numeric list as text

@@ -43,14 +43,14 @@ RLVR_CASES = """
 --beta -0.1 | beta=-0.1 must be >= 0 (the KL coefficient; paper: 0.05; 0 = no KL)
 --learning_rate -1 | learning_rate=-1.0 must be > 0
 --model_name_or_path /nonexistent/model | model_name_or_path='/nonexistent/model' is neither an existing
---kl_estimator k2 --backend unsloth --unsloth_without_gpu true | kl_estimator='k2' is not expressible as a shifted reference
+--kl_term k2 --backend unsloth --unsloth_without_gpu true | kl_term='k2' is not expressible as a shifted reference
 --dynamic_sampling true --backend unsloth --unsloth_without_gpu true | dynamic_sampling merges rollouts in TRL's layout
 --beta abc | --beta abc: not a number; e.g. --beta 0.05
 --use_vllm maybe | --use_vllm maybe: not true or false
 --betaa 0.1 | unknown flag --betaa: did you mean '--beta'?
 --max_step 3 | unknown flag --max_step: did you mean '--max_steps'?
 --learning_rate -1e-5 | learning_rate=-1e-05 must be > 0
---sage_guide brnach | sage_guide='brnach' is unknown: did you mean 'branch'?
+--guide brnach | guide='brnach' is unknown: did you mean 'branch'?
 --anchor sftt | anchor='sftt' is unknown: did you mean 'sft'?
 --num_train_epochs -1 --max_steps -1 | max_steps=-1, num_train_epochs=-1.0: nothing to train
 --num_generations 0 | num_generations=0 must be >= 2
@@ -82,12 +82,15 @@ RLVR_CASES = """
 --warmup_steps -1 | warmup_steps=-1.0 must be >= 0
 --weight_decay -1 | weight_decay=-1.0 must be >= 0
 --dataloader_num_workers -1 | dataloader_num_workers=-1 must be >= 0
---sage_gamma -0.3 | sage_gamma=-0.3 must be >= 0
---sage_q_max inf | sage_q_max=inf must be >= 0 and finite
---sage_tau nan | sage_tau=nan must be finite
---sage_sigma_upper -1 | sage_sigma_upper=-1.0 must be >= 0
---sage_eps_upper 2 | sage_eps_upper=2.0 must be in [0, 1] (a token probability)
---sage_schedule_decay 0 | sage_schedule_decay=0.0 must be in (0, 1]
+--guide {"name":"branch","gamma":-0.3} | guide.gamma=-0.3 must be >= 0
+--guide {"name":"branch","q_max":Infinity} | guide.q_max=inf must be >= 0 and finite
+--guide {"name":"branch","tau":NaN} | guide.tau=nan must be finite
+--guide {"name":"token","sigma_upper":-1} | guide.sigma_upper=-1 must be >= 0
+--guide {"name":"random","eps_upper":2} | guide.eps_upper=2 must be in [0, 1] (a token probability)
+--guide {"name":"token","decay":0} | guide.decay=0 must be in (0, 1]
+--guide {"name":"branch","q_min":1.3,"q_max":1.1} | guide: q_min=1.3 > q_max=1.1: make q_min <= q_max
+--sage_gamma 0.3 | sage_gamma is retired: it is the argument gamma of the guide node, guide: {name: branch, gamma:
+--kl_estimator k2 | kl_estimator is retired: name the KL term in its node, kl_term: {name: <name>
 """
 
 
@@ -186,15 +189,15 @@ def test_config_refusals_do_not_depend_on_the_machine(monkeypatch, tmp_path):
     for cuda in (False, True):
         monkeypatch.setattr(rlvr_config, "_cuda_available", lambda cuda=cuda: cuda)
         for bad in (
-            {"kl_estimator": "k2"},
-            {"kl_estimator": "forward"},
+            {"kl_term": "k2"},
+            {"kl_term": "forward"},
             {"dynamic_sampling": True},
-            {"sage_guide": "token", "sage_q_source": "loss"},
+            {"guide": "token", "sage_q_source": "loss"},
         ):
             with pytest.raises(ConfigError, match="backend=trl"):
                 rlvr_config.SageGRPOConfig(**common, **bad)
-    ok = rlvr_config.SageGRPOConfig(**{**common, "backend": "trl"}, kl_estimator="k2")
-    assert ok.kl_estimator == "k2"
+    ok = rlvr_config.SageGRPOConfig(**{**common, "backend": "trl"}, kl_term="k2")
+    assert ok.kl_term == {"name": "k2"}
     assert rlvr_config.SageGRPOConfig(**common, beta=0.0).beta == 0.0  # beta 0 (no KL) stays allowed
 
 
@@ -205,7 +208,7 @@ def test_rlvr_help_is_short_and_kit_first(capsys):
     lines = out.strip().splitlines()
     assert stopped.value.code == 0 and lines[0] == "usage: sage-unsloth rlvr CONFIG.yaml [--key value ...]"
     assert len(lines) < 150
-    assert lines[3].lstrip().startswith("--sage_guide")  # the kit's fields first
+    assert lines[3].lstrip().startswith("--guide")  # the kit's fields first
     assert "--beta FLOAT" in out and "--sft_dir" in out and "--per_device_train_batch_size" in out
     assert "--adam_beta1" not in out and "--help-all" in lines[-1]
     with pytest.raises(SystemExit):

@@ -20,9 +20,7 @@ from sage_unsloth.demo.run import DEFAULT_METHODS, METHODS, MODEL_NAME, main
 # beside it (issue 29: "Tried as a new user would"), run through --methods beside the default ones
 USER_CONFIG = """\
 base: demo:_grpo_base.yaml
-sage_guide: first_tokens.py:first_tokens
-sage_guide_args: {gamma: 0.5, tokens: 16}
-sage_q_max: 2.0
+guide: {name: first_tokens.py:first_tokens, gamma: 0.5, tokens: 16, q_max: 2.0}
 """
 USER_GUIDE = """\
 import torch

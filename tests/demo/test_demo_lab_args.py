@@ -73,7 +73,7 @@ def write_user_method(folder: Path, *, base="demo:_grpo_base.yaml", guide="guide
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "guide.py").write_text("def fn(signals, *, gamma=0.5):\n    return 1.0 + 0 * signals.mask\n")
     path = folder / "mine.yaml"
-    path.write_text(f"base: {base}\nsage_guide: {guide}\nsage_guide_args: {{gamma: 0.7}}\nsage_q_max: 2.0\n")
+    path.write_text(f"base: {base}\nguide: {{name: {guide}, gamma: 0.7, q_max: 2.0}}\n")
     return path
 
 
@@ -90,9 +90,11 @@ def test_a_method_from_a_yaml_anywhere_is_resolved_with_a_kit_base_and_its_guide
     # the kit base's keys, the file's own keys on top, the guide made absolute, the variant = the stem
     assert resolved == {
         **base,
-        "sage_guide": f"{(tmp_path / 'elsewhere' / 'guide.py').resolve()}:fn",
-        "sage_guide_args": {"gamma": 0.7},
-        "sage_q_max": 2.0,
+        "guide": {
+            "name": f"{(tmp_path / 'elsewhere' / 'guide.py').resolve()}:fn",
+            "gamma": 0.7,
+            "q_max": 2.0,
+        },
         "variant": "mine",
     }
     assert (
@@ -125,10 +127,10 @@ def test_bad_method_files_fail_with_one_line_naming_the_fix(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_bad_key_in_a_method_file_is_refused_by_stage_2s_parser_before_anything_trains(tmp_path, capsys):
     path = write_user_method(tmp_path / "u")
-    path.write_text(path.read_text() + "sage_tua: 0.5\n")
+    path.write_text(path.read_text() + "sage_q_sorce: loss\n")
     assert R.main(["--quick", "--methods", str(path), "--work-dir", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
-    assert "sage_tua" in err and "did you mean 'sage_tau'" in err and err.count("\n") == 1, err
+    assert "sage_q_sorce" in err and "did you mean 'sage_q_source'" in err and err.count("\n") == 1, err
     assert not (tmp_path / "w" / "steps").exists()  # nothing ran
 
 
@@ -136,8 +138,14 @@ def test_grid_cells_are_methods_with_the_knobs_set_on_their_config(tmp_path):
     cells = R.parse_grid("grpo_branch:tau=0.3,1.2;q_max=2")
     assert [c.name for c in cells] == ["grpo_branch-tau0.3-q_max2", "grpo_branch-tau1.2-q_max2"]
     resolved = R.yaml.safe_load(R.materialise(cells[1], tmp_path)[0].read_text())
-    assert (resolved["sage_tau"], resolved["sage_q_max"], resolved["sage_gamma"]) == (1.2, 2, 0.8)
-    assert resolved["sage_guide"] == "branch" and resolved["variant"] == "grpo_branch-tau1.2-q_max2"
+    # the grid's keys set the guide node's arguments; the method's others (gamma 0.8) stay
+    assert resolved["guide"] == {"name": "branch", "gamma": 0.8, "tau": 1.2, "q_max": 2}
+    assert resolved["variant"] == "grpo_branch-tau1.2-q_max2"
+    cell = R.parse_grid("grpo_clip_cov:policy_term.ratio=0.01")[0]  # any node's argument, dotted
+    assert R.yaml.safe_load(R.materialise(cell, tmp_path)[0].read_text())["policy_term"] == {
+        "name": "clip_cov",
+        "ratio": 0.01,
+    }
     b = budget("--quick", "--methods", "grpo", "--grid", "grpo:beta=0.2,1", "--grid", "grpo_branch:tau=0.3")
     assert b.methods == ("grpo", "grpo-beta0.2", "grpo-beta1", "grpo_branch-tau0.3")
     assert ("grpo-beta1", "sft") in R.lab_pairs(b) and ("grpo-beta1", "grpo") in R.lab_pairs(b)
@@ -166,7 +174,14 @@ def test_sft_per_seed_pairs_by_seed_and_an_old_seedless_sft_pairs_with_every_see
 
 
 def test_knobs_come_from_the_resolved_training_config():
-    branch = {"beta": 0.2, "sage_guide": "branch", "sage_tau": 0.5, "sage_gamma": 0.8, "sage_q_max": 1.4}
+    node = {
+        "name": "branch",
+        "tau": 0.5,
+        "gamma": 0.8,
+        "q_min": 0.6,
+        "q_max": 1.4,
+    }  # as the manifest records it
+    branch = {"beta": 0.2, "guide": node, "kl_term": {"name": "k3"}}
     assert {k: D.knobs_from_config(branch)[k] for k in D.KNOBS} == {
         "beta": 0.2,
         "tau": 0.5,
@@ -174,11 +189,17 @@ def test_knobs_come_from_the_resolved_training_config():
         "q_max": 1.4,
         "guide": "branch",
     }
-    plain = D.knobs_from_config({**branch, "sage_guide": "none"})
+    assert (
+        D.knobs_from_config(branch)["guide_args"] == ""
+        and D.knobs_from_config(branch)["kl_estimator"] == "k3"
+    )
+    plain = D.knobs_from_config({**branch, "guide": {"name": "none", "q_min": 0.6, "q_max": 1.4}})
     assert plain["beta"] == 0.2 and all(np.isnan(plain[k]) for k in ("tau", "gamma", "q_max"))
-    plugin = D.knobs_from_config({**branch, "sage_guide": "/some/where/g.py:fn", "sage_guide_args": {"a": 1}})
+    plugin = D.knobs_from_config({**branch, "guide": {"name": "/some/where/g.py:fn", "a": 1, "q_max": 1.4}})
     assert plugin["guide"] == "g.py:fn" and np.isnan(plugin["tau"]) and plugin["q_max"] == 1.4
     assert json.loads(plugin["guide_args"]) == {"a": 1}
+    with pytest.raises(ValueError, match="predates plug-in nodes"):  # a manifest of the flat spelling
+        D.knobs_from_config({"beta": 0.2, "sage_guide": "branch", "sage_tau": 0.5})
 
 
 def test_dose_response_rows_pair_net_support_with_sft_by_seed_and_read_knobs_not_names(tmp_path):
@@ -215,6 +236,41 @@ def test_dose_response_rows_pair_net_support_with_sft_by_seed_and_read_knobs_not
     lines = D.write(tmp_path, runs, knobs, 2, {"x": "X"}, resamples=100, seed=0, level=0.95)
     assert (tmp_path / "dose_response.png").stat().st_size > 0 and any("| X | beta 0.5 |" in l for l in lines)
     assert list(pd.read_csv(tmp_path / "dose_response.csv").columns[:6]) == ["method", *D.KNOBS]
+
+
+# ------------------------------------------------------------------------------------- the branch analysis
+def test_the_branch_analysis_reads_the_guide_node_as_training_resolves_it(tmp_path):
+    """A branch config whose knobs are in its node, on a base whose own guide differs: the lab's analysis uses the
+    node's gamma 0.8 / tau 0.5 (what training uses), never the base's or the paper's 0.3 / 1.2, and its q is
+    clip(1 + gamma * relu(H - tau), q_min, q_max) at those values."""
+    import torch
+
+    from sage_unsloth.demo import analysis as A
+
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        f"base: {R.CONFIG_DIR / '_grpo_base.yaml'}\nguide: {{name: branch, gamma: 0.3, tau: 1.2}}\n"
+    )
+    child = tmp_path / "branch.yaml"
+    child.write_text("base: base.yaml\ntemperature: 0.9\nguide: {name: branch, gamma: 0.8, tau: 0.5}\n")
+    for path in (child, R.CONFIG_DIR / "grpo_branch.yaml"):  # the lab's own branch config too
+        settings = A.branch_settings(path)
+        assert (settings["gamma"], settings["tau"], settings["q_min"], settings["q_max"]) == (
+            0.8,
+            0.5,
+            0.6,
+            1.4,
+        )
+    assert A.branch_settings(child)["temperature"] == 0.9
+    entropy = torch.tensor([0.0, 0.5, 0.75, 0.95, 1.0, 3.0])
+    want = [min(1.4, max(0.6, 1 + 0.8 * max(0.0, h - 0.5))) for h in entropy.tolist()]
+    torch.testing.assert_close(A._lab_q(entropy, A.branch_settings(child)), torch.tensor(want))
+    token = tmp_path / "token.yaml"
+    token.write_text(f"base: {R.CONFIG_DIR / '_grpo_base.yaml'}\nguide: token\n")
+    with pytest.raises(
+        ValueError, match="reads logps; the branch-point analysis scores the policy's entropy"
+    ):
+        A.branch_settings(token)
 
 
 @pytest.mark.parametrize(

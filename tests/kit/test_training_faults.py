@@ -82,9 +82,9 @@ def kl_nan(tokens):
 """
 
 CASES = {
-    "guide_nan": (("--sage_guide",), r"guide '.*late\.py:guide_nan' at step 1 returned \d+ non-finite q"),
+    "guide_nan": (("--guide",), r"guide '.*late\.py:guide_nan' at step 1 returned \d+ non-finite q"),
     "guide_exit": (
-        ("--sage_guide",),
+        ("--guide",),
         r"guide '.*:guide_exit' at step 1 called sys\.exit\(0\) \(late\.py:\d+\)",
     ),
     "est_nan_at_2": (
@@ -108,7 +108,7 @@ CASES = {
         r"policy term '.*:term_nan' at step 1 returned \d+ non-finite advantages",
     ),
     "kl_nan": (
-        ("--sage_guide", "none", "--kl_estimator"),
+        ("--guide", "none", "--kl_term"),
         r"KL term '.*:kl_nan' at step 1 returned \d+ non-finite",
     ),
 }
@@ -183,12 +183,12 @@ def test_weights_that_overflow_the_forward_stop_the_run_in_one_line(sft_dir, dap
     assert nonfinite_in_files(root) == []
 
 
-def _poison_at(step: int, where: str):
+def _poison_at(trainer, step: int, where: str):
     """A rollout step (appended to the trainer's) that makes the batch's advantages NaN at optimizer step ``step``,
     bypassing every plug-in check: the cause is not a plug-in."""
 
-    def poison(trainer, rollout):
-        if trainer.state.global_step + 1 == step:
+    def poison(rollout):
+        if rollout.context.step == step:
             rollout.output[where] = rollout.output[where] * float("nan")
 
     return poison
@@ -199,7 +199,7 @@ def test_a_nan_batch_from_any_cause_is_never_applied(sft_dir, dapo_sample, tmp_p
 
     built = build_stage(*parse_args(rlvr_argv("grpo", sft_dir, tmp_path, dapo_sample, *RUN)))
     trainer = built.trainer
-    trainer.rollout_steps = (*trainer.rollout_steps, _poison_at(2, "advantages"))
+    trainer.rollout_steps = (*trainer.rollout_steps, _poison_at(trainer, 2, "advantages"))
     with pytest.raises(NonFiniteStep) as caught:
         built.train_and_save()
     message = str(caught.value)

@@ -28,7 +28,7 @@ def _rows(prompts):
 def dapo_trainer(tiny_model_dir, tmp_path_factory):
     args = _config(
         tmp_path_factory.mktemp("dapo"),
-        sage_guide="none",
+        guide="none",
         beta=0.0,
         loss_type="dapo",
         epsilon_high=0.28,
@@ -136,7 +136,7 @@ def test_importance_sampling_pin_reaches_trls_vllm_path_and_clipped_fraction_is_
 ):
     """TRL's vLLM branch, driven on CPU: generation stays transformers', the sampling log-probs are faked. The
     kit's defaults (token_truncate, cap 2.0, as the paper's TRL 0.23) are what TRL applies."""
-    trainer = _build(tiny_model_dir, _config(tmp_path, sage_guide="branch", sage_q_source="rollout"))
+    trainer = _build(tiny_model_dir, _config(tmp_path, guide="branch", sage_q_source="rollout"))
     assert (trainer.vllm_importance_sampling_mode, trainer.vllm_importance_sampling_clip_max) == (
         "token_truncate",
         2.0,
@@ -243,24 +243,24 @@ def test_dapo_config_errors_are_one_line(tmp_path, overrides, field):
 @pytest.mark.parametrize(
     "overrides,warns",
     [
-        ({"sage_guide": "branch"}, False),  # k3: q scales the forward-KL pull
-        ({"sage_guide": "branch", "kl_estimator": "k2", "backend": "trl"}, True),
-        ({"sage_guide": "branch", "use_bias_correction_kl": True}, True),  # k3 x ratio: reverse-KL gradient
-        ({"sage_guide": "random"}, True),  # E[q] = 1 with [0.6, 1.4]
-        ({"sage_guide": "random", "sage_q_max": 2.0}, False),
-        ({"sage_guide": "token", "kl_estimator": "k2", "backend": "trl"}, False),
+        ({"guide": "branch"}, False),  # k3: q scales the forward-KL pull
+        ({"guide": "branch", "kl_term": "k2", "backend": "trl"}, True),
+        ({"guide": "branch", "use_bias_correction_kl": True}, True),  # k3 x ratio: reverse-KL gradient
+        ({"guide": "random"}, True),  # E[q] = 1 with [0.6, 1.4]
+        ({"guide": {"name": "random", "q_max": 2.0}}, False),
+        ({"guide": "token", "kl_term": "k2", "backend": "trl"}, False),
         (
-            {"sage_guide": "branch", "kl_estimator": "k2", "backend": "trl", "sage_kl_placement": "reward"},
+            {"guide": "branch", "kl_term": "k2", "backend": "trl", "sage_kl_placement": "reward"},
             None,
         ),
-        ({"sage_guide": "random", "sage_kl_placement": "reward"}, False),  # sum log q enters the reward
+        ({"guide": "random", "sage_kl_placement": "reward"}, False),  # sum log q enters the reward
     ],
 )
 def test_warning_when_a_guide_has_no_effect_in_expectation(tmp_path, overrides, warns):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
     if warns is None:  # k2 with the reward placement is a config error, not a warning
-        with pytest.raises(ValueError, match="kl_estimator"):
+        with pytest.raises(ValueError, match="kl_term"):
             SageGRPOConfig(output_dir=str(tmp_path), report_to="none", **overrides)
         return
     with warnings.catch_warnings(record=True) as caught:

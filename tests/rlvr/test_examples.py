@@ -89,9 +89,9 @@ def test_my_methods_trains_all_three_plug_ins_through_the_cli(
     steps = {"estimate": "estimate_advantages", "term": "policy_term", "kl": "kl_term"}
 
     def counted(step, name):
-        def run(trainer, record):
+        def run(record):
             ran[name] += 1
-            return step(trainer, record)
+            return step(record)
 
         return run
 

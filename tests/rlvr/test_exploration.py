@@ -90,7 +90,7 @@ def _batch(seed: int = 0, rows: int = 4, width: int = 12, spread: float = 3.0) -
     )
 
 
-# The built-in terms' knobs at their flat fields' defaults (entropy_adv_alpha, ..., kl_cov_coef).
+# The built-in terms' knobs at their defaults (the node's arguments left out: entropy_adv alpha, ..., kl_cov coef).
 ENTROPY_ADV = {"alpha": 0.4, "kappa": 2.0}
 CLIP_COV = {"ratio": 2e-4, "lb": 1.0, "ub": 5.0}
 
@@ -220,9 +220,12 @@ def _config(**overrides):
             "policy_term='nowhere.mod:fn': cannot import module 'nowhere.mod'",
         ),
         ({"advantage_estimator": "pask"}, "did you mean 'passk'?"),
-        ({"advantage_estimator": "passk", "passk_k": 9}, "passk_k=9 must be in [1, num_generations=8]"),
-        ({"entropy_adv_kappa": 1.0, "policy_term": "entropy_adv"}, "entropy_adv_kappa=1.0 must be > 1"),
-        ({"clip_cov_lb": 5.0}, "clip_cov_lb=5.0 must be < clip_cov_ub=5.0"),
+        (
+            {"advantage_estimator": {"name": "passk", "k": 9}},
+            "advantage_estimator.k=9 must be in [1, num_generations=8]",
+        ),
+        ({"policy_term": {"name": "entropy_adv", "kappa": 1.0}}, "policy_term.kappa=1.0 must be > 1"),
+        ({"policy_term": {"name": "clip_cov", "lb": 5.0}}, "policy_term: lb=5.0 must be < ub=5.0"),
         ({"ref_reset_steps": 10, "beta": 0.0}, "ref_reset_steps resets the KL anchor"),
     ],
 )
@@ -235,12 +238,12 @@ def test_bad_exploration_settings_are_one_line_config_errors(overrides, message)
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"policy_term": "kl_cov", "num_iterations": 2, "sage_guide": "branch"},
-        {"policy_term": "entropy_adv", "sage_guide": "token", "kl_estimator": "k2"},
-        {"advantage_estimator": "passk", "sage_guide": "branch", "backend": "unsloth"},
-        {"ref_reset_steps": 5, "sage_guide": "branch", "sage_kl_placement": "reward"},
-        {"advantage_estimator": "passk", "sage_kl_placement": "reward", "sage_guide": "branch"},
-        {"top_entropy_quantile": 0.2, "sage_guide": "branch", "backend": "unsloth"},
+        {"policy_term": "kl_cov", "num_iterations": 2, "guide": "branch"},
+        {"policy_term": "entropy_adv", "guide": "token", "kl_term": "k2"},
+        {"advantage_estimator": "passk", "guide": "branch", "backend": "unsloth"},
+        {"ref_reset_steps": 5, "guide": "branch", "sage_kl_placement": "reward"},
+        {"advantage_estimator": "passk", "sage_kl_placement": "reward", "guide": "branch"},
+        {"top_entropy_quantile": 0.2, "guide": "branch", "backend": "unsloth"},
         {"policy_term": "sage_unsloth.rlvr.policy_terms:clip_cov"},
     ],
 )
@@ -259,10 +262,10 @@ def test_the_subset_size_and_reuse_checks_read_the_metadata_not_the_names(tmp_pa
         "def stale(batch):\n    return TermOutput()\n"
         "stale.needs_reuse = 'reads log pi_old'\n"
     )
-    match = r"advantage_estimator_args.k=9 must be in \[1, num_generations=8\]"
+    match = r"advantage_estimator.k=9 must be in \[1, num_generations=8\]"
     with pytest.raises(ConfigError, match=match):
-        _config(advantage_estimator=f"{plugin}:best_of", advantage_estimator_args={"k": 9})
-    _config(advantage_estimator=f"{plugin}:best_of", advantage_estimator_args={"k": 8})
+        _config(advantage_estimator={"name": f"{plugin}:best_of", "k": 9})
+    _config(advantage_estimator={"name": f"{plugin}:best_of", "k": 8})
     _config(advantage_estimator=f"{plugin}:best_of")  # its default k = 2
     with pytest.raises(
         ConfigError, match="reads log pi_old, 0 with zero gradient when every batch is used once"
@@ -286,8 +289,8 @@ def test_plugin_estimators_and_terms_are_registry_entries_with_their_metadata(tm
     with pytest.raises(ConfigError, match=r"supports backend in \('trl',\), got backend='unsloth'"):
         _config(advantage_estimator=f"{plugin}:mean_adv", backend="unsloth")
     # the reward placement feeds its shaped reward to any estimator (tests/rlvr/test_placement_passk.py)
-    _config(advantage_estimator=f"{plugin}:mean_adv", sage_kl_placement="reward", sage_guide="branch")
-    _config(advantage_estimator=f"{plugin}:trl_own", sage_kl_placement="reward", sage_guide="branch")
+    _config(advantage_estimator=f"{plugin}:mean_adv", sage_kl_placement="reward", guide="branch")
+    _config(advantage_estimator=f"{plugin}:trl_own", sage_kl_placement="reward", guide="branch")
     with pytest.raises(ConfigError, match=r"policy_term='.*:no_term' needs TRL's loss"):
         _config(policy_term=f"{plugin}:no_term", backend="unsloth")
     with pytest.raises(

@@ -63,7 +63,7 @@ def test_policy_term_reaches_trls_loss_with_sage_q(sft_dir, dapo_sample, tmp_pat
 
     from sage_unsloth.rlvr.run import build_stage, parse_args
 
-    argv = rlvr_argv("grpo_entropy_adv", sft_dir, tmp_path, dapo_sample, "--sage_guide", "branch")
+    argv = rlvr_argv("grpo_entropy_adv", sft_dir, tmp_path, dapo_sample, "--guide", "branch")
     built = build_stage(*parse_args([*argv, "--max_steps", "1", "--save_strategy", "no"]))
     trainer, model = built.trainer, built.model
     trainer.current_gradient_accumulation_steps = 1

@@ -1,6 +1,6 @@
 """Guides as plug-ins (sage_unsloth/guides.py): the contract every registered guide keeps, the checks the kit makes
-around a guide's q, where q is computed, the logit signals, the config surface (sage_guide name | path,
-sage_guide_args, one-line errors before any model loads), a user's own config folder, and the example guide of
+around a guide's q, where q is computed, the logit signals, the config surface (the guide node: name | path
+and its arguments, one-line errors before any model loads), a user's own config folder, and the example guide of
 examples/top2_margin.py trained through the RLVR CLI on the tiny model under TRL's and Unsloth's trainers.
 
 Independent references are written here from the definitions (top-2 margin: sort the softmax; the example's q
@@ -54,11 +54,16 @@ def _signals(seed=0, generator_seed=7, requires_grad=False):
     )
 
 
-def _q(tmp_path, spec, signals, **kw):
-    cfg = _config(tmp_path, sage_guide=spec, **kw)
-    entry, _ = guides.resolve_guide(cfg)
-    raw = guides.build_guide(cfg)(signals)
-    return guides.finalise_q(raw, signals, name=entry.name, q_min=cfg.sage_q_min, q_max=cfg.sage_q_max)
+def _q(tmp_path, spec, signals, **args):
+    plan = _config(tmp_path, guide={"name": spec, **args}).method_plan
+    raw = plan.guide_fn(signals)
+    return guides.finalise_q(raw, signals, name=plan.guide.name, q_min=plan.q_min, q_max=plan.q_max)
+
+
+def _guide(tmp_path, spec):
+    """(the guide's entry, its needs) as the config's plan resolved them."""
+    plan = _config(tmp_path, guide=spec).method_plan
+    return plan.guide, plan.guide_needs
 
 
 # ------------------------------------------------------------------------------------------- the contract
@@ -77,7 +82,7 @@ def test_every_guide_keeps_the_contract(tmp_path, spec):
 
 def test_noisy_guides_draw_from_the_seeded_generator(tmp_path):
     for spec in ("token", "random"):
-        kw = {"sage_eps_upper": 0.9, "sage_eps_lower": 0.9} if spec == "random" else {}
+        kw = {"eps_upper": 0.9, "eps_lower": 0.9} if spec == "random" else {}
         a = _q(tmp_path, spec, _signals(generator_seed=1), **kw)
         b = _q(tmp_path, spec, _signals(generator_seed=2), **kw)
         assert not torch.equal(a, b), spec
@@ -90,7 +95,7 @@ def test_entropy_guide_is_the_same_in_trl_and_unsloth_layouts(tmp_path):
     signals = _signals()
     prompt_ids = torch.tensor([[0, 0, 5, 6], [0, 7, 8, 9], [5, 6, 7, 8]])  # left padding with pad id 0
     completion_ids = torch.randint(1, 50, (3, 9))
-    q_trl = _q(tmp_path, "branch", signals, sage_tau=0.5)
+    q_trl = _q(tmp_path, "branch", signals, tau=0.5)
     place = lambda t: to_unsloth_layout(t, prompt_ids, completion_ids, 0)
     packed = guides.Signals(
         mask=place(signals.mask),
@@ -100,7 +105,7 @@ def test_entropy_guide_is_the_same_in_trl_and_unsloth_layouts(tmp_path):
         layout="unsloth",
         entropies=place(signals.entropies),
     )
-    q_unsloth = _q(tmp_path, "branch", packed, sage_tau=0.5)
+    q_unsloth = _q(tmp_path, "branch", packed, tau=0.5)
     torch.testing.assert_close(q_unsloth, place(q_trl - 1.0) + 1.0, atol=0, rtol=0)
 
 
@@ -165,13 +170,13 @@ def test_unsloth_refusals_are_one_line_before_any_model_loads(tmp_path):
     with pytest.raises(
         ConfigError, match=r"needs ref_logps, which Unsloth's trainer keeps only .*: set backend=trl"
     ):
-        _config(tmp_path, sage_guide=f"{plugin}:g", backend="unsloth")
+        _config(tmp_path, guide=f"{plugin}:g", backend="unsloth")
     with pytest.raises(
-        ConfigError, match=r"sage_q_source='loss' with sage_guide=.* needs top2_margin inside the loss"
+        ConfigError, match=r"sage_q_source='loss' with guide=.* needs top2_margin inside the loss"
     ):
-        _config(tmp_path, sage_guide=EXAMPLE_SPEC, backend="unsloth", sage_q_source="loss")
-    _config(tmp_path, sage_guide=EXAMPLE_SPEC, backend="unsloth")  # at rollout: fine
-    _config(tmp_path, sage_guide=f"{plugin}:g", backend="trl")
+        _config(tmp_path, guide=EXAMPLE_SPEC, backend="unsloth", sage_q_source="loss")
+    _config(tmp_path, guide=EXAMPLE_SPEC, backend="unsloth")  # at rollout: fine
+    _config(tmp_path, guide=f"{plugin}:g", backend="trl")
 
 
 # ------------------------------------------------------------------------------------------- logit signals
@@ -196,7 +201,7 @@ def test_a_logit_signal_by_import_path(tmp_path):
         f"    return 1 + signals.logits[{str(plugin) + ':target_prob'!r}]\n"
         f"guide.needs = ({str(plugin) + ':target_prob'!r},)\n"
     )
-    entry, needs = guides.resolve_guide(_config(tmp_path, sage_guide=f"{plugin}:guide"))
+    entry, needs = _guide(tmp_path, f"{plugin}:guide")
     fns = guides.logit_signal_functions(needs)
     log_probs = torch.log_softmax(torch.randn(5, 7), -1)
     targets = torch.tensor([0, 3, 6, 2, 2])
@@ -217,33 +222,27 @@ def test_trl_label_mask_is_the_scored_positions():
 
 # ------------------------------------------------------------------------------------------- config surface
 def test_guide_by_name_path_and_module(tmp_path, monkeypatch):
-    assert _config(tmp_path, sage_guide="branch").sage_guide_args is None
-    cfg = _config(tmp_path, sage_guide=EXAMPLE_SPEC, sage_guide_args='{"gamma": 0.5}')  # JSON from the CLI
-    assert cfg.sage_guide_args == {"gamma": 0.5}
+    assert _config(tmp_path, guide="branch").guide["name"] == "branch"
+    cfg = _config(tmp_path, guide=f'{{"name": "{EXAMPLE_SPEC}", "gamma": 0.5}}')  # JSON from the CLI
+    assert cfg.guide == {"name": EXAMPLE_SPEC, "gamma": 0.5, "threshold": 0.2, "q_min": 0.6, "q_max": 1.4}
     monkeypatch.syspath_prepend(str(REPO))
-    assert guides.resolve_guide(_config(tmp_path, sage_guide="examples.top2_margin:top2_margin_guide"))[
-        1
-    ] == ("top2_margin",)
+    assert _guide(tmp_path, "examples.top2_margin:top2_margin_guide")[1] == ("top2_margin",)
 
 
 @pytest.mark.parametrize(
     "overrides, error",
     [
-        ({"sage_guide": "brnch"}, r"sage_guide='brnch' is unknown: did you mean 'branch'\?"),
+        ({"guide": "brnch"}, r"guide='brnch' is unknown: did you mean 'branch'\?"),
         (
-            {"sage_guide": EXAMPLE_SPEC, "sage_guide_args": {"gama": 1}},
+            {"guide": {"name": EXAMPLE_SPEC, "gama": 1}},
             r"has no argument 'gama': did you mean 'gamma'",
         ),
         (
-            {"sage_guide": "branch", "sage_gamma": 0.5, "sage_guide_args": {"gamma": 1}},
-            r"sage_gamma=0.5 and sage_guide_args: \{gamma: 1\} set one argument of guide 'branch' two ways",
+            {"guide": "{gamma"},
+            r"guide=.* is not a JSON object",
         ),
-        (
-            {"sage_guide": EXAMPLE_SPEC, "sage_guide_args": "{gamma"},
-            r"sage_guide_args=.* is not a JSON object",
-        ),
-        ({"sage_guide": "nowhere.mod:fn"}, r"cannot import module 'nowhere.mod'"),
-        ({"sage_guide": f"{EXAMPLE}:top3"}, r"has no 'top3'"),
+        ({"guide": "nowhere.mod:fn"}, r"cannot import module 'nowhere.mod'"),
+        ({"guide": f"{EXAMPLE}:top3"}, r"has no 'top3'"),
     ],
 )
 def test_bad_guide_config_is_one_line(tmp_path, overrides, error):
@@ -256,13 +255,13 @@ def test_undeclared_signal_is_refused(tmp_path):
     plugin = tmp_path / "bad_needs.py"
     plugin.write_text("def g(signals):\n    return signals.mask\ng.needs = ('entropy',)\n")
     with pytest.raises(ConfigError, match=r"declares needs 'entropy', which is no signal"):
-        _config(tmp_path, sage_guide=f"{plugin}:g")
+        _config(tmp_path, guide=f"{plugin}:g")
 
 
 def test_example_guide_effect_follows_its_needs(tmp_path):
     """Position-constant q (the top-2 margin does not depend on the sampled token): no effect under the reverse-KL
     gradients (k2, k3 * rho), an effect under k3 and in the reward; a guide reading logps acts under k2 too."""
-    entry = guides.resolve_guide(_config(tmp_path, sage_guide=EXAMPLE_SPEC))[0]
+    entry = _guide(tmp_path, EXAMPLE_SPEC)[0]
     bounds = {"q_min": 0.6, "q_max": 1.4}
     assert guides.guide_effect(entry, "k2", ratio=False, placement="loss", **bounds) is not None
     assert guides.guide_effect(entry, "k3", ratio=True, placement="loss", **bounds) is not None
@@ -270,7 +269,7 @@ def test_example_guide_effect_follows_its_needs(tmp_path):
     assert guides.guide_effect(entry, "k2", ratio=False, placement="reward", **bounds) is None
     plugin = tmp_path / "by_token.py"
     plugin.write_text("def g(signals):\n    return 1 - signals.logps\ng.needs = ('logps',)\n")
-    by_token = guides.resolve_guide(_config(tmp_path, sage_guide=f"{plugin}:g"))[0]
+    by_token = _guide(tmp_path, f"{plugin}:g")[0]
     assert guides.guide_effect(by_token, "k2", ratio=False, placement="loss", **bounds) is None
 
 
@@ -292,7 +291,7 @@ def test_every_guide_gets_its_gradient_rule_from_its_metadata(tmp_path):
             assert got == anchor.guide_effect(rule, estimator, **kw), (name, estimator, kw)
     plugin = tmp_path / "noise.py"
     plugin.write_text("def g(signals):\n    return signals.mask.float()\ng.gradient_rule = 'random'\n")
-    noise = guides.resolve_guide(_config(tmp_path, sage_guide=f"{plugin}:g"))[0]
+    noise = _guide(tmp_path, f"{plugin}:g")[0]
     reason = guides.guide_effect(noise, "k3", ratio=False, placement="loss", q_min=0.6, q_max=1.4)
     assert reason is not None and "E[q] = 1" in reason
 
@@ -309,11 +308,9 @@ def test_a_user_config_folder_works_with_every_stage(tmp_path):
     mine = tmp_path / "my-configs"
     mine.mkdir()
     tiny = REPO / "configs" / "rlvr" / "tiny-cpu" / "_base.yaml"
-    (mine / "top2.yaml").write_text(
-        f"base: {tiny}\nsage_guide: {EXAMPLE_SPEC}\nsage_guide_args: {{gamma: 0.5}}\n"
-    )
+    (mine / "top2.yaml").write_text(f"base: {tiny}\nguide: {{name: {EXAMPLE_SPEC}, gamma: 0.5}}\n")
     (mine / "_mine.yaml").write_text(f"base: {tiny}\nmax_steps: 3\n")
-    (mine / "branch.yaml").write_text("base: _mine.yaml\nsage_guide: branch\nsage_gamma: 0.8\n")
+    (mine / "branch.yaml").write_text("base: _mine.yaml\nguide: {name: branch, gamma: 0.8}\n")
     (mine / "sft.yaml").write_text(f"base: {REPO / 'configs' / 'sft' / 'tiny-cpu.yaml'}\n")
     (mine / "eval.yaml").write_text(f"base: {REPO / 'configs' / 'eval' / 'tiny-cpu.yaml'}\n")
     (mine / "report.yaml").write_text(f"base: {REPO / 'configs' / 'report' / 'default.yaml'}\n")
@@ -324,8 +321,8 @@ def test_a_user_config_folder_works_with_every_stage(tmp_path):
         sft_args([str(mine / "sft.yaml")])
         eval_args([str(mine / "eval.yaml")])
         report_args([str(mine / "report.yaml")])
-    assert top2.sage_guide == EXAMPLE_SPEC and top2.sage_guide_args == {"gamma": 0.5}
-    assert (branch.sage_gamma, branch.max_steps) == (0.8, 3)
+    assert (top2.guide["name"], top2.guide["gamma"]) == (EXAMPLE_SPEC, 0.5)
+    assert (branch.guide["gamma"], branch.max_steps) == (0.8, 3)
 
 
 # ------------------------------------------------------------------------------------------- the example, trained
@@ -362,8 +359,8 @@ def _user_config(tmp_path) -> Path:
     mine.mkdir()
     path = mine / "top2.yaml"
     path.write_text(
-        f"base: {REPO / 'configs' / 'rlvr' / 'tiny-cpu' / '_base.yaml'}\nsage_guide: {EXAMPLE_SPEC}\n"
-        "sage_guide_args: {gamma: 0.5, threshold: 0.2}\nmax_steps: 1\nsave_strategy: 'no'\n"
+        f"base: {REPO / 'configs' / 'rlvr' / 'tiny-cpu' / '_base.yaml'}\n"
+        f"guide: {{name: {EXAMPLE_SPEC}, gamma: 0.5, threshold: 0.2}}\nmax_steps: 1\nsave_strategy: 'no'\n"
     )
     return path
 

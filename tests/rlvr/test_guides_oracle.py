@@ -114,9 +114,7 @@ def _assert_same_loss_and_gradients(params, loss, grads, want):
 
 
 def test_token_guide_in_loss_matches_oracle_with_fixed_generator(tiny_model_dir, tmp_path):
-    trainer = _build(
-        tiny_model_dir, _config(tmp_path, sage_guide="token", sage_q_source="loss", max_steps=16)
-    )
+    trainer = _build(tiny_model_dir, _config(tmp_path, guide="token", sage_q_source="loss", max_steps=16))
     batch = _rollout(trainer)
     step = 3  # mid-cycle of the second cosine cycle (cycle length 16 // 8 = 2)
     trainer.state.global_step, trainer._sage_noise["guide"].last_step = (
@@ -150,12 +148,14 @@ def test_random_guide_at_rollout_matches_oracle_with_fixed_generator(tiny_model_
         tiny_model_dir,
         _config(
             tmp_path,
-            sage_guide="random",
+            guide={
+                "name": "random",
+                "eps_upper": eps_up,
+                "eps_lower": eps_low,
+                "sigma_upper": sig_up,
+                "sigma_lower": sig_low,
+            },
             max_steps=16,
-            sage_eps_upper=eps_up,
-            sage_eps_lower=eps_low,
-            sage_random_sigma_upper=sig_up,
-            sage_random_sigma_lower=sig_low,
         ),
     )
     trainer.state.global_step, trainer._sage_noise["guide"].last_step = step, -1
@@ -255,9 +255,9 @@ def test_off_policy_micro_batch_matches_oracle(
 ):
     trainer, _, second, generation_tokens = two_step_generation
     monkeypatch.setattr(trainer, "loss_type", loss_type)
-    monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
+    monkeypatch.setattr(trainer.args, "kl_term", estimator)
     if estimator == "forward":
-        monkeypatch.setattr(trainer.args, "sage_guide", "none")
+        monkeypatch.setattr(trainer.args, "guide", "none")
     inputs = dict(second)
     if dapo_normalizer:  # what the rollout hook does for this loss type (the rollout itself ran as grpo)
         monkeypatch.setattr(trainer.args, "dapo_normalizer", dapo_normalizer)
@@ -312,7 +312,7 @@ def test_official_dapo_normaliser_halves_the_loss_at_two_steps_per_generation(
 def test_num_iterations_two_reuses_the_batch_off_policy(tiny_model_dir, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = _config(tmp_path, num_iterations=2, sage_q_source="loss", sage_guide="branch")
+        args = _config(tmp_path, num_iterations=2, sage_q_source="loss", guide="branch")
     trainer = _build(tiny_model_dir, args)
     first, again = _generate_update_and_serve(trainer, update_from=0)  # one micro-batch, used twice
     assert torch.equal(again["completion_ids"], first["completion_ids"]) and "old_per_token_logps" in again

@@ -21,7 +21,7 @@ def reward_trainer(tiny_model_dir, tmp_path_factory):
     trainer = _build(tiny_model_dir, _config(tmp_path_factory.mktemp("reward"), sage_kl_placement="reward"))
     seen = {}
 
-    def spy(trainer, rollout):  # TRL's own advantages, before the placement replaces them
+    def spy(rollout):  # TRL's own advantages, before the placement replaces them
         seen["trl_advantages"] = rollout.output["advantages"].clone()
 
     trainer.rollout_steps = (spy, *trainer.rollout_steps)
@@ -104,8 +104,8 @@ def test_group_advantage_contact_point(reward_trainer, reward_batch):
     "overrides,field",
     [
         ({"sage_kl_placement": "advantage"}, "sage_kl_placement"),
-        ({"sage_kl_placement": "reward", "beta": 0.0, "sage_guide": "none"}, "beta"),
-        ({"sage_kl_placement": "reward", "kl_estimator": "k2", "backend": "trl"}, "kl_estimator"),
+        ({"sage_kl_placement": "reward", "beta": 0.0, "guide": "none"}, "beta"),
+        ({"sage_kl_placement": "reward", "kl_term": "k2", "backend": "trl"}, "kl_term"),
         (
             {"sage_kl_placement": "reward", "multi_objective_aggregation": "normalize_then_sum"},
             "multi_objective_aggregation",
@@ -128,7 +128,7 @@ def test_reward_placement_takes_q_at_rollout_without_the_off_policy_warning(tmp_
         SageGRPOConfig(
             output_dir=str(tmp_path),
             report_to="none",
-            sage_guide="branch",
+            guide="branch",
             sage_kl_placement="reward",
             sage_q_source="rollout",
             per_device_train_batch_size=8,
@@ -141,7 +141,7 @@ UNSLOTH_REWARD_CANARY = (
     + r"""
 model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
                                          init_lora_weights=False))
-args = SageGRPOConfig(output_dir="out", backend="trl", sage_guide="branch", sage_tau=0.0, max_steps=1,
+args = SageGRPOConfig(output_dir="out", backend="trl", guide={"name": "branch", "tau": 0.0}, max_steps=1,
                       sage_kl_placement="reward", per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=8, report_to="none", logging_steps=1, save_strategy="no", use_cpu=True,
                       learning_rate=1e-2)
@@ -150,7 +150,7 @@ trainer = SageGRPOTrainer(model=model, reward_funcs=lambda completions, **k: [fl
 assert type(trainer).__bases__[-1].__name__ == "UnslothGRPOTrainer", type(trainer).__mro__
 assert trainer.beta == 0.0 and trainer.sage_beta == 0.05
 checked, seen = {}, {}
-def check_rollout(trainer, rollout):  # after the placement and the advantages (rlvr/taps.py)
+def check_rollout(rollout):  # after the placement and the advantages (rlvr/taps.py)
     output = rollout.output
     # Independently, at the rollout weights: plain forwards, q = 1.4 (tau = 0 and entropies > 1.4 / 0.3).
     ids = torch.cat([output["prompt_ids"], output["completion_ids"]], 1)

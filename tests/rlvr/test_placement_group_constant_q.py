@@ -53,7 +53,7 @@ def trainer(tiny_model_dir, tmp_path_factory):
         tmp_path_factory.mktemp("group_q"),
         sage_kl_placement="reward",
         beta=0.125,  # a power of two: beta * (dyadic pseudo-KL) is exact
-        sage_guide="none",
+        guide="none",
         num_generations=GENERATIONS,
     )
     trainer = _build(tiny_model_dir, cfg)
@@ -92,14 +92,13 @@ def run_rollout_steps(trainer, output: dict, rewards: torch.Tensor) -> None:
     trainer._sage_rollout_signals(rollout)  # what the trainer gathers after TRL's rollout
     rollout.context = trainer.sage_step_context()
     for step in trainer.rollout_steps:
-        step(trainer, rollout)
+        step(rollout)
 
 
 def _advantages(trainer, guide: str, position: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, q) from the kit's reward placement for the hand-made batch, with ``guide``."""
     output, logps, ref, rewards = _batch()
-    trainer.args.sage_guide = guide
-    trainer.args.sage_guide_args = None if guide == "none" else {"position": position}
+    trainer.args.guide = guide if guide == "none" else {"name": guide, "position": position}
     trainer.sage_policy_stats = lambda output, captured: (logps, None, {})
     trainer.sage_reference_scores = lambda output, entropies=False: (ref, None)
     seen = {}

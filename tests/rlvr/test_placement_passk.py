@@ -21,10 +21,9 @@ def trainer(tiny_model_dir, tmp_path_factory):
         tmp_path_factory.mktemp("passk_reward"),
         sage_kl_placement="reward",
         beta=BETA,
-        sage_guide="none",
+        guide="none",
         num_generations=GENERATIONS,
-        advantage_estimator="passk",
-        passk_k=K,
+        advantage_estimator={"name": "passk", "k": K},
     )
     trainer = _build(tiny_model_dir, cfg)
     trainer.model.train()

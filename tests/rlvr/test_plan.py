@@ -32,9 +32,11 @@ def test_the_config_resolves_each_plug_in_a_bounded_number_of_times_and_then_nev
         return resolve(self, spec)
 
     monkeypatch.setattr(Registry, "resolve", counting)
-    cfg = _config(tmp_path, sage_guide="branch", advantage_estimator="passk", policy_term="entropy_adv")
-    # validation once (each kind's own checks) and the plan once
-    assert calls.count("guide") <= 2 and calls.count("advantage estimator") <= 2, calls
+    cfg = _config(tmp_path, guide="branch", advantage_estimator="passk", policy_term="entropy_adv")
+    # the plan once: every other check reads it
+    assert [calls.count(kind) for kind in ("guide", "advantage estimator", "policy term", "KL term")] == [
+        1
+    ] * 4
     built = len(calls)
     plan = cfg.method_plan
     assert cfg.method_plan is plan and cfg.expected_q_source == "loss" and len(calls) == built
@@ -50,22 +52,20 @@ def test_the_config_resolves_each_plug_in_a_bounded_number_of_times_and_then_nev
 
 
 def test_a_field_changed_in_place_builds_a_new_plan(tmp_path):
-    cfg = _config(tmp_path, sage_guide="branch")
+    cfg = _config(tmp_path, guide="branch")
     first = cfg.method_plan
-    cfg.sage_guide = "none"
+    cfg.guide = "none"
     second = cfg.method_plan
     assert second is not first and not second.guided and first.guided
     assert cfg.method_plan is second  # nothing changed: the same plan
-    cfg.sage_guide = "branch"
+    cfg.guide = "branch"
     third = cfg.method_plan
-    cfg.sage_gamma = (
-        0.7  # a built-in's flat field is one of its bound arguments: a new plan binds the new value
-    )
+    cfg.guide = {"name": "branch", "gamma": 0.7}  # a new node: a new plan binds its value
     assert cfg.method_plan is not third and cfg.method_plan.guide_fn.keywords["gamma"] == 0.7
 
 
 def test_the_plan_does_not_travel_with_the_pickled_config(tmp_path):
-    cfg = _config(tmp_path, sage_guide="branch")
+    cfg = _config(tmp_path, guide="branch")
     assert cfg.method_plan.guided
     state = pickle.dumps(cfg)  # transformers saves training_args.bin this way; a closure would not pickle
     again = pickle.loads(state)
@@ -74,10 +74,10 @@ def test_the_plan_does_not_travel_with_the_pickled_config(tmp_path):
 
 
 def test_the_reward_placement_puts_q_at_rollout_on_either_class(tmp_path):
-    cfg = _config(tmp_path, sage_guide="branch", sage_kl_placement="reward")
+    cfg = _config(tmp_path, guide="branch", sage_kl_placement="reward")
     plan = cfg.method_plan
     assert plan.q_source(unsloth_patched=False) == "rollout" == plan.q_source(unsloth_patched=True)
-    loss = _config(tmp_path, sage_guide="token").method_plan
+    loss = _config(tmp_path, guide="token").method_plan
     assert loss.q_source(unsloth_patched=False) == "loss" and loss.q_source(unsloth_patched=True) == "rollout"
 
 
@@ -88,50 +88,55 @@ def _step_names(plan, *, unsloth_patched: bool) -> tuple:
 
 # config -> (TRL's class, Unsloth's patched class): the step names after each rollout, after the batch, in the loss.
 CHOSEN_STEPS = [
-    (  # plain GRPO: q = 1 is logged at rollout (the metrics say so), nothing shifts, nothing in the loss
+    (  # plain GRPO: nothing of a guide runs (q = 1 by definition), TRL's own advantage stands: no step at all
         {},
-        (("summed_rewards", "q_at_rollout"), (), ()),
-        (("summed_rewards", "q_at_rollout"), (), ()),
+        ((), (), ()),
+        ((), (), ()),
     ),
     (
-        {"sage_guide": "branch"},
-        (("summed_rewards",), (), ("q_in_the_loss",)),
-        (("summed_rewards",), (), ("q_in_the_unsloth_loss",)),
+        {"guide": "branch"},
+        ((), (), ("q_in_the_loss",)),
+        ((), (), ("q_in_the_unsloth_loss",)),
     ),
     (  # no KL (a guide needs one: the config refuses it): no reference to shift, only the policy term in the loss
         {"beta": 0.0, "policy_term": "entropy_adv"},
-        (("summed_rewards", "q_at_rollout"), (), ("policy_term",)),
-        (("summed_rewards", "q_at_rollout"), (), ()),
+        ((), (), ("policy_term",)),
+        ((), (), ()),
     ),
     (
-        {"sage_guide": "random"},
-        (("summed_rewards", "q_at_rollout", "shift_reference_at_rollout"), (), ()),
-        (("summed_rewards", "q_at_rollout", "shift_reference_at_rollout"), (), ()),
+        {"guide": "random"},
+        (("q_at_rollout", "shift_reference_at_rollout"), (), ()),
+        (("q_at_rollout", "shift_reference_at_rollout"), (), ()),
     ),
     (  # the token guide reads the log-probs: in TRL's loss, at rollout under Unsloth's
-        {"sage_guide": "token"},
-        (("summed_rewards",), (), ("q_in_the_loss",)),
-        (("summed_rewards", "q_at_rollout", "shift_reference_at_rollout"), (), ()),
+        {"guide": "token"},
+        ((), (), ("q_in_the_loss",)),
+        (("q_at_rollout", "shift_reference_at_rollout"), (), ()),
     ),
     (  # the reward placement: q with the reward, the advantages recomputed, no q step in the loss
-        {"sage_guide": "branch", "sage_kl_placement": "reward"},
+        {"guide": "branch", "sage_kl_placement": "reward"},
+        (("summed_rewards", "q_at_rollout", "reward_placement", "estimate_advantages"), (), ()),
+        (("summed_rewards", "q_at_rollout", "reward_placement", "estimate_advantages"), (), ()),
+    ),
+    (  # the reward placement without a guide: its pseudo-KL reads q = 1 (not logged)
+        {"sage_kl_placement": "reward"},
         (("summed_rewards", "q_at_rollout", "reward_placement", "estimate_advantages"), (), ()),
         (("summed_rewards", "q_at_rollout", "reward_placement", "estimate_advantages"), (), ()),
     ),
     (  # the TRL-only steps (policy term, KL term) never on Unsloth's layout
-        {"sage_guide": "branch", "policy_term": "clip_cov", "kl_estimator": "k2"},
-        (("summed_rewards",), (), ("q_in_the_loss", "policy_term", "kl_term")),
-        (("summed_rewards",), (), ("q_in_the_unsloth_loss",)),
+        {"guide": "branch", "policy_term": "clip_cov", "kl_term": "k2"},
+        ((), (), ("q_in_the_loss", "policy_term", "kl_term")),
+        ((), (), ("q_in_the_unsloth_loss",)),
     ),
     (
         {"advantage_estimator": "passk", "loss_type": "dapo", "dapo_normalizer": "generation"},
-        (("summed_rewards", "estimate_advantages", "q_at_rollout"), ("dapo_normaliser",), ()),
-        (("summed_rewards", "estimate_advantages", "q_at_rollout"), ("dapo_normaliser",), ()),
+        (("summed_rewards", "estimate_advantages"), ("dapo_normaliser",), ()),
+        (("summed_rewards", "estimate_advantages"), ("dapo_normaliser",), ()),
     ),
     (
         {"loss_type": "dapo", "dapo_normalizer": "window"},
-        (("summed_rewards", "q_at_rollout"), (), ()),
-        (("summed_rewards", "q_at_rollout"), (), ()),
+        ((), (), ()),
+        ((), (), ()),
     ),
 ]
 

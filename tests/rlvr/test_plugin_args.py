@@ -1,6 +1,6 @@
-"""One plug-in contract for the four kinds (guide, advantage estimator, policy term, KL term): each named by a
-registered name or an import path, its own arguments in ``<kind>_args`` checked against the function's signature
-(after its per-call inputs) before any model loads, and bound when the trainer is built. k3 / k2 / forward are
+"""One plug-in contract for the four kinds (guide, advantage estimator, policy term, KL term): each one node,
+``{name: <registered name or import path>, <its arguments>}``, its arguments checked against the function's
+signature (after its per-call inputs) before any model loads, and bound when the plan is built. k3 / k2 / forward are
 entries of the KL-term registry (rlvr/kl_terms.py), with the backends they support.
 
 The out-of-tree run: an advantage estimator and a policy term written into tmp_path (outside the repo), each with
@@ -62,30 +62,37 @@ def test_kl_terms_by_hand():
         assert out.term.requires_grad and not out.value.requires_grad
 
 
-def test_kl_term_is_an_alias_of_kl_estimator():
-    assert _config(kl_term="k2").kl_estimator == "k2"
-    assert _config(kl_estimator="k2").kl_estimator == "k2"
-    with pytest.raises(ConfigError, match="name the same field"):
-        _config(kl_term="k2", kl_estimator="forward")
+def test_a_node_is_a_mapping_its_json_or_a_bare_name():
+    """The same node three ways (the YAML's mapping, the command line's JSON, a bare name without arguments), and
+    the config holds it resolved: every argument with its value, the defaults filled."""
+    branch = {"name": "branch", "gamma": 0.8, "tau": 0.5, "q_min": 0.6, "q_max": 1.4}
+    assert _config(guide={"name": "branch", "gamma": 0.8, "tau": 0.5}).guide == branch
+    assert _config(guide='{"name": "branch", "gamma": 0.8, "tau": 0.5}').guide == branch
+    assert _config(guide="branch").guide == {**branch, "gamma": 0.3, "tau": 1.2}
+    assert _config(kl_term="k2").kl_term == {"name": "k2"}
+    assert _config().policy_term == {"name": "none"} and _config().advantage_estimator == {"name": "grpo"}
 
 
 @pytest.mark.parametrize(
     "overrides, error",
     [
         (
-            {"advantage_estimator_args": {"scale": 2.0}},
-            "advantage_estimator_args: advantage estimator 'grpo' has no",
+            {"advantage_estimator": {"name": "grpo", "scale": 2.0}},
+            "advantage_estimator: advantage estimator 'grpo' has no",
         ),
-        ({"policy_term_args": {"factor": 2.0}}, "policy_term_args is set but policy_term=none"),
-        ({"policy_term": "entropy_adv", "policy_term_args": {"facter": 2}}, "policy_term_args: policy term"),
-        ({"kl_term_args": {"x": 1}}, "kl_term_args: KL term 'k3' has no argument 'x'"),
-        ({"advantage_estimator_args": "{oops"}, "advantage_estimator_args='{oops' is not a JSON object"),
-        ({"kl_estimator": "k2", "backend": "unsloth"}, "kl_estimator='k2' is not expressible"),
+        ({"policy_term": {"name": "none", "factor": 2.0}}, "policy_term: none takes no arguments"),
+        ({"policy_term": {"name": "entropy_adv", "facter": 2}}, "policy_term: policy term"),
+        ({"kl_term": {"name": "k3", "x": 1}}, "kl_term: KL term 'k3' has no argument 'x'"),
+        ({"advantage_estimator": "{oops"}, "advantage_estimator='{oops' is not a JSON object"),
+        ({"guide": {"gamma": 0.8}}, r"guide: the mapping \{'gamma': 0.8\} names no guide"),
+        ({"guide": ["branch"]}, "guide must be a guide name or a mapping"),
+        ({"kl_term": "k2", "backend": "unsloth"}, "kl_term='k2' is not expressible"),
     ],
 )
 def test_bad_plugin_args_are_one_line(overrides, error):
-    with pytest.raises(ConfigError, match=error):
+    with pytest.raises(ConfigError, match=error) as caught:
         _config(**overrides)
+    assert "\n" not in str(caught.value)
 
 
 ESTIMATOR = '''
@@ -126,10 +133,8 @@ def test_out_of_tree_estimator_and_term_train_through_the_cli(tmp_path, sft_dir,
     config = mine / "mine.yaml"
     config.write_text(
         f"base: {REPO / 'configs' / 'rlvr' / 'tiny-cpu' / '_base.yaml'}\n"
-        f"advantage_estimator: {mine / 'my_estimator.py'}:centred\n"
-        f"advantage_estimator_args: {{scale: 3.0, shift: 0.25, log: {est_log}}}\n"
-        f"policy_term: {mine / 'my_term.py'}:damped\n"
-        f"policy_term_args: {{factor: 0.5, log: {term_log}}}\n"
+        f"advantage_estimator: {{name: {mine / 'my_estimator.py'}:centred, scale: 3.0, shift: 0.25, log: {est_log}}}\n"
+        f"policy_term: {{name: {mine / 'my_term.py'}:damped, factor: 0.5, log: {term_log}}}\n"
         "max_steps: 1\nsave_strategy: 'no'\n"
     )
     argv = [str(config), "--sft_dir", str(sft_dir), "--output_root", str(mine / "out")]
@@ -151,138 +156,172 @@ def test_out_of_tree_estimator_and_term_train_through_the_cli(tmp_path, sft_dir,
     torch.testing.assert_close(torch.tensor(terms[0]["out"]), 0.5 * seen)
 
 
-def test_the_command_line_overrides_a_yaml_key_under_either_name(tmp_path, capsys):
-    """kl_term in the YAML and --kl_estimator on the command line (or the reverse): the flag wins, as for any
-    field, and --help shows the file's value under the field's own name."""
+def test_the_command_line_node_replaces_the_yaml_node_whole(tmp_path, capsys):
+    """A node on the command line (a bare name, or its JSON: TRL's convention for a dict field) replaces the YAML's
+    node whole, as a ``base:`` file's node is replaced by its child's: the arguments it leaves out take their
+    defaults. --help-all shows the file's node."""
     from sage_unsloth.rlvr.run import parse_args
 
     base = REPO / "configs" / "rlvr" / "tiny-cpu" / "_base.yaml"
     config = tmp_path / "mine.yaml"
-    config.write_text(f"base: {base}\nkl_term: k2\n")
+    config.write_text(f"base: {base}\nkl_term: k2\nguide: {{name: branch, gamma: 0.8, tau: 0.5}}\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert parse_args([str(config)])[0].kl_estimator == "k2"
-        assert parse_args([str(config), "--kl_estimator", "k3"])[0].kl_estimator == "k3"
-        other = tmp_path / "other.yaml"
-        other.write_text(f"base: {base}\nkl_estimator: k2\n")
-        assert parse_args([str(other), "--kl_term=k3"])[0].kl_estimator == "k3"
-        with pytest.raises(ConfigError, match="name the same field"):
-            parse_args([str(config), "--kl_term", "k2", "--kl_estimator", "k3"])
+        parsed = parse_args([str(config)])[0]
+        assert parsed.kl_term == {"name": "k2"} and (parsed.guide["gamma"], parsed.guide["tau"]) == (0.8, 0.5)
+        assert parse_args([str(config), "--kl_term", "k3"])[0].kl_term == {"name": "k3"}
+        assert parse_args([str(config), "--kl-term=k3"])[0].kl_term == {"name": "k3"}
+        flag = parse_args([str(config), "--guide", '{"name": "branch", "tau": 0.9}'])[0]
+        assert (flag.guide["gamma"], flag.guide["tau"]) == (0.3, 0.9)  # gamma: the branch guide's default
         with pytest.raises(SystemExit):
             parse_args([str(config), "--help-all"])
-    assert "kl_estimator" in capsys.readouterr().out
-    assert parse_args([str(other), "--kl-term", "k3"])[0].kl_estimator == "k3"
+    assert "kl_term" in capsys.readouterr().out
 
 
-# ------------------------------------------------------------------------------- one call shape, knobs in <kind>_args
-def _aliased():
-    """(registry, kind field, entry name, keyword, flat field, a value off the flat field's default) for every
-    keyword of a built-in that has a flat config field."""
-    from sage_unsloth.rlvr.plan import REGISTRIES
+def test_old_spellings_are_refused_in_one_line_naming_the_node(tmp_path):
+    """Every key of the flat spelling, in a YAML or as a flag, is one line naming the node it became, before any
+    model loads: from the stage parser and from the pre-import check alike."""
+    from sage_unsloth.config_schema import check_stage_input
+    from sage_unsloth.rlvr.config import RETIRED_KEYS
+    from sage_unsloth.rlvr.run import parse_args
 
+    base = REPO / "configs" / "rlvr" / "tiny-cpu" / "_base.yaml"
+    assert {"sage_guide", "sage_guide_args", "sage_gamma", "sage_tau", "kl_estimator", "kl_term_args"} <= set(
+        RETIRED_KEYS
+    )
+    assert {"passk_k", "clip_cov_ub", "kl_cov_coef", "entropy_adv_alpha", "sage_schedule_cycles"} <= set(
+        RETIRED_KEYS
+    )
+    for old, (node, key, entry) in RETIRED_KEYS.items():
+        config = tmp_path / f"{old}.yaml"
+        config.write_text(f"base: {base}\n{old}: 1\n")
+        want = f"{old} is retired: " + (
+            f"it is the argument {key} of the {node} node" if key not in (None, "name") else ""
+        )
+        for argv in ([str(config)], [str(base), f"--{old}", "1"]):
+            with pytest.raises(ConfigError) as caught:
+                parse_args(argv)
+            line = str(caught.value)
+            assert want in line and f"{node}: {{name: " in line and "\n" not in line, line
+            assert check_stage_input("rlvr", argv) == [line]  # the same line before TRL is imported
+
+
+# ------------------------------------------------------------------------------- one call shape, knobs in the node
+def _builtin_keywords():
+    """(registry, entry name, keyword, a valid value off its default) for every keyword argument of a built-in
+    (not TRL's own fields, which the node does not set)."""
+    import inspect
+
+    from sage_unsloth.rlvr.plan import NODES
+
+    special = {
+        "norm": "zscore",
+        "cycles": 3,
+        "decay": 0.8,
+        "k": 2,
+        "lb": 0.5,
+        "q_min": 0.5,
+        "eps_lower": 0.05,
+    }
     cases = []
-    for registry in REGISTRIES:
+    for registry in NODES.values():
+        kit = {k: default for k, (default, _) in registry.kit_args.items()}
         for name in registry.names():
-            for key, flat in (registry.resolve(name).meta["aliases"] or {}).items():
-                default = _config().__class__.__dataclass_fields__[flat].default
-                cases.append((registry, name, key, flat, _other(flat, default)))
+            entry = registry.resolve(name)
+            params = list(inspect.signature(entry.obj).parameters.values())[1:]
+            for p in params:
+                if p.name in (entry.meta["trl_fields"] or {}):
+                    continue
+                default = kit.get(p.name, p.default)
+                cases.append(
+                    (registry, name, p.name, special[p.name] if p.name in special else default * 1.5)
+                )
     return cases
 
 
-def _other(flat, default):
-    """A valid value of ``flat`` off its default."""
-    special = {
-        "sage_token_norm": "zscore",
-        "scale_rewards": "batch",
-        "passk_k": 2,
-        "sage_schedule_decay": 0.8,
-    }
-    if flat in special:
-        return special[flat]
-    if isinstance(default, int) and not isinstance(default, float):
-        return default + 1
-    return default * 1.5 if default else 0.05
-
-
-def _kind_config(registry, name, **kw):
+def _kind_config(registry, name, **args):
     base = {"num_iterations": 2, "beta": 0.05}  # kl_cov needs a reused batch; a guide needs the anchor
-    return _config(**{registry.field: name, **base, **kw})
+    return _config(**{registry.field: {"name": name, **args}, **base})
 
 
 def _bound(cfg, registry):
     plan = cfg.method_plan
     fn = {
-        "sage_guide": plan.guide_fn,
+        "guide": plan.guide_fn,
         "advantage_estimator": plan.estimator_call,
         "policy_term": plan.policy_term_fn,
-        "kl_estimator": plan.kl_term_fn,
+        "kl_term": plan.kl_term_fn,
     }[registry.field]
     return dict(getattr(fn, "keywords", {}))
 
 
-def test_every_builtin_keyword_has_its_flat_field_as_an_alias():
-    """A built-in's flat field and its <kind>_args keyword set the same argument: the same bound arguments, the
-    same flat field afterwards (TRL's own flags and the manifest read it), the same config either way."""
-    cases = _aliased()
-    assert {c[3] for c in cases} >= {"sage_gamma", "sage_tau", "passk_k", "clip_cov_ub", "kl_cov_coef"}
-    for registry, name, key, flat, value in cases:
-        by_flat = _kind_config(registry, name, **{flat: value})
-        by_args = _kind_config(registry, name, **{registry.args_field: {key: value}})
-        assert _bound(by_flat, registry)[key] == value == _bound(by_args, registry)[key], (name, key)
-        assert _bound(by_flat, registry) == _bound(by_args, registry), (name, key)
-        assert getattr(by_args, flat) == value, (name, flat)
-        # the same value both ways is no conflict
-        same = _kind_config(registry, name, **{flat: value, registry.args_field: {key: value}})
-        assert _bound(same, registry) == _bound(by_flat, registry)
+def test_every_builtin_knob_is_set_in_its_node_and_recorded_resolved():
+    """Each keyword of a built-in is set in its node: the plan binds that value, and the config's node (what the
+    manifest records) holds it with every other argument at its default."""
+    cases = _builtin_keywords()
+    assert {(c[1], c[2]) for c in cases} >= {
+        ("branch", "gamma"),
+        ("branch", "tau"),
+        ("passk", "k"),
+        ("clip_cov", "ub"),
+    }
+    for registry, name, key, value in cases:
+        cfg = _kind_config(registry, name, **{key: value})
+        assert _bound(cfg, registry)[key] == value, (name, key)
+        node = getattr(cfg, registry.field)
+        assert node["name"] == name and node[key] == value, (name, key)
+        default = _kind_config(registry, name)
+        assert {k: v for k, v in getattr(default, registry.field).items() if k != key} == {
+            k: v for k, v in node.items() if k != key
+        }, (name, key)
 
 
 @pytest.mark.parametrize(
     "overrides, error",
     [
         (
-            {"sage_guide": "branch", "sage_tau": 0.9, "sage_guide_args": {"tau": 1.5}},
-            r"^sage_tau=0.9 and sage_guide_args: \{tau: 1.5\} set one argument of guide 'branch' two ways: keep one",
+            {"advantage_estimator": {"name": "grpo", "scale_rewards": "none"}},
+            r"^advantage_estimator.scale_rewards: advantage estimator 'grpo' reads TRL's own field scale_rewards",
         ),
         (
-            {"advantage_estimator": "passk", "passk_k": 2, "advantage_estimator_args": {"k": 3}},
-            r"^passk_k=2 and advantage_estimator_args: \{k: 3\} set one argument of advantage estimator 'passk'",
+            {"policy_term": {"name": "entropy_adv", "alpha": "big"}},
+            r"^policy_term: policy term 'entropy_adv' argument 'alpha' must be float, got str 'big'$",
         ),
         (
-            {"policy_term": "clip_cov", "clip_cov_ub": 6.0, "policy_term_args": {"ub": 7.0}},
-            r"^clip_cov_ub=6.0 and policy_term_args: \{ub: 7.0\} set one argument of policy term 'clip_cov'",
+            {"guide": {"name": "token", "cycles": 2.5}},
+            r"^guide: guide 'token' argument 'cycles' must be int, got float 2.5$",
         ),
-        (
-            {"scale_rewards": "batch", "advantage_estimator_args": {"scale_rewards": "none"}},
-            r"^scale_rewards='batch' and advantage_estimator_args: \{scale_rewards: 'none'\} set one argument",
-        ),
-        (
-            {"policy_term": "entropy_adv", "policy_term_args": {"alpha": "big"}},
-            r"^policy_term_args: policy term 'entropy_adv' argument 'alpha' must be float, got str 'big'$",
-        ),
-        (
-            {"sage_guide": "token", "sage_guide_args": {"cycles": 2.5}},
-            r"^sage_guide_args: guide 'token' argument 'cycles' must be int, got float 2.5$",
-        ),
+        ({"guide": {"name": "branch", "gamma": -0.1}}, r"^guide.gamma=-0.1 must be >= 0$"),
+        ({"guide": {"name": "branch", "q_min": 0}}, r"^guide.q_min=0 must be > 0 \(log q must stay finite"),
+        ({"guide": {"name": "branch", "q_min": 1.5}}, r"^guide: q_min=1.5 > q_max=1.4: make q_min <= q_max$"),
+        ({"guide": {"name": "random", "eps_upper": 1.5}}, r"^guide.eps_upper=1.5 must be in \[0, 1\]"),
+        ({"guide": {"name": "token", "norm": "max"}}, r"^guide.norm='max' is unknown"),
+        ({"policy_term": {"name": "clip_cov", "lb": 5.0}}, r"^policy_term: lb=5.0 must be < ub=5.0$"),
+        ({"policy_term": {"name": "entropy_adv", "kappa": 1.0}}, r"^policy_term.kappa=1.0 must be > 1"),
     ],
 )
-def test_a_knob_set_two_ways_differently_or_of_the_wrong_type_is_one_line(overrides, error):
+def test_a_bad_knob_is_one_line_naming_the_node(overrides, error):
     with pytest.raises(ConfigError, match=error) as caught:
         _config(**overrides)
     assert "\n" not in str(caught.value)
 
 
-def test_the_command_line_flag_and_the_args_json_give_the_same_run(tmp_path):
-    """TRL users keep their flags: --passk_k 2 and --advantage_estimator_args '{"k": 2}' are one config."""
+def test_the_command_line_json_and_the_yaml_mapping_give_the_same_run(tmp_path):
+    """TRL's convention for a dict field: --advantage_estimator '{"name": "passk", "k": 1}' is the YAML node."""
     from sage_unsloth.rlvr.run import parse_args
 
-    base = [str(REPO / "configs" / "rlvr" / "tiny-cpu" / "_base.yaml"), "--output_dir", str(tmp_path)]
-    base += ["--advantage_estimator", "passk"]
+    config = tmp_path / "passk.yaml"
+    base = REPO / "configs" / "rlvr" / "tiny-cpu" / "_base.yaml"
+    config.write_text(f"base: {base}\nadvantage_estimator: {{name: passk, k: 1}}\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        flat = parse_args([*base, "--passk_k", "1", "--clip_cov_ub", "6.0"])[0]
-        args = parse_args([*base, "--advantage_estimator_args", '{"k": 1}', "--clip_cov_ub", "6.0"])[0]
-    assert flat.passk_k == args.passk_k == 1
-    assert flat.method_plan.estimator_call.keywords == args.method_plan.estimator_call.keywords == {"k": 1}
+        by_yaml = parse_args([str(config), "--output_dir", str(tmp_path)])[0]
+        flag = ["--advantage_estimator", '{"name": "passk", "k": 1}', "--output_dir", str(tmp_path)]
+        by_flag = parse_args([str(base), *flag])[0]
+    assert by_yaml.advantage_estimator == by_flag.advantage_estimator == {"name": "passk", "k": 1}
+    assert (
+        by_yaml.method_plan.estimator_call.keywords == by_flag.method_plan.estimator_call.keywords == {"k": 1}
+    )
 
 
 def test_each_kind_is_called_with_its_one_record_and_its_keywords(monkeypatch):
@@ -304,12 +343,11 @@ def test_each_kind_is_called_with_its_one_record_and_its_keywords(monkeypatch):
 
     monkeypatch.setattr(plugin_calls, "call", spy)
     _config(
-        sage_guide="branch",
-        advantage_estimator="passk",
-        passk_k=2,
+        guide="branch",
+        advantage_estimator={"name": "passk", "k": 2},
         policy_term="kl_cov",
         num_iterations=2,
-        kl_estimator="k2",
+        kl_term="k2",
     )
     assert seen["guide"] == (1, guides.Signals, {"gamma": 0.3, "tau": 1.2, "q_min": 0.6, "q_max": 1.4})
     assert seen["advantage estimator"] == (1, GroupRewards, {"k": 2})
@@ -319,16 +357,19 @@ def test_each_kind_is_called_with_its_one_record_and_its_keywords(monkeypatch):
 
 
 def test_the_builtins_read_no_config():
-    """No plug-in receives the config: each built-in's parameters are its record and its keywords."""
+    """No plug-in receives the config: each built-in's parameters are its record and its keywords, each with a
+    default but the kit's own keys (a guide's clip range) and TRL's fields (grpo's scale_rewards)."""
     import inspect
 
-    from sage_unsloth.rlvr.plan import REGISTRIES
+    from sage_unsloth.rlvr.plan import NODES
 
-    for registry in REGISTRIES:
+    for registry in NODES.values():
         for name in registry.names():
-            params = list(inspect.signature(registry.resolve(name).obj).parameters.values())
+            entry = registry.resolve(name)
+            params = list(inspect.signature(entry.obj).parameters.values())
             assert len(params) >= 1 and all(p.kind is p.KEYWORD_ONLY for p in params[1:]), (
                 registry.kind,
                 name,
             )
-            assert set(registry.resolve(name).meta["aliases"] or {}) == {p.name for p in params[1:]}, name
+            bound_elsewhere = set(registry.kit_args) | set(entry.meta["trl_fields"] or {})
+            assert all(p.default is not p.empty for p in params[1:] if p.name not in bound_elsewhere), name

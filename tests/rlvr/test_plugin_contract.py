@@ -1,5 +1,5 @@
 """One error contract for the four plug-in kinds (guide, advantage estimator, policy term, KL term), before any model
-loads (issue 41, item 1): import, signature and ``<kind>_args`` types are checked when the config is built, and
+loads (issue 41, item 1): import, signature and node argument types are checked when the config is built, and
 each plug-in is called once on a synthetic batch through the run-time checks (sage_unsloth/plugin_calls.py,
 rlvr/plugin_probe.py). Every fault is one line naming the field and the plug-in (``file.py:function``, with the
 line for a syntax error), exit 2, nothing written; plug-ins receive copies of what they read.
@@ -22,10 +22,10 @@ from sage_unsloth.config_args import ConfigError
 REPO = Path(__file__).resolve().parents[2]
 TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
 FIELDS = {
-    "guide": "sage_guide",
+    "guide": "guide",
     "estimator": "advantage_estimator",
     "term": "policy_term",
-    "kl": "kl_estimator",
+    "kl": "kl_term",
 }
 
 
@@ -69,9 +69,9 @@ def _plugin(tmp_path: Path, source: str, name: str = "mine.py") -> Path:
 def test_a_plugin_file_that_does_not_import_is_one_line_naming_its_line(tmp_path, source, expected):
     path = _plugin(tmp_path, source)
     with pytest.raises(ConfigError, match=expected) as caught:
-        _config(sage_guide=f"{path}:g")
+        _config(guide=f"{path}:g")
     message = str(caught.value)
-    assert message.startswith(f"sage_guide='{path}:g': ") and "\n" not in message
+    assert message.startswith(f"guide='{path}:g': ") and "\n" not in message
 
 
 def test_a_module_plugin_whose_own_import_fails_names_the_missing_dependency(tmp_path, monkeypatch):
@@ -81,9 +81,9 @@ def test_a_module_plugin_whose_own_import_fails_names_the_missing_dependency(tmp
     with pytest.raises(
         ConfigError, match=r"raised ModuleNotFoundError: No module named 'not_a_module_anywhere'"
     ):
-        _config(sage_guide="broken_guides:g")
+        _config(guide="broken_guides:g")
     with pytest.raises(ConfigError, match=r"cannot import module 'no_such_guides'"):
-        _config(sage_guide="no_such_guides:g")
+        _config(guide="no_such_guides:g")
 
 
 @pytest.mark.parametrize(
@@ -92,16 +92,16 @@ def test_a_module_plugin_whose_own_import_fails_names_the_missing_dependency(tmp
         (
             "guide",
             "def f():\n    return 1\n",
-            r"takes no positional input; a guide is called as fn\(signals, \*\*sage_guide_args\)",
+            r"takes no positional input; a guide is called as fn\(signals, \*\*arguments\)",
         ),
-        ("kl", "def f():\n    pass\n", r"a KL term is called as fn\(tokens, \*\*kl_term_args\)"),
+        ("kl", "def f():\n    pass\n", r"a KL term is called as fn\(tokens, \*\*arguments\)"),
         # the earlier call shapes of the estimators and the policy terms: one line naming the new one
         (
             "estimator",
             "def f(rewards, num_generations, args):\n    return rewards\n",
             (
                 r"takes 'num_generations', 'args', the earlier call shape: an advantage estimator is now called as "
-                r"fn\(inputs, \*\*advantage_estimator_args\) with its knobs as keyword arguments"
+                r"fn\(inputs, \*\*arguments\) with its knobs as keyword arguments"
             ),
         ),
         (
@@ -114,7 +114,7 @@ def test_a_module_plugin_whose_own_import_fails_names_the_missing_dependency(tmp
             "def f(batch, args, *, factor=1.0):\n    pass\n",
             (
                 r"takes 'args', the earlier call shape: a policy term is now called as fn\(batch, "
-                r"\*\*policy_term_args\)"
+                r"\*\*arguments\)"
             ),
         ),
     ],
@@ -129,7 +129,7 @@ ANNOTATED = """
 from typing import Literal, Optional
 import torch
 
-def g(signals, *, gamma: float = 0.3, n: int = 1, flag: bool = False, name: str = "a",
+def g(signals, *, gamma: float = 0.3, n: int = 1, flag: bool = False, label: str = "a",
       mode: Literal["up", "down"] = "up", cap: Optional[float] = None, ids: list[int] = ()):
     return torch.ones_like(signals.mask, dtype=torch.float32)
 """
@@ -142,7 +142,7 @@ def g(signals, *, gamma: float = 0.3, n: int = 1, flag: bool = False, name: str 
         ({"gamma": True}, r"argument 'gamma' must be float, got bool True"),
         ({"n": 2.5}, r"argument 'n' must be int, got float 2\.5"),
         ({"flag": 1}, r"argument 'flag' must be bool, got int 1"),
-        ({"name": 3}, r"argument 'name' must be str, got int 3"),
+        ({"label": 3}, r"argument 'label' must be str, got int 3"),
         ({"mode": "sideways"}, r"argument 'mode' must be one of 'up', 'down', got str 'sideways'"),
         ({"cap": "none"}, r"argument 'cap' must be float or None, got str 'none'"),
         ({"ids": 3}, r"argument 'ids' must be list, got int 3"),
@@ -150,15 +150,29 @@ def g(signals, *, gamma: float = 0.3, n: int = 1, flag: bool = False, name: str 
 )
 def test_plugin_argument_types_come_from_its_annotations(tmp_path, args, expected):
     path = _plugin(tmp_path, ANNOTATED)
-    with pytest.raises(ConfigError, match=f"sage_guide_args: guide '.*mine.py:g' {expected}"):
-        _config(sage_guide=f"{path}:g", sage_guide_args=args)
+    with pytest.raises(ConfigError, match=f"guide: guide '.*mine.py:g' {expected}"):
+        _config(guide={"name": f"{path}:g", **args})
 
 
 def test_well_typed_plugin_arguments_pass(tmp_path):
     path = _plugin(tmp_path, ANNOTATED)
-    args = {"gamma": 1, "n": 3, "flag": True, "name": "b", "mode": "down", "cap": None, "ids": [1, 2]}
-    assert _config(sage_guide=f"{path}:g", sage_guide_args=args).sage_guide_args == args
-    _config(sage_guide=f"{path}:g", sage_guide_args='{"cap": 0.5}')  # JSON from the command line
+    args = {"gamma": 1, "n": 3, "flag": True, "label": "b", "mode": "down", "cap": None, "ids": [1, 2]}
+    assert _config(guide={"name": f"{path}:g", **args}).guide == {
+        "name": f"{path}:g",
+        **args,
+        "q_min": 0.6,
+        "q_max": 1.4,
+    }
+    _config(guide=f'{{"name": "{path}:g", "cap": 0.5}}')  # JSON from the command line
+
+
+def test_a_plugin_parameter_called_name_is_refused(tmp_path):
+    """``name`` is the node's key that names the plug-in, so a parameter of that name could never be set."""
+    path = _plugin(tmp_path, "def g(signals, *, name='x'):\n    return signals.mask\n")
+    with pytest.raises(
+        ConfigError, match=r"has a parameter 'name', the key that names the plug-in in its node"
+    ):
+        _config(guide=f"{path}:g")
 
 
 def test_argument_types_of_every_kind_are_checked(tmp_path):
@@ -180,12 +194,11 @@ def test_argument_types_of_every_kind_are_checked(tmp_path):
     for field, fn, args in (
         ("advantage_estimator", "est", "scale"),
         ("policy_term", "term", "factor"),
-        ("kl_estimator", "kl", "cap"),
+        ("kl_term", "kl", "cap"),
     ):
-        args_field = "kl_term_args" if field == "kl_estimator" else f"{field}_args"
-        with pytest.raises(ConfigError, match=f"{args_field}: .* argument '{args}' must be float, got str"):
-            _config(**{field: f"{path}:{fn}", args_field: {args: "x"}})
-        _config(**{field: f"{path}:{fn}", args_field: {args: 2}})
+        with pytest.raises(ConfigError, match=f"{field}: .* argument '{args}' must be float, got str"):
+            _config(**{field: {"name": f"{path}:{fn}", args: "x"}})
+        _config(**{field: {"name": f"{path}:{fn}", args: 2}})
 
 
 # ------------------------------------------------------------------------------------------- the trial call
@@ -231,7 +244,7 @@ def test_every_fault_of_every_kind_fails_its_trial_call_in_one_line(tmp_path, ki
     if fault == "type" and kind in ("term", "kl"):  # their tensors sit inside the output record
         source = source.replace("out = out.tolist()", "out = [out]")
     path = _plugin(tmp_path, source, "faulty.py")
-    extra = {"sage_guide": "none"} if kind == "kl" else {}
+    extra = {"guide": "none"} if kind == "kl" else {}
     with pytest.raises(ConfigError) as caught:
         _config(**{FIELDS[kind]: f"{path}:f", **extra})
     message = str(caught.value)
@@ -246,23 +259,23 @@ def test_every_fault_of_every_kind_fails_its_trial_call_in_one_line(tmp_path, ki
 
 def test_a_guide_with_a_large_q_is_clipped_not_refused(tmp_path):
     path = _plugin(tmp_path, "def f(signals):\n    return signals.mask * 0 + 1e30\n")
-    _config(sage_guide=f"{path}:f")
+    _config(guide=f"{path}:f")
 
 
 def test_the_builtins_and_the_examples_pass_their_trial_call():
     """Every registered entry of every kind (with what it needs configured) and each example of examples/."""
     for name in guides.GUIDES.names():
-        _config(sage_guide=name)
-    _config(advantage_estimator="passk", passk_k=2)
+        _config(guide=name)
+    _config(advantage_estimator={"name": "passk", "k": 2})
     for term, extra in (("entropy_adv", {}), ("clip_cov", {}), ("kl_cov", {"num_iterations": 2})):
         _config(policy_term=term, **extra)
-    _config(kl_estimator="k2", sage_guide="branch")
-    _config(kl_estimator="forward")
+    _config(kl_term="k2", guide="branch")
+    _config(kl_term="forward")
     examples = REPO / "examples"
-    _config(sage_guide=f"{examples / 'top2_margin.py'}:top2_margin_guide")
+    _config(guide=f"{examples / 'top2_margin.py'}:top2_margin_guide")
     _config(advantage_estimator=f"{examples / 'centred_advantage.py'}:centred_advantage")
     _config(policy_term=f"{examples / 'damped_advantage_term.py'}:damped_advantage")
-    _config(kl_estimator=f"{examples / 'clipped_k3.py'}:clipped_k3")
+    _config(kl_term=f"{examples / 'clipped_k3.py'}:clipped_k3")
 
 
 def test_the_trial_call_leaves_the_global_rng_alone(tmp_path):
@@ -270,7 +283,7 @@ def test_the_trial_call_leaves_the_global_rng_alone(tmp_path):
     torch.manual_seed(5)
     before = torch.rand(3)
     torch.manual_seed(5)
-    _config(sage_guide=f"{path}:f")
+    _config(guide=f"{path}:f")
     assert torch.equal(torch.rand(3), before)
 
 
@@ -292,9 +305,9 @@ def test_a_bad_plugin_on_the_command_line_is_one_line_exit_2_before_anything(tmp
     assert len(err) == 1 and err[0].startswith(f"error: advantage_estimator='{bad}:f': its trial call"), err
     assert "non-finite advantages" in err[0] and not out.exists()
     syntax = _plugin(tmp_path, "def g(signals)\n    pass\n", "broken.py")
-    assert cli.main([*argv, "--sage_guide", f"{syntax}:g"]) == 2
+    assert cli.main([*argv, "--guide", f"{syntax}:g"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: sage_guide='{syntax}:g': broken.py line 1: SyntaxError: expected ':'"], err
+    assert err == [f"error: guide='{syntax}:g': broken.py line 1: SyntaxError: expected ':'"], err
 
 
 # ------------------------------------------------------------------------------------------- copies
@@ -423,9 +436,9 @@ def test_guide_argument_types_of_a_lab_config_are_checked_before_the_lab_trains(
     config = tmp_path / "my_method.yaml"
     config.write_text(
         f"base: {REPO / 'configs' / 'rlvr' / 'tiny-cpu' / '_base.yaml'}\n"
-        f"sage_guide: {path}:g\nsage_guide_args: {{gamma: high}}\n"
+        f"guide: {{name: {path}:g, gamma: high}}\n"
     )
     assert check_stage2_configs([str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    want = f"error: my_method ({config}): sage_guide_args: guide '{path}:g' argument 'gamma' must be float, got str"
+    want = f"error: my_method ({config}): guide: guide '{path}:g' argument 'gamma' must be float, got str"
     assert err == [f"{want} 'high'"], err

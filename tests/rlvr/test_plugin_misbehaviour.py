@@ -92,9 +92,9 @@ def a_graph_of_its_own(tokens):
 )
 def test_a_kl_term_without_a_gradient_is_refused_at_its_trial_call(tmp_path, fn, expected):
     path = _plugin(tmp_path, KL_TERMS)
-    message = _refused("kl_estimator", f"{path}:{fn}", sage_guide="none", beta=0.05)
+    message = _refused("kl_term", f"{path}:{fn}", guide="none", beta=0.05)
     assert expected in message and "train" in message, message
-    _config(kl_estimator=f"{path}:k3", sage_guide="branch", beta=0.05)  # one with its gradient passes
+    _config(kl_term=f"{path}:k3", guide="branch", beta=0.05)  # one with its gradient passes
 
 
 def test_a_policy_term_whose_added_loss_has_no_gradient_is_refused():
@@ -144,8 +144,8 @@ def test_an_output_on_the_meta_device_or_sparse_is_one_line_not_a_traceback(tmp_
     path = _plugin(
         tmp_path, f"{head}def f({arg}):\n    {body}\n" + ("f.needs = ('entropies',)\n" * (kind == "guide"))
     )
-    field = {"guide": "sage_guide", "estimator": "advantage_estimator", "kl": "kl_estimator"}[kind]
-    extra = {"sage_guide": "none"} if kind == "kl" else {}
+    field = {"guide": "guide", "estimator": "advantage_estimator", "kl": "kl_term"}[kind]
+    extra = {"guide": "none"} if kind == "kl" else {}
     message = _refused(field, f"{path}:f", **extra)
     assert expected in message, message
 
@@ -194,7 +194,7 @@ def test_an_output_the_checks_cannot_read_is_the_plugins_fault():
 # ------------------------------------------------------------------------------------------------ interrupts, exits
 def test_a_plugins_own_keyboard_interrupt_is_its_fault_a_real_ctrl_c_stays_the_users(tmp_path):
     path = _plugin(tmp_path, "def g(signals):\n    raise KeyboardInterrupt\n")
-    message = _refused("sage_guide", f"{path}:g")
+    message = _refused("guide", f"{path}:g")
     assert "raised KeyboardInterrupt itself (no Ctrl-C came) (mine.py:2)" in message
     with pytest.raises(plugin_calls.PluginFault, match="at step 3 raised KeyboardInterrupt itself"):
         plugin_calls.call(
@@ -232,7 +232,7 @@ def test_a_plugins_keyboard_interrupt_through_the_stage_is_exit_2_not_130(tmp_pa
     monkeypatch.chdir(REPO)
     path = _plugin(tmp_path, "def g(signals):\n    raise KeyboardInterrupt\n")
     argv = ["rlvr", TINY_GRPO, "--sft_dir", str(tmp_path / "sft"), "--output_root", str(tmp_path / "out")]
-    assert cli.main([*argv, "--sage_guide", f"{path}:g"]) == 2
+    assert cli.main([*argv, "--guide", f"{path}:g"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "raised KeyboardInterrupt itself" in err[0] and "interrupted" not in err[0], err
 
@@ -266,7 +266,7 @@ def test_os_exit_in_a_plugin_never_ends_the_stage_with_exit_0(tmp_path, fn):
         "--output_root",
         str(out),
     ]
-    done = run_python([*argv, "--sage_guide", f"{path}:{fn}"], cwd=REPO, timeout=300, env=env_with_repo())
+    done = run_python([*argv, "--guide", f"{path}:{fn}"], cwd=REPO, timeout=300, env=env_with_repo())
     err = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     assert len(err) == 1 and f"{TRIAL} (4 rows x 6 tokens) called os._exit(0)" in err[0], done.stderr[-2000:]
@@ -299,10 +299,10 @@ def test_a_guide_that_sleeps_is_stopped_at_its_budget_in_one_line(tmp_path, monk
     path = _plugin(
         tmp_path, "import time\ndef g(signals):\n    time.sleep(25)\n    return signals.mask * 1.0\n"
     )
-    _config(sage_guide="branch")  # the built-ins' first-call imports are done before the budget is short
+    _config(guide="branch")  # the built-ins' first-call imports are done before the budget is short
     monkeypatch.setenv("SAGE_PLUGIN_TRIAL_TIMEOUT_S", "1")
     start = time.monotonic()
-    message = _refused("sage_guide", f"{path}:g")
+    message = _refused("guide", f"{path}:g")
     assert time.monotonic() - start < 15
     assert "ran past its time budget of 1 s (SAGE_PLUGIN_TRIAL_TIMEOUT_S=SECONDS sets it, 0: none)" in message
     assert message.endswith("and was stopped (mine.py:3)"), message
@@ -362,7 +362,7 @@ def test_a_guide_that_will_not_stop_ends_the_process_in_one_line(tmp_path):
         """,
     )
     argv = ["-m", "sage_unsloth.rlvr", TINY_GRPO, "--sft_dir", str(tmp_path / "sft")]
-    argv += ["--output_root", str(tmp_path / "out"), "--sage_guide", f"{path}:g"]
+    argv += ["--output_root", str(tmp_path / "out"), "--guide", f"{path}:g"]
     done = run_python(argv, cwd=REPO, timeout=240, env=env_with_repo(SAGE_PLUGIN_TRIAL_TIMEOUT_S="1"))
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     assert done.stderr.strip().splitlines()[-1] == (
@@ -406,7 +406,7 @@ def test_a_guide_reading_a_signal_it_did_not_declare_fails_its_trial_call(
     tmp_path, body, needs, signal_read, line
 ):
     path = _plugin(tmp_path, f"import torch\ndef g(signals):\n    {body}\ng.needs = {needs!r}\n")
-    message = _refused("sage_guide", f"{path}:g")
+    message = _refused("guide", f"{path}:g")
     assert f"reads {signal_read}, a signal its needs do not declare" in message, message
     assert f"declare it, {line} (mine.py:3)" in message, message
 
@@ -423,7 +423,7 @@ def test_a_guide_reading_what_it_declares_passes():
             g.needs = ("entropies", "top1_prob", "completion_ids")
             """,
         )
-        _config(sage_guide=f"{path}:g")
+        _config(guide=f"{path}:g")
 
 
 # ------------------------------------------------------------------------------------------------ credentials
@@ -448,12 +448,13 @@ def test_a_credential_like_plugin_argument_is_redacted_from_every_record(tmp_pat
     monkeypatch.setenv("KEYED_LOG", str(log))
     path = _plugin(tmp_path, KEYED)
     args = {"api_key": secret, "options": {"password": nested, "region": "eu"}, "scale": 2.0}
+    node = json.dumps({"name": f"{path}:est", **args})  # the estimator's node: its name and its arguments
     config = tmp_path / "keyed.yaml"
     body = f"base: {REPO / TINY_GRPO}\nadvantage_estimator: {path}:est\n"
     if given_as == "yaml":
-        body += f"advantage_estimator_args: {json.dumps(args)}\n"
+        body = f"base: {REPO / TINY_GRPO}\nadvantage_estimator: {node}\n"
     config.write_text(body)
-    flags = [] if given_as == "yaml" else ["--advantage_estimator_args", json.dumps(args)]
+    flags = [] if given_as == "yaml" else ["--advantage_estimator", node]
     monkeypatch.setattr(sys, "argv", ["sage-unsloth", str(config), *flags])
     grpo, stage, model, _ = parse_args(sys.argv[1:])
 
@@ -468,8 +469,8 @@ def test_a_credential_like_plugin_argument_is_redacted_from_every_record(tmp_pat
     }
     for record, text in records.items():
         assert secret not in text and nested not in text, record
-    assert grpo.advantage_estimator_args["api_key"] == "<redacted>"
-    assert grpo.advantage_estimator_args["options"] == {"password": "<redacted>", "region": "eu"}
+    assert grpo.advantage_estimator["api_key"] == "<redacted>"
+    assert grpo.advantage_estimator["options"] == {"password": "<redacted>", "region": "eu"}
 
     log.unlink()
     grpo.method_plan.estimator_call(GroupRewards(torch.tensor([0.0, 1.0, 1.0, 1.0]), 2))
@@ -482,7 +483,7 @@ def test_a_credential_like_plugin_argument_is_redacted_from_every_record(tmp_pat
 # ------------------------------------------------------------------------------------------------ needs paths
 def test_a_logit_signals_path_in_needs_is_found_beside_the_guides_own_file(tmp_path, monkeypatch, capsys):
     """The lab's layout: the YAML, the guide and its logit signal in one folder of one's own, the stage run from the
-    repository; ``needs`` names the signal by a path relative to that folder, as ``sage_guide`` is."""
+    repository; ``needs`` names the signal by a path relative to that folder, as the guide node's ``name`` is."""
     from sage_unsloth.demo.run import check_stage2_configs
 
     monkeypatch.chdir(REPO)
@@ -507,20 +508,18 @@ def test_a_logit_signals_path_in_needs_is_found_beside_the_guides_own_file(tmp_p
     )
     from sage_unsloth import guides
 
-    cfg = _config(sage_guide=f"{guide}:g")  # its trial call read the signal under the name it declared
+    cfg = _config(guide=f"{guide}:g")  # its trial call read the signal under the name it declared
     plan = cfg.method_plan
     assert plan.guide_needs == ("signals.py:second_prob",)
     (fn,) = guides.logit_signal_functions(plan.guide_needs, plan.guide).values()  # what the trainer evaluates
     log_probs = torch.log_softmax(torch.tensor([[0.0, 2.0, 1.0]]), dim=-1)
     assert torch.allclose(fn(log_probs, None), torch.softmax(torch.tensor([0.0, 2.0, 1.0]), -1)[2:3])
     config = tmp_path / "near.yaml"
-    config.write_text(
-        f"base: {REPO / 'configs' / 'rlvr' / 'tiny-cpu' / '_base.yaml'}\nsage_guide: {guide}:g\n"
-    )
+    config.write_text(f"base: {REPO / 'configs' / 'rlvr' / 'tiny-cpu' / '_base.yaml'}\nguide: {guide}:g\n")
     assert check_stage2_configs([str(config)]) == 0, capsys.readouterr().err
     os.remove(tmp_path / "signals.py")  # and without the file beside it, the line names the need as written
     with pytest.raises(ConfigError, match=r"declares needs 'signals\.py:second_prob', which is no signal"):
-        _config(sage_guide=f"{guide}:g")
+        _config(guide=f"{guide}:g")
 
 
 def test_a_credential_like_plugin_argument_reaches_no_file_of_a_trained_run(
@@ -538,15 +537,13 @@ def test_a_credential_like_plugin_argument_reaches_no_file_of_a_trained_run(
     monkeypatch.setenv("KEYED_LOG", str(log))
     path = _plugin(tmp_path, KEYED)
     root = tmp_path / "out"
-    args = json.dumps({"api_key": secret, "scale": 1.0})
+    node = json.dumps({"name": f"{path}:est", "api_key": secret, "scale": 1.0})
     argv = rlvr_argv("grpo", sft_dir, root, dapo_sample, "--max_steps", "1", "--save_steps", "1")
     argv += [
         "--max_train_rows",
         "20",
         "--advantage_estimator",
-        f"{path}:est",
-        "--advantage_estimator_args",
-        args,
+        node,
     ]
     monkeypatch.setattr(sys, "argv", ["sage-unsloth-rlvr", *argv])
     assert main(argv) == 0

@@ -1,6 +1,6 @@
-"""q clipping is visible: the share of completion tokens whose raw q the kit clips to [sage_q_min, sage_q_max] is
+"""q clipping is visible: the share of completion tokens whose raw q the kit clips to the guide node's [q_min, q_max] is
 logged as sage/q_clipped_frac and, above 10%, warned about once per run. A guide meant to reach q = 2.0 under the
-default sage_q_max = 1.4 is the case a new user hit: every token silently got 1.4.
+default q_max = 1.4 is the case a new user hit: every token silently got 1.4.
 
 The fraction's reference is counted here by hand from the definition (raw q < q_min or > q_max, on the mask)."""
 
@@ -32,12 +32,12 @@ GUIDE = '''
 import torch
 
 def twice(signals):
-    """q = 2.0 on every token: beyond the default sage_q_max of 1.4."""
+    """q = 2.0 on every token: beyond the default q_max of 1.4."""
     return torch.full_like(signals.mask, 2.0, dtype=torch.float32)
 '''
 
 
-def _run(tmp_path, sft_dir, dapo_sample, name: str, extra: str):
+def _run(tmp_path, sft_dir, dapo_sample, name: str, node: str):
     from sage_unsloth.rlvr.run import main
 
     mine = tmp_path / name
@@ -45,8 +45,8 @@ def _run(tmp_path, sft_dir, dapo_sample, name: str, extra: str):
     (mine / "twice.py").write_text(GUIDE)
     config = mine / "twice.yaml"
     config.write_text(
-        f"base: {REPO / 'configs' / 'rlvr' / 'tiny-cpu' / '_base.yaml'}\nsage_guide: {mine / 'twice.py'}:twice\n"
-        f"max_steps: 2\nsave_strategy: 'no'\n{extra}"
+        f"base: {REPO / 'configs' / 'rlvr' / 'tiny-cpu' / '_base.yaml'}\n"
+        f"guide: {{name: {mine / 'twice.py'}:twice{node}}}\nmax_steps: 2\nsave_strategy: 'no'\n"
     )
     argv = [str(config), "--sft_dir", str(sft_dir), "--output_root", str(mine / "out")]
     with warnings.catch_warnings(record=True) as caught:
@@ -64,8 +64,8 @@ def test_a_guide_asking_for_q_2_is_clipped_visibly(tmp_path, sft_dir, dapo_sampl
     assert fractions == [1.0, 1.0]  # every completion token's 2.0 became 1.4, at both steps
     assert [e["sage/q_max"] for e in logs if "sage/q_max" in e] == pytest.approx([1.4, 1.4])
     assert len(clipping) == 1  # once per run, not once per step
-    assert "sage_q_max=1.4" in str(clipping[0].message)
+    assert "q_max=1.4" in str(clipping[0].message)
 
-    fractions, logs, clipping = _run(tmp_path, sft_dir, dapo_sample, "wide", "sage_q_max: 2.0\n")
+    fractions, logs, clipping = _run(tmp_path, sft_dir, dapo_sample, "wide", ", q_max: 2.0")
     assert fractions == [0.0, 0.0] and not clipping
     assert [e["sage/q_max"] for e in logs if "sage/q_max" in e] == pytest.approx([2.0, 2.0])

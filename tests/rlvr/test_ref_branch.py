@@ -69,7 +69,8 @@ class ScoringForwards:
 def _trainer(tiny_model_dir, tmp_path, guide, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = _config(tmp_path / guide, sage_guide=guide, sage_gamma=GAMMA, sage_tau=TAU, **kw)
+        node = "none" if guide == "none" else {"name": guide, "gamma": GAMMA, "tau": TAU}
+        args = _config(tmp_path / guide, guide=node, **kw)
     trainer = _build(tiny_model_dir, args)
     return trainer, ScoringForwards(trainer)
 
@@ -130,7 +131,7 @@ def test_unsloth_refuses_ref_branch_in_one_line_before_loading(tmp_path):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
     with pytest.raises(ConfigError, match=r"needs ref_entropies, .*: set backend=trl") as caught:
-        SageGRPOConfig(output_dir=str(tmp_path), report_to="none", backend="unsloth", sage_guide="ref_branch")
+        SageGRPOConfig(output_dir=str(tmp_path), report_to="none", backend="unsloth", guide="ref_branch")
     assert "\n" not in str(caught.value)
 
 

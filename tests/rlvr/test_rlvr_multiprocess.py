@@ -35,8 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("varied_reward")]
 DDP_CONFIG = REPO / "configs" / "accelerate" / "ddp.yaml"
 # The random tiny model's token entropies lie in [6.530, 6.533]: this gamma / tau spreads the branch q over
 # [1, 1.4], so that each rank's own q mean differs from the global one.
-BRANCH = ["--sage_gamma", "200", "--sage_tau", "6.531"]
-FIXED = {"grpo_branch": BRANCH, "dapo_branch_k2": [*BRANCH, "--kl_estimator", "k2"]}
+BRANCH = ["--guide", '{"name": "branch", "gamma": 200, "tau": 6.531}']
+FIXED = {"grpo_branch": BRANCH, "dapo_branch_k2": [*BRANCH, "--kl_term", "k2"]}
 RUN = [
     "--max_train_rows",
     "20",

@@ -93,14 +93,12 @@ def test_every_variant_trains_two_steps_and_moves_its_lora(
     for field in (
         "loss_type",
         "beta",
-        "sage_guide",
-        "kl_estimator",
+        "guide",  # each plug-in node resolved: every argument, the defaults filled
+        "kl_term",
+        "advantage_estimator",
+        "policy_term",
         "epsilon",
         "epsilon_high",
-        "sage_q_min",
-        "sage_q_max",
-        "sage_gamma",
-        "sage_tau",
         "temperature",
         "min_p",
         "use_bias_correction_kl",
@@ -131,7 +129,10 @@ def test_every_variant_trains_two_steps_and_moves_its_lora(
     assert manifest["base_model"] == built.plan.base_model and manifest["global_step"] == 2
     assert manifest["versions"]["trl"] and manifest["versions"]["torch"] and "git_commit" in manifest
     assert manifest["lora"]["r"] == 8
-    assert manifest["config"]["training"]["sage_guide"] == tiny.sage_guide
+    assert (
+        manifest["config"]["training"]["guide"] == tiny.guide
+        and tiny.guide["name"] == tiny.method_plan.guide.name
+    )
     assert manifest["config"]["stage"]["sft_dir"] == str(sft_dir)
 
 
@@ -168,7 +169,7 @@ def test_paper_configs_pin_the_official_recipe():
             args.save_steps,
             args.seed,
         ) == (5e-6, "constant", 8, 16, 8, 1000, 100, 3407), variant
-        assert (args.temperature, args.min_p, args.epsilon, args.sage_q_min, args.sage_q_max) == (
+        assert (args.temperature, args.min_p, args.epsilon, args.guide["q_min"], args.guide["q_max"]) == (
             1.0,
             0.01,
             0.2,
@@ -366,9 +367,10 @@ def test_resume_continues_step_count_and_optimizer_state(sft_dir, tmp_path, dapo
 
 # ----------------------------------------------------------------------------------------------- bad configs
 BAD = {
-    "guide_without_kl": (["--sage_guide", "branch", "--beta", "0"], "beta > 0"),
-    "q_bounds": (["--sage_q_min", "1.3", "--sage_q_max", "1.1"], "sage_q_min"),
-    "unknown_guide": (["--sage_guide", "entropy"], "sage_guide"),
+    "guide_without_kl": (["--guide", "branch", "--beta", "0"], "beta > 0"),
+    "q_bounds": (["--guide", '{"name": "branch", "q_min": 1.3, "q_max": 1.1}'], "q_min=1.3 > q_max=1.1"),
+    "unknown_guide": (["--guide", "entropy"], "guide='entropy'"),
+    "retired_key": (["--sage_tau", "0.5"], "sage_tau is retired: it is the argument tau of the guide node"),
     "unknown_loss": (["--loss_type", "ppo"], "loss_type"),
     "unknown_anchor": (["--anchor", "init"], "anchor"),
     "missing_stage1": (["--sft_dir", "/nonexistent/sft"], "sft_dir"),

@@ -18,31 +18,30 @@ TEMPERATURE = 0.8
 LOGIT_SCALE = 8.0
 # With the output head scaled by LOGIT_SCALE the tiny model's token entropies spread over ~0.05-4 nats, so the
 # paper's branch guide (gamma 0.3, tau 1.2) leaves some tokens at q = 1, raises others and clips a few at 1.4.
-BRANCH = {"sage_gamma": 0.3, "sage_tau": 1.2}
+BRANCH = {"name": "branch", "gamma": 0.3, "tau": 1.2}
 PROMPTS = ["What is 2+3?", "Compute the sum of the first ten odd positive integers, then double it."]
 
 
 def _config(tmp_path, **overrides):
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        backend="trl",
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=12,
-        temperature=TEMPERATURE,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        use_cpu=True,
-        max_steps=2,
-        learning_rate=1e-2,
-        sage_guide="branch",
-        **BRANCH,
+    base = {
+        "output_dir": str(tmp_path / "out"),
+        "backend": "trl",
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 12,
+        "temperature": TEMPERATURE,
+        "report_to": "none",
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "use_cpu": True,
+        "max_steps": 2,
+        "learning_rate": 1e-2,
+        "guide": BRANCH,
         # Many stop tokens so that completions end at different lengths and the masks are non-trivial.
-        generation_kwargs={"eos_token_id": list(range(300, 420))},
-    )
+        "generation_kwargs": {"eos_token_id": list(range(300, 420))},
+    }
     base.update(overrides)
     return SageGRPOConfig(**base)
 
@@ -230,9 +229,9 @@ def test_trl_kl_equals_k3_on_shifted_reference(tiny_model_dir, tmp_path, branch_
     if guide == "branch":
         trainer, batch = branch_trainer, branch_batch
     else:
-        overrides = {"sage_eps_upper": 0.5, "sage_eps_lower": 0.5} if guide == "random" else {}
+        knobs = {"eps_upper": 0.5, "eps_lower": 0.5} if guide == "random" else {}
         trainer = _build(
-            tiny_model_dir, _config(tmp_path, sage_guide=guide, sage_q_source="rollout", **overrides)
+            tiny_model_dir, _config(tmp_path, guide={"name": guide, **knobs}, sage_q_source="rollout")
         )
         batch = _rollout(trainer)
     mask = batch["completion_mask"].bool()
@@ -288,7 +287,7 @@ def test_loss_and_gradients_match_oracle(
     computed from its own forward's entropies (the official code's place for it)."""
     trainer, model = branch_trainer, branch_trainer.model
     monkeypatch.setattr(trainer, "loss_type", loss_type)
-    monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
+    monkeypatch.setattr(trainer.args, "kl_term", estimator)
     monkeypatch.setattr(trainer.args, "sage_q_source", q_source)
     with torch.no_grad():
         raw_ref, _ = _policy_forward(model, branch_batch, disable_adapter=True)
@@ -296,7 +295,7 @@ def test_loss_and_gradients_match_oracle(
     guide = estimator != "forward"
     plain_ref = torch.where(batch["completion_mask"].bool(), raw_ref, torch.zeros_like(raw_ref))
     if not guide:  # the forward-KL baseline runs without a guide: feed TRL the plain reference
-        monkeypatch.setattr(trainer.args, "sage_guide", "none")
+        monkeypatch.setattr(trainer.args, "guide", "none")
         batch["ref_per_token_logps"] = plain_ref
     elif q_source == "loss":
         batch["ref_per_token_logps"] = plain_ref
@@ -338,8 +337,8 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
         ("k2", lambda: anchor.kl_loss_term(logp, ref, estimator="k2")),
         ("forward", lambda: anchor.kl_loss_term(logp, ref, estimator="forward")),
     ):
-        monkeypatch.setattr(trainer.args, "kl_estimator", estimator)
-        got, _ = taps.kl_correction(trainer, branch_batch, logp)
+        monkeypatch.setattr(trainer.args, "kl_term", estimator)
+        got, _ = taps.kl_correction(trainer.sage_step_context(), branch_batch, logp)
         want = (
             trainer.beta
             * ((fn() - anchor.shaped_kl(logp, ref, estimator="k3")) * mask).sum(1).div(mask.sum(1)).mean()
@@ -432,22 +431,22 @@ def test_config_pins_paper_defaults(tmp_path):
     )
     assert (args.weight_decay, args.seed, args.use_bias_correction_kl) == (0.01, 3407, False)
     assert args.lr_scheduler_type == "constant" and "adamw_torch" in str(args.optim).lower()
-    assert (args.sage_guide, args.sage_q_min, args.sage_q_max, args.kl_estimator) == ("none", 0.6, 1.4, "k3")
+    assert (args.guide, args.kl_term) == ({"name": "none", "q_min": 0.6, "q_max": 1.4}, {"name": "k3"})
 
 
 @pytest.mark.parametrize(
     "overrides,field",
     [
-        ({"sage_guide": "branch", "beta": 0.0}, "beta"),
-        ({"sage_q_min": 1.5}, "sage_q_min"),
-        ({"sage_q_min": 0.0}, "sage_q_min"),
-        ({"sage_guide": "entropy"}, "sage_guide"),
+        ({"guide": "branch", "beta": 0.0}, "beta"),
+        ({"guide": {"name": "branch", "q_min": 1.5}}, "q_min"),
+        ({"guide": {"name": "none", "q_min": 0.0}}, "guide.q_min"),
+        ({"guide": "entropy"}, "guide"),
         ({"loss_type": "ppo"}, "loss_type"),
-        ({"kl_estimator": "k4"}, "kl_estimator"),
-        ({"sage_token_norm": "max"}, "sage_token_norm"),
+        ({"kl_term": "k4"}, "kl_term"),
+        ({"guide": {"name": "token", "norm": "max"}}, "guide.norm"),
         ({"sage_q_source": "generation"}, "sage_q_source"),
-        ({"kl_estimator": "forward", "sage_guide": "branch"}, "sage_guide"),
-        ({"kl_estimator": "k2", "loss_type": "cispo", "backend": "trl"}, "loss_type"),
+        ({"kl_term": "forward", "guide": "branch"}, "guide: none"),
+        ({"kl_term": "k2", "loss_type": "cispo", "backend": "trl"}, "loss_type"),
     ],
 )
 def test_config_rejects_bad_values_in_one_line(tmp_path, overrides, field):
@@ -464,7 +463,7 @@ def test_config_warns_when_q_comes_from_the_rollout_policy(tmp_path):
 
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
-    common = {"output_dir": str(tmp_path), "report_to": "none", "sage_guide": "branch"}
+    common = {"output_dir": str(tmp_path), "report_to": "none", "guide": "branch"}
     with pytest.warns(UserWarning, match="rollout policy"):
         SageGRPOConfig(**common, sage_q_source="rollout", num_iterations=2)
     with pytest.warns(UserWarning, match="rollout policy"):
@@ -482,9 +481,9 @@ def test_config_warns_when_q_comes_from_the_rollout_policy(tmp_path):
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        ({"kl_estimator": "k2", "sage_guide": "branch"}, "kl_estimator"),
+        ({"kl_term": "k2", "guide": "branch"}, "kl_term"),
         ({"dynamic_sampling": True}, "dynamic_sampling"),
-        ({"sage_q_source": "loss", "sage_guide": "token"}, "sage_q_source"),
+        ({"sage_q_source": "loss", "guide": "token"}, "sage_q_source"),
     ],
 )
 def test_unsloth_conflicts_are_refused_by_the_config_on_any_machine_and_by_the_trainer_for_its_class(
@@ -505,12 +504,14 @@ def test_unsloth_conflicts_are_refused_by_the_config_on_any_machine_and_by_the_t
     message = str(error.value)
     assert message.startswith(field) and "\n" not in message
     on_trl = rlvr_config.SageGRPOConfig(**{**common, "backend": "trl"})
-    assert rlvr_config.unsloth_conflict(on_trl, unsloth_patched=False) is None
-    assert rlvr_config.unsloth_conflict(on_trl, unsloth_patched=True) == message
-    plain = SimpleNamespace(
-        kl_estimator="k3", dynamic_sampling=False, sage_q_source="auto", sage_guide="token"
+    plan = on_trl.method_plan
+    assert rlvr_config.unsloth_conflict(plan, on_trl, unsloth_patched=False) is None
+    assert rlvr_config.unsloth_conflict(plan, on_trl, unsloth_patched=True) == message
+    plain = SimpleNamespace(dynamic_sampling=False, sage_q_source="auto")  # what it reads beside the plan
+    token = rlvr_config.SageGRPOConfig(
+        **{**unsloth_config_fields(tmp_path), "backend": "trl", "guide": "token"}
     )
-    assert rlvr_config.unsloth_conflict(plain, unsloth_patched=True) is None
+    assert rlvr_config.unsloth_conflict(token.method_plan, plain, unsloth_patched=True) is None
 
 
 def test_the_rollout_policy_warning_comes_once(tiny_model_dir, tmp_path):
@@ -561,7 +562,7 @@ def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_sourc
         tiny_model_dir,
         _config(
             tmp_path,
-            sage_guide=guide,
+            guide=guide,
             sage_q_source=q_source,
             max_steps=2,
             per_device_train_batch_size=4,
@@ -576,12 +577,12 @@ def test_two_steps_train_lora_per_guide(tiny_model_dir, tmp_path, guide, q_sourc
         n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])
     ]
     assert len(changed) == len(before)
-    logged = [entry for entry in trainer.state.log_history if "sage/q_mean" in entry]
-    assert len(logged) == 2 and all(math.isfinite(e["loss"]) for e in logged)
-    if guide == "none":
-        assert all(e["sage/q_mean"] == 1.0 for e in logged)
+    steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(steps) == 2 and all(math.isfinite(e["loss"]) for e in steps)
+    if guide == "none":  # q = 1 by definition: nothing of q is computed or logged
+        assert not any(key.startswith("sage/") for e in steps for key in e)
     else:
-        assert any(e["sage/q_max"] > 1.0 for e in logged)
+        assert all("sage/q_mean" in e for e in steps) and any(e["sage/q_max"] > 1.0 for e in steps)
     # the extra no-grad policy pass runs only where no forward of TRL's provides the statistics
     assert trainer.sage_forward_passes == (2 if (guide, q_source) == ("branch", "rollout") else 0)
 
@@ -766,7 +767,7 @@ model._unsloth_user_float32 = True  # else Unsloth's loss autocasts this float32
 model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
 # tau = 0: every completion token gets q = q_max = 1.4, so the KL is known in closed form. q at rollout (the
 # path the token and random guides take under Unsloth), shifting the reference in Unsloth's layout.
-args = SageGRPOConfig(output_dir="out", backend="trl", sage_guide="branch", sage_tau=0.0, max_steps=1,
+args = SageGRPOConfig(output_dir="out", backend="trl", guide={"name": "branch", "tau": 0.0}, max_steps=1,
                       sage_q_source="rollout",
                       per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
                       report_to="none", logging_steps=1, save_strategy="no", use_cpu=True)

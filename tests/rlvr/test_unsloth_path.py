@@ -114,10 +114,10 @@ def test_gpu_unsloth_config_expects_branch_q_in_the_loss_and_warns_for_the_token
     common = unsloth_config_fields(tmp_path, per_device_train_batch_size=8, generation_batch_size=16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        branch = rlvr_config.SageGRPOConfig(**common, sage_guide="branch")
+        branch = rlvr_config.SageGRPOConfig(**common, guide="branch")
     assert branch.expected_q_source == "loss" and branch.steps_per_generation == 2
     with pytest.warns(UserWarning, match="rollout policy"):
-        token = rlvr_config.SageGRPOConfig(**common, sage_guide="token")
+        token = rlvr_config.SageGRPOConfig(**common, guide="token")
     assert token.expected_q_source == "rollout"
 
 

@@ -39,7 +39,7 @@ from sage_unsloth.rlvr.trainer import SageGRPOTrainer
 
 TEMPERATURE = 0.8
 # The tiny model with its output embedding doubled has token entropies within ~6.2-6.4 nats: q from 1 to 1.4.
-GUIDES = {"branch": {"sage_tau": 6.37, "sage_gamma": 20.0}, "random": {}}
+GUIDES = {"branch": {"name": "branch", "tau": 6.37, "gamma": 20.0}, "random": "random"}  # guide nodes
 PROMPTS = ["What is 2+3?", "Compute the sum of the first ten odd positive integers, then double it."]
 
 
@@ -61,8 +61,7 @@ def build(model_dir: str, guide: str):
     args = SageGRPOConfig(
         output_dir="out",
         backend="unsloth",
-        sage_guide=guide,
-        **GUIDES[guide],
+        guide=GUIDES[guide],
         max_steps=1,
         temperature=TEMPERATURE,
         per_device_train_batch_size=8,

@@ -39,7 +39,8 @@ from sage_unsloth.rlvr.trainer import SageGRPOTrainer
 TEMPERATURE = 0.8
 # The scaled tiny model's token entropies lie within ~6.2-6.4 nats: tau at their middle and a steep gamma give
 # tokens at q = 1, tokens in between and tokens clipped at 1.4.
-BRANCH = {"sage_tau": 6.37, "sage_gamma": 20.0}
+GUIDE = {"name": "branch", "tau": 6.37, "gamma": 20.0}
+BRANCH = {"guide": GUIDE}
 PROMPTS = ["What is 2+3?", "Compute the sum of the first ten odd positive integers, then double it."]
 
 
@@ -58,7 +59,7 @@ def build(model_dir, **overrides):
     args = {
         "output_dir": "out",
         "backend": "trl",
-        "sage_guide": "branch",
+        "guide": "branch",
         "max_steps": 2,
         "temperature": TEMPERATURE,
         "per_device_train_batch_size": 8,
@@ -109,7 +110,7 @@ def policy_in_unsloth_layout(trainer, batch):
     return logp, entropy, mask
 
 
-def branch_q(entropy, mask, gamma=BRANCH["sage_gamma"], tau=BRANCH["sage_tau"]):
+def branch_q(entropy, mask, gamma=GUIDE["gamma"], tau=GUIDE["tau"]):
     q = (1 + gamma * torch.relu(entropy - tau)).clamp(0.6, 1.4)
     return torch.where(mask.bool(), q, torch.ones_like(q))
 
@@ -192,14 +193,14 @@ def in_loss_training(model_dir):
 
 def loss_and_grads(trainer, batch, *, guide, quantile):
     """Loss, LoRA gradients and decoder forwards of one compute_loss call with these two settings."""
-    old = trainer.args.sage_guide, trainer.args.top_entropy_quantile
-    trainer.args.sage_guide, trainer.args.top_entropy_quantile = guide, quantile
+    old = trainer.args.guide, trainer.args.top_entropy_quantile
+    trainer.args.guide, trainer.args.top_entropy_quantile = guide, quantile
     params = [p for p in trainer.model.parameters() if p.requires_grad]
     try:
         loss, forwards = count_decoder_calls(trainer, lambda: trainer.compute_loss(trainer.model, batch))
         return float(loss), torch.autograd.grad(loss, params), forwards
     finally:
-        trainer.args.sage_guide, trainer.args.top_entropy_quantile = old
+        trainer.args.guide, trainer.args.top_entropy_quantile = old
 
 
 def compare(on, off):
@@ -216,19 +217,20 @@ def compare(on, off):
 def neutral_hook(model_dir):
     """q == 1 (gamma 0): the loss with the hook (entropy path on, mask None) equals plain GRPO's, gradients and
     forward count too; with a user's own top_entropy_quantile the hook still returns TRL's mask."""
-    trainer = build(model_dir, sage_gamma=0.0, sage_tau=BRANCH["sage_tau"], max_steps=1)
+    neutral = {**GUIDE, "gamma": 0.0}
+    trainer = build(model_dir, guide=neutral, max_steps=1)
     trainer.model.train()
     rows = [{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS for _ in range(4)]
     torch.manual_seed(1)
     batch = trainer._generate_and_score_completions(rows)
-    for guide in ("branch", "none"):  # warm-up: Unsloth verifies its sequence packing on a first batch shape
+    for guide in (neutral, "none"):  # warm-up: Unsloth verifies its sequence packing on a first batch shape
         loss_and_grads(trainer, batch, guide=guide, quantile=1.0)
     plain = compare(
-        loss_and_grads(trainer, batch, guide="branch", quantile=1.0),
+        loss_and_grads(trainer, batch, guide=neutral, quantile=1.0),
         loss_and_grads(trainer, batch, guide="none", quantile=1.0),
     )
     user = compare(
-        loss_and_grads(trainer, batch, guide="branch", quantile=0.5),
+        loss_and_grads(trainer, batch, guide=neutral, quantile=0.5),
         loss_and_grads(trainer, batch, guide="none", quantile=0.5),
     )
     return {
@@ -248,7 +250,7 @@ def loud_when_not_called(trainer, batch):
     original = zoo.grpo_high_entropy_mask
     zoo.grpo_high_entropy_mask = lambda trainer, entropies, mask, threshold, sample_weight=None: None
     try:
-        trainer.args.sage_gamma = BRANCH["sage_gamma"]
+        trainer.args.guide = GUIDE
         trainer.compute_loss(trainer.model, batch)
         return {"raised": False}
     except SageHookNotCalled as exc:
@@ -305,7 +307,7 @@ def guards(model_dir):
 
     trainer = build(model_dir, max_steps=1, **BRANCH)
 
-    def poison(trainer, rollout):
+    def poison(rollout):
         rollout.output["advantages"] = rollout.output["advantages"] * float("nan")
 
     trainer.rollout_steps = (*trainer.rollout_steps, poison)

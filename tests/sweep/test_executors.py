@@ -1,6 +1,6 @@
 """The executors of `sage-unsloth sweep` (sage_unsloth/executors) with the real libraries on CPU.
 
-submitit's LocalExecutor (``slurm: {cluster: local}``: the same submission path as a SLURM cluster, the
+submitit's LocalExecutor (``executor_settings: {cluster: local}``: the same submission path as a SLURM cluster, the
 jobs run on this machine) and a Ray instance started here run the tiny sweep's GRPO config x its 2 seeds (the
 local executor's run of the whole sweep, tests/conftest.py ``tiny_sweep``, is the reference both share). In
 the first run one training job is killed with SIGKILL after its first checkpoint: it is reported with its log,
@@ -37,8 +37,13 @@ MULTINODE = REPO_ROOT / "configs" / "accelerate" / "multinode.yaml"
 # jobs would repeat what these prove at twice the cost.
 ONE_CONFIG = ["--configs", "configs/rlvr/tiny-cpu/grpo.yaml"]
 EXECUTOR_ARGS = {
-    "slurm": ["--executor", "slurm", "--slurm", "{cluster: local, cpus_per_job: 1, array_parallelism: 2}"],
-    "ray": ["--executor", "ray", "--ray", "{address: local, num_cpus: 2}"],
+    "slurm": [
+        "--executor",
+        "slurm",
+        "--executor_settings",
+        "{cluster: local, cpus_per_job: 1, array_parallelism: 2}",
+    ],
+    "ray": ["--executor", "ray", "--executor_settings", "{address: local, num_cpus: 2}"],
 }
 
 
@@ -182,12 +187,22 @@ def test_an_executor_that_cannot_start_is_one_line_and_exit_1(sft_dir, tmp_path,
     [
         (["--executor", "pbs"], "executor='pbs' is unknown (use one of local, ray, slurm)"),
         (
-            ["--executor", "slurm", "--slurm", "{partion: gpu}"],
+            ["--executor", "slurm", "--executor_settings", "{partion: gpu}"],
             "slurm.partion is not a setting of executor slurm; did you mean partition?",
         ),
-        (["--executor", "slurm", "--slurm", "{time_min: 0}"], "slurm.time_min=0: must be an integer >= 1"),
-        (["--executor", "ray", "--ray", "[GPU]"], "ray=['GPU']: a mapping"),
-        (["--executor", "ray", "--ray", "{resources: {GPU: x}}"], "ray.resources={'GPU': 'x'}: a mapping"),
+        (
+            ["--executor", "slurm", "--executor_settings", "{time_min: 0}"],
+            "slurm.time_min=0: must be an integer >= 1",
+        ),
+        (["--executor", "ray", "--executor_settings", "[GPU]"], "executor_settings=['GPU']: a mapping"),
+        (
+            ["--executor", "slurm", "--slurm", "{time_min: 5}"],
+            "--slurm is retired: write executor: slurm and its",
+        ),
+        (
+            ["--executor", "ray", "--executor_settings", "{resources: {GPU: x}}"],
+            "ray.resources={'GPU': 'x'}: a mapping",
+        ),
     ],
 )
 def test_bad_executor_settings_are_refused_where_the_config_is_built(override, needle):
@@ -198,9 +213,11 @@ def test_bad_executor_settings_are_refused_where_the_config_is_built(override, n
 
 def test_a_flag_changes_one_setting_and_keeps_the_others(tmp_path):
     config = tmp_path / "sweep.yaml"
-    config.write_text(f"base: {TINY_SWEEP}\nexecutor: slurm\nslurm: {{partition: gpu, time_min: 600}}\n")
-    cfg = sweep.parse_args([str(config), "--slurm", "{time_min: 30}"])
-    assert cfg.slurm == {"partition": "gpu", "time_min": 30}
+    config.write_text(
+        f"base: {TINY_SWEEP}\nexecutor: slurm\nexecutor_settings: {{partition: gpu, time_min: 600}}\n"
+    )
+    cfg = sweep.parse_args([str(config), "--executor_settings", "{time_min: 30}"])
+    assert cfg.executor_settings == {"partition": "gpu", "time_min": 30}
 
 
 def test_the_registry_holds_the_three_executors():
@@ -248,9 +265,9 @@ def test_gpus_per_job_above_a_node_is_a_multinode_slurm_job(monkeypatch, tmp_pat
     settings += "array_parallelism: 4, sbatch: {qos: high}}"
     cfg = sweep.parse_args(
         [str(TINY_SWEEP), "--sft_dir", "sft", "--gpus", "auto", "--gpus_per_job", "16"]
-        + ["--executor", "slurm", "--slurm", settings, "--output_root", str(tmp_path)]
+        + ["--executor", "slurm", "--executor_settings", settings, "--output_root", str(tmp_path)]
     )
-    executor = make_executor("slurm", cfg.slurm, tmp_path / "submitit")
+    executor = make_executor("slurm", cfg.executor_settings, tmp_path / "submitit")
     slots = sweep.executor_slots(cfg, executor)
     assert len(slots) == 4 and {s.gpus for s in slots} == {16}
     jobs = {j.name: j for j in sweep.build_jobs(cfg, "tiny")}
@@ -359,7 +376,7 @@ def test_a_bad_lab_executor_is_one_line(tmp_path):
 
     with pytest.raises(ValueError, match=r"^executor='pbs' is unknown: choose one of local, ray, slurm$"):
         lab._executor(lab.parse_args(["--executor", "pbs"]), tmp_path)
-    with pytest.raises(ValueError, match=r"^--executor-settings '\[1\]': a YAML mapping"):
+    with pytest.raises(ValueError, match=r"^executor-settings=\[1\]: a mapping"):
         lab._executor(lab.parse_args(["--executor", "ray", "--executor-settings", "[1]"]), tmp_path)
 
 
@@ -371,8 +388,8 @@ def test_slurm_on_this_machine_honours_jobs_and_shares_the_cores(jobs, monkeypat
     monkeypatch.setattr(slurm.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(sweep.os, "cpu_count", lambda: 2)
     argv = [str(TINY_SWEEP), "--sft_dir", "sft", "--output_root", str(tmp_path), "--jobs", str(jobs)]
-    cfg = sweep.parse_args([*argv, "--executor", "slurm", "--slurm", "{cluster: local}"])
-    executor = make_executor("slurm", cfg.slurm, tmp_path / "submitit")
+    cfg = sweep.parse_args([*argv, "--executor", "slurm", "--executor_settings", "{cluster: local}"])
+    executor = make_executor("slurm", cfg.executor_settings, tmp_path / "submitit")
     slots = sweep.executor_slots(cfg, executor)
     assert len(slots) == jobs and executor.capacity(6) == jobs
     assert f"{2 // jobs} CPUs" in executor.describe()
@@ -380,6 +397,6 @@ def test_slurm_on_this_machine_honours_jobs_and_shares_the_cores(jobs, monkeypat
         slurm.job_parameters(executor.settings, Task("x", [], tmp_path / "x.log"))["cpus_per_task"]
         == 2 // jobs
     )
-    cluster = sweep.parse_args([*argv, "--executor", "slurm", "--slurm", "{partition: cpu}"])
-    remote = make_executor("slurm", cluster.slurm, tmp_path / "submitit2")
+    cluster = sweep.parse_args([*argv, "--executor", "slurm", "--executor_settings", "{partition: cpu}"])
+    remote = make_executor("slurm", cluster.executor_settings, tmp_path / "submitit2")
     assert len(sweep.executor_slots(cluster, remote)) == 6 and "8 CPUs" in remote.describe()

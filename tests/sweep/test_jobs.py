@@ -162,7 +162,7 @@ def sweep_plan(tmp_path, monkeypatch):
     argv = ["configs/sweep/tiny-cpu.yaml", "--sft_dir", str(sft), "--configs", str(config), "--seeds", "1"]
     argv += ["--output_root", str(tmp_path / "o"), "--results_dir", str(tmp_path / "r")]
     cfg = sweep.parse_args(argv)
-    return cfg, sweep.build_jobs(cfg, sweep.validate(cfg)), tmp_path / "o" / "tiny-cpu" / "jobs"
+    return cfg, sweep.build_jobs(cfg, sweep.validate(cfg)), tmp_path / "o" / "tiny-cpu" / "steps"
 
 
 def _finish(job, fingerprints, stamps):
@@ -187,3 +187,19 @@ def test_the_sweeps_jobs_are_reused_resumed_or_refused_by_the_one_rule(sweep_pla
     config.write_text(config.read_text() + "\nlearning_rate: 2.0e-5\n")  # its config changed, same command
     with pytest.raises(ValueError, match=r"grpo_seed1 was written with this command from other inputs"):
         jobs.plan(sweep.build_jobs(cfg, sweep.validate(cfg)), stamps)
+
+
+def test_one_record_folder_adopts_the_earlier_names(tmp_path):
+    """<work>/steps is the one record folder of the job graph (the lab's, a sweep's, a notebook's); a sweep's
+    ``jobs/`` or a notebook's ``stages/`` of before is renamed to it, its stamps kept; a dry run only reads it."""
+    from sage_unsloth.jobs import stamp_folder
+
+    for earlier in ("jobs", "stages"):
+        work = tmp_path / earlier
+        (work / earlier).mkdir(parents=True)
+        (work / earlier / "train.json").write_text("{}")
+        assert stamp_folder(work, adopt=False) == work / earlier and (work / earlier).is_dir()  # read only
+        assert stamp_folder(work) == work / "steps" and (work / "steps" / "train.json").is_file()
+        assert not (work / earlier).exists()
+    fresh = tmp_path / "fresh"
+    assert stamp_folder(fresh) == fresh / "steps" and not fresh.exists()  # created by whoever writes a stamp

@@ -38,7 +38,7 @@ def in_repo(monkeypatch):
 def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
     root, _ = swept
     results = root / "results" / "tiny-cpu"
-    record = json.loads((root / "outputs" / "tiny-cpu" / "jobs" / "grpo_seed3407.json").read_text())
+    record = json.loads((root / "outputs" / "tiny-cpu" / "steps" / "grpo_seed3407.json").read_text())
     assert record["command"][:2] == ["sage_unsloth.rlvr", "configs/rlvr/tiny-cpu/grpo.yaml"]
     runs = sorted(p.name for p in results.glob("*/*") if (p / "passk.csv").is_file())
     assert runs == sorted(RUNS)
@@ -67,10 +67,10 @@ def test_sweep_trains_evaluates_reports_and_summarises(swept, capsys):
 
 def test_no_credential_reaches_any_file_the_sweep_wrote(swept):
     """The tiny sweep carries a Hub token in rlvr_args and a W&B key in its environment (tests/conftest.py): no
-    job record, log, run folder, result or report holds either (issue 42: the token was in jobs/<job>.json)."""
+    job record, log, run folder, result or report holds either (issue 42: the token was in the job's stamp)."""
     root, _ = swept
     assert files_holding(root, HUB_TOKEN, WANDB_KEY) == []
-    record = json.loads((root / "outputs" / "tiny-cpu" / "jobs" / "grpo_seed1.json").read_text())
+    record = json.loads((root / "outputs" / "tiny-cpu" / "steps" / "grpo_seed1.json").read_text())
     assert "--hub_token" not in record["command"] and "--max_steps" in record["command"]
 
 
