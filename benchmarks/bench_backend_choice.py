@@ -45,8 +45,8 @@ def make_checkpoint(work: Path) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sage_unsloth.manifest import write_manifest
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model.tiny import build_tiny_model
+    from sage_unsloth.runtime.manifest import write_manifest
 
     base = build_tiny_model(work / "tiny", seed=0)
     torch.manual_seed(0)

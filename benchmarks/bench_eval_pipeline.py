@@ -31,7 +31,7 @@ def main() -> None:
 
     from sage_unsloth.eval.run import EvalConfig, evaluate_checkpoint, prepare
     from sage_unsloth.eval.sampling import load_tokenizer, make_sampler, problem_seed, render_prompts
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model.tiny import build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="bench_eval_"))
     model = build_tiny_model(work / "tiny", seed=0)

@@ -100,7 +100,7 @@ class ForwardCounter:
 def force_unsloth_patching() -> None:
     for key, value in UNSLOTH_CPU_ENV.items():
         os.environ[key] = value
-    from sage_unsloth.backend import import_unsloth
+    from sage_unsloth.runtime.backend import import_unsloth
 
     import_unsloth()
     import unsloth.models.rl as unsloth_rl
@@ -203,7 +203,7 @@ def measure(backend: str, args) -> dict:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model.tiny import build_tiny_model
 
     unsloth = backend == "unsloth"
     if unsloth:

@@ -1,7 +1,7 @@
 """P1 against TRL: the kit's plain GRPO (beta 0.05, no guide) against ``trl.GRPOTrainer`` driven directly with the
 same GRPOConfig, LoRA, prompts and reward, interleaved, CPU time per step side by side.
 
-Both arms train the same tiny random Qwen2 (sage_unsloth/tiny_model.py) with the same LoRA (TRL wraps it from
+Both arms train the same tiny random Qwen2 (sage_unsloth/model/tiny.py) with the same LoRA (TRL wraps it from
 ``peft_config``), prompts, reward, seed and GRPOConfig fields: the kit's arm is ``SageGRPOTrainer`` over a
 ``SageGRPOConfig``, TRL's arm ``trl.GRPOTrainer`` over a plain ``trl.GRPOConfig`` built from the same keyword
 arguments (the script checks that every GRPOConfig field agrees). TRL 1.15 cannot score on a CPU without Triton
@@ -18,7 +18,7 @@ same computation, the median over a pair's steps of the step-by-step ratio (less
 within a run), again with its median, min and max over the pairs.
 
 The kit's own work, timed directly on one more kit run: every method the kit's trainer classes define
-(rlvr/trainer.py, rlvr/resume.py, checkpoints.py) is wrapped, and so is the library method each one overrides (and
+(rlvr/trainer.py, rlvr/resume.py, runtime/checkpoints.py) is wrapped, and so is the library method each one overrides (and
 the guard's clip, which is accelerate's clip op for op, with the guard's check inside it counted as the kit's); a
 kit method's exclusive time (its own time less that of the wrapped calls inside it) is the kit's work, the rest is
 TRL's and the model's. The
@@ -227,10 +227,11 @@ class ExclusiveClock:
 def kit_own_work(model_dir: Path, config, prompts, warmup: int) -> dict:
     """One kit run with every kit method and the method it overrides wrapped: the kit's exclusive CPU time per
     step against the step's CPU time."""
-    from sage_unsloth import checkpoints, compat
-    from sage_unsloth.checkpoints import CheckpointMixin
+    from sage_unsloth import compat
     from sage_unsloth.rlvr.resume import ExactResumeMixin
     from sage_unsloth.rlvr.trainer import SageTrainerMixin
+    from sage_unsloth.runtime import checkpoints
+    from sage_unsloth.runtime.checkpoints import CheckpointMixin
 
     clock = ExclusiveClock()
     trainer = build("kit", model_dir, config, prompts)
@@ -308,7 +309,7 @@ def main(argv=None) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model.tiny import build_tiny_model
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)

@@ -115,7 +115,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-seeding-") as tmp:
         model = args.checkpoint
         if not model:
-            from sage_unsloth.tiny_model import build_tiny_model
+            from sage_unsloth.model.tiny import build_tiny_model
 
             model = str(build_tiny_model(Path(tmp) / "tiny", seed=0))
         checkpoint = resolve_checkpoint(model)

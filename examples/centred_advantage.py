@@ -8,7 +8,7 @@ Per sequence: A_i = scale * (r_i - mean_{j in group(i)} r_j), the Dr. GRPO advan
 2503.20783) with a free scale. Per token: every completion token of i carries A_i (TRL broadcasts it).
 
 The contract (docs/extending.md): ``fn(inputs, **arguments)`` (the node's other keys), the one call shape of every plug-in
-kind. ``inputs`` is a sage_unsloth.rlvr.advantages.GroupRewards: ``inputs.rewards`` the summed weighted rewards (N,)
+kind. ``inputs`` is a sage_unsloth.plugins.advantages.GroupRewards: ``inputs.rewards`` the summed weighted rewards (N,)
 of every process's rollouts, group by group -- under ``sage_kl_placement: reward`` the shaped r~ -- with NaN for a
 completion no reward function could score, ``inputs.num_generations`` the group size. Return one advantage per
 completion (N,). The kit checks the node's arguments against this signature before any model loads, and

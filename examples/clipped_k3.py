@@ -9,7 +9,7 @@ outside. With ``use_bias_correction_kl`` (``tokens.ratio``) it is weighted by pi
 sequence it is aggregated as TRL aggregates its loss; beta weighs it as it weighs k3.
 
 The contract (docs/extending.md): ``fn(tokens, **arguments) -> KLOutput``. ``tokens`` is a
-sage_unsloth.rlvr.kl_terms.KLTokens (logps with gradient, the shifted ref_logps, old_logps, TRL's
+sage_unsloth.plugins.kl_terms.KLTokens (logps with gradient, the shifted ref_logps, old_logps, TRL's
 use_bias_correction_kl); return the per-token ``term`` carried by the loss and the plain ``value`` logged as
 ``kl``. Metadata as attributes: a term that is not TRL's own k3 is added to TRL's loss (TRL backend only), and
 ``gradient = None`` says the kit should make no claim about which KL's gradient it has.
@@ -17,7 +17,7 @@ use_bias_correction_kl); return the per-token ``term`` carried by the loss and t
 
 import torch
 
-from sage_unsloth.rlvr.kl_terms import KLOutput
+from sage_unsloth.plugins.kl_terms import KLOutput
 
 
 def clipped_k3(tokens, *, clip=2.0):

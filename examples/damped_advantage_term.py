@@ -8,13 +8,13 @@ uncertain one all of it. Per sequence nothing else changes (TRL's clipped surrog
 
 The contract (docs/extending.md): ``fn(batch, **arguments) -> TermOutput``, the one call shape of every
 plug-in kind. ``batch`` is a
-sage_unsloth.rlvr.policy_terms.TokenBatch of the loss call (logps with gradient, old_logps, entropies,
+sage_unsloth.plugins.policy_terms.TokenBatch of the loss call (logps with gradient, old_logps, entropies,
 per-token advantages, mask, the clip range, a per-step seeded generator); return replacement ``advantages``
 (B, T), an added per-token ``loss`` (aggregated as TRL aggregates its own), ``metrics`` to log, or any of them.
 TRL backend only (Unsloth's compiled loss has no slot for it); the kit refuses the rest in one line.
 """
 
-from sage_unsloth.rlvr.policy_terms import TermOutput
+from sage_unsloth.plugins.policy_terms import TermOutput
 
 
 def damped_advantage(batch, *, floor: float = 0.5, entropy_scale: float = 1.0):

@@ -14,7 +14,7 @@ so q_t = 1 where the policy has a clear favourite (m_t >= threshold) and rises t
 Like the branch guide it marks forks, but it reads how close the top two candidates are rather than how spread
 out the whole distribution is (a flat tail raises the entropy without creating a fork).
 
-Signals: ``top2_margin`` is a logit signal (sage_unsloth/guides.py, LOGIT_SIGNALS): the kit computes it from the
+Signals: ``top2_margin`` is a logit signal (sage_unsloth/plugins/guides.py, LOGIT_SIGNALS): the kit computes it from the
 next-token distribution in the same chunked pass that produces the entropies. On TRL's trainer that is the
 loss's own forward, so q comes from the current policy with no extra pass; inside Unsloth's compiled loss only
 the entropies are available, so there q is computed at rollout from one extra no-grad pass (the kit says so at

@@ -4,7 +4,7 @@
     python notebooks/build.py --check   # exit 1 when a committed notebook differs from what the source gives
 
 Per platform: the parameters cell gets its ``PLATFORM`` and ``MODEL`` (the model from
-:data:`sage_unsloth.notebook.PLATFORMS`), markdown cells tagged ``only-<platform>`` are kept for that
+:data:`sage_unsloth.jobs.notebook.PLATFORMS`), markdown cells tagged ``only-<platform>`` are kept for that
 platform only, and the notebook metadata asks Colab / Kaggle for the right accelerator. Cell ids are
 fixed, so the output depends on the source alone (tests/docs/test_notebooks.py checks there is no drift).
 """
@@ -55,7 +55,7 @@ def build(platform: str) -> str:
     import jupytext
     import nbformat
 
-    from sage_unsloth.notebook import PLATFORMS
+    from sage_unsloth.jobs.notebook import PLATFORMS
 
     if platform not in TARGETS:
         raise ValueError(f"platform {platform!r}: choose one of {', '.join(TARGETS)}")

@@ -135,7 +135,7 @@ if REPO is None:
     raise FileNotFoundError("set REPO_URL (parameters cell) to the git URL of your copy of sage-unsloth, or upload "
                             "the repository folder and set REPO_DIR to it")
 sys.path.insert(0, str(REPO))  # this kernel started before the install; the stages' processes need no help
-from sage_unsloth import notebook as nb
+from sage_unsloth.jobs import notebook as nb
 
 if not TINY:
     nb.preflight()  # compute capability >= 7.5 and driver >= 580, or stop here with what to change

@@ -2,7 +2,7 @@
 
 Each stage is also runnable as `python -m sage_unsloth.<stage>`. Stages are imported lazily so that
 `sage-unsloth eval` never imports Unsloth (evaluation and training must not share a process), and the input of a
-stage with a config is checked before its module is imported (sage_unsloth/config_schema.py: every bad value at
+stage with a config is checked before its module is imported (sage_unsloth/config/schema.py: every bad value at
 once, in about a second).
 """
 
@@ -17,9 +17,9 @@ STAGES = {
     "eval": ("sage_unsloth.eval.run", "stage 3: pass@k evaluation"),
     "regrade": ("sage_unsloth.eval.regrade", "stage 3 again: re-grade saved completions (no model, no GPU)"),
     "report": ("sage_unsloth.report.run", "stage 4: report against the paper's tables"),
-    "sample": ("sage_unsloth.sample", "read a checkpoint's completions, graded, for a few prompts"),
+    "sample": ("sage_unsloth.eval.sample", "read a checkpoint's completions, graded, for a few prompts"),
     "export": (
-        "sage_unsloth.export",
+        "sage_unsloth.eval.export",
         "merge a stage's LoRA into its base model (GGUF on a GPU), push to the hub",
     ),
     "demo": ("sage_unsloth.demo.run", "the whole recipe offline on CPU on a synthetic task"),
@@ -31,9 +31,9 @@ STAGES = {
         "sage_unsloth.doctor.env_report",
         "versions of the pinned stack, CUDA and driver (paste it into a bug report)",
     ),
-    "sweep": ("sage_unsloth.sweep", "RLVR configs x seeds, then eval and report, one job per free GPU"),
+    "sweep": ("sage_unsloth.jobs.sweep", "RLVR configs x seeds, then eval and report, one job per free GPU"),
     "tiny-model": (
-        "sage_unsloth.tiny_model",
+        "sage_unsloth.model.tiny",
         "a random tiny Qwen2 + tokenizer in DIR, offline, to try the stages",
     ),
 }
@@ -60,17 +60,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sage-unsloth {__version__}")
         return 0
     stage, rest = argv[0], argv[1:]
-    from sage_unsloth.config_args import ConfigError, suggestion
+    from sage_unsloth.config.args import ConfigError, suggestion
 
     if stage not in STAGES:
         hint = suggestion(stage, STAGES) or f"; choose one of {', '.join(STAGES)}"
         print(f"error: unknown stage {stage!r}{hint}", file=sys.stderr)
         return 2
-    from sage_unsloth.config_schema import STAGE_TYPES, refuse_bad_input
+    from sage_unsloth.config.schema import STAGE_TYPES, refuse_bad_input
 
     if stage in STAGE_TYPES and (code := refuse_bad_input(stage, rest)) is not None:
         return code  # every bad input, one line each, before torch/TRL are imported
-    from sage_unsloth.interrupt import handle_sigterm, restore_sigterm
+    from sage_unsloth.runtime.interrupt import handle_sigterm, restore_sigterm
 
     previous = (
         handle_sigterm()
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sage-unsloth {stage}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM in a stage without a line of its own: one line
-        from sage_unsloth.interrupt import interrupted_stage
+        from sage_unsloth.runtime.interrupt import interrupted_stage
 
         return interrupted_stage(stage, rest, exc)
     finally:

@@ -1,6 +1,6 @@
 """Every contact of the kit with TRL / transformers / PEFT / Unsloth / unsloth_zoo / vLLM internals, in one place.
 
-The SAGE logic (sage_unsloth/anchor.py, rlvr/trainer.py, rlvr/unsloth_hooks.py, rlvr/resume.py) reaches library
+The SAGE logic (sage_unsloth/plugins/anchor.py, rlvr/trainer.py, rlvr/unsloth_hooks.py, rlvr/resume.py) reaches library
 internals only through the names and helpers below, so a version bump is checked here and in
 tests/kit/test_compat.py (one test per row, run on the installed, pinned versions). Behavioural tests of the same
 contact (training through it) are named after the ``;``.
@@ -56,7 +56,7 @@ resume_internals        Trainer / GRPOTrainer internals exact resume touches:   
                         ``generator/num_samples/shuffle/seed``; ``_run_epoch``
                         (:func:`every_step_done`, SFT and RLVR);
                         ``_get_output_dir`` inside ``_save_checkpoint`` (atomic
-                        saves, sage_unsloth/checkpoints.py, SFT and RLVR)
+                        saves, sage_unsloth/runtime/checkpoints.py, SFT and RLVR)
 step_guard              ``training_step`` returns the micro-batch's loss after    transformers 5.17.0, test_step_guard_internals;
                         its backward, ``_prepare_inputs`` the batch it reads,     accelerate 1.15.0    test_training_faults.py
                         ``accelerator.sync_gradients`` marks the last micro-batch
@@ -119,7 +119,7 @@ wandb_offline_reader    an offline W&B run's records (``run-<id>.wandb``) are   
 ======================  ========================================================  ===================  ==========================================
 
 This module imports no heavy library at import time (torch and the rest are imported inside the functions), so
-``sage_unsloth.backend`` and the configs can use it before Unsloth is imported.
+``sage_unsloth.runtime.backend`` and the configs can use it before Unsloth is imported.
 """
 
 from __future__ import annotations
@@ -735,7 +735,7 @@ RESUME_HOOKS = {
     "_get_train_sampler": ("dataset",),
     "_save_checkpoint": ("model", "trial"),
     "_load_optimizer_and_scheduler": ("checkpoint",),
-    # CheckpointMixin (sage_unsloth/checkpoints.py): every file of a save is placed through it.
+    # CheckpointMixin (sage_unsloth/runtime/checkpoints.py): every file of a save is placed through it.
     "_get_output_dir": ("trial",),
 }
 # Attributes of TRL's RepeatSampler the epoch-seeded wrapper reads.
@@ -744,7 +744,7 @@ SAMPLER_ATTRIBUTES = ("generator", "num_samples", "shuffle", "seed")
 EPOCH_LOOP = "_run_epoch"
 
 
-# The Trainer methods the finite-step guard overrides (sage_unsloth/finite_steps.py, CheckpointMixin), with the
+# The Trainer methods the finite-step guard overrides (sage_unsloth/runtime/finite_steps.py, CheckpointMixin), with the
 # parameters after self; the attributes of the run's summed loss, which train_loss divides by the steps.
 STEP_GUARD_HOOKS = {
     "training_step": ("model", "inputs", "num_items_in_batch"),
@@ -762,7 +762,7 @@ def plain_gradient_clip(trainer, model) -> bool:
     defines it: unscale the fp16 gradients, then torch's ``clip_grad_norm_`` over every parameter), which
     :func:`clip_with_norm` reproduces op for op? Not under DeepSpeed, FSDP, XLA or Megatron, SageMaker model
     parallelism, DTensor gradients, or an accelerator whose clip another library replaced (Unsloth's loss scaler
-    sets its own on the instance): there the guard checks the gradients itself (finite_steps.py)."""
+    sets its own on the instance): there the guard checks the gradients itself (runtime/finite_steps.py)."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
     from transformers.utils import is_sagemaker_mp_enabled
@@ -816,7 +816,7 @@ def every_step_done(trainer) -> bool:
     step (``max_steps`` is checked only after a step), so a run killed after its last checkpoint but before
     its final save resumed into step N + 1 and a checkpoint-(N+1). With every step done no epoch runs:
     the Trainer goes straight to its end of training (summary log, ``on_train_end``) and the stage writes
-    its final outputs from the checkpoint's weights (sage_unsloth/checkpoints.py, ``CheckpointMixin._run_epoch``)."""
+    its final outputs from the checkpoint's weights (sage_unsloth/runtime/checkpoints.py, ``CheckpointMixin._run_epoch``)."""
     return 0 < trainer.state.max_steps <= trainer.state.global_step
 
 

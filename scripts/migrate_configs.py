@@ -16,7 +16,7 @@ and a sweep config's executor section (``slurm: {...}`` under ``executor: slurm`
                                                      # file) still in the flat spelling
 
 Idempotent: a file already in the node spelling is left as it is. A node replaces its base's node whole (the
-loader merges top-level keys: sage_unsloth/config_args.py), so the node a file gets holds every argument its
+loader merges top-level keys: sage_unsloth/config/args.py), so the node a file gets holds every argument its
 old keys and its ``base:`` chain set that differs from the plug-in's default (the file's own keys are kept even
 where they equal it); knobs the named plug-in does not take (a branch knob beside ``sage_guide: none``) are
 dropped, as the flat spelling ignored them. Only the lines of the old keys change, so comments and the other
@@ -76,7 +76,7 @@ def _base(path: Path, base: str) -> Path:
 
 
 def _node_of(value) -> tuple[str, dict]:
-    from sage_unsloth.field_rules import node_mapping
+    from sage_unsloth.config.field_rules import node_mapping
 
     node = node_mapping(value)
     return str(node.pop("name")), node

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Mutation testing of the SAGE math (sage_unsloth/anchor.py) and the trainer's SAGE methods: each mutant is a
+"""Mutation testing of the SAGE math (sage_unsloth/plugins/anchor.py) and the trainer's SAGE methods: each mutant is a
 one-token (or one-factor) change to a guide, an estimator or the code that places them; the tests that cover it
 must fail. Not part of `make test`: each mutant re-runs a slice of the suite (all 46 and the baseline: about
 15 minutes on 2 cores).
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ANCHOR = "sage_unsloth/anchor.py"
+ANCHOR = "sage_unsloth/plugins/anchor.py"
 TRAINER = "sage_unsloth/rlvr/trainer.py"
 CONFIG = "sage_unsloth/rlvr/config.py"
-GUIDES = "sage_unsloth/guides.py"
+GUIDES = "sage_unsloth/plugins/guides.py"
 
 GUIDE_TESTS = (
     "tests/rlvr/test_anchor.py",

@@ -23,8 +23,8 @@ import subprocess
 from pathlib import Path
 
 from sage_unsloth.demo.run import CONFIG_DIR, MODEL_NAME, data_command, resolve_method_config
-from sage_unsloth.layout import split_run
 from sage_unsloth.report.compare import REFERENCE_METHOD
+from sage_unsloth.runtime.layout import split_run
 
 REPO = Path(__file__).resolve().parents[1]
 

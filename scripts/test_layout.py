@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # area -> the test modules it holds (old flat name -> new name, when it changes)
 AREAS: dict[str, dict[str, str]] = {
-    # stage 2 (sage_unsloth/rlvr/), the SAGE math (anchor.py) and the plug-ins it runs (guides.py, registry.py)
+    # stage 2 (sage_unsloth/rlvr/), the SAGE math (plugins/anchor.py) and the plug-ins it runs (plugins/guides.py, plugins/registry.py)
     "rlvr": {
         name: name
         for name in (
@@ -132,14 +132,14 @@ AREAS: dict[str, dict[str, str]] = {
             "test_tiny_model",
         )
     },
-    # `sage-unsloth sweep` and its executors (sweep.py, executors/), the recipe driver (recipe.py)
+    # `sage-unsloth sweep` and its executors (jobs/sweep.py, jobs/executors/), the recipe driver (jobs/recipe.py)
     "sweep": {name: name for name in ("test_sweep", "test_executors", "test_recipe", "test_jobs")},
     "doctor": {
         "test_doctor": "test_doctor",
         "test_memory_model": "test_memory_model",
         "test_driver": "test_driver",
     },
-    # the command line: cli.py, config_args.py, config_schema.py, input_checks.py, the configs/ it reads
+    # the command line: cli.py, config/args.py, config/schema.py, config/input_checks.py, the configs/ it reads
     "cli": {
         **{
             name: name

@@ -46,7 +46,7 @@ def _sigint_as_found():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
@@ -180,7 +180,7 @@ def files_holding(root: Path, *secrets: str) -> list[str]:
 def tiny_sweep(sft_dir, tmp_path_factory):
     """The tiny sweep run once on the local executor, shared by tests/sweep/test_sweep.py (which reruns, kills
     and re-checks it) and tests/sweep/test_executors.py (whose other executors must give its summary numbers)."""
-    from sage_unsloth import sweep
+    from sage_unsloth.jobs import sweep
 
     root = tmp_path_factory.mktemp("sweep")
     argv = tiny_sweep_argv(sft_dir, root)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sage_unsloth.prompts import REASONING_START, SOLUTION_END
-from sage_unsloth.tiny_model import EOS_TOKEN
+from sage_unsloth.data.prompts import REASONING_START, SOLUTION_END
+from sage_unsloth.model.tiny import EOS_TOKEN
 
 SIGKILL_EXIT = -9  # subprocess's returncode of a process killed by SIGKILL
 TIMING_KEYS = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
@@ -52,7 +52,7 @@ def assistant_only(record: dict) -> tuple[bool, dict]:
 
 def killed(run: dict, folder: Path, step: int) -> tuple[bool, dict]:
     """The run died of SIGKILL right after writing checkpoint-``step``: that checkpoint complete, nothing after it."""
-    from sage_unsloth.checkpoints import checkpoint_problem
+    from sage_unsloth.runtime.checkpoints import checkpoint_problem
 
     names = sorted(p.name for p in folder.glob("checkpoint-*"))
     problem = checkpoint_problem(folder / f"checkpoint-{step}") if names else "no checkpoint"
@@ -69,7 +69,7 @@ def killed(run: dict, folder: Path, step: int) -> tuple[bool, dict]:
 def guarded(run: dict, folder: Path, step: int, kept: int) -> tuple[bool, dict]:
     """The step guard refused the poisoned step ``step``: exit 1, one line naming it, checkpoint-``kept`` still the
     newest and complete, no checkpoint of the poisoned step or after, no final outputs."""
-    from sage_unsloth.checkpoints import checkpoint_problem
+    from sage_unsloth.runtime.checkpoints import checkpoint_problem
 
     last = (run.get("stderr") or "").strip().splitlines()[-1:] or [""]
     names = sorted(p.name for p in folder.glob("checkpoint-*"))
@@ -104,7 +104,7 @@ def resumed_exactly(
     :data:`NOISE_FACTOR` times that difference) and the same logged steps."""
     import json
 
-    from sage_unsloth.training_log import read_log_history
+    from sage_unsloth.runtime.training_log import read_log_history
 
     final = adapter_difference(resumed, uninterrupted)
     noise = adapter_difference(killed_dir / f"checkpoint-{step}", uninterrupted / f"checkpoint-{step}")

@@ -25,16 +25,17 @@ def force_on_cpu() -> dict[str, str]:
     os.environ.update(compat.UNSLOTH_FORCED_CPU_ENV)
     compat.import_unsloth()
     found = compat.force_unsloth_gpu_rewrites()
-    from sage_unsloth import models
+    from sage_unsloth.model import loading as models
 
     models._load_unsloth = _load_stand_in
     return found
 
 
 def _load_stand_in(model_args, seed, adapter_path, use_4bit, trust_remote_code, **unsloth_options):
-    """sage_unsloth.models' Unsloth loader on a CPU: the transformers + PEFT model the trl backend loads, set up as
+    """sage_unsloth.model.loading' Unsloth loader on a CPU: the transformers + PEFT model the trl backend loads, set up as
     FastLanguageModel's would be (``unsloth_options``: its vLLM and checkpointing switches, GPU-only)."""
-    from sage_unsloth import compat, models
+    from sage_unsloth import compat
+    from sage_unsloth.model import loading as models
 
     model, tokenizer = models._load_trl(model_args, seed, adapter_path, use_4bit, trust_remote_code)
     compat.as_unsloth_model(model)

@@ -1,6 +1,6 @@
 """The acceptance check's model, made offline: on a GPU a random-weight model with the real Qwen2.5-1.5B architecture
 (the shapes that set memory and kernels: layers, widths, heads, the 151,936-token embedding), its weights made on the
-card; on a CPU (``--cpu-rehearsal``) the kit's tiny Qwen2 (sage_unsloth/tiny_model.py). Both use the kit's offline
+card; on a CPU (``--cpu-rehearsal``) the kit's tiny Qwen2 (sage_unsloth/model/tiny.py). Both use the kit's offline
 byte-level tokenizer, so nothing is downloaded; a random model checks the machinery, not the science."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def build_gpu_model(out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from sage_unsloth.tiny_model import build_tiny_tokenizer
+    from sage_unsloth.model.tiny import build_tiny_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
@@ -62,7 +62,7 @@ def build_gpu_model(out: Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
 
 def build_model(out: Path, *, gpu: bool) -> Path:
     """The model of this run: the 1.5B-shaped one on a GPU, the tiny one on a CPU."""
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model.tiny import build_tiny_model
 
     return build_gpu_model(out) if gpu else build_tiny_model(out, seed=0)
 

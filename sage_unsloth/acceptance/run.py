@@ -156,7 +156,7 @@ def doctor_estimate_gib(config: dict, config_path: Path, card_gib: float | None)
 
 def run_config(config_path: Path, overrides: dict) -> dict:
     """A stage config as the stage reads it: the YAML (with its base chain), then the run's overrides."""
-    from sage_unsloth.config_args import load_config
+    from sage_unsloth.config.args import load_config
 
     values = {key: (str(v) if isinstance(v, Path) else v) for key, v in overrides.items()}
     for key, value in values.items():  # the command line's strings, typed as the YAML would be
@@ -201,7 +201,7 @@ def sft_checks(runner: Runner, model: Path) -> dict:
 
 
 def rlvr_checks(runner: Runner) -> dict:
-    from sage_unsloth.training_log import read_log_history
+    from sage_unsloth.runtime.training_log import read_log_history
 
     mode, work, sft = runner.mode, runner.work, runner.work / "sft"
     reward = "--varied-reward"
@@ -243,7 +243,7 @@ def vllm_check(runner: Runner) -> tuple[bool | None, dict]:
     argv = rlvr_argv(runner.mode, runner.work / "sft", runner.work / "rlvr-vllm", "--max_steps", "2")
     argv += ["--use_vllm", "true", "--vllm_gpu_memory_utilization", "0.3", "--save_strategy", "no"]
     run = runner.stage("rlvr_vllm", "rlvr", argv, "--varied-reward")
-    from sage_unsloth.training_log import read_log_history
+    from sage_unsloth.runtime.training_log import read_log_history
 
     log = runner.work / "rlvr-vllm"
     losses = (

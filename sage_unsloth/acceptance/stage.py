@@ -7,7 +7,7 @@
 - ``--kill-at-save N``: the process SIGKILLs itself right after checkpoint-N is written (nothing else of the run
   reaches the disk: a crash, not an exit);
 - ``--poison-step N``: the loss of step N is NaN (what a fault in the forward or the batch gives); the kit's step
-  guard must refuse that step (sage_unsloth/finite_steps.py);
+  guard must refuse that step (sage_unsloth/runtime/finite_steps.py);
 - ``--varied-reward``: a reward that differs between completions (a random model never answers right, so the real
   reward is 0 everywhere and every advantage 0): the policy term is trained too;
 - ``--record FILE``: after the stage returns, its exit code, seconds, the peak GPU memory of this process and what
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
         force_on_cpu()
     else:
-        from sage_unsloth.backend import cuda_available, import_unsloth
+        from sage_unsloth.runtime.backend import cuda_available, import_unsloth
 
         if cuda_available():
             import_unsloth()  # before TRL, as the stages do on a GPU: the poisoned class is Unsloth's

@@ -8,7 +8,7 @@ The branch point is the first token of the completion (the plan word, see sage_u
 run's policy (base model + its LoRA adapter) and each RL prompt, one forward pass gives the next-token
 distribution at the branch point at the RL sampling temperature; its entropy H gives the branch guide's
 q = clip(1 + gamma * relu(H - tau), q_min, q_max), computed by the branch config's guide as training resolves and
-runs it (its guide node resolved by sage_unsloth.guides.resolve_guide, the defaults filled, then called through
+runs it (its guide node resolved by sage_unsloth.plugins.guides.resolve_guide, the defaults filled, then called through
 guides.run_guide), at the branch config's temperature. Reported: the mean entropy, the share of
 prompts with q > 1, the mean q, and the policy's probability of each plan word (its plan prior, without
 sampling noise). For contrast, the same for the other completion tokens, scored on up to
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import layout
-from ..manifest import atomic_write_text
+from ..runtime import layout
+from ..runtime.manifest import atomic_write_text
 from .data import EVAL_FILE, RL_FILE
 from .strategies import (
     LABELS,
@@ -81,8 +81,8 @@ def branch_settings(config_path: Path) -> dict:
     """The branch config's temperature and guide as training resolves it (its ``base:`` chain merged, the guide
     node resolved once, the plug-in's defaults filled): its arguments (gamma, tau, q_min, q_max) and, under
     ``guide``, the resolved node, which :func:`_lab_q` runs."""
-    from sage_unsloth import guides
-    from sage_unsloth.config_args import load_config
+    from sage_unsloth.config.args import load_config
+    from sage_unsloth.plugins import guides
 
     cfg = load_config(config_path)  # with its base: chain
     node, needs = guides.resolve_guide(cfg.get("guide", "none"))
@@ -111,7 +111,7 @@ def load_policy(run_dir: Path):
 
 
 def _prompt_ids(tokenizer, problem: str) -> list[int]:
-    from ..prompts import prompt_messages
+    from ..data.prompts import prompt_messages
 
     text = tokenizer.apply_chat_template(prompt_messages(problem), tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -129,7 +129,7 @@ def _lab_q(entropy, settings: dict):
     config's guide, run as training runs it (guides.run_guide: the guide, then the clip to its q_min / q_max)."""
     import torch
 
-    from sage_unsloth import guides
+    from sage_unsloth.plugins import guides
 
     node = settings["guide"]
     signals = guides.Signals(

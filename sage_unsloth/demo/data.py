@@ -19,7 +19,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..manifest import atomic_write_text
+from ..runtime.manifest import atomic_write_text
 from .task import (
     COMMON,
     STRATEGIES,

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import layout
 from ..report import compare
+from ..runtime import layout
 
 KNOBS = ("beta", "tau", "gamma", "q_max", "guide")
 EXTRA_KNOBS = ("kl_estimator", "kl_placement", "guide_args")
@@ -232,7 +232,7 @@ def write(
     **stats,
 ) -> list[str]:
     """Write ``out/dose_response.csv`` and ``out/dose_response.png``; returns the report's markdown lines."""
-    from ..manifest import atomic_write_text
+    from ..runtime.manifest import atomic_write_text
 
     table = dose_response_table(lab, knobs, kmax, pair_share=pair_share, **stats)
     order = {m: i for i, m in enumerate([compare.REFERENCE_METHOD, *labels])}  # SFT, then the lab's order

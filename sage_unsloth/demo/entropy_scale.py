@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import layout
-from ..manifest import atomic_write_text
+from ..runtime import layout
+from ..runtime.manifest import atomic_write_text
 from .analysis import MODEL_NAME, _entropy, _prompt_ids, load_policy
 from .data import EVAL_FILE
 from .strategies import read_completions

@@ -43,8 +43,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..manifest import atomic_write_text
 from ..report import compare, intervals
+from ..runtime.manifest import atomic_write_text
 
 MODEL_NAME = "demo-tiny"
 BENCHMARK = "demo"
@@ -69,7 +69,7 @@ def _num(value) -> str:
 def paper_shape() -> dict[str, str]:
     """The knobs of the lab's paper-shape Branch (the method file whose card has ``role: paper_shape``, resolved
     as stage 2 reads it): a Branch arm with exactly these is labelled 'Branch', any other shows its knobs."""
-    from ..method_cards import role_holder
+    from ..config.method_cards import role_holder
     from .run import resolve_method_config
 
     config, _ = resolve_method_config(role_holder("paper_shape").path)

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..manifest import atomic_write_text
 from ..report import compare, intervals
 from ..report.tables import md_table
+from ..runtime.manifest import atomic_write_text
 from . import dose_response, outcome, reproduce
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
 from .data import EVAL_FILE, SPEC_FILE

@@ -1,4 +1,4 @@
-"""The demo's model: the kit's tiny random Qwen2 in its own shape (sage_unsloth.tiny_model: hidden 128, 2 layers,
+"""The demo's model: the kit's tiny random Qwen2 in its own shape (sage_unsloth.model.tiny: hidden 128, 2 layers,
 ~0.4M parameters, measured to learn the task in a few hundred CPU steps; wider or deeper models cost 3-5x more per
 step on 2 cores), with a tokenizer fitted to the task.
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..prompts import EVAL_USER_TEMPLATE
-from ..tiny_model import build_tiny_model
+from ..data.prompts import EVAL_USER_TEMPLATE
+from ..model.tiny import build_tiny_model
 
 
 def demo_corpus() -> list[str]:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..manifest import atomic_write_text
 from ..report.intervals import PAPER_EFFECT
+from ..runtime.manifest import atomic_write_text
 
 FILE = "outcome.md"
 BEGIN = "<!-- lab-outcome:begin {folder} -->"

@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..manifest import atomic_write_text
 from ..report.compare import load_lab_runs, paired_runs, split_run
 from ..report.intervals import mde, mde_df  # the lab tables' MDE is this planner's
+from ..runtime.manifest import atomic_write_text
 
 PLAN_GRID = ((64, 256), (32, 128), (16, 64))  # (k, n) with n = 4k, the lab's rule
 PLAN_SEEDS = range(2, 11)  # seeds per draw

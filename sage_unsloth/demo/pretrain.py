@@ -118,7 +118,7 @@ def addition_facts(max_left: int = 40, max_right: int = 20) -> list[str]:
 
 def format_pieces(rng: random.Random) -> str:
     """One piece of the kit's format, out of context (trains the embeddings of its tokens)."""
-    from ..prompts import REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START, SYSTEM_PROMPT
+    from ..data.prompts import REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START, SYSTEM_PROMPT
 
     kind = rng.randrange(3)
     if kind == 0:
@@ -129,7 +129,7 @@ def format_pieces(rng: random.Random) -> str:
 
 
 def worked_segment(numbers: tuple[int, ...], strategy: str) -> str:
-    from ..prompts import REASONING_START
+    from ..data.prompts import REASONING_START
     from .task import problem_text, working
 
     return f"{problem_text(numbers)}\n\n{REASONING_START}{working(strategy, numbers)}"

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import layout
-from ..method_cards import role_holder
+from ..config.method_cards import role_holder
+from ..runtime import layout
 
 MODEL_NAME = "demo-tiny"
 BASE_WEIGHTS = "model.safetensors"

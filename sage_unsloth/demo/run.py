@@ -42,17 +42,17 @@ from typing import Any
 
 import yaml
 
-from .. import layout
-from ..config_args import config_files, merge_over_base, read_config_file
-from ..field_rules import PLUGIN_NODES, node_mapping, node_name
-from ..folder_lock import LOCK_NAME, FolderLock
+from ..config.args import config_files, merge_over_base, read_config_file
+from ..config.field_rules import PLUGIN_NODES, node_mapping, node_name
+from ..config.method_cards import LAB_KEY, MethodCard, demo_cards, demo_configs, read_card, role_holder
 from ..jobs import STAMP_DIR, Step, StepRecord, run_steps
 from ..jobs.cores import usable_cores
-from ..layout import SFT_RUN
-from ..manifest import atomic_write_json, atomic_write_text
-from ..method_cards import LAB_KEY, MethodCard, demo_cards, demo_configs, read_card, role_holder
-from ..recipe import stage_command
+from ..jobs.recipe import stage_command
 from ..report.compare import split_run
+from ..runtime import layout
+from ..runtime.folder_lock import LOCK_NAME, FolderLock
+from ..runtime.layout import SFT_RUN
+from ..runtime.manifest import atomic_write_json, atomic_write_text
 from .data import EVAL_FILE, RL_FILE, SFT_FILE, DemoDataSpec
 from .pretrain import committed_base
 
@@ -71,7 +71,7 @@ class Method:
     """One RL method of the lab: a run folder name, its config, a label for tables, the methods it is compared
     with.
 
-    A kit method is a file of configs/demo/ with a ``lab:`` block (sage_unsloth/method_cards.py: its label,
+    A kit method is a file of configs/demo/ with a ``lab:`` block (sage_unsloth/config/method_cards.py: its label,
     colour, place, pairs and sets). A method from a config file elsewhere (``--methods path/to/mine.yaml``:
     ``source``; its own ``lab:`` block gives its label and pairs) or a knob setting of another method (``--grid``:
     ``overrides`` on top of its config) is written, resolved, to ``<work>/methods/<name>.yaml`` first
@@ -141,7 +141,7 @@ def _is_config_path(item: str) -> bool:
 
 def file_method(path: Path) -> Method:
     """The method of a YAML config outside the kit, named by the file's stem; its ``lab:`` block, if it has one,
-    gives its label and pairs (sage_unsloth/method_cards.py)."""
+    gives its label and pairs (sage_unsloth/config/method_cards.py)."""
     card = read_card(path)
     if card is None:
         return Method(path.stem, path.stem, source=str(path))
@@ -170,7 +170,7 @@ def parse_methods(spec: str) -> tuple[tuple[str, ...], tuple[Method, ...]]:
         else:
             unknown.append(item)
     if unknown or not items:
-        from ..config_args import suggestion
+        from ..config.args import suggestion
 
         hint = suggestion(unknown[0], [*GROUPS, *METHOD_BY_NAME]) if unknown else ""
         raise ValueError(
@@ -230,7 +230,7 @@ def parse_grid(spec: str, files: tuple[Method, ...] = ()) -> tuple[Method, ...]:
         base = {"source": str(path)}
         base_name = base_label = path.stem
     else:
-        from ..config_args import suggestion
+        from ..config.args import suggestion
 
         raise ValueError(
             f"--grid {spec!r}: {target!r} is neither a method of METHODS nor a YAML path"
@@ -853,7 +853,7 @@ def write_timings(results: Path, work: Path, records: list[StepRecord], wall: fl
 
 
 def parse_args(argv: list[str] | None):
-    from ..config_args import KitArgumentParser  # no abbreviations: --seed 0-2 is not --seeds; did you mean
+    from ..config.args import KitArgumentParser  # no abbreviations: --seed 0-2 is not --seeds; did you mean
 
     parser = KitArgumentParser(prog="python -m sage_unsloth.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few steps of everything (the CI smoke run)")
@@ -989,7 +989,7 @@ def write_manifest(
     run's evaluation seed, the methods with their config files' sha256, the kit's commit, and once the lab
     finished its wall / CPU time, each method's knob values as its trained runs recorded them and the sha256 of
     the base and the SFT adapter (reproduce.fingerprints). A multi-draw lab's top folder lists its ``draws``."""
-    from ..manifest import git_commit
+    from ..runtime.manifest import git_commit
     from .dose_response import method_knobs
     from .reproduce import fingerprints
 
@@ -1018,8 +1018,8 @@ def default_dirs(*, quick: bool) -> tuple[Path, Path]:
 
 
 def _executor(args, work: Path):
-    """``--executor NAME --executor-settings '{...}'`` (sage_unsloth/executors); bad ones are one line."""
-    from ..executors import make_executor, settings_mapping
+    """``--executor NAME --executor-settings '{...}'`` (sage_unsloth/jobs/executors); bad ones are one line."""
+    from ..jobs.executors import make_executor, settings_mapping
 
     settings = settings_mapping(
         args.executor_settings, "executor-settings"
@@ -1047,7 +1047,9 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     try:
         budget = budget_from_args(args)
         executor = _executor(args, work)  # before --fresh deletes anything
-        for folder in dict.fromkeys((work, results)):  # one lab per folder (sage_unsloth/folder_lock.py)
+        for folder in dict.fromkeys(
+            (work, results)
+        ):  # one lab per folder (sage_unsloth/runtime/folder_lock.py)
             held.enter_context(FolderLock(folder, fix="pass another --work-dir and --results-dir"))
         if args.fresh:
             for folder in (work, results):
@@ -1091,8 +1093,8 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     except (RuntimeError, FileNotFoundError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (sage_unsloth/interrupt.py): 130 or 143
-        from sage_unsloth.interrupt import exit_code_of
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (sage_unsloth/runtime/interrupt.py): 130 or 143
+        from sage_unsloth.runtime.interrupt import exit_code_of
 
         print("[demo] interrupted; finished steps are kept (rerun to continue)", file=sys.stderr)
         return exit_code_of(exc)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..manifest import atomic_write_text
+from ..runtime.manifest import atomic_write_text
 from .task import COMMON, OTHER, STRATEGIES, label_strategy
 
 COLUMNS = ("run", "strategy", "completions", "fraction", "accuracy", "problems_solved_fraction")

@@ -33,7 +33,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from ..prompts import REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START, format_completion
+from ..data.prompts import REASONING_END, REASONING_START, SOLUTION_END, SOLUTION_START, format_completion
 
 N_TERMS = 4
 RUN, FIRST, SECOND = "run", "first", "second"  # operands that refer to earlier lines' results

@@ -49,8 +49,8 @@ def read_stage_config(path: str | None, overrides: list[str]) -> dict:
         if overrides:
             raise ValueError(f"unknown argument {overrides[0]}: stage flags need a CONFIG (configs/...)")
         return {}
-    from sage_unsloth.config_args import load_config
-    from sage_unsloth.config_schema import stage_input
+    from sage_unsloth.config.args import load_config
+    from sage_unsloth.config.schema import stage_input
     from sage_unsloth.doctor.memory import stage_of
 
     if not Path(path).is_file():
@@ -176,7 +176,7 @@ def speak_of_no_gpu(line: str) -> str:
 
 
 def _cuda_available() -> bool:
-    from sage_unsloth.backend import cuda_available
+    from sage_unsloth.runtime.backend import cuda_available
 
     return cuda_available()
 
@@ -230,7 +230,7 @@ def selftest_checks(backend: str, workdir: str | None, quick: bool) -> list[Chec
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sage_unsloth.config_args import KitArgumentParser
+    from sage_unsloth.config.args import KitArgumentParser
 
     parser = KitArgumentParser(
         prog="sage-unsloth doctor", description=__doc__.splitlines()[0], epilog=OVERRIDES
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args, overrides = parser.parse_known_args(argv)
     if overrides and not args.config:  # no stage to read them: the doctor's own flags, misspelt
-        from sage_unsloth.config_args import suggestion
+        from sage_unsloth.config.args import suggestion
 
         flag = overrides[0].split("=", 1)[0]
         options = {o for a in parser._actions for o in a.option_strings}

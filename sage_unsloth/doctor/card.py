@@ -122,7 +122,7 @@ def capability_check(card: Card) -> Check:
 
 
 def precision_check(config: dict, card: Card) -> Check:
-    from sage_unsloth.models import precision_problem
+    from sage_unsloth.model.loading import precision_problem
 
     dtype, bf16 = config.get("dtype"), bool(config.get("bf16"))
     problem = precision_problem(dtype, bf16, card.capability)
@@ -304,7 +304,7 @@ def adapter_checks(
     config: dict, config_path: str | None, sft_dir: str | None
 ) -> tuple[list[Check], int | None]:
     """The adapter's rank against vLLM's max_lora_rank and its base against the config's model; (checks, rank)."""
-    from sage_unsloth.models import adapter_base_model, same_base_model
+    from sage_unsloth.model.loading import adapter_base_model, same_base_model
 
     folder = Path(sft_dir) if sft_dir else None
     if folder is None or not (folder / "adapter_config.json").is_file():

@@ -161,7 +161,7 @@ def kit_pins(requirements: list[str] | None = None) -> list[Pin]:
 
 def probe_vllm(python: str | None = None, timeout: int = 240) -> tuple[bool, str]:
     """Does ``import vllm`` work in ``python`` (default: this interpreter)? In a child: on some CPUs vLLM's
-    compiled extension dies with SIGILL, and a training process must not hold vLLM (see backend.py)."""
+    compiled extension dies with SIGILL, and a training process must not hold vLLM (see runtime/backend.py)."""
     code = "import vllm, sys; sys.stdout.write(vllm.__version__)"
     try:
         done = subprocess.run(

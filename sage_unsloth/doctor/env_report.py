@@ -117,7 +117,7 @@ def versions_in(python: str, names: list[str]) -> dict[str, str | None]:
 def collect() -> Environment:
     from sage_unsloth import __version__
     from sage_unsloth.compat import PINNED
-    from sage_unsloth.manifest import git_commit
+    from sage_unsloth.runtime.manifest import git_commit
 
     pins = env.kit_pins()
     names = sorted({p.name for p in pins} | {_normal(n) for n in PINNED})
@@ -175,7 +175,7 @@ def render(report: Environment) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sage_unsloth.config_args import KitArgumentParser
+    from sage_unsloth.config.args import KitArgumentParser
 
     parser = KitArgumentParser(prog="sage-unsloth env", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

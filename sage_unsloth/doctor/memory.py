@@ -95,7 +95,7 @@ def shape_from_config(config: dict) -> ModelShape:
 
 def model_shape(model: str) -> ModelShape | None:
     """Known hub models by their short name, or a local folder's config.json; None when unknown."""
-    from sage_unsloth.models import model_short_name
+    from sage_unsloth.model.loading import model_short_name
 
     path = Path(model)
     if (path / "config.json").is_file():
@@ -112,7 +112,7 @@ def model_of_config(config: dict, config_path: str | None = None) -> str | None:
     for folder in [config.get("sft_dir"), *(config.get("checkpoints") or [])]:
         if folder and (Path(folder) / "manifest.json").is_file():
             return json.loads((Path(folder) / "manifest.json").read_text()).get("base_model")
-    from sage_unsloth.models import model_short_name
+    from sage_unsloth.model.loading import model_short_name
 
     for checkpoint in config.get("checkpoints") or []:
         if model_short_name(checkpoint) in KNOWN and "/" in str(checkpoint) and not Path(checkpoint).exists():
@@ -261,7 +261,7 @@ def stage_of(config: dict, config_path: str | None = None) -> str:
 
 def stage_values(config: dict, stage: str) -> dict:
     """The stage's defaults (its parser's, from the committed schema) under the config's values."""
-    from sage_unsloth.config_schema import stage_defaults
+    from sage_unsloth.config.schema import stage_defaults
 
     return {**stage_defaults(stage), **config}
 

@@ -37,8 +37,8 @@ import traceback
 import types
 from pathlib import Path
 
-from sage_unsloth import layout
 from sage_unsloth.doctor.report import Check
+from sage_unsloth.runtime import layout
 
 DKL_Q_MAX = 1.4 - math.log(1.4) - 1.0  # k3 of log q at d = 0, q = 1.4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -91,7 +91,7 @@ def prepare_backend(backend: str, cpu: bool) -> None:
         return
     if cpu:
         os.environ.update(UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_DISABLE="1", UNSLOTH_GRPO_PREFIX_GROUPER="0")
-    from sage_unsloth.backend import import_unsloth
+    from sage_unsloth.runtime.backend import import_unsloth
 
     import_unsloth()
     if cpu:
@@ -103,7 +103,7 @@ def prepare_backend(backend: str, cpu: bool) -> None:
 def cpu_stand_in_loader() -> None:
     """CPU only: FastLanguageModel needs a GPU, so the stage loads the tiny model with transformers + peft and
     it gets the two mode switches and the float32 stamp a FastLanguageModel model carries."""
-    from sage_unsloth import models
+    from sage_unsloth.model import loading as models
 
     load = models.load_for_training
 
@@ -123,8 +123,8 @@ def make_sft_run(work: Path) -> tuple[Path, Path]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sage_unsloth.manifest import write_manifest
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model.tiny import build_tiny_model
+    from sage_unsloth.runtime.manifest import write_manifest
 
     tiny = build_tiny_model(work / "tiny-qwen2", seed=0)
     sft = layout.sft_dir(work / layout.OUTPUTS, "tiny-qwen2")
@@ -339,7 +339,7 @@ def check_patched(t: SelfTest, trainer) -> None:
             "patched",
             patched,
             f"trainer {' < '.join(mro)}",
-            "import unsloth before trl (sage_unsloth.backend.import_unsloth) with unsloth==2026.10.9",
+            "import unsloth before trl (sage_unsloth.runtime.backend.import_unsloth) with unsloth==2026.10.9",
         )
     else:
         t.add("patched", not patched, f"backend trl: trainer {' < '.join(mro)}")
@@ -404,7 +404,7 @@ def check_q_source(t: SelfTest, built, rec: Recorder, tol: dict) -> None:
     """The entropies behind q are the current policy's, and the logged KL is k3 against ref + log q(H)."""
     import torch
 
-    from sage_unsloth import anchor
+    from sage_unsloth.plugins import anchor
 
     knobs = built.trainer.args.method_plan.guide_args  # the resolved plan's: what training used
     worst_h, worst_kl, rows = 0.0, 0.0, []
@@ -524,7 +524,9 @@ def check_lora_sync(t: SelfTest, built) -> None:
     real_vllm = "vllm" not in sys.modules or sys.modules["vllm"] is not None
     real_vllm = real_vllm and importlib.util.find_spec("vllm") is not None
     saved = {name: sys.modules.get(name, "absent") for name in ("vllm", "vllm.lora", "vllm.lora.request")}
-    if not real_vllm:  # a CPU training process hides vLLM (backend.py): stand in for vLLM's LoRARequest
+    if (
+        not real_vllm
+    ):  # a CPU training process hides vLLM (runtime/backend.py): stand in for vLLM's LoRARequest
 
         class LoRARequest:
             def __init__(self, name, id, path=None, lora_tensors=None, lora_config=None):

@@ -23,9 +23,9 @@ from sage_unsloth.doctor.report import Check
 def run(work: Path, dtype: str, load_in_4bit: bool, rank: int) -> Check:
     from trl import ModelConfig
 
-    from sage_unsloth import models
-    from sage_unsloth.backend import import_unsloth
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model import loading as models
+    from sage_unsloth.model.tiny import build_tiny_model
+    from sage_unsloth.runtime.backend import import_unsloth
 
     import_unsloth()
     model_dir = build_tiny_model(work / "tiny-model", seed=0)

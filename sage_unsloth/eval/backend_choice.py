@@ -143,7 +143,7 @@ def vllm_installed() -> bool:
 
 
 def cuda_available() -> bool:
-    from sage_unsloth.backend import cuda_available as probe
+    from sage_unsloth.runtime.backend import cuda_available as probe
 
     return probe()
 
@@ -152,7 +152,7 @@ def resolve_backend(cfg, checkpoint, problem_sets: dict) -> tuple[object, Backen
     """The one place ``auto`` is resolved: (cfg with a concrete backend, the choice)."""
     from dataclasses import replace
 
-    from sage_unsloth import layout
+    from sage_unsloth.runtime import layout
 
     if cfg.backend != AUTO:
         return cfg, choose_backend(

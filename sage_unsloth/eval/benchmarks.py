@@ -94,7 +94,7 @@ def with_local_benchmarks(specs, known: Mapping[str, BenchmarkSpec] = BENCHMARKS
         name, path = name.strip(), path.strip()
         if not sep or not name or not path:
             raise ValueError(f"local_benchmarks entry {spec!r}: write it as name=path/to/file.jsonl")
-        from sage_unsloth.layout import check_name
+        from sage_unsloth.runtime.layout import check_name
 
         check_name(name, "local_benchmarks name", example="mybench")  # results are written under it
         built_in = view.get(name)

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sage_unsloth import grading, layout
-from sage_unsloth.config_args import DryRunArgs
+from sage_unsloth import grading
+from sage_unsloth.config.args import DryRunArgs
+from sage_unsloth.config.field_rules import Limit, Names, check_field_rules
+from sage_unsloth.data.prompts import EVAL_USER_TEMPLATE, SOLUTION_END
 from sage_unsloth.eval.backend_choice import AUTO, BACKENDS
 from sage_unsloth.eval.benchmarks import (
     BENCHMARKS,
@@ -23,13 +25,12 @@ from sage_unsloth.eval.benchmarks import (
 )
 from sage_unsloth.eval.passk import check_ks, default_ks
 from sage_unsloth.eval.shard import parse_shard
-from sage_unsloth.field_rules import Limit, Names, check_field_rules
-from sage_unsloth.prompts import EVAL_USER_TEMPLATE, SOLUTION_END
+from sage_unsloth.runtime import layout
 
 
 @dataclass
 class EvalConfig(DryRunArgs):
-    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py).
+    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/config/field_rules.py).
     FIELD_RULES: ClassVar[dict] = {
         "benchmarks": Names(tuple(BENCHMARKS), also_from="local_benchmarks"),
         "backend": Names((AUTO, *BACKENDS)),
@@ -172,7 +173,7 @@ class EvalConfig(DryRunArgs):
 
 
 def parse_args(argv: list[str]) -> EvalConfig:
-    from sage_unsloth.config_args import parse_stage_args
+    from sage_unsloth.config.args import parse_stage_args
 
     (cfg,), _ = parse_stage_args((EvalConfig,), argv, stage="eval", configs_dir="configs/eval/")
     return cfg

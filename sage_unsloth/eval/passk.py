@@ -1,6 +1,6 @@
 """The pass@k tables evaluation writes (passk.csv), from per-problem (n, c) counts.
 
-The formula, the pooled sets and the column names are the results contract in sage_unsloth/results.py,
+The formula, the pooled sets and the column names are the results contract in sage_unsloth/runtime/results.py,
 shared with the report; this module adds the eval stage's choice of k and the per-set aggregation.
 """
 
@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sage_unsloth.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, POOLED_AIME, pass_at_k_matrix
+from sage_unsloth.runtime.results import (
+    AIME_PARTS,
+    PAPER_AVERAGE,
+    PAPER_AVERAGE_SETS,
+    POOLED_AIME,
+    pass_at_k_matrix,
+)
 
 
 def default_ks(n: int) -> list[int]:

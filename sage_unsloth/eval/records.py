@@ -25,8 +25,8 @@ from pathlib import Path
 
 from sage_unsloth import grading
 from sage_unsloth.eval.passk import passk_rows
-from sage_unsloth.manifest import atomic_write_text, fsync_folder
-from sage_unsloth.results import PASSK_COLUMNS, PASSK_FILE, PER_PROBLEM_COLUMNS, PER_PROBLEM_FILE
+from sage_unsloth.runtime.manifest import atomic_write_text, fsync_folder
+from sage_unsloth.runtime.results import PASSK_COLUMNS, PASSK_FILE, PER_PROBLEM_COLUMNS, PER_PROBLEM_FILE
 
 
 def chunk_path(completions_dir: Path, dataset: str, index: int) -> Path:

@@ -33,7 +33,7 @@ from sage_unsloth.eval.records import (
     write_chunk,
     write_tables,
 )
-from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_json, read_manifest
+from sage_unsloth.runtime.manifest import MANIFEST_NAME, atomic_write_json, read_manifest
 
 
 def settle_timeouts(records: list[dict], retry_timeout_s: float) -> tuple[list[dict], int]:
@@ -145,7 +145,7 @@ def regrade(
     retry_timeout_s: float | None = None,
 ) -> dict:
     """Grade a run's saved completions again and rewrite its CSVs and manifest; returns the grading stats."""
-    from sage_unsloth.folder_lock import FolderLock
+    from sage_unsloth.runtime.folder_lock import FolderLock
 
     results = Path(results_dir)
     manifest = read_eval_manifest(results)
@@ -204,7 +204,7 @@ DEPRECATED_FLAGS = {"--completions-dir": "--completions_dir", "--timeout-s": "--
 
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
-        from sage_unsloth.config_args import ConfigError
+        from sage_unsloth.config.args import ConfigError
 
         raise ConfigError(f"{message} (sage-unsloth regrade --help lists the flags)")
 
@@ -239,7 +239,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from sage_unsloth.config_args import ConfigError
+    from sage_unsloth.config.args import ConfigError
 
     try:
         args = parse_args(list(sys.argv[1:] if argv is None else argv))

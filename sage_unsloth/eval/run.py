@@ -21,7 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sage_unsloth import grading, layout
+from sage_unsloth import grading
+from sage_unsloth.config.input_checks import check_output_folder
 from sage_unsloth.eval.backend_choice import resolve_backend
 from sage_unsloth.eval.benchmarks import Problem, load_benchmark
 from sage_unsloth.eval.config import EvalConfig, known_benchmarks, parse_args, validate
@@ -36,8 +37,8 @@ from sage_unsloth.eval.records import (
     write_tables,
 )
 from sage_unsloth.eval.shard import chunk_keys, select_shard
-from sage_unsloth.input_checks import check_output_folder
-from sage_unsloth.manifest import atomic_write_text, write_manifest
+from sage_unsloth.runtime import layout
+from sage_unsloth.runtime.manifest import atomic_write_text, write_manifest
 
 logger = logging.getLogger(__name__)
 FAIL_AFTER_ENV = "SAGE_EVAL_FAIL_AFTER_CHUNKS"  # test hook: die after writing this many chunks
@@ -140,7 +141,7 @@ def check_completions_folder(cfg: EvalConfig, checkpoint, *, repair: bool = Fals
     carried them) are set aside and sampled again, and the run writes the file anew."""
     from sage_unsloth.eval.records import CorruptChunk, set_aside
     from sage_unsloth.eval.shard import parse_shard
-    from sage_unsloth.folder_lock import held_error, live_owner
+    from sage_unsloth.runtime.folder_lock import held_error, live_owner
 
     completions = layout.completions_dir(cfg.outputs_dir, checkpoint.model, checkpoint.run)
     owner = live_owner(completions, parse_shard(cfg.shard))
@@ -182,7 +183,7 @@ def check_completions_folder(cfg: EvalConfig, checkpoint, *, repair: bool = Fals
 def check_results_folder(cfg: EvalConfig, checkpoint) -> None:
     """Results are keyed by the sampling settings and the completions folder: a results folder holding another
     evaluation's results (another seed, n, ..., or another --outputs_dir) is never replaced (one line)."""
-    from sage_unsloth.manifest import MANIFEST_NAME, read_manifest
+    from sage_unsloth.runtime.manifest import MANIFEST_NAME, read_manifest
 
     results = layout.results_dir(cfg.results_dir, checkpoint.model, checkpoint.run)
     if not (results / MANIFEST_NAME).is_file():
@@ -221,7 +222,7 @@ def check_backend(cfg: EvalConfig) -> None:
             f"backend=vllm: vllm is not installed in {sys.executable}; on CPU run stage 3 with "
             ".venv-eval/bin/sage-unsloth eval or scripts/03_eval.sh (make installs both), or pass --backend hf"
         )
-    from sage_unsloth.backend import cuda_available
+    from sage_unsloth.runtime.backend import cuda_available
 
     if not cuda_available():
         import psutil  # a dependency of vllm
@@ -250,10 +251,10 @@ def evaluate_checkpoint(
     Chunks already on disk are reused; those graded by another grader version are graded again from their
     saved completions (no resampling). Completions whose grading ran out of budget are retried serially with
     the larger budget once every chunk is written; what stays unresolved is counted in the manifest. The
-    completions folder and the results folder are locked for the run (sage_unsloth/folder_lock.py): one writer
+    completions folder and the results folder are locked for the run (sage_unsloth/runtime/folder_lock.py): one writer
     at a time (shards of one run: one per shard)."""
     from sage_unsloth.eval.shard import parse_shard
-    from sage_unsloth.folder_lock import FolderLock
+    from sage_unsloth.runtime.folder_lock import FolderLock
 
     if backend_choice is None:
         cfg, backend_choice = resolve_backend(cfg, checkpoint, problem_sets)
@@ -369,7 +370,7 @@ def log_to_wandb(cfg: EvalConfig, checkpoint, results: Path) -> None:
     """Log the finished results to W&B (sage_unsloth/eval/wandb_log.py) and add the run's record to the manifest
     (``wandb``); a failure is one line saying the results are kept and how to log them."""
     from sage_unsloth.eval.wandb_log import log_checkpoint_results
-    from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_json, read_manifest
+    from sage_unsloth.runtime.manifest import MANIFEST_NAME, atomic_write_json, read_manifest
 
     try:
         record = log_checkpoint_results(cfg, checkpoint, results)
@@ -389,7 +390,7 @@ def _prepare_folders(
     """Check both folders (a run alone in them first clears what a run cut short left half-written) and write the
     sampling fingerprint next to the completions."""
     if cfg.shard is None:  # alone in both folders: what a run cut short left half-written goes
-        from sage_unsloth.folder_lock import remove_stale_tmp
+        from sage_unsloth.runtime.folder_lock import remove_stale_tmp
 
         remove_stale_tmp(completions, depth=1)
         remove_stale_tmp(results)
@@ -553,7 +554,7 @@ def prepare(cfg: EvalConfig):
         problem_sets[dataset] = problems
     check_output_folder(cfg.results_dir, "results_dir")
     check_output_folder(cfg.outputs_dir, "outputs_dir")
-    from sage_unsloth.input_checks import check_wandb
+    from sage_unsloth.config.input_checks import check_wandb
 
     check_wandb(cfg.report_to)  # the package and a key (or offline mode), before any model loads
     return ks, checkpoints, problem_sets
@@ -562,7 +563,7 @@ def prepare(cfg: EvalConfig):
 def show_plan(cfg: EvalConfig, ks, checkpoints, problem_sets, choices) -> int:
     """The dry run's plan: per checkpoint, where its results and completions go, the sampler ``auto`` chose, and
     how many chunks are on disk already (those are reused, not sampled again)."""
-    from sage_unsloth import dry_run
+    from sage_unsloth.config import dry_run
 
     runs = []
     for checkpoint, (resolved, choice) in zip(checkpoints, choices):
@@ -594,8 +595,8 @@ def show_plan(cfg: EvalConfig, ks, checkpoints, problem_sets, choices) -> int:
 def _each_checkpoint_in_its_process(cfg, argv: list[str]) -> int:
     """Evaluate each checkpoint in a process of its own (a vLLM engine does not reliably give its memory back
     in-process); the first failing child's exit code, a child stopped by a signal raised here as the stop."""
-    from sage_unsloth.interrupt import QUIET_ENV, exit_code_stopped
-    from sage_unsloth.lifeline import guard_descendants
+    from sage_unsloth.runtime.interrupt import QUIET_ENV, exit_code_stopped
+    from sage_unsloth.runtime.lifeline import guard_descendants
 
     env = {**os.environ, QUIET_ENV: "1"}  # on Ctrl-C this process says how to continue, not each child
     guard_descendants()  # a kill -9 of this process ends each child and its engine too
@@ -612,14 +613,14 @@ def _each_checkpoint_in_its_process(cfg, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
-    from sage_unsloth.config_schema import refuse_bad_input
+    from sage_unsloth.config.schema import refuse_bad_input
 
     if (code := refuse_bad_input("eval", argv)) is not None:  # every bad input at once, before parsing
         return code
     try:
         cfg = parse_args(argv)
         if cfg.dry_run:
-            from sage_unsloth import dry_run
+            from sage_unsloth.config import dry_run
 
             dry_run.show("eval", dry_run.resolved_config("eval", (cfg,), argv))
         ks, checkpoints, problem_sets = prepare(cfg)
@@ -634,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if cfg.dry_run:
         return show_plan(cfg, ks, checkpoints, problem_sets, choices)
-    from sage_unsloth.interrupt import handle_sigterm, interrupted_eval, restore_sigterm
+    from sage_unsloth.runtime.interrupt import handle_sigterm, interrupted_eval, restore_sigterm
 
     previous_sigterm = handle_sigterm()
 
@@ -649,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk or quota: one line; the chunks already written are kept
-        from sage_unsloth.checkpoints import NO_ROOM, free_space
+        from sage_unsloth.runtime.checkpoints import NO_ROOM, free_space
 
         if exc.errno not in NO_ROOM:
             raise

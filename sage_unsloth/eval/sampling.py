@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sage_unsloth.manifest import MANIFEST_NAME, read_manifest
-from sage_unsloth.prompts import SYSTEM_PROMPT
+from sage_unsloth.data.prompts import SYSTEM_PROMPT
+from sage_unsloth.runtime.manifest import MANIFEST_NAME, read_manifest
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -49,7 +49,7 @@ def _hub_cached(repo_id: str) -> bool:
 
 def resolve_checkpoint(spec: str, run_name: str | None = None) -> Checkpoint:
     """Where to load ``spec`` from. One clear error, before any model loads, when it does not exist."""
-    from sage_unsloth.models import model_short_name
+    from sage_unsloth.model.loading import model_short_name
 
     path = Path(spec).expanduser()
     if path.is_dir() and (path / MANIFEST_NAME).is_file():
@@ -95,7 +95,7 @@ def check_served_base(spec: str, adapter: Path, base: str, manifest: dict) -> No
     import logging
 
     from sage_unsloth import compat
-    from sage_unsloth.models import adapter_base_model, same_base_model
+    from sage_unsloth.model.loading import adapter_base_model, same_base_model
 
     recorded = adapter_base_model(adapter)
     mirrors = {m.lower() for m in manifest.get("base_model_mirrors") or []}
@@ -125,7 +125,7 @@ def problem_seed(seed: int, dataset: str, problem_id: str) -> int:
 def load_tokenizer(checkpoint: Checkpoint, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    from sage_unsloth.models import prepare_tokenizer
+    from sage_unsloth.model.loading import prepare_tokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(
         checkpoint.tokenizer_dir or checkpoint.base_model, trust_remote_code=trust_remote_code
@@ -200,7 +200,7 @@ class VLLMSampler:
             "dtype": cfg.dtype,
             "enforce_eager": cfg.enforce_eager,
         }
-        from sage_unsloth.backend import cuda_available
+        from sage_unsloth.runtime.backend import cuda_available
 
         if not cuda_available():
             from sage_unsloth.compat import vllm_cpu_engine_kwargs
@@ -213,16 +213,16 @@ class VLLMSampler:
             from vllm.lora.request import LoRARequest
 
             from sage_unsloth.compat import vllm_max_lora_rank
-            from sage_unsloth.models import adapter_rank
+            from sage_unsloth.model.loading import adapter_rank
 
             # vLLM accepts only some ranks (MaxLoRARanks): the adapter's, rounded up to one of them.
             max_rank = vllm_max_lora_rank(adapter_rank(checkpoint.adapter_dir))
             kwargs.update(enable_lora=True, max_lora_rank=max_rank, max_loras=1)
             self.lora = LoRARequest(checkpoint.run, 1, checkpoint.adapter_dir)
         kwargs["tokenizer"] = self._tokenizer_folder(checkpoint)
-        from sage_unsloth.lifeline import guard_descendants
+        from sage_unsloth.runtime.lifeline import guard_descendants
 
-        guard_descendants()  # the engine processes die with this one, kill -9 included (lifeline.py)
+        guard_descendants()  # the engine processes die with this one, kill -9 included (runtime/lifeline.py)
         self.llm = LLM(**kwargs)
 
     def _tokenizer_folder(self, checkpoint: Checkpoint) -> str:

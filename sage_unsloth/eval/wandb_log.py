@@ -4,7 +4,7 @@ The run is the one the checkpoint's stage manifest names (``wandb``: stages 1 an
 the mode W&B runs in now (offline too: then a second ``offline-run-*`` folder of the same id, which ``wandb sync``
 appends to the run); a checkpoint no stage of the kit trained (a base model, a hub id) gets a new run of its
 group with job_type "eval". What is logged, read back from the CSVs and the manifest the stage just wrote, and
-under which keys: sage_unsloth/wandb_runs.py.
+under which keys: sage_unsloth/runtime/wandb_runs.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import math
 import os
 from pathlib import Path
 
-from sage_unsloth import wandb_runs as keys
-from sage_unsloth.manifest import MANIFEST_NAME, read_manifest, scrub_secrets
-from sage_unsloth.results import PASSK_COLUMNS, PASSK_FILE, PER_PROBLEM_COLUMNS, PER_PROBLEM_FILE
+from sage_unsloth.runtime import wandb_runs as keys
+from sage_unsloth.runtime.manifest import MANIFEST_NAME, read_manifest, scrub_secrets
+from sage_unsloth.runtime.results import PASSK_COLUMNS, PASSK_FILE, PER_PROBLEM_COLUMNS, PER_PROBLEM_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def read_table(path: Path, columns) -> list[dict]:
 
 
 def results_row(wandb, results: Path, manifest: dict) -> dict:
-    """The one ``log`` row of a results folder (keys: sage_unsloth/wandb_runs.py)."""
+    """The one ``log`` row of a results folder (keys: sage_unsloth/runtime/wandb_runs.py)."""
     passk = read_table(results / PASSK_FILE, PASSK_COLUMNS)
     per_problem = read_table(results / PER_PROBLEM_FILE, PER_PROBLEM_COLUMNS)
     row: dict = {}

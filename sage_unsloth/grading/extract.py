@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import re
 
+from sage_unsloth.data.prompts import SOLUTION_END, SOLUTION_START
 from sage_unsloth.grading.visible import visible
-from sage_unsloth.prompts import SOLUTION_END, SOLUTION_START
 
 MAX_COMPLETION_CHARS = 32_768  # only the tail is examined: the answer comes last
 MAX_BLOCK_CHARS = 4_096  # a solution block longer than this is rambling; its tail holds the answer

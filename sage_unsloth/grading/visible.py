@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 
+from sage_unsloth.data.prompts import SOLUTION_START
 from sage_unsloth.grading.hidden_html import restyles, without_hidden_elements
 from sage_unsloth.grading.hidden_latex import (
     before_end_of_document,
@@ -42,7 +43,6 @@ from sage_unsloth.grading.hidden_latex import (
     redefines,
     without_hidden_groups,
 )
-from sage_unsloth.prompts import SOLUTION_START
 
 _BLOCKS = re.compile(r"<!--.*?(?:-->|\Z)|\\begin\s*\{comment\}.*?(?:\\end\s*\{comment\}|\Z)", re.DOTALL)
 _BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")

@@ -1,5 +1,5 @@
-"""One job graph for every multi-step command of the kit: ``sage-unsloth sweep`` (sage_unsloth/sweep.py), the
-demo lab (sage_unsloth/demo/run.py) and the notebooks' recipe (sage_unsloth/notebook.py) describe their work as
+"""One job graph for every multi-step command of the kit: ``sage-unsloth sweep`` (sage_unsloth/jobs/sweep.py), the
+demo lab (sage_unsloth/demo/run.py) and the notebooks' recipe (sage_unsloth/jobs/notebook.py) describe their work as
 :class:`Step` s; one rule says which are done (:mod:`sage_unsloth.jobs.graph`: the input fingerprint recorded
 beside the outputs, in one record folder ``<work>/steps/``) and one scheduler runs the rest on an executor
 (:mod:`sage_unsloth.jobs.scheduler`).

@@ -23,8 +23,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_unsloth.folder_lock import LOCK_NAME
-from sage_unsloth.manifest import atomic_write_json
+from sage_unsloth.runtime.folder_lock import LOCK_NAME
+from sage_unsloth.runtime.manifest import atomic_write_json
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,9 +46,7 @@ class Step:
     light: bool = False
     done_file: str | None = None  # the file each output folder holds once complete (None: the folder itself)
     keep: bool = False  # resume in its own outputs (same inputs); refuse anyone else's; never delete them
-    kind: str = (
-        "step"  # what an executor is told (sage_unsloth/executors Task.kind: rlvr | eval | report | step)
-    )
+    kind: str = "step"  # what an executor is told (sage_unsloth/jobs/executors Task.kind: rlvr | eval | report | step)
 
     @property
     def command(self) -> list[str]:
@@ -115,7 +113,7 @@ def write_stamp(stamps: Path, step: Step, fingerprint: str, **finished) -> None:
     """The step's stamp: its fingerprint and its command (without credentials), written when a step that keeps
     its outputs starts (they are its inputs' from then on) and, with ``finished`` (time, wall and CPU seconds,
     threads), when any step has finished."""
-    from sage_unsloth.credentials import redact_argv
+    from sage_unsloth.runtime.credentials import redact_argv
 
     stamps.mkdir(parents=True, exist_ok=True)
     record = {"fingerprint": fingerprint, "command": redact_argv(step.command), **finished}
@@ -128,7 +126,7 @@ def _same_inputs(stamp: dict | None, fingerprint: str, step: Step) -> bool:
     if stamp is None or "damaged" in stamp:
         return False
     if "fingerprint" not in stamp:
-        from sage_unsloth.credentials import redact_argv
+        from sage_unsloth.runtime.credentials import redact_argv
 
         return _recorded(stamp) == redact_argv(step.command)
     return stamp["fingerprint"] == fingerprint
@@ -170,7 +168,7 @@ def check_owned(step: Step, stamp: dict | None, fingerprint: str) -> None:
     written = [p for p in step.outputs if _written(p)]
     if not written:
         return
-    from sage_unsloth.credentials import redact_argv
+    from sage_unsloth.runtime.credentials import redact_argv
 
     if stamp is not None and "damaged" in stamp:
         raise ValueError(f"{stamp['damaged']} is damaged: delete it and {written[0]}, then rerun")

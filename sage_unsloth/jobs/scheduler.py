@@ -1,5 +1,5 @@
 """The scheduler of a job graph: starts every step that is not done (sage_unsloth/jobs/graph.py) once the steps
-it depends on are, on a free slot of an executor (sage_unsloth/executors: local child processes, SLURM, Ray),
+it depends on are, on a free slot of an executor (sage_unsloth/jobs/executors: local child processes, SLURM, Ray),
 stamps what finished, reports progress, and on a failure either stops everything (``keep_going=False``: the
 demo lab) or runs on and leaves only what reads the failed step (``keep_going=True``: ``sage-unsloth sweep``).
 
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sage_unsloth.executors import Executor, Task
 from sage_unsloth.jobs import cores
+from sage_unsloth.jobs.executors import Executor, Task
 from sage_unsloth.jobs.graph import (
     Step,
     StepRecord,
@@ -232,7 +232,7 @@ def run_steps(
     processes) runs them. Torch threads: ``threads`` each, else (``share_cores``) the cores idle now shared
     among the heavy steps running at once, else whatever the slot's environment says. ``how``: the
     :class:`Scheduler`'s ``tag``, ``env``, ``command``, ``keep_going`` and ``cwd``."""
-    from sage_unsloth.executors import make_executor
+    from sage_unsloth.jobs.executors import make_executor
 
     stamps, logs = stamp_folder(work), work / "logs"
     stamps.mkdir(parents=True, exist_ok=True)

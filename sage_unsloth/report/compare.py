@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..layout import run_name, split_run  # noqa: F401 - the lab's run names, read here and by its callers
-from ..results import pass_at_k_matrix
+from ..runtime.layout import run_name, split_run  # noqa: F401 - the lab's run names, read here and by its callers
+from ..runtime.results import pass_at_k_matrix
 from . import intervals
 from .support import SHARES, per_problem_shares
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from sage_unsloth import layout
-from sage_unsloth.config_args import DryRunArgs
-from sage_unsloth.field_rules import Limit, check_field_rules
+from sage_unsloth.config.args import DryRunArgs
+from sage_unsloth.config.field_rules import Limit, check_field_rules
 from sage_unsloth.report import plots
+from sage_unsloth.runtime import layout
 
 
 @dataclass
 class ReportArguments(DryRunArgs):
-    # One field's own bounds, read by the pre-import check too (sage_unsloth/field_rules.py).
+    # One field's own bounds, read by the pre-import check too (sage_unsloth/config/field_rules.py).
     FIELD_RULES: ClassVar[dict] = {
         "resamples": Limit(ge=100, note="bootstrap resamples"),
         "level": Limit(gt=0.5, lt=1, note="the confidence level"),
@@ -105,7 +105,7 @@ class ReportArguments(DryRunArgs):
         if self.wandb_entity and not self.wandb_project:
             raise ValueError("wandb_entity is set without wandb_project: add --wandb_project NAME or drop it")
         if self.wandb_project:
-            from sage_unsloth.input_checks import check_wandb_installed
+            from sage_unsloth.config.input_checks import check_wandb_installed
 
             check_wandb_installed(f"wandb_project={self.wandb_project}")
         if self.wandb_group and not (self.wandb_project or self.from_wandb):
@@ -121,7 +121,7 @@ class ReportArguments(DryRunArgs):
 
 
 def parse_args(argv: list[str]) -> ReportArguments:
-    from sage_unsloth.config_args import parse_stage_args
+    from sage_unsloth.config.args import parse_stage_args
 
     (args,), _ = parse_stage_args((ReportArguments,), argv, stage="report", configs_dir="configs/report/")
     return args

@@ -1,6 +1,6 @@
 """Runs grouped by method for the report's plots: one line per method, its seeds folded into a band.
 
-A run folder named ``<method>_seed<N>`` (sage_unsloth/layout.py run_name: the demo and the sweep; a legacy
+A run folder named ``<method>_seed<N>`` (sage_unsloth/runtime/layout.py run_name: the demo and the sweep; a legacy
 ``<method>_s<N>`` or ``<method>-seed<N>`` is read too) is seed N of ``<method>``; any other name is a method of its
 own. Colours come from one palette keyed by the
 method (sage_unsloth/report/palette.py), so a method keeps its colour in every plot of every report and in

@@ -1,6 +1,6 @@
 """Find and load the eval stage's outputs: results/<model>/<run>/{passk.csv, per_problem.csv, manifest.json}.
 
-The contract with the eval stage (files, columns, pooled sets, pass@k) is sage_unsloth/results.py. A pass@k is a
+The contract with the eval stage (files, columns, pooled sets, pass@k) is sage_unsloth/runtime/results.py. A pass@k is a
 probability: a value of passk.csv outside [0, 1] is refused naming its line, and where per_problem.csv is there
 each value of passk.csv is recomputed from its counts (the eval stage's own aggregation, eval/passk.py) and must
 agree, so a hand-edited or mixed-up table never reaches the report beside intervals from other numbers.
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sage_unsloth.manifest import MANIFEST_NAME, read_manifest
-from sage_unsloth.results import (
+from sage_unsloth.runtime.manifest import MANIFEST_NAME, read_manifest
+from sage_unsloth.runtime.results import (
     AIME_PARTS,
     PASSK_FILE,
     PASSK_REQUIRED,

@@ -16,12 +16,12 @@ from __future__ import annotations
 import colorsys
 import hashlib
 
-from ..layout import split_run
-from ..method_cards import demo_cards
+from ..config.method_cards import demo_cards
+from ..runtime.layout import split_run
 
 
 def method_of(run: str) -> str:
-    """The method a run folder belongs to: its name without a trailing seed suffix (sage_unsloth/layout.py
+    """The method a run folder belongs to: its name without a trailing seed suffix (sage_unsloth/runtime/layout.py
     split_run; a legacy ``_s3`` / ``-seed3`` too, so old results keep their colours)."""
     return split_run(run, legacy=True)[0]
 
@@ -33,7 +33,7 @@ def method_of(run: str) -> str:
 # were chosen by a greedy search over sRGB for the largest smallest CIELAB distance to every colour they can be
 # plotted with, at least 12 degrees of hue away from each of them (tests/report/test_report_palette.py checks both).
 # The lab's methods carry their colour in their own file (configs/demo/<name>.yaml, lab: colour:, read by
-# sage_unsloth/method_cards.py); a preset of configs/rlvr/ with a lab method's name is that method and shares its
+# sage_unsloth/config/method_cards.py); a preset of configs/rlvr/ with a lab method's name is that method and shares its
 # colour. Below: the names that are no lab method.
 METHOD_COLOURS: dict[str, str] = {
     "sft": "#000000",

@@ -4,7 +4,7 @@ Mapping rule (by name; override per run with a mapping file):
   model: the results/<model>/ folder name, lower-cased, containing "qwen2.5-math-7b" -> Qwen2.5-Math-7B
          (paper k = 256); containing "deepseek-r1-distill-qwen-7b" -> DeepSeek-R1-Distill-Qwen-7B (k = 64).
   method: the results/<model>/<run>/ folder name, lower-cased, "-", "+", " " -> "_", a trailing seed suffix
-         removed (sage_unsloth/layout.py split_run: "_seed<N>", legacy "_s<N>"), then looked up in RUN_METHODS
+         removed (sage_unsloth/runtime/layout.py split_run: "_seed<N>", legacy "_s<N>"), then looked up in RUN_METHODS
          below. "sft" maps to the paper's
          "Base" row: for the non-instruct Qwen2.5-Math-7B the kit's RL starts from the SFT model (an
          assumption; the paper's README calls the row "Base Model"). Anything else has no paper row.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from sage_unsloth.layout import split_run
+from sage_unsloth.runtime.layout import split_run
 
 QWEN, DEEPSEEK = "Qwen2.5-Math-7B", "DeepSeek-R1-Distill-Qwen-7B"
 MODEL_PATTERNS = (("qwen2.5-math-7b", QWEN), ("deepseek-r1-distill-qwen-7b", DEEPSEEK))
@@ -103,7 +103,7 @@ def kl_placement(run: str, eval_manifest: dict | None, stage_folder: str | Path 
     manifest of the checkpoint the eval stage scored (in ``stage_folder``, default the eval manifest's
     ``checkpoint``); "—" for a run without RL (SFT / base). Without a readable manifest, by name: a run name ending
     in "_reward" is the reward placement, anything else unknown ("?")."""
-    from sage_unsloth.manifest import MANIFEST_NAME
+    from sage_unsloth.runtime.manifest import MANIFEST_NAME
 
     checkpoint = stage_folder or (eval_manifest or {}).get("checkpoint")
     manifest_file = Path(str(checkpoint)) / MANIFEST_NAME if checkpoint else None

@@ -17,8 +17,8 @@ def dry_run(args, argv: list[str]) -> int:
     """The resolved config and what the report would read and write (no result is loaded, nothing written)."""
     from pathlib import Path
 
-    from sage_unsloth import dry_run as dry
-    from sage_unsloth.results import PASSK_FILE
+    from sage_unsloth.config import dry_run as dry
+    from sage_unsloth.runtime.results import PASSK_FILE
 
     dry.show("report", dry.resolved_config("report", (args,), argv))
     if args.from_wandb:
@@ -52,7 +52,7 @@ def dry_run(args, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sage_unsloth.config_schema import refuse_bad_input
+    from sage_unsloth.config.schema import refuse_bad_input
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if (code := refuse_bad_input("report", argv)) is not None:  # every bad input at once, before the imports

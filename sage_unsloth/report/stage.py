@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from sage_unsloth.manifest import atomic_write_text, write_manifest
 from sage_unsloth.report import grouping, multi_seed, plots, support, tables, training
 from sage_unsloth.report import patterns as pat
 from sage_unsloth.report.config import ReportArguments, parse_args
@@ -24,6 +23,7 @@ from sage_unsloth.report.paper import (
     paper_number,
 )
 from sage_unsloth.report.tables import fmt, fmt_ci, fmt_signed, md_table
+from sage_unsloth.runtime.manifest import atomic_write_text, write_manifest
 
 log = logging.getLogger(__name__)
 WANDB_RESULTS = "wandb"  # <results>/wandb/: the evaluations --from_wandb read, as results folders
@@ -294,9 +294,9 @@ def read_from_wandb(args: ReportArguments, api=None) -> ReportArguments:
     """``--from_wandb``: the evaluations the W&B runs hold, written as results folders under ``<results>/wandb/``
     (locked while written; sage_unsloth/report/wandb_read.py); returns ``args`` reading that folder. ``api``: a
     stand-in for ``wandb.Api()`` (tests)."""
-    from sage_unsloth.folder_lock import FolderLock
     from sage_unsloth.report.wandb_read import read_wandb
-    from sage_unsloth.wandb_runs import import_wandb
+    from sage_unsloth.runtime.folder_lock import FolderLock
+    from sage_unsloth.runtime.wandb_runs import import_wandb
 
     import_wandb("--from_wandb")  # both sources need it (the offline files are read with its own reader)
     into = Path(args.results) / WANDB_RESULTS
@@ -308,9 +308,9 @@ def read_from_wandb(args: ReportArguments, api=None) -> ReportArguments:
 
 def build_report(args: ReportArguments, *, console: bool = True, api=None) -> ReportResult:
     """Write the report; its folder (``<out without .md>/``, which also covers ``out``) is locked while it is
-    written (sage_unsloth/folder_lock.py): a second report into the same place stops in one line. With
+    written (sage_unsloth/runtime/folder_lock.py): a second report into the same place stops in one line. With
     ``--from_wandb`` the results are first read from W&B (:func:`read_from_wandb`; ``api``: its stand-in)."""
-    from sage_unsloth.folder_lock import FolderLock
+    from sage_unsloth.runtime.folder_lock import FolderLock
 
     args.validate()
     if args.from_wandb:

@@ -35,7 +35,7 @@ import pandas as pd
 from sage_unsloth.report import intervals
 from sage_unsloth.report.loading import RunResults
 from sage_unsloth.report.paper import map_run
-from sage_unsloth.results import pass_at_k_matrix
+from sage_unsloth.runtime.results import pass_at_k_matrix
 
 log = logging.getLogger(__name__)
 

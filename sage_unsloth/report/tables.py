@@ -18,7 +18,7 @@ from sage_unsloth.report import intervals
 from sage_unsloth.report.compare import split_run
 from sage_unsloth.report.loading import RunResults
 from sage_unsloth.report.paper import DEFAULT_METHOD_PAIRS, PaperRow, map_run, paper_value
-from sage_unsloth.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, POOLED_AIME
+from sage_unsloth.runtime.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, POOLED_AIME
 
 
 # --- markdown cells and tables (the report stage and the training section both write them)

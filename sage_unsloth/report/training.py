@@ -3,7 +3,7 @@
 Each eval manifest names the checkpoint it evaluated (``checkpoint``: an RLVR output folder; for results read
 from W&B, the copy of its training run beside them: RunResults.stage_folder); that folder's manifest names its
 training log (``log_history``: ``log_history.jsonl``, written by
-sage_unsloth/training_log.py). More RLVR folders can be given by glob (``--training_runs``), e.g. runs
+sage_unsloth/runtime/training_log.py). More RLVR folders can be given by glob (``--training_runs``), e.g. runs
 not evaluated yet. The report plots one panel per metric (TRL's reward, kl, entropy, the SAGE trainer's
 ``sage/*`` q statistics, completion length) with one line per run, and tabulates first/last values.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sage_unsloth.manifest import MANIFEST_NAME, read_manifest
 from sage_unsloth.report.loading import RunResults
 from sage_unsloth.report.tables import fmt, md_table
-from sage_unsloth.training_log import read_log_history
+from sage_unsloth.runtime.manifest import MANIFEST_NAME, read_manifest
+from sage_unsloth.runtime.training_log import read_log_history
 
 log = logging.getLogger(__name__)
 

@@ -99,7 +99,7 @@ def log_report(
 ) -> str:
     """Log the report's tables (``report/<key>``), plots and markdown, and the paper's tables (``paper/<key>``) to a
     new W&B run (job_type "report", in ``group``); returns the run's dir."""
-    from sage_unsloth.wandb_runs import REPORT_JOB_TYPE, import_wandb
+    from sage_unsloth.runtime.wandb_runs import REPORT_JOB_TYPE, import_wandb
 
     wandb = import_wandb("--wandb_project")
     run = wandb.init(

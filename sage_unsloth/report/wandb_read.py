@@ -9,7 +9,7 @@ Two sources, one result:
   ``wandb_transaction_log``), for users who never synced; the folders of one run id (a run resumed offline, as
   stage 3 does) are read as one run, in the order they were started.
 
-Every evaluation stage 3 logged (the keys: sage_unsloth/wandb_runs.py) becomes ``<into>/<model>/<run>/`` with the
+Every evaluation stage 3 logged (the keys: sage_unsloth/runtime/wandb_runs.py) becomes ``<into>/<model>/<run>/`` with the
 passk.csv, per_problem.csv and manifest.json the eval stage wrote, and, when it was logged into the run that
 trained the checkpoint, ``training_run/`` beside them: that run's stage record (manifest.json: stage, model, variant,
 KL placement) and its training log rebuilt from the W&B history (log_history.jsonl). The report then reads that
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sage_unsloth import layout
-from sage_unsloth import wandb_runs as keys
-from sage_unsloth.manifest import MANIFEST_NAME, atomic_write_json, atomic_write_text
-from sage_unsloth.results import (
+from sage_unsloth.runtime import layout
+from sage_unsloth.runtime import wandb_runs as keys
+from sage_unsloth.runtime.manifest import MANIFEST_NAME, atomic_write_json, atomic_write_text
+from sage_unsloth.runtime.results import (
     PAPER_AVERAGE,
     PASSK_COLUMNS,
     PASSK_FILE,
@@ -42,7 +42,7 @@ from sage_unsloth.results import (
     PER_PROBLEM_FILE,
     TRAINING_RUN_DIR,
 )
-from sage_unsloth.training_log import LOG_HISTORY_FILE, log_line
+from sage_unsloth.runtime.training_log import LOG_HISTORY_FILE, log_line
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """SageGRPOConfig: TRL's GRPOConfig plus the SAGE fields, with the paper's values as defaults.
 
 The method's four plug-ins are one node each (``guide``, ``advantage_estimator``, ``policy_term``, ``kl_term``:
-``{name: ..., <its arguments>}``, sage_unsloth/registry.py); their knobs' defaults are the plug-ins' own (the
+``{name: ..., <its arguments>}``, sage_unsloth/plugins/registry.py); their knobs' defaults are the plug-ins' own (the
 paper's for the built-ins), resolved once into the method plan (rlvr/plan.py).
 
 It subclasses TRL's own ``GRPOConfig`` (imported from its defining module, so the class is the same
@@ -22,13 +22,13 @@ from typing import Any, ClassVar
 from trl.trainer.grpo_config import GRPOConfig
 
 from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
-from sage_unsloth.config_args import ConfigError, check_training_fields, suggestion
-from sage_unsloth.field_rules import TRAINING_RULES, Limit, Names
-from sage_unsloth.guides import GUIDES
+from sage_unsloth.config.args import ConfigError, check_training_fields, suggestion
+from sage_unsloth.config.field_rules import TRAINING_RULES, Limit, Names
+from sage_unsloth.plugins.guides import GUIDES
+from sage_unsloth.plugins.kl_terms import KL_TERMS
+from sage_unsloth.plugins.probe import probe_plan
 from sage_unsloth.rlvr.exploration import ExplorationArgs
-from sage_unsloth.rlvr.kl_terms import KL_TERMS
 from sage_unsloth.rlvr.plan import MethodPlan, build_plan, plan_key
-from sage_unsloth.rlvr.plugin_probe import probe_plan
 
 BACKENDS = ("unsloth", "trl")
 Q_SOURCES = ("auto", "loss", "rollout")
@@ -78,7 +78,7 @@ def retired_hint(old: str) -> str:
 
 
 # TRL 1.15's loss types. SAGE only shifts the KL anchor, so any of them works with k3; a KL term added to the
-# loss (k2, forward: rlvr/kl_terms.py) re-aggregates the KL and knows only the token-level ones.
+# loss (k2, forward: plugins/kl_terms.py) re-aggregates the KL and knows only the token-level ones.
 LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")
 LOSS_LEVEL_KL_LOSS_TYPES = TOKEN_LEVEL_LOSS_TYPES
 
@@ -114,7 +114,7 @@ def unsloth_conflict(plan: MethodPlan, cfg, unsloth_patched: bool) -> str | None
             f"policy_term={term.name!r} needs TRL's loss (Unsloth's compiled loss has no slot for "
             "it): set backend=trl"
         )
-    from sage_unsloth import guides
+    from sage_unsloth.plugins import guides
 
     return guides.unsloth_cannot(plan.guide_needs, requested=cfg.sage_q_source, guide=plan.guide.name)
 
@@ -151,14 +151,14 @@ def _help(text: str) -> dict:
 
 @dataclass
 class SageGRPOConfig(GRPOConfig, ExplorationArgs):
-    """GRPO arguments for SAGE (q * pi_ref anchor). See sage_unsloth/anchor.py for the guide formulas; the
+    """GRPO arguments for SAGE (q * pi_ref anchor). See sage_unsloth/plugins/anchor.py for the guide formulas; the
     exploration baselines' fields (Pass@k, entropy advantage, Clip-Cov, KL-Cov, reference reset) come from
     ExplorationArgs (rlvr/exploration.py)."""
 
     # A key of the spellings before one node per plug-in: refused in one line naming the new spelling (the
     # pre-import check and the stage parser read it).
     RETIRED_FIELDS: ClassVar[dict[str, str]] = {old: retired_hint(old) for old in RETIRED_KEYS}
-    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py); the checks
+    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/config/field_rules.py); the checks
     # below keep their own wording and add those that need several fields.
     FIELD_RULES: ClassVar[dict] = {
         **TRAINING_RULES,
@@ -216,7 +216,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             "(0.5 d^2 times the stop-gradient ratio pi/pi_old: the reverse-KL gradient to q*pi_ref; "
             "use_bias_correction_kl does not apply; TRL backend only), 'forward' ((u log u - u + 1) times the "
             "ratio pi/pi_old, u = pi_ref/pi: the gradient of KL(pi_ref||pi) whatever use_bias_correction_kl "
-            "says; the forward-KL baseline; needs guide none; TRL backend only), or your own (rlvr/kl_terms.py)"
+            "says; the forward-KL baseline; needs guide none; TRL backend only), or your own (plugins/kl_terms.py)"
         ),
     )
     sage_kl_placement: str = field(
@@ -306,7 +306,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
         super().__post_init__()
         # Resolved once, here (after TRL settled scale_rewards and the batch fields): everything else reads the
         # plan (rlvr/plan.py); each plug-in is then called once on a synthetic batch through the run-time checks
-        # (rlvr/plugin_probe.py), still before any model loads.
+        # (plugins/probe.py), still before any model loads.
         plan = self._settle_plan()
         self._validate_method(plan)
         self.validate_exploration(plan)  # the exploration baselines (rlvr/exploration.py)
@@ -494,7 +494,7 @@ class SageGRPOConfig(GRPOConfig, ExplorationArgs):
             warnings.warn(message, stacklevel=3)
 
     def _warn_guide_without_effect(self) -> None:
-        from sage_unsloth import guides
+        from sage_unsloth.plugins import guides
 
         if self.method_plan.kl_term.meta["gradient"] is None:
             return  # a plug-in KL term that does not say which KL's gradient it has: no claim either way

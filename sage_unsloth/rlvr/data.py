@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sage_unsloth.prompts import prompt_messages
+from sage_unsloth.data.prompts import prompt_messages
 
 DEFAULT_DATASET = "open-r1/DAPO-Math-17k-Processed"
 DEFAULT_CONFIG = "en"

@@ -1,9 +1,9 @@
 """Exploration baselines from the literature in the SAGE harness: their config fields and their checks; the
 trainer runs them as steps of rlvr/taps.py (docs/methods.md says what each optimises).
 
-- ``advantage_estimator`` (rlvr/advantages.py): GRPO's group advantage (default) or Pass@k Training's, a node
+- ``advantage_estimator`` (plugins/advantages.py): GRPO's group advantage (default) or Pass@k Training's, a node
   ``{name: passk, k: 4}`` like every plug-in's.
-- ``policy_term`` (rlvr/policy_terms.py): the entropy advantage, Clip-Cov or KL-Cov, inside TRL's loss.
+- ``policy_term`` (plugins/policy_terms.py): the entropy advantage, Clip-Cov or KL-Cov, inside TRL's loss.
 - ``ref_reset_steps`` (rlvr/ref_reset.py): ProRL's periodic reference reset.
 - The 80/20 high-entropy-token baseline is TRL's ``top_entropy_quantile`` (config only; both backends).
 
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sage_unsloth.compat import TOKEN_LEVEL_LOSS_TYPES
-from sage_unsloth.config_args import ConfigError
-from sage_unsloth.field_rules import Limit, Names
-from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
-from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
+from sage_unsloth.config.args import ConfigError
+from sage_unsloth.config.field_rules import Limit, Names
+from sage_unsloth.plugins.advantages import ADVANTAGE_ESTIMATORS
+from sage_unsloth.plugins.policy_terms import POLICY_TERMS
 
 
 def _help(text: str) -> dict:
@@ -34,7 +34,7 @@ def _help(text: str) -> dict:
 class ExplorationArgs:
     """Config fields of the exploration baselines (mixed into SageGRPOConfig)."""
 
-    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py).
+    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/config/field_rules.py).
     FIELD_RULES: ClassVar[dict] = {
         "advantage_estimator": Names(ADVANTAGE_ESTIMATORS.names(), plugins=True, node=True),
         "policy_term": Names(("none", *POLICY_TERMS.names()), plugins=True, node=True),

@@ -2,7 +2,7 @@
 
 A config names up to four plug-ins, one node each -- ``guide``, ``advantage_estimator``, ``policy_term`` and
 ``kl_term``, each ``{name: <registered name, package.module:function or file.py:function>, <its arguments>}``.
-:func:`build_plan` resolves and binds all four once (sage_unsloth/registry.py checks each argument against the
+:func:`build_plan` resolves and binds all four once (sage_unsloth/plugins/registry.py checks each argument against the
 function's signature and the entry's limits, and fills the defaults) and decides where q is computed and where the
 KL goes. The trainer (rlvr/trainer.py), its steps (rlvr/taps.py) and everything else that needs a plug-in's
 knob (the config's checks, the doctor, the manifest the lab's analysis reads) read the plan; none of them
@@ -22,17 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sage_unsloth import guides
-from sage_unsloth.config_args import ConfigError
-from sage_unsloth.field_rules import PLUGIN_NODES
-from sage_unsloth.registry import NAME, Entry, Node
+from sage_unsloth.config.args import ConfigError
+from sage_unsloth.config.field_rules import PLUGIN_NODES
+from sage_unsloth.plugins import guides
+from sage_unsloth.plugins.advantages import ADVANTAGE_ESTIMATORS
+from sage_unsloth.plugins.kl_terms import KL_TERMS
+from sage_unsloth.plugins.policy_terms import POLICY_TERMS
+from sage_unsloth.plugins.registry import NAME, Entry, Node
 from sage_unsloth.rlvr import taps
-from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
-from sage_unsloth.rlvr.kl_terms import KL_TERMS
-from sage_unsloth.rlvr.policy_terms import POLICY_TERMS
 
 # Every kind is called as fn(inputs, **arguments): one frozen record, then its node's keyword arguments
-# (sage_unsloth/registry.py). The config field holding each kind's node, and its registry:
+# (sage_unsloth/plugins/registry.py). The config field holding each kind's node, and its registry:
 NODES = dict(zip(PLUGIN_NODES, (guides.GUIDES, ADVANTAGE_ESTIMATORS, POLICY_TERMS, KL_TERMS), strict=True))
 NO_POLICY_TERM = "none"
 

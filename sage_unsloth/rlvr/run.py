@@ -38,10 +38,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from sage_unsloth import layout
 from sage_unsloth.compat import POLICY_ADAPTER, REF_ADAPTER
-from sage_unsloth.field_rules import Limit, Names
-from sage_unsloth.training_cli import StageRunArgs
+from sage_unsloth.config.field_rules import Limit, Names
+from sage_unsloth.config.training_cli import StageRunArgs
+from sage_unsloth.runtime import layout
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ ANCHORS = ("sft", "base")
 @dataclass
 class RLVRStageArgs(StageRunArgs):
     """Stage I/O of RLVR (the training hyper-parameters live in SageGRPOConfig); ``resume``, ``restart`` and
-    ``unsloth_without_gpu`` are stage 1's too (sage_unsloth/training_cli.py)."""
+    ``unsloth_without_gpu`` are stage 1's too (sage_unsloth/config/training_cli.py)."""
 
     FIELD_RULES: ClassVar[dict] = {
         "anchor": Names(ANCHORS),
@@ -100,8 +100,8 @@ class RLVRStageArgs(StageRunArgs):
     )
 
     def __post_init__(self):
-        from sage_unsloth.config_args import ConfigError
-        from sage_unsloth.field_rules import check_field_rules
+        from sage_unsloth.config.args import ConfigError
+        from sage_unsloth.config.field_rules import check_field_rules
 
         check_field_rules(self)  # anchor, the row and length counts: the pre-import check's words
         if self.variant is not None:
@@ -136,8 +136,8 @@ def parse_args(argv: list[str] | None = None):
     ``variant`` defaults to the config file's stem; ``output_dir`` defaults to
     ``<output_root>/<model>/<variant>`` (a value given for it is used as is, as stage 1 does).
     """
-    from sage_unsloth.config_args import parse_stage_args
-    from sage_unsloth.model_config import SageModelConfig
+    from sage_unsloth.config.args import parse_stage_args
+    from sage_unsloth.config.model_config import SageModelConfig
     from sage_unsloth.rlvr.config import SageGRPOConfig
 
     (grpo_args, stage_args, model_args), config_path = parse_stage_args(
@@ -174,8 +174,8 @@ def model_context_length(
 
 
 def _resolve_sft(stage: RLVRStageArgs, model_args) -> tuple[Path, dict[str, Any], str]:
-    from sage_unsloth.manifest import read_manifest
-    from sage_unsloth.models import check_adapter_base, model_short_name, same_base_model
+    from sage_unsloth.model.loading import check_adapter_base, model_short_name, same_base_model
+    from sage_unsloth.runtime.manifest import read_manifest
 
     if stage.sft_dir:
         sft_dir = Path(stage.sft_dir)
@@ -217,8 +217,8 @@ def plan_run(
     (the stage's folder lock) is called before anything in the output folder is read or deleted.
     ``for_another_machine``: a dry run on a machine without the GPU the config asks for leaves that GPU's own
     checks (vLLM needs one) to it."""
-    from sage_unsloth.input_checks import check_adapter, check_data_file, check_wandb
-    from sage_unsloth.models import check_gpu_setup
+    from sage_unsloth.config.input_checks import check_adapter, check_data_file, check_wandb
+    from sage_unsloth.model.loading import check_gpu_setup
     from sage_unsloth.rlvr.resume import logging_alignment_warning
 
     _check_vllm_mode(grpo_args, on_this_machine=not for_another_machine)
@@ -260,7 +260,7 @@ def plan_run(
 
 def _check_vllm_mode(grpo_args, *, on_this_machine: bool = True) -> None:
     """vLLM's mode against the backend and (``on_this_machine``) the machine."""
-    from sage_unsloth.backend import cuda_available
+    from sage_unsloth.runtime.backend import cuda_available
 
     if grpo_args.use_vllm and grpo_args.backend == "unsloth" and grpo_args.vllm_mode == "server":
         raise ValueError(
@@ -296,8 +296,8 @@ def _prompt_budget(grpo_args, stage: RLVRStageArgs, model_args, base: str) -> tu
 def _output_folder(grpo_args, stage: RLVRStageArgs, config_path: str | None, base: str):
     """(variant, the model's short name, the output folder): ``--output_dir`` as given, else
     ``<output_root>/<model>/rlvr/<variant>`` (the variant defaults to the config file's stem)."""
-    from sage_unsloth.input_checks import check_output_folder
-    from sage_unsloth.models import model_short_name
+    from sage_unsloth.config.input_checks import check_output_folder
+    from sage_unsloth.model.loading import model_short_name
 
     variant = stage.variant or (Path(config_path).stem if config_path else None)
     if not variant:
@@ -315,8 +315,8 @@ def _output_folder(grpo_args, stage: RLVRStageArgs, config_path: str | None, bas
 
 def _resume_point(grpo_args, stage: RLVRStageArgs, output_dir: Path):
     """(what to say if ``--resume`` names a finished run or None, the checkpoint to resume from or None)."""
-    from sage_unsloth.checkpoints import choose_checkpoint
-    from sage_unsloth.manifest import MANIFEST_NAME
+    from sage_unsloth.runtime.checkpoints import choose_checkpoint
+    from sage_unsloth.runtime.manifest import MANIFEST_NAME
 
     if not stage.resume and (output_dir / MANIFEST_NAME).is_file():
         raise FileExistsError(
@@ -325,7 +325,7 @@ def _resume_point(grpo_args, stage: RLVRStageArgs, output_dir: Path):
         )
     finished = finished_run(output_dir, grpo_args) if stage.resume else None
     # The newest complete checkpoint (newer incomplete ones skipped with a notice); only incomplete ones: an
-    # error naming --restart true, which deletes them (sage_unsloth/checkpoints.py).
+    # error naming --restart true, which deletes them (sage_unsloth/runtime/checkpoints.py).
     last = (
         None
         if finished
@@ -340,7 +340,7 @@ def finished_run(output_dir: Path, grpo_args) -> str | None:
     """What to say when ``--resume`` names a run that is done (its manifest is written last, so it marks a finished
     run, and it trained at least the steps asked for), or None: then the run is resumed (a larger max_steps
     continues a finished run)."""
-    from sage_unsloth.manifest import MANIFEST_NAME, read_manifest
+    from sage_unsloth.runtime.manifest import MANIFEST_NAME, read_manifest
 
     if not (output_dir / MANIFEST_NAME).is_file():
         return None
@@ -423,15 +423,15 @@ class RLVRStage:
 
     def train_and_save(self) -> Path:
         from sage_unsloth.compat import unsloth_mirrors
-        from sage_unsloth.manifest import write_manifest
-        from sage_unsloth.training_log import LOG_HISTORY_FILE
+        from sage_unsloth.runtime.manifest import write_manifest
+        from sage_unsloth.runtime.training_log import LOG_HISTORY_FILE
 
         grpo_args, stage, model_args = self.grpo_args, self.stage_args, self.model_args
 
         if self.plan.resume_from and self.trainer.accelerator.is_main_process:
             # Exact: weights, optimizer, RNG, sampler position and TRL's generation buffer (rlvr/resume.py).
             print(f"resuming from {Path(self.plan.resume_from).name} in {self.plan.output_dir}", flush=True)
-        from sage_unsloth.wandb_runs import finish_training_run, start_training_run
+        from sage_unsloth.runtime.wandb_runs import finish_training_run, start_training_run
 
         wandb_run = start_training_run(  # before train(): the Trainer's W&B callback logs into it
             grpo_args.report_to,
@@ -452,8 +452,8 @@ class RLVRStage:
         # (the step guard keeps training from making one; this keeps any other cause from writing it).
         from peft import get_peft_model_state_dict
 
-        from sage_unsloth.checkpoint_contents import weights_problem
-        from sage_unsloth.checkpoints import UnsaneCheckpoint
+        from sage_unsloth.runtime.checkpoint_contents import weights_problem
+        from sage_unsloth.runtime.checkpoints import UnsaneCheckpoint
 
         wandb_record = finish_training_run(wandb_run)
         policy = get_peft_model_state_dict(self.model, adapter_name=POLICY_ADAPTER)
@@ -498,7 +498,7 @@ def build_stage(
 ) -> RLVRStage:
     """Check everything (``plan``: :func:`plan_run`'s result when the caller already has it), load data and
     model, build the SAGE trainer with the chosen anchor."""
-    from sage_unsloth.models import load_for_training, load_tokenizer
+    from sage_unsloth.model.loading import load_for_training, load_tokenizer
 
     plan = plan or plan_run(grpo_args, stage, model_args, config_path)
     if plan.finished:
@@ -550,7 +550,7 @@ def build_stage(
     if unsloth_vllm:
         # Before the trainer: Unsloth's patched __init__ keeps a reference to model.load_lora.
         hide_adapter_from_vllm_sync(model)
-    from sage_unsloth.log_writer import LogHistoryWriter
+    from sage_unsloth.runtime.log_writer import LogHistoryWriter
 
     trainer = SageGRPOTrainer(
         model=model,
@@ -583,8 +583,8 @@ def run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None = N
 def dry_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None, argv: list[str]):
     """Print the resolved config and the plan (folders, anchor, lengths, the method, the checkpoint it would
     resume); the call that trains is then a no-op. An input error after the config is the stage's one line."""
-    from sage_unsloth import dry_run as dry
-    from sage_unsloth.backend import cuda_available
+    from sage_unsloth.config import dry_run as dry
+    from sage_unsloth.runtime.backend import cuda_available
 
     resolved = dry.resolved_config("rlvr", (grpo_args, stage, model_args), argv)
     dry.show("rlvr", resolved)
@@ -620,23 +620,23 @@ def dry_run(grpo_args, stage: RLVRStageArgs, model_args, config_path: str | None
 
 def _import_unsloth_early(argv: list[str]) -> None:
     """On a GPU, import Unsloth before TRL's trainer so its patches (GRPOTrainer, kernels) see a clean slate."""
-    from sage_unsloth.backend import cuda_available
-    from sage_unsloth.config_args import requested_backend
+    from sage_unsloth.config.args import requested_backend
+    from sage_unsloth.runtime.backend import cuda_available
 
     if requested_backend(argv) == "unsloth" and cuda_available():
-        from sage_unsloth.backend import import_unsloth
+        from sage_unsloth.runtime.backend import import_unsloth
 
         import_unsloth()
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from sage_unsloth.config_schema import refuse_bad_input
+    from sage_unsloth.config.schema import refuse_bad_input
 
     if (code := refuse_bad_input("rlvr", argv)) is not None:  # every bad input, before TRL is imported
         return code
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from sage_unsloth.training_cli import dry_run_requested, refuse_before_parsing, run_training_stage
+    from sage_unsloth.config.training_cli import dry_run_requested, refuse_before_parsing, run_training_stage
 
     if (code := refuse_before_parsing(argv, "configs/rlvr/")) is not None:  # as stage 1: before parsing
         return code
@@ -646,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         if not dry_run_requested(argv):
             _import_unsloth_early(argv)
         if dry_run_requested(argv):  # on any machine: parsed as on the config's GPU
-            from sage_unsloth.dry_run import parse_anywhere
+            from sage_unsloth.config.dry_run import parse_anywhere
 
             grpo_args, stage, model_args, config_path = parse_anywhere(parse_args, argv)
         else:

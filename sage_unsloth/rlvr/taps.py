@@ -27,11 +27,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sage_unsloth import anchor, compat, plugin_calls
+from sage_unsloth import compat
+from sage_unsloth.plugins import anchor
+from sage_unsloth.plugins import calls as plugin_calls
+from sage_unsloth.plugins.advantages import GroupRewards
+from sage_unsloth.plugins.kl_terms import KLTokens
+from sage_unsloth.plugins.policy_terms import TokenBatch
 from sage_unsloth.rlvr import dapo
-from sage_unsloth.rlvr.advantages import GroupRewards
-from sage_unsloth.rlvr.kl_terms import KLTokens
-from sage_unsloth.rlvr.policy_terms import TokenBatch
 
 # --------------------------------------------------------------------------- per-step seeds
 

@@ -14,7 +14,7 @@ term, so replacing it by ``ref + log q`` (q without gradient) *is* the SAGE obje
   gradient_accumulation_steps.
 - The random guide never needs the policy and is always drawn at rollout.
 
-The KL term (rlvr/kl_terms.py: k3, k2, forward, or a plug-in) other than TRL's own k3 is a loss-level term on
+The KL term (plugins/kl_terms.py: k3, k2, forward, or a plug-in) other than TRL's own k3 is a loss-level term on
 TRL's path (TRL's loss + beta * aggregate(term - TRL's k3 term), aggregated exactly as TRL aggregates its loss:
 forward always carries the ratio pi / pi_old, k2 its stop-gradient, so each has its KL's gradient whatever
 ``use_bias_correction_kl`` says) and an error on Unsloth's.
@@ -49,19 +49,20 @@ from contextlib import nullcontext
 
 import torch
 
-from sage_unsloth import anchor, compat, guides
-from sage_unsloth.checkpoints import CheckpointMixin
+from sage_unsloth import compat
 from sage_unsloth.compat import (
     install_cpu_logprob_fallback,
     is_unsloth_patched,
     policy_logps_and_entropies,
 )
-from sage_unsloth.finite_steps import sampling_fault
+from sage_unsloth.plugins import anchor, guides
 from sage_unsloth.rlvr import dapo, taps, unsloth_hooks
 from sage_unsloth.rlvr.config import off_policy_q_warning, unsloth_conflict
 from sage_unsloth.rlvr.dapo import concat_rollouts, importance_sampling_clipped_fraction
 from sage_unsloth.rlvr.resume import ExactResumeMixin
 from sage_unsloth.rlvr.taps import LossBatch, Rollout
+from sage_unsloth.runtime.checkpoints import CheckpointMixin
+from sage_unsloth.runtime.finite_steps import sampling_fault
 
 logger = logging.getLogger(__name__)
 
@@ -635,7 +636,7 @@ def make_sage_trainer_class(base: type | None = None) -> type:
         # ExactResumeMixin saves and restores the state TRL's checkpoints lack (rlvr/resume.py);
         # CheckpointMixin: a checkpoint appears only whole and sane, with the resume state inside, a resume from
         # the last step's checkpoint trains nothing more, and no step with a non-finite loss or gradient is
-        # applied (sage_unsloth/checkpoints.py, finite_steps.py).
+        # applied (sage_unsloth/runtime/checkpoints.py, runtime/finite_steps.py).
         _CLASS_CACHE[base] = type(
             f"Sage{base.__name__}",
             (SageTrainerMixin, ExactResumeMixin, CheckpointMixin, base),

@@ -29,7 +29,7 @@ the entropy path in Unsloth 2026.10.9: its PrefixGrouper is skipped (it is off u
 log-probs go through its logit-recomputing kernel. A user's own top_entropy_quantile < 1 keeps working:
 then TRL's mask is returned as well.
 
-Any guide that reads only the entropies (sage_unsloth/guides.py, ``needs``) runs here the same way. A guide that
+Any guide that reads only the entropies (sage_unsloth/plugins/guides.py, ``needs``) runs here the same way. A guide that
 needs the in-loss log-probs (the token guide) or a logit signal does not: this call receives neither, so its q
 is computed at rollout from one extra no-grad pass (guides.q_source).
 """

@@ -20,21 +20,21 @@ from typing import ClassVar
 
 from trl import SFTConfig
 
-from .. import layout
-from ..backend import cuda_available
-from ..checkpoints import choose_checkpoint
-from ..config_args import ConfigError, check_hub_model_cached, check_training_fields
-from ..field_rules import TRAINING_RULES, Limit, Names
-from ..manifest import MANIFEST_NAME
-from ..models import BACKENDS, model_short_name
-from ..training_cli import StageRunArgs
+from ..config.args import ConfigError, check_hub_model_cached, check_training_fields
+from ..config.field_rules import TRAINING_RULES, Limit, Names
+from ..config.training_cli import StageRunArgs
+from ..model.loading import BACKENDS, model_short_name
+from ..runtime import layout
+from ..runtime.backend import cuda_available
+from ..runtime.checkpoints import choose_checkpoint
+from ..runtime.manifest import MANIFEST_NAME
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class SageSFTConfig(StageRunArgs, SFTConfig):
-    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/field_rules.py).
+    # One field's own bounds and names, read by the pre-import check too (sage_unsloth/config/field_rules.py).
     FIELD_RULES: ClassVar[dict] = {
         **TRAINING_RULES,
         "backend": Names(BACKENDS),
@@ -129,7 +129,7 @@ class SageSFTConfig(StageRunArgs, SFTConfig):
             # Recorded in the manifest and the adapter's config, which stages 2 and 3 read from any working
             # directory: a relative path would only resolve from the folder stage 1 ran in.
             model_args.model_name_or_path = str(local.resolve())
-        from ..input_checks import check_data_file, check_wandb
+        from ..config.input_checks import check_data_file, check_wandb
 
         check_wandb(self.report_to)
         if self.dataset_path:
@@ -169,7 +169,7 @@ class SageSFTConfig(StageRunArgs, SFTConfig):
 
     def resume_checkpoint(self) -> str | None:
         """The checkpoint to resume from, or None to start fresh; a clear error instead of overwriting a run
-        (the rule, complete checkpoints only, is sage_unsloth/checkpoints.py's, shared with stage 2)."""
+        (the rule, complete checkpoints only, is sage_unsloth/runtime/checkpoints.py's, shared with stage 2)."""
         out = Path(self.output_dir)
         if not self.resume and (out / MANIFEST_NAME).is_file():
             raise FileExistsError(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..prompts import SYSTEM_PROMPT, format_completion
+from ..data.prompts import SYSTEM_PROMPT, format_completion
 
 REQUIRED_FIELDS = ("problem", "generated_solution", "expected_answer")
 # The SFT rows the kit ships (48 rows of the demo's task, sage_unsloth/data/README.md), named in the offline error.

@@ -28,8 +28,8 @@ logger = logging.getLogger(__name__)
 
 def parse_args(argv: list[str]):
     """``[CONFIG.yaml, --key, value, ...]`` (or ``--config CONFIG``) -> (SageSFTConfig, ModelConfig)."""
-    from ..config_args import parse_stage_args
-    from ..model_config import SageModelConfig
+    from ..config.args import parse_stage_args
+    from ..config.model_config import SageModelConfig
     from .config import SageSFTConfig
 
     (sft_args, model_args), _ = parse_stage_args(
@@ -57,14 +57,14 @@ def settle_sft(sft_args, model_args, claim=None) -> SFTPlan:
     """Validate the config and settle the output folder and the checkpoint (no data yet: what a dry run shows);
     raises ValueError, FileNotFoundError or FileExistsError with a one-line message, reading nothing big.
     ``claim(output_dir)`` (the stage's folder lock) is called before anything in the folder is read or deleted."""
-    from ..manifest import MANIFEST_NAME
+    from ..runtime.manifest import MANIFEST_NAME
 
     sft_args.validate(model_args)
-    from ..models import check_gpu_setup
+    from ..model.loading import check_gpu_setup
 
     check_gpu_setup(model_args, sft_args, backend=sft_args.backend, fast_inference=False)  # bf16 on a T4
     out = sft_args.resolve_output_dir(model_args)
-    from ..input_checks import check_output_folder
+    from ..config.input_checks import check_output_folder
 
     check_output_folder(out, "output_dir")  # a file, or not writable: before the data and the model load
     if claim is not None:
@@ -79,7 +79,7 @@ def settle_sft(sft_args, model_args, claim=None) -> SFTPlan:
 
 def prepare_sft(sft_args, model_args, claim=None) -> SFTPlan:
     """:func:`settle_sft`, then the data prepared; every input error is raised before any model loads."""
-    from ..models import load_tokenizer
+    from ..model.loading import load_tokenizer
     from .data import load_raw_dataset, prepare_sft_data
 
     plan = settle_sft(sft_args, model_args, claim=claim)
@@ -112,16 +112,16 @@ def prepare_sft(sft_args, model_args, claim=None) -> SFTPlan:
 def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
     """Train (or resume) and write the stage-1 output folder; returns its path."""
     from ..compat import unsloth_mirrors
-    from ..manifest import write_manifest
-    from ..models import model_short_name
+    from ..model.loading import model_short_name
+    from ..runtime.manifest import write_manifest
 
     plan = plan or prepare_sft(sft_args, model_args)
     if plan.finished:
         return plan.out
     out, checkpoint, data = plan.out, plan.checkpoint, plan.data
     model, tokenizer = load_sft_model(sft_args, model_args)
-    from ..training_log import LOG_HISTORY_FILE
-    from ..wandb_runs import finish_training_run, start_training_run
+    from ..runtime.training_log import LOG_HISTORY_FILE
+    from ..runtime.wandb_runs import finish_training_run, start_training_run
 
     trainer = build_sft_trainer(sft_args, model, tokenizer, data, out)
     short = sft_args.model_short_name or model_short_name(model_args.model_name_or_path)
@@ -180,10 +180,10 @@ def run_sft(sft_args, model_args, plan: SFTPlan | None = None) -> Path:
 
 def load_sft_model(sft_args, model_args):
     """(model with its LoRA, tokenizer) for the stage's backend."""
-    from ..models import load_for_training
+    from ..model.loading import load_for_training
 
     if sft_args.backend == "unsloth":
-        from ..backend import import_unsloth
+        from ..runtime.backend import import_unsloth
 
         import_unsloth()  # before the trainer is looked up: Unsloth rebinds trl.SFTTrainer
     model, tokenizer = load_for_training(
@@ -202,7 +202,7 @@ def load_sft_model(sft_args, model_args):
 
 def build_sft_trainer(sft_args, model, tokenizer, data, out: Path):
     """The stage's Trainer over the loaded model: the kit's SFT trainer class, streaming its log to ``out``."""
-    from ..log_writer import LogHistoryWriter
+    from ..runtime.log_writer import LogHistoryWriter
 
     return sft_trainer_class()(
         model=model,
@@ -217,14 +217,14 @@ def sft_trainer_class():
     """``trl.SFTTrainer`` looked up now (after import_unsloth it is Unsloth's), with TRL's fused LM head given
     the kit's torch kernel where Triton is missing (sage_unsloth/compat.py, row ``triton_fallback``): the same
     loss, the mean NLL of the labelled tokens, on CPU as on a GPU."""
-    from ..checkpoints import CheckpointMixin
     from ..compat import current_sft_trainer_class, install_cpu_logprob_fallback
+    from ..runtime.checkpoints import CheckpointMixin
 
     install_cpu_logprob_fallback()
     base = current_sft_trainer_class()
     if base not in _SFT_CLASSES:
         # CheckpointMixin: a checkpoint appears only whole and sane, a resume from the last step's checkpoint trains
-        # nothing more, and no step with a non-finite loss or gradient is applied (sage_unsloth/checkpoints.py).
+        # nothing more, and no step with a non-finite loss or gradient is applied (sage_unsloth/runtime/checkpoints.py).
         _SFT_CLASSES[base] = type(f"Sage{base.__name__}", (CheckpointMixin, base), {})
     return _SFT_CLASSES[base]
 
@@ -243,7 +243,7 @@ def save_merged_16bit(
         # Unsloth dequantizes a 4-bit base before merging; its CPU fallback implements the same method.
         model.save_pretrained_merged(str(merged), tokenizer, save_method="merged_16bit")
     else:
-        from ..models import merge_lora_into_base
+        from ..model.loading import merge_lora_into_base
 
         # Reload the base unquantized (the training copy may be 4-bit), then merge the saved adapter into it.
         merge_lora_into_base(
@@ -261,8 +261,8 @@ def save_merged_16bit(
 def dry_run(sft_args, model_args, argv: list[str]):
     """Print the resolved config and the plan (output folder, checkpoint, data source); the call that trains is
     then a no-op. An input error after the config is printed is the stage's one line, exit 2."""
-    from .. import dry_run as dry
-    from ..backend import cuda_available
+    from ..config import dry_run as dry
+    from ..runtime.backend import cuda_available
 
     resolved = dry.resolved_config("sft", (sft_args, model_args), argv)
     dry.show("sft", resolved)
@@ -297,20 +297,20 @@ def main(argv: list[str] | None = None) -> int:
         if not argv:
             return 2
         parse_args(argv)  # prints the kit's fields (--help) or all of them (--help-all) and exits
-    from ..config_schema import refuse_bad_input
+    from ..config.schema import refuse_bad_input
 
     if (code := refuse_bad_input("sft", argv)) is not None:  # every bad input, before TRL is imported
         return code
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from ..config_args import requested_backend
-    from ..training_cli import dry_run_requested, refuse_before_parsing, run_training_stage
+    from ..config.args import requested_backend
+    from ..config.training_cli import dry_run_requested, refuse_before_parsing, run_training_stage
 
     if (code := refuse_before_parsing(argv, "configs/sft/")) is not None:  # before Unsloth is imported, below
         return code
 
     def prepare(settle):
         if requested_backend(argv) == "unsloth" and not dry_run_requested(argv):
-            from ..backend import import_unsloth
+            from ..runtime.backend import import_unsloth
 
             import_unsloth()  # before TRL/transformers are imported, as Unsloth requires
         sft_args, model_args = parse_args(argv)

@@ -20,9 +20,9 @@ from test_input_errors import (  # noqa: F401  (no_model_loads: the fixture belo
     sft_argv,
 )
 
-from sage_unsloth import config_schema
+from sage_unsloth.config import schema as config_schema
+from sage_unsloth.config.input_checks import check_data_file
 from sage_unsloth.doctor import speak_of_no_gpu
-from sage_unsloth.input_checks import check_data_file
 
 pytestmark = pytest.mark.usefixtures("no_model_loads")  # any model load fails the test
 REPO = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_an_unreadable_data_file_is_named(tmp_path):
 
 def test_a_file_that_cannot_be_opened_is_one_line_naming_it(tmp_path):
     """An OSError other than a missing file (a folder here; root reads a chmod-0 file), data and config alike."""
-    from sage_unsloth.config_args import ConfigError, load_config
+    from sage_unsloth.config.args import ConfigError, load_config
 
     folder = tmp_path / "input.yaml"
     folder.mkdir()
@@ -127,7 +127,7 @@ def test_wandb_without_key_or_offline_mode_is_one_line(
     line = _one_line_error(capsys, _rlvr(sft_dir, tmp_path, "--report_to", "wandb"))
     assert "`wandb login`" in line and "WANDB_MODE=offline" in line, line
     monkeypatch.setenv("WANDB_MODE", "offline")
-    from sage_unsloth.input_checks import check_wandb
+    from sage_unsloth.config.input_checks import check_wandb
 
     check_wandb("wandb")  # offline: no key needed
 
@@ -135,7 +135,7 @@ def test_wandb_without_key_or_offline_mode_is_one_line(
 def test_unsloth_without_a_gpu_is_refused_unless_forced(
     tiny_model_dir, sft_dir, tmp_path, capsys, monkeypatch
 ):
-    from sage_unsloth import backend
+    from sage_unsloth.runtime import backend
 
     monkeypatch.setattr(backend, "cuda_available", lambda: False)
     imported = []
@@ -147,7 +147,7 @@ def test_unsloth_without_a_gpu_is_refused_unless_forced(
     assert "no GPU" in line and "--unsloth_without_gpu true" in line and not imported, line
     line = _one_line_error(capsys, _rlvr(sft_dir, tmp_path, "--backend", "unsloth"))
     assert "no GPU" in line and "--unsloth_without_gpu true" in line, line
-    from sage_unsloth.input_checks import check_unsloth_has_gpu
+    from sage_unsloth.config.input_checks import check_unsloth_has_gpu
 
     check_unsloth_has_gpu("unsloth", forced=True)  # the documented way to run the CPU fallback
     check_unsloth_has_gpu("trl", forced=False)
@@ -157,11 +157,11 @@ def test_unsloth_without_a_gpu_is_refused_unless_forced(
 def test_both_stages_refuse_unsloth_without_a_gpu_before_parsing(
     stage, tiny_model_dir, sft_dir, tmp_path, capsys, monkeypatch
 ):
-    """One check for both stages (sage_unsloth/training_cli.py), made from the command line and the YAML before
+    """One check for both stages (sage_unsloth/config/training_cli.py), made from the command line and the YAML before
     the stage parses (stage 1 imports Unsloth before parsing): a config error that needs the parser (several
     fields) is not reached; one of a field's own value comes first (the pre-import check, before any machine
     check)."""
-    from sage_unsloth import backend
+    from sage_unsloth.runtime import backend
 
     monkeypatch.setattr(backend, "cuda_available", lambda: False)
     imported = []
@@ -183,7 +183,8 @@ def test_both_stages_refuse_unsloth_without_a_gpu_before_parsing(
     [("sft", "configs/sft/qwen2.5-math-7b.yaml"), ("rlvr", "configs/rlvr/qwen2.5-math-7b/grpo.yaml")],
 )
 def test_help_after_an_unsloth_config_is_shown_without_a_gpu(stage, config, capsys, monkeypatch):
-    from sage_unsloth import backend, cli
+    from sage_unsloth import cli
+    from sage_unsloth.runtime import backend
 
     monkeypatch.setattr(backend, "cuda_available", lambda: False)
     imported = []
@@ -198,7 +199,7 @@ def test_help_after_an_unsloth_config_is_shown_without_a_gpu(stage, config, caps
 def test_an_input_error_of_several_lines_is_its_first_line(
     stage, tiny_model_dir, sft_dir, tmp_path, capsys, monkeypatch
 ):
-    """Both stages end an input error the same way (sage_unsloth/training_cli.py, run_training_stage)."""
+    """Both stages end an input error the same way (sage_unsloth/config/training_cli.py, run_training_stage)."""
     import sage_unsloth.rlvr.run as rlvr_run
     import sage_unsloth.sft.run as sft_run
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from test_input_errors import no_model_loads  # noqa: F401  (the fixture: any model load fails the test)
 
-from sage_unsloth import cli, export, sample
+from sage_unsloth import cli
 from sage_unsloth.doctor import env_report
+from sage_unsloth.eval import export, sample
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "hf_" + "Q" * 34  # looks like a Hugging Face token: the manifests' scrubber knows the shape
@@ -40,7 +41,7 @@ def test_every_argument_parser_refuses_abbreviations():
     for path, node in calls:
         flags = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
         assert flags.get("allow_abbrev") is False, f"{path}:{node.lineno} builds a parser that abbreviates"
-    from sage_unsloth.config_args import KitArgumentParser, stage_parser
+    from sage_unsloth.config.args import KitArgumentParser, stage_parser
     from sage_unsloth.report.config import ReportArguments
 
     assert KitArgumentParser(prog="x").allow_abbrev is False
@@ -219,8 +220,8 @@ def test_dry_run_of_both_training_stages_prints_config_and_plan(tiny_model_dir, 
 
 
 def test_a_dry_run_is_not_refused_for_want_of_a_gpu(monkeypatch):
-    from sage_unsloth import backend
-    from sage_unsloth.training_cli import refuse_before_parsing
+    from sage_unsloth.config.training_cli import refuse_before_parsing
+    from sage_unsloth.runtime import backend
 
     monkeypatch.setattr(backend, "cuda_available", lambda: False)
     preset = "configs/rlvr/qwen2.5-math-7b/grpo.yaml"  # backend: unsloth
@@ -247,7 +248,7 @@ def test_dry_run_of_eval_sweep_and_report(sft_dir, tmp_path, capsys, monkeypatch
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "    grpo_seed3407:\n      would: run\n" in out and "would: run after grpo_branch_seed3407" in out
-    # the credential flag moved to the environment (sage_unsloth/credentials.py): the plan shows the rest
+    # the credential flag moved to the environment (sage_unsloth/runtime/credentials.py): the plan shows the rest
     assert TOKEN not in out and "  rlvr_args: --max_steps 2\n" in out
     (tmp_path / "sr").mkdir()
     assert cli.main(["report", "--results", str(tmp_path / "sr"), "--dry-run"]) == 0
@@ -382,7 +383,7 @@ def test_export_merges_the_adapter_into_the_base(sft_dir, tmp_path, capsys):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from sage_unsloth.manifest import read_manifest
+    from sage_unsloth.runtime.manifest import read_manifest
 
     out = tmp_path / "merged"
     assert cli.main(["export", str(sft_dir), "--out", str(out)]) == 0
@@ -463,7 +464,7 @@ def test_export_pushes_with_the_manifest_as_card_and_writes_no_token(sft_dir, tm
     ],
 )
 def test_export_refuses_in_one_line_before_loading(extra, env, expected, tmp_path, monkeypatch, capsys):
-    from sage_unsloth import backend
+    from sage_unsloth.runtime import backend
 
     stage = tmp_path / "stage"
     stage.mkdir()

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from sage_unsloth import cli
-from sage_unsloth.config_args import with_config_flag
+from sage_unsloth.config.args import with_config_flag
 
 
 def test_leading_config_becomes_flag(tmp_path):

@@ -1,9 +1,9 @@
 """Configs are read at config time, all at once, and bounded (issue 52, item 4): a YAML file is read within a size
 limit, its aliases counted before anything expands them, a key set twice refused naming both lines
-(sage_unsloth/config_yaml.py); a text field given an unquoted yes/no/on/off is named by its line before torch is
+(sage_unsloth/config/yaml_files.py); a text field given an unquoted yes/no/on/off is named by its line before torch is
 imported; the pre-import check reports a plug-in that is not where it says (a missing file, a syntax error, a
 missing function, a missing package) beside the unknown keys and the bad values, in one round
-(sage_unsloth/config_schema.py); ``--dry-run`` checks the input files (a dataset path that does not exist, a row
+(sage_unsloth/config/schema.py); ``--dry-run`` checks the input files (a dataset path that does not exist, a row
 without its answer, named by its line) and prints the plan on a machine without the config's GPU, saying what that
 GPU would need; the report refuses a pass@k that is not a probability or that its per_problem.csv contradicts."""
 
@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from subprocess_run import env_with_repo, run_python
 
-from sage_unsloth import cli, config_schema
-from sage_unsloth.config_args import ConfigError, load_config
+from sage_unsloth import cli
+from sage_unsloth.config import schema as config_schema
+from sage_unsloth.config.args import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_BASE = REPO / "configs" / "rlvr" / "tiny-cpu" / "_base.yaml"
@@ -277,7 +278,7 @@ def test_an_sft_row_without_its_answer_is_named_by_its_line_not_dropped(
 def test_the_7b_presets_dry_run_prints_its_plan_on_any_machine(tmp_path, capsys, monkeypatch):
     """On a machine without a GPU (this one, or any CPU laptop): no bf16 error from transformers, the plan, and a
     gpu: line with what the GPU would need, as the doctor says it; on a GPU, the plan."""
-    from sage_unsloth.backend import cuda_available
+    from sage_unsloth.runtime.backend import cuda_available
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("WANDB_MODE", "offline")  # the preset logs to W&B; this machine has no key

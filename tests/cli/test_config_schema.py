@@ -1,6 +1,6 @@
 """Issue 41 item 3 and issue 42 item 6: config errors before imports, all at once, each saying what happened.
 
-The pre-import check (sage_unsloth/config_schema.py) reads a committed schema of every stage's fields. These tests
+The pre-import check (sage_unsloth/config/schema.py) reads a committed schema of every stage's fields. These tests
 hold that schema to the parsers it was generated from, each of its rules to what the real dataclasses refuse (at
 the rule's bounds), the check to no false alarm on any shipped config, and the stages to reporting a missing or
 broken config, and every bad value of one, before torch, transformers or TRL are imported."""
@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from subprocess_run import env_with_repo, run_python
 
-from sage_unsloth import cli, config_schema
-from sage_unsloth.config_args import ConfigError, stage_parser
-from sage_unsloth.training_cli import refuse_before_parsing
+from sage_unsloth import cli
+from sage_unsloth.config import schema as config_schema
+from sage_unsloth.config.args import ConfigError, stage_parser
+from sage_unsloth.config.training_cli import refuse_before_parsing
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = {
@@ -34,7 +35,7 @@ HEAVY = ("torch", "transformers", "trl", "peft", "datasets", "unsloth")
 # ------------------------------------------------------------------------------------------ schema = parsers
 def test_the_schema_matches_the_parsers_and_rules():
     """stage_schema.json is what the parsers and FIELD_RULES say (regenerate: python -m
-    sage_unsloth.config_schema --write)."""
+    sage_unsloth.config.schema --write)."""
     committed, live = json.loads(config_schema.SCHEMA.read_text()), config_schema.live_schema()
     assert set(committed) == set(live)
     for stage in live:
@@ -131,7 +132,7 @@ def test_each_rule_is_what_the_real_config_refuses(stage, name, field, real_conf
     """At each bound of a rule, the real config refuses a value outside and accepts one inside, as the check
     does; a name outside the choices is refused by both. So the check never refuses a config the stage would
     run, and refuses what the stage would refuse later."""
-    from sage_unsloth.field_rules import rule_from_json
+    from sage_unsloth.config.field_rules import rule_from_json
 
     for value, accepted in _probes(field):
         if accepted and name in MACHINE_DEPENDENT:
@@ -204,7 +205,7 @@ def test_every_shipped_config_passes_the_check(stage, path, monkeypatch):
             "--guide",
             f"{REPO}/examples/top2_margin.py:top2_margin_guide",
             "--advantage_estimator",
-            "sage_unsloth.rlvr.advantages:passk_group_advantages",
+            "sage_unsloth.plugins.advantages:passk_group_advantages",
         ],
         [
             "--policy_term",
@@ -250,7 +251,7 @@ def test_every_bad_value_is_reported_at_once(tmp_path):
 
 def test_a_limit_says_its_interval_as_written():
     """Each end closed ([ ]), open (( )) or absent; a lone end as an inequality; a non-finite value adds 'finite'."""
-    from sage_unsloth.field_rules import Limit
+    from sage_unsloth.config.field_rules import Limit
 
     assert Limit(ge=0, le=1).describe() == "in [0, 1]"
     assert Limit(gt=0.5, lt=1).describe() == "in (0.5, 1)"
@@ -364,7 +365,7 @@ def _run_stage_module(module: str, argv: list[str]):
 def test_a_missing_config_fails_before_torch_is_imported(stage, tmp_path):
     """`python -m sage_unsloth.<stage>` (what scripts/0N_*.sh run): the package import used to pull in TRL
     (stage 2: 5-14 s before the one line)."""
-    module = {"sweep": "sage_unsloth.sweep"}.get(stage, f"sage_unsloth.{stage}")
+    module = {"sweep": "sage_unsloth.jobs.sweep"}.get(stage, f"sage_unsloth.{stage}")
     missing = tmp_path / "missing.yaml"
     code, heavy, err = _run_stage_module(module, [str(missing)])
     assert (code, heavy) == (2, "-"), err
@@ -423,7 +424,7 @@ def test_a_yaml_error_in_a_base_names_the_base(tmp_path):
 
 
 def test_load_config_errors_are_one_line(tmp_path):
-    from sage_unsloth.config_args import load_config
+    from sage_unsloth.config.args import load_config
 
     folder = tmp_path / "d.yaml"
     folder.mkdir()

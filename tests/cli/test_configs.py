@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sage_unsloth.config_args import ConfigError, load_config
+from sage_unsloth.config.args import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
@@ -90,7 +90,7 @@ def _parse(relative: str):
 
         return load_mapping(path)
     if stage == "sweep":
-        from sage_unsloth.sweep import parse_args
+        from sage_unsloth.jobs.sweep import parse_args
 
         return parse_args([path])
     if stage == "accelerate":
@@ -115,7 +115,7 @@ def test_every_yaml_under_configs_parses_into_its_stage_config(relative):
 # per-device batch 8, GA 1, temperature 1.0, top_p 1.0, min_p 0.01, epsilon 0.2, lr 5e-6 constant, weight
 # decay 0.01, adamw_8bit, 1000 steps, save every 100, seed 3407, stop </SOLUTION>; Qwen2.5-Math-7B's
 # 4096-token context.
-# The guides' knobs are their arguments' defaults (sage_unsloth/guides.py), recorded in the resolved node.
+# The guides' knobs are their arguments' defaults (sage_unsloth/plugins/guides.py), recorded in the resolved node.
 PAPER_GUIDE_ARGS = {
     "branch": {"gamma": 0.3, "tau": 1.2, "q_min": 0.6, "q_max": 1.4},
     "token": {
@@ -362,7 +362,7 @@ def test_bad_base_or_yaml_is_one_config_error(tmp_path, text, error):
 def test_demo_methods_are_the_method_files_and_each_step_fingerprints_the_whole_chain(tmp_path):
     """The lab's methods are discovered from configs/demo/ (every file with a lab: block, no list): each builds on
     the one base the control builds on, so the methods differ only in what their files show."""
-    from sage_unsloth.config_args import config_files
+    from sage_unsloth.config.args import config_files
     from sage_unsloth.demo.run import CONTROL, METHODS, DemoBudget, build_steps
 
     demo = CONFIGS / "demo"
@@ -392,7 +392,7 @@ def load_config_keys(path: Path) -> list[str]:
 
 
 def test_config_files_follow_the_base_chain_and_stop_at_a_loop(tmp_path):
-    from sage_unsloth.config_args import config_files
+    from sage_unsloth.config.args import config_files
 
     (tmp_path / "a.yaml").write_text("base: b.yaml\nx: 1\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\ny: 2\n")

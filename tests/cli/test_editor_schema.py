@@ -1,4 +1,4 @@
-"""The editors' JSON Schemas (configs/schemas/<stage>.schema.json, sage_unsloth/editor_schema.py): generated from the
+"""The editors' JSON Schemas (configs/schemas/<stage>.schema.json, sage_unsloth/config/editor_schema.py): generated from the
 kit's schema and up to date, valid draft 2020-12, mapped to every stage config by .vscode/settings.json, and every
 stage config under configs/ validates against its stage's schema with a JSON Schema validator (jsonschema); bad
 values the kit's own check refuses are refused by the schema too."""
@@ -13,8 +13,8 @@ import yaml
 from jsonschema import Draft202012Validator
 from test_configs import ALL_YAMLS, _stage_of
 
-from sage_unsloth import editor_schema
-from sage_unsloth.config_schema import check_stage_input
+from sage_unsloth.config import editor_schema
+from sage_unsloth.config.schema import check_stage_input
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = REPO / ".vscode" / "settings.json"
@@ -41,7 +41,7 @@ def test_the_committed_schemas_are_generated_from_the_kits_schema():
     for stage, schema in schemas.items():
         committed = (editor_schema.OUT_DIR / f"{stage}.schema.json").read_text()
         assert committed == editor_schema.render(schema), (
-            f"run python -m sage_unsloth.editor_schema --write ({stage})"
+            f"run python -m sage_unsloth.config.editor_schema --write ({stage})"
         )
         Draft202012Validator.check_schema(schema)
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sage_unsloth import cli, export
+from sage_unsloth import cli
+from sage_unsloth.eval import export
 
 ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:tmp|home|root|Users|var|work|private)/")
 
@@ -40,7 +41,7 @@ def test_an_adapter_with_a_non_finite_value_is_refused_before_loading(sft_dir, t
     name = min(n for n in tensors if "lora_B" in n)
     tensors[name][0, 0] = float("nan")
     _save_adapter(stage, tensors)
-    from sage_unsloth import models
+    from sage_unsloth.model import loading as models
 
     monkeypatch.setattr(models, "merge_lora_into_base", lambda *a, **k: pytest.fail("the model was loaded"))
     out = tmp_path / "merged"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sage_unsloth import cli
-from sage_unsloth.config_args import ConfigError
+from sage_unsloth.config.args import ConfigError
 
 TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
 TINY_SFT = "configs/sft/tiny-cpu.yaml"
@@ -15,7 +15,7 @@ TINY_SFT = "configs/sft/tiny-cpu.yaml"
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Any model load fails the test loudly (not a ValueError, so no stage reports it as bad input)."""
-    from sage_unsloth import models
+    from sage_unsloth.model import loading as models
 
     def tripwire(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was reported")
@@ -162,7 +162,7 @@ def test_sft_trainer_and_lora_fields_are_one_line(
 
 
 def test_offline_hub_id_not_in_the_cache_is_refused_when_the_run_is_planned(monkeypatch, tmp_path):
-    from sage_unsloth.config_args import check_hub_model_cached, check_model_name_or_path
+    from sage_unsloth.config.args import check_hub_model_cached, check_model_name_or_path
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -356,13 +356,13 @@ def test_an_optional_integer_in_a_yaml_is_type_checked_against_its_file(tmp_path
 
 
 def test_the_training_stages_share_their_run_flags(capsys):
-    """dry_run, resume, restart and unsloth_without_gpu: one declaration (sage_unsloth/training_cli.py), listed by
+    """dry_run, resume, restart and unsloth_without_gpu: one declaration (sage_unsloth/config/training_cli.py), listed by
     both stages' --help with the same text."""
     import dataclasses
 
+    from sage_unsloth.config.training_cli import StageRunArgs
     from sage_unsloth.rlvr.run import RLVRStageArgs
     from sage_unsloth.sft.config import SageSFTConfig
-    from sage_unsloth.training_cli import StageRunArgs
 
     shared = [f.name for f in dataclasses.fields(StageRunArgs)]
     assert shared == ["dry_run", "resume", "unsloth_without_gpu", "restart"]

@@ -84,7 +84,7 @@ def test_a_method_from_a_yaml_anywhere_is_resolved_with_a_kit_base_and_its_guide
     config, deps = R.materialise(files[0], tmp_path / "work")
     assert config == tmp_path / "work" / "methods" / "mine.yaml"
     resolved = R.yaml.safe_load(config.read_text())
-    from sage_unsloth.config_args import load_config
+    from sage_unsloth.config.args import load_config
 
     base = load_config(R.CONFIG_DIR / "_grpo_base.yaml")
     # the kit base's keys, the file's own keys on top, the guide made absolute, the variant = the stem

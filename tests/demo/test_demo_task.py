@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from sage_unsloth.data.prompts import EVAL_USER_TEMPLATE, format_completion
 from sage_unsloth.demo import task as T
 from sage_unsloth.demo.data import DemoDataSpec, eval_rows, rl_rows, sft_rows, sft_strategies, write_demo_data
-from sage_unsloth.prompts import EVAL_USER_TEMPLATE, format_completion
 
 SMALL = DemoDataSpec(seed=3, n_eval=50, n_rl=100, n_sft=500)
 
@@ -158,8 +158,8 @@ def test_bad_task_settings_fail_clearly():
 def test_each_plan_word_is_one_distinct_token_of_the_demo_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
+    from sage_unsloth.data.prompts import prompt_messages
     from sage_unsloth.demo.model import build_demo_model
-    from sage_unsloth.prompts import prompt_messages
 
     tokenizer = AutoTokenizer.from_pretrained(build_demo_model(tmp_path / "m"))
     prompt = tokenizer.apply_chat_template(
@@ -240,7 +240,7 @@ def test_the_committed_bases_are_the_tiny_model_in_its_own_shape():
     from pathlib import Path
 
     from sage_unsloth.demo.pretrain import BASES_DIR
-    from sage_unsloth.tiny_model import tiny_model_config
+    from sage_unsloth.model.tiny import tiny_model_config
 
     bases = sorted(Path(BASES_DIR).glob("draw*/config.json"))
     assert bases

@@ -1,4 +1,4 @@
-"""A lab method is one YAML file (sage_unsloth/method_cards.py): its lab: block carries its label, colour, place,
+"""A lab method is one YAML file (sage_unsloth/config/method_cards.py): its lab: block carries its label, colour, place,
 pairs and sets; no .py file of the kit names a lab method; adding a method is adding one file."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from sage_unsloth.config_args import load_config
-from sage_unsloth.method_cards import CONFIGS_ENV, KIT_DEMO_CONFIGS, read_card, read_cards
+from sage_unsloth.config.args import load_config
+from sage_unsloth.config.method_cards import CONFIGS_ENV, KIT_DEMO_CONFIGS, read_card, read_cards
 
 REPO = Path(__file__).resolve().parents[2]
 # The lab's own code: here no method file's stem may appear at all, not even in a docstring.
-LAB_CODE = ("sage_unsloth/demo/", "sage_unsloth/report/palette.py", "sage_unsloth/method_cards.py")
+LAB_CODE = ("sage_unsloth/demo/", "sage_unsloth/report/palette.py", "sage_unsloth/config/method_cards.py")
 # Lab method names that are also the names of other things of the kit, which the rest of the code may name:
 # TRL's loss type and the kit's default advantage estimator; the presets' and the notebook's variant.
 ALSO_KIT_NAMES = {"grpo", "grpo_branch"}
@@ -41,7 +41,7 @@ def kit_python_files() -> list[Path]:
 
 
 def test_no_python_file_of_the_kit_names_a_lab_method():
-    from sage_unsloth.rlvr.advantages import ADVANTAGE_ESTIMATORS
+    from sage_unsloth.plugins.advantages import ADVANTAGE_ESTIMATORS
     from sage_unsloth.rlvr.config import LOSS_TYPES
 
     assert "grpo" in LOSS_TYPES and "grpo" in ADVANTAGE_ESTIMATORS.names()  # why ALSO_KIT_NAMES may appear

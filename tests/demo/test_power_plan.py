@@ -34,7 +34,7 @@ def test_a_multi_draw_plan_pools_the_within_draw_variance_and_projects_the_mde(t
     import pandas as pd
 
     from sage_unsloth.demo.power_plan import draw_plan
-    from sage_unsloth.results import pass_at_k_matrix
+    from sage_unsloth.runtime.results import pass_at_k_matrix
 
     rng = np.random.default_rng(0)
     diffs = {}

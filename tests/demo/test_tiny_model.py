@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from sage_unsloth.prompts import REASONING_START, prompt_messages
+from sage_unsloth.data.prompts import REASONING_START, prompt_messages
 
 
 def test_tiny_model_loads_and_generates(tiny_model_dir):
@@ -30,7 +30,7 @@ def test_tiny_model_loads_and_generates(tiny_model_dir):
 
 
 def test_tiny_model_is_deterministic_per_seed(tmp_path):
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model.tiny import build_tiny_model
 
     a = build_tiny_model(tmp_path / "a", seed=3)
     b = build_tiny_model(tmp_path / "b", seed=3)
@@ -55,7 +55,7 @@ def test_tiny_model_command_writes_a_loadable_model_and_refuses_a_used_folder(tm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sage_unsloth.cli import main
-    from sage_unsloth.tiny_model import build_tiny_model
+    from sage_unsloth.model.tiny import build_tiny_model
 
     out = tmp_path / "tiny"
     assert main(["tiny-model", str(out), "--seed", "3"]) == 0

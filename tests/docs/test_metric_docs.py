@@ -103,7 +103,7 @@ def logged(sft_dir, dapo_sample, tmp_path_factory):
     from sage_unsloth import compat
     from sage_unsloth.rlvr import reward
     from sage_unsloth.rlvr.run import main
-    from sage_unsloth.training_log import read_log_history
+    from sage_unsloth.runtime.training_log import read_log_history
 
     touched: set[str] = set()
     original = compat.metrics

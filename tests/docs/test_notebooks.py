@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sage_unsloth import notebook as nb
+from sage_unsloth.jobs import notebook as nb
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -281,7 +281,8 @@ def test_work_folder_survives_a_disconnect(monkeypatch, tmp_path):
 def test_rerun_continues_an_interrupted_stage_from_its_checkpoint(monkeypatch, tmp_path):
     """A session that ended part-way: the same cell run again passes --resume true, and the record still names
     the stage's own command (the folder is not refused as written by another one)."""
-    from sage_unsloth import checkpoints, recipe
+    from sage_unsloth.jobs import recipe
+    from sage_unsloth.runtime import checkpoints
 
     started = []
     run = _recipe("colab", tmp_path)

@@ -148,7 +148,7 @@ def test_bad_config_is_one_line(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------------------------- memory
 def _config(relative: str) -> dict:
-    from sage_unsloth.config_args import load_config
+    from sage_unsloth.config.args import load_config
 
     return load_config(REPO / relative)  # as the doctor reads it: with its base: chain
 

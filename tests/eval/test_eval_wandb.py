@@ -18,7 +18,7 @@ from sage_unsloth.eval import sampling
 from sage_unsloth.eval.run import EvalConfig, evaluate_checkpoint, prepare
 from sage_unsloth.eval.sampling import Checkpoint
 from sage_unsloth.eval.wandb_log import log_checkpoint_results
-from sage_unsloth.manifest import write_manifest
+from sage_unsloth.runtime.manifest import write_manifest
 
 pytestmark = pytest.mark.slow  # each case starts wandb's service process
 

@@ -1,4 +1,4 @@
-"""Unbiased pass@k (sage_unsloth/results.py, shared by eval and report) against exact rational arithmetic
+"""Unbiased pass@k (sage_unsloth/runtime/results.py, shared by eval and report) against exact rational arithmetic
 and math.comb, the k list, and the per-set / paper-average rows."""
 
 import math
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sage_unsloth.eval.passk import check_ks, default_ks, mean_pass_at_k, passk_rows
-from sage_unsloth.results import pass_at_k, pass_at_k_matrix
+from sage_unsloth.runtime.results import pass_at_k, pass_at_k_matrix
 
 
 def _exact(n, c, k):

@@ -1,4 +1,4 @@
-"""Checkpoints are complete or skipped (sage_unsloth/checkpoints.py), in SFT and RLVR alike.
+"""Checkpoints are complete or skipped (sage_unsloth/runtime/checkpoints.py), in SFT and RLVR alike.
 
 One tiny SFT run with a checkpoint every step gives real checkpoint folders; each case copies them and damages
 the newest one the way a full disk does (a file cut short), then checks the resume rule of each stage: the
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_sft import build_sft_output, sft_argv
 
-from sage_unsloth import checkpoints
+from sage_unsloth.runtime import checkpoints
 from sage_unsloth.sft.run import parse_args, prepare_sft
 
 pytestmark = pytest.mark.slow

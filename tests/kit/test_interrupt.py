@@ -1,4 +1,4 @@
-"""Ctrl-C during a stage (sage_unsloth/interrupt.py): the one line names the command that continues the run, and
+"""Ctrl-C during a stage (sage_unsloth/runtime/interrupt.py): the one line names the command that continues the run, and
 never a credential given on the command line (``--hub_token SECRET``): the value is redacted there too."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sage_unsloth import interrupt
-from sage_unsloth.credentials import REDACTED
+from sage_unsloth.runtime import interrupt
+from sage_unsloth.runtime.credentials import REDACTED
 
 SECRET = "SECRET123"
 TINY_SFT = "configs/sft/tiny-cpu.yaml"
@@ -51,7 +51,7 @@ def test_a_value_equal_to_a_flag_name_is_not_redacted(capsys, monkeypatch):
 def test_a_word_with_dashes_inside_is_kept_as_it_is():
     """``my--run`` (or a ``python -c`` program whose text holds flags, as a lock records its command) is one word, no
     flag: kept, while a credential flag inside an argument of flags is still redacted (it once recursed forever)."""
-    from sage_unsloth.credentials import redact_argv
+    from sage_unsloth.runtime.credentials import redact_argv
 
     given = ["--run_name", "my--run", "a--b--c", "--rlvr_args", f"--max_steps 2 --hub_token {SECRET}"]
     assert redact_argv(given) == [*given[:4], f"--max_steps 2 --hub_token {shlex.quote(REDACTED)}"]
@@ -104,7 +104,7 @@ def test_moving_a_secret_also_redacts_it_from_sys_argv(monkeypatch):
     import dataclasses
     import sys
 
-    from sage_unsloth.credentials import REDACTED, move_secrets_to_environment
+    from sage_unsloth.runtime.credentials import REDACTED, move_secrets_to_environment
 
     @dataclasses.dataclass
     class Args:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sage_unsloth import layout
-from sage_unsloth.config_args import load_config
+from sage_unsloth.config.args import load_config
+from sage_unsloth.runtime import layout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,8 +22,8 @@ def ignored(path: str) -> bool:
 def default_result_roots() -> dict[str, str]:
     from sage_unsloth.demo.run import default_dirs
     from sage_unsloth.eval.config import EvalConfig
+    from sage_unsloth.jobs.sweep import SweepConfig
     from sage_unsloth.report.config import ReportArguments
-    from sage_unsloth.sweep import SweepConfig
 
     roots = {
         "eval results_dir": EvalConfig.__dataclass_fields__["results_dir"].default,
@@ -57,7 +57,7 @@ def test_the_committed_references_are_not_ignored_and_anything_else_under_result
 
 
 def test_one_run_name_for_a_method_at_a_seed_and_its_inverse():
-    """Every driver names a run <method>_seed<N> (sage_unsloth/layout.py run_name: the sweep, the demo lab) and
+    """Every driver names a run <method>_seed<N> (sage_unsloth/runtime/layout.py run_name: the sweep, the demo lab) and
     reads it back with split_run; the names before the one convention are read only where asked (the report)."""
     assert layout.run_name("grpo_branch", 3) == "grpo_branch_seed3" and layout.run_name("sft", None) == "sft"
     for method, seed in [("grpo", 0), ("a_b-tau0.3", 12), ("x_seed1", 2), ("sft", None)]:

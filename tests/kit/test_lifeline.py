@@ -1,4 +1,4 @@
-"""Children die with the kit (sage_unsloth/lifeline.py): a SIGKILLed process leaves no descendant behind.
+"""Children die with the kit (sage_unsloth/runtime/lifeline.py): a SIGKILLed process leaves no descendant behind.
 
 The quick test forks a grandchild the way multiprocessing does and SIGKILLs the parent; the vLLM test starts
 stage 3 with the vLLM backend on the tiny model, SIGKILLs it once the engine process is up, and finds none of
@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LIFELINE = "sage_unsloth.lifeline"
+LIFELINE = "sage_unsloth.runtime.lifeline"
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -44,7 +44,7 @@ def _kill_and_expect_none_left(proc: subprocess.Popen, seen: list[psutil.Process
 FORKING_PARENT = """
 import multiprocessing, sys, time
 sys.path.insert(0, {repo!r})
-from sage_unsloth.lifeline import guard_descendants
+from sage_unsloth.runtime.lifeline import guard_descendants
 
 def engine():
     time.sleep(300)
@@ -73,7 +73,7 @@ DRIVER = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from sage_unsloth.recipe import start
+from sage_unsloth.jobs.recipe import start
 
 start([sys.executable, "-c", "import time; time.sleep(300)"], Path({log!r}))
 time.sleep(300)

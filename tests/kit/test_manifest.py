@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from sage_unsloth.manifest import (
+from sage_unsloth.runtime.manifest import (
     atomic_write_text,
     current_umask,
     read_manifest,

@@ -1,4 +1,4 @@
-"""The shared loader (sage_unsloth.models), trl backend in-process; the Unsloth backend is covered by
+"""The shared loader (sage_unsloth.model.loading), trl backend in-process; the Unsloth backend is covered by
 tests/sft/test_sft.py::test_unsloth_backend_trains_on_cpu_and_adapter_continues (its own process)."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import pytest
 import torch
 from trl import ModelConfig
 
-from sage_unsloth.models import (
+from sage_unsloth.data.prompts import CHAT_TEMPLATE
+from sage_unsloth.model.loading import (
     DEFAULT_TARGET_MODULES,
     load_for_training,
     load_tokenizer,
     model_short_name,
     prepare_tokenizer,
 )
-from sage_unsloth.prompts import CHAT_TEMPLATE
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sage_unsloth import cli
-from sage_unsloth.input_checks import check_wandb
+from sage_unsloth.config.input_checks import check_wandb
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "report" / "results"

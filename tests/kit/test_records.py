@@ -11,7 +11,7 @@
 5. Damaged files are named (file and line) in one line: manifests, results CSVs, training logs, job records.
 
 The lock holder in these tests is a separate process that takes the lock by the protocol of
-sage_unsloth/folder_lock.py (flock + a JSON record), written here from that protocol, not with the kit's code.
+sage_unsloth/runtime/folder_lock.py (flock + a JSON record), written here from that protocol, not with the kit's code.
 """
 
 import fcntl
@@ -175,7 +175,7 @@ def test_a_second_sft_run_stops_before_loading_anything(tmp_path, capsys, monkey
 
 def test_a_second_sweep_of_the_same_name_stops_before_any_job(tmp_path, fake_sft, capsys, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
-    from sage_unsloth import sweep
+    from sage_unsloth.jobs import sweep
 
     monkeypatch.setattr(sweep, "run_jobs", lambda *a, **k: {})  # today's main would start the jobs here
     argv = [
@@ -243,7 +243,7 @@ def test_a_second_report_into_the_same_place_stops_in_one_line(tmp_path, capsys)
 
 
 def test_the_lock_module_follows_the_protocol_and_shards_of_one_run_share_a_folder(tmp_path):
-    from sage_unsloth.folder_lock import FolderLock
+    from sage_unsloth.runtime.folder_lock import FolderLock
 
     folder = tmp_path / "f"
     with FolderLock(folder) as lock:
@@ -269,8 +269,8 @@ def test_a_free_flock_is_taken_over_whatever_pid_its_record_names(
     """A crash leaves the record; its pid is then reused by an unrelated live process (here: a sleeper). The
     flock is free, so the folder is free (main 0298207: 'being written by pid N', exit 2)."""
     monkeypatch.chdir(REPO_ROOT)
-    from sage_unsloth.folder_lock import FolderLock
     from sage_unsloth.rlvr.run import main
+    from sage_unsloth.runtime.folder_lock import FolderLock
 
     out = tmp_path / "grpo"
     out.mkdir()
@@ -293,8 +293,8 @@ def test_a_free_flock_is_taken_over_whatever_pid_its_record_names(
 def test_an_output_folder_that_cannot_be_made_is_one_line(refusal, tmp_path, fake_sft, capsys, monkeypatch):
     """mkdir refused (here by a file on the path, or a name longer than the file system allows; on a cluster by
     permissions or a read-only mount): each stage says so in one line (main 0298207: a traceback)."""
-    from sage_unsloth.folder_lock import FolderLock
     from sage_unsloth.report.run import main as report
+    from sage_unsloth.runtime.folder_lock import FolderLock
     from sage_unsloth.sft.run import main as sft
 
     (tmp_path / "a_file").write_text("")
@@ -387,7 +387,7 @@ def test_an_rlvr_variant_that_is_not_one_folder_name_is_refused(
 
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_a_sweep_name_that_is_not_one_folder_name_is_refused(name, tmp_path, fake_sft, capsys, monkeypatch):
-    from sage_unsloth import sweep
+    from sage_unsloth.jobs import sweep
 
     monkeypatch.chdir(REPO_ROOT)
     monkeypatch.setattr(sweep, "run_jobs", lambda *a, **k: {})
@@ -424,7 +424,7 @@ def test_a_lab_method_name_that_is_not_one_folder_name_is_refused(name, tmp_path
 
 
 def test_the_name_rule_keeps_the_names_the_kit_makes():
-    from sage_unsloth.layout import check_name
+    from sage_unsloth.runtime.layout import check_name
 
     for name in (
         "sft",
@@ -447,7 +447,7 @@ SECRET = "hf_SecretValueThatMustNotBeWritten123456"
 
 
 def test_a_credential_flag_of_a_sweep_leaves_every_job_command_for_the_environment(tmp_path, monkeypatch):
-    from sage_unsloth.sweep import SweepConfig, build_jobs
+    from sage_unsloth.jobs.sweep import SweepConfig, build_jobs
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -464,7 +464,7 @@ def test_a_credential_flag_of_a_sweep_leaves_every_job_command_for_the_environme
 
 
 def test_the_redaction_reaches_flags_inside_one_argument():
-    from sage_unsloth.credentials import redact_argv
+    from sage_unsloth.runtime.credentials import redact_argv
 
     argv = [
         "--rlvr_args",
@@ -490,8 +490,8 @@ def test_the_redaction_reaches_flags_inside_one_argument():
 def test_a_ray_task_carries_the_path_of_the_credentials_not_the_credentials(tmp_path, monkeypatch):
     """What Ray serialises for a task (its arguments) holds no credential; the job still gets it, from a file
     only the user can read, which the driver removes when it ends."""
-    from sage_unsloth.executors import Task, make_executor
-    from sage_unsloth.executors.command import run_command
+    from sage_unsloth.jobs.executors import Task, make_executor
+    from sage_unsloth.jobs.executors.command import run_command
 
     submitted = []
 
@@ -568,7 +568,7 @@ def test_a_damaged_manifest_is_named_with_its_line(content, needle, tmp_path, fa
 
 def test_a_damaged_training_log_and_job_record_are_named(tmp_path):
     from sage_unsloth.jobs import Step, plan
-    from sage_unsloth.training_log import read_log_history
+    from sage_unsloth.runtime.training_log import read_log_history
 
     log = tmp_path / "log_history.jsonl"
     log.write_bytes(b'{"step": 1}\n\xff\xfe{"step": 2}\n{"step": 3}\n')
@@ -620,8 +620,8 @@ def _eval(tmp_path, tiny_model_dir, **over):
 
 
 def _completions(cfg) -> Path:
-    from sage_unsloth import layout
     from sage_unsloth.eval.run import prepare
+    from sage_unsloth.runtime import layout
 
     _, checkpoints, _ = prepare(cfg)
     return layout.completions_dir(cfg.outputs_dir, checkpoints[0].model, checkpoints[0].run)
@@ -703,8 +703,8 @@ def test_two_evaluations_never_replace_each_others_results(tmp_path, tiny_model_
 
     from test_eval import _argv, _no_model, _run
 
-    from sage_unsloth import layout
     from sage_unsloth.eval.run import main
+    from sage_unsloth.runtime import layout
 
     cfg = _eval(tmp_path, tiny_model_dir)
     out, _, _ = _run(cfg)

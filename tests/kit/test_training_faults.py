@@ -1,7 +1,7 @@
 """Faults while training stop the run before the optimizer step, in one line, and nothing non-finite is written
-(issue 41, items 1 and 2): a plug-in that passed its trial call and fails later (sage_unsloth/plugin_calls.py), a
-batch or gradient that is not finite for any other reason (sage_unsloth/finite_steps.py), weights that are no longer
-finite when a checkpoint or the final adapter is saved (sage_unsloth/checkpoints.py, checkpoint_contents.py).
+(issue 41, items 1 and 2): a plug-in that passed its trial call and fails later (sage_unsloth/plugins/calls.py), a
+batch or gradient that is not finite for any other reason (sage_unsloth/runtime/finite_steps.py), weights that are no longer
+finite when a checkpoint or the final adapter is saved (sage_unsloth/runtime/checkpoints.py, runtime/checkpoint_contents.py).
 
 Each run is the tiny RLVR recipe with a checkpoint every step. Most faults come at step 1 of a 1-step run (the
 cheapest run that trains: nothing may be written but the log); one of each kind of stop comes at step 2 of a 2-step
@@ -18,9 +18,9 @@ import pytest
 import torch
 from rlvr_scenario import adapter_tensors, rlvr_argv
 
-from sage_unsloth import checkpoints
-from sage_unsloth.checkpoints import UnsaneCheckpoint
-from sage_unsloth.finite_steps import NonFiniteStep
+from sage_unsloth.runtime import checkpoints
+from sage_unsloth.runtime.checkpoints import UnsaneCheckpoint
+from sage_unsloth.runtime.finite_steps import NonFiniteStep
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("varied_reward")]
 RUN = ("--max_steps", "2", "--save_steps", "1", "--max_train_rows", "20")
@@ -31,8 +31,8 @@ ONE_STEP = ("--max_steps", "1", "--save_steps", "1", "--max_train_rows", "20")
 LATE = """
 import sys
 import torch
-from sage_unsloth.rlvr.kl_terms import KLOutput
-from sage_unsloth.rlvr.policy_terms import TermOutput
+from sage_unsloth.plugins.kl_terms import KLOutput
+from sage_unsloth.plugins.policy_terms import TermOutput
 
 CALLS = {}
 

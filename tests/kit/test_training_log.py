@@ -1,4 +1,4 @@
-"""log_history.jsonl (format: sage_unsloth/training_log.py, writer: sage_unsloth/log_writer.py) and the
+"""log_history.jsonl (format: sage_unsloth/runtime/training_log.py, writer: sage_unsloth/runtime/log_writer.py) and the
 report's training section read from it.
 
 The writer is driven here through the TrainerCallback hooks with a real transformers TrainerState; a real
@@ -13,10 +13,10 @@ import pytest
 from PIL import Image
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from sage_unsloth.log_writer import LogHistoryWriter
-from sage_unsloth.manifest import write_manifest
 from sage_unsloth.report import plots, training
-from sage_unsloth.training_log import LOG_HISTORY_FILE, read_log_history
+from sage_unsloth.runtime.log_writer import LogHistoryWriter
+from sage_unsloth.runtime.manifest import write_manifest
+from sage_unsloth.runtime.training_log import LOG_HISTORY_FILE, read_log_history
 
 
 def _log(writer, state, entry):

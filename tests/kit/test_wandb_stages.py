@@ -1,7 +1,7 @@
 """The README's CPU walk-through with ``report_to: wandb`` and the real wandb client offline (WANDB_MODE=offline, no
 network): stages 1-4 on the tiny model in this process, with a Hub token flag and a W&B key that no file may hold.
 
-What it checks (sage_unsloth/wandb_runs.py says what each stage logs, sage_unsloth/report/wandb_read.py how the
+What it checks (sage_unsloth/runtime/wandb_runs.py says what each stage logs, sage_unsloth/report/wandb_read.py how the
 report reads it back): each training manifest names its W&B run; the training metrics read back from the offline
 run files (wandb's own reader) equal the stage's log_history.jsonl; stage 3 logged each checkpoint into the run that
 trained it (resumed by id) and the base model into a new eval run of the group; every pass@k the results folders
@@ -23,9 +23,9 @@ import pytest
 from conftest import HUB_TOKEN, REPO_ROOT, WANDB_KEY, files_holding
 
 from sage_unsloth.eval.sampling import Sample, problem_seed
-from sage_unsloth.manifest import read_manifest
 from sage_unsloth.report import wandb_read
-from sage_unsloth.training_log import read_log_history
+from sage_unsloth.runtime.manifest import read_manifest
+from sage_unsloth.runtime.training_log import read_log_history
 
 RUNS = ("base", "sft", "grpo", "grpo_branch")
 BENCHMARKS = ("aime24", "aime25", "amc23", "math500")  # the pooled AIME and the paper average too
@@ -320,7 +320,7 @@ def test_a_resumed_training_stage_continues_its_wandb_run(tmp_path, monkeypatch)
     run_name when there is one."""
     import wandb
 
-    from sage_unsloth.wandb_runs import finish_training_run, start_training_run
+    from sage_unsloth.runtime.wandb_runs import finish_training_run, start_training_run
 
     wandb.teardown()
     for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():

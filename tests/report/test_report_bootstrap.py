@@ -3,7 +3,7 @@
 import numpy as np
 
 from sage_unsloth.report import intervals as bs
-from sage_unsloth.results import pass_at_k_matrix
+from sage_unsloth.runtime.results import pass_at_k_matrix
 
 
 def _simulate_problem_counts(rng, n_problems, n_samples, a, b):

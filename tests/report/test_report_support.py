@@ -121,7 +121,7 @@ def test_report_stage_writes_the_support_table_section_and_plot(tmp_path):
         pd.DataFrame({"dataset": "bench", "problem_id": [f"p{i}" for i in range(4)], "n": 4, "c": cs}).to_csv(
             folder / "per_problem.csv", index=False
         )
-        from sage_unsloth.results import pass_at_k_matrix
+        from sage_unsloth.runtime.results import pass_at_k_matrix
 
         values = pass_at_k_matrix([4] * 4, cs, [1, 2, 4]).mean(axis=0)
         pd.DataFrame({"dataset": "bench", "k": [1, 2, 4], "pass_at_k": values}).to_csv(

@@ -214,7 +214,8 @@ def test_the_kit_runs_without_wandb_and_says_how_to_install_it(tmp_path):
     code = f"""
 import importlib.util
 from sage_unsloth.report.run import main
-from sage_unsloth import cli, wandb_runs
+from sage_unsloth import cli
+from sage_unsloth.runtime import wandb_runs
 from sage_unsloth.eval import run as eval_run, wandb_log
 from sage_unsloth.sft import run as sft_run
 from sage_unsloth.rlvr import run as rlvr_run
@@ -222,7 +223,7 @@ real = importlib.util.find_spec
 importlib.util.find_spec = lambda name, *a: None if name == "wandb" else real(name, *a)
 assert main(["--results", {str(tmp_path / "results")!r}, "--resamples", "100"]) == 0
 assert "wandb" not in sys.modules or sys.modules["wandb"] is None
-from sage_unsloth.input_checks import check_wandb
+from sage_unsloth.config.input_checks import check_wandb
 for call in (lambda: check_wandb("wandb"), lambda: wandb_runs.import_wandb("report_to=wandb")):
     try:
         call()

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sage_unsloth.anchor import (
+from sage_unsloth.plugins.anchor import (
     CosineSchedule,
     branch_guide,
     forward_kl,

@@ -15,7 +15,7 @@ are tilted towards positions of high entropy.
 
 "Pull" here is measured as the rate at which one small step along the expected gradient of the KL term alone
 lowers a divergence to pi_ref (forward or reverse): <grad D, g>. The tests compute it from the kit's own terms
-(sage_unsloth.anchor) and compare it with the derivation above; nothing here reimplements the kit's terms.
+(sage_unsloth.plugins.anchor) and compare it with the derivation above; nothing here reimplements the kit's terms.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import math
 import pytest
 import torch
 
-from sage_unsloth.anchor import branch_guide, kl_loss_term, sequence_pseudo_kl, shaped_kl
+from sage_unsloth.plugins.anchor import branch_guide, kl_loss_term, sequence_pseudo_kl, shaped_kl
 
 F64 = torch.float64
 V = 6

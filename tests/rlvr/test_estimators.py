@@ -1,6 +1,6 @@
 """Which KL's gradient each estimator gives, by exact expectation (tabular policies, every outcome enumerated).
 
-The kit's estimators (sage_unsloth.anchor) are used as losses on samples of the policy, exactly as the trainer
+The kit's estimators (sage_unsloth.plugins.anchor) are used as losses on samples of the policy, exactly as the trainer
 uses them; the expected gradients are compared with closed-form divergences differentiated by autograd. Covers
 k1, k2, k3, k3 x ratio, k1 x ratio, k2 x ratio, forward, forward x ratio; q constant across the vocabulary at a
 position (branch / random guide) and q varying by token (token guide); on- and off-policy; a two-level token tree
@@ -21,7 +21,7 @@ from exact_expectation import (
     total_variation,
 )
 
-from sage_unsloth.anchor import branch_guide, forward_kl, kl_loss_term, sequence_pseudo_kl, shaped_kl
+from sage_unsloth.plugins.anchor import branch_guide, forward_kl, kl_loss_term, sequence_pseudo_kl, shaped_kl
 
 F64 = torch.float64
 V = 7
@@ -464,7 +464,7 @@ def test_tree_reward_placement_target_holds_for_every_length_weighting():
 
 def test_random_guide_has_unit_mean_with_symmetric_bounds():
     """The premise of guide_effect's random-guide rule: E[q] = 1 when [q_min, q_max] is symmetric about 1."""
-    from sage_unsloth.anchor import random_guide
+    from sage_unsloth.plugins.anchor import random_guide
 
     mask = torch.ones(400, 500)
     q = random_guide(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sage_unsloth.registry import import_object
+from sage_unsloth.plugins.registry import import_object
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -26,7 +26,7 @@ def _example(spec: str):
 def test_centred_advantage_is_the_scaled_group_centred_reward():
     fn = _example("centred_advantage.py:centred_advantage")
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, float("nan"), 1.0])
-    from sage_unsloth.rlvr.advantages import GroupRewards
+    from sage_unsloth.plugins.advantages import GroupRewards
 
     got = fn(GroupRewards(rewards, 3), scale=2.0)
     # groups (1, 0, 0) and (0, nan->0, 1): means 1/3 and 1/3
@@ -35,7 +35,7 @@ def test_centred_advantage_is_the_scaled_group_centred_reward():
 
 
 def test_damped_advantage_keeps_the_floor_on_certain_tokens():
-    from sage_unsloth.rlvr.policy_terms import TokenBatch
+    from sage_unsloth.plugins.policy_terms import TokenBatch
 
     fn = _example("damped_advantage_term.py:damped_advantage")
     entropies = torch.tensor([[0.0, 0.5, 2.0]])
@@ -57,7 +57,7 @@ def test_damped_advantage_keeps_the_floor_on_certain_tokens():
 
 
 def test_clipped_k3_is_k3_inside_the_clip_and_flat_outside():
-    from sage_unsloth.rlvr.kl_terms import KLTokens
+    from sage_unsloth.plugins.kl_terms import KLTokens
 
     fn = _example("clipped_k3.py:clipped_k3")
     logps = torch.tensor([[-1.0, -1.0, -1.0]], requires_grad=True)

@@ -16,9 +16,9 @@ import warnings
 import pytest
 import torch
 
-from sage_unsloth.config_args import ConfigError
-from sage_unsloth.rlvr.advantages import passk_group_advantages
-from sage_unsloth.rlvr.policy_terms import TokenBatch, clip_cov, entropy_advantage, kl_cov
+from sage_unsloth.config.args import ConfigError
+from sage_unsloth.plugins.advantages import passk_group_advantages
+from sage_unsloth.plugins.policy_terms import TokenBatch, clip_cov, entropy_advantage, kl_cov
 
 
 # ------------------------------------------------------------------------------------------- Pass@k Training
@@ -244,7 +244,7 @@ def test_bad_exploration_settings_are_one_line_config_errors(overrides, message)
         {"ref_reset_steps": 5, "guide": "branch", "sage_kl_placement": "reward"},
         {"advantage_estimator": "passk", "sage_kl_placement": "reward", "guide": "branch"},
         {"top_entropy_quantile": 0.2, "guide": "branch", "backend": "unsloth"},
-        {"policy_term": "sage_unsloth.rlvr.policy_terms:clip_cov"},
+        {"policy_term": "sage_unsloth.plugins.policy_terms:clip_cov"},
     ],
 )
 def test_combinations_that_compose_are_accepted(overrides):
@@ -258,7 +258,7 @@ def test_the_subset_size_and_reuse_checks_read_the_metadata_not_the_names(tmp_pa
     plugin.write_text(
         "def best_of(inputs, *, k: int = 2):\n    return inputs.rewards - inputs.rewards.mean()\n"
         "best_of.group_subset_arg = 'k'\n"
-        "from sage_unsloth.rlvr.policy_terms import TermOutput\n"
+        "from sage_unsloth.plugins.policy_terms import TermOutput\n"
         "def stale(batch):\n    return TermOutput()\n"
         "stale.needs_reuse = 'reads log pi_old'\n"
     )
@@ -282,7 +282,7 @@ def test_plugin_estimators_and_terms_are_registry_entries_with_their_metadata(tm
         "mean_adv.backends = ('trl',)\n"
         "def trl_own(inputs):\n    return inputs.rewards\n"
         "trl_own.recomputed = False\n"
-        "from sage_unsloth.rlvr.policy_terms import TermOutput\n"
+        "from sage_unsloth.plugins.policy_terms import TermOutput\n"
         "def no_term(batch):\n    return TermOutput()\n"
     )
     _config(advantage_estimator=f"{plugin}:mean_adv", policy_term=f"{plugin}:no_term")
@@ -294,6 +294,6 @@ def test_plugin_estimators_and_terms_are_registry_entries_with_their_metadata(tm
     with pytest.raises(ConfigError, match=r"policy_term='.*:no_term' needs TRL's loss"):
         _config(policy_term=f"{plugin}:no_term", backend="unsloth")
     with pytest.raises(
-        ConfigError, match=r"module 'sage_unsloth.rlvr.policy_terms' has no 'clipcov'.*'clip_cov'"
+        ConfigError, match=r"module 'sage_unsloth.plugins.policy_terms' has no 'clipcov'.*'clip_cov'"
     ):
-        _config(policy_term="sage_unsloth.rlvr.policy_terms:clipcov")
+        _config(policy_term="sage_unsloth.plugins.policy_terms:clipcov")

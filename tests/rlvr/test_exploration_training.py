@@ -39,7 +39,7 @@ def train_through_the_cli(variant, sft_dir, dapo_sample, root, *extra):
     """Run stage 2's CLI on ``variant``; check its first logged step has the baseline's metric and a finite
     loss; return the run folder."""
     from sage_unsloth.rlvr.run import main
-    from sage_unsloth.training_log import read_log_history
+    from sage_unsloth.runtime.training_log import read_log_history
 
     assert main(rlvr_argv(variant, sft_dir, root, dapo_sample, *extra)) == 0
     (out,) = [p.parent for p in root.rglob("manifest.json")]

@@ -1,4 +1,4 @@
-"""Guides as plug-ins (sage_unsloth/guides.py): the contract every registered guide keeps, the checks the kit makes
+"""Guides as plug-ins (sage_unsloth/plugins/guides.py): the contract every registered guide keeps, the checks the kit makes
 around a guide's q, where q is computed, the logit signals, the config surface (the guide node: name | path
 and its arguments, one-line errors before any model loads), a user's own config folder, and the example guide of
 examples/top2_margin.py trained through the RLVR CLI on the tiny model under TRL's and Unsloth's trainers.
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sage_unsloth import guides
-from sage_unsloth.config_args import ConfigError
+from sage_unsloth.config.args import ConfigError
+from sage_unsloth.plugins import guides
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "top2_margin.py"
@@ -279,7 +279,7 @@ def test_every_guide_gets_its_gradient_rule_from_its_metadata(tmp_path):
     ``gradient_rule = "random"`` gets the random guide's symmetric-bounds rule."""
     import itertools
 
-    from sage_unsloth import anchor
+    from sage_unsloth.plugins import anchor
 
     rules = {"none": "none", "branch": "branch", "ref_branch": "branch", "token": "token", "random": "random"}
     assert set(guides.GUIDES.names()) == set(rules)  # a new guide is added here with the rule it follows

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 
-from sage_unsloth.registry import Registry
+from sage_unsloth.plugins.registry import Registry
 
 
 def _config(tmp_path, **kw):

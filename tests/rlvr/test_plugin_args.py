@@ -1,7 +1,7 @@
 """One plug-in contract for the four kinds (guide, advantage estimator, policy term, KL term): each one node,
 ``{name: <registered name or import path>, <its arguments>}``, its arguments checked against the function's
 signature (after its per-call inputs) before any model loads, and bound when the plan is built. k3 / k2 / forward are
-entries of the KL-term registry (rlvr/kl_terms.py), with the backends they support.
+entries of the KL-term registry (plugins/kl_terms.py), with the backends they support.
 
 The out-of-tree run: an advantage estimator and a policy term written into tmp_path (outside the repo), each with
 an argument of its own, trained through the RLVR CLI from a config outside the repo on the tiny model. The
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sage_unsloth.config_args import ConfigError
+from sage_unsloth.config.args import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def _config(**kw):
 
 
 def test_kl_terms_are_registry_entries_with_their_backends():
-    from sage_unsloth.rlvr.kl_terms import KL_TERMS
+    from sage_unsloth.plugins.kl_terms import KL_TERMS
 
     assert KL_TERMS.names() == ("k3", "k2", "forward")
     meta = {name: KL_TERMS.resolve(name).meta for name in KL_TERMS.names()}
@@ -42,7 +42,7 @@ def test_kl_terms_are_registry_entries_with_their_backends():
 def test_kl_terms_by_hand():
     """Per-token values from the definitions: d = log(q pi_ref) - log pi; k3 = e^d - d - 1, k2 = d^2 / 2,
     forward = u log u - u + 1 with u = pi_ref / pi; k2 and forward weighted by pi / pi_old."""
-    from sage_unsloth.rlvr.kl_terms import KL_TERMS, KLTokens
+    from sage_unsloth.plugins.kl_terms import KL_TERMS, KLTokens
 
     logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0]])
@@ -111,7 +111,7 @@ def centred(inputs, *, scale=1.0, shift=0.0, log=""):
 
 TERM = '''
 import json
-from sage_unsloth.rlvr.policy_terms import TermOutput
+from sage_unsloth.plugins.policy_terms import TermOutput
 
 def damped(batch, *, factor=1.0, log=""):
     """Per-token advantages times ``factor``."""
@@ -141,7 +141,7 @@ def test_out_of_tree_estimator_and_term_train_through_the_cli(tmp_path, sft_dir,
     assert main([*argv, "--dataset_path", str(dapo_sample)]) == 0
     estimates = [json.loads(line) for line in est_log.read_text().splitlines()]
     terms = [json.loads(line) for line in term_log.read_text().splitlines()]
-    # The first call of each is its trial call on a synthetic batch before loading (rlvr/plugin_probe.py)
+    # The first call of each is its trial call on a synthetic batch before loading (plugins/probe.py)
     estimates, terms = estimates[1:], terms[1:]
     assert estimates and terms
     assert {e["scale"] for e in estimates} == {3.0} and {t["factor"] for t in terms} == {0.5}
@@ -181,7 +181,7 @@ def test_the_command_line_node_replaces_the_yaml_node_whole(tmp_path, capsys):
 def test_old_spellings_are_refused_in_one_line_naming_the_node(tmp_path):
     """Every key of the flat spelling, in a YAML or as a flag, is one line naming the node it became, before any
     model loads: from the stage parser and from the pre-import check alike."""
-    from sage_unsloth.config_schema import check_stage_input
+    from sage_unsloth.config.schema import check_stage_input
     from sage_unsloth.rlvr.config import RETIRED_KEYS
     from sage_unsloth.rlvr.run import parse_args
 
@@ -329,10 +329,11 @@ def test_each_kind_is_called_with_its_one_record_and_its_keywords(monkeypatch):
     its knobs as keywords (the trial call before loading goes through the same plugin_calls.call as training)."""
     import dataclasses
 
-    from sage_unsloth import guides, plugin_calls
-    from sage_unsloth.rlvr.advantages import GroupRewards
-    from sage_unsloth.rlvr.kl_terms import KLTokens
-    from sage_unsloth.rlvr.policy_terms import TokenBatch
+    from sage_unsloth.plugins import calls as plugin_calls
+    from sage_unsloth.plugins import guides
+    from sage_unsloth.plugins.advantages import GroupRewards
+    from sage_unsloth.plugins.kl_terms import KLTokens
+    from sage_unsloth.plugins.policy_terms import TokenBatch
 
     seen = {}
     real = plugin_calls.call

@@ -1,7 +1,7 @@
 """One error contract for the four plug-in kinds (guide, advantage estimator, policy term, KL term), before any model
 loads (issue 41, item 1): import, signature and node argument types are checked when the config is built, and
-each plug-in is called once on a synthetic batch through the run-time checks (sage_unsloth/plugin_calls.py,
-rlvr/plugin_probe.py). Every fault is one line naming the field and the plug-in (``file.py:function``, with the
+each plug-in is called once on a synthetic batch through the run-time checks (sage_unsloth/plugins/calls.py,
+plugins/probe.py). Every fault is one line naming the field and the plug-in (``file.py:function``, with the
 line for a syntax error), exit 2, nothing written; plug-ins receive copies of what they read.
 
 The run-time half (a plug-in that passes its trial call and fails in training stops the run before the optimizer
@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sage_unsloth import cli, guides
-from sage_unsloth.config_args import ConfigError
+from sage_unsloth import cli
+from sage_unsloth.config.args import ConfigError
+from sage_unsloth.plugins import guides
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
@@ -179,8 +180,8 @@ def test_argument_types_of_every_kind_are_checked(tmp_path):
     path = _plugin(
         tmp_path,
         """
-        from sage_unsloth.rlvr.kl_terms import KLOutput
-        from sage_unsloth.rlvr.policy_terms import TermOutput
+        from sage_unsloth.plugins.kl_terms import KLOutput
+        from sage_unsloth.plugins.policy_terms import TermOutput
 
         def est(inputs, *, scale: float = 1.0):
             return inputs.rewards * scale
@@ -229,9 +230,9 @@ KIND_SOURCES = {
     "f.needs = ('entropies',)\n",
     "estimator": "def f(inputs):\n    out = inputs.rewards - inputs.rewards.mean()\n    {fault}\n"
     "    return out\n",
-    "term": "from sage_unsloth.rlvr.policy_terms import TermOutput\n"
+    "term": "from sage_unsloth.plugins.policy_terms import TermOutput\n"
     "def f(batch):\n    out = batch.advantages * 0.5\n    {fault}\n    return TermOutput(advantages=out)\n",
-    "kl": "from sage_unsloth.rlvr.kl_terms import KLOutput\n"
+    "kl": "from sage_unsloth.plugins.kl_terms import KLOutput\n"
     "def f(tokens):\n    d = tokens.ref_logps - tokens.logps\n    out = d.exp() - d - 1\n    {fault}\n"
     "    return KLOutput(out, out)\n",
 }
@@ -289,7 +290,7 @@ def test_the_trial_call_leaves_the_global_rng_alone(tmp_path):
 
 def test_a_bad_plugin_on_the_command_line_is_one_line_exit_2_before_anything(tmp_path, capsys, monkeypatch):
     """Through the stage CLI: exit 2, one line, nothing written, no model loaded (the loaders are a tripwire)."""
-    from sage_unsloth import models
+    from sage_unsloth.model import loading as models
 
     def tripwire(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad plug-in was reported")
@@ -349,9 +350,9 @@ def test_a_guide_that_writes_into_its_signals_changes_nothing_the_loss_uses(tmp_
 
 
 def test_a_policy_term_and_a_kl_term_get_copies_but_keep_the_gradient():
-    from sage_unsloth import plugin_calls
-    from sage_unsloth.rlvr.kl_terms import KLOutput, KLTokens
-    from sage_unsloth.rlvr.policy_terms import TermOutput, TokenBatch
+    from sage_unsloth.plugins import calls as plugin_calls
+    from sage_unsloth.plugins.kl_terms import KLOutput, KLTokens
+    from sage_unsloth.plugins.policy_terms import TermOutput, TokenBatch
 
     logps = (-torch.rand(2, 3)).requires_grad_(True)
     mask, advantages, ref = torch.ones(2, 3), torch.ones(2, 3), -torch.rand(2, 3)
@@ -391,8 +392,8 @@ def test_a_policy_term_and_a_kl_term_get_copies_but_keep_the_gradient():
 
 
 def test_an_estimator_that_writes_into_its_inputs_changes_only_its_copy():
-    from sage_unsloth import plugin_calls
-    from sage_unsloth.rlvr.advantages import GroupRewards
+    from sage_unsloth.plugins import calls as plugin_calls
+    from sage_unsloth.plugins.advantages import GroupRewards
 
     def greedy(inputs):
         inputs.rewards.zero_()
@@ -411,7 +412,7 @@ def test_an_estimator_that_writes_into_its_inputs_changes_only_its_copy():
 
 
 def test_a_run_time_fault_names_the_kind_the_plugin_and_the_step():
-    from sage_unsloth import plugin_calls
+    from sage_unsloth.plugins import calls as plugin_calls
 
     def boom(signals):
         return signals.nothing

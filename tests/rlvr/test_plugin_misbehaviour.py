@@ -1,6 +1,6 @@
 """Plug-ins that misbehave toward the run rather than return a bad number (issue 52, item 3), each caught at the
-trial call before any model loads, or in training through the same call (sage_unsloth/plugin_calls.py,
-plugin_guard.py, rlvr/plugin_probe.py), in one line naming the plug-in:
+trial call before any model loads, or in training through the same call (sage_unsloth/plugins/calls.py,
+plugins/guard.py, plugins/probe.py), in one line naming the plug-in:
 
 - a KL term (or a policy term's added loss) without a gradient, when beta > 0: it would train with no KL, silently;
 - outputs on the meta device, in a sparse layout, or (for the terms the kit does not move) on another device than
@@ -28,8 +28,8 @@ import torch
 from subprocess_run import env_with_repo, run_python
 from test_plugin_contract import _config, _plugin  # the configs and plug-in files the contract tests build
 
-from sage_unsloth import plugin_calls
-from sage_unsloth.config_args import ConfigError
+from sage_unsloth.config.args import ConfigError
+from sage_unsloth.plugins import calls as plugin_calls
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_GRPO = "configs/rlvr/tiny-cpu/grpo.yaml"
@@ -48,7 +48,7 @@ def _refused(field: str, spec: str, **kw) -> str:
 # ------------------------------------------------------------------------------------------------ gradients
 KL_TERMS = """
 import torch
-from sage_unsloth.rlvr.kl_terms import KLOutput
+from sage_unsloth.plugins.kl_terms import KLOutput
 
 def k3(tokens):
     d = tokens.ref_logps - tokens.logps
@@ -99,7 +99,7 @@ def test_a_kl_term_without_a_gradient_is_refused_at_its_trial_call(tmp_path, fn,
 
 def test_a_policy_term_whose_added_loss_has_no_gradient_is_refused():
     source = """
-    from sage_unsloth.rlvr.policy_terms import TermOutput
+    from sage_unsloth.plugins.policy_terms import TermOutput
 
     def detached(batch):
         return TermOutput(loss=(batch.logps - batch.old_logps).abs().detach() * 0.1)
@@ -139,7 +139,7 @@ def test_a_policy_term_whose_added_loss_has_no_gradient_is_refused():
     ],
 )
 def test_an_output_on_the_meta_device_or_sparse_is_one_line_not_a_traceback(tmp_path, kind, body, expected):
-    head = "import torch\nfrom sage_unsloth.rlvr.kl_terms import KLOutput\n"
+    head = "import torch\nfrom sage_unsloth.plugins.kl_terms import KLOutput\n"
     arg = {"guide": "signals", "estimator": "inputs", "kl": "tokens"}[kind]
     path = _plugin(
         tmp_path, f"{head}def f({arg}):\n    {body}\n" + ("f.needs = ('entropies',)\n" * (kind == "guide"))
@@ -153,7 +153,7 @@ def test_an_output_on_the_meta_device_or_sparse_is_one_line_not_a_traceback(tmp_
 def test_a_term_on_another_device_than_its_inputs_is_named_before_the_loss_reads_it():
     """A KL term's output enters the loss as it is: on another device than its inputs it is refused in one line
     (here the inputs are on the meta device, the only second device a CPU machine has)."""
-    from sage_unsloth.rlvr.kl_terms import KLOutput, KLTokens
+    from sage_unsloth.plugins.kl_terms import KLOutput, KLTokens
 
     logps = torch.zeros(2, 3, device="meta")
     tokens = KLTokens(logps=logps, ref_logps=logps, old_logps=None, ratio=False)
@@ -278,7 +278,7 @@ def test_os_exit_in_a_plugin_at_a_training_step_is_a_fault_not_an_exit(tmp_path)
     code = textwrap.dedent(
         """
         import os, sys
-        from sage_unsloth import plugin_calls
+        from sage_unsloth.plugins import calls as plugin_calls
         try:
             plugin_calls.call("advantage estimator", "mine.py:est", lambda i: os._exit(0), 1, step=7, check=None)
         except plugin_calls.PluginFault as fault:
@@ -439,7 +439,7 @@ def est(inputs, *, api_key: str = "", options: dict | None = None, scale: float 
 
 @pytest.mark.parametrize("given_as", ["yaml", "flag"])
 def test_a_credential_like_plugin_argument_is_redacted_from_every_record(tmp_path, monkeypatch, given_as):
-    from sage_unsloth.rlvr.advantages import GroupRewards
+    from sage_unsloth.plugins.advantages import GroupRewards
     from sage_unsloth.rlvr.run import parse_args, resolved_config
 
     monkeypatch.chdir(REPO)
@@ -506,7 +506,7 @@ def test_a_logit_signals_path_in_needs_is_found_beside_the_guides_own_file(tmp_p
         """,
         "near_guide.py",
     )
-    from sage_unsloth import guides
+    from sage_unsloth.plugins import guides
 
     cfg = _config(guide=f"{guide}:g")  # its trial call read the signal under the name it declared
     plan = cfg.method_plan

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sage_unsloth import guides
+from sage_unsloth.plugins import guides
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import torch
 from test_rlvr_trainer import TEMPERATURE, _config, _rollout
 from test_rlvr_trainer import _build as _build_trainer
 
-from sage_unsloth.config_args import ConfigError
+from sage_unsloth.config.args import ConfigError
 
 GAMMA, TAU = 0.8, 1.5
 # The tiny random model's head scaled so that the reference's own entropies spread around TAU (near-uniform at
@@ -138,7 +138,7 @@ def test_unsloth_refuses_ref_branch_in_one_line_before_loading(tmp_path):
 def test_ref_branch_guide_effect_is_the_branch_rule():
     """q is the same for every candidate token at a position (it reads no sampled-token signal): under the paper's
     k3 without the ratio it changes the expected gradient exactly as branch does."""
-    from sage_unsloth import anchor, guides
+    from sage_unsloth.plugins import anchor, guides
 
     entry = guides.GUIDES.resolve("ref_branch")
     assert not guides.token_dependent(entry.meta["needs"])

@@ -1,4 +1,4 @@
-"""The Registry (sage_unsloth/registry.py): names, import paths, nodes, argument checks, one-line errors."""
+"""The Registry (sage_unsloth/plugins/registry.py): names, import paths, nodes, argument checks, one-line errors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from sage_unsloth.config_args import ConfigError
-from sage_unsloth.registry import Registry
+from sage_unsloth.config.args import ConfigError
+from sage_unsloth.plugins.registry import Registry
 
 
 def _registry() -> Registry:
@@ -59,7 +59,7 @@ def test_node_checks_signature_and_fills_defaults():
 def test_kit_args_limits_and_checks():
     """A kind's own keys (the kit reads them, a function receives them only if it names them), an entry's limits
     and a check across arguments, each one line naming the node's key."""
-    from sage_unsloth.field_rules import Limit
+    from sage_unsloth.config.field_rules import Limit
 
     reg = Registry(
         "guide",

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from sage_unsloth.prompts import format_completion
+from sage_unsloth.data.prompts import format_completion
 from sage_unsloth.rlvr.reward import completion_text, correctness_reward, score_completion
 
 

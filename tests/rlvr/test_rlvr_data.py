@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sage_unsloth.prompts import SYSTEM_PROMPT
+from sage_unsloth.data.prompts import SYSTEM_PROMPT
 from sage_unsloth.rlvr.data import build_rlvr_dataset, load_source, prompt_token_lengths, to_rlvr_row
 
 

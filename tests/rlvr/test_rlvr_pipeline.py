@@ -279,9 +279,9 @@ def test_log_history_holds_sage_metrics_and_feeds_the_report(sft_dir, tmp_path, 
 
     from PIL import Image
 
-    from sage_unsloth.manifest import write_manifest
     from sage_unsloth.report.stage import ReportArguments, build_report
-    from sage_unsloth.training_log import read_log_history
+    from sage_unsloth.runtime.manifest import write_manifest
+    from sage_unsloth.runtime.training_log import read_log_history
 
     built = _run(
         *_argv(
@@ -385,7 +385,7 @@ BAD = {
 def test_bad_config_fails_in_one_line_before_any_model_loads(
     case, sft_dir, tmp_path, dapo_sample, monkeypatch, capsys
 ):
-    from sage_unsloth import models
+    from sage_unsloth.model import loading as models
     from sage_unsloth.rlvr.run import main
 
     def no_loading(*args, **kwargs):
@@ -409,7 +409,7 @@ def test_stage1_folder_without_manifest_is_refused(tmp_path, dapo_sample, capsys
 def test_bad_dataset_is_a_one_line_error_before_the_model_loads(
     sft_dir, tmp_path, dapo_sample, monkeypatch, capsys
 ):
-    from sage_unsloth import models
+    from sage_unsloth.model import loading as models
     from sage_unsloth.rlvr.run import main
 
     monkeypatch.setattr(models, "load_for_training", lambda *a, **k: pytest.fail("model loaded"))
@@ -427,7 +427,7 @@ def test_bad_dataset_is_a_one_line_error_before_the_model_loads(
 
 def test_the_cli_plans_the_run_once(sft_dir, tmp_path, dapo_sample, monkeypatch, capsys):
     """main() checks the inputs (plan_run) before the heavy imports and hands that plan to build_stage."""
-    from sage_unsloth import models
+    from sage_unsloth.model import loading as models
     from sage_unsloth.rlvr import run
 
     calls = []

@@ -30,8 +30,8 @@ from rlvr_scenario import (
     train,
 )
 
-from sage_unsloth.checkpoints import last_complete_checkpoint
 from sage_unsloth.rlvr.resume import RESUME_STATE_FILE, EpochSeededSampler
+from sage_unsloth.runtime.checkpoints import last_complete_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("varied_reward")]
 VARIANT = "grpo_token"
@@ -246,7 +246,7 @@ def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(sft_dir, dapo_sample, t
         text=True,
         preexec_fn=_as_from_a_terminal,  # noqa: PLW1509 - signal calls only
     )
-    from sage_unsloth.checkpoints import STAGING_PREFIX
+    from sage_unsloth.runtime.checkpoints import STAGING_PREFIX
 
     def saved() -> list:
         """checkpoint-1 in place, not its staging copy (.saving-checkpoint-1/checkpoint-1), which holds

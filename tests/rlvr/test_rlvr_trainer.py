@@ -325,9 +325,9 @@ def test_loss_and_gradients_match_oracle(
 
 
 def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch, monkeypatch):
-    """The loss-level correction is beta * agg(kl_loss_term - k3), built from sage_unsloth.anchor."""
-    from sage_unsloth import anchor
+    """The loss-level correction is beta * agg(kl_loss_term - k3), built from sage_unsloth.plugins.anchor."""
     from sage_unsloth.compat import aggregate_like_trl
+    from sage_unsloth.plugins import anchor
 
     trainer = branch_trainer
     mask = branch_batch["completion_mask"].float()
@@ -367,10 +367,10 @@ def test_k2_and_forward_terms_use_anchor_functions(branch_trainer, branch_batch,
 def test_factory_looks_up_the_base_class_at_call_time(monkeypatch):
     import trl
 
-    from sage_unsloth.checkpoints import CheckpointMixin
     from sage_unsloth.compat import is_unsloth_patched
     from sage_unsloth.rlvr.resume import ExactResumeMixin
     from sage_unsloth.rlvr.trainer import SageTrainerMixin, make_sage_trainer_class
+    from sage_unsloth.runtime.checkpoints import CheckpointMixin
 
     class UnslothGRPOTrainer(trl.GRPOTrainer):  # stands in for the class `import unsloth` installs on a GPU
         pass
@@ -615,7 +615,7 @@ def test_unsloth_layout_mapping_on_hand_built_batch():
 @pytest.mark.unsloth_in_process
 def test_unsloth_layout_matches_zoo_packing():
     """Same permutation as unsloth_zoo's left_pack_padding + calculate_pad_tokens_in_prompt."""
-    from sage_unsloth.backend import import_unsloth
+    from sage_unsloth.runtime.backend import import_unsloth
 
     import_unsloth()
     from unsloth_zoo.rl_replacements import calculate_pad_tokens_in_prompt, left_pack_padding
@@ -651,7 +651,7 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
     """unsloth_zoo's grpo_compute_loss, fed the shifted reference in TRL's and in Unsloth's layout, equals
     TRL's loss. The zoo clamps ref - new to [-20, 20] and k3 to [-10, 10] (TRL does not), so the test
     reference is kept within a few nats of the policy: the guide's log q from the hook on top of it."""
-    from sage_unsloth.backend import import_unsloth
+    from sage_unsloth.runtime.backend import import_unsloth
 
     import_unsloth()
     from trl import GRPOTrainer
@@ -716,7 +716,7 @@ def test_zoo_loss_on_shifted_reference_matches_trl(branch_trainer, branch_batch,
 def test_zoo_dapo_normaliser_with_the_kits_num_items_rescale(branch_trainer, branch_batch):
     """dapo_normalizer=generation multiplies num_items_in_batch by steps_per_generation / accumulation; unsloth_zoo
     divides it back like TRL 1.15, which leaves TRL 0.23's (the official code's) normaliser under Unsloth too."""
-    from sage_unsloth.backend import import_unsloth
+    from sage_unsloth.runtime.backend import import_unsloth
 
     import_unsloth()
     from unsloth_zoo.rl_replacements import grpo_compute_loss

@@ -11,7 +11,7 @@ import pytest
 import torch
 from subprocess_run import run, run_python
 
-from sage_unsloth.prompts import CHAT_TEMPLATE, SYSTEM_PROMPT
+from sage_unsloth.data.prompts import CHAT_TEMPLATE, SYSTEM_PROMPT
 from sage_unsloth.sft.data import (
     is_numeric_answer,
     load_raw_dataset,
@@ -107,7 +107,7 @@ def test_think_tags_are_stripped_and_inner_text_kept():
 def test_prepare_counts_drop_reasons_and_fingerprint(tiny_model_dir, benchmark_dir, tmp_path):
     from trl import ModelConfig
 
-    from sage_unsloth.models import load_tokenizer
+    from sage_unsloth.model.loading import load_tokenizer
 
     rows = math500_as_sft_rows(benchmark_dir / "math500.jsonl", limit=30)
     rows[1]["problem"] = "  "
@@ -146,7 +146,7 @@ def test_template_renders_exact_string_and_masks_non_assistant_tokens(tiny_model
     import datasets
     from trl import ModelConfig
 
-    from sage_unsloth.models import load_for_training
+    from sage_unsloth.model.loading import load_for_training
     from sage_unsloth.sft.config import SageSFTConfig
 
     model, tok = load_for_training(
@@ -357,7 +357,7 @@ def test_ctrl_c_ends_in_one_line_that_says_how_to_resume(
         raise KeyboardInterrupt
 
     # what counts as a complete checkpoint is tests/kit/test_checkpoints.py's subject; here checkpoint-2 is one
-    from sage_unsloth import checkpoints
+    from sage_unsloth.runtime import checkpoints
 
     monkeypatch.setattr(checkpoints, "last_complete_checkpoint", lambda folder: Path(folder) / "checkpoint-2")
     monkeypatch.setattr(sft_run, "run_sft", interrupted)
@@ -439,7 +439,7 @@ out = sys.argv[1]
 assert main(sys.argv[2:]) == 0
 from trl import ModelConfig
 from safetensors.torch import load_file
-from sage_unsloth.models import load_for_training
+from sage_unsloth.model.loading import load_for_training
 saved = load_file(out + "/adapter_model.safetensors")
 margs = ModelConfig(model_name_or_path=json.load(open(out + "/manifest.json"))["base_model"], dtype="float32")
 model, tok = load_for_training(margs, backend="unsloth", max_seq_length=512, seed=0, adapter_path=out)
@@ -450,7 +450,7 @@ print(json.dumps({
     "n_lora": len(saved),
     "trainable_all_lora": bool(trainable) and all("lora_" in n for n in trainable),
     "reloaded_equal": all(torch.equal(params[k.replace(".weight", ".default.weight")], v) for k, v in saved.items()),
-    "template": tok.chat_template == __import__("sage_unsloth.prompts").prompts.CHAT_TEMPLATE,
+    "template": tok.chat_template == __import__("sage_unsloth.data.prompts").prompts.CHAT_TEMPLATE,
     "padding_side": tok.padding_side,
 }))
 """

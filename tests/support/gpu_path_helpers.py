@@ -17,7 +17,7 @@ def write_adapter(folder: Path, base: str, rank: int = 8) -> Path:
 
 def write_sft_folder(folder: Path, *, recorded: str, base: str, rank: int = 8) -> Path:
     """An SFT output folder: an adapter recording ``recorded`` as its base, a manifest naming ``base``."""
-    from sage_unsloth.manifest import write_manifest
+    from sage_unsloth.runtime.manifest import write_manifest
 
     write_adapter(folder, recorded, rank)
     write_manifest(folder, stage="sft", config={}, base_model=base, adapter=True)

@@ -50,7 +50,7 @@ def _forced_unsloth_run(result_path: str, argv: list[str]) -> None:
         UNSLOTH_SKIP_TORCHVISION_CHECK="1",
         HF_HUB_OFFLINE="1",
     )
-    from sage_unsloth.backend import import_unsloth
+    from sage_unsloth.runtime.backend import import_unsloth
 
     import_unsloth()
     import unsloth.models.rl as unsloth_rl
@@ -59,7 +59,7 @@ def _forced_unsloth_run(result_path: str, argv: list[str]) -> None:
 
     from rlvr_scenario import text_reward
 
-    from sage_unsloth import models
+    from sage_unsloth.model import loading as models
     from sage_unsloth.rlvr import reward
     from sage_unsloth.rlvr.run import main
 

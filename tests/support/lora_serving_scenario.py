@@ -18,7 +18,7 @@ def make_folders(model_dir: Path, work: Path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sage_unsloth.manifest import write_manifest
+    from sage_unsloth.runtime.manifest import write_manifest
 
     base_dir, adapter_dir, merged_dir = work / "base", work / "outputs" / "tiny" / "sft", work / "merged"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

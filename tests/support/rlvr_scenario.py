@@ -25,7 +25,7 @@ def build_sft_dir(tiny_model_dir, out: Path) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sage_unsloth.manifest import write_manifest
+    from sage_unsloth.runtime.manifest import write_manifest
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -114,7 +114,7 @@ def logged_steps(folder: Path) -> list[dict]:
 
 def logged_lines(folder: Path) -> list[dict]:
     """The stage folder's log_history.jsonl entries, without the wall-clock keys."""
-    from sage_unsloth.training_log import read_log_history
+    from sage_unsloth.runtime.training_log import read_log_history
 
     return [{k: v for k, v in entry.items() if k not in TIMING_KEYS} for entry in read_log_history(folder)]
 
@@ -225,7 +225,8 @@ def fixed_batch_step(argv: list[str]) -> dict:
 def guide_noise(trainer, batch: dict) -> dict:
     """q of the token and random guides on the same completions, drawn with ``trainer``'s per-process
     generator at step 0 (the counters and the metric buffers are put back: the run itself is not disturbed)."""
-    from sage_unsloth import anchor, compat
+    from sage_unsloth import compat
+    from sage_unsloth.plugins import anchor
 
     noise = trainer._sage_noise["guide"]
     saved = noise.last_step, noise.calls
@@ -299,8 +300,8 @@ def _killed_main(run_argv: list[str]) -> None:
     import os
     import signal
 
-    from sage_unsloth import manifest
     from sage_unsloth.rlvr.run import build_stage, parse_args
+    from sage_unsloth.runtime import manifest
 
     use_text_reward()
     built = build_stage(*parse_args(run_argv))

@@ -226,8 +226,8 @@ def zoo_loss_and_kl(rows, log_q, advantages, beta) -> dict:
 def kit_kl(trainer, batch, guide) -> float:
     """The logged KL as the kit's GPU self-test recomputes it (sage-unsloth doctor, check q_source), from the
     batch as the loss sees it: the kit's understanding of Unsloth's metric, tested against the equations."""
-    from sage_unsloth import anchor
     from sage_unsloth.doctor import selftest
+    from sage_unsloth.plugins import anchor
 
     stats = selftest.independent_policy_stats(trainer, batch)
     log_q = torch.zeros_like(stats["logp"])  # random: log q is in the batch's reference already

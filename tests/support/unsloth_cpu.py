@@ -21,7 +21,7 @@ FORCED_UNSLOTH_ENV = {
 FORCED_TRAINER_PREAMBLE = r"""
 import math, os, sys, warnings
 warnings.simplefilter("ignore")
-from sage_unsloth.backend import import_unsloth
+from sage_unsloth.runtime.backend import import_unsloth
 import_unsloth()
 import unsloth.models.rl as unsloth_rl
 unsloth_rl._patch_trl_rl_trainers("grpo_trainer")  # private: rewrites TRL's GRPOTrainer as on a GPU

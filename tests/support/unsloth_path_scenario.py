@@ -18,7 +18,7 @@ os.environ.update(
 )
 warnings.simplefilter("ignore")
 
-from sage_unsloth.backend import import_unsloth
+from sage_unsloth.runtime.backend import import_unsloth
 
 import_unsloth()
 import unsloth.models.rl as unsloth_rl
@@ -301,9 +301,9 @@ def stopped(trainer, fault: type) -> dict:
 def guards(model_dir):
     """Under Unsloth's patched trainer and loss: a NaN batch from no plug-in (a rollout step poisoning the
     advantages) and a plug-in estimator turning NaN in training each stop the run before the optimizer step, the
-    weights untouched (sage_unsloth/finite_steps.py, plugin_calls.py)."""
-    from sage_unsloth.finite_steps import NonFiniteStep
-    from sage_unsloth.plugin_calls import PluginFault
+    weights untouched (sage_unsloth/runtime/finite_steps.py, plugins/calls.py)."""
+    from sage_unsloth.plugins.calls import PluginFault
+    from sage_unsloth.runtime.finite_steps import NonFiniteStep
 
     trainer = build(model_dir, max_steps=1, **BRANCH)
 

@@ -1,4 +1,4 @@
-"""The executors of `sage-unsloth sweep` (sage_unsloth/executors) with the real libraries on CPU.
+"""The executors of `sage-unsloth sweep` (sage_unsloth/jobs/executors) with the real libraries on CPU.
 
 submitit's LocalExecutor (``executor_settings: {cluster: local}``: the same submission path as a SLURM cluster, the
 jobs run on this machine) and a Ray instance started here run the tiny sweep's GRPO config x its 2 seeds (the
@@ -29,8 +29,8 @@ from conftest import (
     tiny_sweep_argv,
 )
 
-from sage_unsloth import sweep
-from sage_unsloth.executors import EXECUTORS, Task, make_executor, slurm
+from sage_unsloth.jobs import sweep
+from sage_unsloth.jobs.executors import EXECUTORS, Task, make_executor, slurm
 
 MULTINODE = REPO_ROOT / "configs" / "accelerate" / "multinode.yaml"
 # One config of the tiny sweep's two (both seeds: the summary's mean row is checked too); the other config's

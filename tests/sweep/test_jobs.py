@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sage_unsloth import jobs, sweep
-from sage_unsloth.jobs import graph
+from sage_unsloth import jobs
+from sage_unsloth.jobs import graph, sweep
 
 REPO = Path(__file__).resolve().parents[2]
 

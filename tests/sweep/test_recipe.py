@@ -1,4 +1,4 @@
-"""The recipe driver (sage_unsloth/recipe.py): stage commands, streaming a child's log, and failures with the last
+"""The recipe driver (sage_unsloth/jobs/recipe.py): stage commands, streaming a child's log, and failures with the last
 lines of the log; a stage run in the foreground under the job graph's done rule (sage_unsloth/jobs, as the
 notebooks run theirs)."""
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from sage_unsloth import recipe
-from sage_unsloth.manifest import write_manifest
+from sage_unsloth.jobs import recipe
+from sage_unsloth.runtime.manifest import write_manifest
 
 
 def test_stage_command_runs_the_stage_package():
@@ -43,7 +43,7 @@ def _stage(out_dir, extra=""):
     from sage_unsloth.jobs import Step
 
     write = (
-        f"from sage_unsloth.manifest import write_manifest; "
+        f"from sage_unsloth.runtime.manifest import write_manifest; "
         f"write_manifest({str(out_dir)!r}, stage='sft', config={{}}){extra}"
     )
     argv = [sys.executable, "-c", write]

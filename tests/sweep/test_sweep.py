@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import HUB_TOKEN, WANDB_KEY, files_holding, sweep_credentials
 
-from sage_unsloth import sweep
+from sage_unsloth.jobs import sweep
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
