@@ -102,6 +102,8 @@ AREAS: dict[str, dict[str, str]] = {
             "test_report_wandb_log",
             "test_report_multi_seed",
             "test_patterns",
+            "test_power_plan",
+            "test_power",
         )
     },
     # the offline lab (sage_unsloth/demo/), its method cards and the tiny model it trains
@@ -119,7 +121,6 @@ AREAS: dict[str, dict[str, str]] = {
             "test_lab_numbers",
             "test_method_cards",
             "test_plan_metrics",
-            "test_power_plan",
             "test_tiny_model",
         )
     },

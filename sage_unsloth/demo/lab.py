@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..manifest import atomic_write_text
-from ..report import compare, intervals
+from ..report import compare, formatting, intervals
 from ..report.tables import md_table
 from . import dose_response, outcome, reproduce
 from .analysis import ANALYSIS_DIR, CORRECT_SUFFIX, IDS_SUFFIX, MODEL_NAME, branch_settings
@@ -40,12 +40,7 @@ WARNING_START = "<!-- reproduction-warning -->"  # report.md opens with the warn
 WARNING_END = "<!-- /reproduction-warning -->"
 
 
-def _fmt_ci(value, low, high, signed=False) -> str:
-    spec = "+.3f" if signed else ".3f"
-    return f"{value:{spec}} [{low:{spec}}, {high:{spec}}]"
-
-
-def check_complete(lab: compare.LabRuns, runs: list[str]) -> None:
+def check_complete(lab: compare.RunCounts, runs: list[str]) -> None:
     missing = [r for r in runs if r not in lab.n]
     if missing:
         raise ValueError(f"no eval results for {missing}: the eval step did not finish")
@@ -67,7 +62,7 @@ def gap_flags(eval_file: Path, problems: list[str]) -> np.ndarray:
 
 
 def gap_table(
-    lab: compare.LabRuns,
+    lab: compare.RunCounts,
     gap: np.ndarray,
     correct_minority: dict[str, np.ndarray],
     pair_share: dict[str, np.ndarray],
@@ -108,7 +103,7 @@ def plans_by_type(shares: dict[str, np.ndarray], gap: np.ndarray, **stats) -> pd
 
 
 def run_rows(
-    lab: compare.LabRuns, runs: list[str], kmax: int, strategies: pd.DataFrame, branch: pd.DataFrame
+    lab: compare.RunCounts, runs: list[str], kmax: int, strategies: pd.DataFrame, branch: pd.DataFrame
 ) -> pd.DataFrame:
     rows = []
     for run in runs:
@@ -161,7 +156,7 @@ def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
-def plan_pair_table(lab: compare.LabRuns, shares: dict[str, np.ndarray], pairs, **stats) -> pd.DataFrame:
+def plan_pair_table(lab: compare.RunCounts, shares: dict[str, np.ndarray], pairs, **stats) -> pd.DataFrame:
     """A - B of the share of completions that follow a pair plan (pairs, outer: the plans the gap spares),
     runs paired by seed: the guide's direct target is the plan prior at the branch point."""
     columns = [list(GROUPS).index(name) for name in PAIR_PLANS]
@@ -199,7 +194,7 @@ def verdict(
     parts = []
     for _, r in rows.iterrows():
         metric = outcome._metric(r)
-        what = f"{metric}: {_fmt_ci(r['diff'], r['ci_low'], r['ci_high'], signed=True)} (MDE {r['mde']:.3f})"
+        what = f"{metric}: {formatting.estimate(r['diff'], r['ci_low'], r['ci_high'], signed=True)} (MDE {r['mde']:.3f})"
         parts.append(f"{what}, {outcome.reading(r)}")
     scope = f"{seeds} seed{'s' if seeds > 1 else ''} x {int(rows['problems'].iloc[0])} problems"
     return f"{name_a} - {name_b} ({scope}): " + "; ".join(parts) + "."
@@ -212,7 +207,7 @@ def movement(support: pd.DataFrame, kmax: int, labels) -> str:
         return "Support against SFT: no SFT run."
     parts = []
     for _, r in rows.iterrows():
-        net = _fmt_ci(r["net"], r["net_ci_low"], r["net_ci_high"], signed=True)
+        net = formatting.estimate(r["net"], r["net_ci_low"], r["net_ci_high"], signed=True)
         tag = "" if r["net_ci_low"] <= 0 <= r["net_ci_high"] else " *"
         parts.append(
             f"{labels.get(r['method'], r['method'])} {net}{tag} (lost {r['shrunk']:.3f}, gained {r['expanded']:.3f})"
@@ -374,7 +369,7 @@ def _headline(s: LabSection) -> list[str]:
     sft_pass1 = m.loc[("sft", 1)]
     return [
         (
-            f"SFT policy: pass@1 {_fmt_ci(sft_pass1['pass_at_k'], sft_pass1['ci_low'], sft_pass1['ci_high'])}; "
+            f"SFT policy: pass@1 {formatting.estimate(sft_pass1['pass_at_k'], sft_pass1['ci_low'], sft_pass1['ci_high'])}; "
             f"branch-point entropy {sft_branch['branch_entropy_mean']:.2f} nats (lab tau {settings['tau']}, gamma "
             f"{settings['gamma']}, temperature {settings['temperature']}): q > 1 at "
             f"{sft_branch['branch_q_gt1_fraction']:.1%} of the branch-point tokens (RL prompts) and at "
@@ -424,9 +419,9 @@ def _method_lines(s: LabSection) -> list[str]:
         minority = plan_rows.loc[(method, MINORITY)]
         method_runs = runs[runs["method"] == method]
         rows.append(
-            [s.label(method), int(one["seeds"]), _fmt_ci(one["pass_at_k"], one["ci_low"], one["ci_high"]),
-             _fmt_ci(big["pass_at_k"], big["ci_low"], big["ci_high"]),
-             _fmt_ci(minority["share"], minority["ci_low"], minority["ci_high"]),
+            [s.label(method), int(one["seeds"]), formatting.estimate(one["pass_at_k"], one["ci_low"], one["ci_high"]),
+             formatting.estimate(big["pass_at_k"], big["ci_low"], big["ci_high"]),
+             formatting.estimate(minority["share"], minority["ci_low"], minority["ci_high"]),
              f"{method_runs[f'{COMMON}_accuracy'].mean():.3f}", f"{method_runs['minority_accuracy'].mean():.3f}"]
         )  # fmt: skip
     return ["### pass@k per method", "", md_table(header, rows)]
@@ -452,7 +447,7 @@ def _pair_lines(s: LabSection) -> list[str]:
     rows = [
         [s.label(r["a"]), s.label(r["b"]), r["metric"] if isinstance(r.get("metric"), str) else f"pass@{int(r['k'])}",
          f"{r['diff']:+.3f}", f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]", "yes" if r["excludes_0"] else "no",
-         outcome._p(r["p_holm"]), f"{r['mde']:.3f}", outcome._seeds(r[outcome.SEEDS_FOR]), int(r["seeds"]),
+         formatting.p_value(r["p_holm"]), f"{r['mde']:.3f}", formatting.seeds(r[outcome.SEEDS_FOR]), int(r["seeds"]),
          int(r["problems"])]
         for _, r in s.pairs.iterrows()
     ]  # fmt: skip
@@ -479,7 +474,7 @@ def _support_lines(s: LabSection) -> list[str]:
     for method in in_lab_order(at_kmax.index, labels):
         r = at_kmax.loc[method]
         cells = [
-            _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"], signed=n == "net")
+            formatting.estimate(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"], signed=n == "net")
             for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded", "net")
         ]
         lines.append(f"| {s.label(method)} | " + " | ".join(cells) + " |")
@@ -494,7 +489,9 @@ def _support_lines(s: LabSection) -> list[str]:
     for method in in_lab_order(support["method"], labels):
         by_k = support[support["method"] == method].set_index("k")
         cells = [
-            _fmt_ci(by_k.loc[k, "net"], by_k.loc[k, "net_ci_low"], by_k.loc[k, "net_ci_high"], signed=True)
+            formatting.estimate(
+                by_k.loc[k, "net"], by_k.loc[k, "net_ci_low"], by_k.loc[k, "net_ci_high"], signed=True
+            )
             for k in ks
         ]
         lines.append(f"| {s.label(method)} | " + " | ".join(cells) + " |")
@@ -522,7 +519,7 @@ def _gap_lines(s: LabSection) -> list[str]:
     ordered = pd.concat([gaps[gaps["method"] == m] for m in in_lab_order(gaps["method"], labels)])
     for _, r in ordered.iterrows():
         cells = [
-            _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
+            formatting.estimate(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
             for n in ("pass_at_1", f"pass_at_{kmax}", "pair_share", "correct_minority")
         ]
         lines.append(
@@ -639,8 +636,8 @@ def _console_lines(s: LabSection, headline: list[str]) -> list[str]:
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         pair_share = sum(plan_rows.loc[(method, p), "share"] for p in PAIR_PLANS)
         return (
-            f"[demo]   {s.label(method):28s} pass@1 {_fmt_ci(one['pass_at_k'], one['ci_low'], one['ci_high'])}  "
-            f"pass@{kmax} {_fmt_ci(big['pass_at_k'], big['ci_low'], big['ci_high'])}  pair-plan share "
+            f"[demo]   {s.label(method):28s} pass@1 {formatting.estimate(one['pass_at_k'], one['ci_low'], one['ci_high'])}  "
+            f"pass@{kmax} {formatting.estimate(big['pass_at_k'], big['ci_low'], big['ci_high'])}  pair-plan share "
             f"{pair_share:.3f}  minority-plan share {plan_rows.loc[(method, MINORITY), 'share']:.3f}"
         )
 
@@ -682,18 +679,18 @@ class PlanShares:
     correct_minority: dict[str, np.ndarray]  # run -> per-problem share of correct minority-plan completions
 
 
-def read_runs(results: Path, runs: list[str], kmax: int | None) -> tuple[compare.LabRuns, int, list[int]]:
+def read_runs(results: Path, runs: list[str], kmax: int | None) -> tuple[compare.RunCounts, int, list[int]]:
     """(the runs' per-problem counts, kmax, the ks reported: powers of two up to kmax, and kmax)."""
-    lab = compare.load_lab_runs(
+    lab = compare.load_run_counts(
         results / MODEL_NAME, BENCHMARK
     )  # results/<model>/<run>/ (layout.results_dir)
     check_complete(lab, runs)
-    lab = compare.LabRuns(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
+    lab = compare.RunCounts(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
     kmax, ks = compare.lab_ks(int(min(n.min() for n in lab.n.values())), kmax)
     return lab, kmax, ks
 
 
-def read_plan_shares(results: Path, lab: compare.LabRuns, runs: list[str]) -> PlanShares:
+def read_plan_shares(results: Path, lab: compare.RunCounts, runs: list[str]) -> PlanShares:
     analysis = results / ANALYSIS_DIR
     with np.load(analysis / "strategy_problems.npz") as data:
         order = {run: pd.Index(data[f"{run}{IDS_SUFFIX}"]).get_indexer(lab.problems) for run in runs}

@@ -141,7 +141,9 @@ def test_arms_are_matched_by_their_knobs_and_paired_by_draw_and_seed(tmp_path):
         (paired["beta"] == 1.0) & (paired["metric"] == "pass@1") & (paired["draw"] == F.POOLED)
     ].iloc[0]
     # one more correct sample of 8 on one problem of 4 at every seed: +1/32, no spread
-    assert row["diff"] == pytest.approx(1 / 32) and row["pairs"] == 6 and row["family"] == "secondary"
+    # (at k = 1 the primary metric, pass@k, is pass@1: the row is in the primary family)
+    assert row["diff"] == pytest.approx(1 / 32) and row["pairs"] == 6 and row["family"] == "primary"
+    assert row["positive_pairs"] == 6 and row["negative_pairs"] == 0
     assert row["hl"] == pytest.approx(1 / 32)
 
 
@@ -248,3 +250,41 @@ def test_a_reference_written_with_the_old_metric_name_is_compared(tmp_path):
     )
     table = R.compare(regime([("grpo_seed0", "grpo_minority_share", 0.028)]), {}, ref)
     assert dict(zip(table["metric"], table["status"]))["grpo_minority_share"] == "identical"
+
+
+def test_the_blocked_interval_has_the_pooled_within_draw_df():
+    """intervals.stratified(blocked=True): the draw-blocked t of the confirmatory lab's plan, written out: se =
+    s_p sqrt(sum 1 / S_d) / D with s_p the pooled within-draw sd, df = N - D; its MDE is the exact one at that df."""
+    from sage_unsloth.report import power
+
+    groups = [np.array([0.1, 0.2, 0.3, 0.5]), np.array([0.0, 0.4, 0.2, 0.2, 0.1])]
+    est = I.stratified(groups, blocked=True)
+    pooled = math.sqrt((3 * np.var(groups[0], ddof=1) + 4 * np.var(groups[1], ddof=1)) / 7)
+    se = pooled * math.sqrt(1 / 4 + 1 / 5) / 2
+    mean = np.mean([g.mean() for g in groups])
+    half = stats.t.ppf(0.975, 7) * se
+    assert est.interval == I.BLOCKED and est.se == pytest.approx(se) and est.sd == pytest.approx(pooled)
+    assert (est.low, est.high) == pytest.approx((mean - half, mean + half))
+    assert est.p == pytest.approx(2 * stats.t.sf(abs(mean) / se, 7))
+    assert est.mde == pytest.approx(power.mde(se, 7))
+
+
+def test_the_pair_plan_share_is_paired_post_hoc_by_default_and_primary_when_a_plan_registers_it(tmp_path):
+    seeds = F.seed_table(hand_lab(tmp_path), k=2)
+    arms = F.arm_table(seeds, 2)
+    default = F.paired_table(seeds, 2, arms)
+    share = default[(default["metric"] == F.PAIR_SHARE) & (default["draw"] == F.POOLED)]
+    assert set(share["family"]) == {"post hoc"} and len(share) == 2  # beta 0.05 and 1
+    # the registered families keep their members and so their Holm adjustment
+    assert set(default.loc[default["family"] == "primary", "metric"]) == {"pass@2"}
+    registered = F.paired_table(seeds, 2, arms, primary=("pass@2", F.PAIR_SHARE), blocked=True)
+    primary = registered[registered["family"] == "primary"]
+    assert sorted(primary["metric"]) == ["pair-plan share", "pass@2"] and set(primary["beta"]) == {1.0}
+    assert set(registered.loc[registered["draw"] == F.POOLED, "interval"]) == {I.BLOCKED}
+    assert (primary["p_holm"] >= primary["p"]).all() and not (registered["family"] == "post hoc").any()
+    # the share's difference is Branch's minus GRPO's pair share, seed by seed (0.01 x seed in both: 0)
+    row = primary[primary["metric"] == F.PAIR_SHARE].iloc[0]
+    assert row["diff"] == pytest.approx(0.0) and row["pairs"] == 6
+    with pytest.raises(ValueError, match="pair_share for the share"):
+        F.parse_primary("pass@2,pairs", 2)
+    assert F.parse_primary("pass@2,pair_share", 2) == ("pass@2", F.PAIR_SHARE)

@@ -1,4 +1,5 @@
-"""How many seeds, samples and problems a lab comparison needs: ``python -m sage_unsloth.demo.power_plan``.
+"""How many seeds, samples and problems a comparison over training seeds needs:
+``python -m sage_unsloth.report.power_plan``.
 
 ``--results R/demo-tiny --a A --b B --k 64 --out power_plan.csv`` reads the per-problem counts of
 both methods' runs (paired by training seed; a seedless ``sft`` pairs with every seed), splits the variance of
@@ -32,8 +33,8 @@ import pandas as pd
 from scipy import stats
 
 from ..manifest import atomic_write_text
-from ..report.compare import load_lab_runs, paired_runs, split_run
-from ..report.power import design_mde, mde  # the lab tables' MDE is this planner's
+from .compare import load_run_counts, paired_runs, split_run
+from .power import design_mde, mde  # the tables' MDE is this planner's
 
 PLAN_GRID = ((64, 256), (32, 128), (16, 64))  # (k, n) with n = 4k, the lab's rule
 PLAN_SEEDS = range(2, 21)  # seeds per draw
@@ -44,7 +45,7 @@ def draw_plan(labs: list[Path], pairs: list[tuple[str, str]], *, dataset: str = 
     (see the module doc). The observed k must be <= the runs' n; the projection keeps the training-seed
     spread measured at k and swaps the evaluation noise at the runs' n for the one at the projected n."""
     rows = []
-    loaded = [load_lab_runs(Path(lab), dataset) for lab in labs]
+    loaded = [load_run_counts(Path(lab), dataset) for lab in labs]
     for a, b in pairs:
         for k, n in PLAN_GRID:
             within, df, noise_observed, noise_projected = 0.0, 0, [], []
@@ -101,7 +102,7 @@ def eval_variance_of_mean(n: np.ndarray, c: np.ndarray, samples: int, k: int) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         allow_abbrev=False,
-        prog="python -m sage_unsloth.demo.power_plan",
+        prog="python -m sage_unsloth.report.power_plan",
         description=__doc__.split("\n\n")[0],
     )
     parser.add_argument("--results", help="<results>/<model>: the folder of <run>/per_problem.csv")
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.results and args.a and args.b):
         parser.error("give --results, --a and --b (one lab), or --labs and --pairs (a multi-draw lab)")
-    lab = load_lab_runs(Path(args.results), args.dataset)
+    lab = load_run_counts(Path(args.results), args.dataset)
     pairs = paired_runs(lab, args.a, args.b)  # (run of A, run of B) by training seed
     if len(pairs) < 2:
         raise SystemExit(
