@@ -134,25 +134,19 @@ def run_rows(
     return pd.DataFrame(rows)
 
 
-def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFrame:
-    """This run's per-run numbers beside the reference's (same run names), with the difference."""
-    ref = reproduce.reference_runs(reference)
+def reference_table(runs: pd.DataFrame, references: list[Path], kmax: int) -> pd.DataFrame:
+    """This lab's per-run numbers beside the mean of its draw's references' runs of the same method, with the
+    difference (empty reference: no reference ran that method or reported that k)."""
+    ref = pd.concat([reproduce.reference_runs(r) for r in references], ignore_index=True)
     rows = []
     for metric in ("pass_at_1", f"pass_at_{kmax}", "minority_share"):
         if metric not in ref.columns:
             continue
         for _, r in runs.iterrows():
-            hit = reproduce.same_run(r["run"], ref)
-            theirs = float(hit[metric].iloc[0]) if not hit.empty else math.nan
-            rows.append(
-                {
-                    "run": r["run"],
-                    "metric": metric,
-                    "this_run": r[metric],
-                    "reference": theirs,
-                    "diff": r[metric] - theirs,
-                }
-            )
+            values = ref.loc[ref["method"] == r["method"], metric].dropna()
+            theirs = float(values.mean()) if not values.empty else math.nan
+            rows.append({"run": r["run"], "metric": metric, "this_run": r[metric], "reference": theirs,
+                         "diff": r[metric] - theirs})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -655,7 +649,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", required=True, help='JSON {"name": "label", ...} of the RL methods')
     parser.add_argument("--pairs", required=True, help="a:b,... (method names; 'sft' for the SFT model)")
     parser.add_argument("--branch-config", required=True)
-    parser.add_argument("--reference", default=None, help="results folder of the reference run")
+    parser.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        help="a committed lab of this draw to compare with (repeat for several; the runner names them)",
+    )
+    parser.add_argument(
+        "--smoke",
+        default="",
+        help="this is a smoke run (its budget, in words): said so, compared with nothing",
+    )
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--kmax", type=int, default=None, help="largest k reported (default: samples / 4)")
     parser.add_argument("--seed", type=int, default=0)
@@ -742,7 +746,9 @@ def run_table(lab, runs, kmax, plans: PlanShares, knobs: pd.DataFrame) -> pd.Dat
 
 
 def regime_table(lab, runs, gap, run_frame: pd.DataFrame, plans: PlanShares) -> pd.DataFrame:
-    """lab/regime.csv: the numbers that say which regime this lab is in (sage_unsloth.demo.reproduce)."""
+    """lab/regime.csv: the numbers that say which regime this lab is in (sage_unsloth.demo.reproduce); GRPO's
+    plan shares for every run trained without a guide (its knobs, from its stage-2 manifest)."""
+    guides = dict(zip(run_frame["run"], run_frame["guide"].fillna("").astype(str)))
     return pd.DataFrame(
         reproduce.regime_rows(
             runs,
@@ -751,14 +757,21 @@ def regime_table(lab, runs, gap, run_frame: pd.DataFrame, plans: PlanShares) -> 
             gap,
             dict(zip(run_frame["run"], run_frame["minority_share"])),
             {run: float(plans.pair_share[run].mean()) for run in runs},
+            unguided=lambda run: guides.get(run, "") in ("", "none", "nan"),
         ),
-        columns=["run", "metric", "value"],
+        columns=["run", "method", "metric", "value"],
     )
 
 
-def update_report(report: Path, markdown: str, warning: list[str]) -> None:
+def _reference_name(folder: Path) -> str:
+    """results/demo-frontier/draw2 -> demo-frontier/draw2: a reference as the console names it."""
+    folder = Path(folder)
+    return f"{folder.parent.name}/{folder.name}" if folder.name.startswith("draw") else folder.name
+
+
+def update_report(report: Path, markdown: str, warning: list[str], note: str = "") -> None:
     """report.md with the lab's section at its end (replacing an earlier one) and the reproduction warning,
-    when there is one, at its top."""
+    when there is one, at its top (else the one-line ``note``: a smoke run, or a lab that reproduces)."""
     text = report.read_text()
     if MARKER in text:  # the lab step reran on the same report: replace its section
         text = text[: text.index(MARKER)]
@@ -770,6 +783,8 @@ def update_report(report: Path, markdown: str, warning: list[str]) -> None:
             for i, line in enumerate(warning[1:-1], 1)
         )
         text = f"{WARNING_START}\n{quoted}\n{WARNING_END}\n\n" + text
+    elif note:
+        text = f"{WARNING_START}\n> {note}\n{WARNING_END}\n\n" + text
     atomic_write_text(report, text.rstrip("\n") + "\n\n" + markdown)
 
 
@@ -795,12 +810,17 @@ def _main(args) -> int:
     knobs = dose_response.run_knobs(work, MODEL_NAME, runs)  # from each run's stage-2 manifest
     run_frame = run_table(lab, runs, kmax, plans, knobs)
     check_numeric(methods, run_frame)
-    reference = reference_table(run_frame, Path(args.reference), kmax) if args.reference else None
+    references = [Path(r) for r in args.reference]
+    reference = reference_table(run_frame, references, kmax) if references else None
     regime = regime_table(lab, runs, gap, run_frame, plans)
-    reproduction, warning = None, []
-    if args.reference:
-        reproduction = reproduce.compare(regime, reproduce.fingerprints(work), Path(args.reference))
-        warning = reproduce.banner(reproduce.warning_lines(reproduction, Path(args.reference).name))
+    reproduction, warning, note = None, [], ""
+    if references:
+        names = [_reference_name(r) for r in references]
+        reproduction = reproduce.compare(regime, reproduce.fingerprints(work), references)
+        warning = reproduce.banner(reproduce.warning_lines(reproduction, ", ".join(names)))
+        note = reproduce.agreement_line(reproduction, names)  # one line when it reproduces
+    if args.smoke:
+        note = f"a smoke run ({args.smoke}): it shows that the pipeline runs, not what the lab shows; not compared"
     family = adjust_family(pd.concat([pair_frame, plan_pairs], ignore_index=True), labels)
     out = results / LAB_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -847,8 +867,10 @@ def _main(args) -> int:
     markdown = markdown.rstrip("\n") + "\n" + "\n".join(dose) + "\n"  # the dose-response section
     if warning:  # loud: first in the console summary and at the top of report.md
         console = "".join(f"[demo] {line}\n" for line in warning) + console
+    elif note:  # a smoke run, or a lab that reproduces its draw's references: one line
+        console = f"[demo] {note}\n" + console
     atomic_write_text(out / "summary.txt", console)
-    update_report(results / "report.md", markdown, warning)
+    update_report(results / "report.md", markdown, warning, "" if warning else note)
     print(console, end="")
     return 0
 

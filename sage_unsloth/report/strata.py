@@ -10,7 +10,8 @@ Input: one row per (stratum, seed) per group, with the value columns. Estimates:
   conditional on these strata), by intervals.stratified: Welch-Satterthwaite's t, or with ``blocked`` the
   draw-blocked t with the pooled within-stratum df N - D;
 - paired rows (A - B, runs paired by stratum and seed) add the sd, the exact-power MDE (report/power.py) and the
-  seeds per stratum that reach the paper's effect, how many differences are positive and negative, Shapiro-Wilk's
+  seeds per stratum that reach the paper's effect (and ``mde_shortcut``, the t-quantile
+  shortcut the kit used before, at the same df, to state the change), how many differences are positive and negative, Shapiro-Wilk's
   p of all the differences (the pooled row) (how far the t's normality is from them), and from 6 differences on the
   Hodges-Lehmann estimate with its exact interval and the exact signed-rank p (intervals.hodges_lehmann); and a
   pooled row without the pairs a mask excludes (the collapse sensitivity analysis).
@@ -24,7 +25,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from . import intervals
+from . import intervals, power
 
 POOLED = "pooled"
 EXCLUDED = "pooled, collapsed pairs dropped"  # the pooled row without the excluded pairs (sensitivity)
@@ -65,7 +66,9 @@ def difference_row(part: pd.DataFrame, *, stratum: str = "draw", blocked: bool =
     d = part["d"].to_numpy(dtype=float)
     row = {
         "pairs": len(part), "diff": est.mean, "ci_low": est.low, "ci_high": est.high, "interval": est.interval,
-        "sd_seed": est.sd, "p": est.p, "mde": est.mde, f"seeds_per_draw_for_{intervals.PAPER_EFFECT:g}":
+        "sd_seed": est.sd, "p": est.p, "mde": est.mde,
+        "mde_shortcut": power.approximate_mde(est.se, est.seeds - len(set(part[stratum]))),
+        f"seeds_per_draw_for_{intervals.PAPER_EFFECT:g}":
         est.seeds_for_effect, "positive_pairs": int((d > 0).sum()), "negative_pairs": int((d < 0).sum()),
     }  # fmt: skip
     if pooled and len(d) >= 3:

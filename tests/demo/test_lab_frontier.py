@@ -288,3 +288,54 @@ def test_the_pair_plan_share_is_paired_post_hoc_by_default_and_primary_when_a_pl
     with pytest.raises(ValueError, match="pair_share for the share"):
         F.parse_primary("pass@2,pairs", 2)
     assert F.parse_primary("pass@2,pair_share", 2) == ("pass@2", F.PAIR_SHARE)
+
+
+def test_every_run_is_compared_by_method_whatever_its_seed_and_a_missing_method_is_said(tmp_path):
+    """The frontier lab's seeds 20-22 matched no reference run name, so its regime check compared nothing (issue
+    50); now each run meets the mean of the references' runs of its method, and a method no reference ran is a row
+    that says so."""
+    ref = tmp_path / "ref"
+    write_reference(ref, [("sft_seed0", "sft_pass_at_1", 0.60), ("sft_seed1", "sft_pass_at_1", 0.62),
+                          ("grpo_seed0", "grpo_pair_share", 0.004)], {"base": "a" * 64, "sft": "b" * 64})  # fmt: skip
+    ours = regime([("sft_seed20", "sft_pass_at_1", 0.61), ("sft_seed21", "sft_pass_at_1", 0.70),
+                   ("grpo_beta2_seed20", "grpo_pair_share", 0.025)])  # fmt: skip
+    table = R.compare(ours, {"base": "a" * 64, "sft": "b" * 64}, [ref])
+    by_run = table.set_index("run")
+    assert (
+        by_run.loc["sft_seed20", "reference"] == "0.6100" and by_run.loc["sft_seed20", "reference_runs"] == 2
+    )
+    assert by_run.loc["sft_seed20", "status"] == "identical"  # 0.61 against the mean of 0.60 and 0.62
+    assert by_run.loc["sft_seed21", "status"] == "BEYOND TOLERANCE"
+    assert by_run.loc["grpo_beta2_seed20", "status"] == R.NO_REFERENCE
+    assert R.warning_lines(table, "ref") and not R.agreement_line(table, ["ref"])
+    # two references of one draw pool their runs of a method; the agreement is one line
+    other = tmp_path / "other"
+    write_reference(
+        other, [("grpo_beta2_seed21", "grpo_pair_share", 0.027)], {"base": "a" * 64, "sft": "b" * 64}
+    )
+    good = R.compare(ours[ours["run"] != "sft_seed21"], {"base": "a" * 64, "sft": "b" * 64}, [ref, other])
+    line = R.agreement_line(good, ["ref", "other"])
+    assert not R.warning_lines(good, "ref") and line.startswith(
+        "reproduces its draw's reference (ref, other)"
+    )
+    assert "2 regime checks of 2 runs within tolerance (1 identical)" in line
+
+
+def test_each_draw_finds_the_committed_labs_of_its_draw_and_a_smoke_run_is_compared_with_none(tmp_path):
+    from sage_unsloth.demo import run as D
+
+    results = D.REPO_ROOT / "results"
+    assert D.draw_references(D.REFERENCE_LABS, 0, tmp_path) == [
+        results / "demo-reference",
+        results / "demo-frontier" / "draw0",
+    ]
+    assert D.draw_references(D.REFERENCE_LABS, 2, tmp_path) == [results / "demo-frontier" / "draw2"]
+    assert D.draw_references(D.REFERENCE_LABS, 0, results / "demo-reference") == [
+        results / "demo-frontier" / "draw0"
+    ]
+    assert D.smoke_text(D.FULL) == "" and "2 RL steps" in D.smoke_text(D.QUICK)
+    folders = D.LabFolders(tmp_path / "w", tmp_path / "r")
+    quick = D.lab_step(D.QUICK, folders, [results / "demo-reference"]).argv
+    assert "--smoke" in quick and "--reference" not in quick
+    full = D.lab_step(D.FULL, folders, [results / "demo-reference", results / "demo-frontier" / "draw0"]).argv
+    assert "--smoke" not in full and full.count("--reference") == 2
