@@ -2,7 +2,7 @@
 predicates, named in ``<!-- claim ... -->`` tags before the words.
 
 - every claim tag in README.md and docs/lab.md holds on the committed CSVs;
-- every sentence of README's lab section and of docs/lab.md's outcome sections that makes a qualitative claim (an
+- every sentence of README's lab section and of docs/lab.md's outcome sections (and the confirmatory lab at beta 0.05) that makes a qualitative claim (an
   ordering, inside / outside an interval, a sign in every draw, "moves", "replicates", "rejects", ...: the words
   of QUALITATIVE) carries a claim tag;
 - every claim tag can fail: for each, an edit of its CSV that makes the claim false (lab_claims.falsify) makes the
@@ -44,8 +44,8 @@ def checked_sections() -> list[tuple[str, str]]:
     readme = (ROOT / "README.md").read_text()
     found = [("README.md", section(readme, "## The offline demo"))]
     lab = (ROOT / "docs/lab.md").read_text()
-    for match in re.finditer(r"^## Outcome", lab, re.MULTILINE):
-        found.append(("docs/lab.md", section(lab[match.start() :], "## Outcome")))
+    for match in re.finditer(r"^## (?:Outcome|The confirmatory lab at beta 0.05)", lab, re.MULTILINE):
+        found.append(("docs/lab.md", section(lab[match.start() :], "## ")))
     out = []
     for page, text in found:
         for block in GENERATED:

@@ -209,7 +209,9 @@ def falsify(name: str, frame: pd.DataFrame, a_index, b_index, args: list[str]) -
     low, high = _bounds(col)
 
     def put(index, column, value):
-        if frame[column].dtype == object and not isinstance(value, str):
+        if isinstance(value, str) or frame[column].dtype == bool:
+            frame[column] = frame[column].astype(object)
+        elif frame[column].dtype == object:
             frame[column] = pd.to_numeric(frame[column], errors="coerce")
         frame.loc[index, column] = value
 
@@ -235,14 +237,19 @@ def falsify(name: str, frame: pd.DataFrame, a_index, b_index, args: list[str]) -
         "rejects": lambda: put(first, "p_holm", 0.5),
         "does_not_reject": lambda: put(first, "p_holm", 0.001),
         "equals": lambda: put(first, col, _other(frame.loc[first, col])),
-        "count": lambda: put(
-            next((i for i in a_index if _same(frame.loc[i, col], args[1])), first),
-            col,
-            _other(args[1]) if _same(frame.loc[first, col], args[1]) else args[1],
-        ),
+        "count": lambda: _recount(frame, a_index, col, args[1], put),
     }
     edits[name]()
     return frame
+
+
+def _recount(frame, a_index, col, value, put):
+    """One more or one fewer row of A with ``col`` = ``value``: a matching row changed, else the first set."""
+    matching = [i for i in a_index if _same(frame.loc[i, col], value)]
+    if matching:
+        put(matching[0], col, _other(value))
+    else:
+        put(a_index[0], col, value)
 
 
 def _other(value):
