@@ -44,7 +44,11 @@ def checked_sections() -> list[tuple[str, str]]:
     readme = (ROOT / "README.md").read_text()
     found = [("README.md", section(readme, "## The offline demo"))]
     lab = (ROOT / "docs/lab.md").read_text()
-    for match in re.finditer(r"^## (?:Outcome|The confirmatory lab at beta 0.05)", lab, re.MULTILINE):
+    for match in re.finditer(
+        r"^## (?:Outcome|The confirmatory lab at beta 0.05|The earlier 3-seed lab|The exploration baselines)",
+        lab,
+        re.MULTILINE,
+    ):
         found.append(("docs/lab.md", section(lab[match.start() :], "## ")))
     out = []
     for page, text in found:

@@ -14,7 +14,7 @@ The predicates (every row of A; B is one row):
 - ``excludes_zero(col)`` / ``includes_zero(col)``: A's interval of ``col`` excludes / includes 0;
 - ``positive(col)`` / ``negative(col)``: A's ``col`` above / below 0; ``same_sign(col)``: every A row on one
   side of 0 (none at 0); ``mixed_sign(col)``: not so;
-- ``below(col, x)`` / ``above(col, x)``: A's ``col`` below / above x;
+- ``below(col, x)`` / ``above(col, x)``: A's ``col`` below / above x; ``within(col, x)``: |A's col| <= x;
 - ``greater(col)`` / ``less(col)``: A's ``col`` above / below B's;
 - ``increasing(col, by)``: A's ``col`` rises strictly with ``by``;
 - ``rejects()`` / ``does_not_reject()``: A's ``p_holm`` below / not below 0.05;
@@ -108,6 +108,11 @@ def below(a, b, col, x):
 @predicate("above")
 def above(a, b, col, x):
     return bool((a[col] > float(x)).all()), f"{list(a[col])} vs {x}"
+
+
+@predicate("within")
+def within(a, b, col, x):
+    return bool((a[col].abs() <= float(x)).all()), f"{list(a[col])} vs +-{x}"
 
 
 @predicate("greater")
@@ -227,6 +232,7 @@ def falsify(name: str, frame: pd.DataFrame, a_index, b_index, args: list[str]) -
         "mixed_sign": lambda: [put(i, col, 1.0) for i in a_index],
         "below": lambda: put(first, col, float(args[1]) + 1.0),
         "above": lambda: put(first, col, float(args[1]) - 1.0),
+        "within": lambda: put(first, col, float(args[1]) + 1.0),
         "greater": lambda: put(first, col, float(ref[col]) - 1.0),
         "less": lambda: put(first, col, float(ref[col]) + 1.0),
         "increasing": lambda: put(
