@@ -15,7 +15,8 @@ The predicates (every row of A; B is one row):
 - ``positive(col)`` / ``negative(col)``: A's ``col`` above / below 0; ``same_sign(col)``: every A row on one
   side of 0 (none at 0); ``mixed_sign(col)``: not so;
 - ``below(col, x)`` / ``above(col, x)``: A's ``col`` below / above x; ``within(col, x)``: |A's col| <= x;
-- ``greater(col)`` / ``less(col)``: A's ``col`` above / below B's;
+- ``greater(col)`` / ``less(col)``: A's ``col`` above / below B's; ``exceeds_all(col)``: above every B row's (B
+  may be several rows here); ``near(col, x)``: within x of B's; ``ratio_below(col, x)``: A's over B's below x;
 - ``increasing(col, by)``: A's ``col`` rises strictly with ``by``;
 - ``rejects()`` / ``does_not_reject()``: A's ``p_holm`` below / not below 0.05;
 - ``equals(col, value)``: A's ``col`` is ``value`` (text, or a number to 1e-9);
@@ -127,6 +128,25 @@ def less(a, b, col):
     return bool((a[col] < ref[col]).all()), f"{list(a[col])} vs {ref[col]}"
 
 
+@predicate("exceeds_all")
+def exceeds_all(a, b, col):
+    return bool(
+        b is not None and len(b) and all(v > b[col].max() for v in a[col])
+    ), f"{list(a[col])} vs max {b[col].max()}"
+
+
+@predicate("near")
+def near(a, b, col, x):
+    ref = _one(b, "near")
+    return bool(((a[col] - ref[col]).abs() <= float(x)).all()), f"{list(a[col])} vs {ref[col]} +- {x}"
+
+
+@predicate("ratio_below")
+def ratio_below(a, b, col, x):
+    ref = _one(b, "ratio_below")
+    return bool((a[col] / ref[col] < float(x)).all()), f"{list(a[col] / ref[col])} vs {x}"
+
+
 @predicate("increasing")
 def increasing(a, b, col, by):
     ordered = a.assign(_by=a[by].astype(float)).sort_values("_by")[col].to_numpy(dtype=float)
@@ -216,7 +236,7 @@ def falsify(name: str, frame: pd.DataFrame, a_index, b_index, args: list[str]) -
     def put(index, column, value):
         if isinstance(value, str) or frame[column].dtype == bool:
             frame[column] = frame[column].astype(object)
-        elif frame[column].dtype == object:
+        elif not pd.api.types.is_numeric_dtype(frame[column]):
             frame[column] = pd.to_numeric(frame[column], errors="coerce")
         frame.loc[index, column] = value
 
@@ -234,6 +254,9 @@ def falsify(name: str, frame: pd.DataFrame, a_index, b_index, args: list[str]) -
         "above": lambda: put(first, col, float(args[1]) - 1.0),
         "within": lambda: put(first, col, float(args[1]) + 1.0),
         "greater": lambda: put(first, col, float(ref[col]) - 1.0),
+        "exceeds_all": lambda: put(first, col, float(frame.loc[b_index, col].max()) - 1.0),
+        "near": lambda: put(first, col, float(ref[col]) + float(args[1]) + 1.0),
+        "ratio_below": lambda: put(first, col, float(ref[col]) * (float(args[1]) + 1.0)),
         "less": lambda: put(first, col, float(ref[col]) + 1.0),
         "increasing": lambda: put(
             frame.loc[a_index, args[1]].astype(float).idxmin(),
