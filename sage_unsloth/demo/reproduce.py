@@ -41,6 +41,7 @@ import pandas as pd
 
 from .. import layout
 from ..method_cards import role_holder
+from .strategies import PAIR_PLANS
 
 MODEL_NAME = "demo-tiny"
 BASE_WEIGHTS = "model.safetensors"
@@ -111,21 +112,55 @@ def regime_rows(
 
 def reference_regime(reference: Path) -> pd.DataFrame:
     """The reference's regime rows (run, method, metric, value): its lab/regime.csv, or for a reference from
-    before it, what its lab/runs.csv holds (SFT's pass@1 and GRPO's minority-plan share)."""
+    before it, what its tables hold of the same four metrics (:func:`_regime_from_tables`)."""
     path = Path(reference) / "lab" / REGIME_FILE
     if path.is_file():  # a lab written before the minority plans had their name called the metric rare
         frame = pd.read_csv(path).replace({"metric": {"grpo_rare_share": "grpo_minority_share"}})
     else:
-        rows = []
-        for _, r in reference_runs(reference).iterrows():
-            if r["method"] == "sft":
-                rows.append({"run": r["run"], "metric": "sft_pass_at_1", "value": r["pass_at_1"]})
-            elif r["method"] == GRPO:
-                rows.append({"run": r["run"], "metric": "grpo_minority_share", "value": r["minority_share"]})
-        frame = pd.DataFrame(rows, columns=["run", "metric", "value"])
+        frame = pd.DataFrame(_regime_from_tables(Path(reference) / "lab"), columns=["run", "metric", "value"])
     if "method" not in frame.columns:  # written before regime.csv named the method: read it from the run
         frame.insert(1, "method", [layout.split_run(run)[0] for run in frame["run"]])
-    return frame
+    arms = pd.DataFrame(_unguided_rows(Path(reference)), columns=["run", "method", "metric", "value"])
+    known = set(zip(frame["run"], frame["metric"]))
+    arms = arms[[(r, m) not in known for r, m in zip(arms["run"], arms["metric"])]]
+    return pd.concat([frame, arms], ignore_index=True) if not arms.empty else frame
+
+
+def _unguided_rows(reference: Path) -> list[dict]:
+    """GRPO's plan shares for every unguided run of a reference's runs.csv (a regime.csv written before it recorded
+    every GRPO arm holds the control's only)."""
+    if not (Path(reference) / "lab" / "runs.csv").is_file():
+        return []
+    runs = reference_runs(reference)
+    if "guide" not in runs.columns or "pair_share" not in runs.columns:
+        return []
+    guide = runs["guide"].fillna("").astype(str)
+    rows = []
+    for _, r in runs[guide.isin(["", "none", "nan"]) & (runs["method"] != "sft")].iterrows():
+        for metric, column in (("grpo_minority_share", "minority_share"), ("grpo_pair_share", "pair_share")):
+            rows.append({"run": r["run"], "method": r["method"], "metric": metric, "value": r[column]})
+    return rows
+
+
+def _regime_from_tables(lab: Path) -> list[dict]:
+    """A lab from before regime.csv: SFT's pass@1 and GRPO's minority share per run (runs.csv), SFT's pass@1 on the
+    gap problems (gap.csv) and GRPO's pair-plan share (plans.csv: pairs + outer), per method (run = method)."""
+    rows = []
+    for _, r in (reference_runs(lab.parent) if (lab / "runs.csv").is_file() else pd.DataFrame()).iterrows():
+        if r["method"] == "sft":
+            rows.append({"run": r["run"], "metric": "sft_pass_at_1", "value": r["pass_at_1"]})
+        elif r["method"] == GRPO:
+            rows.append({"run": r["run"], "metric": "grpo_minority_share", "value": r["minority_share"]})
+    if (lab / "gap.csv").is_file():
+        gap = pd.read_csv(lab / "gap.csv")
+        for _, r in gap[(gap["method"] == "sft") & (gap["problems"] == "gap")].iterrows():
+            rows.append({"run": "sft", "metric": "sft_gap_pass_at_1", "value": r["pass_at_1"]})
+    if (lab / "plans.csv").is_file():
+        plans = pd.read_csv(lab / "plans.csv")
+        pairs = plans[(plans["method"] == GRPO) & plans["strategy"].isin(PAIR_PLANS)]
+        if not pairs.empty:
+            rows.append({"run": GRPO, "metric": "grpo_pair_share", "value": float(pairs["share"].sum())})
+    return rows
 
 
 def reference_fingerprints(reference: Path) -> dict:

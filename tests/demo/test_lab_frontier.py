@@ -339,3 +339,19 @@ def test_each_draw_finds_the_committed_labs_of_its_draw_and_a_smoke_run_is_compa
     assert "--smoke" in quick and "--reference" not in quick
     full = D.lab_step(D.FULL, folders, [results / "demo-reference", results / "demo-frontier" / "draw0"]).argv
     assert "--smoke" not in full and full.count("--reference") == 2
+
+
+def test_the_committed_references_hold_every_regime_metric_of_their_draws():
+    """demo-reference predates regime.csv: its tables give the four metrics; the frontier draws' regime.csv held the
+    control only: their runs.csv gives every GRPO arm (beta 2 included), so the confirmatory lab's runs meet one."""
+    from sage_unsloth.demo import run as D
+
+    wanted = {"sft_pass_at_1", "sft_gap_pass_at_1", "grpo_minority_share", "grpo_pair_share"}
+    reference = R.reference_regime(D.REFERENCE_DIR)
+    assert set(reference["metric"]) == wanted
+    assert reference.loc[reference["metric"] == "grpo_pair_share", "value"].iloc[0] == pytest.approx(
+        0.00328125 + 0.0007291666666666667  # plans.csv: GRPO's pairs + outer
+    )
+    draw2 = R.reference_regime(D.REPO_ROOT / "results" / "demo-frontier" / "draw2")
+    beta2 = draw2[draw2["method"] == "grpo_beta2"]
+    assert set(beta2["metric"]) == {"grpo_minority_share", "grpo_pair_share"} and len(beta2) == 6
