@@ -763,6 +763,27 @@ def regime_table(lab, runs, gap, run_frame: pd.DataFrame, plans: PlanShares) -> 
     )
 
 
+def reproduction_check(regime: pd.DataFrame, work: Path, references: list[Path], smoke: str):
+    """(lab/reproduction.csv or None, the banner's lines, a one-line note): every run against its draw's references
+    (sage_unsloth.demo.reproduce); a smoke run is said to be one and compared with nothing."""
+    if smoke:
+        return (
+            None,
+            [],
+            f"a smoke run ({smoke}): it shows that the pipeline runs, not what the lab shows; not compared",
+        )
+    if not references:
+        return None, [], ""
+    names = [_reference_name(r) for r in references]
+    reproduction = reproduce.compare(regime, reproduce.fingerprints(work), references)
+    warning = reproduce.banner(reproduce.warning_lines(reproduction, ", ".join(names)))
+    return (
+        reproduction,
+        warning,
+        reproduce.agreement_line(reproduction, names),
+    )  # the note: one line when it does
+
+
 def _reference_name(folder: Path) -> str:
     """results/demo-frontier/draw2 -> demo-frontier/draw2: a reference as the console names it."""
     folder = Path(folder)
@@ -813,14 +834,7 @@ def _main(args) -> int:
     references = [Path(r) for r in args.reference]
     reference = reference_table(run_frame, references, kmax) if references else None
     regime = regime_table(lab, runs, gap, run_frame, plans)
-    reproduction, warning, note = None, [], ""
-    if references:
-        names = [_reference_name(r) for r in references]
-        reproduction = reproduce.compare(regime, reproduce.fingerprints(work), references)
-        warning = reproduce.banner(reproduce.warning_lines(reproduction, ", ".join(names)))
-        note = reproduce.agreement_line(reproduction, names)  # one line when it reproduces
-    if args.smoke:
-        note = f"a smoke run ({args.smoke}): it shows that the pipeline runs, not what the lab shows; not compared"
+    reproduction, warning, note = reproduction_check(regime, work, references, args.smoke)
     family = adjust_family(pd.concat([pair_frame, plan_pairs], ignore_index=True), labels)
     out = results / LAB_DIR
     out.mkdir(parents=True, exist_ok=True)
