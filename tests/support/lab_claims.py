@@ -20,11 +20,17 @@ The predicates (every row of A; B is one row):
 - ``increasing(col, by)``: A's ``col`` rises strictly with ``by``;
 - ``rejects()`` / ``does_not_reject()``: A's ``p_holm`` below / not below 0.05;
 - ``equals(col, value)``: A's ``col`` is ``value`` (text, or a number to 1e-9);
-- ``count(col, value, n)``: exactly ``n`` rows of A have ``col`` = ``value``.
+- ``count(col, value, n)``: exactly ``n`` rows of A have ``col`` = ``value``;
+- ``sd_below(col, x)``: the sample sd of A's ``col`` over its rows below x (a spread, e.g. over seeds).
+
+A claim that is not about a CSV (what a simulation or the power module shows) names the test that asserts it:
+``<!-- tested tests/<area>/<file>.py::<test function> -->``; the test must exist (:func:`tested_problems`).
 """
 
 from __future__ import annotations
 
+import ast
+import math
 import re
 import shlex
 from pathlib import Path
@@ -32,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+TESTED = re.compile(r"<!-- tested (?P<path>tests/\S+\.py)::(?P<test>\w+) -->")
 TAG = re.compile(r"<!-- claim (?P<name>\w+)\((?P<args>[^)]*)\) (?P<path>\S+\.csv)(?P<rows>[^>]*?) -->")
 ALPHA = 0.05
 PREDICATES: dict = {}
@@ -181,6 +188,27 @@ def count(a, b, col, value, n):
     return found == int(n), f"{found} of {len(a)} rows have {col} = {value}"
 
 
+@predicate("sd_below")
+def sd_below(a, b, col, x):
+    sd = float(a[col].astype(float).std(ddof=1))
+    return bool(len(a) > 1 and sd < float(x)), f"sd {sd} over {len(a)} rows vs {x}"
+
+
+def tested_problems(text: str, root: Path) -> list[str]:
+    """Every ``<!-- tested FILE::TEST -->`` of ``text`` whose file or test function does not exist."""
+    problems = []
+    for tag in TESTED.finditer(text):
+        path = root / tag["path"]
+        names = (
+            {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+            if path.is_file()
+            else set()
+        )
+        if tag["test"] not in names or not tag["test"].startswith("test"):
+            problems.append(f"{tag.group(0)}: no test {tag['test']} in {tag['path']}")
+    return problems
+
+
 def select(frame: pd.DataFrame, items: list[str]) -> pd.DataFrame:
     """The rows where every ``key=value`` holds and every ``key!=value`` does not."""
     mask = np.ones(len(frame), dtype=bool)
@@ -267,9 +295,15 @@ def falsify(name: str, frame: pd.DataFrame, a_index, b_index, args: list[str]) -
         "does_not_reject": lambda: put(first, "p_holm", 0.001),
         "equals": lambda: put(first, col, _other(frame.loc[first, col])),
         "count": lambda: _recount(frame, a_index, col, args[1], put),
+        "sd_below": lambda: put(first, col, _spread_breaker(frame.loc[a_index, col], float(args[1]))),
     }
     edits[name]()
     return frame
+
+
+def _spread_breaker(values: pd.Series, x: float) -> float:
+    """A value that, put in place of one of ``values``, gives them an sd above x (one outlier of d: sd ~ d / sqrt(n))."""
+    return float(values.astype(float).mean()) + 3 * x * math.sqrt(len(values)) + x
 
 
 def _recount(frame, a_index, col, value, put):
