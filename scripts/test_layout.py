@@ -111,6 +111,8 @@ AREAS: dict[str, dict[str, str]] = {
             "test_report_wandb_read",
             "test_report_multi_seed",
             "test_patterns",
+            "test_power_plan",
+            "test_power",
         )
     },
     # the offline lab (sage_unsloth/demo/), its method cards and the tiny model it trains
@@ -126,9 +128,9 @@ AREAS: dict[str, dict[str, str]] = {
             "test_lab_frontier",
             "test_lab_intervals",
             "test_lab_numbers",
+            "test_lab_claims",
             "test_method_cards",
             "test_plan_metrics",
-            "test_power_plan",
             "test_tiny_model",
         )
     },
@@ -203,6 +205,7 @@ SUPPORT = (
     "exact_expectation",
     "gpu_path_helpers",
     "guide_plugin_scenario",
+    "lab_claims",
     "lab_runs",
     "lora_serving_scenario",
     "rlvr_scenario",

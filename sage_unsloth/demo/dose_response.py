@@ -102,7 +102,7 @@ def method_knobs(work: Path, model: str, runs: list[str]) -> dict[str, dict]:
 
 
 def dose_response_table(
-    lab: compare.LabRuns,
+    lab: compare.RunCounts,
     knobs: pd.DataFrame,
     kmax: int,
     *,
@@ -223,7 +223,7 @@ def plot(table: pd.DataFrame, labels: dict[str, str], kmax: int, path: Path) -> 
 
 def write(
     out: Path,
-    lab: compare.LabRuns,
+    lab: compare.RunCounts,
     knobs: pd.DataFrame,
     kmax: int,
     labels: dict[str, str],

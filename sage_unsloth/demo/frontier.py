@@ -10,21 +10,16 @@ Per seed (``seeds.csv``): each run's pass@1 and pass@k (the mean over the proble
 its net support against the same seed's SFT evaluation (pass@k - SFT's pass@k) and its pair-plan share, and
 whether it **collapsed**: net support below ``-collapse`` (docs/lab-plan.md fixes 0.15 before the runs).
 
-Estimates (``arms.csv``, ``paired.csv``), per draw and pooled over the draws:
-
-- per draw: the mean of the seed-level values with Student's t over the seeds (intervals.stratified with one
-  draw);
-- pooled: the mean over the draws of the draw means, with Welch-Satterthwaite's t (intervals.stratified):
-  the estimand is conditional on these draws (each draw is a fixed level; three draws cannot estimate a
-  between-draw variance), so the interval carries each draw's seed spread and not the draws' spread;
-  per-draw rows show how far the draws agree;
-- paired rows add the pre-registered robust secondary, the Hodges-Lehmann estimate with its exact interval and
-  the exact signed-rank p over every seed-level difference (sage_unsloth.report.intervals.hodges_lehmann), the MDE, and at pass@k
-  the difference as a share of the unguided arm's support loss at that beta (``share_of_loss``) beside the
-  paper's +0.015 as such a share (``target_share``);
-- ``p_holm``: Holm over the pre-registered primary family (pooled pass@k, every beta above the paper's 0.05)
-  and separately over the secondary family (every other pooled paired row); per-draw rows are descriptive;
-- collapse rate per arm (``collapses`` of ``runs``) with its exact Clopper-Pearson interval.
+Estimates (``arms.csv``, ``paired.csv``), per draw and pooled over the draws, by sage_unsloth.report.strata:
+the mean of the draw means (each draw a fixed level: three draws cannot estimate a between-draw variance, so
+the interval carries each draw's seed spread and not the draws' spread; per-draw rows show how far the draws
+agree), Welch-Satterthwaite's t or with ``--blocked-t`` the draw-blocked t (df N - D). Paired rows (A - B in
+pass@k, pass@1 and the pair-plan share) add the robust secondary (Hodges-Lehmann with its exact interval, the
+exact signed-rank p), the exact-power MDE, the count of positive pairs, and at pass@k the difference as a share
+of the unguided arm's support loss at that beta (``share_of_loss``) beside the paper's +0.015 as such a share
+(``target_share``). ``p_holm``: Holm within each family (:func:`families`: the primary family is pooled pass@k
+at every beta above the paper's 0.05, or the metrics ``--primary`` names; per-draw rows are descriptive); the
+collapse rate per arm (``collapses`` of ``runs``) with its exact Clopper-Pearson interval.
 
 ``frontier.png`` plots pass@1 against net support at k, one point per arm with both intervals and each guide's
 beta curve; ``outcome.md`` is the tables in words (README and docs/lab.md embed it between
@@ -41,9 +36,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from ..report import compare, intervals
+from ..report import compare, formatting, intervals, strata
 from ..runtime.manifest import atomic_write_text
 
 MODEL_NAME = "demo-tiny"
@@ -52,18 +46,15 @@ PAPER_BETA = 0.05  # the paper's anchor strength (arXiv 2605.18864): the frontie
 COLLAPSE = 0.15  # a run whose net support at k is below -COLLAPSE collapsed (docs/lab-plan.md)
 GUIDE_LABELS = {"none": "GRPO", "branch": "Branch"}
 ARM_KEYS = ("guide", "beta", "tau", "gamma", "q_max", "kl_estimator", "kl_placement")
-POOLED = "pooled"
-NO_COLLAPSE = "pooled, collapsed pairs dropped"  # the pre-registered sensitivity analysis (docs/lab-plan.md)
+POOLED = strata.POOLED
+NO_COLLAPSE = strata.EXCLUDED  # the pre-registered sensitivity analysis (docs/lab-plan.md)
+PAIR_SHARE = "pair-plan share"  # the paired metric's name, as the lab's pairs.csv writes it
 FILES = ("seeds.csv", "arms.csv", "paired.csv", "outcome.md", "summary.txt", "frontier.png")
 BEGIN = "<!-- frontier-outcome:begin {folder} -->"
 END = "<!-- frontier-outcome:end -->"
 BLOCK = re.compile(
     r"<!-- frontier-outcome:begin (?P<folder>\S+) -->\n(?P<body>.*?)<!-- frontier-outcome:end -->", re.DOTALL
 )
-
-
-def _num(value) -> str:
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{float(value):g}"
 
 
 def paper_shape() -> dict[str, str]:
@@ -73,7 +64,7 @@ def paper_shape() -> dict[str, str]:
     from .run import resolve_method_config
 
     config, _ = resolve_method_config(role_holder("paper_shape").path)
-    return {k: _num(config["guide"][k]) for k in ("tau", "gamma", "q_max")}
+    return {k: formatting.knob(config["guide"][k]) for k in ("tau", "gamma", "q_max")}
 
 
 def arm_label(row, paper: dict[str, str] | None = None) -> str:
@@ -81,7 +72,7 @@ def arm_label(row, paper: dict[str, str] | None = None) -> str:
     'GRPO + ref_branch (tau 0.3, gamma 4, q_max 3), beta 0.05': the guide, its knobs unless the paper's, beta."""
     guide = str(row["guide"]) if isinstance(row["guide"], str) and row["guide"] else "none"
     name = GUIDE_LABELS.get(guide, f"GRPO + {guide}")
-    values = {k: _num(row[k]) for k in ("tau", "gamma", "q_max")}
+    values = {k: formatting.knob(row[k]) for k in ("tau", "gamma", "q_max")}
     shown = guide != "none" and (guide not in GUIDE_LABELS or values != (paper or paper_shape()))
     knobs = [f"{k} {v}" for k, v in values.items() if shown and v]
     extra = [
@@ -90,12 +81,12 @@ def arm_label(row, paper: dict[str, str] | None = None) -> str:
         if str(row.get(k, "")) not in ("", "k3", "loss", "nan")
     ]
     inner = ", ".join(knobs + extra)
-    return f"{name}{f' ({inner})' if inner else ''}, beta {_num(row['beta'])}"
+    return f"{name}{f' ({inner})' if inner else ''}, beta {formatting.knob(row['beta'])}"
 
 
 def arm_key(row) -> str:
     return "|".join(
-        f"{k}={_num(row[k]) if k not in ('guide', 'kl_estimator', 'kl_placement') else row[k]}"
+        f"{k}={formatting.knob(row[k]) if k not in ('guide', 'kl_estimator', 'kl_placement') else row[k]}"
         for k in ARM_KEYS
     )
 
@@ -112,7 +103,7 @@ def seed_table(folders: list[Path], k: int, collapse: float = COLLAPSE) -> pd.Da
     for folder in folders:
         folder = Path(folder)
         draw = lab_draw(folder)
-        lab = compare.load_lab_runs(folder / MODEL_NAME, BENCHMARK)
+        lab = compare.load_run_counts(folder / MODEL_NAME, BENCHMARK)
         runs = pd.read_csv(folder / "lab" / "runs.csv", keep_default_na=False, na_values=[""])
         for col in ("guide", "kl_estimator", "kl_placement"):
             runs[col] = runs[col].astype(object).where(runs[col].notna(), "").astype(str)
@@ -149,30 +140,19 @@ def seed_table(folders: list[Path], k: int, collapse: float = COLLAPSE) -> pd.Da
     return frame
 
 
-def _estimate_cells(name: str, est: intervals.Estimate) -> dict:
-    return {name: est.mean, f"{name}_ci_low": est.low, f"{name}_ci_high": est.high}
-
-
-def _groups(frame: pd.DataFrame, column: str) -> list[np.ndarray]:
-    return [g[column].to_numpy() for _, g in frame.groupby("draw", sort=True)]
-
-
-def arm_table(seeds: pd.DataFrame, k: int, collapse: float = COLLAPSE) -> pd.DataFrame:
-    """Per arm, per draw and pooled: seeds, pass@1, net support at k, pair-plan share (t-intervals as in the
-    module doc), collapses with the Clopper-Pearson interval."""
+def arm_table(
+    seeds: pd.DataFrame, k: int, collapse: float = COLLAPSE, *, blocked: bool = False
+) -> pd.DataFrame:
+    """Per arm, per draw and pooled: seeds, pass@1, net support at k, pair-plan share (report/strata.py),
+    collapses with the Clopper-Pearson interval."""
     rows = []
     for key, arm in seeds.groupby("key", sort=False):
         first = arm.iloc[0]
-        for scope, part in [*((str(d), g) for d, g in arm.groupby("draw", sort=True)), (POOLED, arm)]:
+        for scope, part in strata.scopes(arm):
             row = {"arm": first["arm"], "key": key, "draw": scope, **{c: first[c] for c in ARM_KEYS}}
             row["seeds"] = len(part)
-            for column in dict.fromkeys(("pass_at_1", f"pass_at_{k}", "net_support", "pair_share")):
-                groups = _groups(part, column)
-                if min(len(g) for g in groups) >= 2 and part[column].notna().all():
-                    row.update(_estimate_cells(column, intervals.stratified(groups)))
-                else:
-                    row.update({column: float(part[column].mean()), f"{column}_ci_low": math.nan,
-                                f"{column}_ci_high": math.nan})  # fmt: skip
+            row.update(strata.level_cells(part, ("pass_at_1", f"pass_at_{k}", "net_support", "pair_share"),
+                                          blocked=blocked))  # fmt: skip
             count, total = int(part["collapsed"].sum()), len(part)
             low, high = intervals.clopper_pearson(count, total)
             row.update(collapses=count, runs=total, collapse_rate=count / total, collapse_ci_low=low,
@@ -197,62 +177,64 @@ def pairings(seeds: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(out, key=lambda p: (float(seeds.loc[seeds["key"] == p[0], "beta"].iloc[0]), p[0]))
 
 
-def paired_table(seeds: pd.DataFrame, k: int, arms: pd.DataFrame) -> pd.DataFrame:
-    """Per pairing and metric (pass@k, pass@1), per draw and pooled: the paired difference (runs paired by draw
-    and seed) with its t-interval, p, MDE, the Hodges-Lehmann estimate with its exact interval and signed-rank
-    p, and at pass@k the share of the unguided arm's support loss; Holm over the primary and the secondary
-    family (module doc)."""
+def metric_columns(k: int) -> dict[str, str]:
+    """The paired metrics, as the tables name them, and their seeds.csv columns."""
+    return {f"pass@{k}": f"pass_at_{k}", "pass@1": "pass_at_1", PAIR_SHARE: "pair_share"}
+
+
+def paired_table(
+    seeds: pd.DataFrame, k: int, arms: pd.DataFrame, *, primary: tuple[str, ...] | None = None,
+    blocked: bool = False,
+) -> pd.DataFrame:  # fmt: skip
+    """Per pairing and metric (pass@k, pass@1, pair-plan share), per draw and pooled: the paired difference (runs
+    paired by draw and seed; report/strata.py), and at pass@k the share of the unguided arm's support loss;
+    Holm over each family (:func:`families`; ``primary``: the primary family's metrics, default pass@k)."""
     rows = []
     for a_key, b_key in pairings(seeds):
         a = seeds[seeds["key"] == a_key].set_index(["draw", "seed"])
         b = seeds[seeds["key"] == b_key].set_index(["draw", "seed"])
         common = a.index.intersection(b.index).sort_values()
+        kept = ~(a.loc[common, "collapsed"].to_numpy() | b.loc[common, "collapsed"].to_numpy())
         beta = float(a["beta"].iloc[0])
-        pooled_b = arms[(arms["key"] == b_key) & (arms["draw"] == POOLED)].iloc[0]
-        for metric in dict.fromkeys((f"pass_at_{k}", "pass_at_1")):
-            diff = (a.loc[common, metric] - b.loc[common, metric]).rename("d").reset_index()
-            kept = ~(a.loc[common, "collapsed"].to_numpy() | b.loc[common, "collapsed"].to_numpy())
-            for scope in [*(str(d) for d in sorted(diff["draw"].unique())), POOLED, NO_COLLAPSE]:
-                part = {POOLED: diff, NO_COLLAPSE: diff[kept]}.get(scope)
-                part = diff[diff["draw"] == int(scope)] if part is None else part
-                if part.empty:
-                    continue
-                groups = _groups(part, "d")
-                if min(len(g) for g in groups) < 2:
-                    continue
-                est = intervals.stratified(groups)
-                row = {
-                    "a": a["arm"].iloc[0], "b": b["arm"].iloc[0], "beta": beta, "metric": metric.replace("_at_", "@"),
-                    "draw": scope, "pairs": len(part), "diff": est.mean, "ci_low": est.low, "ci_high": est.high,
-                    "interval": est.interval, "sd_seed": est.sd, "p": est.p, "mde": est.mde,
-                    "seeds_per_draw_for_0.015": est.seeds_for_effect,
-                }  # fmt: skip
-                if scope == POOLED and len(part) >= 3:  # how far the t-interval's normality is from these
-                    row["shapiro_p"] = float(stats.shapiro(part["d"]).pvalue)
-                if len(part) >= 6:
-                    hl = intervals.hodges_lehmann(part["d"].to_numpy())
-                    row.update(
-                        hl=hl.estimate, hl_ci_low=hl.low, hl_ci_high=hl.high, hl_p=hl.p, hl_level=hl.level
-                    )
-                if metric != "pass_at_1":
-                    loss = -float(
-                        pooled_b["net_support"]
-                        if scope in (POOLED, NO_COLLAPSE)
-                        else arms[(arms["key"] == b_key) & (arms["draw"] == scope)]["net_support"].iloc[0]
-                    )
-                    row["b_support_loss"] = loss
-                    row["share_of_loss"] = est.mean / loss if loss > 0 else math.nan
-                    row["target_share"] = intervals.PAPER_EFFECT / loss if loss > 0 else math.nan
+        for metric, column in metric_columns(k).items():
+            if seeds[column].isna().any():
+                continue
+            for scope, cells in strata.paired_differences(a[column], b[column], kept=kept, blocked=blocked):
+                row = {"a": a["arm"].iloc[0], "b": b["arm"].iloc[0], "beta": beta, "metric": metric,
+                       "draw": NO_COLLAPSE if scope == strata.EXCLUDED else scope, **cells}  # fmt: skip
+                if metric == f"pass@{k}":
+                    row.update(loss_share(arms, b_key, scope, cells["diff"]))
                 rows.append(row)
     frame = pd.DataFrame(rows)
-    if frame.empty:
-        return frame
+    return families(frame, k, primary or (f"pass@{k}",)) if not frame.empty else frame
+
+
+def loss_share(arms: pd.DataFrame, b_key: str, scope: str, diff: float) -> dict:
+    """The difference as a share of the unguided arm's support loss in that scope, and the paper's effect as such a
+    share (pooled scopes use the pooled loss)."""
+    scope = POOLED if scope in (POOLED, strata.EXCLUDED) else scope
+    loss = -float(arms[(arms["key"] == b_key) & (arms["draw"] == scope)]["net_support"].iloc[0])
+    return {
+        "b_support_loss": loss,
+        "share_of_loss": diff / loss if loss > 0 else math.nan,
+        "target_share": intervals.PAPER_EFFECT / loss if loss > 0 else math.nan,
+    }
+
+
+def families(frame: pd.DataFrame, k: int, primary: tuple[str, ...]) -> pd.DataFrame:
+    """The plan's families and Holm within each: ``primary`` = the pooled rows of the primary metrics at every beta
+    above the paper's; ``secondary`` = every other pooled row of a registered metric (pass@k, pass@1 and the
+    primary ones); ``post hoc`` = pooled rows of any other metric (the pair-plan share where a plan did not
+    register it); per-draw rows are descriptive, the collapse-dropped rows the sensitivity analysis."""
     pooled = frame["draw"] == POOLED
-    primary = pooled & (frame["metric"] != "pass@1") & (frame["beta"] > PAPER_BETA)
-    per_draw = np.where(frame["draw"] == NO_COLLAPSE, "sensitivity", "per draw")
-    frame["family"] = np.where(primary, "primary", np.where(pooled, "secondary", per_draw))
+    registered = frame["metric"].isin({f"pass@{k}", "pass@1", *primary})
+    is_primary = pooled & frame["metric"].isin(primary) & (frame["beta"] > PAPER_BETA)
+    other = np.where(frame["draw"] == NO_COLLAPSE, "sensitivity", "per draw")
+    frame["family"] = np.where(
+        is_primary, "primary", np.where(pooled & registered, "secondary", np.where(pooled, "post hoc", other))
+    )
     frame["p_holm"] = math.nan
-    for family in ("primary", "secondary"):
+    for family in ("primary", "secondary", "post hoc"):
         members = frame["family"] == family
         frame.loc[members, "p_holm"] = intervals.holm(frame.loc[members, "p"].to_numpy())
     return frame
@@ -325,37 +307,33 @@ def plot_frontier(arms: pd.DataFrame, k: int, path: Path) -> Path:
 
 # ------------------------------------------------------------------------------------------- the words
 def _ci(row, name: str, signed: bool = True) -> str:
-    spec = "+.3f" if signed else ".3f"
-    if pd.isna(row[name]):
-        return "n/a"
-    low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
-    if isinstance(low, float) and math.isnan(low):
-        return f"{row[name]:{spec}}"
-    return f"{row[name]:{spec}} [{low:{spec}}, {high:{spec}}]"
-
-
-def _p(p) -> str:
-    return (
-        "n/a"
-        if p is None or (isinstance(p, float) and math.isnan(p))
-        else ("< 1e-3" if p < 0.001 else f"{p:.3f}")
-    )
+    return formatting.estimate(row[name], row[f"{name}_ci_low"], row[f"{name}_ci_high"], signed=signed)
 
 
 def reading(row) -> str:
-    """The pre-registered decision rule's words for one pooled paired pass@k row (docs/lab-plan.md): a claim
-    needs the t-test (Holm, primary family) and the robust secondary (HL's exact interval) to agree."""
+    """The pre-registered decision rule's words for one pooled paired row (docs/lab-plan.md): a claim needs the
+    t-test (Holm within its family) and the robust secondary (HL's exact interval) to agree; at pass@k, a gain
+    of the paper's size is excluded when both intervals' upper ends are below it. A pair-plan share row is read
+    by the claim rule alone (post hoc rows: what the t-interval shows, labelled so)."""
     hl_low, hl_high = row.get("hl_ci_low", math.nan), row.get("hl_ci_high", math.nan)
     robust_known = not (pd.isna(hl_low) or pd.isna(hl_high))
-    if row["family"] == "primary" and row["p_holm"] < 0.05:
-        side = "more" if row["diff"] > 0 else "less"
-        agrees = robust_known and (hl_low > 0 if row["diff"] > 0 else hl_high < 0)
-        return f"Branch keeps {side} support" + ("" if agrees else " by the t-test only: not robust (HL)")
+    what = "pair plans" if row["metric"] == PAIR_SHARE else "support"
+    side = "more" if row["diff"] > 0 else "fewer" if what == "pair plans" else "less"
+    agrees = robust_known and (hl_low > 0 if row["diff"] > 0 else hl_high < 0)
+    if row["family"] in ("primary", "post hoc") and row["p_holm"] < 0.05:
+        claim = f"Branch keeps {side} {what}" + ("" if agrees else " by the t-test only: not robust (HL)")
+        return claim + (" (post hoc)" if row["family"] == "post hoc" else "")
+    if what == "pair plans":
+        return "no difference claimed" + (" (post hoc)" if row["family"] == "post hoc" else "")
     if row["ci_high"] < intervals.PAPER_EFFECT and (not robust_known or hl_high < intervals.PAPER_EFFECT):
         return f"a gain of +{intervals.PAPER_EFFECT:g} or more is excluded"
     if row["ci_high"] < intervals.PAPER_EFFECT:
         return f"a gain of +{intervals.PAPER_EFFECT:g} is excluded by the t-interval only (not by HL)"
     return f"inconclusive: the interval holds 0 and +{intervals.PAPER_EFFECT:g}"
+
+
+def _digits(metric: str) -> int:
+    return 4 if metric == PAIR_SHARE else 3  # shares of completions a few thousandths apart
 
 
 def outcome_block(frontier_dir: Path) -> str:
@@ -371,38 +349,46 @@ def outcome_block(frontier_dir: Path) -> str:
 def _paired_lines(paired: pd.DataFrame, draws: list[str], k: int) -> list[str]:
     """The pooled paired rows (the primary family, its sensitivity analysis and the secondary rows), read."""
     pooled = paired[paired["draw"].isin([POOLED, NO_COLLAPSE])]
+    primary = list(dict.fromkeys(pooled.loc[pooled["family"] == "primary", "metric"]))
+    post_hoc = list(dict.fromkeys(pooled.loc[pooled["family"] == "post hoc", "metric"]))
+    interval = set(pooled["interval"])
+    how = "the draw-blocked t, df N - D" if interval == {intervals.BLOCKED} else "intervals.stratified"
     lines = [
         (
-            f"Draws {', '.join(draws)} (pre-training + SFT), pooled with the draws as fixed levels "
-            f"(intervals.stratified); runs paired by draw and seed. Primary family: Branch - GRPO at pass@{k} at "
-            f"every beta above {PAPER_BETA:g}, Holm-adjusted; HL: Hodges-Lehmann with its exact interval (the "
-            "robust secondary); 'share of loss': the difference as a share of GRPO's support loss against SFT at "
-            f"that beta, beside the paper's +{intervals.PAPER_EFFECT:g} as such a share."
+            f"Draws {', '.join(draws)} (pre-training + SFT), pooled with the draws as fixed levels ({how}); runs "
+            f"paired by draw and seed. Primary family: Branch - GRPO in {' and '.join(primary) or 'nothing'} at "
+            f"every beta above {PAPER_BETA:g}, Holm-adjusted"
+            + (
+                f"; {' and '.join(post_hoc)}: post hoc (no plan registered it), Holm within itself"
+                if post_hoc
+                else ""
+            )
+            + "; MDE: the exact-power MDE (df N - D); HL: Hodges-Lehmann with its exact interval (the robust "
+            "secondary); 'share of loss': the difference as a share of GRPO's support loss against SFT at that "
+            f"beta, beside the paper's +{intervals.PAPER_EFFECT:g} as such a share."
         ),
         "",
         "| A - B | metric | A - B [95% t] | p (Holm) | MDE | HL [exact CI] | share of B's loss (target) | reading |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for _, r in pooled.iterrows():
-        hl = (
-            f"{r['hl']:+.3f} [{r['hl_ci_low']:+.3f}, {r['hl_ci_high']:+.3f}]"
-            if "hl" in r and not pd.isna(r.get("hl"))
-            else "n/a"
-        )
+        digits = _digits(r["metric"])
+        hl = formatting.estimate(r.get("hl"), r.get("hl_ci_low"), r.get("hl_ci_high"), digits, signed=True)
         share = (
             f"{r['share_of_loss']:+.2f} ({r['target_share']:.2f})"
             if r["metric"] != "pass@1" and not pd.isna(r.get("share_of_loss"))
             else ""
         )
         read = reading(r) if r["metric"] != "pass@1" and r["draw"] == POOLED else ""
+        diff = formatting.estimate(r["diff"], r["ci_low"], r["ci_high"], digits, signed=True)
         metric = (
             r["metric"]
             if r["draw"] == POOLED
             else f"{r['metric']}, {int(r['pairs'])} pairs without a collapse"
         )
         lines.append(
-            f"| {r['a']} - {r['b']} | {metric} | {r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
-            f"{_p(r['p_holm'])} | {r['mde']:.3f} | {hl} | {share} | {read} |"
+            f"| {r['a']} - {r['b']} | {metric} | {diff} | {formatting.p_value(r['p_holm'])} | "
+            f"{formatting.number(r['mde'], digits)} | {hl} | {share} | {read} |"
         )
     return lines
 
@@ -433,7 +419,7 @@ def _per_draw_lines(arms: pd.DataFrame, paired: pd.DataFrame, draws: list[str], 
     """Per draw: each arm's net support, then each Branch - GRPO pair at pass@k."""
     lines = [
         "",
-        f"Per draw: net support at k = {k} against SFT, and Branch - GRPO at pass@{k}.",
+        f"Per draw: net support at k = {k} against SFT, and Branch - GRPO at pass@{k} (and in pair-plan share).",
         "",
         "| arm | " + " | ".join(f"draw {d}" for d in draws) + " |",
         "|---|" + "---|" * len(draws),
@@ -447,15 +433,17 @@ def _per_draw_lines(arms: pd.DataFrame, paired: pd.DataFrame, draws: list[str], 
             + " |"
         )
     per_pairs = paired[(paired["family"] == "per draw") & (paired["metric"] != "pass@1")]
-    for (_, a, b), group in per_pairs.groupby(["beta", "a", "b"], sort=True):
+    order = {m: i for i, m in enumerate((f"pass@{k}", PAIR_SHARE))}
+    groups = per_pairs.groupby(["beta", "a", "b", "metric"], sort=False)
+    for (_, a, b, metric), group in sorted(groups, key=lambda g: (g[0][0], g[0][1], order.get(g[0][3], 9))):
         by = group.set_index(group["draw"].astype(str))
         cells = [
-            f"{by.loc[d, 'diff']:+.3f} [{by.loc[d, 'ci_low']:+.3f}, {by.loc[d, 'ci_high']:+.3f}]"
-            if d in by.index
-            else ""
+            formatting.estimate(by.loc[d, "diff"], by.loc[d, "ci_low"], by.loc[d, "ci_high"], _digits(metric),
+                                signed=True) if d in by.index else ""
             for d in draws
-        ]
-        lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
+        ]  # fmt: skip
+        suffix = "" if metric == f"pass@{k}" else f", {metric}"
+        lines.append(f"| {a} - {b}{suffix} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -469,6 +457,18 @@ def update_text(text: str, root: Path) -> str:
     return BLOCK.sub(fresh, text)
 
 
+def parse_primary(spec: str | None, k: int) -> tuple[str, ...]:
+    """``--primary pass@64,pair_share`` as the tables name the metrics; refuses a metric the table has not."""
+    if not spec:
+        return (f"pass@{k}",)
+    names = metric_columns(k)
+    out = tuple(PAIR_SHARE if item.strip() == "pair_share" else item.strip() for item in spec.split(","))
+    unknown = [m for m in out if m not in names]
+    if unknown:
+        raise ValueError(f"--primary {spec}: {unknown} not among {sorted(names)} (pair_share for the share)")
+    return out
+
+
 def summary_lines(arms: pd.DataFrame, paired: pd.DataFrame, k: int) -> list[str]:
     lines = [
         f"[frontier] pooled over draws {', '.join(sorted(d for d in arms['draw'].astype(str).unique() if d != POOLED))}:"
@@ -480,8 +480,10 @@ def summary_lines(arms: pd.DataFrame, paired: pd.DataFrame, k: int) -> list[str]
         )
     for _, r in paired[(paired["draw"] == POOLED)].iterrows():
         lines.append(
-            f"[frontier]   {r['a']} - {r['b']}, {r['metric']}: {r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] "
-            f"(MDE {r['mde']:.3f}, p_holm {_p(r['p_holm'])}, {r['family']})"
+            f"[frontier]   {r['a']} - {r['b']}, {r['metric']}: "
+            f"{formatting.estimate(r['diff'], r['ci_low'], r['ci_high'], _digits(r['metric']), signed=True)} "
+            f"(MDE {formatting.number(r['mde'], _digits(r['metric']))}, p_holm {formatting.p_value(r['p_holm'])}, "
+            f"{r['family']})"
         )
     return lines
 
@@ -497,13 +499,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--collapse", type=float, default=COLLAPSE, help="a run collapsed below -collapse net support"
     )
+    parser.add_argument(
+        "--primary",
+        default=None,
+        help="the primary family's metrics, comma-separated: pass@K, pair_share (default pass@k, the frontier "
+        "lab's plan)",
+    )
+    parser.add_argument(
+        "--blocked-t",
+        action="store_true",
+        help="pooled intervals by the draw-blocked t (df N - D) instead of Welch-Satterthwaite's",
+    )
     args = parser.parse_args(argv)
     try:
         k = args.k or args.kmax
+        primary = parse_primary(args.primary, k)
         folders = [Path(p) for p in args.labs.split(",") if p]
         seeds = seed_table(folders, k, args.collapse)
-        arms = arm_table(seeds, k, args.collapse)
-        paired = paired_table(seeds, k, arms)
+        arms = arm_table(seeds, k, args.collapse, blocked=args.blocked_t)
+        paired = paired_table(seeds, k, arms, primary=primary, blocked=args.blocked_t)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"error: {exc}")
         return 1

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..report import compare, intervals
+from ..report import compare, formatting, intervals
 from ..report.tables import md_table
 from ..runtime.manifest import atomic_write_text
 from . import dose_response, outcome, reproduce
@@ -40,12 +40,7 @@ WARNING_START = "<!-- reproduction-warning -->"  # report.md opens with the warn
 WARNING_END = "<!-- /reproduction-warning -->"
 
 
-def _fmt_ci(value, low, high, signed=False) -> str:
-    spec = "+.3f" if signed else ".3f"
-    return f"{value:{spec}} [{low:{spec}}, {high:{spec}}]"
-
-
-def check_complete(lab: compare.LabRuns, runs: list[str]) -> None:
+def check_complete(lab: compare.RunCounts, runs: list[str]) -> None:
     missing = [r for r in runs if r not in lab.n]
     if missing:
         raise ValueError(f"no eval results for {missing}: the eval step did not finish")
@@ -67,7 +62,7 @@ def gap_flags(eval_file: Path, problems: list[str]) -> np.ndarray:
 
 
 def gap_table(
-    lab: compare.LabRuns,
+    lab: compare.RunCounts,
     gap: np.ndarray,
     correct_minority: dict[str, np.ndarray],
     pair_share: dict[str, np.ndarray],
@@ -108,7 +103,7 @@ def plans_by_type(shares: dict[str, np.ndarray], gap: np.ndarray, **stats) -> pd
 
 
 def run_rows(
-    lab: compare.LabRuns, runs: list[str], kmax: int, strategies: pd.DataFrame, branch: pd.DataFrame
+    lab: compare.RunCounts, runs: list[str], kmax: int, strategies: pd.DataFrame, branch: pd.DataFrame
 ) -> pd.DataFrame:
     rows = []
     for run in runs:
@@ -139,29 +134,23 @@ def run_rows(
     return pd.DataFrame(rows)
 
 
-def reference_table(runs: pd.DataFrame, reference: Path, kmax: int) -> pd.DataFrame:
-    """This run's per-run numbers beside the reference's (same run names), with the difference."""
-    ref = reproduce.reference_runs(reference)
+def reference_table(runs: pd.DataFrame, references: list[Path], kmax: int) -> pd.DataFrame:
+    """This lab's per-run numbers beside the mean of its draw's references' runs of the same method, with the
+    difference (empty reference: no reference ran that method or reported that k)."""
+    ref = pd.concat([reproduce.reference_runs(r) for r in references], ignore_index=True)
     rows = []
     for metric in ("pass_at_1", f"pass_at_{kmax}", "minority_share"):
         if metric not in ref.columns:
             continue
         for _, r in runs.iterrows():
-            hit = reproduce.same_run(r["run"], ref)
-            theirs = float(hit[metric].iloc[0]) if not hit.empty else math.nan
-            rows.append(
-                {
-                    "run": r["run"],
-                    "metric": metric,
-                    "this_run": r[metric],
-                    "reference": theirs,
-                    "diff": r[metric] - theirs,
-                }
-            )
+            values = ref.loc[ref["method"] == r["method"], metric].dropna()
+            theirs = float(values.mean()) if not values.empty else math.nan
+            rows.append({"run": r["run"], "metric": metric, "this_run": r[metric], "reference": theirs,
+                         "diff": r[metric] - theirs})  # fmt: skip
     return pd.DataFrame(rows)
 
 
-def plan_pair_table(lab: compare.LabRuns, shares: dict[str, np.ndarray], pairs, **stats) -> pd.DataFrame:
+def plan_pair_table(lab: compare.RunCounts, shares: dict[str, np.ndarray], pairs, **stats) -> pd.DataFrame:
     """A - B of the share of completions that follow a pair plan (pairs, outer: the plans the gap spares),
     runs paired by seed: the guide's direct target is the plan prior at the branch point."""
     columns = [list(GROUPS).index(name) for name in PAIR_PLANS]
@@ -199,7 +188,7 @@ def verdict(
     parts = []
     for _, r in rows.iterrows():
         metric = outcome._metric(r)
-        what = f"{metric}: {_fmt_ci(r['diff'], r['ci_low'], r['ci_high'], signed=True)} (MDE {r['mde']:.3f})"
+        what = f"{metric}: {formatting.estimate(r['diff'], r['ci_low'], r['ci_high'], signed=True)} (MDE {r['mde']:.3f})"
         parts.append(f"{what}, {outcome.reading(r)}")
     scope = f"{seeds} seed{'s' if seeds > 1 else ''} x {int(rows['problems'].iloc[0])} problems"
     return f"{name_a} - {name_b} ({scope}): " + "; ".join(parts) + "."
@@ -212,7 +201,7 @@ def movement(support: pd.DataFrame, kmax: int, labels) -> str:
         return "Support against SFT: no SFT run."
     parts = []
     for _, r in rows.iterrows():
-        net = _fmt_ci(r["net"], r["net_ci_low"], r["net_ci_high"], signed=True)
+        net = formatting.estimate(r["net"], r["net_ci_low"], r["net_ci_high"], signed=True)
         tag = "" if r["net_ci_low"] <= 0 <= r["net_ci_high"] else " *"
         parts.append(
             f"{labels.get(r['method'], r['method'])} {net}{tag} (lost {r['shrunk']:.3f}, gained {r['expanded']:.3f})"
@@ -374,7 +363,7 @@ def _headline(s: LabSection) -> list[str]:
     sft_pass1 = m.loc[("sft", 1)]
     return [
         (
-            f"SFT policy: pass@1 {_fmt_ci(sft_pass1['pass_at_k'], sft_pass1['ci_low'], sft_pass1['ci_high'])}; "
+            f"SFT policy: pass@1 {formatting.estimate(sft_pass1['pass_at_k'], sft_pass1['ci_low'], sft_pass1['ci_high'])}; "
             f"branch-point entropy {sft_branch['branch_entropy_mean']:.2f} nats (lab tau {settings['tau']}, gamma "
             f"{settings['gamma']}, temperature {settings['temperature']}): q > 1 at "
             f"{sft_branch['branch_q_gt1_fraction']:.1%} of the branch-point tokens (RL prompts) and at "
@@ -424,9 +413,9 @@ def _method_lines(s: LabSection) -> list[str]:
         minority = plan_rows.loc[(method, MINORITY)]
         method_runs = runs[runs["method"] == method]
         rows.append(
-            [s.label(method), int(one["seeds"]), _fmt_ci(one["pass_at_k"], one["ci_low"], one["ci_high"]),
-             _fmt_ci(big["pass_at_k"], big["ci_low"], big["ci_high"]),
-             _fmt_ci(minority["share"], minority["ci_low"], minority["ci_high"]),
+            [s.label(method), int(one["seeds"]), formatting.estimate(one["pass_at_k"], one["ci_low"], one["ci_high"]),
+             formatting.estimate(big["pass_at_k"], big["ci_low"], big["ci_high"]),
+             formatting.estimate(minority["share"], minority["ci_low"], minority["ci_high"]),
              f"{method_runs[f'{COMMON}_accuracy'].mean():.3f}", f"{method_runs['minority_accuracy'].mean():.3f}"]
         )  # fmt: skip
     return ["### pass@k per method", "", md_table(header, rows)]
@@ -452,7 +441,7 @@ def _pair_lines(s: LabSection) -> list[str]:
     rows = [
         [s.label(r["a"]), s.label(r["b"]), r["metric"] if isinstance(r.get("metric"), str) else f"pass@{int(r['k'])}",
          f"{r['diff']:+.3f}", f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]", "yes" if r["excludes_0"] else "no",
-         outcome._p(r["p_holm"]), f"{r['mde']:.3f}", outcome._seeds(r[outcome.SEEDS_FOR]), int(r["seeds"]),
+         formatting.p_value(r["p_holm"]), f"{r['mde']:.3f}", formatting.seeds(r[outcome.SEEDS_FOR]), int(r["seeds"]),
          int(r["problems"])]
         for _, r in s.pairs.iterrows()
     ]  # fmt: skip
@@ -479,7 +468,7 @@ def _support_lines(s: LabSection) -> list[str]:
     for method in in_lab_order(at_kmax.index, labels):
         r = at_kmax.loc[method]
         cells = [
-            _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"], signed=n == "net")
+            formatting.estimate(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"], signed=n == "net")
             for n in ("solved_ref", "solved_run", "preserved", "shrunk", "expanded", "net")
         ]
         lines.append(f"| {s.label(method)} | " + " | ".join(cells) + " |")
@@ -494,7 +483,9 @@ def _support_lines(s: LabSection) -> list[str]:
     for method in in_lab_order(support["method"], labels):
         by_k = support[support["method"] == method].set_index("k")
         cells = [
-            _fmt_ci(by_k.loc[k, "net"], by_k.loc[k, "net_ci_low"], by_k.loc[k, "net_ci_high"], signed=True)
+            formatting.estimate(
+                by_k.loc[k, "net"], by_k.loc[k, "net_ci_low"], by_k.loc[k, "net_ci_high"], signed=True
+            )
             for k in ks
         ]
         lines.append(f"| {s.label(method)} | " + " | ".join(cells) + " |")
@@ -522,7 +513,7 @@ def _gap_lines(s: LabSection) -> list[str]:
     ordered = pd.concat([gaps[gaps["method"] == m] for m in in_lab_order(gaps["method"], labels)])
     for _, r in ordered.iterrows():
         cells = [
-            _fmt_ci(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
+            formatting.estimate(r[n], r[f"{n}_ci_low"], r[f"{n}_ci_high"])
             for n in ("pass_at_1", f"pass_at_{kmax}", "pair_share", "correct_minority")
         ]
         lines.append(
@@ -639,8 +630,8 @@ def _console_lines(s: LabSection, headline: list[str]) -> list[str]:
         one, big = m.loc[(method, 1)], m.loc[(method, kmax)]
         pair_share = sum(plan_rows.loc[(method, p), "share"] for p in PAIR_PLANS)
         return (
-            f"[demo]   {s.label(method):28s} pass@1 {_fmt_ci(one['pass_at_k'], one['ci_low'], one['ci_high'])}  "
-            f"pass@{kmax} {_fmt_ci(big['pass_at_k'], big['ci_low'], big['ci_high'])}  pair-plan share "
+            f"[demo]   {s.label(method):28s} pass@1 {formatting.estimate(one['pass_at_k'], one['ci_low'], one['ci_high'])}  "
+            f"pass@{kmax} {formatting.estimate(big['pass_at_k'], big['ci_low'], big['ci_high'])}  pair-plan share "
             f"{pair_share:.3f}  minority-plan share {plan_rows.loc[(method, MINORITY), 'share']:.3f}"
         )
 
@@ -658,7 +649,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", required=True, help='JSON {"name": "label", ...} of the RL methods')
     parser.add_argument("--pairs", required=True, help="a:b,... (method names; 'sft' for the SFT model)")
     parser.add_argument("--branch-config", required=True)
-    parser.add_argument("--reference", default=None, help="results folder of the reference run")
+    parser.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        help="a committed lab of this draw to compare with (repeat for several; the runner names them)",
+    )
+    parser.add_argument(
+        "--smoke",
+        default="",
+        help="this is a smoke run (its budget, in words): said so, compared with nothing",
+    )
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--kmax", type=int, default=None, help="largest k reported (default: samples / 4)")
     parser.add_argument("--seed", type=int, default=0)
@@ -682,18 +683,18 @@ class PlanShares:
     correct_minority: dict[str, np.ndarray]  # run -> per-problem share of correct minority-plan completions
 
 
-def read_runs(results: Path, runs: list[str], kmax: int | None) -> tuple[compare.LabRuns, int, list[int]]:
+def read_runs(results: Path, runs: list[str], kmax: int | None) -> tuple[compare.RunCounts, int, list[int]]:
     """(the runs' per-problem counts, kmax, the ks reported: powers of two up to kmax, and kmax)."""
-    lab = compare.load_lab_runs(
+    lab = compare.load_run_counts(
         results / MODEL_NAME, BENCHMARK
     )  # results/<model>/<run>/ (layout.results_dir)
     check_complete(lab, runs)
-    lab = compare.LabRuns(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
+    lab = compare.RunCounts(lab.problems, {r: lab.n[r] for r in runs}, {r: lab.c[r] for r in runs})
     kmax, ks = compare.lab_ks(int(min(n.min() for n in lab.n.values())), kmax)
     return lab, kmax, ks
 
 
-def read_plan_shares(results: Path, lab: compare.LabRuns, runs: list[str]) -> PlanShares:
+def read_plan_shares(results: Path, lab: compare.RunCounts, runs: list[str]) -> PlanShares:
     analysis = results / ANALYSIS_DIR
     with np.load(analysis / "strategy_problems.npz") as data:
         order = {run: pd.Index(data[f"{run}{IDS_SUFFIX}"]).get_indexer(lab.problems) for run in runs}
@@ -745,7 +746,9 @@ def run_table(lab, runs, kmax, plans: PlanShares, knobs: pd.DataFrame) -> pd.Dat
 
 
 def regime_table(lab, runs, gap, run_frame: pd.DataFrame, plans: PlanShares) -> pd.DataFrame:
-    """lab/regime.csv: the numbers that say which regime this lab is in (sage_unsloth.demo.reproduce)."""
+    """lab/regime.csv: the numbers that say which regime this lab is in (sage_unsloth.demo.reproduce); GRPO's
+    plan shares for every run trained without a guide (its knobs, from its stage-2 manifest)."""
+    guides = dict(zip(run_frame["run"], run_frame["guide"].fillna("").astype(str)))
     return pd.DataFrame(
         reproduce.regime_rows(
             runs,
@@ -754,14 +757,42 @@ def regime_table(lab, runs, gap, run_frame: pd.DataFrame, plans: PlanShares) -> 
             gap,
             dict(zip(run_frame["run"], run_frame["minority_share"])),
             {run: float(plans.pair_share[run].mean()) for run in runs},
+            unguided=lambda run: guides.get(run, "") in ("", "none", "nan"),
         ),
-        columns=["run", "metric", "value"],
+        columns=["run", "method", "metric", "value"],
     )
 
 
-def update_report(report: Path, markdown: str, warning: list[str]) -> None:
+def reproduction_check(regime: pd.DataFrame, work: Path, references: list[Path], smoke: str):
+    """(lab/reproduction.csv or None, the banner's lines, a one-line note): every run against its draw's references
+    (sage_unsloth.demo.reproduce); a smoke run is said to be one and compared with nothing."""
+    if smoke:
+        return (
+            None,
+            [],
+            f"a smoke run ({smoke}): it shows that the pipeline runs, not what the lab shows; not compared",
+        )
+    if not references:
+        return None, [], ""
+    names = [_reference_name(r) for r in references]
+    reproduction = reproduce.compare(regime, reproduce.fingerprints(work), references)
+    warning = reproduce.banner(reproduce.warning_lines(reproduction, ", ".join(names)))
+    return (
+        reproduction,
+        warning,
+        reproduce.agreement_line(reproduction, names),
+    )  # the note: one line when it does
+
+
+def _reference_name(folder: Path) -> str:
+    """results/demo-frontier/draw2 -> demo-frontier/draw2: a reference as the console names it."""
+    folder = Path(folder)
+    return f"{folder.parent.name}/{folder.name}" if folder.name.startswith("draw") else folder.name
+
+
+def update_report(report: Path, markdown: str, warning: list[str], note: str = "") -> None:
     """report.md with the lab's section at its end (replacing an earlier one) and the reproduction warning,
-    when there is one, at its top."""
+    when there is one, at its top (else the one-line ``note``: a smoke run, or a lab that reproduces)."""
     text = report.read_text()
     if MARKER in text:  # the lab step reran on the same report: replace its section
         text = text[: text.index(MARKER)]
@@ -773,6 +804,8 @@ def update_report(report: Path, markdown: str, warning: list[str]) -> None:
             for i, line in enumerate(warning[1:-1], 1)
         )
         text = f"{WARNING_START}\n{quoted}\n{WARNING_END}\n\n" + text
+    elif note:
+        text = f"{WARNING_START}\n> {note}\n{WARNING_END}\n\n" + text
     atomic_write_text(report, text.rstrip("\n") + "\n\n" + markdown)
 
 
@@ -798,12 +831,10 @@ def _main(args) -> int:
     knobs = dose_response.run_knobs(work, MODEL_NAME, runs)  # from each run's stage-2 manifest
     run_frame = run_table(lab, runs, kmax, plans, knobs)
     check_numeric(methods, run_frame)
-    reference = reference_table(run_frame, Path(args.reference), kmax) if args.reference else None
+    references = [Path(r) for r in args.reference]
+    reference = reference_table(run_frame, references, kmax) if references else None
     regime = regime_table(lab, runs, gap, run_frame, plans)
-    reproduction, warning = None, []
-    if args.reference:
-        reproduction = reproduce.compare(regime, reproduce.fingerprints(work), Path(args.reference))
-        warning = reproduce.banner(reproduce.warning_lines(reproduction, Path(args.reference).name))
+    reproduction, warning, note = reproduction_check(regime, work, references, args.smoke)
     family = adjust_family(pd.concat([pair_frame, plan_pairs], ignore_index=True), labels)
     out = results / LAB_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -850,8 +881,10 @@ def _main(args) -> int:
     markdown = markdown.rstrip("\n") + "\n" + "\n".join(dose) + "\n"  # the dose-response section
     if warning:  # loud: first in the console summary and at the top of report.md
         console = "".join(f"[demo] {line}\n" for line in warning) + console
+    elif note:  # a smoke run, or a lab that reproduces its draw's references: one line
+        console = f"[demo] {note}\n" + console
     atomic_write_text(out / "summary.txt", console)
-    update_report(results / "report.md", markdown, warning)
+    update_report(results / "report.md", markdown, warning, "" if warning else note)
     print(console, end="")
     return 0
 

@@ -13,12 +13,12 @@ folder's CSVs, and tests/demo/test_lab_numbers.py fails when a committed block d
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from pathlib import Path
 
 import pandas as pd
 
+from ..report import formatting
 from ..report.intervals import PAPER_EFFECT
 from ..runtime.manifest import atomic_write_text
 
@@ -39,16 +39,6 @@ def _metric(row) -> str:
 def _label(row, side: str) -> str:
     label = row.get(f"{side}_label")
     return label if isinstance(label, str) and label else row[side]
-
-
-def _p(p: float) -> str:
-    return "n/a" if math.isnan(p) else ("< 1e-3" if p < 0.001 else f"{p:.3f}")
-
-
-def _seeds(value: float) -> str:
-    if math.isnan(value):
-        return "n/a (one seed)"
-    return "> 100000" if math.isinf(value) else f"{int(value)}"
 
 
 def _upper_text(high: float) -> str | None:
@@ -114,8 +104,8 @@ def outcome_block(lab_dir: Path) -> str:
     for _, r in pairs.iterrows():
         lines.append(
             f"| {_label(r, 'a')} - {_label(r, 'b')} | {_metric(r)} | {r['diff']:+.3f} "
-            f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {_p(r['p_holm'])} | {r['mde']:.3f} | "
-            f"{_seeds(r[SEEDS_FOR])} | {reading(r)} |"
+            f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {formatting.p_value(r['p_holm'])} | {r['mde']:.3f} | "
+            f"{formatting.seeds(r[SEEDS_FOR])} | {reading(r)} |"
         )
     return "\n".join(lines) + "\n"
 

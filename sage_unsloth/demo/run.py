@@ -61,6 +61,8 @@ CONFIG_DIR = demo_configs()  # configs/demo (SAGE_UNSLOTH_DEMO_CONFIGS: a folder
 MODEL_NAME = "demo-tiny"
 DEMO_BENCHMARK = "demo"
 REFERENCE_DIR = REPO_ROOT / "results" / "demo-reference"
+# the committed labs that define each draw's regime: a lab compares every run with those made from its draw
+REFERENCE_LABS = (REFERENCE_DIR, REPO_ROOT / "results" / "demo-frontier")
 METHODS_DIR = "methods"  # <work>/methods/<name>.yaml: the resolved config of a method from a file or a --grid
 KIT_BASE_PREFIX = "demo:"  # in a method file outside the kit, base: demo:<file> names configs/demo/<file>
 MANIFEST_FILE = "demo_budget.json"  # the results folder's manifest (budget, seeds, n, kmax, methods, commit)
@@ -729,17 +731,32 @@ def report_step(budget: DemoBudget, folders: LabFolders, evals: tuple[str, ...])
     )
 
 
-def lab_step(budget: DemoBudget, folders: LabFolders, reference: Path | None) -> Step:
-    """The comparison across seeds and problems, and with the reference run when there is one."""
+def smoke_text(budget: DemoBudget) -> str:
+    """A budget below the full lab's in any training or evaluation step (--quick): its words, else ''."""
+    cut = [
+        f"{getattr(budget, name)} {words}"
+        for name, words in (("pretrain_steps", "pre-training steps"), ("sft_steps", "SFT steps"),
+                            ("rl_steps", "RL steps"), ("eval_problems", "problems"))
+        if getattr(budget, name) < getattr(FULL, name) and not (name == "pretrain_steps" and not budget.pretrain)
+    ]  # fmt: skip
+    return ", ".join(cut)
+
+
+def lab_step(budget: DemoBudget, folders: LabFolders, references: list[Path] | None) -> Step:
+    """The comparison across seeds and problems, and with the draw's references (every run, by method); a smoke
+    run is said to be one and compared with nothing."""
     argv = [python(), "-m", "sage_unsloth.demo.lab", *lab_inputs(budget, folders)]
     argv += ["--methods", json.dumps({m.name: m.label for m in lab_methods(budget)})]
     argv += ["--pairs", ",".join(f"{a}:{b}" for a, b in lab_pairs(budget))]
     argv += ["--resamples", str(budget.bootstrap_resamples), "--kmax", str(budget.kmax)]
     argv += ["--branch-config", _rel(BRANCH_CONFIG)]
-    reference_files = ()
-    if reference is not None and reference.resolve() != folders.results.resolve():
+    reference_files: tuple[Path, ...] = ()
+    smoke = smoke_text(budget)
+    if smoke:
+        argv += ["--smoke", smoke]
+    for reference in [] if smoke else (references or []):
         argv += ["--reference", _rel(reference)]
-        reference_files = tuple(sorted((reference / "lab").glob("*.csv")))
+        reference_files += tuple(sorted((reference / "lab").glob("*.csv")))
     return Step(
         "lab",
         argv,
@@ -752,7 +769,7 @@ def lab_step(budget: DemoBudget, folders: LabFolders, reference: Path | None) ->
     )
 
 
-def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path | None) -> list[Step]:
+def build_steps(budget: DemoBudget, work: Path, results: Path, references: list[Path] | None) -> list[Step]:
     """One lab's steps, in order: the base, the data, stage 1, stage 2 per method and seed, stage 3 per run,
     the analysis, stage 4 and the lab."""
     folders = LabFolders(work, results)
@@ -766,7 +783,7 @@ def build_steps(budget: DemoBudget, work: Path, results: Path, reference: Path |
         *evals,
         analysis_step(budget, folders, after_evals),
         report_step(budget, folders, after_evals),
-        lab_step(budget, folders, reference),
+        lab_step(budget, folders, references),
     ]
 
 
@@ -781,15 +798,19 @@ def reference_draw(folder: Path) -> int:
     return int(json.loads(manifest.read_text()).get("draw", 0)) if manifest.is_file() else 0
 
 
-def draw_reference(reference: Path | None, draw: int) -> Path | None:
-    """The reference a draw's lab compares with: ``<reference>/draw<D>`` (a committed multi-draw lab), else the
-    reference itself when it was made from this draw, else none."""
-    if reference is None:
-        return None
-    for candidate in (reference / f"draw{draw}", reference):
-        if (candidate / "lab" / "runs.csv").is_file() and reference_draw(candidate) == draw:
-            return candidate
-    return None
+def draw_references(roots: tuple[Path, ...], draw: int, own: Path) -> list[Path]:
+    """The labs a draw's lab compares with: every lab under ``roots`` (each root itself and its ``draw<D>``
+    folders: a committed multi-draw lab) that was made from this draw, other than the lab's own results."""
+    found = []
+    for root in roots:
+        for candidate in (root, *sorted(Path(root).glob("draw*"))):
+            if (
+                (candidate / "lab" / "runs.csv").is_file()
+                and reference_draw(candidate) == draw
+                and candidate.resolve() != Path(own).resolve()
+            ):
+                found.append(candidate)
+    return found
 
 
 def draw_folders(budget: DemoBudget, draws: tuple[int, ...], work: Path, results: Path):
@@ -805,22 +826,19 @@ def prefixed(steps: list[Step], prefix: str) -> list[Step]:
     return [replace(s, name=prefix + s.name, after=tuple(prefix + a for a in s.after)) for s in steps]
 
 
-def build_draw_steps(draws, results: Path, reference: Path | None, kmax: int) -> list[Step]:
+def build_draw_steps(draws, results: Path, roots: tuple[Path, ...], kmax: int) -> list[Step]:
     """Every draw's steps in one graph (prefixed ``draw<D>.`` when there are several), then the frontier step
     that reads the draws' labs (sage_unsloth.demo.frontier)."""
     if len(draws) == 1:
         budget, work, out = draws[0]
-        return build_steps(budget, work, out, draw_reference(reference, budget.draw))
+        return build_steps(budget, work, out, draw_references(roots, budget.draw, out))
     steps: list[Step] = []
     for budget, work, out in draws:
         prefix = f"draw{budget.draw}."
-        steps += prefixed(build_steps(budget, work, out, draw_reference(reference, budget.draw)), prefix)
+        steps += prefixed(build_steps(budget, work, out, draw_references(roots, budget.draw, out)), prefix)
     labs = [out for _, _, out in draws]
     argv = [python(), "-m", "sage_unsloth.demo.frontier", "--labs", ",".join(_rel(o) for o in labs)]
     argv += ["--out", _rel(results / FRONTIER_DIR), "--kmax", str(kmax)]
-    frontier_reference = reference / FRONTIER_DIR if reference is not None else None
-    if frontier_reference is not None and frontier_reference.is_dir():
-        argv += ["--reference", _rel(frontier_reference)]
     steps.append(
         Step(
             "frontier",
@@ -873,8 +891,9 @@ def parse_args(argv: list[str] | None):
     )
     parser.add_argument(
         "--reference",
-        default=str(REFERENCE_DIR),
-        help="results of the run to compare with (default results/demo-reference; '' for none)",
+        default=None,
+        help="a results folder to compare with, its draw<D> folders too (default: the committed labs, "
+        "results/demo-reference and results/demo-frontier, each draw with those of its draw; '' for none)",
     )
     parser.add_argument(
         "--jobs", type=int, default=None, help="steps run in parallel (default: usable cores)"
@@ -1065,10 +1084,14 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    reference = Path(args.reference).resolve() if args.reference else None
-    if reference is not None and not (reference / "lab" / "runs.csv").is_file():
-        print(f"[demo] no reference results in {_rel(reference)}: the report will not compare with one")
-        reference = None
+    roots = (
+        REFERENCE_LABS
+        if args.reference is None
+        else ((Path(args.reference).resolve(),) if args.reference else ())
+    )
+    for root in roots:
+        if not any((f / "lab" / "runs.csv").is_file() for f in (root, *Path(root).glob("draw*"))):
+            print(f"[demo] no reference results in {_rel(root)}: the report will not compare with it")
     print(f"[demo] budget: {json.dumps(asdict(budget), default=str)}", flush=True)
     print(
         f"[demo] evaluation: {budget.eval_n} samples per problem, so the lab reports pass@k up to k = "
@@ -1078,7 +1101,7 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     draws = draw_folders(budget, parse_seeds(args.draws) if args.draws else (budget.draw,), work, results)
     started = time.perf_counter()
     try:
-        steps = build_draw_steps(draws, results, reference, budget.kmax)
+        steps = build_draw_steps(draws, results, roots, budget.kmax)
         for draw_budget, draw_work, draw_results in draws:
             write_manifest(draw_budget, draw_work, draw_results)
         records = run_steps(

@@ -31,7 +31,7 @@ REFERENCE_METHOD = "sft"
 
 
 @dataclass
-class LabRuns:
+class RunCounts:
     """Per-problem (n, c) of every run, aligned on one problem order."""
 
     problems: list[str]
@@ -50,7 +50,7 @@ class LabRuns:
         return pass_at_k_matrix(self.n[run], self.c[run], ks)
 
 
-def load_lab_runs(model_results: Path, dataset: str) -> LabRuns:
+def load_run_counts(model_results: Path, dataset: str) -> RunCounts:
     """Every ``<model_results>/<run>/per_problem.csv``; refuses runs that graded different problems."""
     frames = {}
     for path in sorted(Path(model_results).glob("*/per_problem.csv")):
@@ -64,14 +64,14 @@ def load_lab_runs(model_results: Path, dataset: str) -> LabRuns:
     return aligned_runs(frames)
 
 
-def aligned_runs(frames: dict[str, pd.DataFrame]) -> LabRuns:
-    """LabRuns of per-problem frames (run -> rows indexed by problem_id, with n and c) on the first run's problem
+def aligned_runs(frames: dict[str, pd.DataFrame]) -> RunCounts:
+    """RunCounts of per-problem frames (run -> rows indexed by problem_id, with n and c) on the first run's problem
     order; runs that graded other problems are refused."""
     problems = list(next(iter(frames.values())).index)
     for run, frame in frames.items():
         if sorted(frame.index) != sorted(problems):
             raise ValueError(f"run {run} graded other problems than {next(iter(frames))}; rerun with --fresh")
-    return LabRuns(
+    return RunCounts(
         problems,
         {r: f.loc[problems, "n"].to_numpy() for r, f in frames.items()},
         {r: f.loc[problems, "c"].to_numpy() for r, f in frames.items()},
@@ -101,11 +101,11 @@ def ci(
     return intervals.estimate(values, resamples=resamples, seed=seed, level=level, bounds=bounds).triple()
 
 
-def _stack(lab: LabRuns, runs: list[str], fn) -> np.ndarray:
+def _stack(lab: RunCounts, runs: list[str], fn) -> np.ndarray:
     return np.stack([fn(run) for run in runs])
 
 
-def paired_runs(lab: LabRuns, method_a: str, method_b: str) -> list[tuple[str, str]]:
+def paired_runs(lab: RunCounts, method_a: str, method_b: str) -> list[tuple[str, str]]:
     """(run of A, run of B) pairs by training seed. B's runs are either one per seed (``sft_seed<s>``: SFT
     evaluated with seed s's sampling seed, or an RL method) or one seedless run (``sft`` in result folders
     written before SFT was evaluated per seed), which pairs with every seed of A."""
@@ -118,13 +118,13 @@ def paired_runs(lab: LabRuns, method_a: str, method_b: str) -> list[tuple[str, s
     return [(a, by_seed[split_run(a)[1]]) for a in runs_a]
 
 
-def paired_values(lab: LabRuns, method_a: str, method_b: str, fn) -> np.ndarray:
+def paired_values(lab: RunCounts, method_a: str, method_b: str, fn) -> np.ndarray:
     """(seeds, problems) of fn(run_a) - fn(run_b), runs paired by seed (:func:`paired_runs`)."""
     return np.stack([fn(a) - fn(b) for a, b in paired_runs(lab, method_a, method_b)])
 
 
 # ------------------------------------------------------------------------------------------ tables
-def method_table(lab: LabRuns, ks: list[int], *, resamples: int, seed: int, level: float) -> pd.DataFrame:
+def method_table(lab: RunCounts, ks: list[int], *, resamples: int, seed: int, level: float) -> pd.DataFrame:
     """Per method and k: pass@k with the lab's interval (t over seeds; one seed: problem bootstrap), seeds, problems."""
     rows = []
     for method, runs in lab.methods.items():
@@ -149,7 +149,7 @@ def method_table(lab: LabRuns, ks: list[int], *, resamples: int, seed: int, leve
 
 
 def pair_table(
-    lab: LabRuns, pairs: list[tuple[str, str]], ks: list[int], *, resamples: int, seed: int, level: float
+    lab: RunCounts, pairs: list[tuple[str, str]], ks: list[int], *, resamples: int, seed: int, level: float
 ) -> pd.DataFrame:
     rows = []
     for a, b in pairs:
@@ -173,7 +173,7 @@ def pair_table(
     return pd.DataFrame(rows)
 
 
-def shares_b(lab: LabRuns, method_a: str, method_b: str) -> bool:
+def shares_b(lab: RunCounts, method_a: str, method_b: str) -> bool:
     """True when every seed of A pairs with one seedless run of B (a result folder from before SFT was
     evaluated per seed): B's evaluation noise is then common to every seed-level difference."""
     pairs = paired_runs(lab, method_a, method_b)
@@ -214,7 +214,7 @@ def paired_row(
     }
 
 
-def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, level: float) -> pd.DataFrame:
+def support_method_table(lab: RunCounts, k: int, *, resamples: int, seed: int, level: float) -> pd.DataFrame:
     """Per method: support shares at k against the SFT model (report/support.py), across seeds and problems."""
     if REFERENCE_METHOD not in lab.methods:
         return pd.DataFrame()
@@ -244,7 +244,7 @@ def support_method_table(lab: LabRuns, k: int, *, resamples: int, seed: int, lev
     return pd.DataFrame(rows)
 
 
-def support_table(lab: LabRuns, ks: list[int], **stats) -> pd.DataFrame:
+def support_table(lab: RunCounts, ks: list[int], **stats) -> pd.DataFrame:
     """Support against SFT (preserved / shrunk / expanded / net) per method at every k of ``ks``."""
     frames = [support_method_table(lab, k, **stats) for k in ks]
     return (

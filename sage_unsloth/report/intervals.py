@@ -18,9 +18,9 @@ gives one value d_s, the mean over the problems of its row (for a paired compari
 seed); the d_s are independent draws around the estimand, and there are few of them, so
 
 - with S >= 2 seeds the interval is Student's t with S - 1 degrees of freedom over the d_s (``t(seed)``), the
-  test is the one-sample t-test of mean 0, and the minimum detectable effect is
-  (t_{0.975, S-1} + t_{0.80, S-1}) sd / sqrt(S) (80% power, two-sided 0.05); evaluation noise needs no term of
-  its own: it is inside each d_s;
+  test is the one-sample t-test of mean 0, and the minimum detectable effect is that test's, by its exact power
+  (sage_unsloth.report.power: the noncentral t, 80% power, two-sided 0.05, se = sd / sqrt(S)); evaluation
+  noise needs no term of its own: it is inside each d_s;
 - with one seed nothing measures the seed spread: the interval is a percentile bootstrap over the problems
   (``bootstrap(problem)``), which says how precisely this one seed's evaluation pinned its mean, not how a fresh
   seed would land; its test and MDE use the bootstrap standard error with normal quantiles.
@@ -40,10 +40,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats
 
-PAPER_EFFECT = 0.015  # SAGE's gain on Qwen2.5-Math-7B (pass@256 +0.015; arXiv 2605.18864)
-POWER = 0.8
-ALPHA = 0.05
-MAX_SEEDS = 100_000  # seeds_to_detect's search stops here (inf beyond)
+from . import power
+from .power import PAPER_EFFECT  # noqa: F401 - the effect every table's power is stated against
+
 T_SEED = "t(seed)"
 BOOTSTRAP_PROBLEM = "bootstrap(problem)"
 
@@ -128,34 +127,6 @@ def paired_difference_samples(
 # ------------------------------------------------------- several seeds: t over seeds, power, Holm
 
 
-def mde(se: float, seeds: int, *, power: float = POWER, alpha: float = ALPHA) -> float:
-    """Minimum detectable effect of a t-test on ``seeds`` values with standard error ``se``."""
-    return mde_df(se, seeds - 1, power=power, alpha=alpha)
-
-
-def mde_df(se: float, df: float, *, power: float = POWER, alpha: float = ALPHA) -> float:
-    """Minimum detectable effect of a t-test with ``df`` degrees of freedom and standard error ``se``."""
-    return float((stats.t.ppf(1.0 - alpha / 2.0, df) + stats.t.ppf(power, df)) * se)
-
-
-def seeds_to_detect(sd: float, effect: float = PAPER_EFFECT, **power) -> float:
-    """The fewest seeds (>= 2) whose MDE at seed-level sd ``sd`` is <= ``effect``; inf past MAX_SEEDS."""
-    if not math.isfinite(sd):
-        return math.nan
-
-    def enough(s: int) -> bool:
-        return mde(sd / math.sqrt(s), s, **power) <= effect
-
-    # the normal-quantile answer is a lower bound (t quantiles exceed z ones); step up from it
-    z = stats.norm.ppf(1.0 - power.get("alpha", ALPHA) / 2.0) + stats.norm.ppf(power.get("power", POWER))
-    seeds = max(2, int((z * sd / effect) ** 2) if effect > 0 else MAX_SEEDS)
-    while not enough(seeds):
-        if seeds >= MAX_SEEDS:
-            return math.inf
-        seeds += 1
-    return float(seeds)
-
-
 @dataclass(frozen=True)
 class Estimate:
     mean: float
@@ -220,14 +191,14 @@ def _estimate(values: np.ndarray, level: float, resamples: int, seed: int) -> Es
         half = float(stats.t.ppf(0.5 + level / 2.0, seeds - 1)) * se
         return Estimate(
             mean, mean - half, mean + half, T_SEED, seeds, sd, se, _p_value(mean, se, seeds - 1),
-            mde(se, seeds), seeds_to_detect(sd),
+            power.mde(se, seeds - 1), power.seeds_to_detect(sd),
         )  # fmt: skip
     samples = problem_bootstrap(values[0], resamples=resamples, seed=seed)
     low, high = percentile_ci(samples, level)
     se = float(samples.std(ddof=1))
-    z = stats.norm.ppf(1 - ALPHA / 2) + stats.norm.ppf(POWER)
     return Estimate(
-        mean, float(low), float(high), BOOTSTRAP_PROBLEM, 1, math.nan, se, _p_value(mean, se, math.inf), float(z * se), math.nan,
+        mean, float(low), float(high), BOOTSTRAP_PROBLEM, 1, math.nan, se, _p_value(mean, se, math.inf),
+        power.mde(se, math.inf), math.nan,
     )  # fmt: skip
 
 
@@ -246,39 +217,45 @@ def holm(p_values) -> np.ndarray:
 
 
 STRATIFIED = "t(seed), draws stratified"
+BLOCKED = "t(seed), draws blocked"
 
 
-def stratified(groups, *, level: float = 0.95) -> Estimate:
+def stratified(groups, *, level: float = 0.95, blocked: bool = False) -> Estimate:
     """The mean over strata (pre-training draws) of each stratum's mean of its seed-level values, with a
     t-interval: the estimand is conditional on the draws (docs/lab-plan.md), so its variance is
-    sum_d sd_d^2 / S_d / D^2 (each draw's own seed spread; the draws' levels are fixed, not sampled) and its
-    degrees of freedom Welch-Satterthwaite's, (sum v_d)^2 / sum v_d^2 / (S_d - 1) with v_d = sd_d^2 / S_d (one
-    draw: the plain t with S - 1). ``sd`` is the pooled within-draw sd; ``seeds_for_effect`` the seeds per draw
-    whose MDE at that sd reaches PAPER_EFFECT."""
+    sum_d sd_d^2 / S_d / D^2 (each draw's own seed spread; the draws' levels are fixed, not sampled).
+
+    Degrees of freedom: Welch-Satterthwaite's, (sum v_d)^2 / sum v_d^2 / (S_d - 1) with v_d = sd_d^2 / S_d
+    (``t(seed), draws stratified``, the frontier lab's registered interval), or with ``blocked`` the pooled
+    within-draw df N - D of the draw-blocked t (``t(seed), draws blocked``, the confirmatory lab's; its se is then
+    s_p sqrt(sum 1 / S_d) / D, s_p the pooled within-draw sd, the same as above when the draws have equal
+    seeds). One draw: the plain t with S - 1 either way.
+
+    ``sd`` is the pooled within-draw sd; ``mde`` the exact-power MDE (sage_unsloth.report.power) of the design's
+    t-test, df = N - D, at this se; ``seeds_for_effect`` the seeds per draw whose MDE at ``sd`` reaches
+    PAPER_EFFECT (the plan's formula; docs/lab.md, "Intervals and power")."""
     groups = [np.asarray(g, dtype=np.float64).ravel() for g in groups]
     if not groups or min(len(g) for g in groups) < 2:
         raise ValueError(f"stratified: every draw needs two seeds or more, got {[len(g) for g in groups]}")
     n_draws = len(groups)
-    v = np.array([g.var(ddof=1) / len(g) for g in groups])
-    dfs = np.array([len(g) - 1 for g in groups])
-    mean = float(np.mean([g.mean() for g in groups]))
-    se = float(np.sqrt(v.sum()) / n_draws)
-    df = float(v.sum() ** 2 / np.sum(v**2 / dfs)) if v.sum() > 0 else float(dfs.sum())
-    half = float(stats.t.ppf(0.5 + level / 2.0, df)) * se
-    sd = float(np.sqrt(np.sum(dfs * np.array([g.var(ddof=1) for g in groups])) / dfs.sum()))
-
-    def enough(per_draw: int) -> bool:
-        return mde_df(sd / np.sqrt(n_draws * per_draw), n_draws * (per_draw - 1)) <= PAPER_EFFECT
-
-    if not math.isfinite(sd):
+    sizes = np.array([len(g) for g in groups])
+    dfs = sizes - 1
+    variances = np.array([g.var(ddof=1) for g in groups])
+    if not np.isfinite(variances).all():
         raise ValueError("stratified: the values hold NaN")
-    z = stats.norm.ppf(1.0 - ALPHA / 2.0) + stats.norm.ppf(POWER)
-    per_draw = max(2, int((z * sd / PAPER_EFFECT) ** 2 / n_draws))  # a lower bound: t quantiles exceed z ones
-    while not enough(per_draw) and per_draw < MAX_SEEDS:
-        per_draw += 1
+    mean = float(np.mean([g.mean() for g in groups]))
+    sd = float(np.sqrt(np.sum(dfs * variances) / dfs.sum()))
+    if blocked:
+        se = float(sd * np.sqrt(np.sum(1.0 / sizes)) / n_draws)
+        df = float(dfs.sum())
+    else:
+        v = variances / sizes
+        se = float(np.sqrt(v.sum()) / n_draws)
+        df = float(v.sum() ** 2 / np.sum(v**2 / dfs)) if v.sum() > 0 else float(dfs.sum())
+    half = float(stats.t.ppf(0.5 + level / 2.0, df)) * se
     return Estimate(
-        mean, mean - half, mean + half, STRATIFIED, int(sum(len(g) for g in groups)), sd, se,
-        _p_value(mean, se, df), mde_df(se, df), float(per_draw) if enough(per_draw) else math.inf,
+        mean, mean - half, mean + half, BLOCKED if blocked else STRATIFIED, int(sizes.sum()), sd, se,
+        _p_value(mean, se, df), power.mde(se, float(dfs.sum())), power.seeds_to_detect(sd, draws=n_draws),
     )  # fmt: skip
 
 

@@ -22,16 +22,16 @@ import dataclasses
 
 import pandas as pd
 
-from sage_unsloth.report import compare, intervals
+from sage_unsloth.report import compare, formatting, intervals
 from sage_unsloth.report.loading import RunResults
 from sage_unsloth.report.paper import DEFAULT_METHOD_PAIRS, map_run
-from sage_unsloth.report.tables import fmt, fmt_ci, fmt_signed, md_table, parse_pairs
+from sage_unsloth.report.tables import md_table, parse_pairs
 
 TABLES = ("multi_seed_methods", "multi_seed_pairs", "multi_seed_support")
 
 
-def lab_runs(runs: list[RunResults], dataset: str) -> compare.LabRuns | None:
-    """One model's runs with per-problem rows on ``dataset`` as the lab's LabRuns (None: no such run)."""
+def lab_runs(runs: list[RunResults], dataset: str) -> compare.RunCounts | None:
+    """One model's runs with per-problem rows on ``dataset`` as the lab's RunCounts (None: no such run)."""
     frames = {}
     for run in runs:
         if run.per_problem is not None:
@@ -41,7 +41,7 @@ def lab_runs(runs: list[RunResults], dataset: str) -> compare.LabRuns | None:
     return compare.aligned_runs(frames) if frames else None
 
 
-def method_pairs(lab: compare.LabRuns, spec: str | None, model: str, mapping=None) -> list[tuple[str, str]]:
+def method_pairs(lab: compare.RunCounts, spec: str | None, model: str, mapping=None) -> list[tuple[str, str]]:
     """The method pairs to compare (module doc)."""
     methods = list(lab.methods)
     asked = [(a, b) for a, b in parse_pairs(spec) if a in methods and b in methods]
@@ -60,7 +60,7 @@ def method_pairs(lab: compare.LabRuns, spec: str | None, model: str, mapping=Non
     return [(a, b) for a, b in pairs if _pairable(lab, a, b)]  # e.g. not a seedless run against seeds
 
 
-def _pairable(lab: compare.LabRuns, a: str, b: str) -> bool:
+def _pairable(lab: compare.RunCounts, a: str, b: str) -> bool:
     try:
         return bool(compare.paired_runs(lab, a, b))
     except ValueError:
@@ -104,8 +104,8 @@ def markdown_section(tables: dict[str, pd.DataFrame], folder: str) -> str:
     methods = tables["multi_seed_methods"]
     top = methods.groupby(["model", "dataset"])["k"].transform("max")
     rows = [
-        [r["model"], r["dataset"], r["method"], int(r["seeds"]), int(r["k"]), fmt(r["pass_at_k"]),
-         fmt_ci(r["ci_low"], r["ci_high"]), r["interval"]]
+        [r["model"], r["dataset"], r["method"], int(r["seeds"]), int(r["k"]), formatting.number(r["pass_at_k"]),
+         formatting.interval(r["ci_low"], r["ci_high"]), r["interval"]]
         for _, r in methods[(methods["k"] == 1) | (methods["k"] == top)].iterrows()
     ]  # fmt: skip
     parts = [
@@ -120,8 +120,8 @@ def markdown_section(tables: dict[str, pd.DataFrame], folder: str) -> str:
     pairs = tables.get("multi_seed_pairs")
     if pairs is not None:
         rows = [
-            [r["model"], r["dataset"], r["a"], r["b"], int(r["k"]), fmt_signed(r["diff"]),
-             fmt_ci(r["ci_low"], r["ci_high"]), f"{r['p']:.3g}", f"{r['p_holm']:.3g}", fmt(r["mde"])]
+            [r["model"], r["dataset"], r["a"], r["b"], int(r["k"]), formatting.number(r["diff"], signed=True, empty=""),
+             formatting.interval(r["ci_low"], r["ci_high"]), f"{r['p']:.3g}", f"{r['p_holm']:.3g}", formatting.number(r["mde"])]
             for _, r in pairs.iterrows()
         ]  # fmt: skip
         header = ["model", "dataset", "A", "B", "k", "A − B", "95% CI", "p", "p (Holm)", "MDE"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sage_unsloth.report import grouping, multi_seed, plots, support, tables, training
+from sage_unsloth.report import formatting, grouping, multi_seed, plots, support, tables, training
 from sage_unsloth.report import patterns as pat
 from sage_unsloth.report.config import ReportArguments, parse_args
 from sage_unsloth.report.loading import discover_runs
@@ -22,7 +22,7 @@ from sage_unsloth.report.paper import (
     map_run,
     paper_number,
 )
-from sage_unsloth.report.tables import fmt, fmt_ci, fmt_signed, md_table
+from sage_unsloth.report.tables import md_table
 from sage_unsloth.runtime.manifest import atomic_write_text, write_manifest
 
 log = logging.getLogger(__name__)
@@ -63,15 +63,15 @@ def dataset_section(comparison: pd.DataFrame, dataset: str) -> str:
             [
                 f"{model}/{run}",
                 "—" if pd.isna(one["method"]) or not one["method"] else one["method"],
-                fmt(one["value"]),
-                fmt_ci(one["ci_low"], one["ci_high"]),
+                formatting.number(one["value"]),
+                formatting.interval(one["ci_low"], one["ci_high"]),
                 _paper_cell(one),
-                fmt_signed(one["diff"]),
+                formatting.number(one["diff"], signed=True, empty=""),
                 k,
-                fmt(big["value"]),
-                fmt_ci(big["ci_low"], big["ci_high"]),
+                formatting.number(big["value"]),
+                formatting.interval(big["ci_low"], big["ci_high"]),
                 _paper_cell(big),
-                fmt_signed(big["diff"]),
+                formatting.number(big["diff"], signed=True, empty=""),
             ]
         )
     header = ["run", "paper method", "pass@1", "95% CI", "paper", "Δ", "k", "pass@k", "95% CI", "paper", "Δ"]
@@ -217,8 +217,8 @@ def pairs_section(pairs: pd.DataFrame) -> list[str]:
                 r["dataset"],
                 r["metric"],
                 "" if pd.isna(r["k"]) else int(r["k"]),
-                fmt_signed(r["diff"]) or "missing",
-                fmt_ci(r["ci_low"], r["ci_high"]),
+                formatting.number(r["diff"], signed=True, empty="") or "missing",
+                formatting.interval(r["ci_low"], r["ci_high"]),
                 excludes,
                 int(r["n_problems"]),
             ]
@@ -256,7 +256,7 @@ def patterns_section(args: ReportArguments, result: ReportResult, published_patt
                 if not paper.empty
                 else ""
             )
-            cells.append(fmt(r[name]) + paper_txt)
+            cells.append(formatting.number(r[name]) + paper_txt)
         rows.append(cells)
     return [
         *parts,
@@ -281,10 +281,10 @@ def print_console(comparison: pd.DataFrame) -> None:
             r["dataset"],
             r["metric"],
             "" if pd.isna(r["k"]) else str(int(r["k"])),
-            fmt(r["value"]),
-            fmt_ci(r["ci_low"], r["ci_high"]),
+            formatting.number(r["value"]),
+            formatting.interval(r["ci_low"], r["ci_high"]),
             _paper_cell(r),
-            fmt_signed(r["diff"]),
+            formatting.number(r["diff"], signed=True, empty=""),
         )
     Console(width=140).print(table)
 

@@ -8,7 +8,6 @@ The pooled AIME set ("aime" = aime24 + aime25, as in the paper) is derived when 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,25 +20,7 @@ from sage_unsloth.report.paper import DEFAULT_METHOD_PAIRS, PaperRow, map_run, p
 from sage_unsloth.runtime.results import AIME_PARTS, PAPER_AVERAGE, PAPER_AVERAGE_SETS, POOLED_AIME
 
 
-# --- markdown cells and tables (the report stage and the training section both write them)
-def fmt(value, digits: int = 3) -> str:
-    return (
-        "missing"
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else f"{value:.{digits}f}"
-    )
-
-
-def fmt_ci(low, high) -> str:
-    if low is None or high is None or math.isnan(low) or math.isnan(high):
-        return "n/a"
-    return f"[{low:.3f}, {high:.3f}]"
-
-
-def fmt_signed(value) -> str:
-    return "" if value is None or math.isnan(value) else f"{value:+.3f}"
-
-
+# --- markdown tables (the report stage and the training section both write them; cells: report/formatting.py)
 def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from sage_unsloth.report import formatting
 from sage_unsloth.report.loading import RunResults
-from sage_unsloth.report.tables import fmt, md_table
+from sage_unsloth.report.tables import md_table
 from sage_unsloth.runtime.manifest import MANIFEST_NAME, read_manifest
 from sage_unsloth.runtime.training_log import read_log_history
 
@@ -145,7 +146,7 @@ def markdown_section(summary: pd.DataFrame, png_rel: str | None, csv_rel: str, n
             cells = [name, int(group["last_step"].max())]
             for key in keys:
                 cells.append(
-                    f"{fmt(by_key.loc[key, 'first'])} → {fmt(by_key.loc[key, 'last'])}"
+                    f"{formatting.number(by_key.loc[key, 'first'])} → {formatting.number(by_key.loc[key, 'last'])}"
                     if key in by_key.index
                     else "—"
                 )

@@ -158,7 +158,7 @@ def test_grid_cells_are_methods_with_the_knobs_set_on_their_config(tmp_path):
 def lab(**c_by_run):
     problems = [f"p{i}" for i in range(len(next(iter(c_by_run.values()))))]
     n = {r: np.full(len(problems), 8) for r in c_by_run}
-    return C.LabRuns(problems, n, {r: np.array(c) for r, c in c_by_run.items()})
+    return C.RunCounts(problems, n, {r: np.array(c) for r, c in c_by_run.items()})
 
 
 def test_sft_per_seed_pairs_by_seed_and_an_old_seedless_sft_pairs_with_every_seed():

@@ -141,7 +141,9 @@ def test_arms_are_matched_by_their_knobs_and_paired_by_draw_and_seed(tmp_path):
         (paired["beta"] == 1.0) & (paired["metric"] == "pass@1") & (paired["draw"] == F.POOLED)
     ].iloc[0]
     # one more correct sample of 8 on one problem of 4 at every seed: +1/32, no spread
-    assert row["diff"] == pytest.approx(1 / 32) and row["pairs"] == 6 and row["family"] == "secondary"
+    # (at k = 1 the primary metric, pass@k, is pass@1: the row is in the primary family)
+    assert row["diff"] == pytest.approx(1 / 32) and row["pairs"] == 6 and row["family"] == "primary"
+    assert row["positive_pairs"] == 6 and row["negative_pairs"] == 0
     assert row["hl"] == pytest.approx(1 / 32)
 
 
@@ -248,3 +250,108 @@ def test_a_reference_written_with_the_old_metric_name_is_compared(tmp_path):
     )
     table = R.compare(regime([("grpo_seed0", "grpo_minority_share", 0.028)]), {}, ref)
     assert dict(zip(table["metric"], table["status"]))["grpo_minority_share"] == "identical"
+
+
+def test_the_blocked_interval_has_the_pooled_within_draw_df():
+    """intervals.stratified(blocked=True): the draw-blocked t of the confirmatory lab's plan, written out: se =
+    s_p sqrt(sum 1 / S_d) / D with s_p the pooled within-draw sd, df = N - D; its MDE is the exact one at that df."""
+    from sage_unsloth.report import power
+
+    groups = [np.array([0.1, 0.2, 0.3, 0.5]), np.array([0.0, 0.4, 0.2, 0.2, 0.1])]
+    est = I.stratified(groups, blocked=True)
+    pooled = math.sqrt((3 * np.var(groups[0], ddof=1) + 4 * np.var(groups[1], ddof=1)) / 7)
+    se = pooled * math.sqrt(1 / 4 + 1 / 5) / 2
+    mean = np.mean([g.mean() for g in groups])
+    half = stats.t.ppf(0.975, 7) * se
+    assert est.interval == I.BLOCKED and est.se == pytest.approx(se) and est.sd == pytest.approx(pooled)
+    assert (est.low, est.high) == pytest.approx((mean - half, mean + half))
+    assert est.p == pytest.approx(2 * stats.t.sf(abs(mean) / se, 7))
+    assert est.mde == pytest.approx(power.mde(se, 7))
+
+
+def test_the_pair_plan_share_is_paired_post_hoc_by_default_and_primary_when_a_plan_registers_it(tmp_path):
+    seeds = F.seed_table(hand_lab(tmp_path), k=2)
+    arms = F.arm_table(seeds, 2)
+    default = F.paired_table(seeds, 2, arms)
+    share = default[(default["metric"] == F.PAIR_SHARE) & (default["draw"] == F.POOLED)]
+    assert set(share["family"]) == {"post hoc"} and len(share) == 2  # beta 0.05 and 1
+    # the registered families keep their members and so their Holm adjustment
+    assert set(default.loc[default["family"] == "primary", "metric"]) == {"pass@2"}
+    registered = F.paired_table(seeds, 2, arms, primary=("pass@2", F.PAIR_SHARE), blocked=True)
+    primary = registered[registered["family"] == "primary"]
+    assert sorted(primary["metric"]) == ["pair-plan share", "pass@2"] and set(primary["beta"]) == {1.0}
+    assert set(registered.loc[registered["draw"] == F.POOLED, "interval"]) == {I.BLOCKED}
+    assert (primary["p_holm"] >= primary["p"]).all() and not (registered["family"] == "post hoc").any()
+    # the share's difference is Branch's minus GRPO's pair share, seed by seed (0.01 x seed in both: 0)
+    row = primary[primary["metric"] == F.PAIR_SHARE].iloc[0]
+    assert row["diff"] == pytest.approx(0.0) and row["pairs"] == 6
+    with pytest.raises(ValueError, match="pair_share for the share"):
+        F.parse_primary("pass@2,pairs", 2)
+    assert F.parse_primary("pass@2,pair_share", 2) == ("pass@2", F.PAIR_SHARE)
+
+
+def test_every_run_is_compared_by_method_whatever_its_seed_and_a_missing_method_is_said(tmp_path):
+    """The frontier lab's seeds 20-22 matched no reference run name, so its regime check compared nothing (issue
+    50); now each run meets the mean of the references' runs of its method, and a method no reference ran is a row
+    that says so."""
+    ref = tmp_path / "ref"
+    write_reference(ref, [("sft_seed0", "sft_pass_at_1", 0.60), ("sft_seed1", "sft_pass_at_1", 0.62),
+                          ("grpo_seed0", "grpo_pair_share", 0.004)], {"base": "a" * 64, "sft": "b" * 64})  # fmt: skip
+    ours = regime([("sft_seed20", "sft_pass_at_1", 0.61), ("sft_seed21", "sft_pass_at_1", 0.70),
+                   ("grpo_beta2_seed20", "grpo_pair_share", 0.025)])  # fmt: skip
+    table = R.compare(ours, {"base": "a" * 64, "sft": "b" * 64}, [ref])
+    by_run = table.set_index("run")
+    assert (
+        by_run.loc["sft_seed20", "reference"] == "0.6100" and by_run.loc["sft_seed20", "reference_runs"] == 2
+    )
+    assert by_run.loc["sft_seed20", "status"] == "identical"  # 0.61 against the mean of 0.60 and 0.62
+    assert by_run.loc["sft_seed21", "status"] == "BEYOND TOLERANCE"
+    assert by_run.loc["grpo_beta2_seed20", "status"] == R.NO_REFERENCE
+    assert R.warning_lines(table, "ref") and not R.agreement_line(table, ["ref"])
+    # two references of one draw pool their runs of a method; the agreement is one line
+    other = tmp_path / "other"
+    write_reference(
+        other, [("grpo_beta2_seed21", "grpo_pair_share", 0.027)], {"base": "a" * 64, "sft": "b" * 64}
+    )
+    good = R.compare(ours[ours["run"] != "sft_seed21"], {"base": "a" * 64, "sft": "b" * 64}, [ref, other])
+    line = R.agreement_line(good, ["ref", "other"])
+    assert not R.warning_lines(good, "ref") and line.startswith(
+        "reproduces its draw's reference (ref, other)"
+    )
+    assert "2 regime checks of 2 runs within tolerance (1 identical)" in line
+
+
+def test_each_draw_finds_the_committed_labs_of_its_draw_and_a_smoke_run_is_compared_with_none(tmp_path):
+    from sage_unsloth.demo import run as D
+
+    results = D.REPO_ROOT / "results"
+    assert D.draw_references(D.REFERENCE_LABS, 0, tmp_path) == [
+        results / "demo-reference",
+        results / "demo-frontier" / "draw0",
+    ]
+    assert D.draw_references(D.REFERENCE_LABS, 2, tmp_path) == [results / "demo-frontier" / "draw2"]
+    assert D.draw_references(D.REFERENCE_LABS, 0, results / "demo-reference") == [
+        results / "demo-frontier" / "draw0"
+    ]
+    assert D.smoke_text(D.FULL) == "" and "2 RL steps" in D.smoke_text(D.QUICK)
+    folders = D.LabFolders(tmp_path / "w", tmp_path / "r")
+    quick = D.lab_step(D.QUICK, folders, [results / "demo-reference"]).argv
+    assert "--smoke" in quick and "--reference" not in quick
+    full = D.lab_step(D.FULL, folders, [results / "demo-reference", results / "demo-frontier" / "draw0"]).argv
+    assert "--smoke" not in full and full.count("--reference") == 2
+
+
+def test_the_committed_references_hold_every_regime_metric_of_their_draws():
+    """demo-reference predates regime.csv: its tables give the four metrics; the frontier draws' regime.csv held the
+    control only: their runs.csv gives every GRPO arm (beta 2 included), so the confirmatory lab's runs meet one."""
+    from sage_unsloth.demo import run as D
+
+    wanted = {"sft_pass_at_1", "sft_gap_pass_at_1", "grpo_minority_share", "grpo_pair_share"}
+    reference = R.reference_regime(D.REFERENCE_DIR)
+    assert set(reference["metric"]) == wanted
+    assert reference.loc[reference["metric"] == "grpo_pair_share", "value"].iloc[0] == pytest.approx(
+        0.00328125 + 0.0007291666666666667  # plans.csv: GRPO's pairs + outer
+    )
+    draw2 = R.reference_regime(D.REPO_ROOT / "results" / "demo-frontier" / "draw2")
+    beta2 = draw2[draw2["method"] == "grpo_beta2"]
+    assert set(beta2["metric"]) == {"grpo_minority_share", "grpo_pair_share"} and len(beta2) == 6

@@ -1,5 +1,6 @@
 """The lab's interval, test, power and multiple-comparison adjustment (sage_unsloth/report/intervals.py),
-each against an independent computation: t tables, scipy's noncentral t, Holm's procedure done by hand."""
+each against an independent computation: t tables, scipy's noncentral t, Holm's procedure done by hand
+(the power itself: tests/report/test_power.py)."""
 
 import math
 
@@ -10,6 +11,7 @@ from scipy import stats
 
 from sage_unsloth.report import compare as C
 from sage_unsloth.report import intervals as I
+from sage_unsloth.report import power
 
 
 def test_the_interval_is_t_with_s_minus_1_df_over_the_seed_level_means():
@@ -33,26 +35,14 @@ def test_one_seed_falls_back_to_a_problem_bootstrap_and_says_so():
     assert math.isnan(est.seeds_for_effect) and math.isnan(est.sd)
 
 
-@pytest.mark.parametrize(("sd", "seeds", "tolerance"), [(0.02, 10, 0.02), (0.05, 3, 0.04), (0.01, 20, 0.02)])
-def test_the_mde_has_80_percent_power_by_the_noncentral_t(sd, seeds, tolerance):
-    se = sd / math.sqrt(seeds)
-    effect = I.mde(se, seeds)
-    df, crit = seeds - 1, stats.t.ppf(0.975, seeds - 1)
-    nc = effect / se
+@pytest.mark.parametrize(("sd", "seeds"), [(0.02, 10), (0.05, 3), (0.01, 20)])
+def test_an_estimates_mde_has_80_percent_power_by_the_noncentral_t(sd, seeds):
+    values = np.linspace(-1.0, 1.0, seeds)[:, None]
+    values = values / values.std(ddof=1) * sd  # seed-level sd exactly sd
+    est = I.estimate(values)
+    df, crit, nc = seeds - 1, stats.t.ppf(0.975, seeds - 1), est.mde / est.se
     power = stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc)
-    # (t_{.975} + t_{.80}) se approximates the exact noncentral-t answer: power 0.77 at 3 seeds, 0.79 at 10
-    assert 0.8 - tolerance <= power <= 0.8 + 0.005
-
-
-def test_seeds_to_detect_is_the_fewest_seeds_whose_mde_reaches_the_effect():
-    for sd in (0.005, 0.02, 0.05):
-        s = int(I.seeds_to_detect(sd, 0.015))
-        assert I.mde(sd / math.sqrt(s), s) <= 0.015 and (
-            s == 2 or I.mde(sd / math.sqrt(s - 1), s - 1) > 0.015
-        )
-    # by hand at sd 0.02: n ~ ((1.96 + 0.84) 0.02 / 0.015)^2 = 13.9 by normal quantiles, t needs a few more
-    assert 14 <= I.seeds_to_detect(0.02, 0.015) <= 17
-    assert I.seeds_to_detect(0.0, 0.015) == 2
+    assert power == pytest.approx(0.8, abs=1e-6)  # exact (report/power.py; tests/report/test_power.py)
 
 
 def test_holm_against_a_hand_computed_example():
@@ -74,8 +64,8 @@ def test_pair_rows_carry_the_interval_method_p_mde_and_seeds_for_the_paper_s_eff
     d = np.array([0.25, 0.25, 0.125])  # per seed, the mean over problems of (c_branch - c_grpo) / 4
     se = d.std(ddof=1) / math.sqrt(3)
     assert row["diff"] == pytest.approx(d.mean()) and row["interval"] == "t(seed)"
-    assert row["mde"] == pytest.approx((stats.t.ppf(0.975, 2) + stats.t.ppf(0.8, 2)) * se)
-    assert row["seeds_for_0.015"] == I.seeds_to_detect(d.std(ddof=1), 0.015)
+    assert row["mde"] == pytest.approx(power.mde(se, 2))
+    assert row["seeds_for_0.015"] == power.seeds_to_detect(d.std(ddof=1), 0.015)
     assert row["p"] == pytest.approx(2 * stats.t.sf(d.mean() / se, 2))
     assert table.iloc[1]["interval"] == "t(seed), B shared"  # every GRPO seed against one seedless SFT
 
@@ -90,7 +80,7 @@ def test_a_lab_of_the_confirmatory_shape_gets_t_intervals_holm_and_an_outcome(tm
     runs = {
         f"{m}_seed{s}": rng.binomial(256, rng.uniform(0, 0.2, 30)) for m in methods for s in range(10, 20)
     }
-    lab = C.LabRuns([f"p{i}" for i in range(30)], {r: np.full(30, 256) for r in runs}, runs)
+    lab = C.RunCounts([f"p{i}" for i in range(30)], {r: np.full(30, 256) for r in runs}, runs)
     pairs = [(m, b) for m in methods[1:] for b in ("sft", "grpo") if m != b]
     table = C.pair_table(lab, pairs, [1, 64], resamples=100, seed=0, level=0.95)
     family = L.adjust_family(table, {"sft": "SFT", "grpo": "GRPO"})

@@ -1,4 +1,5 @@
-"""How many seeds, samples and problems a lab comparison needs: ``python -m sage_unsloth.demo.power_plan``.
+"""How many seeds, samples and problems a comparison over training seeds needs:
+``python -m sage_unsloth.report.power_plan``.
 
 ``--results R/demo-tiny --a A --b B --k 64 --out power_plan.csv`` reads the per-problem counts of
 both methods' runs (paired by training seed; a seedless ``sft`` pairs with every seed), splits the variance of
@@ -16,7 +17,9 @@ of seeds S, samples n and problems P. docs/lab.md uses it to choose the confirma
 pair, the seed-level differences' variance pooled within the draws (each draw a fixed level, as
 intervals.stratified treats it) with its chi-square 95% interval, split into evaluation noise and training-seed
 spread at each k, and projected to other (k, n) with n = 4k: the MDE of the pooled difference at S seeds per
-draw, at the point sd and at the sd's upper 95% bound, and the evaluation's share of the variance.
+draw, at the point sd and at the sd's upper 95% bound, and the evaluation's share of the variance; beside them
+the sd as observed at the runs' own n (no projection: the conservative figure when the projection clips the
+seed spread at 0) with its upper bound and MDE. Every MDE is the exact one (sage_unsloth.report.power).
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..report.compare import load_lab_runs, paired_runs, split_run
-from ..report.intervals import mde, mde_df  # the lab tables' MDE is this planner's
 from ..runtime.manifest import atomic_write_text
+from .compare import load_run_counts, paired_runs, split_run
+from .power import design_mde, mde  # the tables' MDE is this planner's
 
 PLAN_GRID = ((64, 256), (32, 128), (16, 64))  # (k, n) with n = 4k, the lab's rule
-PLAN_SEEDS = range(2, 11)  # seeds per draw
+PLAN_SEEDS = range(2, 21)  # seeds per draw
 
 
 def draw_plan(labs: list[Path], pairs: list[tuple[str, str]], *, dataset: str = "demo") -> list[dict]:
@@ -42,7 +45,7 @@ def draw_plan(labs: list[Path], pairs: list[tuple[str, str]], *, dataset: str = 
     (see the module doc). The observed k must be <= the runs' n; the projection keeps the training-seed
     spread measured at k and swaps the evaluation noise at the runs' n for the one at the projected n."""
     rows = []
-    loaded = [load_lab_runs(Path(lab), dataset) for lab in labs]
+    loaded = [load_run_counts(Path(lab), dataset) for lab in labs]
     for a, b in pairs:
         for k, n in PLAN_GRID:
             within, df, noise_observed, noise_projected = 0.0, 0, [], []
@@ -63,15 +66,20 @@ def draw_plan(labs: list[Path], pairs: list[tuple[str, str]], *, dataset: str = 
             projected = seed + float(np.mean(noise_projected))
             upper = projected * df / stats.chi2.ppf(0.025, df)  # the variance's upper 95% bound
             lower = projected * df / stats.chi2.ppf(0.975, df)
+            observed_upper = total * df / stats.chi2.ppf(0.025, df)
+            d = len(loaded)
             for per_draw in PLAN_SEEDS:
-                d = len(loaded)
+                pairs_total = d * per_draw
                 rows.append(
                     {
                         "a": a, "b": b, "k": k, "n": n, "seeds_per_draw": per_draw, "draws": d, "df_measured": df,
                         "sd": np.sqrt(projected), "sd_low": np.sqrt(lower), "sd_high": np.sqrt(upper),
                         "eval_share": float(np.mean(noise_projected)) / projected if projected > 0 else np.nan,
-                        "mde": mde_df(np.sqrt(projected / (d * per_draw)), d * (per_draw - 1)),
-                        "mde_at_sd_high": mde_df(np.sqrt(upper / (d * per_draw)), d * (per_draw - 1)),
+                        "mde": design_mde(np.sqrt(projected), pairs_total, d),
+                        "mde_at_sd_high": design_mde(np.sqrt(upper), pairs_total, d),
+                        "n_observed": int(loaded[0].n[paired_runs(loaded[0], a, b)[0][0]][0]),
+                        "sd_observed": np.sqrt(total), "sd_observed_high": np.sqrt(observed_upper),
+                        "mde_at_sd_observed_high": design_mde(np.sqrt(observed_upper), pairs_total, d),
                     }
                 )  # fmt: skip
     return rows
@@ -94,7 +102,7 @@ def eval_variance_of_mean(n: np.ndarray, c: np.ndarray, samples: int, k: int) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         allow_abbrev=False,
-        prog="python -m sage_unsloth.demo.power_plan",
+        prog="python -m sage_unsloth.report.power_plan",
         description=__doc__.split("\n\n")[0],
     )
     parser.add_argument("--results", help="<results>/<model>: the folder of <run>/per_problem.csv")
@@ -118,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.results and args.a and args.b):
         parser.error("give --results, --a and --b (one lab), or --labs and --pairs (a multi-draw lab)")
-    lab = load_lab_runs(Path(args.results), args.dataset)
+    lab = load_run_counts(Path(args.results), args.dataset)
     pairs = paired_runs(lab, args.a, args.b)  # (run of A, run of B) by training seed
     if len(pairs) < 2:
         raise SystemExit(
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 var = seed_spread + e_n * problems / p
                 se = float(np.sqrt(var / s))
                 rows.append(
-                    f"{s},{samples},{p},{se:.5f},{mde(se, s):.4f},{seed_spread:.3e},{e_n * problems / p:.3e}"
+                    f"{s},{samples},{p},{se:.5f},{mde(se, s - 1):.4f},{seed_spread:.3e},{e_n * problems / p:.3e}"
                 )
     header = (
         f"# {args.a} - {args.b}, pass@{args.k}, from training seeds {seeds} at n = {int(lab.n[pairs[0][0]][0])}, "

@@ -1,4 +1,5 @@
-"""The lab's power planner: the exact variance of the unbiased pass@k estimator against simulation, and the MDE."""
+"""The power planner (sage_unsloth/report/power_plan.py): the exact variance of the unbiased pass@k estimator against
+simulation, and the multi-draw plan's pooled variance and MDE (the exact one, report/power.py)."""
 
 from math import comb
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sage_unsloth.demo.power_plan import estimator_variance, mde
+from sage_unsloth.report.power_plan import estimator_variance
 
 
 @pytest.mark.parametrize(("p", "n", "k"), [(0.02, 64, 64), (0.02, 256, 64), (0.1, 64, 16), (0.5, 16, 1)])
@@ -22,18 +23,14 @@ def test_variance_falls_as_n_grows_past_k():
     assert estimator_variance(0.02, 256, 64) < 0.7 * estimator_variance(0.02, 64, 64)
 
 
-def test_mde_is_t_quantiles_times_se():
-    assert mde(0.01, 10) == pytest.approx((stats.t.ppf(0.975, 9) + stats.t.ppf(0.8, 9)) * 0.01)
-    assert mde(0.01, 10) == pytest.approx(0.03145, abs=1e-4)  # 2.262 + 0.883 = 3.145 (t tables)
-
-
 def test_a_multi_draw_plan_pools_the_within_draw_variance_and_projects_the_mde(tmp_path):
     """Two draws x 3 seeds of A and B, n = 256: at (k, n) = (64, 256) the projection keeps the observed variance
     (same n; the seeds' spread is far above the evaluation noise, so nothing is clipped at 0), which is the within-draw variance pooled over the draws (4 df), and the MDE at S seeds per draw is
-    the t formula with 2 (S - 1) df over the pooled sd / sqrt(2 S)."""
+    the exact noncentral-t MDE with 2 (S - 1) df at se = the pooled sd / sqrt(2 S) (the root found here by
+    bisection on scipy's nct, apart from report/power.py's solver)."""
     import pandas as pd
 
-    from sage_unsloth.demo.power_plan import draw_plan
+    from sage_unsloth.report.power_plan import draw_plan
     from sage_unsloth.runtime.results import pass_at_k_matrix
 
     rng = np.random.default_rng(0)
@@ -57,8 +54,23 @@ def test_a_multi_draw_plan_pools_the_within_draw_variance_and_projects_the_mde(t
     pooled = np.sqrt((np.var(d[0], ddof=1) + np.var(d[1], ddof=1)) / 2)
     row = at[(64, 5)]
     assert row["df_measured"] == 4 and row["sd"] == pytest.approx(pooled, rel=1e-9)
-    t = stats.t.ppf(0.975, 8) + stats.t.ppf(0.8, 8)
-    assert row["mde"] == pytest.approx(t * pooled / np.sqrt(10))
+    assert row["mde"] == pytest.approx(exact_mde(pooled / np.sqrt(10), 8), rel=1e-6)
+    assert row["sd_observed"] == pytest.approx(pooled, rel=1e-9)  # n = 256 observed: no projection
     assert row["sd_low"] < row["sd"] < row["sd_high"]
     assert row["sd_high"] == pytest.approx(pooled * np.sqrt(4 / stats.chi2.ppf(0.025, 4)))
     assert 0 < row["eval_share"] <= 1 and at[(64, 8)]["mde"] < row["mde"]
+
+
+def exact_mde(se, df):
+    """The effect whose two-sided 0.05 t-test power is 0.8, by bisection on the noncentral t (written here)."""
+    crit = stats.t.ppf(0.975, df)
+
+    def power(effect):
+        # scipy's nct.cdf is NaN at a few far-tail points, where the term is below Phi(-effect / se) ~ 0
+        return stats.nct.sf(crit, df, effect / se) + np.nan_to_num(stats.nct.cdf(-crit, df, effect / se))
+
+    low, high = 0.0, 20 * se
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if power(mid) < 0.8 else (low, mid)
+    return (low + high) / 2
