@@ -1056,6 +1056,19 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv, held)
 
 
+def _empty_for_fresh(work: Path, results: Path) -> None:
+    """--fresh: empty both folders, keeping the locks this run holds and the other folder where it is inside."""
+    for folder in (work, results):
+        print(f"[demo] --fresh: deleting {_rel(folder)}")
+        for path in folder.iterdir():
+            if any(f == path or f.is_relative_to(path) for f in (work, results)):
+                continue  # the other folder, inside this one: emptied on its own turn
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.name != LOCK_NAME:
+                path.unlink()
+
+
 def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     args = parse_args(argv)
     if args.check_configs:
@@ -1066,20 +1079,11 @@ def _main(argv: list[str] | None, held: contextlib.ExitStack) -> int:
     try:
         budget = budget_from_args(args)
         executor = _executor(args, work)  # before --fresh deletes anything
-        for folder in dict.fromkeys(
-            (work, results)
-        ):  # one lab per folder (sage_unsloth/runtime/folder_lock.py)
+        # one lab per folder (sage_unsloth/runtime/folder_lock.py)
+        for folder in dict.fromkeys((work, results)):
             held.enter_context(FolderLock(folder, fix="pass another --work-dir and --results-dir"))
         if args.fresh:
-            for folder in (work, results):
-                print(f"[demo] --fresh: deleting {_rel(folder)}")
-                for path in folder.iterdir():  # all but the locks this run holds
-                    if any(f == path or f.is_relative_to(path) for f in (work, results)):
-                        continue  # the other folder, inside this one: emptied on its own turn
-                    if path.is_dir() and not path.is_symlink():
-                        shutil.rmtree(path)
-                    elif path.name != LOCK_NAME:
-                        path.unlink()
+            _empty_for_fresh(work, results)
         preflight(budget, work)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
