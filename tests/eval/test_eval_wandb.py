@@ -41,7 +41,7 @@ def offline(tmp_path, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(sampling, "load_tokenizer", lambda *a: None)
     monkeypatch.setattr(
-        sampling, "render_prompts", lambda tokenizer, problems, template: [[1]] * len(problems)
+        sampling, "render_prompts", lambda tokenizer, problems, template, limit=None: [[1]] * len(problems)
     )
     model = tmp_path / "tinybase"
     model.mkdir()
