@@ -280,7 +280,13 @@ def retry_timeouts(
     for i, g in enumerate(grades):
         if g.status != grading.TIMEOUT:
             continue
-        gold = items[i][1]
+        completion, gold = items[i]
+        if g.answer is None or grading.is_kk_gold(gold):
+            # the budget ran out before an answer was read (or a K&K reading): read the completion again, or the
+            # retry would judge "no answer" and count a right completion wrong
+            out[i] = grading.grade(completion, gold, timeout_s=timeout_s)
+            retried += 1
+            continue
         key = (g.answer, grading.normalise_gold(gold))
         if key not in cache:
             cache[key] = grading.judge(g.answer, gold, timeout_s=timeout_s)

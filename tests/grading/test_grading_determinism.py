@@ -86,3 +86,14 @@ def test_a_pair_out_of_budget_is_a_timeout_and_the_retry_settles_it(items):
         heavy, rushed, timeout_s=1e-5
     )  # a retry budget that is too small stays unresolved
     assert grading.TIMEOUT in {g.status for g in still}
+
+
+def test_a_pair_whose_extraction_ran_out_of_budget_is_read_again_by_the_retry():
+    """A timeout during extraction leaves no answer: the retry reads the completion again under its budget, instead
+    of judging "no answer" and counting a right completion wrong (stage 3's end-of-run retry; a 1e-6 s budget in
+    tests/eval/test_eval.py's rushed run met it only when extraction did not finish within a timer tick)."""
+    items = [("so the total is <SOLUTION>8</SOLUTION>", "8"), ("<SOLUTION>7</SOLUTION>", "8")]
+    rushed = [grading.Grade(None, grading.TIMEOUT), grading.Grade("7", grading.TIMEOUT)]
+    settled, retried = retry_timeouts(items, rushed, timeout_s=grading.RETRY_TIMEOUT_S)
+    assert [g.status for g in settled] == [grading.CORRECT, grading.WRONG] and retried == 2
+    assert settled[0].answer == "8"
