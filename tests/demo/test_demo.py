@@ -211,13 +211,22 @@ def test_every_method_file_trains_a_step_of_stage_2_with_its_keys_from_the_lab_s
         resolved = {k: v for part in manifest["config"].values() for k, v in part.items()}
         chain = resolve_method_config(method.config_path(quick_lab.work))[0]
         differ = {k: (v, resolved.get(k, "missing")) for k, v in chain.items() if k not in RUNNER_SETS}
-        assert {k: v for k, v in differ.items() if v[0] != v[1]} == {}, run
+        assert {k: v for k, v in differ.items() if not _same_setting(*v)} == {}, run
         lora = load_file(folder / "adapter_model.safetensors")
         assert lora.keys() == sft_lora.keys()
         # Adam's first step moves a weight with a gradient by about the learning rate (3e-4); weight decay
         # alone (0.01 x 3e-4 of the weight) by under 1e-5
         moved = max(float((lora[k] - sft_lora[k]).abs().max()) for k in lora)
         assert moved > 1e-4, f"{run}: no gradient step (the adapter moved at most {moved:.1e})"
+
+
+def _same_setting(given, recorded) -> bool:
+    """A plug-in node is recorded resolved (every argument, defaults filled): the method file's node, a bare name
+    or {name: ..., <some arguments>}, holds when the recorded node has its name and each argument it gives."""
+    if isinstance(recorded, dict) and "name" in recorded:
+        node = given if isinstance(given, dict) else {"name": given}
+        return all(recorded.get(k) == v for k, v in node.items())
+    return given == recorded
 
 
 def test_bad_budget_arguments_fail_in_one_line(capsys):

@@ -450,7 +450,7 @@ print(json.dumps({
     "n_lora": len(saved),
     "trainable_all_lora": bool(trainable) and all("lora_" in n for n in trainable),
     "reloaded_equal": all(torch.equal(params[k.replace(".weight", ".default.weight")], v) for k, v in saved.items()),
-    "template": tok.chat_template == __import__("sage_unsloth.data.prompts").prompts.CHAT_TEMPLATE,
+    "template": tok.chat_template == __import__("sage_unsloth.data.prompts").data.prompts.CHAT_TEMPLATE,
     "padding_side": tok.padding_side,
 }))
 """

@@ -232,14 +232,14 @@ def kit_kl(trainer, batch, guide) -> float:
     stats = selftest.independent_policy_stats(trainer, batch)
     log_q = torch.zeros_like(stats["logp"])  # random: log q is in the batch's reference already
     if guide == "branch":
-        args = trainer.args
+        node = trainer.args.guide  # resolved by the plan: every argument, defaults filled
         q = anchor.branch_guide(
             stats["entropy"],
             stats["mask"],
-            gamma=args.sage_gamma,
-            tau=args.sage_tau,
-            q_min=args.sage_q_min,
-            q_max=args.sage_q_max,
+            gamma=node["gamma"],
+            tau=node["tau"],
+            q_min=node["q_min"],
+            q_max=node["q_max"],
         )
         log_q = torch.log(q)
     ref = batch["ref_per_token_logps"].float()
@@ -329,8 +329,8 @@ def guide_case(model_dir: str, guide: str) -> dict:
     for r, cols in enumerate(loss_columns(batch, rows)):
         scored[r, cols] = True
     if guide == "branch":
-        args = trainer.args
-        log_q = branch_log_q(rows, args.sage_gamma, args.sage_tau, args.sage_q_min, args.sage_q_max)
+        node = trainer.args.guide  # the guide node as the plan resolved it: every argument, defaults filled
+        log_q = branch_log_q(rows, node["gamma"], node["tau"], node["q_min"], node["q_max"])
     else:
         log_q = rollout_log_q(rows, rollout_q[0])
     result = {
