@@ -262,19 +262,10 @@ def environment(gpu: bool) -> tuple[bool, dict]:
     import torch
 
     from sage_unsloth import compat
+    from sage_unsloth.runtime.manifest import TRACKED_PACKAGES
 
-    names = (
-        "torch",
-        "transformers",
-        "trl",
-        "peft",
-        "accelerate",
-        "datasets",
-        "unsloth",
-        "unsloth_zoo",
-        "vllm",
-    )
-    versions = {name: compat.installed_version(name) for name in names}
+    # the packages every manifest records
+    versions = {name: compat.installed_version(name) for name in TRACKED_PACKAGES}
     device = (
         torch.cuda.get_device_name(0) if gpu else "none (Unsloth's GPU-only rewrites forced onto the CPU)"
     )

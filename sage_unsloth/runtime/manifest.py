@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
-_TRACKED_PACKAGES = (
+TRACKED_PACKAGES = (
     "sage-unsloth",
     "torch",
     "transformers",
@@ -95,7 +95,7 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
 
 def package_versions() -> dict[str, str]:
     versions = {}
-    for name in _TRACKED_PACKAGES:
+    for name in TRACKED_PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
