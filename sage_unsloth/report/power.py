@@ -42,9 +42,9 @@ def power(effect: float, se: float, df: float, *, alpha: float = ALPHA) -> float
     far = float(stats.nct.cdf(-crit, df, shift))
     if not math.isfinite(far):
         # scipy's nct.cdf returns NaN at a few far-tail points; T < -crit needs Z + shift < 0, so the term is
-        # at most Phi(-shift), below 1e-15 wherever the NaN occurs (checked: shift > 8)
+        # at most Phi(-shift), below 1e-15 wherever the NaN occurs (seen from shift 7.99 up)
         far = float(stats.norm.cdf(-shift))
-        if shift < 8:
+        if far > 1e-12:
             raise ArithmeticError(f"power: scipy's nct.cdf is NaN at df {df}, noncentrality {shift}")
     return float(stats.nct.sf(crit, df, shift) + far)
 
@@ -91,7 +91,13 @@ def seeds_to_detect(sd: float, effect: float = PAPER_EFFECT, *, draws: int = 1, 
         return 2.0
 
     def enough(per_draw: int) -> bool:
-        return design_mde(sd, draws * per_draw, draws, **kw) <= effect
+        # design_mde(...) <= effect, read as the power at the effect (power rises with the effect): one
+        # evaluation of the noncentral t instead of a root search
+        pairs = draws * per_draw
+        if not pairs - draws > 0:
+            return False
+        alpha, wanted = kw.get("alpha", ALPHA), kw.get("power_wanted", POWER)
+        return power(effect, sd / math.sqrt(pairs), pairs - draws, alpha=alpha) >= wanted
 
     # the normal answer is a lower bound (t quantiles and the exact power both ask for more); step up from it
     z = stats.norm.ppf(1.0 - kw.get("alpha", ALPHA) / 2.0) + stats.norm.ppf(kw.get("power_wanted", POWER))
