@@ -208,6 +208,7 @@ SUPPORT = (
     "lab_claims",
     "lab_runs",
     "lora_serving_scenario",
+    "power_oracle",
     "rlvr_scenario",
     "subprocess_run",
     "unsloth_cpu",

@@ -21,7 +21,7 @@ import lab_claims as C
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
+from power_oracle import exact_mde
 from test_lab_numbers import section
 
 from sage_unsloth.demo import frontier, outcome
@@ -158,20 +158,6 @@ def test_the_checker_reads_a_sentence_as_its_claim_says(tmp_path):
 
 
 # ------------------------------------------------------------------ power recomputed from seeds.csv
-def exact_mde(se: float, df: float) -> float:
-    crit = stats.t.ppf(0.975, df)
-
-    def power(effect):
-        # scipy's nct.cdf is NaN at a few far-tail points, where the term is below Phi(-effect / se) ~ 0
-        return stats.nct.sf(crit, df, effect / se) + np.nan_to_num(stats.nct.cdf(-crit, df, effect / se))
-
-    if se == 0:
-        return 0.0  # no spread: any effect is seen
-    low, high = 0.0, 40 * se
-    for _ in range(60):  # 40 se / 2^60: far below the 1e-6 the tests compare at
-        mid = (low + high) / 2
-        low, high = (mid, high) if power(mid) < 0.8 else (low, mid)
-    return (low + high) / 2
 
 
 FRONTIERS = sorted(p.parent for p in (ROOT / "results").glob("*/frontier/paired.csv"))

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from power_oracle import exact_mde
 from scipy import stats
 
 from sage_unsloth.report import power as P
@@ -51,20 +52,6 @@ def test_a_design_blocked_by_draws_has_df_pairs_minus_draws():
     sd = 0.0264
     effect = P.design_mde(sd, 28, 2)
     assert simulated_power(effect, sd, 14, draws=2, seed=2) == pytest.approx(0.8, abs=0.005)
-
-
-def exact_mde(se: float, df: float) -> float:
-    crit = stats.t.ppf(0.975, df)
-
-    def power(effect):
-        # scipy's nct.cdf is NaN at a few far-tail points, where the term is below Phi(-effect / se) ~ 0
-        return stats.nct.sf(crit, df, effect / se) + np.nan_to_num(stats.nct.cdf(-crit, df, effect / se))
-
-    low, high = 0.0, 40 * se
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (mid, high) if power(mid) < 0.8 else (low, mid)
-    return (low + high) / 2
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from math import comb
 
 import numpy as np
 import pytest
+from power_oracle import exact_mde
 from scipy import stats
 
 from sage_unsloth.report.power_plan import estimator_variance
@@ -59,18 +60,3 @@ def test_a_multi_draw_plan_pools_the_within_draw_variance_and_projects_the_mde(t
     assert row["sd_low"] < row["sd"] < row["sd_high"]
     assert row["sd_high"] == pytest.approx(pooled * np.sqrt(4 / stats.chi2.ppf(0.025, 4)))
     assert 0 < row["eval_share"] <= 1 and at[(64, 8)]["mde"] < row["mde"]
-
-
-def exact_mde(se, df):
-    """The effect whose two-sided 0.05 t-test power is 0.8, by bisection on the noncentral t (written here)."""
-    crit = stats.t.ppf(0.975, df)
-
-    def power(effect):
-        # scipy's nct.cdf is NaN at a few far-tail points, where the term is below Phi(-effect / se) ~ 0
-        return stats.nct.sf(crit, df, effect / se) + np.nan_to_num(stats.nct.cdf(-crit, df, effect / se))
-
-    low, high = 0.0, 20 * se
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (mid, high) if power(mid) < 0.8 else (low, mid)
-    return (low + high) / 2
